@@ -1,0 +1,53 @@
+# Constellation build entry points. `make help` lists them.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/_output/bin
+export PATH := $(BIN):$(PATH)
+# Fuzz time per target in `make test` (CI smoke run); longer runs: `make fuzz FUZZTIME=5m`.
+FUZZTIME ?= 8s
+PROTOS := $(shell find api -name '*.proto')
+
+.PHONY: help deps tools build test unit fuzz lint proto proto-check bench up down clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+deps: ## install missing Debian packages and pinned Go tools
+	@./hack/install-deps.sh
+
+build: deps ## build the binaries into _output/bin
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test: deps proto-check lint unit fuzz ## install what is needed, then run every test (CI runs this)
+	@echo "make test: all checks passed"
+
+unit: deps ## unit and integration tests (real swtpm, simulator TPM)
+	$(GO) test -count=1 ./...
+
+fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
+	@./hack/fuzz.sh $(FUZZTIME)
+
+lint: deps ## gofmt, go vet, staticcheck, go mod tidy check
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(BIN)/staticcheck ./...
+	@./hack/check-tidy.sh
+
+proto: deps ## regenerate the protobuf/gRPC code under api/
+	@for p in $(PROTOS); do protoc -I . --go_out=. --go_opt=paths=source_relative \
+	  --go-grpc_out=. --go-grpc_opt=paths=source_relative "$$p"; done
+
+proto-check: deps ## fail if the committed generated code is stale
+	@./hack/check-proto.sh
+
+bench: deps ## run the benchmarks and print a table (see docs/benchmarks.md)
+	@./hack/bench.sh
+
+up: build ## start the local flow (see README: for now a mutual attested handshake)
+	$(BIN)/constellation mini up --workspace $(CURDIR)/_output/mini
+
+down: ## remove what `make up` created
+	@if [ -x $(BIN)/constellation ]; then $(BIN)/constellation mini down --workspace $(CURDIR)/_output/mini; else rm -rf $(CURDIR)/_output/mini; fi
+
+clean: down ## remove build outputs (keeps nothing under _output)
+	rm -rf _output

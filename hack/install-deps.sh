@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need, idempotently: Debian packages that are missing,
+# and the pinned Go tools (tools/devtools) into _output/bin. Safe to run on every `make` call:
+# when everything is present it only checks and returns.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: swtpm for the software TPMs of the tests and the local nodes, tpm2-tools for
+# debugging them, protoc for `make proto`, gcc + libssl-dev for the go-tpm-tools simulator (cgo).
+packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: need root to install Debian packages (run as root or install: ${missing[*]})" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Go tools pinned by tools/devtools/go.mod. Rebuilt only when the pin changes.
+mkdir -p _output/bin
+stamp=_output/bin/.devtools.sum
+want=$(sha256sum tools/devtools/go.mod tools/devtools/go.sum | sha256sum | cut -d' ' -f1)
+if [ ! -x _output/bin/staticcheck ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "install-deps: building pinned Go tools (staticcheck, protoc-gen-go, protoc-gen-go-grpc)"
+  (cd tools/devtools && go build -o ../../_output/bin/ \
+    honnef.co/go/tools/cmd/staticcheck \
+    google.golang.org/protobuf/cmd/protoc-gen-go \
+    google.golang.org/grpc/cmd/protoc-gen-go-grpc)
+  echo "$want" > "$stamp"
+fi

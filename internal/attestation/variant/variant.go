@@ -1,0 +1,109 @@
+// Package variant is the registry of attestation variants: the kinds of evidence Constellation
+// can issue and validate. A variant has a stable name (used in configs, on the wire and in
+// logs) and an OID (a stable binary identifier, kept compatible with the archived upstream's
+// numbering so that evidence and configs stay recognisable).
+package variant
+
+import (
+	"encoding/asn1"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Variant identifies one kind of attestation evidence.
+type Variant struct {
+	name string
+	oid  asn1.ObjectIdentifier
+	// registerLen is the byte length of one measurement register of this variant
+	// (32 for the SHA-256 PCR bank of a TPM, 48 for SNP/TDX registers).
+	registerLen int
+	// registerCount is the number of registers: valid indices are [0, registerCount).
+	registerCount uint32
+	// registerName is how a register is named in messages ("PCR", "RTMR").
+	registerName string
+}
+
+// The variants Constellation knows. Only those with an Issuer/Validator implementation can be
+// used; the others are registered so configs naming them get a precise "not implemented" error
+// rather than "unknown variant".
+var (
+	QEMUVTPM           = Variant{"qemu-vtpm", asn1.ObjectIdentifier{1, 3, 9900, 5, 1}, 32, 24, "PCR"}
+	QEMUTDX            = Variant{"qemu-tdx", asn1.ObjectIdentifier{1, 3, 9900, 5, 99}, 48, 5, "RTMR"}
+	AWSNitroTPM        = Variant{"aws-nitro-tpm", asn1.ObjectIdentifier{1, 3, 9900, 1, 1}, 32, 24, "PCR"}
+	AWSSEVSNP          = Variant{"aws-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 1, 2}, 32, 24, "PCR"}
+	GCPSEVES           = Variant{"gcp-sev-es", asn1.ObjectIdentifier{1, 3, 9900, 2, 1}, 32, 24, "PCR"}
+	GCPSEVSNP          = Variant{"gcp-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 2, 2}, 32, 24, "PCR"}
+	AzureSEVSNP        = Variant{"azure-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 4, 1}, 32, 24, "PCR"}
+	AzureTrustedLaunch = Variant{"azure-trustedlaunch", asn1.ObjectIdentifier{1, 3, 9900, 4, 2}, 32, 24, "PCR"}
+	AzureTDX           = Variant{"azure-tdx", asn1.ObjectIdentifier{1, 3, 9900, 4, 3}, 32, 24, "PCR"}
+)
+
+var all = []Variant{QEMUVTPM, QEMUTDX, AWSNitroTPM, AWSSEVSNP, GCPSEVES, GCPSEVSNP, AzureSEVSNP, AzureTrustedLaunch, AzureTDX}
+
+// All returns every registered variant, sorted by name.
+func All() []Variant {
+	out := append([]Variant(nil), all...)
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// FromString returns the variant with the given name.
+func FromString(name string) (Variant, error) {
+	for _, v := range all {
+		if v.name == name {
+			return v, nil
+		}
+	}
+	names := make([]string, 0, len(all))
+	for _, v := range All() {
+		names = append(names, v.name)
+	}
+	return Variant{}, fmt.Errorf("unknown attestation variant %q (known: %s)", name, strings.Join(names, ", "))
+}
+
+// FromOID returns the variant with the given OID.
+func FromOID(oid asn1.ObjectIdentifier) (Variant, error) {
+	for _, v := range all {
+		if v.oid.Equal(oid) {
+			return v, nil
+		}
+	}
+	return Variant{}, fmt.Errorf("unknown attestation variant OID %s", oid)
+}
+
+// String returns the variant's name.
+func (v Variant) String() string { return v.name }
+
+// OID returns the variant's object identifier.
+func (v Variant) OID() asn1.ObjectIdentifier { return append(asn1.ObjectIdentifier(nil), v.oid...) }
+
+// IsZero reports whether v is the zero Variant (no variant).
+func (v Variant) IsZero() bool { return v.name == "" }
+
+// RegisterLen is the byte length of one measurement register.
+func (v Variant) RegisterLen() int { return v.registerLen }
+
+// RegisterCount is the number of measurement registers; valid indices are below it.
+func (v Variant) RegisterCount() uint32 { return v.registerCount }
+
+// RegisterName names one register for messages, for example "PCR 4".
+func (v Variant) RegisterName(idx uint32) string {
+	if v.registerName == "" {
+		return fmt.Sprintf("register %d", idx)
+	}
+	return fmt.Sprintf("%s %d", v.registerName, idx)
+}
+
+// MarshalText implements encoding.TextMarshaler, so variants appear by name in JSON and YAML.
+func (v Variant) MarshalText() ([]byte, error) { return []byte(v.name), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (v *Variant) UnmarshalText(b []byte) error {
+	parsed, err := FromString(string(b))
+	if err != nil {
+		return err
+	}
+	*v = parsed
+	return nil
+}
