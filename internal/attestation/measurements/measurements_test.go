@@ -16,7 +16,9 @@ import (
 
 func digest(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
 
-func hexOf(b byte) string { return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&0xf]), 32) }
+func hexOf(b byte) string {
+	return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&0xf]), 32)
+}
 
 func TestDecode(t *testing.T) {
 	testCases := map[string]struct {

@@ -1,0 +1,145 @@
+// Package swtpm runs a software TPM (swtpm, from Debian's swtpm package) as a child process
+// serving the raw TPM command protocol on a unix socket. It is the vTPM of the local
+// provider's nodes and of the integration tests.
+package swtpm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+)
+
+// Options configures one swtpm.
+type Options struct {
+	// StateDir holds the TPM's persistent state (created if missing). Keeping it keeps the
+	// TPM's seeds, so keys made from templates (the AK) are the same after a restart.
+	StateDir string
+	// SocketDir holds the command and control sockets; defaults to StateDir. Unix socket
+	// paths are limited to 107 bytes, so keep it short.
+	SocketDir string
+	// LogFile receives swtpm's own log; defaults to StateDir/swtpm.log.
+	LogFile string
+	// Binary defaults to "swtpm" on PATH.
+	Binary string
+}
+
+// Process is a running swtpm.
+type Process struct {
+	cmd     *exec.Cmd
+	sock    string
+	ctrl    string
+	exited  chan struct{}
+	waitErr error
+}
+
+// startTimeout bounds how long swtpm may take to open its socket.
+const startTimeout = 10 * time.Second
+
+// Start launches swtpm and waits until it accepts connections. The TPM is powered on and
+// TPM2_Startup(CLEAR) has run, as after a platform reset.
+func Start(ctx context.Context, opts Options) (*Process, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("swtpm: no state directory")
+	}
+	if opts.SocketDir == "" {
+		opts.SocketDir = opts.StateDir
+	}
+	if opts.LogFile == "" {
+		opts.LogFile = filepath.Join(opts.StateDir, "swtpm.log")
+	}
+	if opts.Binary == "" {
+		opts.Binary = "swtpm"
+	}
+	for _, d := range []string{opts.StateDir, opts.SocketDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("swtpm: %w", err)
+		}
+	}
+	p := &Process{
+		sock:   filepath.Join(opts.SocketDir, "tpm.sock"),
+		ctrl:   filepath.Join(opts.SocketDir, "tpm.ctrl"),
+		exited: make(chan struct{}),
+	}
+	if len(p.sock) > 107 {
+		return nil, fmt.Errorf("swtpm: socket path %s is longer than 107 bytes", p.sock)
+	}
+	for _, s := range []string{p.sock, p.ctrl} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("swtpm: removing stale socket: %w", err)
+		}
+	}
+	p.cmd = exec.Command(opts.Binary, "socket", "--tpm2",
+		"--tpmstate", "dir="+opts.StateDir,
+		"--server", "type=unixio,path="+p.sock,
+		"--ctrl", "type=unixio,path="+p.ctrl,
+		"--flags", "not-need-init,startup-clear",
+		"--log", "file="+opts.LogFile+",level=1",
+	)
+	// Die with the process that started us: a crashed test or CLI must not leave TPMs behind.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("swtpm: starting %s: %w", opts.Binary, err)
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	for {
+		if conn, err := net.Dial("unix", p.ctrl); err == nil {
+			conn.Close()
+			if _, err := os.Stat(p.sock); err == nil {
+				return p, nil
+			}
+		}
+		select {
+		case <-p.exited:
+			log, _ := os.ReadFile(opts.LogFile)
+			return nil, fmt.Errorf("swtpm exited during start-up: %v; log: %s", p.waitErr, log)
+		case <-ctx.Done():
+			_ = p.Stop()
+			return nil, fmt.Errorf("swtpm: socket not ready: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Addr is the address for vtpm.Open.
+func (p *Process) Addr() string { return "unix:" + p.sock }
+
+// Pid is the process ID of swtpm.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Open connects to the TPM. swtpm serves one connection at a time.
+func (p *Process) Open(ctx context.Context) (*vtpm.TPM, error) {
+	return vtpm.Open(ctx, p.Addr())
+}
+
+// Stop terminates swtpm (SIGTERM, then SIGKILL after 5 s) and waits for it to exit.
+func (p *Process) Stop() error {
+	select {
+	case <-p.exited:
+		return nil
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	_ = os.Remove(p.sock)
+	_ = os.Remove(p.ctrl)
+	return nil
+}
