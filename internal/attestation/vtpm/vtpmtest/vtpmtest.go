@@ -26,6 +26,18 @@ func Simulator(t testing.TB) *vtpm.TPM {
 	return tpm
 }
 
+// SimulatorFixedSeed returns a simulator whose seeds, and so whose attestation key, are the
+// same in every process: fuzz workers (separate processes) then share the AK of the seed
+// corpus. Insecure by design; tests only.
+func SimulatorFixedSeed(t testing.TB, seed int64) *vtpm.TPM {
+	t.Helper()
+	sim, err := simulator.GetWithFixedSeedInsecure(seed)
+	require.NoError(t, err)
+	tpm := vtpm.New(sim, "simulator")
+	t.Cleanup(func() { _ = tpm.Close() })
+	return tpm
+}
+
 // Swtpm starts a swtpm process and returns an open connection to it; both end with the test.
 func Swtpm(t testing.TB) (*vtpm.TPM, *swtpm.Process) {
 	t.Helper()
