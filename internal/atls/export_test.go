@@ -1,0 +1,14 @@
+package atls
+
+import "bytes"
+
+// DecodeFramesForFuzzing decodes frames from data until it fails; it must never panic nor allocate
+// beyond the limit.
+func DecodeFramesForFuzzing(data []byte) {
+	r := bytes.NewReader(data)
+	for {
+		if _, err := readFrame(r, maxHelloFrame); err != nil {
+			return
+		}
+	}
+}
