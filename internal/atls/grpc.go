@@ -58,7 +58,7 @@ func authInfo(conn *Conn) AuthInfo {
 
 // Info implements credentials.TransportCredentials.
 func (c *Credentials) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "atls", SecurityVersion: "1"}
+	return credentials.ProtocolInfo{SecurityProtocol: "atls"}
 }
 
 // Clone implements credentials.TransportCredentials. Credentials are immutable.

@@ -5,7 +5,6 @@
 package akca
 
 import (
-	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -119,7 +118,7 @@ func (ca *CA) CertifyAK(akPublic []byte, nodeName string, now time.Time, validit
 		NotAfter:     now.Add(validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 	}
-	return x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.(crypto.PublicKey), ca.key)
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key, ca.key)
 }
 
 func randomSerial() *big.Int {
