@@ -44,10 +44,10 @@ bench: deps ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
 up: build ## start the local flow (see README: for now a mutual attested handshake)
-	$(BIN)/constellation mini up --workspace $(CURDIR)/_output/mini
+	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
 
 down: ## remove what `make up` created
-	@if [ -x $(BIN)/constellation ]; then $(BIN)/constellation mini down --workspace $(CURDIR)/_output/mini; else rm -rf $(CURDIR)/_output/mini; fi
+	@if [ -x $(BIN)/constellation ]; then $(BIN)/constellation mini down --workspace $(CURDIR)/_output; else rm -rf $(CURDIR)/_output/mini; fi
 
 clean: down ## remove build outputs (keeps nothing under _output)
 	rm -rf _output

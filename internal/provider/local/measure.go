@@ -1,0 +1,90 @@
+// Package local is the local sandbox provider. Today it holds the part of the provider that
+// plays firmware: measuring a node image's components into the node's vTPM by a fixed PCR
+// map, computing the same values offline as reference values, and certifying node AKs.
+// Sandboxed nodes (namespaces, containerd, kubelet) come with the local-provider issue.
+package local
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+)
+
+// PCR map of a local node image (docs/attestation.md). PCRs 0-10 stay zero: there is no
+// firmware or kernel in a sandbox. PCR 15 is reserved for the cluster-ID marker, set at
+// init/join, and is not part of the image's reference values.
+const (
+	PCRBootstrapper = 11 // SHA-256 of the bootstrapper binary
+	PCRNodeConfig   = 12 // SHA-256 of the node image configuration
+	PCRClusterID    = 15
+)
+
+// Component is one measured part of a node image.
+type Component struct {
+	Name   string
+	PCR    int
+	Digest [32]byte
+}
+
+// FileComponent measures a file.
+func FileComponent(name string, pcr int, path string) (Component, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Component{}, fmt.Errorf("measuring %s: %w", name, err)
+	}
+	return Component{Name: name, PCR: pcr, Digest: sha256.Sum256(data)}, nil
+}
+
+// BytesComponent measures in-memory content, such as a rendered configuration.
+func BytesComponent(name string, pcr int, data []byte) Component {
+	return Component{Name: name, PCR: pcr, Digest: sha256.Sum256(data)}
+}
+
+// Measure extends each component into the node's TPM, in order, as firmware would at boot.
+func Measure(tpm *vtpm.TPM, image []Component) error {
+	for _, c := range image {
+		if err := tpm.ExtendPCR(c.PCR, c.Digest[:]); err != nil {
+			return fmt.Errorf("measuring %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+// ExpectedPCRs computes offline the PCR values a node booting image shows, and returns them
+// as an enforced reference set over PCRs 0..14: exactly what Measure produces on a fresh TPM.
+func ExpectedPCRs(image []Component) measurements.M {
+	pcrs := map[int][32]byte{}
+	for _, c := range image {
+		prev := pcrs[c.PCR]
+		pcrs[c.PCR] = sha256.Sum256(append(prev[:], c.Digest[:]...))
+	}
+	m := measurements.M{}
+	for i := 0; i < PCRClusterID; i++ {
+		v := pcrs[i]
+		m[uint32(i)] = measurements.Measurement{Expected: v[:]}
+	}
+	return m
+}
+
+// CertifyAK certifies the AK of the node's TPM with the provider's CA and stores the
+// certificate in the TPM's NV, where the node's issuer finds it.
+func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, now time.Time) error {
+	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variantForCertification})
+	if err != nil {
+		return fmt.Errorf("loading AK of %s: %w", nodeName, err)
+	}
+	defer iss.Close()
+	cert, err := ca.CertifyAK(iss.AKPublic(), nodeName, now, 365*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("certifying AK of %s: %w", nodeName, err)
+	}
+	if err := tpm.WriteNV(vtpm.AKCertNVIndex, cert); err != nil {
+		return fmt.Errorf("storing AK certificate of %s: %w", nodeName, err)
+	}
+	return nil
+}

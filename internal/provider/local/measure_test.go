@@ -1,0 +1,53 @@
+package local_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+// TestOfflineMeasurementsMatchBoot: the reference values computed offline are exactly what a
+// node that booted the image quotes, and a node with a different binary is told apart by PCR.
+func TestOfflineMeasurementsMatchBoot(t *testing.T) {
+	image := []local.Component{
+		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
+		local.BytesComponent("node-config", local.PCRNodeConfig, []byte(`{"k8s":"v1.34.4"}`)),
+	}
+	tpm, _ := vtpmtest.Swtpm(t)
+	require.NoError(t, local.Measure(tpm, image))
+	ca, err := akca.New("provider", time.Now(), time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", time.Now()))
+
+	iss, err := qemu.NewIssuer(tpm, nil, nil)
+	require.NoError(t, err)
+	nonce := make([]byte, 32)
+	ev, err := iss.Issue(context.Background(), nonce)
+	require.NoError(t, err)
+
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}},
+		AKRoots:       ca.Pool(),
+	})
+	require.NoError(t, err)
+	got, err := val.Validate(context.Background(), ev, nonce)
+	require.NoError(t, err)
+	assert.True(t, got.SignerCertified)
+
+	modified := append([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1 + backdoor"))}, image[1:]...)
+	val, err = qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: local.ExpectedPCRs(modified)}},
+	})
+	require.NoError(t, err)
+	_, err = val.Validate(context.Background(), ev, nonce)
+	assert.ErrorContains(t, err, "PCR 11: expected")
+}
