@@ -2,8 +2,8 @@ package cli
 
 import (
 	"bufio"
-	"crypto/sha256"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"

@@ -143,7 +143,11 @@ func TestRejections(t *testing.T) {
 			nonce:    nonce, wantErr: attestation.ErrBadSignature,
 		},
 		"PCR removed from evidence": {
-			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { delete(e.Pcrs, 4) }),
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = e.Pcrs[:23] }),
+			nonce:    nonce, wantErr: attestation.ErrMalformed, wantMsg: "23 PCR values, want 24",
+		},
+		"PCRs swapped": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[4], e.Pcrs[0] = e.Pcrs[0], e.Pcrs[4] }),
 			nonce:    nonce, wantErr: attestation.ErrBadSignature,
 		},
 		"AK replaced": {
@@ -166,7 +170,7 @@ func TestRejections(t *testing.T) {
 		"garbage":        {evidence: []byte("\xff\xfe not a protobuf"), nonce: nonce, wantErr: attestation.ErrMalformed},
 		"empty":          {evidence: nil, nonce: nonce, wantErr: attestation.ErrWrongVariant},
 		"no quote":       {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Quote = nil }), nonce: nonce, wantErr: attestation.ErrMalformed, wantMsg: "quote missing"},
-		"PCR index 24":   {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[24] = e.Pcrs[0] }), nonce: nonce, wantErr: attestation.ErrMalformed},
+		"25 PCRs":        {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = append(e.Pcrs, e.Pcrs[0]) }), nonce: nonce, wantErr: attestation.ErrMalformed},
 		"short PCR":      {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[3] = e.Pcrs[3][:20] }), nonce: nonce, wantErr: attestation.ErrMalformed},
 		"AK not decoded": {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = e.AkPublic[:10] }), nonce: nonce, wantErr: attestation.ErrMalformed},
 	}

@@ -112,7 +112,15 @@ func (i *Issuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
 		if err != nil {
 			return err
 		}
-		ev.Quote, ev.Signature, ev.Pcrs = q.GetQuote(), q.GetRawSig(), q.GetPcrs().GetPcrs()
+		ev.Quote, ev.Signature = q.GetQuote(), q.GetRawSig()
+		ev.Pcrs = make([][]byte, NumPCRs)
+		for i := range ev.Pcrs {
+			v, ok := q.GetPcrs().GetPcrs()[uint32(i)]
+			if !ok {
+				return fmt.Errorf("TPM did not return PCR %d", i)
+			}
+			ev.Pcrs[i] = v
+		}
 		return nil
 	})
 	if err != nil {

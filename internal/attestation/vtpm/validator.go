@@ -79,6 +79,7 @@ type parsed struct {
 	ev    *vtpmpb.Evidence
 	akPub tpm2.Public
 	key   crypto.PublicKey
+	pcrs  map[uint32][]byte
 }
 
 // Validate parses, verifies and evaluates evidence, in that order.
@@ -129,13 +130,15 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 			return nil, fmt.Errorf("%w: %s missing", attestation.ErrMalformed, f.name)
 		}
 	}
-	if len(ev.Pcrs) == 0 {
-		return nil, fmt.Errorf("%w: no PCR values", attestation.ErrMalformed)
+	if len(ev.Pcrs) != NumPCRs {
+		return nil, fmt.Errorf("%w: %d PCR values, want %d", attestation.ErrMalformed, len(ev.Pcrs), NumPCRs)
 	}
+	pcrs := make(map[uint32][]byte, NumPCRs)
 	for idx, val := range ev.Pcrs {
-		if idx >= NumPCRs || len(val) != sha256.Size {
+		if len(val) != sha256.Size {
 			return nil, fmt.Errorf("%w: PCR %d value of %d bytes", attestation.ErrMalformed, idx, len(val))
 		}
+		pcrs[uint32(idx)] = val
 	}
 	akPub, err := tpm2.DecodePublic(ev.AkPublic)
 	if err != nil {
@@ -145,7 +148,7 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
 	}
-	return &parsed{ev: ev, akPub: akPub, key: key}, nil
+	return &parsed{ev: ev, akPub: akPub, key: key, pcrs: pcrs}, nil
 }
 
 // CheckAKAttributes checks that pub describes an acceptable attestation key: a TPM-resident
@@ -191,7 +194,7 @@ func (v *Validator) verify(p *parsed, nonce []byte) (certified bool, err error) 
 		certified = true
 	}
 
-	q := &pb.Quote{Quote: p.ev.Quote, RawSig: p.ev.Signature, Pcrs: &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: p.ev.Pcrs}}
+	q := &pb.Quote{Quote: p.ev.Quote, RawSig: p.ev.Signature, Pcrs: &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: p.pcrs}}
 	if err := quote.Verify(q, p.key, nonce); err != nil {
 		return false, classifyQuoteError(q, p.key, nonce, err)
 	}
@@ -232,4 +235,4 @@ func (v *Validator) verifyAKCert(p *parsed) error {
 	return nil
 }
 
-func (p *parsed) pcrMap() map[uint32][]byte { return p.ev.Pcrs }
+func (p *parsed) pcrMap() map[uint32][]byte { return p.pcrs }
