@@ -1,0 +1,62 @@
+package swtpm_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/swtpm"
+)
+
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "swtpm")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// TestRestartKeepsAK: the TPM state survives a restart, so a node's AK (and the certificate
+// the provider issued for it) stays valid; Stop leaves no process behind.
+func TestRestartKeepsAK(t *testing.T) {
+	dir := shortTempDir(t)
+	ctx := context.Background()
+	akOf := func() ([]byte, int) {
+		proc, err := swtpm.Start(ctx, swtpm.Options{StateDir: dir})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = proc.Stop() })
+		tpm, err := proc.Open(ctx)
+		require.NoError(t, err)
+		iss, err := qemu.NewIssuer(tpm, nil, nil)
+		require.NoError(t, err)
+		ak := iss.AKPublic()
+		require.NoError(t, tpm.Close())
+		require.NoError(t, proc.Stop())
+		return ak, proc.Pid()
+	}
+	first, pid := akOf()
+	assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "swtpm exited after Stop")
+	second, _ := akOf()
+	assert.Equal(t, first, second)
+	_, err := os.Stat(filepath.Join(dir, "tpm.sock"))
+	assert.True(t, os.IsNotExist(err), "sockets removed")
+}
+
+func TestStartErrors(t *testing.T) {
+	ctx := context.Background()
+	_, err := swtpm.Start(ctx, swtpm.Options{})
+	assert.ErrorContains(t, err, "no state directory")
+
+	_, err = swtpm.Start(ctx, swtpm.Options{StateDir: shortTempDir(t), Binary: "/nonexistent/swtpm"})
+	assert.ErrorContains(t, err, "starting /nonexistent/swtpm")
+
+	// A binary that exits at once is reported with swtpm's log, not as a timeout.
+	_, err = swtpm.Start(ctx, swtpm.Options{StateDir: shortTempDir(t), Binary: "false"})
+	assert.ErrorContains(t, err, "exited during start-up")
+}
