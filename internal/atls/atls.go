@@ -284,7 +284,7 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 	if validator != nil {
 		f, err := c.read(conn, c.cfg.MaxEvidenceSize+frameOverhead)
 		if errors.Is(err, errFrameTooLarge) {
-			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrTooLarge), Err: fmt.Errorf("%w: %w", attestation.ErrTooLarge, err)}
+			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrTooLarge), Err: fmt.Errorf("%w: %w", attestation.ErrTooLarge, errors.Unwrap(err))}
 		}
 		if err != nil {
 			return nil, err
@@ -318,9 +318,6 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 // read reads a frame and turns a peer's Abort into an error.
 func (c *Credentials) read(conn *tls.Conn, limit int) (*atlspb.Frame, error) {
 	f, err := readFrame(conn, limit)
-	if errors.Is(err, errFrameTooLarge) {
-		return nil, err
-	}
 	if err != nil {
 		return nil, &Error{Local: true, Reason: "protocol", Err: err}
 	}

@@ -203,7 +203,6 @@ func mutateEvidence(t testing.TB, iss attestation.Issuer, fn func(*vtpmpb.Eviden
 // reason, and the client learns why.
 func TestRejected(t *testing.T) {
 	n := bootNode(t, vtpmtest.Simulator(t))
-	ctx := context.Background()
 
 	// Evidence recorded from an earlier, genuine connection.
 	var mu sync.Mutex
@@ -332,7 +331,6 @@ func TestRejected(t *testing.T) {
 			}
 		})
 	}
-	_ = ctx
 }
 
 // frameSlack pushes evidence past the default limit even with frame overhead.
@@ -425,6 +423,8 @@ func TestMalformedFrames(t *testing.T) {
 			err := rawPeer(t, server, tc.alpn, tc.send)
 			require.Error(t, err)
 			assert.ErrorContains(t, err, tc.wantMsg)
+			var e *atls.Error
+			assert.True(t, errors.As(err, &e), "every failure is an *atls.Error: %v", err)
 		})
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"io"
+	"net"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -68,4 +71,40 @@ func TestOpenErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "connecting to TPM at unix:/nonexistent/tpm.sock")
 	_, err = vtpm.Open(ctx, "/nonexistent/tpmrm0")
 	assert.ErrorContains(t, err, "opening TPM device /nonexistent/tpmrm0")
+}
+
+// TestOpenTCP reaches a swtpm over TCP (through a loopback forwarder to its unix socket), the
+// transport of a swtpm started with --server type=tcp.
+func TestOpenTCP(t *testing.T) {
+	helperConn, proc := vtpmtest.Swtpm(t)
+	// The helper holds swtpm's single connection; release it so the forwarder can connect.
+	require.NoError(t, helperConn.Close())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("unix", strings.TrimPrefix(proc.Addr(), "unix:"))
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c) }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+
+	tpm, err := vtpm.Open(context.Background(), "tcp:"+ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { tpm.Close() })
+	pcrs, err := tpm.ReadPCRs()
+	require.NoError(t, err)
+	assert.Len(t, pcrs, vtpm.NumPCRs)
 }
