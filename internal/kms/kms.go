@@ -1,0 +1,151 @@
+// Package kms holds the key hierarchy of a cluster (DESIGN section 2, the contract between
+// components): the master secret, HKDF-SHA256 derivation of every other key from it, the
+// measurement secret, the cluster ID, and the PCR 15 value that marks an initialized node.
+package kms
+
+import (
+	"bytes"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Sizes of the master secret parts and of derived secrets.
+const (
+	MasterKeySize   = 32
+	MasterSaltSize  = 32
+	DerivedKeySize  = 32
+	MaxDerivedSize  = 255 * sha256.Size // HKDF-SHA256 output limit
+	MeasurementID   = "measurementSecret"
+	clusterIDInfo   = "key-clusterID"
+	derivedKeyLabel = "key-"
+)
+
+// MasterSecret is the root of all cluster keys. The CLI generates it and keeps it in
+// constellation-mastersecret.json; nodes receive it only over the attested channel.
+type MasterSecret struct {
+	Key  []byte `json:"key"`
+	Salt []byte `json:"salt"`
+}
+
+// NewMasterSecret returns a fresh random master secret.
+func NewMasterSecret() (MasterSecret, error) {
+	m := MasterSecret{Key: make([]byte, MasterKeySize), Salt: make([]byte, MasterSaltSize)}
+	if _, err := rand.Read(m.Key); err != nil {
+		return MasterSecret{}, err
+	}
+	if _, err := rand.Read(m.Salt); err != nil {
+		return MasterSecret{}, err
+	}
+	return m, nil
+}
+
+// Validate checks the sizes of the master secret.
+func (m MasterSecret) Validate() error {
+	if len(m.Key) != MasterKeySize {
+		return fmt.Errorf("master secret: key has %d bytes, want %d", len(m.Key), MasterKeySize)
+	}
+	if len(m.Salt) != MasterSaltSize {
+		return fmt.Errorf("master secret: salt has %d bytes, want %d", len(m.Salt), MasterSaltSize)
+	}
+	return nil
+}
+
+// DeriveKey derives the key with the given id: HKDF-SHA256(IKM = master key, salt = master
+// salt, info = "key-" + id, length bytes).
+func (m MasterSecret) DeriveKey(id string, length int) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return derive(m.Key, m.Salt, derivedKeyLabel+id, length)
+}
+
+// MeasurementSecret derives the measurement secret that, with the measurement salt,
+// determines the cluster ID.
+func (m MasterSecret) MeasurementSecret() ([]byte, error) {
+	return m.DeriveKey(MeasurementID, DerivedKeySize)
+}
+
+// ClusterID is HKDF-SHA256(IKM = measurement secret, salt = measurement salt,
+// info = "key-clusterID", 32 bytes).
+func ClusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
+	if len(measurementSecret) == 0 || len(measurementSalt) == 0 {
+		return nil, errors.New("cluster ID: measurement secret and salt must not be empty")
+	}
+	return derive(measurementSecret, measurementSalt, clusterIDInfo, 32)
+}
+
+// InitializedPCR15 is the SHA-256 PCR 15 value of a node that extended the cluster ID once
+// into a reset PCR: SHA256(0^32 || SHA256(clusterID)).
+func InitializedPCR15(clusterID []byte) []byte {
+	digest := sha256.Sum256(clusterID)
+	v := sha256.Sum256(append(make([]byte, 32), digest[:]...))
+	return v[:]
+}
+
+func derive(ikm, salt []byte, info string, length int) ([]byte, error) {
+	if length <= 0 || length > MaxDerivedSize {
+		return nil, fmt.Errorf("derived key length %d out of range 1..%d", length, MaxDerivedSize)
+	}
+	return hkdf.Key(sha256.New, ikm, salt, info, length)
+}
+
+// WriteMasterSecretFile writes m as JSON to path with mode 0600 and fsyncs it (and its
+// directory) before returning, so the secret is durable before it is ever sent to a node. An
+// existing file is never overwritten.
+func WriteMasterSecretFile(path string, m MasterSecret) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("master secret file %s exists: refusing to overwrite it", path)
+		}
+		return fmt.Errorf("creating master secret file: %w", err)
+	}
+	if _, err := f.Write(append(data, '\n')); err != nil {
+		f.Close()
+		return fmt.Errorf("writing master secret file: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("syncing master secret file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
+}
+
+// ReadMasterSecretFile reads and validates a master secret file.
+func ReadMasterSecretFile(path string) (MasterSecret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return MasterSecret{}, fmt.Errorf("reading master secret: %w", err)
+	}
+	var m MasterSecret
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return MasterSecret{}, fmt.Errorf("master secret file %s: %w", path, err)
+	}
+	if err := m.Validate(); err != nil {
+		return MasterSecret{}, fmt.Errorf("master secret file %s: %w", path, err)
+	}
+	return m, nil
+}

@@ -1,0 +1,143 @@
+package kms
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+)
+
+func unhex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	require.NoError(t, err)
+	return b
+}
+
+func seq(from, to byte) []byte {
+	var out []byte
+	for b := int(from); b <= int(to); b++ {
+		out = append(out, byte(b))
+	}
+	return out
+}
+
+// TestHKDFVectors checks the derivation against RFC 5869 appendix A, test cases 1-3 (SHA-256).
+func TestHKDFVectors(t *testing.T) {
+	testCases := map[string]struct {
+		ikm, salt, info []byte
+		length          int
+		okm             string
+	}{
+		"A.1 basic": {
+			ikm: bytes.Repeat([]byte{0x0b}, 22), salt: seq(0x00, 0x0c), info: seq(0xf0, 0xf9), length: 42,
+			okm: "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865",
+		},
+		"A.2 long inputs": {
+			ikm: seq(0x00, 0x4f), salt: seq(0x60, 0xaf), info: seq(0xb0, 0xff), length: 82,
+			okm: "b11e398dc80327a1c8e7f78c596a49344f012eda2d4efad8a050cc4c19afa97c59045a99cac7827271cb41c65e590e09da3275600c2f09b8367793a9aca3db71cc30c58179ec3e87c14c01d5c1f3434f1d87",
+		},
+		"A.3 empty salt and info": {
+			ikm: bytes.Repeat([]byte{0x0b}, 22), length: 42,
+			okm: "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8",
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			got, err := derive(tc.ikm, tc.salt, string(tc.info), tc.length)
+			require.NoError(t, err)
+			assert.Equal(t, unhex(t, tc.okm), got)
+		})
+	}
+}
+
+func TestDeriveKey(t *testing.T) {
+	m := MasterSecret{Key: bytes.Repeat([]byte{1}, 32), Salt: bytes.Repeat([]byte{2}, 32)}
+	a, err := m.DeriveKey("c0ffee00-0000-4000-8000-000000000001", 32)
+	require.NoError(t, err)
+	again, err := m.DeriveKey("c0ffee00-0000-4000-8000-000000000001", 32)
+	require.NoError(t, err)
+	b, err := m.DeriveKey("c0ffee00-0000-4000-8000-000000000002", 32)
+	require.NoError(t, err)
+	assert.Equal(t, a, again, "deterministic")
+	assert.NotEqual(t, a, b, "per id")
+
+	// The contract: info is "key-" + id, IKM the key, salt the salt.
+	want, err := derive(m.Key, m.Salt, "key-measurementSecret", 32)
+	require.NoError(t, err)
+	ms, err := m.MeasurementSecret()
+	require.NoError(t, err)
+	assert.Equal(t, want, ms)
+
+	for _, bad := range []int{0, -1, MaxDerivedSize + 1} {
+		_, err := m.DeriveKey("x", bad)
+		assert.ErrorContains(t, err, "out of range")
+	}
+	_, err = MasterSecret{Key: []byte{1}, Salt: m.Salt}.DeriveKey("x", 32)
+	assert.ErrorContains(t, err, "key has 1 bytes")
+}
+
+// TestInitializedPCR15 compares the verifier's computation with what a real TPM shows after
+// a node extends the cluster ID.
+func TestInitializedPCR15(t *testing.T) {
+	m := MasterSecret{Key: bytes.Repeat([]byte{3}, 32), Salt: bytes.Repeat([]byte{4}, 32)}
+	ms, err := m.MeasurementSecret()
+	require.NoError(t, err)
+	id, err := ClusterID(ms, bytes.Repeat([]byte{5}, 32))
+	require.NoError(t, err)
+	require.Len(t, id, 32)
+
+	tpm := vtpmtest.Simulator(t)
+	digest := sha256.Sum256(id)
+	require.NoError(t, tpm.ExtendPCR(15, digest[:]))
+	pcrs, err := tpm.ReadPCRs(15)
+	require.NoError(t, err)
+	assert.Equal(t, pcrs[15], InitializedPCR15(id))
+
+	_, err = ClusterID(nil, []byte{1})
+	assert.Error(t, err)
+}
+
+func TestMasterSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "constellation-mastersecret.json")
+	m, err := NewMasterSecret()
+	require.NoError(t, err)
+	require.NoError(t, WriteMasterSecretFile(path, m))
+
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	back, err := ReadMasterSecretFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, m, back)
+
+	other, err := NewMasterSecret()
+	require.NoError(t, err)
+	err = WriteMasterSecretFile(path, other)
+	assert.ErrorContains(t, err, "refusing to overwrite")
+	back, err = ReadMasterSecretFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, m, back, "the existing secret is untouched")
+
+	for name, content := range map[string]string{
+		"unknown field": `{"key":"` + b64(32) + `","salt":"` + b64(32) + `","extra":1}`,
+		"short key":     `{"key":"` + b64(16) + `","salt":"` + b64(32) + `"}`,
+		"not json":      `key=abc`,
+	} {
+		p := filepath.Join(dir, name+".json")
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		_, err := ReadMasterSecretFile(p)
+		assert.Error(t, err, name)
+	}
+}
+
+func b64(n int) string { return base64.StdEncoding.EncodeToString(make([]byte, n)) }
