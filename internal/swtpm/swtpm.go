@@ -96,11 +96,12 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	for {
-		if conn, err := net.Dial("unix", p.ctrl); err == nil {
+		// Probe the command socket itself: its file appears at bind(), before swtpm listens,
+		// so the file existing does not mean a connection would be accepted. swtpm serves one
+		// connection at a time and accepts the next once the probe closes.
+		if conn, err := net.Dial("unix", p.sock); err == nil {
 			conn.Close()
-			if _, err := os.Stat(p.sock); err == nil {
-				return p, nil
-			}
+			return p, nil
 		}
 		select {
 		case <-p.exited:
