@@ -2,6 +2,10 @@ package atls
 
 import "bytes"
 
+// EphemeralCert is the certificate generation aTLS servers use, for the plain-TLS benchmark
+// floor.
+var EphemeralCert = ephemeralCert
+
 // DecodeFramesForFuzzing decodes frames from data until it fails; it must never panic nor allocate
 // beyond the limit.
 func DecodeFramesForFuzzing(data []byte) {

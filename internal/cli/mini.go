@@ -122,7 +122,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string) (retErr error)
 	}
 
 	// A tampered image: same config, different bootstrapper binary.
-	tampered := append([]local.Component{{Name: "bootstrapper (modified)", PCR: local.PCRBootstrapper, Digest: sha256Of(append(bootstrapper.Digest[:], "backdoor"...))}}, image[1:]...)
+	tampered := append([]local.Component{{Name: "bootstrapper (modified)", PCR: local.PCRBootstrapper, Digest: sha256.Sum256(append(bootstrapper.Digest[:], "backdoor"...))}}, image[1:]...)
 	nodes := []struct {
 		name  string
 		image []local.Component
@@ -314,5 +314,3 @@ func writeJSON(path string, v any) error {
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
-
-func sha256Of(b []byte) [32]byte { return sha256.Sum256(b) }

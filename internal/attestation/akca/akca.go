@@ -104,12 +104,9 @@ func (ca *CA) CertifyAK(akPublic []byte, nodeName string, now time.Time, validit
 	if err != nil {
 		return nil, fmt.Errorf("akca: AK public area: %w", err)
 	}
-	if err := vtpm.CheckAKAttributes(pub); err != nil {
-		return nil, fmt.Errorf("akca: refusing to certify: %w", err)
-	}
-	key, err := pub.Key()
+	key, err := vtpm.CheckAKAttributes(pub)
 	if err != nil {
-		return nil, fmt.Errorf("akca: AK public key: %w", err)
+		return nil, fmt.Errorf("akca: refusing to certify: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: randomSerial(),

@@ -50,6 +50,18 @@ func bootNode(t testing.TB, tpm *vtpm.TPM) measurements.M {
 	return m
 }
 
+// bootAndIssue boots a node on tpm and returns its reference values, its issuer and one
+// genuine evidence over nonce.
+func bootAndIssue(t testing.TB, tpm *vtpm.TPM) (measurements.M, *vtpm.Issuer, []byte) {
+	t.Helper()
+	ref := bootNode(t, tpm)
+	iss, err := qemu.NewIssuer(tpm, nil, nil)
+	require.NoError(t, err)
+	ev, err := iss.Issue(context.Background(), nonce)
+	require.NoError(t, err)
+	return ref, iss, ev
+}
+
 func decode(t testing.TB, ev []byte) *vtpmpb.Evidence {
 	t.Helper()
 	out := &vtpmpb.Evidence{}
@@ -103,11 +115,7 @@ func TestRoundTrip(t *testing.T) {
 // TestRejections covers every way evidence must fail, against one genuine evidence.
 func TestRejections(t *testing.T) {
 	tpm := vtpmtest.Simulator(t)
-	ref := bootNode(t, tpm)
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
-	require.NoError(t, err)
-	ev, err := iss.Issue(context.Background(), nonce)
-	require.NoError(t, err)
+	ref, _, ev := bootAndIssue(t, tpm)
 
 	// Evidence of another TPM variant from the same TPM.
 	otherIss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.AWSNitroTPM})
@@ -329,11 +337,7 @@ func TestAKCertificate(t *testing.T) {
 
 func TestPolicy(t *testing.T) {
 	tpm := vtpmtest.Simulator(t)
-	ref := bootNode(t, tpm)
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
-	require.NoError(t, err)
-	ev, err := iss.Issue(context.Background(), nonce)
-	require.NoError(t, err)
+	ref, _, ev := bootAndIssue(t, tpm)
 
 	wrong := bytes.Repeat([]byte{0xab}, 32)
 	with := func(changes map[uint32]measurements.Measurement) measurements.M {
@@ -411,11 +415,7 @@ func TestIssuerNonceSize(t *testing.T) {
 
 func FuzzValidate(f *testing.F) {
 	tpm := vtpmtest.SimulatorFixedSeed(f, 42)
-	ref := bootNode(f, tpm)
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
-	require.NoError(f, err)
-	ev, err := iss.Issue(context.Background(), nonce)
-	require.NoError(f, err)
+	ref, iss, ev := bootAndIssue(f, tpm)
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}})
 	require.NoError(f, err)
 	f.Add(ev)

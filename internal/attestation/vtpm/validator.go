@@ -78,7 +78,6 @@ func (v *Validator) Variant() variant.Variant { return v.cfg.Variant }
 type parsed struct {
 	ev    *vtpmpb.Evidence
 	akPub tpm2.Public
-	key   crypto.PublicKey
 	pcrs  map[uint32][]byte
 }
 
@@ -92,14 +91,14 @@ func (v *Validator) Validate(_ context.Context, evidence, nonce []byte) (*attest
 	if err != nil {
 		return nil, err
 	}
-	match, err := v.cfg.ReferenceSets.Match(v.cfg.Variant, p.pcrMap())
+	match, err := v.cfg.ReferenceSets.Match(v.cfg.Variant, p.pcrs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurementPolicy, err)
 	}
 	akHash := sha256.Sum256(p.ev.AkPublic)
 	out := &attestation.Verified{
 		Variant:         v.cfg.Variant,
-		Registers:       p.pcrMap(),
+		Registers:       p.pcrs,
 		ReferenceSet:    match.Set,
 		SignerID:        hex.EncodeToString(akHash[:]),
 		SignerCertified: certified,
@@ -144,37 +143,33 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
 	}
-	key, err := akPub.Key()
-	if err != nil {
-		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
-	}
-	return &parsed{ev: ev, akPub: akPub, key: key, pcrs: pcrs}, nil
+	return &parsed{ev: ev, akPub: akPub, pcrs: pcrs}, nil
 }
 
 // CheckAKAttributes checks that pub describes an acceptable attestation key: a TPM-resident
 // restricted signing key (only such a key cannot sign a TPMS_ATTEST the TPM did not produce),
-// RSA of at least 2048 bits or ECC P-256/P-384.
-func CheckAKAttributes(pub tpm2.Public) error {
+// RSA of at least 2048 bits or ECC P-256/P-384. It returns the decoded public key.
+func CheckAKAttributes(pub tpm2.Public) (crypto.PublicKey, error) {
 	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
-		return fmt.Errorf("AK is not a TPM-resident restricted signing key (attributes %#x)", uint32(pub.Attributes))
+		return nil, fmt.Errorf("AK is not a TPM-resident restricted signing key (attributes %#x)", uint32(pub.Attributes))
 	}
 	key, err := pub.Key()
 	if err != nil {
-		return fmt.Errorf("AK public key: %w", err)
+		return nil, fmt.Errorf("AK public key: %w", err)
 	}
 	switch k := key.(type) {
 	case *rsa.PublicKey:
 		if k.N.BitLen() < 2048 {
-			return fmt.Errorf("RSA AK of %d bits", k.N.BitLen())
+			return nil, fmt.Errorf("RSA AK of %d bits", k.N.BitLen())
 		}
 	case *ecdsa.PublicKey:
 		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
-			return fmt.Errorf("ECC AK on curve %s", k.Curve.Params().Name)
+			return nil, fmt.Errorf("ECC AK on curve %s", k.Curve.Params().Name)
 		}
 	default:
-		return fmt.Errorf("AK of type %T", k)
+		return nil, fmt.Errorf("AK of type %T", k)
 	}
-	return nil
+	return key, nil
 }
 
 // requiredAKAttributes make a key a TPM-resident restricted signing key: only such a key
@@ -184,19 +179,20 @@ const requiredAKAttributes = tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.Fla
 // verify establishes trust in the AK (when roots are configured) and checks the quote: its
 // signature by the AK, its binding to nonce, and that the PCR values are the quoted ones.
 func (v *Validator) verify(p *parsed, nonce []byte) (certified bool, err error) {
-	if err := CheckAKAttributes(p.akPub); err != nil {
+	key, err := CheckAKAttributes(p.akPub)
+	if err != nil {
 		return false, fmt.Errorf("%w: %w", attestation.ErrUntrustedSigner, err)
 	}
 	if v.cfg.AKRoots != nil {
-		if err := v.verifyAKCert(p); err != nil {
+		if err := v.verifyAKCert(p, key); err != nil {
 			return false, err
 		}
 		certified = true
 	}
 
 	q := &pb.Quote{Quote: p.ev.Quote, RawSig: p.ev.Signature, Pcrs: &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: p.pcrs}}
-	if err := quote.Verify(q, p.key, nonce); err != nil {
-		return false, classifyQuoteError(q, p.key, nonce, err)
+	if err := quote.Verify(q, key, nonce); err != nil {
+		return false, classifyQuoteError(q, key, nonce, err)
 	}
 	return certified, nil
 }
@@ -213,7 +209,7 @@ func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err err
 	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)
 }
 
-func (v *Validator) verifyAKCert(p *parsed) error {
+func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) error {
 	if len(p.ev.AkCert) == 0 {
 		return fmt.Errorf("%w: no AK certificate, and AK roots are configured", attestation.ErrUntrustedSigner)
 	}
@@ -229,10 +225,8 @@ func (v *Validator) verifyAKCert(p *parsed) error {
 		return fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedSigner, err)
 	}
 	certKey, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
-	if !ok || !certKey.Equal(p.key) {
+	if !ok || !certKey.Equal(key) {
 		return fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedSigner)
 	}
 	return nil
 }
-
-func (p *parsed) pcrMap() map[uint32][]byte { return p.pcrs }

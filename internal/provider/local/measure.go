@@ -12,6 +12,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 )
 
@@ -74,7 +75,8 @@ func ExpectedPCRs(image []Component) measurements.M {
 // CertifyAK certifies the AK of the node's TPM with the provider's CA and stores the
 // certificate in the TPM's NV, where the node's issuer finds it.
 func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, now time.Time) error {
-	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variantForCertification})
+	// Local nodes attest with qemu-vtpm; the variant only labels evidence, the AK is the same.
+	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM})
 	if err != nil {
 		return fmt.Errorf("loading AK of %s: %w", nodeName, err)
 	}
