@@ -74,6 +74,12 @@ type Config struct {
 	MaxEvidenceSize int
 	// HandshakeTimeout applies when the context has no deadline (default 20 s).
 	HandshakeTimeout time.Duration
+	// Admit, when set, is asked on every connection right after the TLS handshake, before
+	// any evidence is issued or validated. An error refuses the connection: the handshake
+	// fails with reason "refused" and the error's text is sent to the peer in the Abort.
+	// Servers use it for per-peer rate limits, so refused peers cost no TPM quote and no
+	// verification.
+	Admit func(ctx context.Context, remote net.Addr) error
 }
 
 // Credentials makes attested connections with one configuration, in either role.
@@ -159,7 +165,8 @@ type Error struct {
 	// Local is true when this side rejected the connection, false when the peer aborted.
 	Local bool
 	// Reason is the failure reason label (attestation.Reason) when evidence was rejected,
-	// "incompatible" when no common variant exists, "protocol" otherwise.
+	// "incompatible" when no common variant exists, "refused" when Config.Admit refused the
+	// peer, "peer-abort" when the peer aborted, "protocol" otherwise.
 	Reason string
 	Err    error
 }
@@ -228,6 +235,11 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
 	local := func(reason string, format string, args ...any) error {
 		return &Error{Local: true, Reason: reason, Err: fmt.Errorf(format, args...)}
+	}
+	if c.cfg.Admit != nil {
+		if err := c.cfg.Admit(ctx, conn.RemoteAddr()); err != nil {
+			return nil, local("refused", "%w", err)
+		}
 	}
 	hello := &atlspb.Hello{Version: protocolVersion}
 	if c.cfg.Issuer != nil {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -331,6 +332,49 @@ func TestRejected(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A refused peer costs the server neither a quote nor a verification, and is told why.
+func TestAdmitRefusesBeforeAttestation(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	var issued, validated atomic.Int32
+	countingIssuer := issuerFunc{n.issuer.Variant(), func(ctx context.Context, nonce []byte) ([]byte, error) {
+		issued.Add(1)
+		return n.issuer.Issue(ctx, nonce)
+	}}
+	var seenRemote net.Addr
+	server := creds(t, atls.Config{
+		Issuer:     countingIssuer,
+		Validators: []attestation.Validator{countingValidator{n.validator(t), &validated}},
+		Admit: func(_ context.Context, remote net.Addr) error {
+			seenRemote = remote
+			return errors.New("rate limit exceeded for this peer, retry later")
+		},
+	})
+	client := creds(t, atls.Config{Issuer: n.issuer, Validators: []attestation.Validator{n.validator(t)}})
+
+	srv, cli := connect(t, server, client)
+	var e *atls.Error
+	require.ErrorAs(t, srv.err, &e)
+	assert.True(t, e.Local)
+	assert.Equal(t, "refused", e.Reason)
+	require.ErrorAs(t, cli.err, &e)
+	assert.False(t, e.Local)
+	assert.ErrorContains(t, cli.err, "peer aborted: rate limit exceeded for this peer, retry later")
+	assert.Zero(t, issued.Load(), "server issued evidence for a refused peer")
+	assert.Zero(t, validated.Load(), "server validated evidence of a refused peer")
+	require.NotNil(t, seenRemote)
+	assert.Contains(t, seenRemote.String(), "127.0.0.1:")
+}
+
+type countingValidator struct {
+	attestation.Validator
+	n *atomic.Int32
+}
+
+func (v countingValidator) Validate(ctx context.Context, evidence, nonce []byte) (*attestation.Verified, error) {
+	v.n.Add(1)
+	return v.Validator.Validate(ctx, evidence, nonce)
 }
 
 // frameSlack pushes evidence past the default limit even with frame overhead.

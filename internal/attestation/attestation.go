@@ -57,6 +57,10 @@ type Verified struct {
 	SignerID string
 	// SignerCertified reports whether the signing key was checked against a configured root.
 	SignerCertified bool
+	// SignerName is the subject common name of the signer's certificate when SignerCertified:
+	// the platform's name for the node (the local provider certifies each AK for its node
+	// name), so services can bind what a node asks for to who the platform says it is.
+	SignerName string
 }
 
 // Failure reasons. Validators wrap exactly one of them, so callers can tell what went wrong

@@ -245,3 +245,37 @@ func FuzzDecodeReferenceSets(f *testing.F) {
 		require.Equal(t, sets, back)
 	})
 }
+
+func TestActiveSwap(t *testing.T) {
+	v := variant.QEMUVTPM
+	v1 := ReferenceSet{Name: "v1", Measurements: M{4: {Expected: digest(1)}}}
+	v2 := ReferenceSet{Name: "v2", Measurements: M{4: {Expected: digest(2)}}}
+	_, err := NewActive(v, nil)
+	require.ErrorContains(t, err, "no reference-value set configured")
+
+	active, err := NewActive(v, ReferenceSets{v1})
+	require.NoError(t, err)
+	nodeV2 := map[uint32][]byte{4: digest(2)}
+	_, err = active.Load().Match(v, nodeV2)
+	require.Error(t, err)
+
+	// Upgrade: add v2 next to v1, then retire v1.
+	require.NoError(t, active.Store(ReferenceSets{v1, v2}))
+	res, err := active.Load().Match(v, nodeV2)
+	require.NoError(t, err)
+	assert.Equal(t, "v2", res.Set)
+	require.NoError(t, active.Store(ReferenceSets{v2}))
+	_, err = active.Load().Match(v, map[uint32][]byte{4: digest(1)})
+	require.Error(t, err, "a node of the retired set must not match")
+
+	// An invalid update is refused and changes nothing.
+	bad := ReferenceSet{Name: "bad", Measurements: M{99: {Expected: digest(3)}}}
+	require.Error(t, active.Store(ReferenceSets{bad}))
+	assert.Equal(t, ReferenceSets{v2}, active.Load())
+
+	// The caller's slice is copied: changing it later does not change what is in force.
+	sets := ReferenceSets{v1}
+	require.NoError(t, active.Store(sets))
+	sets[0] = v2
+	assert.Equal(t, "v1", active.Load()[0].Name)
+}

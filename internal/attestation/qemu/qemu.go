@@ -26,6 +26,8 @@ func NewIssuer(tpm *vtpm.TPM, akCert []byte, eventLog func() ([]byte, error)) (*
 // ValidatorConfig configures a qemu-vtpm validator.
 type ValidatorConfig struct {
 	ReferenceSets measurements.ReferenceSets
+	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
+	Active *measurements.Active
 	// AKRoots: see vtpm.ValidatorConfig. The local provider's AK CA.
 	AKRoots         *x509.CertPool
 	MaxEvidenceSize int
@@ -38,6 +40,7 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
 		Variant:         Variant,
 		ReferenceSets:   cfg.ReferenceSets,
+		Active:          cfg.Active,
 		AKRoots:         cfg.AKRoots,
 		MaxEvidenceSize: cfg.MaxEvidenceSize,
 		Now:             cfg.Now,

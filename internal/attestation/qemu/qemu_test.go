@@ -106,6 +106,7 @@ func TestRoundTrip(t *testing.T) {
 			assert.Len(t, got.Registers, vtpm.NumPCRs)
 			assert.Equal(t, ref[4].Expected, got.Registers[4])
 			assert.False(t, got.SignerCertified)
+			assert.Empty(t, got.SignerName)
 			akHash := sha256.Sum256(iss.AKPublic())
 			assert.Equal(t, hex.EncodeToString(akHash[:]), got.SignerID)
 		})
@@ -298,6 +299,7 @@ func TestAKCertificate(t *testing.T) {
 			got, err := v.Validate(context.Background(), genuine, nonce)
 			require.NoError(t, err)
 			assert.True(t, got.SignerCertified)
+			assert.Equal(t, "node-0", got.SignerName, "the certified name of the node")
 		}
 	})
 	t.Run("forged quote passes without roots", func(t *testing.T) {

@@ -30,6 +30,9 @@ import (
 type ValidatorConfig struct {
 	Variant       variant.Variant
 	ReferenceSets measurements.ReferenceSets
+	// Active, when set, replaces ReferenceSets: the validator reads the sets from it on every
+	// validation, so a watcher can swap them without a restart (measurements.Active).
+	Active *measurements.Active
 	// AKRoots, when set, must have issued the certificate the evidence carries for its AK.
 	// Without roots the AK is trusted because the evidence says so: the quote then proves
 	// only that some holder of that key signed these PCR values, which suffices for tests and
@@ -53,8 +56,16 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.Variant.IsZero() {
 		return nil, errors.New("validator: no variant")
 	}
-	if err := cfg.ReferenceSets.Validate(cfg.Variant); err != nil {
-		return nil, fmt.Errorf("validator %s: %w", cfg.Variant, err)
+	if cfg.Active == nil {
+		active, err := measurements.NewActive(cfg.Variant, cfg.ReferenceSets)
+		if err != nil {
+			return nil, fmt.Errorf("validator %s: %w", cfg.Variant, err)
+		}
+		cfg.Active = active
+	} else if len(cfg.ReferenceSets) > 0 {
+		return nil, fmt.Errorf("validator %s: both static and active reference sets configured", cfg.Variant)
+	} else if cfg.Active.Variant().String() != cfg.Variant.String() {
+		return nil, fmt.Errorf("validator %s: active reference sets are for variant %s", cfg.Variant, cfg.Active.Variant())
 	}
 	if cfg.MaxEvidenceSize <= 0 {
 		cfg.MaxEvidenceSize = attestation.DefaultMaxEvidenceSize
@@ -87,11 +98,11 @@ func (v *Validator) Validate(_ context.Context, evidence, nonce []byte) (*attest
 	if err != nil {
 		return nil, err
 	}
-	certified, err := v.verify(p, nonce)
+	signer, err := v.verify(p, nonce)
 	if err != nil {
 		return nil, err
 	}
-	match, err := v.cfg.ReferenceSets.Match(v.cfg.Variant, p.pcrs)
+	match, err := v.cfg.Active.Load().Match(v.cfg.Variant, p.pcrs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurementPolicy, err)
 	}
@@ -101,7 +112,10 @@ func (v *Validator) Validate(_ context.Context, evidence, nonce []byte) (*attest
 		Registers:       p.pcrs,
 		ReferenceSet:    match.Set,
 		SignerID:        hex.EncodeToString(akHash[:]),
-		SignerCertified: certified,
+		SignerCertified: signer != nil,
+	}
+	if signer != nil {
+		out.SignerName = signer.Subject.CommonName
 	}
 	for _, w := range match.Warnings {
 		out.Warnings = append(out.Warnings, w.Describe(v.cfg.Variant))
@@ -177,24 +191,25 @@ func CheckAKAttributes(pub tpm2.Public) (crypto.PublicKey, error) {
 const requiredAKAttributes = tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin | tpm2.FlagRestricted | tpm2.FlagSign
 
 // verify establishes trust in the AK (when roots are configured) and checks the quote: its
-// signature by the AK, its binding to nonce, and that the PCR values are the quoted ones.
-func (v *Validator) verify(p *parsed, nonce []byte) (certified bool, err error) {
+// signature by the AK, its binding to nonce, and that the PCR values are the quoted ones. It
+// returns the verified AK certificate, or nil when no roots are configured.
+func (v *Validator) verify(p *parsed, nonce []byte) (*x509.Certificate, error) {
 	key, err := CheckAKAttributes(p.akPub)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", attestation.ErrUntrustedSigner, err)
+		return nil, fmt.Errorf("%w: %w", attestation.ErrUntrustedSigner, err)
 	}
+	var cert *x509.Certificate
 	if v.cfg.AKRoots != nil {
-		if err := v.verifyAKCert(p, key); err != nil {
-			return false, err
+		if cert, err = v.verifyAKCert(p, key); err != nil {
+			return nil, err
 		}
-		certified = true
 	}
 
 	q := &pb.Quote{Quote: p.ev.Quote, RawSig: p.ev.Signature, Pcrs: &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: p.pcrs}}
 	if err := quote.Verify(q, key, nonce); err != nil {
-		return false, classifyQuoteError(q, key, nonce, err)
+		return nil, classifyQuoteError(q, key, nonce, err)
 	}
-	return certified, nil
+	return cert, nil
 }
 
 // classifyQuoteError names why go-tpm-tools rejected a quote. The library's verdict stands;
@@ -209,9 +224,9 @@ func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err err
 	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)
 }
 
-func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) error {
+func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) (*x509.Certificate, error) {
 	if len(p.ev.AkCert) == 0 {
-		return fmt.Errorf("%w: no AK certificate, and AK roots are configured", attestation.ErrUntrustedSigner)
+		return nil, fmt.Errorf("%w: no AK certificate, and AK roots are configured", attestation.ErrUntrustedSigner)
 	}
 	now := v.cfg.Now()
 	cert, err := v.akCerts.verify(p.ev.AkCert, now, func(cert *x509.Certificate) ([][]*x509.Certificate, error) {
@@ -222,11 +237,11 @@ func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) error {
 		})
 	})
 	if err != nil {
-		return fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedSigner, err)
+		return nil, fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedSigner, err)
 	}
 	certKey, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
 	if !ok || !certKey.Equal(key) {
-		return fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedSigner)
+		return nil, fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedSigner)
 	}
-	return nil
+	return cert, nil
 }
