@@ -1,0 +1,136 @@
+// Package kubeletcsr checks a joining node's certificate request for its kubelet and signs it.
+//
+// A request is untrusted input even from an attested node: the image is trusted, but the name
+// and addresses it asks for must be the ones the platform attributes to that node, or one node
+// could impersonate another to the API server (the Node authorizer trusts the certificate's
+// name). Steps, in order: parse, verify the request's self-signature, validate it against
+// the node's identity. Only then is a certificate issued.
+package kubeletcsr
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/kube/pki"
+)
+
+// Kubernetes names of node identities.
+const (
+	NodeUserPrefix = "system:node:"
+	NodesGroup     = "system:nodes"
+)
+
+// MaxRequestSize caps a DER request before parsing; a kubelet request is well under 1 KiB.
+const MaxRequestSize = 16 << 10
+
+// Validity of issued kubelet certificates, as kubeadm's leaf certificates.
+const Validity = 365 * 24 * time.Hour
+
+// ErrRejected is wrapped by every error about the request's content.
+var ErrRejected = errors.New("kubelet certificate request rejected")
+
+// Node is what the platform says about the node asking.
+type Node struct {
+	Name      string
+	Addresses []netip.Addr
+}
+
+// Check parses and verifies der and validates it for node: subject exactly CN
+// system:node:<name> and O system:nodes; DNS SANs only the node's name; IP SANs only the
+// node's addresses; no other SANs; an ECDSA P-256/P-384 or RSA ≥ 2048 key.
+func Check(der []byte, node Node) (*x509.CertificateRequest, error) {
+	// 1. Parse.
+	if len(der) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrRejected)
+	}
+	if len(der) > MaxRequestSize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrRejected, len(der), MaxRequestSize)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, fmt.Errorf("%w: parsing: %w", ErrRejected, err)
+	}
+	// 2. Verify: the requester holds the key.
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("%w: signature: %w", ErrRejected, err)
+	}
+	// 3. Validate against the node's identity.
+	var problems []error
+	if want := NodeUserPrefix + node.Name; csr.Subject.CommonName != want {
+		problems = append(problems, fmt.Errorf("common name %q, want %q", csr.Subject.CommonName, want))
+	}
+	if !slices.Equal(csr.Subject.Organization, []string{NodesGroup}) {
+		problems = append(problems, fmt.Errorf("organization %q, want [%q]", csr.Subject.Organization, NodesGroup))
+	}
+	s := csr.Subject
+	if len(s.Country)+len(s.Province)+len(s.Locality)+len(s.StreetAddress)+len(s.PostalCode)+len(s.OrganizationalUnit)+len(s.ExtraNames) > 0 || s.SerialNumber != "" {
+		problems = append(problems, errors.New("subject has fields besides CN and O"))
+	}
+	for _, name := range csr.DNSNames {
+		if name != node.Name {
+			problems = append(problems, fmt.Errorf("DNS name %q is not the node's name %q", name, node.Name))
+		}
+	}
+	for _, ip := range csr.IPAddresses {
+		addr, ok := netip.AddrFromSlice(ip)
+		if !ok || !slices.Contains(node.Addresses, addr.Unmap()) {
+			problems = append(problems, fmt.Errorf("IP address %s is not one of the node's addresses %v", ip, node.Addresses))
+		}
+	}
+	if len(csr.EmailAddresses)+len(csr.URIs) > 0 {
+		problems = append(problems, errors.New("e-mail or URI SANs requested"))
+	}
+	if err := checkKey(csr); err != nil {
+		problems = append(problems, err)
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("%w for node %q: %w", ErrRejected, node.Name, errors.Join(problems...))
+	}
+	return csr, nil
+}
+
+func checkKey(csr *x509.CertificateRequest) error {
+	switch k := csr.PublicKey.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
+			return fmt.Errorf("ECDSA key on curve %s", k.Curve.Params().Name)
+		}
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return fmt.Errorf("RSA key of %d bits", k.N.BitLen())
+		}
+	default:
+		return fmt.Errorf("key of type %T", k)
+	}
+	return nil
+}
+
+// Sign checks der for node (Check) and issues the kubelet's certificate from ca: for client
+// authentication to the API server and as the kubelet's serving certificate.
+func Sign(ca *pki.CA, der []byte, node Node, now time.Time) (*x509.Certificate, error) {
+	csr, err := Check(der, node)
+	if err != nil {
+		return nil, err
+	}
+	ips := make([]net.IP, len(csr.IPAddresses))
+	copy(ips, csr.IPAddresses)
+	return ca.Issue(pki.Leaf{
+		CommonName:    csr.Subject.CommonName,
+		Organizations: []string{NodesGroup},
+		DNSNames:      csr.DNSNames,
+		IPs:           ips,
+		Client:        true,
+		Server:        true,
+		// A little backdating tolerates clock skew between nodes.
+		NotBefore: now.Add(-5 * time.Minute),
+		NotAfter:  now.Add(Validity),
+	}, csr.PublicKey)
+}

@@ -1,0 +1,327 @@
+// Package kubetest starts a real Kubernetes control plane for tests: etcd and kube-apiserver,
+// built from the Go module proxy by hack/build-kube.sh, on loopback, with PKI in kubeadm's layout,
+// bootstrap-token authentication and Node,RBAC authorization, and gives tests an admin client.
+//
+// Every test that talks to Kubernetes uses it; nothing is faked. A control plane takes about
+// 3 s to become ready, so packages share one per test binary (see StartShared).
+package kubetest
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/openconstellation/constellation/internal/kube/pki"
+)
+
+// Version is the Kubernetes version hack/build-kube.sh builds.
+const Version = "v1.34.4"
+
+// Cluster is a running control plane.
+type Cluster struct {
+	// Dir holds everything of this control plane: pki/, etcd data, logs, admin.conf.
+	Dir string
+	// PKIDir is Dir/pki in kubeadm's layout (ca.crt, ca.key, sa.*, front-proxy-ca.*, etcd/ca.*).
+	PKIDir string
+	// Host is the API server's host:port; Endpoint its https URL.
+	Host, Endpoint string
+	// PKI holds the cluster's CAs.
+	PKI *pki.Cluster
+	// AdminConfig authenticates as a cluster admin (group system:masters); Admin uses it.
+	AdminConfig *rest.Config
+	Admin       kubernetes.Interface
+	// Kubeconfig is the path of an admin kubeconfig file (for kubectl and kubeadm).
+	Kubeconfig string
+
+	procs []*exec.Cmd
+}
+
+// Options tune a control plane.
+type Options struct {
+	// Fsync keeps etcd's fsync on every commit. Off by default: tests do not survive a power
+	// loss and run several times faster without it; benchmarks turn it on to measure what a
+	// real cluster does.
+	Fsync bool
+}
+
+// BinDir returns the directory of the built Kubernetes binaries: $CONSTELLATION_KUBE_BIN, or
+// _output/kube/bin of the repository the working directory is in.
+func BinDir() (string, error) {
+	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
+		return dir, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "hack", "build-kube.sh")); err == nil {
+			return filepath.Join(dir, "_output", "kube", "bin"), nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("no repository above %s", wd)
+		}
+	}
+}
+
+// Binary returns the path of a built binary, or an error telling how to build it.
+func Binary(name string) (string, error) {
+	dir, err := BinDir()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s is not built (run hack/build-kube.sh; `make test` does): %w", name, err)
+	}
+	return path, nil
+}
+
+// Start starts a control plane for t and stops it when t ends.
+func Start(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	c, err := StartProcesses(context.Background(), t.TempDir(), opts)
+	if err != nil {
+		t.Fatalf("starting Kubernetes control plane: %v", err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
+// StartProcesses starts etcd and kube-apiserver with state under dir and waits until the API
+// server is ready (at most 60 s or ctx). The caller must call Stop.
+func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, err error) {
+	etcdBin, err := Binary("etcd")
+	if err != nil {
+		return nil, err
+	}
+	apiserverBin, err := Binary("kube-apiserver")
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{Dir: dir, PKIDir: filepath.Join(dir, "pki")}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	etcdClient := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	etcdPeer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	c.Host = "127.0.0.1:" + strconv.Itoa(ports[2])
+	c.Endpoint = "https://" + c.Host
+
+	now := time.Now()
+	if c.PKI, err = pki.NewCluster(now); err != nil {
+		return nil, err
+	}
+	if err := c.PKI.Write(c.PKIDir); err != nil {
+		return nil, err
+	}
+	if err := c.writeLeaf("apiserver", pki.Leaf{
+		CommonName: "kube-apiserver", Server: true,
+		DNSNames:  []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 96, 0, 1)},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
+	}); err != nil {
+		return nil, err
+	}
+	adminCert, adminKey, err := c.PKI.CA.NewLeaf(pki.Leaf{CommonName: "kubernetes-admin", Organizations: []string{"system:masters"}, Client: true, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour)})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.writeAdmin(adminCert, adminKey); err != nil {
+		return nil, err
+	}
+
+	etcdArgs := []string{
+		"--name=kubetest", "--data-dir=" + filepath.Join(dir, "etcd"),
+		"--listen-client-urls=" + etcdClient, "--advertise-client-urls=" + etcdClient,
+		"--listen-peer-urls=" + etcdPeer, "--initial-advertise-peer-urls=" + etcdPeer,
+		"--initial-cluster=kubetest=" + etcdPeer, "--log-level=warn",
+	}
+	if !opts.Fsync {
+		etcdArgs = append(etcdArgs, "--unsafe-no-fsync")
+	}
+	if err := c.start(etcdBin, "etcd", etcdArgs...); err != nil {
+		return nil, err
+	}
+	if err := c.start(apiserverBin, "kube-apiserver",
+		"--etcd-servers="+etcdClient,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[2]), "--advertise-address=127.0.0.1",
+		"--tls-cert-file="+filepath.Join(c.PKIDir, "apiserver.crt"),
+		"--tls-private-key-file="+filepath.Join(c.PKIDir, "apiserver.key"),
+		"--client-ca-file="+filepath.Join(c.PKIDir, pki.CACert),
+		"--service-account-key-file="+filepath.Join(c.PKIDir, pki.ServiceAccountPub),
+		"--service-account-signing-key-file="+filepath.Join(c.PKIDir, pki.ServiceAccountKey),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range=10.96.0.0/12",
+		"--authorization-mode=Node,RBAC",
+		"--enable-bootstrap-token-auth",
+		// The endpoint reconciler refuses loopback addresses; tests do not need it.
+		"--endpoint-reconciler-type=none",
+		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
+	); err != nil {
+		return nil, err
+	}
+	if err := c.waitReady(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) writeLeaf(name string, l pki.Leaf) error {
+	cert, key, err := c.PKI.CA.NewLeaf(l)
+	if err != nil {
+		return err
+	}
+	keyPEM, err := pki.EncodeKey(key)
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFile(c.PKIDir, name+".crt", pki.EncodeCert(cert)); err != nil {
+		return err
+	}
+	return pki.WriteFile(c.PKIDir, name+".key", keyPEM)
+}
+
+func (c *Cluster) writeAdmin(cert *x509.Certificate, key crypto.Signer) error {
+	keyPEM, err := pki.EncodeKey(key)
+	if err != nil {
+		return err
+	}
+	certPEM := pki.EncodeCert(cert)
+	caPEM := pki.EncodeCert(c.PKI.CA.Cert)
+	c.AdminConfig = &rest.Config{
+		Host:            c.Endpoint,
+		TLSClientConfig: rest.TLSClientConfig{CAData: caPEM, CertData: certPEM, KeyData: keyPEM},
+		QPS:             -1, // no client-side throttling: tests and benchmarks measure the server
+		Timeout:         30 * time.Second,
+	}
+	admin, err := kubernetes.NewForConfig(c.AdminConfig)
+	if err != nil {
+		return err
+	}
+	c.Admin = admin
+	kubeconfig := clientcmdapi.NewConfig()
+	kubeconfig.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: c.Endpoint, CertificateAuthorityData: caPEM}
+	kubeconfig.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	kubeconfig.Contexts["admin@kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "admin"}
+	kubeconfig.CurrentContext = "admin@kubetest"
+	c.Kubeconfig = filepath.Join(c.Dir, "admin.conf")
+	return clientcmd.WriteToFile(*kubeconfig, c.Kubeconfig)
+}
+
+// start runs a control-plane process with its output in Dir/<name>.log. Pdeathsig ends it
+// when the test binary dies without cleaning up.
+func (c *Cluster) start(bin, name string, args ...string) error {
+	logFile, err := os.Create(filepath.Join(c.Dir, name+".log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	c.procs = append(c.procs, cmd)
+	return nil
+}
+
+func (c *Cluster) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var lastErr error
+	for {
+		for _, p := range c.procs {
+			if p.ProcessState != nil {
+				return fmt.Errorf("%s exited: %s", filepath.Base(p.Path), c.LogTail(filepath.Base(p.Path)))
+			}
+		}
+		body, err := c.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("ok")) {
+			return nil
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("API server not ready after %s (last error: %v); log: %s", timeout, lastErr, c.LogTail("kube-apiserver"))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// LogTail returns the end of a control-plane process's log.
+func (c *Cluster) LogTail(name string) string {
+	data, _ := os.ReadFile(filepath.Join(c.Dir, name+".log"))
+	if len(data) > 4096 {
+		data = data[len(data)-4096:]
+	}
+	return string(data)
+}
+
+// Stop ends the processes (SIGTERM, then SIGKILL after 10 s) and waits for them.
+func (c *Cluster) Stop() {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		_ = p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+	c.procs = nil
+}
+
+// ClientFor returns a client that authenticates with cfg's credentials against this cluster.
+func (c *Cluster) ClientFor(auth rest.Config) (kubernetes.Interface, error) {
+	auth.Host = c.Endpoint
+	auth.TLSClientConfig.CAData = pki.EncodeCert(c.PKI.CA.Cert)
+	auth.Timeout = 30 * time.Second
+	return kubernetes.NewForConfig(&auth)
+}
+
+// freePorts reserves n loopback ports by binding them, then releases them for the processes.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
