@@ -1,0 +1,100 @@
+package keyservice
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Policy authorizes callers, named by the common name of their client certificate, for key
+// ids. Upstream's key service answered anyone who could reach it (DESIGN 3.3); ours answers
+// only the callers listed here, and only for their ids.
+//
+// JSON form (the key service's policy file):
+//
+//	{"clients": {"joinservice": {"keyIDPrefixes": ["measurementSecret"], "stateDiskKeys": true}}}
+type Policy struct {
+	Clients map[string]Grant `json:"clients"`
+}
+
+// Grant is what one caller may derive.
+type Grant struct {
+	// KeyIDPrefixes: the caller may derive any id that starts with one of these.
+	KeyIDPrefixes []string `json:"keyIDPrefixes"`
+	// StateDiskKeys: the caller may derive state-disk keys, whose ids are lower-case UUIDs
+	// (DESIGN 2). A prefix cannot express "any UUID", and no other id looks like one.
+	StateDiskKeys bool `json:"stateDiskKeys"`
+}
+
+var (
+	keyIDPattern = regexp.MustCompile(`\A[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\z`)
+	uuidPattern  = regexp.MustCompile(`\A[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\z`)
+)
+
+// ValidKeyID reports why id is not a valid key id: 1..128 characters of [A-Za-z0-9._:-],
+// starting with a letter or digit. Ids end up in HKDF's info and in logs, so they are kept
+// printable and short.
+func ValidKeyID(id string) error {
+	if !keyIDPattern.MatchString(id) {
+		return fmt.Errorf("key id %q: must be 1..128 characters of [A-Za-z0-9._:-], starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// IsStateDiskKeyID reports whether id is a state-disk key id (a lower-case UUID).
+func IsStateDiskKeyID(id string) bool { return uuidPattern.MatchString(id) }
+
+// Allows reports whether client may derive id.
+func (p Policy) Allows(client, id string) bool {
+	g, ok := p.Clients[client]
+	if !ok {
+		return false
+	}
+	if g.StateDiskKeys && IsStateDiskKeyID(id) {
+		return true
+	}
+	for _, prefix := range g.KeyIDPrefixes {
+		if strings.HasPrefix(id, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// Validate checks that every client has a name and grants something, and that no prefix is
+// empty (which would grant every id; list the ids instead).
+func (p Policy) Validate() error {
+	if len(p.Clients) == 0 {
+		return fmt.Errorf("policy: no clients")
+	}
+	for name, g := range p.Clients {
+		if name == "" {
+			return fmt.Errorf("policy: client with empty name")
+		}
+		if len(g.KeyIDPrefixes) == 0 && !g.StateDiskKeys {
+			return fmt.Errorf("policy: client %q is granted nothing", name)
+		}
+		for i, prefix := range g.KeyIDPrefixes {
+			if prefix == "" {
+				return fmt.Errorf("policy: client %q: keyIDPrefixes[%d] is empty (it would grant every key id)", name, i)
+			}
+		}
+	}
+	return nil
+}
+
+// ParsePolicy decodes and validates a policy; unknown fields are errors.
+func ParsePolicy(data []byte) (Policy, error) {
+	var p Policy
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Policy{}, fmt.Errorf("policy: %w", err)
+	}
+	if dec.More() {
+		return Policy{}, fmt.Errorf("policy: trailing data")
+	}
+	return p, p.Validate()
+}
