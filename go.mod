@@ -3,6 +3,7 @@ module github.com/openconstellation/constellation
 go 1.26.0
 
 require (
+	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/go-tpm v0.9.8
 	github.com/google/go-tpm-tools v0.4.10
 	github.com/prometheus/client_golang v1.25.0
