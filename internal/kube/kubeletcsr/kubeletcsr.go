@@ -113,13 +113,18 @@ func checkKey(csr *x509.CertificateRequest) error {
 	return nil
 }
 
-// Sign checks der for node (Check) and issues the kubelet's certificate from ca: for client
-// authentication to the API server and as the kubelet's serving certificate.
+// Sign checks der for node (Check) and issues the kubelet's certificate (Issue).
 func Sign(ca *pki.CA, der []byte, node Node, now time.Time) (*x509.Certificate, error) {
 	csr, err := Check(der, node)
 	if err != nil {
 		return nil, err
 	}
+	return Issue(ca, csr, now)
+}
+
+// Issue issues the kubelet's certificate from ca for a request that passed Check: for client
+// authentication to the API server and as the kubelet's serving certificate.
+func Issue(ca *pki.CA, csr *x509.CertificateRequest, now time.Time) (*x509.Certificate, error) {
 	ips := make([]net.IP, len(csr.IPAddresses))
 	copy(ips, csr.IPAddresses)
 	return ca.Issue(pki.Leaf{

@@ -1,0 +1,385 @@
+// Package joinservice admits attested nodes into the cluster (DESIGN 1.5, 3.2, 3.4, 3.5). It
+// serves gRPC over the attested channel only, in mutual mode: it verifies every node's
+// evidence, and presents its own so that nodes can refuse an impostor (ServiceCheck).
+//
+// An admission, in order, stopping at the first failure:
+//
+//  1. per-peer rate limit, before any attestation work (atls.Config.Admit);
+//  2. evidence verified against the active reference sets, with bounded concurrency and a
+//     size cap (the attested handshake);
+//  3. the platform names the node and its addresses (Platform);
+//  4. the request is checked: disk UUID, the kubelet CSR against that identity, the
+//     control-plane flag against the node's role;
+//  5. the measurements are matched again against the reference sets in force right now, so
+//     no ticket is issued on a set retired while the handshake ran;
+//  6. keys derived (key service), kubelet certificate signed, and only then the bootstrap
+//     token created: the one side effect, last, so a rejected node leaves nothing behind.
+//
+// Every decision is one log line (accepted or rejected, naming peer, node, variant, and the
+// matching set or the reason) and is counted in Prometheus metrics.
+package joinservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
+	"github.com/openconstellation/constellation/internal/kube/pki"
+)
+
+// Keys derives keys; the key service client implements it.
+type Keys interface {
+	DataKey(ctx context.Context, id string, length int) ([]byte, error)
+}
+
+// StateDiskKeySize is the length of a state-disk key. The key unlocks the disk (a LUKS2
+// keyslot passphrase, a gocryptfs master key); 32 bytes is 256 bits of strength for both.
+const StateDiskKeySize = 32
+
+// Defaults of Config.
+const (
+	DefaultRateLimit                  = rate.Limit(1) // per second, per peer address
+	DefaultRateBurst                  = 5
+	DefaultMaxConcurrentVerifications = 16
+)
+
+// Config configures the join service.
+type Config struct {
+	// Issuer attests the service to joining nodes.
+	Issuer attestation.Issuer
+	// Validator checks joining nodes' evidence; it must read its reference sets from Active.
+	Validator attestation.Validator
+	// Active holds the reference sets in force (hot-reloaded by a measurements.Watcher).
+	Active *measurements.Active
+	// Keys derives the state-disk keys and the measurement secret.
+	Keys Keys
+	// MeasurementSalt is the cluster's measurement salt, handed to nodes with the secret.
+	MeasurementSalt []byte
+	// Kube creates bootstrap tokens (kube-system Secrets).
+	Kube kubernetes.Interface
+	// PKIDir is the control plane's PKI directory in kubeadm's layout: the cluster CA signs
+	// kubelet certificates; control-plane nodes receive pki.ControlPlaneFiles.
+	PKIDir   string
+	Platform Platform
+
+	// APIServerEndpoint (host:port), KubernetesVersion and KubernetesComponents are passed
+	// to nodes in the ticket.
+	APIServerEndpoint    string
+	KubernetesVersion    string
+	KubernetesComponents []*joinpb.KubernetesComponent
+
+	// TokenTTL defaults to bootstraptoken.DefaultTTL (15 minutes).
+	TokenTTL time.Duration
+	// RateLimit and RateBurst bound handshakes per peer address (defaults 1/s, burst 5).
+	RateLimit rate.Limit
+	RateBurst int
+	// MaxConcurrentVerifications defaults to 16.
+	MaxConcurrentVerifications int
+	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
+	MaxEvidenceSize int
+
+	Now        func() time.Time
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Service implements joinpb.JoinServiceServer.
+type Service struct {
+	joinpb.UnimplementedJoinServiceServer
+	cfg     Config
+	ca      *pki.CA
+	limiter *rateLimiter
+	creds   credentials.TransportCredentials
+	log     *slog.Logger
+	metrics *metrics
+}
+
+// New checks cfg, loads the cluster CA and returns the service.
+func New(cfg Config) (*Service, error) {
+	switch {
+	case cfg.Issuer == nil:
+		return nil, errors.New("join service: no issuer (nodes verify the join service)")
+	case cfg.Validator == nil || cfg.Active == nil:
+		return nil, errors.New("join service: no validator or reference sets")
+	case cfg.Validator.Variant().String() != cfg.Active.Variant().String():
+		return nil, fmt.Errorf("join service: validator is for %s, reference sets for %s", cfg.Validator.Variant(), cfg.Active.Variant())
+	case cfg.Keys == nil || cfg.Kube == nil || cfg.Platform == nil:
+		return nil, errors.New("join service: keys, Kubernetes client and platform are required")
+	case len(cfg.MeasurementSalt) == 0:
+		return nil, errors.New("join service: no measurement salt")
+	case cfg.APIServerEndpoint == "" || cfg.KubernetesVersion == "":
+		return nil, errors.New("join service: API server endpoint and Kubernetes version are required")
+	}
+	if cfg.TokenTTL <= 0 {
+		cfg.TokenTTL = bootstraptoken.DefaultTTL
+	}
+	if cfg.RateLimit <= 0 {
+		cfg.RateLimit = DefaultRateLimit
+	}
+	if cfg.RateBurst <= 0 {
+		cfg.RateBurst = DefaultRateBurst
+	}
+	if cfg.MaxConcurrentVerifications <= 0 {
+		cfg.MaxConcurrentVerifications = DefaultMaxConcurrentVerifications
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	ca, err := pki.LoadCA(filepath.Join(cfg.PKIDir, pki.CACert), filepath.Join(cfg.PKIDir, pki.CAKey))
+	if err != nil {
+		return nil, fmt.Errorf("join service: cluster CA: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, ca: ca, log: cfg.Log, metrics: m, limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, cfg.Now)}
+	creds, err := atls.NewCredentials(atls.Config{
+		Issuer:          cfg.Issuer,
+		Validators:      []attestation.Validator{boundedValidator{cfg.Validator, make(chan struct{}, cfg.MaxConcurrentVerifications)}},
+		MaxEvidenceSize: cfg.MaxEvidenceSize,
+		Admit: func(_ context.Context, remote net.Addr) error {
+			return s.limiter.allow(remoteAddr(remote))
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("join service: %w", err)
+	}
+	s.creds = observedCredentials{Credentials: creds, svc: s}
+	return s, nil
+}
+
+// Credentials returns the gRPC transport credentials the service must be served with.
+func (s *Service) Credentials() credentials.TransportCredentials { return s.creds }
+
+// Register adds the service to g, which must use Credentials.
+func (s *Service) Register(g *grpc.Server) { joinpb.RegisterJoinServiceServer(g, s) }
+
+// admitted is a peer that passed steps 1-3.
+type admitted struct {
+	remote   netip.Addr
+	verified *attestation.Verified
+	node     Node
+}
+
+// admit identifies the caller: its verified evidence (from the handshake) and the platform's
+// word on who it is.
+func (s *Service) admit(ctx context.Context) (*admitted, error) {
+	a := &admitted{}
+	if p, ok := peer.FromContext(ctx); ok {
+		a.remote = remoteAddr(p.Addr)
+	}
+	verified, ok := atls.PeerFromContext(ctx)
+	if !ok {
+		return a, status.Error(codes.Unauthenticated, "no verified evidence: the join service is served over the attested channel only")
+	}
+	a.verified = verified
+	node, err := s.cfg.Platform.Node(ctx, verified, a.remote)
+	if err != nil {
+		return a, status.Errorf(codes.PermissionDenied, "platform does not know this node: %v", err)
+	}
+	a.node = node
+	return a, nil
+}
+
+// recheck matches the peer's verified measurements against the reference sets in force now.
+func (s *Service) recheck(a *admitted) (string, error) {
+	res, err := s.cfg.Active.Load().Match(a.verified.Variant, a.verified.Registers)
+	if err != nil {
+		return "", status.Errorf(codes.PermissionDenied, "measurements no longer match any active reference set (retired during the join): %v", err)
+	}
+	return res.Set, nil
+}
+
+// IssueJoinTicket admits a new node.
+func (s *Service) IssueJoinTicket(ctx context.Context, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, error) {
+	const method = "join"
+	start := s.cfg.Now()
+	a, err := s.admit(ctx)
+	if err != nil {
+		s.reject(method, a.remote, a.node.Name, reasonOf(err), err, start)
+		return nil, err
+	}
+	resp, set, err := s.issueJoinTicket(ctx, a, req)
+	if err != nil {
+		s.reject(method, a.remote, a.node.Name, reasonOf(err), err, start)
+		return nil, err
+	}
+	role := "worker"
+	if req.IsControlPlane {
+		role = "control-plane"
+	}
+	s.accept(method, a, set, start, "role", role, "token", resp.Token[:strings.IndexByte(resp.Token, '.')])
+	s.metrics.tickets.WithLabelValues(method, role).Inc()
+	return resp, nil
+}
+
+func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, string, error) {
+	diskID, err := diskKeyID(req.DiskUuid)
+	if err != nil {
+		return nil, "", err
+	}
+	if req.IsControlPlane && !a.node.ControlPlane {
+		return nil, "", status.Errorf(codes.PermissionDenied, "node %q asks to join as control plane, but the platform says it is a worker", a.node.Name)
+	}
+	csr, err := kubeletcsr.Check(req.CertificateRequest, kubeletcsr.Node{Name: a.node.Name, Addresses: a.node.Addresses})
+	if err != nil {
+		return nil, "", status.Error(codes.PermissionDenied, err.Error())
+	}
+	var cpFiles []*joinpb.ControlPlaneFile
+	if req.IsControlPlane {
+		files, err := pki.ReadControlPlaneFiles(s.cfg.PKIDir)
+		if err != nil {
+			return nil, "", status.Errorf(codes.Internal, "reading control-plane files: %v", err)
+		}
+		for _, name := range pki.ControlPlaneFiles {
+			cpFiles = append(cpFiles, &joinpb.ControlPlaneFile{Name: name, Data: files[name]})
+		}
+	}
+	set, err := s.recheck(a)
+	if err != nil {
+		return nil, "", err
+	}
+
+	diskKey, measurementSecret, err := s.keys(ctx, diskID)
+	if err != nil {
+		return nil, "", err
+	}
+	now := s.cfg.Now()
+	cert, err := kubeletcsr.Issue(s.ca, csr, now)
+	if err != nil {
+		return nil, "", status.Errorf(codes.Internal, "signing kubelet certificate: %v", err)
+	}
+	token, err := bootstraptoken.Create(ctx, s.cfg.Kube, s.cfg.TokenTTL, now, "join token for "+a.node.Name+", issued by the join service")
+	if err != nil {
+		return nil, "", status.Errorf(codes.Unavailable, "creating bootstrap token: %v", err)
+	}
+	return &joinpb.IssueJoinTicketResponse{
+		StateDiskKey:             diskKey,
+		MeasurementSecret:        measurementSecret,
+		MeasurementSalt:          s.cfg.MeasurementSalt,
+		ApiServerEndpoint:        s.cfg.APIServerEndpoint,
+		Token:                    token.String(),
+		TokenExpirationUnix:      token.Expiration.Unix(),
+		DiscoveryTokenCaCertHash: pki.DiscoveryHash(s.ca.Cert),
+		KubeletCert:              pki.EncodeCert(cert),
+		ClusterCaCert:            pki.EncodeCert(s.ca.Cert),
+		KubernetesVersion:        s.cfg.KubernetesVersion,
+		KubernetesComponents:     s.cfg.KubernetesComponents,
+		ControlPlaneFiles:        cpFiles,
+	}, set, nil
+}
+
+// IssueRejoinTicket lets a rebooted node unlock its state.
+func (s *Service) IssueRejoinTicket(ctx context.Context, req *joinpb.IssueRejoinTicketRequest) (*joinpb.IssueRejoinTicketResponse, error) {
+	const method = "rejoin"
+	start := s.cfg.Now()
+	a, err := s.admit(ctx)
+	if err == nil {
+		var resp *joinpb.IssueRejoinTicketResponse
+		var set string
+		if resp, set, err = s.issueRejoinTicket(ctx, a, req); err == nil {
+			s.accept(method, a, set, start)
+			s.metrics.tickets.WithLabelValues(method, "any").Inc()
+			return resp, nil
+		}
+	}
+	s.reject(method, a.remote, a.node.Name, reasonOf(err), err, start)
+	return nil, err
+}
+
+func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinpb.IssueRejoinTicketRequest) (*joinpb.IssueRejoinTicketResponse, string, error) {
+	diskID, err := diskKeyID(req.DiskUuid)
+	if err != nil {
+		return nil, "", err
+	}
+	set, err := s.recheck(a)
+	if err != nil {
+		return nil, "", err
+	}
+	diskKey, measurementSecret, err := s.keys(ctx, diskID)
+	if err != nil {
+		return nil, "", err
+	}
+	return &joinpb.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: measurementSecret}, set, nil
+}
+
+func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {
+	if diskKey, err = s.cfg.Keys.DataKey(ctx, diskID, StateDiskKeySize); err != nil {
+		return nil, nil, status.Errorf(codes.Unavailable, "deriving state-disk key: %v", err)
+	}
+	if measurementSecret, err = s.cfg.Keys.DataKey(ctx, kms.MeasurementID, kms.DerivedKeySize); err != nil {
+		return nil, nil, status.Errorf(codes.Unavailable, "deriving measurement secret: %v", err)
+	}
+	return diskKey, measurementSecret, nil
+}
+
+var uuidPattern = regexp.MustCompile(`\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z`)
+
+// diskKeyID returns the key id of a state disk: its UUID in lower case (DESIGN 2).
+func diskKeyID(uuid string) (string, error) {
+	if !uuidPattern.MatchString(uuid) {
+		return "", status.Errorf(codes.InvalidArgument, "disk UUID %q is not of the form 8-4-4-4-12 hex digits", uuid)
+	}
+	return strings.ToLower(uuid), nil
+}
+
+func (s *Service) accept(method string, a *admitted, set string, start time.Time, extra ...any) {
+	s.metrics.latency.WithLabelValues(method, "accepted").Observe(s.cfg.Now().Sub(start).Seconds())
+	args := []any{"method", method, "peer", a.remote.String(), "node", a.node.Name,
+		"variant", a.verified.Variant.String(), "referenceSet", set, "signer", a.verified.SignerID}
+	if len(a.verified.Warnings) > 0 {
+		args = append(args, "warnings", a.verified.Warnings)
+	}
+	s.log.Info("admission accepted", append(args, extra...)...)
+}
+
+// reasonOf labels a handler error for metrics.
+func reasonOf(err error) string {
+	switch status.Code(err) {
+	case codes.Unauthenticated:
+		return "unattested"
+	case codes.PermissionDenied:
+		msg := status.Convert(err).Message()
+		switch {
+		case strings.Contains(msg, "retired during the join"):
+			return "reference-set-retired"
+		case strings.Contains(msg, "platform does not know"):
+			return "unknown-node"
+		case strings.Contains(msg, "control plane"):
+			return "role"
+		default:
+			return "certificate-request"
+		}
+	case codes.InvalidArgument:
+		return "invalid-request"
+	default:
+		return "internal"
+	}
+}

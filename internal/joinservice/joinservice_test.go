@@ -1,0 +1,731 @@
+package joinservice_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	authv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/rest"
+
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+// kube is the real control plane every test in this package joins nodes to.
+var kube *kubetest.Cluster
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "joinservice-kube")
+	if err != nil {
+		panic(err)
+	}
+	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	kube.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func image(bootstrapper string) []local.Component {
+	return []local.Component{
+		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte(bootstrapper)),
+		local.BytesComponent("node config", local.PCRNodeConfig, []byte("image config v1")),
+	}
+}
+
+var imageV1 = image("bootstrapper v1")
+
+// env is a join service on an initialized, measured control-plane node, with a real key
+// service behind it and a real API server, and TPMs for joining nodes.
+type env struct {
+	t         *testing.T
+	addr      string
+	svc       *joinservice.Service
+	active    *measurements.Active
+	akCA      *akca.CA
+	secret    kms.MasterSecret
+	salt      []byte
+	keys      *countingKeys
+	logs      *syncBuffer
+	registry  *prometheus.Registry
+	nodeTPM   *vtpm.TPM // measured with imageV1, shared by the simulated joining nodes
+	directory joinservice.StaticDirectory
+}
+
+type envOptions struct {
+	ttl         time.Duration
+	rateLimit   rate.Limit
+	rateBurst   int
+	serviceImg  []local.Component
+	noClusterID bool
+}
+
+func newEnv(t *testing.T, opts envOptions) *env {
+	t.Helper()
+	if opts.serviceImg == nil {
+		opts.serviceImg = imageV1
+	}
+	if opts.rateLimit == 0 {
+		opts.rateLimit, opts.rateBurst = rate.Inf, 1
+	}
+	e := &env{t: t, logs: &syncBuffer{}, registry: prometheus.NewRegistry()}
+	var err error
+	e.akCA, err = akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	e.secret, err = kms.NewMasterSecret()
+	require.NoError(t, err)
+	e.salt = bytes.Repeat([]byte{0x5a}, 32)
+	e.keys = &countingKeys{secret: e.secret}
+
+	// The service's node: booted from the image, AK certified, initialized (PCR 15).
+	serviceTPM, _ := vtpmtest.Swtpm(t)
+	require.NoError(t, local.Measure(serviceTPM, opts.serviceImg))
+	require.NoError(t, local.CertifyAK(serviceTPM, e.akCA, "control-plane-0", time.Now()))
+	if !opts.noClusterID {
+		ms, err := e.secret.MeasurementSecret()
+		require.NoError(t, err)
+		id, err := kms.ClusterID(ms, e.salt)
+		require.NoError(t, err)
+		digest := sha256.Sum256(id)
+		require.NoError(t, serviceTPM.ExtendPCR(joinservice.ClusterIDRegister, digest[:]))
+	}
+	issuer, err := qemu.NewIssuer(serviceTPM, nil, nil)
+	require.NoError(t, err)
+
+	e.nodeTPM, _ = vtpmtest.Swtpm(t)
+	require.NoError(t, local.Measure(e.nodeTPM, imageV1))
+
+	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}})
+	require.NoError(t, err)
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: e.active, AKRoots: e.akCA.Pool()})
+	require.NoError(t, err)
+
+	e.directory = joinservice.StaticDirectory{
+		"control-plane-1": {Name: "control-plane-1", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.2")}, ControlPlane: true},
+		"worker-0":        {Name: "worker-0", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.10")}},
+	}
+	for i := range 256 {
+		name := fmt.Sprintf("node-%03d", i)
+		e.directory[name] = joinservice.Node{Name: name, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 43, byte(i / 250), byte(i%250 + 1)})}}
+	}
+	e.svc, err = joinservice.New(joinservice.Config{
+		Issuer:            issuer,
+		Validator:         validator,
+		Active:            e.active,
+		Keys:              e.keys,
+		MeasurementSalt:   e.salt,
+		Kube:              kube.Admin,
+		PKIDir:            kube.PKIDir,
+		Platform:          joinservice.CertifiedNames{Directory: e.directory},
+		APIServerEndpoint: kube.Host,
+		KubernetesVersion: kubetest.Version,
+		KubernetesComponents: []*joinpb.KubernetesComponent{
+			{Name: "kubelet", Url: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
+		},
+		TokenTTL:   opts.ttl,
+		RateLimit:  opts.rateLimit,
+		RateBurst:  opts.rateBurst,
+		Log:        slog.New(slog.NewJSONHandler(e.logs, nil)),
+		Registerer: e.registry,
+	})
+	require.NoError(t, err)
+	g := grpc.NewServer(grpc.Creds(e.svc.Credentials()))
+	e.svc.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	e.addr = ln.Addr().String()
+	return e
+}
+
+// joiner is one simulated joining node.
+type joiner struct {
+	name     string
+	tpm      *vtpm.TPM
+	local    net.IP // source address of its connections (127.0.0.0/8 is all loopback)
+	attests  bool
+	csr      func(key *ecdsa.PrivateKey) []byte
+	diskUUID string
+	check    *joinservice.ServiceCheck
+	key      *ecdsa.PrivateKey
+	lastPeer *attestation.Verified
+}
+
+func (e *env) joiner(name string, local string) *joiner {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(e.t, err)
+	j := &joiner{name: name, tpm: e.nodeTPM, local: net.ParseIP(local), attests: true, key: key, diskUUID: "3F2504E0-4F89-11D3-9A0C-0305E82C3301"}
+	j.csr = func(key *ecdsa.PrivateKey) []byte {
+		return csrFor(e.t, key, "system:node:"+name, e.directory[name].Addresses)
+	}
+	return j
+}
+
+func csrFor(t *testing.T, key *ecdsa.PrivateKey, cn string, addrs []netip.Addr) []byte {
+	tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}}
+	for _, a := range addrs {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, a.AsSlice())
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	require.NoError(t, err)
+	return der
+}
+
+func (e *env) conn(j *joiner) *grpc.ClientConn {
+	t := e.t
+	check := joinservice.ServiceCheck{Registers: registers(0, 14), AKRoots: e.akCA.Pool()}
+	if j.check != nil {
+		check = *j.check
+	}
+	if check.Own == nil && check.ReferenceSets == nil {
+		own, err := j.tpm.ReadPCRs()
+		require.NoError(t, err)
+		check.Own = own
+	}
+	serviceValidator, err := check.Validator(qemu.Variant)
+	require.NoError(t, err)
+	cfg := atls.Config{Validators: []attestation.Validator{serviceValidator}}
+	if j.attests {
+		akCert, err := e.akCA.CertifyAK(ak(t, j.tpm), j.name, time.Now(), time.Hour)
+		require.NoError(t, err)
+		cfg.Issuer, err = qemu.NewIssuer(j.tpm, akCert, nil)
+		require.NoError(t, err)
+	}
+	creds, err := atls.NewCredentials(cfg)
+	require.NoError(t, err)
+	local := j.local
+	conn, err := grpc.NewClient("passthrough:///"+e.addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: local}}
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func registers(from, to uint32) []uint32 {
+	var out []uint32
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+var akCache sync.Map
+
+func ak(t *testing.T, tpm *vtpm.TPM) []byte {
+	if v, ok := akCache.Load(tpm); ok {
+		return v.([]byte)
+	}
+	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: qemu.Variant})
+	require.NoError(t, err)
+	akCache.Store(tpm, iss.AKPublic())
+	return iss.AKPublic()
+}
+
+func (e *env) join(j *joiner, controlPlane bool) (*joinpb.IssueJoinTicketResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var p peer.Peer
+	resp, err := joinpb.NewJoinServiceClient(e.conn(j)).IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{
+		DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key), IsControlPlane: controlPlane,
+	}, grpc.Peer(&p))
+	if info, ok := p.AuthInfo.(atls.AuthInfo); ok {
+		j.lastPeer = info.Peer
+	}
+	return resp, err
+}
+
+func bootstrapSecrets(t *testing.T) int {
+	list, err := kube.Admin.CoreV1().Secrets(metav1.NamespaceSystem).List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("type", "bootstrap.kubernetes.io/token").String(),
+	})
+	require.NoError(t, err)
+	return len(list.Items)
+}
+
+func whoami(t *testing.T, auth rest.Config) (*authv1.UserInfo, error) {
+	client, err := kube.ClientFor(auth)
+	require.NoError(t, err)
+	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(context.Background(), &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return &review.Status.UserInfo, nil
+}
+
+func TestJoinWorker(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	j := e.joiner("worker-0", "127.0.0.10")
+	resp, err := e.join(j, false)
+	require.NoError(t, err)
+
+	// Keys: derived from the master secret, the disk key by the lower-case UUID.
+	wantDisk, err := e.secret.DeriveKey("3f2504e0-4f89-11d3-9a0c-0305e82c3301", joinservice.StateDiskKeySize)
+	require.NoError(t, err)
+	assert.Equal(t, wantDisk, resp.StateDiskKey)
+	wantMS, err := e.secret.MeasurementSecret()
+	require.NoError(t, err)
+	assert.Equal(t, wantMS, resp.MeasurementSecret)
+	assert.Equal(t, e.salt, resp.MeasurementSalt)
+	assert.Equal(t, kube.Host, resp.ApiServerEndpoint)
+	assert.Equal(t, kubetest.Version, resp.KubernetesVersion)
+	require.Len(t, resp.KubernetesComponents, 1)
+	assert.Empty(t, resp.ControlPlaneFiles, "a worker gets no CA keys")
+
+	// The node can now pin the service to this cluster (DESIGN 3.2).
+	require.NoError(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, resp.MeasurementSalt))
+	assert.Error(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, []byte("another cluster's salt")))
+
+	// The token authenticates as a bootstrap token in kubeadm's node group, and expires in
+	// 15 minutes by default.
+	user, err := whoami(t, rest.Config{BearerToken: resp.Token})
+	require.NoError(t, err)
+	id := strings.SplitN(resp.Token, ".", 2)[0]
+	assert.Equal(t, "system:bootstrap:"+id, user.Username)
+	assert.Contains(t, user.Groups, "system:bootstrappers")
+	assert.Contains(t, user.Groups, bootstraptoken.NodeGroup)
+	assert.InDelta(t, time.Now().Add(15*time.Minute).Unix(), resp.TokenExpirationUnix, 60)
+
+	// The kubelet certificate authenticates as the node.
+	keyPEM, err := pki.EncodeKey(j.key)
+	require.NoError(t, err)
+	user, err = whoami(t, rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: resp.KubeletCert, KeyData: keyPEM}})
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:worker-0", user.Username)
+	assert.Contains(t, user.Groups, "system:nodes")
+	assert.Equal(t, pki.EncodeCert(kube.PKI.CA.Cert), resp.ClusterCaCert)
+
+	// The discovery hash is the one kubeadm itself computes for this cluster.
+	assert.Equal(t, kubeadmDiscoveryHash(t), resp.DiscoveryTokenCaCertHash)
+
+	// A reboot: the rejoin ticket unlocks the same disk.
+	rejoin, err := joinpb.NewJoinServiceClient(e.conn(j)).IssueRejoinTicket(context.Background(), &joinpb.IssueRejoinTicketRequest{DiskUuid: j.diskUUID})
+	require.NoError(t, err)
+	assert.Equal(t, wantDisk, rejoin.StateDiskKey)
+	assert.Equal(t, wantMS, rejoin.MeasurementSecret)
+
+	// One log line per decision, naming peer, node, variant and the matching set.
+	accepted := e.logLines("admission accepted")
+	require.Len(t, accepted, 2)
+	assert.Equal(t, "127.0.0.10", accepted[0]["peer"])
+	assert.Equal(t, "worker-0", accepted[0]["node"])
+	assert.Equal(t, "qemu-vtpm", accepted[0]["variant"])
+	assert.Equal(t, "image-v1", accepted[0]["referenceSet"])
+	assert.Equal(t, "rejoin", accepted[1]["method"])
+	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "worker"))
+	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "rejoin", "role", "any"))
+}
+
+func kubeadmDiscoveryHash(t *testing.T) string {
+	bin, err := kubetest.Binary("kubeadm")
+	require.NoError(t, err)
+	out, err := execOutput(bin, "token", "create", "--print-join-command", "--kubeconfig", kube.Kubeconfig)
+	require.NoError(t, err, "%s", out)
+	fields := strings.Fields(string(out))
+	for i, f := range fields {
+		if f == "--discovery-token-ca-cert-hash" && i+1 < len(fields) {
+			return fields[i+1]
+		}
+	}
+	t.Fatalf("no discovery hash in %q", out)
+	return ""
+}
+
+func TestJoinControlPlane(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	resp, err := e.join(e.joiner("control-plane-1", "127.0.0.11"), true)
+	require.NoError(t, err)
+	got := map[string][]byte{}
+	for _, f := range resp.ControlPlaneFiles {
+		got[f.Name] = f.Data
+	}
+	want, err := pki.ReadControlPlaneFiles(kube.PKIDir)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	assert.Len(t, got, 8)
+	_, err = pki.ParseKey(got[pki.CAKey])
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "control-plane"))
+}
+
+func TestTokenExpires(t *testing.T) {
+	e := newEnv(t, envOptions{ttl: 2 * time.Second})
+	resp, err := e.join(e.joiner("worker-0", "127.0.0.12"), false)
+	require.NoError(t, err)
+	_, err = whoami(t, rest.Config{BearerToken: resp.Token})
+	require.NoError(t, err, "fresh token must authenticate")
+	// After the expiration the API server refuses the token. It caches successful token
+	// authentications for 10 s (kube-apiserver's token success cache), so the refusal
+	// shows up within expiration + 10 s.
+	require.Eventually(t, func() bool {
+		_, err := whoami(t, rest.Config{BearerToken: resp.Token})
+		return err != nil && strings.Contains(err.Error(), "Unauthorized")
+	}, 30*time.Second, 500*time.Millisecond, "token still authenticates after its expiration")
+	assert.False(t, time.Now().Before(time.Unix(resp.TokenExpirationUnix, 0)), "refused before it expired")
+}
+
+// Every rejection leaves nothing behind: no key derived, no token created; it is logged once
+// with its reason and counted.
+func TestRejections(t *testing.T) {
+	e := newEnv(t, envOptions{rateLimit: rate.Every(time.Hour), rateBurst: 2})
+	otherTPM, _ := vtpmtest.Swtpm(t)
+	require.NoError(t, local.Measure(otherTPM, image("bootstrapper v1 with a backdoor")))
+
+	testCases := map[string]struct {
+		setup        func(j *joiner)
+		controlPlane bool
+		name         string
+		wantCode     codes.Code
+		wantMsg      string
+		wantReason   string
+		wantStage    string
+	}{
+		"unattested client": {
+			setup: func(j *joiner) { j.attests = false }, wantCode: codes.Unavailable,
+			wantMsg: "no compatible evidence", wantReason: "incompatible", wantStage: "handshake",
+		},
+		"wrong measurements": {
+			setup: func(j *joiner) { j.tpm = otherTPM }, wantCode: codes.Unavailable,
+			wantMsg: "PCR 11: expected", wantReason: "measurement-mismatch", wantStage: "handshake",
+		},
+		"CSR for another node name": {
+			setup: func(j *joiner) {
+				j.csr = func(key *ecdsa.PrivateKey) []byte {
+					return csrFor(e.t, key, "system:node:control-plane-1", nil)
+				}
+			},
+			wantCode: codes.PermissionDenied, wantMsg: `common name "system:node:control-plane-1", want "system:node:worker-0"`,
+			wantReason: "certificate-request", wantStage: "join",
+		},
+		"CSR with foreign IP SANs": {
+			setup: func(j *joiner) {
+				j.csr = func(key *ecdsa.PrivateKey) []byte {
+					return csrFor(e.t, key, "system:node:worker-0", []netip.Addr{netip.MustParseAddr("10.42.0.10"), netip.MustParseAddr("10.42.0.2")})
+				}
+			},
+			wantCode: codes.PermissionDenied, wantMsg: "IP address 10.42.0.2 is not one of the node's addresses",
+			wantReason: "certificate-request", wantStage: "join",
+		},
+		"worker asks for the control-plane keys": {
+			controlPlane: true, wantCode: codes.PermissionDenied, wantMsg: "platform says it is a worker",
+			wantReason: "role", wantStage: "join",
+		},
+		"node unknown to the platform": {
+			name: "intruder", wantCode: codes.PermissionDenied, wantMsg: `platform does not know this node: node "intruder"`,
+			wantReason: "unknown-node", wantStage: "join",
+		},
+		"malformed disk UUID": {
+			setup: func(j *joiner) { j.diskUUID = "../../etc/passwd" }, wantCode: codes.InvalidArgument,
+			wantMsg: "is not of the form 8-4-4-4-12", wantReason: "invalid-request", wantStage: "join",
+		},
+		"service that is not initialized": {
+			setup: func(j *joiner) {
+				// The node insists on a service whose marker register matches a zero PCR 15
+				// too: its own-measurement check covers PCR 15, which a fresh node has zero.
+				j.check = &joinservice.ServiceCheck{Registers: registers(0, 15), AKRoots: e.akCA.Pool()}
+			},
+			wantCode: codes.Unavailable, wantMsg: "PCR 15: expected 0000", wantReason: "peer-abort", wantStage: "handshake",
+		},
+	}
+	i := 20
+	for name, tc := range testCases {
+		i++
+		t.Run(name, func(t *testing.T) {
+			nodeName := "worker-0"
+			if tc.name != "" {
+				nodeName = tc.name
+			}
+			j := e.joiner(nodeName, fmt.Sprintf("127.0.0.%d", i))
+			if tc.setup != nil {
+				tc.setup(j)
+			}
+			before := bootstrapSecrets(t)
+			keysBefore := e.keys.calls.Load()
+			rejectedBefore := e.counter("constellation_joinservice_rejections_total", "stage", tc.wantStage, "reason", tc.wantReason)
+			logsBefore := len(e.logLines("admission rejected"))
+
+			resp, err := e.join(j, tc.controlPlane)
+			require.Error(t, err)
+			assert.Nil(t, resp)
+			assert.Equal(t, tc.wantCode, status.Code(err), "%v", err)
+			assert.ErrorContains(t, err, tc.wantMsg)
+
+			assert.Equal(t, before, bootstrapSecrets(t), "a rejected join must not create a token")
+			assert.Equal(t, keysBefore, e.keys.calls.Load(), "a rejected join must not derive keys")
+			assert.Equal(t, rejectedBefore+1, e.counter("constellation_joinservice_rejections_total", "stage", tc.wantStage, "reason", tc.wantReason))
+			lines := e.logLines("admission rejected")
+			require.Len(t, lines, logsBefore+1, "one log line per decision")
+			assert.Equal(t, tc.wantReason, lines[len(lines)-1]["reason"])
+		})
+	}
+
+	t.Run("rate-limited peer", func(t *testing.T) {
+		before := bootstrapSecrets(t)
+		keysBefore := e.keys.calls.Load()
+		// Burst 2 from one address, then refused before any attestation work.
+		for range 2 {
+			_, err := e.join(e.joiner("worker-0", "127.0.0.99"), false)
+			require.NoError(t, err)
+		}
+		_, err := e.join(e.joiner("worker-0", "127.0.0.99"), false)
+		require.Error(t, err)
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.ErrorContains(t, err, "too many join attempts from 127.0.0.99")
+		assert.Equal(t, before+2, bootstrapSecrets(t))
+		assert.Equal(t, keysBefore+4, e.keys.calls.Load(), "two tickets, two keys each")
+		assert.Equal(t, 1.0, e.counter("constellation_joinservice_rejections_total", "stage", "handshake", "reason", "rate-limited"))
+		// Another address is not affected.
+		_, err = e.join(e.joiner("worker-0", "127.0.0.98"), false)
+		require.NoError(t, err)
+	})
+}
+
+// A service that does not run the node's image is refused by the node (mutual attestation),
+// and the node never sends its request.
+func TestNodeRefusesForeignService(t *testing.T) {
+	e := newEnv(t, envOptions{serviceImg: image("a different bootstrapper")})
+	j := e.joiner("worker-0", "127.0.0.40")
+	before := bootstrapSecrets(t)
+	_, err := e.join(j, false)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "PCR 11: expected")
+	assert.Equal(t, before, bootstrapSecrets(t))
+	assert.Zero(t, e.keys.calls.Load())
+
+	e2 := newEnv(t, envOptions{noClusterID: true})
+	_, err = e2.join(e2.joiner("worker-0", "127.0.0.41"), false)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "not initialized (PCR 15 is zero)")
+}
+
+func TestConcurrentJoins(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	const n = 200
+	before := bootstrapSecrets(t)
+	tokens := make([]string, n)
+	errs := make([]error, n)
+	joiners := make([]*joiner, n)
+	for i := range n {
+		joiners[i] = e.joiner(fmt.Sprintf("node-%03d", i), fmt.Sprintf("127.0.%d.%d", 1+i/250, i%250+1))
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			resp, err := e.join(joiners[i], false)
+			errs[i] = err
+			if err == nil {
+				tokens[i] = resp.Token
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i := range n {
+		require.NoError(t, errs[i], "join %d", i)
+		assert.False(t, seen[tokens[i]], "token issued twice")
+		seen[tokens[i]] = true
+	}
+	assert.Equal(t, before+n, bootstrapSecrets(t))
+	assert.Equal(t, float64(n), e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "worker"))
+}
+
+// Reference sets swapped while joins run: nodes of the kept image never fail, and no node of
+// a retired image is admitted once the retirement is in force.
+func TestReferenceSetSwap(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	v2TPM, _ := vtpmtest.Swtpm(t)
+	imageV2 := image("bootstrapper v2")
+	require.NoError(t, local.Measure(v2TPM, imageV2))
+	setV1 := measurements.ReferenceSet{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}
+	setV1b := measurements.ReferenceSet{Name: "image-v1-rebuilt", Measurements: local.ExpectedPCRs(imageV1)}
+	setV2 := measurements.ReferenceSet{Name: "image-v2", Measurements: local.ExpectedPCRs(imageV2)}
+	require.NoError(t, e.active.Store(measurements.ReferenceSets{setV1, setV2}))
+
+	var retired atomic.Bool
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var v1Fail, v1OK, v2OKAfterRetire, v2Refused atomic.Int32
+	for w := range 6 {
+		wg.Go(func() {
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("node-%03d", (w*40+k)%256)
+				j := e.joiner(name, fmt.Sprintf("127.0.2.%d", w*40+k%40+1))
+				isV2 := w%2 == 1
+				if isV2 {
+					j.tpm = v2TPM
+					// The v2 node accepts the v1 service (an upgrade in progress).
+					j.check = &joinservice.ServiceCheck{ReferenceSets: measurements.ReferenceSets{setV1}, AKRoots: e.akCA.Pool()}
+				}
+				startedAfterRetire := retired.Load()
+				_, err := e.join(j, false)
+				switch {
+				case !isV2 && err != nil:
+					v1Fail.Add(1)
+					t.Errorf("v1 join failed during swaps: %v", err)
+				case !isV2:
+					v1OK.Add(1)
+				case err == nil && startedAfterRetire:
+					v2OKAfterRetire.Add(1)
+				case err != nil && retired.Load():
+					v2Refused.Add(1)
+				}
+			}
+		})
+	}
+	// Swap the v1 set back and forth under running joins, then retire v2.
+	for i := range 10 {
+		time.Sleep(100 * time.Millisecond)
+		sets := measurements.ReferenceSets{setV1, setV2}
+		if i%2 == 0 {
+			sets = measurements.ReferenceSets{setV1b, setV2}
+		}
+		require.NoError(t, e.active.Store(sets))
+	}
+	require.NoError(t, e.active.Store(measurements.ReferenceSets{setV1}))
+	retired.Store(true)
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	assert.Zero(t, v1Fail.Load())
+	assert.Positive(t, v1OK.Load())
+	assert.Zero(t, v2OKAfterRetire.Load(), "a v2 node was admitted after its set was retired")
+	assert.Positive(t, v2Refused.Load())
+	t.Logf("v1 joins: %d; v2 joins refused after retirement: %d", v1OK.Load(), v2Refused.Load())
+}
+
+// A set retired between the handshake and the request: the request is refused.
+func TestSetRetiredDuringJoin(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	j := e.joiner("worker-0", "127.0.0.50")
+	conn := e.conn(j)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn.Connect()
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		require.True(t, conn.WaitForStateChange(ctx, s), "connection not ready")
+	}
+	other := measurements.ReferenceSet{Name: "image-v9", Measurements: local.ExpectedPCRs(image("v9"))}
+	require.NoError(t, e.active.Store(measurements.ReferenceSets{other}))
+	before := bootstrapSecrets(t)
+	_, err := joinpb.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key)})
+	require.Error(t, err)
+	assert.Equal(t, codes.PermissionDenied, status.Code(err))
+	assert.ErrorContains(t, err, "retired during the join")
+	assert.ErrorContains(t, err, `closest is "image-v9"`)
+	assert.Equal(t, before, bootstrapSecrets(t))
+	assert.Equal(t, 1.0, e.counter("constellation_joinservice_rejections_total", "stage", "join", "reason", "reference-set-retired"))
+}
+
+// countingKeys derives keys like the key service and counts requests.
+type countingKeys struct {
+	secret kms.MasterSecret
+	calls  atomic.Int32
+}
+
+func (c *countingKeys) DataKey(_ context.Context, id string, length int) ([]byte, error) {
+	c.calls.Add(1)
+	return c.secret.DeriveKey(id, length)
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (e *env) logLines(msg string) []map[string]any {
+	e.logs.mu.Lock()
+	defer e.logs.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(e.logs.buf.Bytes(), []byte("\n")) {
+		var m map[string]any
+		if json.Unmarshal(line, &m) == nil && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// counter returns the value of the counter name with the given labels (name, value pairs).
+func (e *env) counter(name string, labels ...string) float64 {
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+	families, err := e.registry.Gather()
+	require.NoError(e.t, err)
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}

@@ -1,0 +1,67 @@
+package joinservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/openconstellation/constellation/internal/attestation"
+)
+
+// Node is what the platform says about an attested peer.
+type Node struct {
+	Name string
+	// Addresses are the node's IPs; the kubelet certificate may name only these.
+	Addresses []netip.Addr
+	// ControlPlane nodes may receive the control-plane CA keys.
+	ControlPlane bool
+}
+
+// Platform tells the join service who an attested peer is. This is the seam to a cloud or the
+// local provider: on a cloud the identity comes from the instance identity in the evidence and
+// the cloud API; on the local provider from the certified AK and the provider's metadata.
+type Platform interface {
+	// Node returns the node that presented peer's evidence from remote, or an error when the
+	// platform does not know it.
+	Node(ctx context.Context, peer *attestation.Verified, remote netip.Addr) (Node, error)
+}
+
+// Directory looks nodes up by name.
+type Directory interface {
+	Lookup(ctx context.Context, name string) (Node, error)
+}
+
+// CertifiedNames identifies a peer by the name in its AK certificate, which the platform
+// issued for that node when it created it (the local provider does, see akca). The name is
+// therefore bound to the key that signed the evidence, and a node cannot claim another's.
+type CertifiedNames struct {
+	Directory Directory
+}
+
+// Node implements Platform.
+func (c CertifiedNames) Node(ctx context.Context, peer *attestation.Verified, _ netip.Addr) (Node, error) {
+	if !peer.SignerCertified || peer.SignerName == "" {
+		return Node{}, errors.New("the evidence's signing key carries no platform certificate naming the node")
+	}
+	n, err := c.Directory.Lookup(ctx, peer.SignerName)
+	if err != nil {
+		return Node{}, fmt.Errorf("node %q: %w", peer.SignerName, err)
+	}
+	if n.Name != peer.SignerName {
+		return Node{}, fmt.Errorf("directory returned node %q for %q", n.Name, peer.SignerName)
+	}
+	return n, nil
+}
+
+// StaticDirectory is a fixed set of nodes, keyed by name.
+type StaticDirectory map[string]Node
+
+// Lookup implements Directory.
+func (d StaticDirectory) Lookup(_ context.Context, name string) (Node, error) {
+	n, ok := d[name]
+	if !ok {
+		return Node{}, errors.New("unknown to the platform")
+	}
+	return n, nil
+}
