@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api -name '*.proto')
 
-.PHONY: help deps tools build test unit fuzz lint proto proto-check bench up down clean
+.PHONY: help deps kube build test unit fuzz lint proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,13 +15,16 @@ help: ## list targets
 deps: ## install missing Debian packages and pinned Go tools
 	@./hack/install-deps.sh
 
+kube: deps ## build Kubernetes v1.34 and etcd from the Go module proxy into _output/kube/bin (once; ~10 min cold)
+	@./hack/build-kube.sh
+
 build: deps ## build the binaries into _output/bin
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 test: deps proto-check lint unit fuzz ## install what is needed, then run every test (CI runs this)
 	@echo "make test: all checks passed"
 
-unit: deps ## unit and integration tests (real swtpm, simulator TPM)
+unit: deps kube ## unit and integration tests (real swtpm, simulator TPM, kube-apiserver + etcd)
 	$(GO) test -count=1 ./...
 
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
@@ -40,7 +43,7 @@ proto: deps ## regenerate the protobuf/gRPC code under api/
 proto-check: deps ## fail if the committed generated code is stale
 	@./hack/check-proto.sh
 
-bench: deps ## run the benchmarks and print a table (see docs/benchmarks.md)
+bench: deps kube ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
 up: build ## start the local flow (see README: for now a mutual attested handshake)

@@ -302,6 +302,19 @@ func whoami(t *testing.T, auth rest.Config) (*authv1.UserInfo, error) {
 	return &review.Status.UserInfo, nil
 }
 
+// authenticates waits until the API server accepts auth: its bootstrap-token authenticator
+// reads Secrets through an informer, so a new token works once the informer has seen it.
+func authenticates(t *testing.T, auth rest.Config) *authv1.UserInfo {
+	t.Helper()
+	var user *authv1.UserInfo
+	var err error
+	require.Eventually(t, func() bool {
+		user, err = whoami(t, auth)
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "never authenticated: %v", err)
+	return user
+}
+
 func TestJoinWorker(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	j := e.joiner("worker-0", "127.0.0.10")
@@ -327,8 +340,7 @@ func TestJoinWorker(t *testing.T) {
 
 	// The token authenticates as a bootstrap token in kubeadm's node group, and expires in
 	// 15 minutes by default.
-	user, err := whoami(t, rest.Config{BearerToken: resp.Token})
-	require.NoError(t, err)
+	user := authenticates(t, rest.Config{BearerToken: resp.Token})
 	id := strings.SplitN(resp.Token, ".", 2)[0]
 	assert.Equal(t, "system:bootstrap:"+id, user.Username)
 	assert.Contains(t, user.Groups, "system:bootstrappers")
@@ -401,8 +413,7 @@ func TestTokenExpires(t *testing.T) {
 	e := newEnv(t, envOptions{ttl: 2 * time.Second})
 	resp, err := e.join(e.joiner("worker-0", "127.0.0.12"), false)
 	require.NoError(t, err)
-	_, err = whoami(t, rest.Config{BearerToken: resp.Token})
-	require.NoError(t, err, "fresh token must authenticate")
+	authenticates(t, rest.Config{BearerToken: resp.Token})
 	// After the expiration the API server refuses the token. It caches successful token
 	// authentications for 10 s (kube-apiserver's token success cache), so the refusal
 	// shows up within expiration + 10 s.
