@@ -324,4 +324,3 @@ func freePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
-
