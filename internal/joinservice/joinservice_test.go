@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -59,7 +60,10 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{})
+	// Benchmarks measure what a real cluster does, with etcd fsyncing every commit.
+	flag.Parse()
+	benchmarking := flag.Lookup("test.bench").Value.String() != ""
+	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{Fsync: benchmarking})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
@@ -83,7 +87,7 @@ var imageV1 = image("bootstrapper v1")
 // env is a join service on an initialized, measured control-plane node, with a real key
 // service behind it and a real API server, and TPMs for joining nodes.
 type env struct {
-	t         *testing.T
+	t         testing.TB
 	addr      string
 	svc       *joinservice.Service
 	active    *measurements.Active
@@ -105,7 +109,7 @@ type envOptions struct {
 	noClusterID bool
 }
 
-func newEnv(t *testing.T, opts envOptions) *env {
+func newEnv(t testing.TB, opts envOptions) *env {
 	t.Helper()
 	if opts.serviceImg == nil {
 		opts.serviceImg = imageV1
@@ -195,6 +199,7 @@ type joiner struct {
 	check    *joinservice.ServiceCheck
 	key      *ecdsa.PrivateKey
 	lastPeer *attestation.Verified
+	creds    *atls.Credentials
 }
 
 func (e *env) joiner(name string, local string) *joiner {
@@ -207,7 +212,7 @@ func (e *env) joiner(name string, local string) *joiner {
 	return j
 }
 
-func csrFor(t *testing.T, key *ecdsa.PrivateKey, cn string, addrs []netip.Addr) []byte {
+func csrFor(t testing.TB, key *ecdsa.PrivateKey, cn string, addrs []netip.Addr) []byte {
 	tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}}
 	for _, a := range addrs {
 		tmpl.IPAddresses = append(tmpl.IPAddresses, a.AsSlice())
@@ -217,7 +222,12 @@ func csrFor(t *testing.T, key *ecdsa.PrivateKey, cn string, addrs []netip.Addr) 
 	return der
 }
 
-func (e *env) conn(j *joiner) *grpc.ClientConn {
+// prepare builds the joiner's attested-channel credentials: its evidence issuer with an AK
+// certificate for its name, and its check of the service.
+func (e *env) prepare(j *joiner) *atls.Credentials {
+	if j.creds != nil {
+		return j.creds
+	}
 	t := e.t
 	check := joinservice.ServiceCheck{Registers: registers(0, 14), AKRoots: e.akCA.Pool()}
 	if j.check != nil {
@@ -239,6 +249,13 @@ func (e *env) conn(j *joiner) *grpc.ClientConn {
 	}
 	creds, err := atls.NewCredentials(cfg)
 	require.NoError(t, err)
+	j.creds = creds
+	return creds
+}
+
+func (e *env) conn(j *joiner) *grpc.ClientConn {
+	t := e.t
+	creds := e.prepare(j)
 	local := j.local
 	conn, err := grpc.NewClient("passthrough:///"+e.addr,
 		grpc.WithTransportCredentials(creds),
@@ -261,7 +278,7 @@ func registers(from, to uint32) []uint32 {
 
 var akCache sync.Map
 
-func ak(t *testing.T, tpm *vtpm.TPM) []byte {
+func ak(t testing.TB, tpm *vtpm.TPM) []byte {
 	if v, ok := akCache.Load(tpm); ok {
 		return v.([]byte)
 	}

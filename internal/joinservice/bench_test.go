@@ -1,0 +1,79 @@
+package joinservice_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+// BenchmarkJoin measures whole admissions against the real API server (etcd with fsync): a
+// new attested connection per join (mutual attestation, both sides quoting on swtpm), the
+// request, key derivation, kubelet certificate, bootstrap token Secret. Reported: tickets/s
+// and p50/p99 latency of one join at 1, 16 and 100 concurrent joiners.
+//
+// The service quotes on its own swtpm, as in a cluster. The joining nodes share one in-process
+// simulator TPM: in a cluster each node quotes on its own machine, but here the joiners run
+// on the same 2 cores as the service, the API server and etcd, and the simulator costs about a
+// fifth of swtpm's CPU per quote, so the figures measure the service rather than the load
+// generator.
+func BenchmarkJoin(b *testing.B) {
+	for _, concurrency := range []int{1, 16, 100} {
+		b.Run(fmt.Sprintf("joiners=%d", concurrency), func(b *testing.B) {
+			e := newEnv(b, envOptions{})
+			nodes := vtpmtest.Simulator(b)
+			require.NoError(b, local.Measure(nodes, imageV1))
+			// Prepare every joiner (AK certificate, CSR key) outside the timer.
+			joiners := make([]*joiner, b.N)
+			for i := range joiners {
+				j := e.joiner(fmt.Sprintf("node-%03d", i%256), fmt.Sprintf("127.1.%d.%d", i/250%250, i%250+1))
+				j.tpm = nodes
+				e.prepare(j)
+				joiners[i] = j
+			}
+			latencies := make([]time.Duration, b.N)
+			next := make(chan int, b.N)
+			for i := range b.N {
+				next <- i
+			}
+			close(next)
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range concurrency {
+				wg.Go(func() {
+					for i := range next {
+						t0 := time.Now()
+						_, err := e.join(joiners[i], false)
+						latencies[i] = time.Since(t0)
+						if err != nil {
+							b.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			slices.Sort(latencies)
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "tickets/s")
+			b.ReportMetric(float64(latencies[len(latencies)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(latencies[(len(latencies)*99)/100].Microseconds())/1000, "p99-ms")
+			// Leave the shared API server as we found it.
+			require.NoError(b, kube.Admin.CoreV1().Secrets("kube-system").DeleteCollection(context.Background(), metav1DeleteAll, listBootstrapTokens))
+		})
+	}
+}
+
+var (
+	metav1DeleteAll     = metav1.DeleteOptions{}
+	listBootstrapTokens = metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"}
+)
