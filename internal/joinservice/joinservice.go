@@ -197,12 +197,12 @@ func (s *Service) admit(ctx context.Context) (*admitted, error) {
 	}
 	verified, ok := atls.PeerFromContext(ctx)
 	if !ok {
-		return a, status.Error(codes.Unauthenticated, "no verified evidence: the join service is served over the attested channel only")
+		return a, deny(codes.Unauthenticated, "unattested", "no verified evidence: the join service is served over the attested channel only")
 	}
 	a.verified = verified
 	node, err := s.cfg.Platform.Node(ctx, verified, a.remote)
 	if err != nil {
-		return a, status.Errorf(codes.PermissionDenied, "platform does not know this node: %v", err)
+		return a, deny(codes.PermissionDenied, "unknown-node", "platform does not know this node: %v", err)
 	}
 	a.node = node
 	return a, nil
@@ -212,7 +212,7 @@ func (s *Service) admit(ctx context.Context) (*admitted, error) {
 func (s *Service) recheck(a *admitted) (string, error) {
 	res, err := s.cfg.Active.Load().Match(a.verified.Variant, a.verified.Registers)
 	if err != nil {
-		return "", status.Errorf(codes.PermissionDenied, "measurements no longer match any active reference set (retired during the join): %v", err)
+		return "", deny(codes.PermissionDenied, "reference-set-retired", "measurements no longer match any active reference set (retired during the join): %v", err)
 	}
 	return res.Set, nil
 }
@@ -246,17 +246,17 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 		return nil, "", err
 	}
 	if req.IsControlPlane && !a.node.ControlPlane {
-		return nil, "", status.Errorf(codes.PermissionDenied, "node %q asks to join as control plane, but the platform says it is a worker", a.node.Name)
+		return nil, "", deny(codes.PermissionDenied, "role", "node %q asks to join as control plane, but the platform says it is a worker", a.node.Name)
 	}
 	csr, err := kubeletcsr.Check(req.CertificateRequest, kubeletcsr.Node{Name: a.node.Name, Addresses: a.node.Addresses})
 	if err != nil {
-		return nil, "", status.Error(codes.PermissionDenied, err.Error())
+		return nil, "", deny(codes.PermissionDenied, "certificate-request", "%v", err)
 	}
 	var cpFiles []*joinpb.ControlPlaneFile
 	if req.IsControlPlane {
 		files, err := pki.ReadControlPlaneFiles(s.cfg.PKIDir)
 		if err != nil {
-			return nil, "", status.Errorf(codes.Internal, "reading control-plane files: %v", err)
+			return nil, "", deny(codes.Internal, "internal", "reading control-plane files: %v", err)
 		}
 		for _, name := range pki.ControlPlaneFiles {
 			cpFiles = append(cpFiles, &joinpb.ControlPlaneFile{Name: name, Data: files[name]})
@@ -274,11 +274,11 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 	now := s.cfg.Now()
 	cert, err := kubeletcsr.Issue(s.ca, csr, now)
 	if err != nil {
-		return nil, "", status.Errorf(codes.Internal, "signing kubelet certificate: %v", err)
+		return nil, "", deny(codes.Internal, "internal", "signing kubelet certificate: %v", err)
 	}
 	token, err := bootstraptoken.Create(ctx, s.cfg.Kube, s.cfg.TokenTTL, now, "join token for "+a.node.Name+", issued by the join service")
 	if err != nil {
-		return nil, "", status.Errorf(codes.Unavailable, "creating bootstrap token: %v", err)
+		return nil, "", deny(codes.Unavailable, "kubernetes-api", "creating bootstrap token: %v", err)
 	}
 	return &joinpb.IssueJoinTicketResponse{
 		StateDiskKey:             diskKey,
@@ -332,10 +332,10 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {
 	if diskKey, err = s.cfg.Keys.DataKey(ctx, diskID, StateDiskKeySize); err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "deriving state-disk key: %v", err)
+		return nil, nil, deny(codes.Unavailable, "key-service", "deriving state-disk key: %v", err)
 	}
 	if measurementSecret, err = s.cfg.Keys.DataKey(ctx, kms.MeasurementID, kms.DerivedKeySize); err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "deriving measurement secret: %v", err)
+		return nil, nil, deny(codes.Unavailable, "key-service", "deriving measurement secret: %v", err)
 	}
 	return diskKey, measurementSecret, nil
 }
@@ -345,7 +345,7 @@ var uuidPattern = regexp.MustCompile(`\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F
 // diskKeyID returns the key id of a state disk: its UUID in lower case (DESIGN 2).
 func diskKeyID(uuid string) (string, error) {
 	if !uuidPattern.MatchString(uuid) {
-		return "", status.Errorf(codes.InvalidArgument, "disk UUID %q is not of the form 8-4-4-4-12 hex digits", uuid)
+		return "", deny(codes.InvalidArgument, "invalid-request", "disk UUID %q is not of the form 8-4-4-4-12 hex digits", uuid)
 	}
 	return strings.ToLower(uuid), nil
 }
@@ -360,26 +360,25 @@ func (s *Service) accept(method string, a *admitted, set string, start time.Time
 	s.log.Info("admission accepted", append(args, extra...)...)
 }
 
+// decision is a refused request: the gRPC status the node sees, and the reason label of logs
+// and metrics.
+type decision struct {
+	reason string
+	st     *status.Status
+}
+
+func (d *decision) Error() string              { return d.st.Err().Error() }
+func (d *decision) GRPCStatus() *status.Status { return d.st }
+
+func deny(code codes.Code, reason, format string, args ...any) error {
+	return &decision{reason: reason, st: status.Newf(code, format, args...)}
+}
+
 // reasonOf labels a handler error for metrics.
 func reasonOf(err error) string {
-	switch status.Code(err) {
-	case codes.Unauthenticated:
-		return "unattested"
-	case codes.PermissionDenied:
-		msg := status.Convert(err).Message()
-		switch {
-		case strings.Contains(msg, "retired during the join"):
-			return "reference-set-retired"
-		case strings.Contains(msg, "platform does not know"):
-			return "unknown-node"
-		case strings.Contains(msg, "control plane"):
-			return "role"
-		default:
-			return "certificate-request"
-		}
-	case codes.InvalidArgument:
-		return "invalid-request"
-	default:
-		return "internal"
+	var d *decision
+	if errors.As(err, &d) {
+		return d.reason
 	}
+	return "internal"
 }
