@@ -3,7 +3,7 @@
 // bootstrap-token authentication and Node,RBAC authorization, and gives tests an admin client.
 //
 // Every test that talks to Kubernetes uses it; nothing is faked. A control plane takes about
-// 3 s to become ready, so packages share one per test binary (see StartShared).
+// 3 s to become ready, so a package with many tests shares one (TestMain + StartProcesses).
 package kubetest
 
 import (
