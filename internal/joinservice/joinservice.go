@@ -47,7 +47,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 // Keys derives keys; the key service client implements it.
@@ -217,46 +217,56 @@ func (s *Service) recheck(a *admitted) (string, error) {
 	return res.Set, nil
 }
 
-// IssueJoinTicket admits a new node.
-func (s *Service) IssueJoinTicket(ctx context.Context, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, error) {
-	const method = "join"
+// outcome is what an accepted request records besides the caller.
+type outcome struct {
+	set, role string
+	logArgs   []any
+}
+
+// decide runs one request: identify the caller (admit), let issue check the request and build
+// the ticket, and record the decision either way: one log line and the metrics.
+func decide[R any](ctx context.Context, s *Service, method string, issue func(*admitted) (R, outcome, error)) (R, error) {
 	start := s.cfg.Now()
+	var resp R
+	var out outcome
 	a, err := s.admit(ctx)
+	if err == nil {
+		resp, out, err = issue(a)
+	}
 	if err != nil {
 		s.reject(method, a.remote, a.node.Name, reasonOf(err), err, start)
-		return nil, err
+		var zero R
+		return zero, err
 	}
-	resp, set, err := s.issueJoinTicket(ctx, a, req)
-	if err != nil {
-		s.reject(method, a.remote, a.node.Name, reasonOf(err), err, start)
-		return nil, err
-	}
-	role := "worker"
-	if req.IsControlPlane {
-		role = "control-plane"
-	}
-	s.accept(method, a, set, start, "role", role, "token", resp.Token[:strings.IndexByte(resp.Token, '.')])
-	s.metrics.tickets.WithLabelValues(method, role).Inc()
+	s.accept(method, a, out, start)
+	s.metrics.tickets.WithLabelValues(method, out.role).Inc()
 	return resp, nil
 }
 
-func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, string, error) {
+// IssueJoinTicket admits a new node.
+func (s *Service) IssueJoinTicket(ctx context.Context, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, error) {
+	return decide(ctx, s, "join", func(a *admitted) (*joinpb.IssueJoinTicketResponse, outcome, error) {
+		return s.issueJoinTicket(ctx, a, req)
+	})
+}
+
+func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, outcome, error) {
 	diskID, err := diskKeyID(req.DiskUuid)
 	if err != nil {
-		return nil, "", err
+		return nil, outcome{}, err
 	}
 	if req.IsControlPlane && !a.node.ControlPlane {
-		return nil, "", deny(codes.PermissionDenied, "role", "node %q asks to join as control plane, but the platform says it is a worker", a.node.Name)
+		return nil, outcome{}, deny(codes.PermissionDenied, "role", "node %q asks to join as control plane, but the platform says it is a worker", a.node.Name)
 	}
 	csr, err := kubeletcsr.Check(req.CertificateRequest, kubeletcsr.Node{Name: a.node.Name, Addresses: a.node.Addresses})
 	if err != nil {
-		return nil, "", deny(codes.PermissionDenied, "certificate-request", "%v", err)
+		return nil, outcome{}, deny(codes.PermissionDenied, "certificate-request", "%v", err)
 	}
 	var cpFiles []*joinpb.ControlPlaneFile
 	if req.IsControlPlane {
 		files, err := pki.ReadControlPlaneFiles(s.cfg.PKIDir)
 		if err != nil {
-			return nil, "", deny(codes.Internal, "internal", "reading control-plane files: %v", err)
+			return nil, outcome{}, deny(codes.Internal, "internal", "reading control-plane files: %v", err)
 		}
 		for _, name := range pki.ControlPlaneFiles {
 			cpFiles = append(cpFiles, &joinpb.ControlPlaneFile{Name: name, Data: files[name]})
@@ -264,21 +274,25 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 	}
 	set, err := s.recheck(a)
 	if err != nil {
-		return nil, "", err
+		return nil, outcome{}, err
 	}
 
 	diskKey, measurementSecret, err := s.keys(ctx, diskID)
 	if err != nil {
-		return nil, "", err
+		return nil, outcome{}, err
 	}
 	now := s.cfg.Now()
 	cert, err := kubeletcsr.Issue(s.ca, csr, now)
 	if err != nil {
-		return nil, "", deny(codes.Internal, "internal", "signing kubelet certificate: %v", err)
+		return nil, outcome{}, deny(codes.Internal, "internal", "signing kubelet certificate: %v", err)
 	}
 	token, err := bootstraptoken.Create(ctx, s.cfg.Kube, s.cfg.TokenTTL, now, "join token for "+a.node.Name+", issued by the join service")
 	if err != nil {
-		return nil, "", deny(codes.Unavailable, "kubernetes-api", "creating bootstrap token: %v", err)
+		return nil, outcome{}, deny(codes.Unavailable, "kubernetes-api", "creating bootstrap token: %v", err)
+	}
+	role := "worker"
+	if req.IsControlPlane {
+		role = "control-plane"
 	}
 	return &joinpb.IssueJoinTicketResponse{
 		StateDiskKey:             diskKey,
@@ -293,41 +307,30 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 		KubernetesVersion:        s.cfg.KubernetesVersion,
 		KubernetesComponents:     s.cfg.KubernetesComponents,
 		ControlPlaneFiles:        cpFiles,
-	}, set, nil
+	}, outcome{set: set, role: role, logArgs: []any{"token", token.ID}}, nil
 }
 
 // IssueRejoinTicket lets a rebooted node unlock its state.
 func (s *Service) IssueRejoinTicket(ctx context.Context, req *joinpb.IssueRejoinTicketRequest) (*joinpb.IssueRejoinTicketResponse, error) {
-	const method = "rejoin"
-	start := s.cfg.Now()
-	a, err := s.admit(ctx)
-	if err == nil {
-		var resp *joinpb.IssueRejoinTicketResponse
-		var set string
-		if resp, set, err = s.issueRejoinTicket(ctx, a, req); err == nil {
-			s.accept(method, a, set, start)
-			s.metrics.tickets.WithLabelValues(method, "any").Inc()
-			return resp, nil
-		}
-	}
-	s.reject(method, a.remote, a.node.Name, reasonOf(err), err, start)
-	return nil, err
+	return decide(ctx, s, "rejoin", func(a *admitted) (*joinpb.IssueRejoinTicketResponse, outcome, error) {
+		return s.issueRejoinTicket(ctx, a, req)
+	})
 }
 
-func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinpb.IssueRejoinTicketRequest) (*joinpb.IssueRejoinTicketResponse, string, error) {
+func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinpb.IssueRejoinTicketRequest) (*joinpb.IssueRejoinTicketResponse, outcome, error) {
 	diskID, err := diskKeyID(req.DiskUuid)
 	if err != nil {
-		return nil, "", err
+		return nil, outcome{}, err
 	}
 	set, err := s.recheck(a)
 	if err != nil {
-		return nil, "", err
+		return nil, outcome{}, err
 	}
 	diskKey, measurementSecret, err := s.keys(ctx, diskID)
 	if err != nil {
-		return nil, "", err
+		return nil, outcome{}, err
 	}
-	return &joinpb.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: measurementSecret}, set, nil
+	return &joinpb.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: measurementSecret}, outcome{set: set, role: "any"}, nil
 }
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {
@@ -350,14 +353,14 @@ func diskKeyID(uuid string) (string, error) {
 	return strings.ToLower(uuid), nil
 }
 
-func (s *Service) accept(method string, a *admitted, set string, start time.Time, extra ...any) {
+func (s *Service) accept(method string, a *admitted, out outcome, start time.Time) {
 	s.metrics.latency.WithLabelValues(method, "accepted").Observe(s.cfg.Now().Sub(start).Seconds())
-	args := []any{"method", method, "peer", a.remote.String(), "node", a.node.Name,
-		"variant", a.verified.Variant.String(), "referenceSet", set, "signer", a.verified.SignerID}
+	args := []any{"method", method, "peer", a.remote.String(), "node", a.node.Name, "role", out.role,
+		"variant", a.verified.Variant.String(), "referenceSet", out.set, "signer", a.verified.SignerID}
 	if len(a.verified.Warnings) > 0 {
 		args = append(args, "warnings", a.verified.Warnings)
 	}
-	s.log.Info("admission accepted", append(args, extra...)...)
+	s.log.Info("admission accepted", append(args, out.logArgs...)...)
 }
 
 // decision is a refused request: the gRPC status the node sees, and the reason label of logs

@@ -48,7 +48,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 // BenchmarkGetDataKey measures key requests over the real gRPC + mutual TLS path, on one

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 const diskUUID = "2f4a1c9e-8b7d-4e21-9a3c-5d6e7f809a1b"

@@ -19,7 +19,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 // Kubernetes names of node identities.

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 var node = Node{Name: "worker-1", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.3"), netip.MustParseAddr("fd00::3")}}

@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/openconstellation/constellation/internal/kube/pki"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 // Version is the Kubernetes version hack/build-kube.sh builds.

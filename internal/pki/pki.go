@@ -1,10 +1,12 @@
-// Package pki creates and loads the cluster's certificate authorities in kubeadm's on-disk layout
-// (/etc/kubernetes/pki), signs certificates from them, and computes kubeadm's CA discovery hash.
+// Package pki holds the certificate authorities of the project: creating, encoding, loading and
+// signing from them (the platform's AK CA builds on it too), and the cluster's CAs in kubeadm's
+// on-disk layout (/etc/kubernetes/pki) with kubeadm's CA discovery hash.
 //
-// The join service reads the CAs from this layout (it runs next to the control plane that
-// kubeadm created); the Kubernetes test harness writes it. New keys are ECDSA P-256: kubeadm
-// supports them (ClusterConfiguration encryptionAlgorithm ECDSA-P256) and they are much cheaper
-// to create and use than RSA.
+// The join service reads the cluster CAs from that layout (it runs next to the control plane
+// that kubeadm created); the Kubernetes test harness writes it. New keys are ECDSA P-256:
+// kubeadm supports them (ClusterConfiguration encryptionAlgorithm ECDSA-P256) and they are much
+// cheaper to create and use than RSA. Every CA here issues only leaf certificates, so CA
+// certificates carry path length zero.
 package pki
 
 import (
@@ -63,6 +65,7 @@ func NewCA(commonName string, now time.Time, validity time.Duration) (*CA, error
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
+		MaxPathLenZero:        true,
 	}
 	cert, err := sign(tmpl, tmpl, key.Public(), key)
 	if err != nil {
@@ -102,7 +105,20 @@ func (ca *CA) Issue(l Leaf, pub crypto.PublicKey) (*x509.Certificate, error) {
 	if l.Server {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 	}
+	return ca.Sign(tmpl, pub)
+}
+
+// Sign issues a certificate from tmpl for pub, with a random serial number. For certificates
+// Leaf cannot describe (the AK CA's).
+func (ca *CA) Sign(tmpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
 	return sign(tmpl, ca.Cert, pub, ca.Key)
+}
+
+// Pool returns a pool holding only this CA.
+func (ca *CA) Pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.Cert)
+	return p
 }
 
 // NewLeaf creates a key and a certificate for it.
@@ -196,31 +212,39 @@ func ParseKey(data []byte) (crypto.Signer, error) {
 	return signer, nil
 }
 
-// LoadCA reads the CA certificate and key at certPath and keyPath, and checks they belong
-// together.
+// LoadCA reads the CA certificate and key at certPath and keyPath (ParseCA).
 func LoadCA(certPath, keyPath string) (*CA, error) {
 	certPEM, err := os.ReadFile(certPath)
 	if err != nil {
 		return nil, err
 	}
-	cert, err := ParseCert(certPEM)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", certPath, err)
-	}
 	keyPEM, err := os.ReadFile(keyPath)
 	if err != nil {
 		return nil, err
 	}
+	ca, err := ParseCA(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s, %s: %w", certPath, keyPath, err)
+	}
+	return ca, nil
+}
+
+// ParseCA parses a PEM CA certificate and its PEM key, and checks they belong together.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	cert, err := ParseCert(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
 	key, err := ParseKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", keyPath, err)
+		return nil, fmt.Errorf("key: %w", err)
 	}
 	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
 	if !ok || !pub.Equal(cert.PublicKey) {
-		return nil, fmt.Errorf("%s does not belong to %s", keyPath, certPath)
+		return nil, errors.New("the key does not belong to the certificate")
 	}
 	if !cert.IsCA {
-		return nil, fmt.Errorf("%s is not a CA certificate", certPath)
+		return nil, errors.New("not a CA certificate")
 	}
 	return &CA{Cert: cert, Key: key}, nil
 }
