@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
@@ -18,7 +19,9 @@ import (
 // BenchmarkJoin measures whole admissions against the real API server (etcd with fsync): a
 // new attested connection per join (mutual attestation, both sides quoting on swtpm), the
 // request, key derivation, kubelet certificate, bootstrap token Secret. Reported: tickets/s
-// and p50/p99 latency of one join at 1, 16 and 100 concurrent joiners.
+// and p50/p99 latency of one join at 1, 16 and 100 concurrent joiners (each starting its next
+// join as soon as one ends: the service saturated, latency = joiners / throughput), and for
+// bursts of 100 new nodes joining at once (how a scale-up looks: each node joins once).
 //
 // The service quotes on its own swtpm, as in a cluster. The joining nodes share one in-process
 // simulator TPM: in a cluster each node quotes on its own machine, but here the joiners run
@@ -26,41 +29,70 @@ import (
 // fifth of swtpm's CPU per quote, so the figures measure the service rather than the load
 // generator.
 func BenchmarkJoin(b *testing.B) {
-	for _, concurrency := range []int{1, 16, 100} {
-		b.Run(fmt.Sprintf("joiners=%d", concurrency), func(b *testing.B) {
+	for _, run := range []struct {
+		name        string
+		concurrency int
+		// waves: joins start in waves of concurrency simultaneous new nodes, each wave
+		// after the previous one finished (a scale-up of that many nodes), instead of
+		// concurrency joiners that each start the next join as soon as one ends.
+		waves bool
+	}{
+		{"joiners=1", 1, false},
+		{"joiners=16", 16, false},
+		{"joiners=100", 100, false},
+		{"burst=100", 100, true},
+	} {
+		b.Run(run.name, func(b *testing.B) {
 			e := newEnv(b, envOptions{})
 			nodes := vtpmtest.Simulator(b)
 			require.NoError(b, local.Measure(nodes, imageV1))
-			// Prepare every joiner (AK certificate, CSR key) outside the timer.
+			// Prepare every joiner (AK certificate, CSR key) outside the timer. Each has its own
+			// AK certificate, so the service verifies a new chain per join as it would for new
+			// nodes; the joiners' check of the service is shared (load generator, not measured).
 			joiners := make([]*joiner, b.N)
+			var serviceValidator attestation.Validator
 			for i := range joiners {
 				j := e.joiner(fmt.Sprintf("node-%03d", i%256), fmt.Sprintf("127.1.%d.%d", i/250%250, i%250+1))
 				j.tpm = nodes
+				if serviceValidator == nil {
+					serviceValidator = e.serviceValidator(j)
+				}
+				j.serviceValidator = serviceValidator
 				e.prepare(j)
 				joiners[i] = j
 			}
 			latencies := make([]time.Duration, b.N)
-			next := make(chan int, b.N)
-			for i := range b.N {
-				next <- i
+			joinRange := func(from, to, workers int) {
+				next := make(chan int, to-from)
+				for i := from; i < to; i++ {
+					next <- i
+				}
+				close(next)
+				var wg sync.WaitGroup
+				for range workers {
+					wg.Go(func() {
+						for i := range next {
+							t0 := time.Now()
+							_, err := e.join(joiners[i], false)
+							latencies[i] = time.Since(t0)
+							if err != nil {
+								b.Error(err)
+							}
+						}
+					})
+				}
+				wg.Wait()
 			}
-			close(next)
 			b.ResetTimer()
 			start := time.Now()
-			var wg sync.WaitGroup
-			for range concurrency {
-				wg.Go(func() {
-					for i := range next {
-						t0 := time.Now()
-						_, err := e.join(joiners[i], false)
-						latencies[i] = time.Since(t0)
-						if err != nil {
-							b.Error(err)
-						}
-					}
-				})
+			if run.waves {
+				for from := 0; from < b.N; from += run.concurrency {
+					to := min(from+run.concurrency, b.N)
+					joinRange(from, to, to-from)
+				}
+			} else {
+				joinRange(0, b.N, run.concurrency)
 			}
-			wg.Wait()
 			elapsed := time.Since(start)
 			b.StopTimer()
 			slices.Sort(latencies)

@@ -1,7 +1,9 @@
 package vtpm
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -20,21 +22,68 @@ import (
 type IssuerConfig struct {
 	// Variant is written into the evidence.
 	Variant variant.Variant
-	// AKCert is the DER certificate of the AK. When nil, the issuer reads it from
-	// AKCertNVIndex if the platform stored one there.
+	// AK selects the attestation key; the zero value is AKRSA.
+	AK AKAlgorithm
+	// AKCert is the DER certificate of the AK. When nil, the issuer reads it from the AK's
+	// NV index (AK.CertNVIndex) if the platform stored one there.
 	AKCert []byte
 	// EventLog, if set, returns the measurement event log to include in each evidence.
 	EventLog func() ([]byte, error)
 }
 
-// Issuer quotes the whole SHA-256 PCR bank with an RSA-2048 attestation key.
+// AKAlgorithm selects which of the TPM's two attestation keys an issuer quotes with.
 //
-// Why RSA-2048: verification is what scales with cluster size (a join service validates
-// every node, every connection), and on our machines an RSA-2048 PKCS#1 v1.5 verify costs
-// ~45 µs against ~105 µs for ECDSA P-256. Quoting costs about the same either way (~0.7 ms
-// on the simulator). The AK is a primary key under the owner hierarchy made persistent at
-// client.DefaultAKRSAHandle, so it is created once per TPM and is stable across restarts:
-// the platform can certify it once.
+// The trade-off is who pays: an RSA-2048 quote costs ~5 ms on swtpm and ~45 µs to verify;
+// an ECC P-256 quote costs ~1.5 ms on swtpm and ~105 µs to verify (docs/benchmarks.md).
+// Nodes use RSA (the default): their evidence is verified by every join, so verify cost
+// is what scales. A service that quotes once per incoming connection (the join service in
+// mutual attestation) uses ECC: its quote is on the critical path of every join, while
+// each peer verifies it only once.
+//
+// Both AKs are primary keys under the owner hierarchy made persistent at go-tpm-tools'
+// default handles, so each is created once per TPM and is stable across restarts: the
+// platform certifies both once and stores the certificates at their NV indexes.
+type AKAlgorithm int
+
+const (
+	// AKRSA is the RSA-2048 AK at client.DefaultAKRSAHandle, certified at AKCertNVIndex.
+	AKRSA AKAlgorithm = iota
+	// AKECC is the ECC P-256 AK at client.DefaultAKECCHandle, certified at AKCertNVIndexECC.
+	AKECC
+)
+
+// AKAlgorithms lists every AK algorithm, for platforms that certify all of them.
+var AKAlgorithms = []AKAlgorithm{AKRSA, AKECC}
+
+func (a AKAlgorithm) String() string {
+	switch a {
+	case AKRSA:
+		return "rsa"
+	case AKECC:
+		return "ecc"
+	}
+	return fmt.Sprintf("AKAlgorithm(%d)", int(a))
+}
+
+// CertNVIndex returns the NV index where the platform stores this AK's certificate.
+func (a AKAlgorithm) CertNVIndex() uint32 {
+	if a == AKECC {
+		return AKCertNVIndexECC
+	}
+	return AKCertNVIndex
+}
+
+func (a AKAlgorithm) load(rw io.ReadWriter) (*client.Key, error) {
+	switch a {
+	case AKRSA:
+		return client.AttestationKeyRSA(rw)
+	case AKECC:
+		return client.AttestationKeyECC(rw)
+	}
+	return nil, fmt.Errorf("unknown AK algorithm %d", int(a))
+}
+
+// Issuer quotes the whole SHA-256 PCR bank with an attestation key (see AKAlgorithm).
 type Issuer struct {
 	tpm      *TPM
 	variant  variant.Variant
@@ -51,9 +100,9 @@ func NewIssuer(tpm *TPM, cfg IssuerConfig) (*Issuer, error) {
 	}
 	iss := &Issuer{tpm: tpm, variant: cfg.Variant, eventLog: cfg.EventLog}
 	err := tpm.With(func(rw io.ReadWriter) error {
-		ak, err := client.AttestationKeyRSA(rw)
+		ak, err := cfg.AK.load(rw)
 		if err != nil {
-			return fmt.Errorf("loading attestation key: %w", err)
+			return fmt.Errorf("loading %s attestation key: %w", cfg.AK, err)
 		}
 		pub, err := ak.PublicArea().Encode()
 		if err != nil {
@@ -68,7 +117,7 @@ func NewIssuer(tpm *TPM, cfg IssuerConfig) (*Issuer, error) {
 	}
 	cert := cfg.AKCert
 	if cert == nil {
-		stored, err := tpm.ReadNV(AKCertNVIndex)
+		stored, err := tpm.ReadNV(cfg.AK.CertNVIndex())
 		switch {
 		case errors.Is(err, ErrNVNotDefined):
 		case err != nil:
@@ -107,20 +156,12 @@ func (i *Issuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
 		return nil, err
 	}
 	ev := &vtpmpb.Evidence{Variant: i.variant.String(), AkPublic: i.akPublic, AkCert: i.akCert}
-	err := i.tpm.With(func(io.ReadWriter) error {
-		q, err := i.ak.Quote(tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: allPCRs()}, nonce)
+	err := i.tpm.With(func(rw io.ReadWriter) error {
+		quote, sig, pcrs, err := i.quote(rw, nonce)
 		if err != nil {
 			return err
 		}
-		ev.Quote, ev.Signature = q.GetQuote(), q.GetRawSig()
-		ev.Pcrs = make([][]byte, NumPCRs)
-		for i := range ev.Pcrs {
-			v, ok := q.GetPcrs().GetPcrs()[uint32(i)]
-			if !ok {
-				return fmt.Errorf("TPM did not return PCR %d", i)
-			}
-			ev.Pcrs[i] = v
-		}
+		ev.Quote, ev.Signature, ev.Pcrs = quote, sig, pcrs
 		return nil
 	})
 	if err != nil {
@@ -134,6 +175,49 @@ func (i *Issuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
 		ev.EventLog = log
 	}
 	return proto.Marshal(ev)
+}
+
+// quoteAttempts bounds retries when a PCR changes between the quote and the PCR read.
+const quoteAttempts = 3
+
+// quote signs all SHA-256 PCRs with nonce and reads their values.
+//
+// Why not client.Key.Quote: it verifies its own signature after quoting, to catch PCRs that
+// changed between TPM2_Quote and the PCR read. That costs an ECDSA verify (~150 µs) on the
+// critical path of every join the join service answers. Comparing the quoted PCR digest with
+// the digest of the values read catches the same race for the cost of a hash; a bad signature
+// is the validator's to find, as it must be anyway.
+func (i *Issuer) quote(rw io.ReadWriter, nonce []byte) (quote, sig []byte, pcrs [][]byte, err error) {
+	sel := tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: allPCRs()}
+	for range quoteAttempts {
+		quote, sig, err = tpm2.QuoteRaw(rw, i.ak.Handle(), "", "", nonce, sel, tpm2.AlgNull)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("quote: %w", err)
+		}
+		read, err := client.ReadPCRs(rw, sel)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("reading PCRs: %w", err)
+		}
+		attested, err := tpm2.DecodeAttestationData(quote)
+		if err != nil || attested.AttestedQuoteInfo == nil {
+			return nil, nil, nil, fmt.Errorf("TPM returned an undecodable quote: %v", err)
+		}
+		pcrs = make([][]byte, NumPCRs)
+		h := sha256.New()
+		for idx := range pcrs {
+			v, ok := read.GetPcrs()[uint32(idx)]
+			if !ok {
+				return nil, nil, nil, fmt.Errorf("TPM did not return PCR %d", idx)
+			}
+			pcrs[idx] = v
+			h.Write(v)
+		}
+		if bytes.Equal(h.Sum(nil), attested.AttestedQuoteInfo.PCRDigest) {
+			return quote, sig, pcrs, nil
+		}
+		// A PCR was extended between the quote and the read: quote again.
+	}
+	return nil, nil, nil, fmt.Errorf("PCRs kept changing while quoting (%d attempts)", quoteAttempts)
 }
 
 // Close releases the attestation key handle (the persistent key stays in the TPM).

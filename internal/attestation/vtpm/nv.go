@@ -14,6 +14,10 @@ import (
 // for the local provider and for a cloud that certifies AKs the same way.
 const AKCertNVIndex = 0x01c10000
 
+// AKCertNVIndexECC holds the certificate of the ECC P-256 attestation key (Google's index
+// for the same purpose).
+const AKCertNVIndexECC = 0x01c10002
+
 // maxNVWrite is the largest chunk written per TPM2_NV_Write (TPM MAX_NV_BUFFER_SIZE is 1024
 // on swtpm and typical chips; 512 is safe everywhere).
 const maxNVWrite = 512

@@ -214,6 +214,9 @@ func (c *Cluster) writeAdmin(cert *x509.Certificate, key crypto.Signer) error {
 		Host:            c.Endpoint,
 		TLSClientConfig: rest.TLSClientConfig{CAData: caPEM, CertData: certPEM, KeyData: keyPEM},
 		QPS:             -1, // no client-side throttling: tests and benchmarks measure the server
+		// Protobuf, as kubeadm and the controllers use for built-in types: cheaper to encode
+		// here and to decode in the API server than JSON.
+		ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"},
 		Timeout:         30 * time.Second,
 	}
 	admin, err := kubernetes.NewForConfig(c.AdminConfig)

@@ -72,21 +72,25 @@ func ExpectedPCRs(image []Component) measurements.M {
 	return m
 }
 
-// CertifyAK certifies the AK of the node's TPM with the provider's CA and stores the
-// certificate in the TPM's NV, where the node's issuer finds it.
+// CertifyAK certifies both AKs (RSA and ECC) of the node's TPM with the provider's CA and
+// stores the certificates in the TPM's NV, where the node's issuers find them. Both are
+// certified because which one a node quotes with is the node's choice (vtpm.AKAlgorithm):
+// the bootstrapper uses RSA, the join service ECC.
 func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, now time.Time) error {
-	// Local nodes attest with qemu-vtpm; the variant only labels evidence, the AK is the same.
-	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM})
-	if err != nil {
-		return fmt.Errorf("loading AK of %s: %w", nodeName, err)
-	}
-	defer iss.Close()
-	cert, err := ca.CertifyAK(iss.AKPublic(), nodeName, now, 365*24*time.Hour)
-	if err != nil {
-		return fmt.Errorf("certifying AK of %s: %w", nodeName, err)
-	}
-	if err := tpm.WriteNV(vtpm.AKCertNVIndex, cert); err != nil {
-		return fmt.Errorf("storing AK certificate of %s: %w", nodeName, err)
+	for _, alg := range vtpm.AKAlgorithms {
+		// Local nodes attest with qemu-vtpm; the variant only labels evidence, the AK is the same.
+		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, AK: alg})
+		if err != nil {
+			return fmt.Errorf("loading %s AK of %s: %w", alg, nodeName, err)
+		}
+		cert, err := ca.CertifyAK(iss.AKPublic(), nodeName, now, 365*24*time.Hour)
+		iss.Close()
+		if err != nil {
+			return fmt.Errorf("certifying %s AK of %s: %w", alg, nodeName, err)
+		}
+		if err := tpm.WriteNV(alg.CertNVIndex(), cert); err != nil {
+			return fmt.Errorf("storing %s AK certificate of %s: %w", alg, nodeName, err)
+		}
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
@@ -28,20 +29,29 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", time.Now()))
 
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
-	require.NoError(t, err)
-	nonce := make([]byte, 32)
-	ev, err := iss.Issue(context.Background(), nonce)
-	require.NoError(t, err)
-
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{
 		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}},
 		AKRoots:       ca.Pool(),
 	})
 	require.NoError(t, err)
-	got, err := val.Validate(context.Background(), ev, nonce)
-	require.NoError(t, err)
-	assert.True(t, got.SignerCertified)
+	nonce := make([]byte, 32)
+	evidence := map[vtpm.AKAlgorithm][]byte{}
+	for _, alg := range vtpm.AKAlgorithms {
+		t.Run("AK "+alg.String(), func(t *testing.T) {
+			iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: qemu.Variant, AK: alg})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = iss.Close() })
+			ev, err := iss.Issue(context.Background(), nonce)
+			require.NoError(t, err)
+			evidence[alg] = ev
+			got, err := val.Validate(context.Background(), ev, nonce)
+			require.NoError(t, err)
+			assert.True(t, got.SignerCertified, "the provider certified the %s AK", alg)
+			assert.Equal(t, "node-0", got.SignerName)
+		})
+	}
+	require.NotEqual(t, evidence[vtpm.AKRSA], evidence[vtpm.AKECC])
+	ev := evidence[vtpm.AKRSA]
 
 	modified := append([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1 + backdoor"))}, image[1:]...)
 	val, err = qemu.NewValidator(qemu.ValidatorConfig{
