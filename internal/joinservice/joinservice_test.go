@@ -201,9 +201,9 @@ type joiner struct {
 	// serviceValidator, when set, replaces the validator built from check: simulated joiners
 	// of a benchmark share one, as the load generator's work is not what is measured.
 	serviceValidator attestation.Validator
-	key      *ecdsa.PrivateKey
-	lastPeer *attestation.Verified
-	creds    *atls.Credentials
+	key              *ecdsa.PrivateKey
+	lastPeer         *attestation.Verified
+	creds            *atls.Credentials
 }
 
 func (e *env) joiner(name string, local string) *joiner {

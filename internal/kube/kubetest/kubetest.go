@@ -217,7 +217,7 @@ func (c *Cluster) writeAdmin(cert *x509.Certificate, key crypto.Signer) error {
 		// Protobuf, as kubeadm and the controllers use for built-in types: cheaper to encode
 		// here and to decode in the API server than JSON.
 		ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"},
-		Timeout:         30 * time.Second,
+		Timeout:       30 * time.Second,
 	}
 	admin, err := kubernetes.NewForConfig(c.AdminConfig)
 	if err != nil {
