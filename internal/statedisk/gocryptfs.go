@@ -1,0 +1,290 @@
+package statedisk
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+)
+
+// Gocryptfs is the state storage on kernels without device-mapper: a gocryptfs filesystem
+// (Debian's gocryptfs over FUSE) whose encrypted tree lives in Dir/cipher and whose
+// plaintext view is mounted at MountPoint.
+//
+// Keys: gocryptfs encrypts the files with a random master key that it wraps with a
+// password (scrypt, then AES-GCM, in gocryptfs.conf). The state key, hex-encoded, is that
+// password, so Rekey is gocryptfs -passwd: it re-wraps the master key and rewrites nothing
+// else, as changing a LUKS keyslot does. The password is a uniformly random 256-bit key,
+// not something a person chose, so scrypt's stretching buys nothing: the cost parameter is
+// gocryptfs' minimum (logN 10) to keep unlocking fast. Keys travel to gocryptfs on stdin,
+// never on a command line or in a file.
+//
+// Beside the cipher tree, Dir holds two small files in the clear: "uuid" (the storage's id,
+// the key id the join service derives the key for) and "initialized" (the marker). Both
+// are untrusted: a changed uuid makes the released key wrong, so the unlock fails; a
+// removed marker makes the node treat the storage as a fresh node's, whose random key was
+// lost with the previous boot anyway.
+type Gocryptfs struct {
+	// Dir holds the cipher tree and the storage's metadata.
+	Dir string
+	// MountPoint is where the plaintext view appears.
+	MountPoint string
+	// Binary is the gocryptfs executable; default "gocryptfs" from PATH.
+	Binary string
+	// Fusermount is the FUSE unmount helper; default "fusermount3" from PATH.
+	Fusermount string
+}
+
+const (
+	gocryptfsScryptN = "10"
+	// gocryptfs exit code for a wrong password (exitcodes.PasswordIncorrect).
+	gocryptfsWrongPassword = 12
+	// commandTimeout bounds one gocryptfs or fusermount run.
+	commandTimeout = 30 * time.Second
+)
+
+func (g *Gocryptfs) cipherDir() string  { return filepath.Join(g.Dir, "cipher") }
+func (g *Gocryptfs) uuidFile() string   { return filepath.Join(g.Dir, "uuid") }
+func (g *Gocryptfs) markerFile() string { return filepath.Join(g.Dir, "initialized") }
+func (g *Gocryptfs) confFile() string   { return filepath.Join(g.cipherDir(), "gocryptfs.conf") }
+func (g *Gocryptfs) binary() string     { return orDefault(g.Binary, "gocryptfs") }
+func (g *Gocryptfs) fusermount() string { return orDefault(g.Fusermount, "fusermount3") }
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Exists reports whether the storage was created (its gocryptfs.conf exists).
+func (g *Gocryptfs) Exists() (bool, error) {
+	return exists(g.confFile())
+}
+
+func exists(path string) (bool, error) {
+	_, err := os.Stat(path)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, os.ErrNotExist):
+		return false, nil
+	}
+	return false, err
+}
+
+// Create makes a new, empty storage keyed with key. Storage left by an interrupted first
+// boot (created, never initialized) is replaced: its key was random and lived only in the
+// previous boot's memory, so nothing in it can be read again. Initialized storage is never
+// replaced.
+func (g *Gocryptfs) Create(ctx context.Context, key []byte) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if initialized, err := g.Initialized(); err != nil {
+		return err
+	} else if initialized {
+		return fmt.Errorf("state storage in %s is initialized: refusing to replace it", g.Dir)
+	}
+	if err := g.Lock(ctx); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(g.cipherDir()); err != nil {
+		return fmt.Errorf("removing unfinished state storage: %w", err)
+	}
+	if err := os.MkdirAll(g.cipherDir(), 0o700); err != nil {
+		return fmt.Errorf("creating state storage: %w", err)
+	}
+	if _, err := g.run(ctx, password(key), "-init", "-q", "-scryptn", gocryptfsScryptN, g.cipherDir()); err != nil {
+		return fmt.Errorf("creating state storage: %w", err)
+	}
+	if err := writeFileSync(g.uuidFile(), []byte(uuid.NewString()+"\n")); err != nil {
+		return fmt.Errorf("creating state storage: %w", err)
+	}
+	return nil
+}
+
+// UUID returns the storage's id.
+func (g *Gocryptfs) UUID() (string, error) {
+	data, err := os.ReadFile(g.uuidFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return "", ErrNotCreated
+	}
+	if err != nil {
+		return "", err
+	}
+	id := strings.TrimSpace(string(data))
+	if !ValidUUID(id) {
+		return "", fmt.Errorf("state storage id %q in %s is not a lower-case UUID", id, g.uuidFile())
+	}
+	return id, nil
+}
+
+// Initialized reports whether the marker exists.
+func (g *Gocryptfs) Initialized() (bool, error) {
+	return exists(g.markerFile())
+}
+
+// MarkInitialized writes the marker.
+func (g *Gocryptfs) MarkInitialized() error {
+	if ok, err := g.Exists(); err != nil {
+		return err
+	} else if !ok {
+		return ErrNotCreated
+	}
+	return writeFileSync(g.markerFile(), []byte("initialized\n"))
+}
+
+// Rekey re-wraps the master key with newKey.
+func (g *Gocryptfs) Rekey(ctx context.Context, oldKey, newKey []byte) error {
+	if err := checkKey(oldKey); err != nil {
+		return err
+	}
+	if err := checkKey(newKey); err != nil {
+		return err
+	}
+	if ok, err := g.Exists(); err != nil {
+		return err
+	} else if !ok {
+		return ErrNotCreated
+	}
+	// gocryptfs reads the old password, then the new one, from stdin, and replaces
+	// gocryptfs.conf atomically (it writes a temporary file and renames it).
+	if _, err := g.run(ctx, append(password(oldKey), password(newKey)...), "-passwd", "-q", "-scryptn", gocryptfsScryptN, g.cipherDir()); err != nil {
+		return fmt.Errorf("rekeying state storage: %w", err)
+	}
+	return nil
+}
+
+// Unlock mounts the plaintext view. gocryptfs runs on as a daemon serving the mount until
+// Lock unmounts it.
+func (g *Gocryptfs) Unlock(ctx context.Context, key []byte) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if ok, err := g.Exists(); err != nil {
+		return err
+	} else if !ok {
+		return ErrNotCreated
+	}
+	if mounted, err := isMountPoint(g.MountPoint); err != nil {
+		return err
+	} else if mounted {
+		return fmt.Errorf("%s is already mounted", g.MountPoint)
+	}
+	if err := os.MkdirAll(g.MountPoint, 0o700); err != nil {
+		return fmt.Errorf("creating mount point: %w", err)
+	}
+	// -nosyslog: the daemon's messages go to our stderr capture, not a syslog nobody reads.
+	if _, err := g.run(ctx, password(key), "-q", "-nosyslog", g.cipherDir(), g.MountPoint); err != nil {
+		return fmt.Errorf("unlocking state storage: %w", err)
+	}
+	return nil
+}
+
+// Lock unmounts the plaintext view, which ends the gocryptfs daemon.
+func (g *Gocryptfs) Lock(ctx context.Context) error {
+	mounted, err := isMountPoint(g.MountPoint)
+	if err != nil || !mounted {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, g.fusermount(), "-u", g.MountPoint).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("unmounting %s: %w: %s", g.MountPoint, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// run runs gocryptfs with stdin; a wrong password becomes ErrWrongKey.
+func (g *Gocryptfs) run(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, g.binary(), args...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	// Output goes to a file, not a pipe: a mount leaves a daemon that inherits stdout and
+	// stderr, and exec would wait for a pipe's writers to close, that is, until unmount.
+	out, err := os.CreateTemp("", "gocryptfs-out-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	runErr := cmd.Run()
+	output, err := os.ReadFile(out.Name())
+	if err != nil {
+		return nil, err
+	}
+	var exit *exec.ExitError
+	if errors.As(runErr, &exit) && exit.ExitCode() == gocryptfsWrongPassword {
+		return nil, ErrWrongKey
+	}
+	if runErr != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", g.binary(), args[0], runErr, bytes.TrimSpace(output))
+	}
+	return output, nil
+}
+
+func password(key []byte) []byte {
+	return []byte(hex.EncodeToString(key) + "\n")
+}
+
+// isMountPoint reports whether path is the root of a mount: its device differs from its
+// parent's (FUSE mounts always get their own device number).
+func isMountPoint(path string) (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		// A FUSE mount whose daemon died answers ENOTCONN: still mounted, needs unmounting.
+		if errors.Is(err, unix.ENOTCONN) {
+			return true, nil
+		}
+		return false, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if err := unix.Stat(filepath.Dir(filepath.Clean(path)), &parent); err != nil {
+		return false, fmt.Errorf("stat parent of %s: %w", path, err)
+	}
+	return st.Dev != parent.Dev || st.Ino == parent.Ino, nil
+}
+
+// writeFileSync writes a small file and syncs it and its directory, so a crash leaves
+// either the old state or the new one.
+func writeFileSync(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
+}

@@ -1,0 +1,144 @@
+package statedisk_test
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/statedisk"
+)
+
+// newGocryptfs returns storage in a temp dir; cleanup unmounts it whatever the test did.
+func newGocryptfs(t *testing.T) *statedisk.Gocryptfs {
+	t.Helper()
+	dir := t.TempDir()
+	g := &statedisk.Gocryptfs{Dir: filepath.Join(dir, "state"), MountPoint: filepath.Join(dir, "mnt")}
+	// Registered after TempDir's cleanup, so it runs first: unmount, then remove.
+	t.Cleanup(func() { assert.NoError(t, g.Lock(context.Background())) })
+	return g
+}
+
+func key(t *testing.T) []byte {
+	k, err := statedisk.NewRandomKey()
+	require.NoError(t, err)
+	return k
+}
+
+const secretContent = "etcd-member-data: 0123456789-very-secret"
+
+func TestGocryptfsLifecycle(t *testing.T) {
+	ctx := context.Background()
+	g := newGocryptfs(t)
+
+	ok, err := g.Exists()
+	require.NoError(t, err)
+	assert.False(t, ok, "a fresh node has no storage")
+	_, err = g.UUID()
+	assert.ErrorIs(t, err, statedisk.ErrNotCreated)
+	assert.ErrorIs(t, g.Unlock(ctx, key(t)), statedisk.ErrNotCreated)
+
+	// Fresh node: random key.
+	random := key(t)
+	require.NoError(t, g.Create(ctx, random))
+	id, err := g.UUID()
+	require.NoError(t, err)
+	assert.True(t, statedisk.ValidUUID(id), id)
+	initialized, err := g.Initialized()
+	require.NoError(t, err)
+	assert.False(t, initialized)
+
+	// Init/join: re-key to the derived key, mark, unlock, write state.
+	derived := key(t)
+	require.NoError(t, g.Rekey(ctx, random, derived))
+	require.NoError(t, g.MarkInitialized())
+	require.NoError(t, g.Unlock(ctx, derived))
+	require.NoError(t, os.MkdirAll(filepath.Join(g.MountPoint, "etcd", "member"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(g.MountPoint, "etcd", "member", "snap.db"), []byte(secretContent), 0o600))
+	assert.Error(t, g.Unlock(ctx, derived), "a second unlock of a mounted storage is refused")
+	require.NoError(t, g.Lock(ctx))
+	require.NoError(t, g.Lock(ctx), "locking twice is not an error")
+
+	t.Run("data unreadable without the key", func(t *testing.T) {
+		_, err := os.Stat(filepath.Join(g.MountPoint, "etcd"))
+		assert.ErrorIs(t, err, fs.ErrNotExist, "locked: no plaintext view")
+		var files int
+		require.NoError(t, filepath.WalkDir(g.Dir, func(path string, d fs.DirEntry, err error) error {
+			require.NoError(t, err)
+			assert.NotContains(t, d.Name(), "etcd", "file names are encrypted")
+			assert.NotContains(t, d.Name(), "snap", "file names are encrypted")
+			if d.Type().IsRegular() {
+				files++
+				data, err := os.ReadFile(path)
+				require.NoError(t, err)
+				assert.False(t, bytes.Contains(data, []byte("very-secret")), "plaintext in %s", path)
+			}
+			return nil
+		}))
+		assert.Greater(t, files, 3)
+	})
+
+	t.Run("wrong keys rejected", func(t *testing.T) {
+		for name, k := range map[string][]byte{"random key of the fresh node": random, "another key": key(t)} {
+			assert.ErrorIs(t, g.Unlock(ctx, k), statedisk.ErrWrongKey, name)
+			assert.ErrorIs(t, g.Rekey(ctx, k, key(t)), statedisk.ErrWrongKey, name)
+		}
+		assert.ErrorContains(t, g.Unlock(ctx, []byte("short")), "state key of 5 bytes")
+	})
+
+	t.Run("reboot", func(t *testing.T) {
+		initialized, err := g.Initialized()
+		require.NoError(t, err)
+		assert.True(t, initialized)
+		again, err := g.UUID()
+		require.NoError(t, err)
+		assert.Equal(t, id, again, "the id is stable: the rejoin ticket's key is the same")
+		require.NoError(t, g.Unlock(ctx, derived))
+		data, err := os.ReadFile(filepath.Join(g.MountPoint, "etcd", "member", "snap.db"))
+		require.NoError(t, err)
+		assert.Equal(t, secretContent, string(data))
+		require.NoError(t, g.Lock(ctx))
+	})
+
+	t.Run("initialized storage is never replaced", func(t *testing.T) {
+		err := g.Create(ctx, key(t))
+		assert.ErrorContains(t, err, "initialized: refusing to replace it")
+		require.NoError(t, g.Unlock(ctx, derived))
+		data, err := os.ReadFile(filepath.Join(g.MountPoint, "etcd", "member", "snap.db"))
+		require.NoError(t, err)
+		assert.Equal(t, secretContent, string(data))
+	})
+}
+
+// A first boot that ended between Create and MarkInitialized left storage nobody can open:
+// the next boot replaces it with a new id.
+func TestGocryptfsInterruptedFirstBoot(t *testing.T) {
+	ctx := context.Background()
+	g := newGocryptfs(t)
+	require.NoError(t, g.Create(ctx, key(t)))
+	first, err := g.UUID()
+	require.NoError(t, err)
+
+	k := key(t)
+	require.NoError(t, g.Create(ctx, k))
+	second, err := g.UUID()
+	require.NoError(t, err)
+	assert.NotEqual(t, first, second)
+	require.NoError(t, g.Unlock(ctx, k))
+}
+
+func TestGocryptfsTamperedID(t *testing.T) {
+	g := newGocryptfs(t)
+	require.NoError(t, g.Create(context.Background(), key(t)))
+	for _, bad := range []string{"3F2504E0-4F89-11D3-9A0C-0305E82C3301", "../../etc/passwd", "", strings.Repeat("a", 36)} {
+		require.NoError(t, os.WriteFile(filepath.Join(g.Dir, "uuid"), []byte(bad), 0o600))
+		_, err := g.UUID()
+		assert.ErrorContains(t, err, "is not a lower-case UUID", bad)
+	}
+}

@@ -1,0 +1,79 @@
+// Package statedisk is a node's encrypted state storage: where etcd data, kubelet and
+// Kubernetes credentials and container state live, encrypted with the state-disk key that
+// only the join service (or, on the first node, the init request) releases.
+//
+// Lifecycle (docs/node-lifecycle.md):
+//
+//   - fresh: the storage does not exist. The bootstrapper creates it keyed with a random
+//     key (NewRandomKey) so nothing is ever written in the clear, even before the node has
+//     a cluster.
+//   - init/join: once the node holds the node lock and its ticket, Rekey replaces the
+//     random key with the derived state-disk key, Unlock opens it, MarkInitialized records
+//     that the storage belongs to a cluster.
+//   - reboot: Initialized reports true, so the node asks for a rejoin ticket, whose key
+//     unlocks the storage; init and join are not run again.
+//
+// Two backends implement Storage: LUKS2 via cryptsetup (kernels with dm-crypt and
+// dm-integrity) and gocryptfs via FUSE (kernels without device-mapper, as on the machines
+// the local provider runs on).
+package statedisk
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// KeySize is the size of a state-disk key (kms derives it with this length).
+const KeySize = 32
+
+// ErrWrongKey is returned when a key does not unlock the storage.
+var ErrWrongKey = errors.New("the key does not unlock the state storage")
+
+// ErrNotCreated is returned by operations on storage that does not exist yet.
+var ErrNotCreated = errors.New("state storage not created")
+
+// Storage is one node's encrypted state storage.
+type Storage interface {
+	// Exists reports whether the storage has been created.
+	Exists() (bool, error)
+	// Create creates the storage keyed with key and a fresh UUID. It refuses to replace
+	// existing storage.
+	Create(ctx context.Context, key []byte) error
+	// UUID returns the storage's UUID (lower-case, 8-4-4-4-12): the id under which the
+	// join service derives its key.
+	UUID() (string, error)
+	// Initialized reports whether MarkInitialized was called: the node belongs to a cluster.
+	Initialized() (bool, error)
+	// Rekey replaces oldKey with newKey. The data stays; only the key that unlocks it changes.
+	Rekey(ctx context.Context, oldKey, newKey []byte) error
+	// Unlock opens the storage with key and makes the plaintext view available.
+	Unlock(ctx context.Context, key []byte) error
+	// MarkInitialized records that the storage belongs to a cluster.
+	MarkInitialized() error
+	// Lock closes the plaintext view. Locking storage that is not unlocked is not an error.
+	Lock(ctx context.Context) error
+}
+
+// NewRandomKey returns a key for a fresh node's storage.
+func NewRandomKey() ([]byte, error) {
+	key := make([]byte, KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("random state key: %w", err)
+	}
+	return key, nil
+}
+
+var uuidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// ValidUUID reports whether s is a lower-case UUID in 8-4-4-4-12 form.
+func ValidUUID(s string) bool { return uuidPattern.MatchString(s) }
+
+func checkKey(key []byte) error {
+	if len(key) != KeySize {
+		return fmt.Errorf("state key of %d bytes, want %d", len(key), KeySize)
+	}
+	return nil
+}
