@@ -1,0 +1,73 @@
+// Package metadata is what a node learns from its platform before it has a cluster: who it
+// is, where the join service may be, and how to recognize a legitimate init request. Clouds
+// serve this from their instance-metadata services; the local provider serves it to its
+// sandbox nodes. The interface is small on purpose, so every platform can implement it.
+//
+// Metadata is not trusted for anything security-relevant beyond what its platform vouches
+// for: the join service is verified by attestation (the endpoints only say where to try),
+// and the init-secret hash only gates who may ask the node to initialize, in addition to
+// the attested channel.
+package metadata
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// Role is a node's role in the cluster.
+type Role string
+
+// Roles.
+const (
+	ControlPlane Role = "control-plane"
+	Worker       Role = "worker"
+)
+
+// Valid reports whether r is a known role.
+func (r Role) Valid() bool { return r == ControlPlane || r == Worker }
+
+// Instance describes one node.
+type Instance struct {
+	// Name is the node's name: its hostname and Kubernetes node name.
+	Name string
+	// Role is the node's role.
+	Role Role
+	// IPs are the node's addresses, the first being the one Kubernetes advertises.
+	IPs []netip.Addr
+}
+
+// Validate checks that an instance description is usable.
+func (i Instance) Validate() error {
+	var problems []error
+	if i.Name == "" {
+		problems = append(problems, errors.New("no name"))
+	}
+	if !i.Role.Valid() {
+		problems = append(problems, fmt.Errorf("role %q, want %s or %s", i.Role, ControlPlane, Worker))
+	}
+	if len(i.IPs) == 0 {
+		problems = append(problems, errors.New("no IP address"))
+	}
+	for _, ip := range i.IPs {
+		if !ip.IsValid() || ip.IsUnspecified() {
+			problems = append(problems, fmt.Errorf("unusable IP address %v", ip))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("instance metadata %q: %w", i.Name, errors.Join(problems...))
+	}
+	return nil
+}
+
+// Provider is the platform's metadata as a node sees it.
+type Provider interface {
+	// Self describes this node.
+	Self(ctx context.Context) (Instance, error)
+	// JoinEndpoints returns the join-service endpoints (host:port) to try, in order of
+	// preference. Empty while no control-plane node exists.
+	JoinEndpoints(ctx context.Context) ([]string, error)
+	// InitSecretHash returns the bcrypt hash of the init secret the CLI holds.
+	InitSecretHash(ctx context.Context) ([]byte, error)
+}

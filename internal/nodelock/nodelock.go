@@ -1,0 +1,92 @@
+// Package nodelock decides, once per boot, whether a node initializes a new cluster or joins
+// an existing one. Init (the CLI's request) and join (the node's own attempt) race on a
+// fresh node; exactly one wins, and the winner marks the node as belonging to its cluster by
+// extending PCR 15 with the cluster ID before anything irreversible happens (DESIGN 2). From
+// then on the node's evidence names its cluster, and it can never attest as a fresh node
+// again in this boot.
+//
+// The lock lives in the TPM as well as in memory: PCR 15 starts at zero on every boot and
+// cannot be reset, so a non-zero PCR 15 means the lock was taken earlier in this boot (by a
+// bootstrapper that then crashed and restarted). Such a node refuses both init and join:
+// what it holds is state of a cluster it can only re-enter through the reboot path.
+package nodelock
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Register is the PCR that carries the initialized marker.
+const Register = 15
+
+// ErrLocked is returned when the lock was taken before: by the other of init and join, or
+// earlier in this boot.
+var ErrLocked = errors.New("node lock already taken: this node has already been initialized or joined a cluster in this boot")
+
+// TPM is what the lock needs of the node's TPM.
+type TPM interface {
+	ReadPCRs(pcrs ...int) (map[uint32][]byte, error)
+	ExtendPCR(idx int, digest []byte) error
+}
+
+// Lock is a node's one-shot lock.
+type Lock struct {
+	tpm TPM
+
+	mu     sync.Mutex
+	holder string // who took it: "init" or "join"; "earlier in this boot" if found taken
+}
+
+// New returns the lock of the node whose TPM is tpm. It reads PCR 15 to find out whether
+// the lock was taken earlier in this boot.
+func New(tpm TPM) (*Lock, error) {
+	pcrs, err := tpm.ReadPCRs(Register)
+	if err != nil {
+		return nil, fmt.Errorf("node lock: reading PCR %d: %w", Register, err)
+	}
+	v, ok := pcrs[Register]
+	if !ok {
+		return nil, fmt.Errorf("node lock: TPM did not return PCR %d", Register)
+	}
+	l := &Lock{tpm: tpm}
+	if !bytes.Equal(v, make([]byte, len(v))) {
+		l.holder = "earlier in this boot"
+	}
+	return l, nil
+}
+
+// TryLock takes the lock for holder ("init" or "join") and extends PCR 15 with the cluster
+// ID (its SHA-256, so the register reads SHA256(0^32 || SHA256(clusterID))). It returns
+// ErrLocked, naming the holder, if the lock was taken before; then nothing changes. If the
+// extend fails, the lock is not taken and the error is returned.
+func (l *Lock) TryLock(holder string, clusterID []byte) error {
+	if len(clusterID) == 0 {
+		return errors.New("node lock: empty cluster ID")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holder != "" {
+		return fmt.Errorf("%w (taken by %s)", ErrLocked, l.holder)
+	}
+	digest := sha256.Sum256(clusterID)
+	if err := l.tpm.ExtendPCR(Register, digest[:]); err != nil {
+		// The extend may have reached the TPM before the error (a lost response): then
+		// the node is marked, and a later attempt must not extend a second time.
+		if pcrs, readErr := l.tpm.ReadPCRs(Register); readErr != nil || !bytes.Equal(pcrs[Register], make([]byte, sha256.Size)) {
+			l.holder = holder + " (extend of PCR 15 reported an error)"
+		}
+		return fmt.Errorf("node lock: extending PCR %d: %w", Register, err)
+	}
+	l.holder = holder
+	return nil
+}
+
+// Holder returns who holds the lock, or "" if nobody does.
+func (l *Lock) Holder() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holder
+}

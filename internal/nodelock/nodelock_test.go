@@ -1,0 +1,107 @@
+package nodelock_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/nodelock"
+)
+
+// Init and join race on one node with a real (swtpm) TPM: exactly one wins, and PCR 15 is
+// extended exactly once, with the winner's cluster ID.
+func TestInitAndJoinRace(t *testing.T) {
+	for round := range 20 {
+		tpm, _ := vtpmtest.Swtpm(t)
+		lock, err := nodelock.New(tpm)
+		require.NoError(t, err)
+		ids := map[string][]byte{"init": []byte("cluster-of-init"), "join": []byte("cluster-of-join")}
+		results := map[string]error{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for holder, id := range ids {
+			wg.Go(func() {
+				<-start
+				err := lock.TryLock(holder, id)
+				mu.Lock()
+				results[holder] = err
+				mu.Unlock()
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		var winner string
+		for holder, err := range results {
+			if err == nil {
+				require.Empty(t, winner, "round %d: two winners", round)
+				winner = holder
+			} else {
+				assert.ErrorIs(t, err, nodelock.ErrLocked)
+			}
+		}
+		require.NotEmpty(t, winner, "round %d: nobody won", round)
+		assert.Equal(t, winner, lock.Holder())
+		pcrs, err := tpm.ReadPCRs(nodelock.Register)
+		require.NoError(t, err)
+		assert.Equal(t, kms.InitializedPCR15(ids[winner]), pcrs[nodelock.Register], "round %d: PCR 15 extended once, by %s", round, winner)
+	}
+}
+
+func TestSecondAttempt(t *testing.T) {
+	tpm, _ := vtpmtest.Swtpm(t)
+	lock, err := nodelock.New(tpm)
+	require.NoError(t, err)
+	require.NoError(t, lock.TryLock("init", []byte("cluster-a")))
+	err = lock.TryLock("init", []byte("cluster-a"))
+	assert.ErrorIs(t, err, nodelock.ErrLocked)
+	assert.ErrorContains(t, err, "taken by init")
+	pcrs, err := tpm.ReadPCRs(nodelock.Register)
+	require.NoError(t, err)
+	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register], "no second extend")
+
+	// The bootstrapper restarts in the same boot: the TPM remembers.
+	again, err := nodelock.New(tpm)
+	require.NoError(t, err)
+	err = again.TryLock("join", []byte("cluster-b"))
+	assert.ErrorContains(t, err, "taken by earlier in this boot")
+	assert.ErrorContains(t, again.TryLock("join", nil), "empty cluster ID")
+}
+
+type failingTPM struct {
+	nodelock.TPM
+	extendErr error
+	applied   bool // the extend reached the TPM although an error was reported
+}
+
+func (f *failingTPM) ExtendPCR(idx int, digest []byte) error {
+	if f.applied {
+		_ = f.TPM.ExtendPCR(idx, digest)
+	}
+	return f.extendErr
+}
+
+func TestExtendFails(t *testing.T) {
+	for name, applied := range map[string]bool{"not applied": false, "applied, response lost": true} {
+		t.Run(name, func(t *testing.T) {
+			tpm, _ := vtpmtest.Swtpm(t)
+			f := &failingTPM{TPM: tpm, extendErr: errors.New("TPM gone"), applied: applied}
+			lock, err := nodelock.New(f)
+			require.NoError(t, err)
+			assert.ErrorContains(t, lock.TryLock("join", []byte("c")), "TPM gone")
+			f.extendErr = nil
+			err = lock.TryLock("join", []byte("c"))
+			if applied {
+				assert.ErrorIs(t, err, nodelock.ErrLocked, "the node is marked: no second extend")
+			} else {
+				assert.NoError(t, err, "nothing happened: the lock is still free")
+			}
+		})
+	}
+}
