@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/openconstellation/constellation/internal/fileutil"
 )
 
 // Sizes of the master secret parts and of derived secrets.
@@ -113,23 +115,10 @@ func WriteMasterSecretFile(path string, m MasterSecret) error {
 		}
 		return fmt.Errorf("creating master secret file: %w", err)
 	}
-	if _, err := f.Write(append(data, '\n')); err != nil {
-		f.Close()
-		return fmt.Errorf("writing master secret file: %w", err)
+	if err := fileutil.WriteSync(f, append(data, '\n')); err != nil {
+		return fmt.Errorf("master secret file: %w", err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("syncing master secret file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return fileutil.SyncDir(filepath.Dir(path))
 }
 
 // ReadMasterSecretFile reads and validates a master secret file.

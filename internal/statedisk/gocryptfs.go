@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
+
+	"github.com/openconstellation/constellation/internal/fileutil"
 )
 
 // Gocryptfs is the state storage on kernels without device-mapper: a gocryptfs filesystem
@@ -106,7 +108,7 @@ func (g *Gocryptfs) Create(ctx context.Context, key []byte) error {
 	if _, err := g.run(ctx, password(key), "-init", "-q", "-scryptn", gocryptfsScryptN, g.cipherDir()); err != nil {
 		return fmt.Errorf("creating state storage: %w", err)
 	}
-	if err := writeFileSync(g.uuidFile(), []byte(uuid.NewString()+"\n")); err != nil {
+	if err := fileutil.WriteAtomic(g.uuidFile(), []byte(uuid.NewString()+"\n"), 0o600); err != nil {
 		return fmt.Errorf("creating state storage: %w", err)
 	}
 	return nil
@@ -140,7 +142,7 @@ func (g *Gocryptfs) MarkInitialized() error {
 	} else if !ok {
 		return ErrNotCreated
 	}
-	return writeFileSync(g.markerFile(), []byte("initialized\n"))
+	return fileutil.WriteAtomic(g.markerFile(), []byte("initialized\n"), 0o600)
 }
 
 // Rekey re-wraps the master key with newKey.
@@ -257,34 +259,4 @@ func isMountPoint(path string) (bool, error) {
 		return false, fmt.Errorf("stat parent of %s: %w", path, err)
 	}
 	return st.Dev != parent.Dev || st.Ino == parent.Ino, nil
-}
-
-// writeFileSync writes a small file and syncs it and its directory, so a crash leaves
-// either the old state or the new one.
-func writeFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
 }
