@@ -16,7 +16,7 @@ func WriteAtomic(path string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	if err := writeSync(f, data); err != nil {
+	if err := WriteSync(f, data); err != nil {
 		os.Remove(tmp)
 		return err
 	}
@@ -27,12 +27,8 @@ func WriteAtomic(path string, data []byte, perm os.FileMode) error {
 	return SyncDir(filepath.Dir(path))
 }
 
-// WriteSync writes data to the already opened f, syncs and closes it.
+// WriteSync writes data to the already opened f, syncs and closes it (closing it on error too).
 func WriteSync(f *os.File, data []byte) error {
-	return writeSync(f, data)
-}
-
-func writeSync(f *os.File, data []byte) error {
 	if _, err := f.Write(data); err != nil {
 		f.Close()
 		return fmt.Errorf("writing %s: %w", f.Name(), err)

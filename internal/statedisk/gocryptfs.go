@@ -83,6 +83,15 @@ func exists(path string) (bool, error) {
 	return false, err
 }
 
+// mustExist returns ErrNotCreated unless the storage was created.
+func (g *Gocryptfs) mustExist() error {
+	ok, err := g.Exists()
+	if err == nil && !ok {
+		err = ErrNotCreated
+	}
+	return err
+}
+
 // Create makes a new, empty storage keyed with key. Storage left by an interrupted first
 // boot (created, never initialized) is replaced: its key was random and lived only in the
 // previous boot's memory, so nothing in it can be read again. Initialized storage is never
@@ -137,10 +146,8 @@ func (g *Gocryptfs) Initialized() (bool, error) {
 
 // MarkInitialized writes the marker.
 func (g *Gocryptfs) MarkInitialized() error {
-	if ok, err := g.Exists(); err != nil {
+	if err := g.mustExist(); err != nil {
 		return err
-	} else if !ok {
-		return ErrNotCreated
 	}
 	return fileutil.WriteAtomic(g.markerFile(), []byte("initialized\n"), 0o600)
 }
@@ -153,10 +160,8 @@ func (g *Gocryptfs) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 	if err := checkKey(newKey); err != nil {
 		return err
 	}
-	if ok, err := g.Exists(); err != nil {
+	if err := g.mustExist(); err != nil {
 		return err
-	} else if !ok {
-		return ErrNotCreated
 	}
 	// gocryptfs reads the old password, then the new one, from stdin, and replaces
 	// gocryptfs.conf atomically (it writes a temporary file and renames it).
@@ -172,10 +177,8 @@ func (g *Gocryptfs) Unlock(ctx context.Context, key []byte) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if ok, err := g.Exists(); err != nil {
+	if err := g.mustExist(); err != nil {
 		return err
-	} else if !ok {
-		return ErrNotCreated
 	}
 	if mounted, err := isMountPoint(g.MountPoint); err != nil {
 		return err
