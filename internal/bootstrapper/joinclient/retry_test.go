@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/openconstellation/constellation/internal/joinclient"
+	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 )
 
 // The schedule on a fake clock: each attempt waits for the clock, the waits start at most

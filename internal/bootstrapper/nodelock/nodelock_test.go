@@ -10,7 +10,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/nodelock"
+	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 )
 
 // Init and join race on one node with a real (swtpm) TPM: exactly one wins, and PCR 15 is
