@@ -331,7 +331,7 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 	if err != nil {
 		return nil, outcome{}, err
 	}
-	return &joinpb.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: measurementSecret}, outcome{set: set, role: "any"}, nil
+	return &joinpb.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: measurementSecret, MeasurementSalt: s.cfg.MeasurementSalt}, outcome{set: set, role: "any"}, nil
 }
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {

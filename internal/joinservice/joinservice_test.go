@@ -396,6 +396,7 @@ func TestJoinWorker(t *testing.T) {
 	rejoin, err := joinpb.NewJoinServiceClient(e.conn(j)).IssueRejoinTicket(context.Background(), &joinpb.IssueRejoinTicketRequest{DiskUuid: j.diskUUID})
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, rejoin.StateDiskKey)
+	assert.Equal(t, e.salt, rejoin.MeasurementSalt)
 	assert.Equal(t, wantMS, rejoin.MeasurementSecret)
 
 	// One log line per decision, naming peer, node, variant and the matching set.

@@ -396,8 +396,11 @@ type IssueRejoinTicketResponse struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	StateDiskKey      []byte                 `protobuf:"bytes,1,opt,name=state_disk_key,json=stateDiskKey,proto3" json:"state_disk_key,omitempty"`
 	MeasurementSecret []byte                 `protobuf:"bytes,2,opt,name=measurement_secret,json=measurementSecret,proto3" json:"measurement_secret,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// With the measurement secret it gives the cluster ID the node extends into PCR 15
+	// before it unlocks its state.
+	MeasurementSalt []byte `protobuf:"bytes,3,opt,name=measurement_salt,json=measurementSalt,proto3" json:"measurement_salt,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *IssueRejoinTicketResponse) Reset() {
@@ -444,6 +447,13 @@ func (x *IssueRejoinTicketResponse) GetMeasurementSecret() []byte {
 	return nil
 }
 
+func (x *IssueRejoinTicketResponse) GetMeasurementSalt() []byte {
+	if x != nil {
+		return x.MeasurementSalt
+	}
+	return nil
+}
+
 var File_api_join_joinpb_join_proto protoreflect.FileDescriptor
 
 const file_api_join_joinpb_join_proto_rawDesc = "" +
@@ -476,10 +486,11 @@ const file_api_join_joinpb_join_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"7\n" +
 	"\x18IssueRejoinTicketRequest\x12\x1b\n" +
-	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\"p\n" +
+	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\"\x9b\x01\n" +
 	"\x19IssueRejoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
-	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret2\xf7\x01\n" +
+	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
+	"\x10measurement_salt\x18\x03 \x01(\fR\x0fmeasurementSalt2\xf7\x01\n" +
 	"\vJoinService\x12p\n" +
 	"\x0fIssueJoinTicket\x12-.constellation.join.v1.IssueJoinTicketRequest\x1a..constellation.join.v1.IssueJoinTicketResponse\x12v\n" +
 	"\x11IssueRejoinTicket\x12/.constellation.join.v1.IssueRejoinTicketRequest\x1a0.constellation.join.v1.IssueRejoinTicketResponseB<Z:github.com/openconstellation/constellation/api/join/joinpbb\x06proto3"
