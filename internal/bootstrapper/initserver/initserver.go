@@ -1,0 +1,433 @@
+// Package initserver is the node side of `constellation apply`'s init call: the server a
+// fresh control-plane node runs until it is initialized or has joined a cluster.
+//
+// Init is served over the attested channel with the node attesting (the CLI verifies the
+// node before it sends the master secret). The caller is authenticated by the init secret,
+// checked against the bcrypt hash the platform's metadata holds. Then, in this order:
+//
+//  1. check the request (every problem named at once); nothing has changed yet;
+//  2. derive the measurement secret, cluster ID and state-disk key (DESIGN 2);
+//  3. take the node lock, extending PCR 15 with the cluster ID: the point of no return;
+//  4. re-key, mark and unlock the state storage;
+//  5. generate the kubeadm configuration and run `kubeadm init`;
+//  6. record the cluster in Kubernetes: Secret kube-system/constellation-mastersecret
+//     (for the key service) and ConfigMap kube-system/constellation-cluster (cluster ID,
+//     measurement salt, version, components: for the join service and verifiers);
+//  7. return the admin kubeconfig and the cluster ID.
+//
+// Progress is streamed throughout. A failure before step 3 (wrong secret, invalid request,
+// node not a control-plane node, lock already taken by a join or an earlier init) changes
+// nothing and returns only the error: an unauthenticated caller learns nothing about the
+// node. A failure after step 3 streams the log of this init (its steps and kubeadm's output)
+// and then the error; the node is then marked for a cluster that did not come up and must
+// be recreated.
+//
+// From step 3 on the work runs on a context detached from the call: a CLI that disconnects
+// does not leave a half-run kubeadm behind (the node finishes, within InitTimeout).
+package initserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/openconstellation/constellation/api/init/initpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/bootstrapper/node"
+	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/statedisk"
+)
+
+// Names of what init records in the cluster.
+const (
+	RecordNamespace        = "kube-system"
+	MasterSecretSecretName = "constellation-mastersecret"
+	ClusterConfigMapName   = "constellation-cluster"
+)
+
+// DefaultInitTimeout bounds the work after the node lock is taken.
+const DefaultInitTimeout = 15 * time.Minute
+
+// logChunkSize is the size of InitLog messages.
+const logChunkSize = 64 << 10
+
+// maxLogSize bounds the log kept of one init (its tail is kept).
+const maxLogSize = 4 << 20
+
+// KubeadmConfigFunc builds the `kubeadm init` configuration for this node.
+type KubeadmConfigFunc func(InitParams) ([]byte, error)
+
+// InitParams is what the kubeadm configuration of an init depends on.
+type InitParams struct {
+	Self              metadata.Instance
+	ClusterName       string
+	KubernetesVersion string
+	APIServerCertSANs []string
+	ServiceCIDR       netip.Prefix // invalid: kubeadm's default
+	PodCIDR           netip.Prefix // invalid: none
+}
+
+// Config configures the init server.
+type Config struct {
+	// Node is the node's lock and state storage, opened fresh.
+	Node *node.Node
+	// Metadata says who this node is and holds the init-secret hash.
+	Metadata metadata.Provider
+	// Issuer attests the node to the CLI.
+	Issuer attestation.Issuer
+	// Kubeadm runs `kubeadm init`; KubeadmConfig builds its configuration.
+	Kubeadm       node.Kubeadm
+	KubeadmConfig KubeadmConfigFunc
+	// KubernetesVersion, when set, is the only version this node's image runs.
+	KubernetesVersion string
+	// AdminKubeconfig is where kubeadm writes the admin kubeconfig
+	// (/etc/kubernetes/admin.conf).
+	AdminKubeconfig string
+	// NodeLogs, when set, adds the node's other logs (kubelet, containerd) to the log
+	// streamed on failure.
+	NodeLogs func(ctx context.Context) []byte
+	// InitTimeout bounds the work after the lock is taken (DefaultInitTimeout).
+	InitTimeout time.Duration
+	// Log receives the server's structured log.
+	Log *slog.Logger
+}
+
+// Server is the init server.
+type Server struct {
+	initpb.UnimplementedInitServiceServer
+	cfg   Config
+	creds *atls.Credentials
+
+	running sync.Mutex // one Init at a time
+	done    chan struct{}
+	once    sync.Once
+}
+
+// New checks cfg and returns a server.
+func New(cfg Config) (*Server, error) {
+	var missing []string
+	for name, v := range map[string]bool{
+		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Issuer": cfg.Issuer == nil,
+		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "AdminKubeconfig": cfg.AdminKubeconfig == "",
+	} {
+		if v {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("init server: missing %s", strings.Join(missing, ", "))
+	}
+	if cfg.InitTimeout <= 0 {
+		cfg.InitTimeout = DefaultInitTimeout
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	creds, err := atls.NewCredentials(atls.Config{Issuer: cfg.Issuer})
+	if err != nil {
+		return nil, fmt.Errorf("init server: %w", err)
+	}
+	return &Server{cfg: cfg, creds: creds, done: make(chan struct{})}, nil
+}
+
+// Credentials are the attested-channel credentials to serve with (the node attests).
+func (s *Server) Credentials() credentials.TransportCredentials { return s.creds }
+
+// Register registers the service on g.
+func (s *Server) Register(g *grpc.Server) { initpb.RegisterInitServiceServer(g, s) }
+
+// Done is closed when an Init succeeded.
+func (s *Server) Done() <-chan struct{} { return s.done }
+
+// Init initializes the cluster on this node (see the package documentation).
+func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitServer) error {
+	ctx := stream.Context()
+	log := s.cfg.Log.With("method", "Init")
+	if s.cfg.Node.LockHolder() != "" {
+		return s.refuse(log, codes.FailedPrecondition, "node-taken", "this node is already part of a cluster (node lock taken by %s): init changes nothing", s.cfg.Node.LockHolder())
+	}
+	hash, err := s.cfg.Metadata.InitSecretHash(ctx)
+	if err != nil {
+		return s.refuse(log, codes.Unavailable, "metadata", "reading the init-secret hash from metadata: %v", err)
+	}
+	if err := bcrypt.CompareHashAndPassword(hash, req.GetInitSecret()); err != nil {
+		return s.refuse(log, codes.PermissionDenied, "init-secret", "wrong init secret")
+	}
+	r, err := parseRequest(req, s.cfg.KubernetesVersion)
+	if err != nil {
+		return s.refuse(log, codes.InvalidArgument, "invalid-request", "%v", err)
+	}
+	self, err := s.cfg.Metadata.Self(ctx)
+	if err != nil {
+		return s.refuse(log, codes.Unavailable, "metadata", "reading this node's metadata: %v", err)
+	}
+	if err := self.Validate(); err != nil {
+		return s.refuse(log, codes.FailedPrecondition, "metadata", "%v", err)
+	}
+	if self.Role != metadata.ControlPlane {
+		return s.refuse(log, codes.FailedPrecondition, "not-control-plane", "node %s is a %s node: only control-plane nodes initialize clusters", self.Name, self.Role)
+	}
+	if !s.running.TryLock() {
+		return s.refuse(log, codes.FailedPrecondition, "init-running", "an init is already running on this node")
+	}
+	defer s.running.Unlock()
+
+	rec := newRecorder(stream, log)
+	// Past the lock, the node finishes what it started even if the caller goes away.
+	work, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.InitTimeout)
+	defer cancel()
+	kubeconfig, clusterID, err := s.initialize(work, r, self, rec)
+	if errors.Is(err, nodelock.ErrLocked) || errors.Is(err, node.ErrNotFresh) {
+		return s.refuse(log, codes.FailedPrecondition, "node-taken", "this node is already part of a cluster: %v", err)
+	}
+	if err != nil {
+		rec.step("init failed: %v", err)
+		log.Error("init failed", "err", err)
+		if s.cfg.NodeLogs != nil {
+			rec.raw(s.cfg.NodeLogs(work))
+		}
+		rec.flushLog()
+		return status.Errorf(codes.Internal, "init failed: %v", err)
+	}
+	log.Info("cluster initialized", "clusterID", hex.EncodeToString(clusterID), "cluster", r.clusterName)
+	s.once.Do(func() { close(s.done) })
+	return rec.send(&initpb.InitResponse{Kind: &initpb.InitResponse_Success{Success: &initpb.InitSuccess{Kubeconfig: kubeconfig, ClusterId: clusterID}}})
+}
+
+func (s *Server) refuse(log *slog.Logger, code codes.Code, reason, format string, args ...any) error {
+	err := status.Errorf(code, format, args...)
+	log.Warn("init refused", "reason", reason, "err", status.Convert(err).Message())
+	return err
+}
+
+func (s *Server) initialize(ctx context.Context, r *request, self metadata.Instance, rec *recorder) (kubeconfig, clusterID []byte, err error) {
+	measurementSecret, err := r.master.MeasurementSecret()
+	if err != nil {
+		return nil, nil, err
+	}
+	if clusterID, err = kms.ClusterID(measurementSecret, r.measurementSalt); err != nil {
+		return nil, nil, err
+	}
+	diskUUID, err := s.cfg.Node.DiskUUID()
+	if err != nil {
+		return nil, nil, err
+	}
+	diskKey, err := r.master.DeriveKey(diskUUID, statedisk.KeySize)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.cfg.Node.Claim(ctx, "init", clusterID, diskKey); err != nil {
+		return nil, nil, err
+	}
+	rec.step("node lock taken: PCR 15 extended with cluster ID %s", hex.EncodeToString(clusterID))
+	rec.step("state storage %s re-keyed to the derived disk key, marked initialized and unlocked", diskUUID)
+
+	config, err := s.cfg.KubeadmConfig(InitParams{
+		Self: self, ClusterName: r.clusterName, KubernetesVersion: r.version,
+		APIServerCertSANs: r.sans, ServiceCIDR: r.serviceCIDR, PodCIDR: r.podCIDR,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating the kubeadm configuration: %w", err)
+	}
+	rec.step("running kubeadm init (Kubernetes %s)", r.version)
+	if err := s.cfg.Kubeadm.Init(ctx, config, rec.lines("kubeadm: ")); err != nil {
+		return nil, nil, err
+	}
+	rec.step("kubeadm init done")
+	if kubeconfig, err = os.ReadFile(s.cfg.AdminKubeconfig); err != nil {
+		return nil, nil, fmt.Errorf("reading the admin kubeconfig kubeadm wrote: %w", err)
+	}
+	if err := recordCluster(ctx, kubeconfig, r, clusterID); err != nil {
+		return nil, nil, err
+	}
+	rec.step("cluster recorded in %s/%s and %s/%s", RecordNamespace, ClusterConfigMapName, RecordNamespace, MasterSecretSecretName)
+	return kubeconfig, clusterID, nil
+}
+
+// ClusterRecord is the public part of what init records in ConfigMap
+// kube-system/constellation-cluster (key "cluster.json").
+type ClusterRecord struct {
+	Name                 string            `json:"name"`
+	ClusterID            string            `json:"clusterID"`       // hex
+	MeasurementSalt      string            `json:"measurementSalt"` // base64
+	KubernetesVersion    string            `json:"kubernetesVersion"`
+	KubernetesComponents []ComponentRecord `json:"kubernetesComponents,omitempty"`
+	InitializedPCR15     string            `json:"initializedPCR15"` // hex, what every node's PCR 15 reads
+}
+
+// ComponentRecord is one Kubernetes artifact nodes install.
+type ComponentRecord struct {
+	Name        string `json:"name"`
+	URL         string `json:"url"`
+	Hash        string `json:"hash"`
+	InstallPath string `json:"installPath"`
+}
+
+func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte) error {
+	restCfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return fmt.Errorf("admin kubeconfig: %w", err)
+	}
+	restCfg.Timeout = 30 * time.Second
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("admin kubeconfig: %w", err)
+	}
+	rec := ClusterRecord{
+		Name: r.clusterName, ClusterID: hex.EncodeToString(clusterID),
+		MeasurementSalt:   base64.StdEncoding.EncodeToString(r.measurementSalt),
+		KubernetesVersion: r.version,
+		InitializedPCR15:  hex.EncodeToString(kms.InitializedPCR15(clusterID)),
+	}
+	for _, c := range r.components {
+		rec.KubernetesComponents = append(rec.KubernetesComponents, ComponentRecord{Name: c.GetName(), URL: c.GetUrl(), Hash: c.GetHash(), InstallPath: c.GetInstallPath()})
+	}
+	recJSON, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	secretJSON, err := json.Marshal(r.master)
+	if err != nil {
+		return err
+	}
+	labels := map[string]string{"app.kubernetes.io/managed-by": "constellation-bootstrapper"}
+	if _, err := client.CoreV1().Secrets(RecordNamespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: MasterSecretSecretName, Namespace: RecordNamespace, Labels: labels},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"mastersecret.json": secretJSON},
+		Immutable:  ptrTo(true),
+	}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("recording the master secret: %w", err)
+	}
+	if _, err := client.CoreV1().ConfigMaps(RecordNamespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: ClusterConfigMapName, Namespace: RecordNamespace, Labels: labels},
+		Data:       map[string]string{"cluster.json": string(recJSON)},
+		Immutable:  ptrTo(true),
+	}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("recording the cluster: %w", err)
+	}
+	return nil
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// recorder streams progress to the caller and keeps the log of this init.
+type recorder struct {
+	stream initpb.InitService_InitServer
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	detached bool // the caller went away: keep working, stop sending
+}
+
+func newRecorder(stream initpb.InitService_InitServer, log *slog.Logger) *recorder {
+	return &recorder{stream: stream, log: log}
+}
+
+func (r *recorder) send(m *initpb.InitResponse) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sendLocked(m)
+}
+
+func (r *recorder) sendLocked(m *initpb.InitResponse) error {
+	if r.detached {
+		return nil
+	}
+	if err := r.stream.Send(m); err != nil {
+		r.detached = true
+		r.log.Warn("caller went away; init continues", "err", err)
+		return err
+	}
+	return nil
+}
+
+// step records and streams one progress message.
+func (r *recorder) step(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	r.log.Info(msg)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.appendLog([]byte(time.Now().UTC().Format(time.RFC3339) + " " + msg + "\n"))
+	_ = r.sendLocked(&initpb.InitResponse{Kind: &initpb.InitResponse_Progress{Progress: &initpb.InitProgress{Message: msg}}})
+}
+
+// raw adds data to the log without streaming it as progress.
+func (r *recorder) raw(data []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.appendLog(data)
+}
+
+func (r *recorder) appendLog(data []byte) {
+	r.buf.Write(data)
+	if r.buf.Len() > maxLogSize {
+		tail := append([]byte(nil), r.buf.Bytes()[r.buf.Len()-maxLogSize/2:]...)
+		r.buf.Reset()
+		r.buf.WriteString("[... earlier log dropped ...]\n")
+		r.buf.Write(tail)
+	}
+}
+
+// lines returns a writer that streams every line written to it as progress.
+func (r *recorder) lines(prefix string) io.Writer { return &lineWriter{r: r, prefix: prefix} }
+
+// flushLog streams the kept log in chunks.
+func (r *recorder) flushLog() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	data := r.buf.Bytes()
+	for len(data) > 0 {
+		n := min(len(data), logChunkSize)
+		if r.sendLocked(&initpb.InitResponse{Kind: &initpb.InitResponse_Log{Log: &initpb.InitLog{Data: data[:n]}}}) != nil {
+			return
+		}
+		data = data[n:]
+	}
+}
+
+type lineWriter struct {
+	r       *recorder
+	prefix  string
+	pending []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.pending = append(w.pending, p...)
+	for {
+		i := bytes.IndexByte(w.pending, '\n')
+		if i < 0 {
+			break
+		}
+		if line := strings.TrimSpace(string(w.pending[:i])); line != "" {
+			w.r.step("%s%s", w.prefix, line)
+		}
+		w.pending = w.pending[i+1:]
+	}
+	return len(p), nil
+}
