@@ -49,13 +49,14 @@ func NewMasterSecret() (MasterSecret, error) {
 
 // Validate checks the sizes of the master secret.
 func (m MasterSecret) Validate() error {
+	var problems []error
 	if len(m.Key) != MasterKeySize {
-		return fmt.Errorf("master secret: key has %d bytes, want %d", len(m.Key), MasterKeySize)
+		problems = append(problems, fmt.Errorf("master secret: key has %d bytes, want %d", len(m.Key), MasterKeySize))
 	}
 	if len(m.Salt) != MasterSaltSize {
-		return fmt.Errorf("master secret: salt has %d bytes, want %d", len(m.Salt), MasterSaltSize)
+		problems = append(problems, fmt.Errorf("master secret: salt has %d bytes, want %d", len(m.Salt), MasterSaltSize))
 	}
-	return nil
+	return errors.Join(problems...)
 }
 
 // DeriveKey derives the key with the given id: HKDF-SHA256(IKM = master key, salt = master

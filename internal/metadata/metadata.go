@@ -71,3 +71,20 @@ type Provider interface {
 	// InitSecretHash returns the bcrypt hash of the init secret the CLI holds.
 	InitSecretHash(ctx context.Context) ([]byte, error)
 }
+
+// Static is metadata fixed at construction: for platforms whose metadata is a file the
+// provider wrote, and for tests.
+type Static struct {
+	Instance  Instance
+	Endpoints []string
+	Hash      []byte
+}
+
+// Self implements Provider.
+func (s *Static) Self(context.Context) (Instance, error) { return s.Instance, nil }
+
+// JoinEndpoints implements Provider.
+func (s *Static) JoinEndpoints(context.Context) ([]string, error) { return s.Endpoints, nil }
+
+// InitSecretHash implements Provider.
+func (s *Static) InitSecretHash(context.Context) ([]byte, error) { return s.Hash, nil }

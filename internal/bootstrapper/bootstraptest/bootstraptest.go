@@ -1,0 +1,191 @@
+// Package bootstraptest sets up real node parts for bootstrapper tests: a measured swtpm
+// with a certified AK, gocryptfs state storage, the node lock, and a kubeadm stand-in for
+// tests that do not run the real kubeadm (the local-provider end-to-end tests do).
+package bootstraptest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/bootstrapper/node"
+	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/internal/swtpm"
+)
+
+// Image is the node image the test nodes boot.
+var Image = []local.Component{
+	local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper under test")),
+	local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
+}
+
+// Node is one test node: real TPM and storage.
+type Node struct {
+	Name    string
+	TPM     *vtpm.TPM
+	swtpm   *swtpm.Process
+	tpmDir  string
+	Storage *statedisk.Gocryptfs
+	Lock    *nodelock.Lock
+	Node    *node.Node
+	// StateDir is where the unlocked storage is visible.
+	StateDir string
+}
+
+// NewNode boots a node from Image on a fresh swtpm, certifies its AKs with ca and opens it
+// (creating its storage). It is torn down when t ends.
+func NewNode(t testing.TB, name string, ca *akca.CA) *Node {
+	t.Helper()
+	// os.MkdirTemp, not t.TempDir: test names can push a socket path past 107 bytes.
+	tpmDir, err := os.MkdirTemp("", "swtpm")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	n := &Node{Name: name, tpmDir: tpmDir, StateDir: filepath.Join(dir, "state")}
+	t.Cleanup(func() {
+		n.powerOff()
+		_ = os.RemoveAll(tpmDir)
+	})
+	n.powerOn(t)
+	require.NoError(t, local.CertifyAK(n.TPM, ca, name, time.Now()))
+	n.Storage = &statedisk.Gocryptfs{Dir: filepath.Join(dir, "storage"), MountPoint: n.StateDir}
+	t.Cleanup(func() { assert.NoError(t, n.Storage.Lock(context.Background())) })
+	n.open(t)
+	return n
+}
+
+// powerOn starts the node's swtpm (PCRs reset, persistent state kept) and measures Image.
+func (n *Node) powerOn(t testing.TB) {
+	var err error
+	n.swtpm, err = swtpm.Start(context.Background(), swtpm.Options{StateDir: n.tpmDir})
+	require.NoError(t, err)
+	n.TPM, err = n.swtpm.Open(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, local.Measure(n.TPM, Image))
+}
+
+func (n *Node) powerOff() {
+	if n.TPM != nil {
+		_ = n.TPM.Close()
+	}
+	if n.swtpm != nil {
+		_ = n.swtpm.Stop()
+	}
+}
+
+// Reboot simulates a reboot: the storage is locked, the TPM restarts (PCRs reset, keys
+// and NV kept) and is measured again, and the node is reopened.
+func (n *Node) Reboot(t testing.TB) {
+	t.Helper()
+	require.NoError(t, n.Storage.Lock(context.Background()))
+	n.powerOff()
+	n.powerOn(t)
+	n.open(t)
+}
+
+func (n *Node) open(t testing.TB) {
+	var err error
+	n.Lock, err = nodelock.New(n.TPM)
+	require.NoError(t, err)
+	n.Node, err = node.Open(context.Background(), n.Lock, n.Storage)
+	require.NoError(t, err)
+}
+
+// PCR15 reads the node's PCR 15.
+func (n *Node) PCR15(t testing.TB) []byte {
+	t.Helper()
+	pcrs, err := n.TPM.ReadPCRs(nodelock.Register)
+	require.NoError(t, err)
+	return pcrs[nodelock.Register]
+}
+
+// Issuer returns the node's evidence issuer (qemu-vtpm, certified RSA AK).
+func (n *Node) Issuer(t testing.TB) *vtpm.Issuer {
+	t.Helper()
+	iss, err := qemu.NewIssuer(n.TPM, nil, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { iss.Close() })
+	return iss
+}
+
+// Validator accepts nodes booted from Image with AKs certified by ca.
+func Validator(t testing.TB, ca *akca.CA) *vtpm.Validator {
+	t.Helper()
+	v, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}},
+		AKRoots:       ca.Pool(),
+	})
+	require.NoError(t, err)
+	return v
+}
+
+// Kubeadm stands in for kubeadm: it records its calls, writes output, and on Init installs
+// a prepared admin kubeconfig where kubeadm would write it.
+type Kubeadm struct {
+	// AdminKubeconfig is copied to AdminKubeconfigPath on Init.
+	AdminKubeconfig     []byte
+	AdminKubeconfigPath string
+	// Fail, when set, makes the call fail after writing Output.
+	Fail   error
+	Output string
+	// Block, when set, is waited for before the call returns.
+	Block chan struct{}
+
+	mu      sync.Mutex
+	Calls   []string
+	Configs [][]byte
+}
+
+// Init implements node.Kubeadm.
+func (k *Kubeadm) Init(ctx context.Context, config []byte, out io.Writer) error {
+	if err := k.call(ctx, "init", config, out); err != nil {
+		return err
+	}
+	return os.WriteFile(k.AdminKubeconfigPath, k.AdminKubeconfig, 0o600)
+}
+
+// Join implements node.Kubeadm.
+func (k *Kubeadm) Join(ctx context.Context, config []byte, out io.Writer) error {
+	return k.call(ctx, "join", config, out)
+}
+
+func (k *Kubeadm) call(ctx context.Context, name string, config []byte, out io.Writer) error {
+	k.mu.Lock()
+	k.Calls = append(k.Calls, name)
+	k.Configs = append(k.Configs, config)
+	k.mu.Unlock()
+	if k.Output != "" {
+		fmt.Fprint(out, k.Output)
+	}
+	if k.Block != nil {
+		select {
+		case <-k.Block:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if k.Fail != nil {
+		return fmt.Errorf("kubeadm %s: %w", name, k.Fail)
+	}
+	return nil
+}
+
+// CallList returns the calls so far.
+func (k *Kubeadm) CallList() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.Calls...)
+}

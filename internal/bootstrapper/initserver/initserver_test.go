@@ -1,0 +1,476 @@
+package initserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/openconstellation/constellation/api/init/initpb"
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
+	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/statedisk"
+)
+
+var kube *kubetest.Cluster
+
+// One real kube-apiserver + etcd for the package: init records the cluster in it through
+// the admin kubeconfig "kubeadm" wrote. Each test uses its own namespace-free names by
+// deleting the records it made.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "initserver-kube")
+	if err != nil {
+		panic(err)
+	}
+	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	kube.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const initSecret = "correct horse battery staple"
+
+var initSecretHash = func() []byte {
+	h, err := bcrypt.GenerateFromPassword([]byte(initSecret), bcrypt.MinCost)
+	if err != nil {
+		panic(err)
+	}
+	return h
+}()
+
+// env is one fresh control-plane node running the init server, and a CLI that verifies it.
+type env struct {
+	t        *testing.T
+	ca       *akca.CA
+	node     *bootstraptest.Node
+	meta     *metadata.Static
+	kubeadm  *bootstraptest.Kubeadm
+	server   *initserver.Server
+	addr     string
+	paramsMu sync.Mutex
+	params   []initserver.InitParams
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	e := &env{t: t, ca: ca}
+	e.node = bootstraptest.NewNode(t, "control-plane-0", ca)
+	e.meta = &metadata.Static{
+		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
+		Hash:     initSecretHash,
+	}
+	admin, err := os.ReadFile(kube.Kubeconfig)
+	require.NoError(t, err)
+	e.kubeadm = &bootstraptest.Kubeadm{
+		AdminKubeconfig: admin, AdminKubeconfigPath: filepath.Join(t.TempDir(), "admin.conf"),
+		Output: "[init] Using Kubernetes version: v1.34.4\n[certs] Generating \"ca\" certificate and key\n",
+	}
+	e.start()
+	t.Cleanup(e.forgetCluster)
+	return e
+}
+
+func (e *env) start() {
+	t := e.t
+	var err error
+	e.server, err = initserver.New(initserver.Config{
+		Node: e.node.Node, Metadata: e.meta, Issuer: e.node.Issuer(t), Kubeadm: e.kubeadm,
+		KubeadmConfig: func(p initserver.InitParams) ([]byte, error) {
+			e.paramsMu.Lock()
+			defer e.paramsMu.Unlock()
+			e.params = append(e.params, p)
+			return json.Marshal(p)
+		},
+		KubernetesVersion: kubetest.Version,
+		AdminKubeconfig:   e.kubeadm.AdminKubeconfigPath,
+		NodeLogs:          func(context.Context) []byte { return []byte("kubelet: node log line\n") },
+	})
+	require.NoError(t, err)
+	g := grpc.NewServer(grpc.Creds(e.server.Credentials()))
+	e.server.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	e.addr = ln.Addr().String()
+}
+
+// forgetCluster removes what an init recorded in the shared API server.
+func (e *env) forgetCluster() {
+	ctx := context.Background()
+	_ = kube.Admin.CoreV1().Secrets(initserver.RecordNamespace).Delete(ctx, initserver.MasterSecretSecretName, metav1.DeleteOptions{})
+	_ = kube.Admin.CoreV1().ConfigMaps(initserver.RecordNamespace).Delete(ctx, initserver.ClusterConfigMapName, metav1.DeleteOptions{})
+}
+
+func request(t *testing.T) (*initpb.InitRequest, kms.MasterSecret) {
+	master, err := kms.NewMasterSecret()
+	require.NoError(t, err)
+	return &initpb.InitRequest{
+		MasterSecret: master.Key, MasterSalt: master.Salt,
+		MeasurementSalt:   bytes.Repeat([]byte{0x42}, 32),
+		InitSecret:        []byte(initSecret),
+		ClusterName:       "demo",
+		KubernetesVersion: kubetest.Version,
+		KubernetesComponents: []*joinpb.KubernetesComponent{
+			{Name: "kubelet", Url: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
+		},
+		ApiServerCertSans: []string{"demo.example.com", "192.0.2.10"},
+		ServiceCidr:       "10.96.0.0/12",
+		PodCidr:           "10.244.0.0/16",
+	}, master
+}
+
+type result struct {
+	progress []string
+	log      []byte
+	success  *initpb.InitSuccess
+	err      error
+	verified *attestation.Verified
+}
+
+// call is the CLI: it verifies the node (image measurements, AK certified by the provider's
+// CA) and then sends the request.
+func (e *env) call(req *initpb.InitRequest) result {
+	return e.callWith(bootstraptest.Validator(e.t, e.ca), req)
+}
+
+func (e *env) callWith(v attestation.Validator, req *initpb.InitRequest) result {
+	t := e.t
+	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
+	require.NoError(t, err)
+	conn, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(creds))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var res result
+	stream, err := initpb.NewInitServiceClient(conn).Init(ctx, req)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return res
+		}
+		if err != nil {
+			res.err = err
+			return res
+		}
+		switch k := msg.Kind.(type) {
+		case *initpb.InitResponse_Progress:
+			res.progress = append(res.progress, k.Progress.Message)
+		case *initpb.InitResponse_Log:
+			res.log = append(res.log, k.Log.Data...)
+		case *initpb.InitResponse_Success:
+			res.success = k.Success
+		}
+	}
+}
+
+func TestInit(t *testing.T) {
+	e := newEnv(t)
+	req, master := request(t)
+	res := e.call(req)
+	require.NoError(t, res.err)
+	require.NotNil(t, res.success)
+
+	// The cluster ID follows DESIGN 2, and PCR 15 carries it (extended exactly once).
+	ms, err := master.MeasurementSecret()
+	require.NoError(t, err)
+	wantID, err := kms.ClusterID(ms, req.MeasurementSalt)
+	require.NoError(t, err)
+	assert.Equal(t, wantID, res.success.ClusterId)
+	assert.Equal(t, kms.InitializedPCR15(wantID), e.node.PCR15(t))
+	assert.Equal(t, "init", e.node.Node.LockHolder())
+
+	// The admin kubeconfig kubeadm wrote is returned, and it works against the API server.
+	admin, err := os.ReadFile(kube.Kubeconfig)
+	require.NoError(t, err)
+	assert.Equal(t, admin, res.success.Kubeconfig)
+	restCfg, err := clientcmd.RESTConfigFromKubeConfig(res.success.Kubeconfig)
+	require.NoError(t, err)
+	client, err := kubernetes.NewForConfig(restCfg)
+	require.NoError(t, err)
+
+	// The cluster is recorded: the master secret for the key service, the public facts for
+	// the join service and verifiers.
+	ctx := context.Background()
+	secret, err := client.CoreV1().Secrets("kube-system").Get(ctx, initserver.MasterSecretSecretName, metav1.GetOptions{})
+	require.NoError(t, err)
+	var stored kms.MasterSecret
+	require.NoError(t, json.Unmarshal(secret.Data["mastersecret.json"], &stored))
+	assert.Equal(t, master, stored)
+	assert.True(t, *secret.Immutable)
+	cm, err := client.CoreV1().ConfigMaps("kube-system").Get(ctx, initserver.ClusterConfigMapName, metav1.GetOptions{})
+	require.NoError(t, err)
+	var rec initserver.ClusterRecord
+	require.NoError(t, json.Unmarshal([]byte(cm.Data["cluster.json"]), &rec))
+	assert.Equal(t, initserver.ClusterRecord{
+		Name: "demo", ClusterID: hex.EncodeToString(wantID),
+		MeasurementSalt:   base64.StdEncoding.EncodeToString(req.MeasurementSalt),
+		KubernetesVersion: kubetest.Version,
+		KubernetesComponents: []initserver.ComponentRecord{
+			{Name: "kubelet", URL: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
+		},
+		InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(wantID)),
+	}, rec)
+
+	// kubeadm ran once, with the configuration built from the request and the node's metadata.
+	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
+	require.Len(t, e.params, 1)
+	assert.Equal(t, initserver.InitParams{
+		Self: e.meta.Instance, ClusterName: "demo", KubernetesVersion: kubetest.Version,
+		APIServerCertSANs: []string{"demo.example.com", "192.0.2.10"},
+		ServiceCIDR:       netip.MustParsePrefix("10.96.0.0/12"), PodCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+	}, e.params[0])
+	wantConfig, err := json.Marshal(e.params[0])
+	require.NoError(t, err)
+	assert.Equal(t, wantConfig, e.kubeadm.Configs[0])
+
+	// Progress was streamed, kubeadm's output included, in order.
+	joined := strings.Join(res.progress, "\n")
+	assert.Contains(t, joined, "node lock taken: PCR 15 extended")
+	assert.Contains(t, joined, "kubeadm: [certs] Generating \"ca\" certificate and key")
+	assert.Less(t, strings.Index(joined, "node lock taken"), strings.Index(joined, "running kubeadm init"))
+	assert.Empty(t, res.log, "no log is streamed on success")
+
+	// The storage is keyed with the disk key derived from its UUID; the random key is gone.
+	uuid, err := e.node.Storage.UUID()
+	require.NoError(t, err)
+	diskKey, err := master.DeriveKey(uuid, statedisk.KeySize)
+	require.NoError(t, err)
+	initialized, err := e.node.Storage.Initialized()
+	require.NoError(t, err)
+	assert.True(t, initialized)
+	require.NoError(t, e.node.Storage.Lock(ctx))
+	require.NoError(t, e.node.Storage.Unlock(ctx, diskKey))
+	select {
+	case <-e.server.Done():
+	default:
+		t.Error("Done not closed after a successful init")
+	}
+
+	// A second init is refused and changes nothing.
+	again, _ := request(t)
+	res2 := e.call(again)
+	assert.Equal(t, codes.FailedPrecondition, status.Code(res2.err))
+	assert.ErrorContains(t, res2.err, "already part of a cluster (node lock taken by init)")
+	assert.Equal(t, kms.InitializedPCR15(wantID), e.node.PCR15(t))
+	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
+	assert.Empty(t, res2.progress)
+}
+
+// Requests refused before the node lock: no side effect at all, and a correct request
+// afterwards still initializes the node.
+func TestRefusedWithoutSideEffects(t *testing.T) {
+	e := newEnv(t)
+	for name, tc := range map[string]struct {
+		mutate func(*initpb.InitRequest)
+		code   codes.Code
+		want   []string
+	}{
+		"wrong init secret": {
+			mutate: func(r *initpb.InitRequest) { r.InitSecret = []byte("guess") },
+			code:   codes.PermissionDenied, want: []string{"wrong init secret"},
+		},
+		"no init secret": {
+			mutate: func(r *initpb.InitRequest) { r.InitSecret = nil },
+			code:   codes.PermissionDenied, want: []string{"wrong init secret"},
+		},
+		// A wrong secret is refused before the request is looked at.
+		"wrong secret and invalid request": {
+			mutate: func(r *initpb.InitRequest) { r.InitSecret = []byte("guess"); r.MasterSecret = nil },
+			code:   codes.PermissionDenied, want: []string{"wrong init secret"},
+		},
+		"everything invalid": {
+			mutate: func(r *initpb.InitRequest) {
+				r.MasterSecret = r.MasterSecret[:16]
+				r.MasterSalt = nil
+				r.MeasurementSalt = []byte{1}
+				r.ClusterName = "Demo_Cluster"
+				r.KubernetesVersion = "1.34"
+				r.KubernetesComponents[0].Hash = "md5:00"
+				r.ApiServerCertSans = []string{"bad name!"}
+				r.ServiceCidr = "10.96.0.1/12"
+				r.PodCidr = "not-a-cidr"
+			},
+			code: codes.InvalidArgument,
+			want: []string{
+				"key has 16 bytes, want 32", "salt has 0 bytes, want 32", "measurement salt has 1 bytes, want 32",
+				`cluster name "Demo_Cluster"`, `kubernetes version "1.34" is not of the form v1.X.Y`,
+				`component "kubelet": hash "md5:00"`, `API server SAN "bad name!"`,
+				"service CIDR: 10.96.0.1/12 has host bits set", "pod CIDR:",
+			},
+		},
+		"other kubernetes version": {
+			mutate: func(r *initpb.InitRequest) { r.KubernetesVersion = "v1.33.0" },
+			code:   codes.InvalidArgument, want: []string{"v1.33.0 is not the version this node's image runs (v1.34.4)"},
+		},
+		"overlapping networks": {
+			mutate: func(r *initpb.InitRequest) { r.PodCidr = "10.100.0.0/16" },
+			code:   codes.InvalidArgument, want: []string{"service CIDR 10.96.0.0/12 and pod CIDR 10.100.0.0/16 overlap"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req, _ := request(t)
+			tc.mutate(req)
+			res := e.call(req)
+			assert.Equal(t, tc.code, status.Code(res.err), "%v", res.err)
+			for _, w := range tc.want {
+				assert.ErrorContains(t, res.err, w)
+			}
+			assert.Empty(t, res.progress)
+			assert.Empty(t, res.log, "nothing of the node's log reaches a refused caller")
+		})
+	}
+	// Nothing happened: PCR 15 zero, lock free, storage still the fresh node's, kubeadm idle.
+	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Empty(t, e.node.Node.LockHolder())
+	initialized, err := e.node.Storage.Initialized()
+	require.NoError(t, err)
+	assert.False(t, initialized)
+	assert.Empty(t, e.kubeadm.CallList())
+
+	req, _ := request(t)
+	res := e.call(req)
+	require.NoError(t, res.err)
+	assert.NotNil(t, res.success)
+}
+
+func TestWorkerRefusesInit(t *testing.T) {
+	e := newEnv(t)
+	e.meta.Instance.Role = metadata.Worker
+	req, _ := request(t)
+	res := e.call(req)
+	assert.Equal(t, codes.FailedPrecondition, status.Code(res.err))
+	assert.ErrorContains(t, res.err, "is a worker node: only control-plane nodes initialize clusters")
+	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+}
+
+// Once a join won the node lock, init fails clearly and changes nothing.
+func TestInitAfterJoin(t *testing.T) {
+	e := newEnv(t)
+	diskKey, err := statedisk.NewRandomKey()
+	require.NoError(t, err)
+	joinedID := bytes.Repeat([]byte{7}, 32)
+	require.NoError(t, e.node.Node.Claim(context.Background(), "join", joinedID, diskKey))
+
+	req, _ := request(t)
+	res := e.call(req)
+	assert.Equal(t, codes.FailedPrecondition, status.Code(res.err))
+	assert.ErrorContains(t, res.err, "already part of a cluster (node lock taken by join)")
+	assert.Equal(t, kms.InitializedPCR15(joinedID), e.node.PCR15(t))
+	assert.Empty(t, e.kubeadm.CallList())
+}
+
+// A failing kubeadm: progress up to the failure, then the init's log (with kubeadm's output
+// and the node's logs), then the error.
+func TestInitFailureStreamsLogs(t *testing.T) {
+	e := newEnv(t)
+	e.kubeadm.Output = "[preflight] Running pre-flight checks\nerror execution phase wait-control-plane: timed out\n"
+	e.kubeadm.Fail = errors.New("exit status 1")
+	req, _ := request(t)
+	res := e.call(req)
+	assert.Equal(t, codes.Internal, status.Code(res.err))
+	assert.ErrorContains(t, res.err, "init failed: kubeadm init: exit status 1")
+	assert.Nil(t, res.success)
+	log := string(res.log)
+	assert.Contains(t, log, "node lock taken: PCR 15 extended")
+	assert.Contains(t, log, "kubeadm: error execution phase wait-control-plane: timed out")
+	assert.Contains(t, log, "init failed: kubeadm init: exit status 1")
+	assert.Contains(t, log, "kubelet: node log line")
+	// The node is marked: the lock is the point of no return.
+	assert.NotEqual(t, make([]byte, 32), e.node.PCR15(t))
+}
+
+// The CLI refuses a node that does not run the expected image: the handshake fails and the
+// request (with the master secret) is never sent.
+func TestCLIRefusesUnexpectedNode(t *testing.T) {
+	e := newEnv(t)
+	other := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("another bootstrapper"))}
+	v, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: local.ExpectedPCRs(other)}},
+		AKRoots:       e.ca.Pool(),
+	})
+	require.NoError(t, err)
+	req, _ := request(t)
+	res := e.callWith(v, req)
+	require.Error(t, res.err)
+	assert.Contains(t, res.err.Error(), fmt.Sprintf("PCR %d", local.PCRBootstrapper))
+	assert.Empty(t, e.kubeadm.CallList())
+	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+}
+
+// Two concurrent inits: exactly one succeeds, PCR 15 is extended once.
+func TestConcurrentInits(t *testing.T) {
+	e := newEnv(t)
+	var wg sync.WaitGroup
+	results := make([]result, 2)
+	ids := make([][]byte, 2)
+	for i := range results {
+		req, master := request(t)
+		ms, err := master.MeasurementSecret()
+		require.NoError(t, err)
+		ids[i], err = kms.ClusterID(ms, req.MeasurementSalt)
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = e.call(req)
+		}()
+	}
+	wg.Wait()
+	var won []int
+	for i, r := range results {
+		if r.err == nil {
+			won = append(won, i)
+		} else {
+			assert.Equal(t, codes.FailedPrecondition, status.Code(r.err), "%v", r.err)
+		}
+	}
+	require.Len(t, won, 1)
+	assert.Equal(t, kms.InitializedPCR15(ids[won[0]]), e.node.PCR15(t))
+	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
+}
