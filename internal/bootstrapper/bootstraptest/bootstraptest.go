@@ -189,3 +189,24 @@ func (k *Kubeadm) CallList() []string {
 	defer k.mu.Unlock()
 	return append([]string(nil), k.Calls...)
 }
+
+// Kubelet stands in for the node's service manager: it counts restarts.
+type Kubelet struct {
+	mu       sync.Mutex
+	restarts int
+}
+
+// Restart implements node.Kubelet.
+func (k *Kubelet) Restart(context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.restarts++
+	return nil
+}
+
+// Restarts returns how often Restart was called.
+func (k *Kubelet) Restarts() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.restarts
+}

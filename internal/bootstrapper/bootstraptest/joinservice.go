@@ -1,0 +1,101 @@
+package bootstraptest
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+// Cluster is a running join service of an initialized cluster: its control-plane node (a
+// real swtpm, measured from Image, PCR 15 extended with the cluster ID) and a real API server.
+type Cluster struct {
+	Master          kms.MasterSecret
+	MeasurementSalt []byte
+	ClusterID       []byte
+	Kube            *kubetest.Cluster
+	// Addr is the join service's host:port.
+	Addr string
+	// Directory is what the platform knows of nodes (by the name in their AK certificate).
+	Directory joinservice.StaticDirectory
+	// Server stops serving when Stop is called.
+	Server *grpc.Server
+}
+
+// ClusterOptions tune StartJoinService.
+type ClusterOptions struct {
+	// WrongMarker extends the service node's PCR 15 with another cluster's ID.
+	WrongMarker bool
+}
+
+// StartJoinService starts a join service for a new cluster on kube, admitting nodes booted
+// from Image whose AKs ca certified; nodes must be listed in the returned Directory.
+func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts ClusterOptions) *Cluster {
+	t.Helper()
+	master, err := kms.NewMasterSecret()
+	require.NoError(t, err)
+	c := &Cluster{Master: master, MeasurementSalt: []byte(rand.String(32)), Kube: kube, Directory: joinservice.StaticDirectory{}}
+	ms, err := master.MeasurementSecret()
+	require.NoError(t, err)
+	c.ClusterID, err = kms.ClusterID(ms, c.MeasurementSalt)
+	require.NoError(t, err)
+
+	service := NewNode(t, "control-plane-service", ca)
+	marker := sha256.Sum256(c.ClusterID)
+	if opts.WrongMarker {
+		marker = sha256.Sum256([]byte("another cluster"))
+	}
+	require.NoError(t, service.TPM.ExtendPCR(joinservice.ClusterIDRegister, marker[:]))
+	issuer, err := vtpm.NewIssuer(service.TPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
+	require.NoError(t, err)
+	t.Cleanup(func() { issuer.Close() })
+	active, err := measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}})
+	require.NoError(t, err)
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: active, AKRoots: ca.Pool()})
+	require.NoError(t, err)
+	svc, err := joinservice.New(joinservice.Config{
+		Issuer: issuer, Validator: validator, Active: active,
+		Keys:            masterKeys{master},
+		MeasurementSalt: c.MeasurementSalt,
+		Kube:            kube.Admin, PKIDir: kube.PKIDir,
+		Platform:          joinservice.CertifiedNames{Directory: c.Directory},
+		APIServerEndpoint: kube.Host, KubernetesVersion: kubetest.Version,
+		Log:               slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	c.Server = grpc.NewServer(grpc.Creds(svc.Credentials()))
+	svc.Register(c.Server)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = c.Server.Serve(ln) }()
+	t.Cleanup(c.Server.Stop)
+	c.Addr = ln.Addr().String()
+	return c
+}
+
+// Admit lists a node in the platform's directory.
+func (c *Cluster) Admit(name string, ip netip.Addr, controlPlane bool) {
+	c.Directory[name] = joinservice.Node{Name: name, Addresses: []netip.Addr{ip}, ControlPlane: controlPlane}
+}
+
+// masterKeys derives keys directly from the master secret, as the key service does.
+type masterKeys struct{ master kms.MasterSecret }
+
+func (k masterKeys) DataKey(_ context.Context, id string, length int) ([]byte, error) {
+	return k.master.DeriveKey(id, length)
+}

@@ -1,0 +1,456 @@
+package joinclient
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/bootstrapper/node"
+	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/statedisk"
+)
+
+// Files the join client writes for the kubelet: its serving certificate, signed by the
+// cluster CA from the node's CSR, and the key that never left the node.
+const (
+	KubeletCertFile = "kubelet.crt"
+	KubeletKeyFile  = "kubelet.key"
+)
+
+// DefaultAttemptTimeout bounds one call to one join service.
+const DefaultAttemptTimeout = 30 * time.Second
+
+// ErrInitWon is returned by Join when init took the node lock first.
+var ErrInitWon = errors.New("join stopped: this node was initialized by init instead")
+
+// Dialer connects to a join service over the mutually attested channel.
+type Dialer func(ctx context.Context, endpoint string) (*grpc.ClientConn, error)
+
+// AttestedDialer returns a Dialer whose connections attest the node with issuer and verify
+// the service with serviceValidator (joinservice.ServiceCheck: same image, initialized).
+func AttestedDialer(issuer attestation.Issuer, serviceValidator attestation.Validator) (Dialer, error) {
+	creds, err := atls.NewCredentials(atls.Config{Issuer: issuer, Validators: []attestation.Validator{serviceValidator}})
+	if err != nil {
+		return nil, err
+	}
+	return func(_ context.Context, endpoint string) (*grpc.ClientConn, error) {
+		return grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(creds))
+	}, nil
+}
+
+// JoinParams is what the kubeadm join configuration depends on.
+type JoinParams struct {
+	Self              metadata.Instance
+	APIServerEndpoint string
+	Token             string
+	CACertHashes      []string
+	ControlPlane      bool
+	KubernetesVersion string
+}
+
+// Config configures the join client.
+type Config struct {
+	Node     *node.Node
+	Metadata metadata.Provider
+	Dial     Dialer
+	// Kubeadm runs `kubeadm join` with the configuration KubeadmConfig builds.
+	Kubeadm       node.Kubeadm
+	KubeadmConfig func(JoinParams) ([]byte, error)
+	// Kubelet restarts the kubelet on the reboot path.
+	Kubelet node.Kubelet
+	// PKIDir is kubeadm's PKI directory (/etc/kubernetes/pki); KubeletPKIDir the kubelet's
+	// (/var/lib/kubelet/pki).
+	PKIDir, KubeletPKIDir string
+	// Clock and Backoff drive retries (defaults: real clock, NewBackoff).
+	Clock   clock.Clock
+	Backoff func() wait.Backoff
+	// AttemptTimeout bounds one call to one service (DefaultAttemptTimeout).
+	AttemptTimeout time.Duration
+	Log            *slog.Logger
+}
+
+// Client joins a node to its cluster.
+type Client struct{ cfg Config }
+
+// New checks cfg and returns a client.
+func New(cfg Config) (*Client, error) {
+	var missing []string
+	for name, v := range map[string]bool{
+		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Dial": cfg.Dial == nil,
+		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "Kubelet": cfg.Kubelet == nil,
+		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
+	} {
+		if v {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return nil, fmt.Errorf("join client: missing %s", strings.Join(missing, ", "))
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = NewBackoff
+	}
+	if cfg.AttemptTimeout <= 0 {
+		cfg.AttemptTimeout = DefaultAttemptTimeout
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{cfg: cfg}, nil
+}
+
+// Join gets a join ticket, commits the node to the ticket's cluster (node lock and PCR 15,
+// storage), writes the PKI files and runs `kubeadm join`. It retries join services until
+// one issues a valid ticket, and returns ErrInitWon as soon as init takes the node lock, or
+// ctx's error when ctx ends.
+func (c *Client) Join(ctx context.Context) error {
+	self, err := c.self(ctx)
+	if err != nil {
+		return err
+	}
+	diskUUID, err := c.cfg.Node.DiskUUID()
+	if err != nil {
+		return err
+	}
+	kubeletKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("kubelet key: %w", err)
+	}
+	csr, err := kubeletCSR(self, kubeletKey)
+	if err != nil {
+		return err
+	}
+	req := &joinpb.IssueJoinTicketRequest{DiskUuid: diskUUID, CertificateRequest: csr, IsControlPlane: self.Role == metadata.ControlPlane}
+
+	// Stop as soon as init wins: the loser of the race must not keep asking for tickets.
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	go func() {
+		select {
+		case <-c.cfg.Node.Claimed():
+			stopWaiting()
+		case <-waitCtx.Done():
+		}
+	}()
+	var ticket *joinpb.IssueJoinTicketResponse
+	err = c.retry(waitCtx, func(ctx context.Context, client joinpb.JoinServiceClient, service func() (*attestation.Verified, error), opts ...grpc.CallOption) error {
+		resp, err := client.IssueJoinTicket(ctx, req, opts...)
+		if err != nil {
+			return err
+		}
+		if err := checkTicket(resp, self, kubeletKey.Public()); err != nil {
+			return fmt.Errorf("invalid join ticket: %w", err)
+		}
+		verified, err := service()
+		if err != nil {
+			return err
+		}
+		if err := joinservice.CheckClusterID(verified, resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
+			return err
+		}
+		ticket = resp
+		return nil
+	})
+	stopWaiting()
+	if err != nil {
+		if c.cfg.Node.LockHolder() != "" {
+			return fmt.Errorf("%w (lock taken by %s)", ErrInitWon, c.cfg.Node.LockHolder())
+		}
+		return err
+	}
+
+	clusterID, err := kms.ClusterID(ticket.MeasurementSecret, ticket.MeasurementSalt)
+	if err != nil {
+		return err
+	}
+	if err := c.cfg.Node.Claim(ctx, "join", clusterID, ticket.StateDiskKey); err != nil {
+		if errors.Is(err, nodelock.ErrLocked) {
+			return fmt.Errorf("%w: %w", ErrInitWon, err)
+		}
+		return err
+	}
+	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked", "disk", diskUUID)
+	if err := c.writePKI(ticket, kubeletKey); err != nil {
+		return err
+	}
+	config, err := c.cfg.KubeadmConfig(JoinParams{
+		Self: self, APIServerEndpoint: ticket.ApiServerEndpoint, Token: ticket.Token,
+		CACertHashes: []string{ticket.DiscoveryTokenCaCertHash}, ControlPlane: self.Role == metadata.ControlPlane,
+		KubernetesVersion: ticket.KubernetesVersion,
+	})
+	if err != nil {
+		return fmt.Errorf("generating the kubeadm join configuration: %w", err)
+	}
+	c.cfg.Log.Info("running kubeadm join", "apiServer", ticket.ApiServerEndpoint, "controlPlane", req.IsControlPlane)
+	if err := c.cfg.Kubeadm.Join(ctx, config, logWriter{c.cfg.Log}); err != nil {
+		return err
+	}
+	c.cfg.Log.Info("joined the cluster")
+	return nil
+}
+
+// Rejoin brings a rebooted node back: rejoin ticket, node lock with the cluster ID, unlock,
+// restart the kubelet. Init and join are not run again.
+func (c *Client) Rejoin(ctx context.Context) error {
+	diskUUID, err := c.cfg.Node.DiskUUID()
+	if err != nil {
+		return err
+	}
+	var ticket *joinpb.IssueRejoinTicketResponse
+	err = c.retry(ctx, func(ctx context.Context, client joinpb.JoinServiceClient, service func() (*attestation.Verified, error), opts ...grpc.CallOption) error {
+		resp, err := client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID}, opts...)
+		if err != nil {
+			return err
+		}
+		if len(resp.StateDiskKey) != statedisk.KeySize || len(resp.MeasurementSecret) != kms.DerivedKeySize || len(resp.MeasurementSalt) == 0 {
+			return errors.New("invalid rejoin ticket: wrong key sizes")
+		}
+		verified, err := service()
+		if err != nil {
+			return err
+		}
+		if err := joinservice.CheckClusterID(verified, resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
+			return err
+		}
+		ticket = resp
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	clusterID, err := kms.ClusterID(ticket.MeasurementSecret, ticket.MeasurementSalt)
+	if err != nil {
+		return err
+	}
+	if err := c.cfg.Node.Reenter(ctx, clusterID, ticket.StateDiskKey); err != nil {
+		return err
+	}
+	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked; restarting the kubelet", "disk", diskUUID)
+	if err := c.cfg.Kubelet.Restart(ctx); err != nil {
+		return fmt.Errorf("restarting the kubelet: %w", err)
+	}
+	return nil
+}
+
+func (c *Client) self(ctx context.Context) (metadata.Instance, error) {
+	self, err := c.cfg.Metadata.Self(ctx)
+	if err != nil {
+		return metadata.Instance{}, fmt.Errorf("reading this node's metadata: %w", err)
+	}
+	return self, self.Validate()
+}
+
+// call is one RPC to one service; service returns the service's verified evidence once the
+// RPC has returned (fails closed if the channel was not attested).
+type call func(ctx context.Context, client joinpb.JoinServiceClient, service func() (*attestation.Verified, error), opts ...grpc.CallOption) error
+
+// retry tries every endpoint metadata lists, on the backoff schedule, until call succeeds
+// on one of them.
+func (c *Client) retry(ctx context.Context, do call) error {
+	attempt := 0
+	return Retry(ctx, c.cfg.Clock, c.cfg.Backoff(), func(ctx context.Context) (bool, error) {
+		attempt++
+		endpoints, err := c.cfg.Metadata.JoinEndpoints(ctx)
+		if err != nil {
+			c.cfg.Log.Warn("listing join endpoints", "attempt", attempt, "err", err)
+			return false, nil
+		}
+		if len(endpoints) == 0 {
+			c.cfg.Log.Info("no join service yet", "attempt", attempt)
+			return false, nil
+		}
+		for _, ep := range endpoints {
+			if ctx.Err() != nil {
+				return true, ctx.Err()
+			}
+			err := c.try(ctx, ep, do)
+			if err == nil {
+				return true, nil
+			}
+			c.cfg.Log.Warn("join service attempt failed", "attempt", attempt, "endpoint", ep, "err", err)
+		}
+		return false, nil
+	})
+}
+
+func (c *Client) try(ctx context.Context, endpoint string, do call) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+	defer cancel()
+	conn, err := c.cfg.Dial(ctx, endpoint)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var p peer.Peer
+	service := func() (*attestation.Verified, error) {
+		info, ok := p.AuthInfo.(atls.AuthInfo)
+		if !ok || info.Peer == nil {
+			return nil, errors.New("the join service's connection is not attested")
+		}
+		return info.Peer, nil
+	}
+	return do(ctx, joinpb.NewJoinServiceClient(conn), service, grpc.Peer(&p))
+}
+
+var tokenPattern = regexp.MustCompile(`\A[a-z0-9]{6}\.[a-z0-9]{16}\z`)
+
+// controlPlaneFiles are the only names a ticket may carry files for: a ticket never writes
+// outside the PKI directory.
+var controlPlaneFiles = pki.ControlPlaneFiles
+
+// checkTicket checks a ticket before anything of it is used. The service is attested, so
+// this guards against bugs and version skew more than against malice, but it is what keeps
+// a wrong ticket from writing outside the PKI directory or leaving the node half-joined.
+func checkTicket(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kubeletPub crypto.PublicKey) error {
+	var problems []error
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	if len(t.StateDiskKey) != statedisk.KeySize {
+		bad("state disk key has %d bytes, want %d", len(t.StateDiskKey), statedisk.KeySize)
+	}
+	if len(t.MeasurementSecret) != kms.DerivedKeySize {
+		bad("measurement secret has %d bytes, want %d", len(t.MeasurementSecret), kms.DerivedKeySize)
+	}
+	if len(t.MeasurementSalt) == 0 {
+		bad("no measurement salt")
+	}
+	if t.ApiServerEndpoint == "" {
+		bad("no API server endpoint")
+	}
+	if !tokenPattern.MatchString(t.Token) {
+		bad("bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}")
+	}
+	if !strings.HasPrefix(t.DiscoveryTokenCaCertHash, "sha256:") || len(t.DiscoveryTokenCaCertHash) != len("sha256:")+64 {
+		bad("CA discovery hash %q is not sha256:<64 hex digits>", t.DiscoveryTokenCaCertHash)
+	}
+	ca, err := pki.ParseCert(t.ClusterCaCert)
+	if err != nil {
+		bad("cluster CA: %w", err)
+	} else if got := pki.DiscoveryHash(ca); got != t.DiscoveryTokenCaCertHash {
+		bad("CA discovery hash %s does not match the cluster CA (%s)", t.DiscoveryTokenCaCertHash, got)
+	}
+	cert, err := pki.ParseCert(t.KubeletCert)
+	switch {
+	case err != nil:
+		bad("kubelet certificate: %w", err)
+	case ca == nil:
+	default:
+		pool := x509.NewCertPool()
+		pool.AddCert(ca)
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+			bad("kubelet certificate is not signed by the cluster CA: %w", err)
+		}
+		if pub, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(kubeletPub) {
+			bad("kubelet certificate is not for this node's key")
+		}
+		if cert.Subject.CommonName != "system:node:"+self.Name {
+			bad("kubelet certificate is for %q, not system:node:%s", cert.Subject.CommonName, self.Name)
+		}
+	}
+	for _, f := range t.ControlPlaneFiles {
+		if !slices.Contains(controlPlaneFiles, f.Name) {
+			bad("control-plane file %q is not one of %v", f.Name, controlPlaneFiles)
+		}
+	}
+	if self.Role != metadata.ControlPlane && len(t.ControlPlaneFiles) > 0 {
+		bad("worker ticket carries control-plane files")
+	}
+	return errors.Join(problems...)
+}
+
+func kubeletCSR(self metadata.Instance, key crypto.Signer) ([]byte, error) {
+	tmpl := &x509.CertificateRequest{
+		Subject:  pkix.Name{CommonName: "system:node:" + self.Name, Organization: []string{"system:nodes"}},
+		DNSNames: []string{self.Name},
+	}
+	for _, ip := range self.IPs {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, ip.AsSlice())
+	}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet certificate request: %w", err)
+	}
+	return csr, nil
+}
+
+// writePKI writes what the ticket brings: the cluster CA (and, for control-plane nodes, the
+// shared CA keys) into the PKI directory, and the kubelet's certificate and key.
+func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
+	files := map[string][]byte{pki.CACert: t.ClusterCaCert}
+	for _, f := range t.ControlPlaneFiles {
+		if f.Name == pki.CACert && !bytes.Equal(f.Data, t.ClusterCaCert) {
+			return errors.New("ticket carries two different cluster CA certificates")
+		}
+		files[f.Name] = f.Data
+	}
+	for name, data := range files {
+		if err := writeFile(c.cfg.PKIDir, name, data); err != nil {
+			return err
+		}
+	}
+	keyPEM, err := pki.EncodeKey(kubeletKey)
+	if err != nil {
+		return err
+	}
+	if err := writeFile(c.cfg.KubeletPKIDir, KubeletKeyFile, keyPEM); err != nil {
+		return err
+	}
+	return writeFile(c.cfg.KubeletPKIDir, KubeletCertFile, t.KubeletCert)
+}
+
+func writeFile(dir, name string, data []byte) error {
+	path := filepath.Join(dir, name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	perm := os.FileMode(0o644)
+	if strings.HasSuffix(name, ".key") {
+		perm = 0o600
+	}
+	if err := fileutil.WriteAtomic(path, data, perm); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// logWriter logs every line written to it.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			w.log.Info("kubeadm: " + line)
+		}
+	}
+	return len(p), nil
+}
