@@ -75,7 +75,7 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 		Kube:            kube.Admin, PKIDir: kube.PKIDir,
 		Platform:          joinservice.CertifiedNames{Directory: c.Directory},
 		APIServerEndpoint: kube.Host, KubernetesVersion: kubetest.Version,
-		Log:               slog.New(slog.DiscardHandler),
+		Log: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 	c.Server = grpc.NewServer(grpc.Creds(svc.Credentials()))
