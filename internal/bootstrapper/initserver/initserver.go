@@ -122,9 +122,9 @@ type Server struct {
 	cfg   Config
 	creds *atls.Credentials
 
-	running sync.Mutex // one Init at a time
-	done    chan struct{}
-	once    sync.Once
+	running  sync.Mutex // one Init at a time
+	finished chan struct{}
+	err      error // of the init that took the node lock, once finished is closed
 }
 
 // New checks cfg and returns a server.
@@ -151,7 +151,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}
-	return &Server{cfg: cfg, creds: creds, done: make(chan struct{})}, nil
+	return &Server{cfg: cfg, creds: creds, finished: make(chan struct{})}, nil
 }
 
 // Credentials are the attested-channel credentials to serve with (the node attests).
@@ -160,8 +160,19 @@ func (s *Server) Credentials() credentials.TransportCredentials { return s.creds
 // Register registers the service on g.
 func (s *Server) Register(g *grpc.Server) { initpb.RegisterInitServiceServer(g, s) }
 
-// Done is closed when an Init succeeded.
-func (s *Server) Done() <-chan struct{} { return s.done }
+// Finished is closed when an Init that took the node lock has ended; Err then tells how.
+func (s *Server) Finished() <-chan struct{} { return s.finished }
+
+// Err is the result of the Init that took the node lock (valid once Finished is closed).
+func (s *Server) Err() error {
+	<-s.finished
+	return s.err
+}
+
+func (s *Server) finish(err error) {
+	s.err = err
+	close(s.finished)
+}
 
 // Init initializes the cluster on this node (see the package documentation).
 func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitServer) error {
@@ -204,6 +215,11 @@ func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitSer
 	if errors.Is(err, nodelock.ErrLocked) || errors.Is(err, node.ErrNotFresh) {
 		return s.refuse(log, codes.FailedPrecondition, "node-taken", "this node is already part of a cluster: %v", err)
 	}
+	if err != nil && !rec.claimed {
+		// Nothing changed on the node (e.g. its storage could not be read).
+		log.Error("init failed before the node lock", "err", err)
+		return status.Errorf(codes.Internal, "init failed, node unchanged: %v", err)
+	}
 	if err != nil {
 		rec.step("init failed: %v", err)
 		log.Error("init failed", "err", err)
@@ -211,10 +227,11 @@ func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitSer
 			rec.raw(s.cfg.NodeLogs(work))
 		}
 		rec.flushLog()
+		s.finish(err)
 		return status.Errorf(codes.Internal, "init failed: %v", err)
 	}
 	log.Info("cluster initialized", "clusterID", hex.EncodeToString(clusterID), "cluster", r.clusterName)
-	s.once.Do(func() { close(s.done) })
+	s.finish(nil)
 	return rec.send(&initpb.InitResponse{Kind: &initpb.InitResponse_Success{Success: &initpb.InitSuccess{Kubeconfig: kubeconfig, ClusterId: clusterID}}})
 }
 
@@ -240,7 +257,13 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := s.cfg.Node.Claim(ctx, "init", clusterID, diskKey); err != nil {
+	err = s.cfg.Node.Claim(ctx, "init", clusterID, diskKey)
+	if errors.Is(err, nodelock.ErrLocked) || errors.Is(err, node.ErrNotFresh) {
+		return nil, nil, err
+	}
+	// Past TryLock the node is marked, whatever else failed.
+	rec.claimed = s.cfg.Node.LockHolder() != ""
+	if err != nil {
 		return nil, nil, err
 	}
 	rec.step("node lock taken: PCR 15 extended with cluster ID %s", hex.EncodeToString(clusterID))
@@ -343,6 +366,7 @@ type recorder struct {
 	mu       sync.Mutex
 	buf      bytes.Buffer
 	detached bool // the caller went away: keep working, stop sending
+	claimed  bool // the node lock was taken by this init
 }
 
 func newRecorder(stream initpb.InitService_InitServer, log *slog.Logger) *recorder {

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,7 +28,6 @@ import (
 
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/api/join/joinpb"
-	"github.com/openconstellation/constellation/internal/atls"
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
@@ -66,16 +63,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-const initSecret = "correct horse battery staple"
-
-var initSecretHash = func() []byte {
-	h, err := bcrypt.GenerateFromPassword([]byte(initSecret), bcrypt.MinCost)
-	if err != nil {
-		panic(err)
-	}
-	return h
-}()
-
 // env is one fresh control-plane node running the init server, and a CLI that verifies it.
 type env struct {
 	t        *testing.T
@@ -97,7 +84,7 @@ func newEnv(t *testing.T) *env {
 	e.node = bootstraptest.NewNode(t, "control-plane-0", ca)
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
-		Hash:     initSecretHash,
+		Hash:     bootstraptest.InitSecretHash,
 	}
 	admin, err := os.ReadFile(kube.Kubeconfig)
 	require.NoError(t, err)
@@ -148,7 +135,7 @@ func request(t *testing.T) (*initpb.InitRequest, kms.MasterSecret) {
 	return &initpb.InitRequest{
 		MasterSecret: master.Key, MasterSalt: master.Salt,
 		MeasurementSalt:   bytes.Repeat([]byte{0x42}, 32),
-		InitSecret:        []byte(initSecret),
+		InitSecret:        []byte(bootstraptest.InitSecret),
 		ClusterName:       "demo",
 		KubernetesVersion: kubetest.Version,
 		KubernetesComponents: []*joinpb.KubernetesComponent{
@@ -160,13 +147,7 @@ func request(t *testing.T) (*initpb.InitRequest, kms.MasterSecret) {
 	}, master
 }
 
-type result struct {
-	progress []string
-	log      []byte
-	success  *initpb.InitSuccess
-	err      error
-	verified *attestation.Verified
-}
+type result = bootstraptest.InitResult
 
 // call is the CLI: it verifies the node (image measurements, AK certified by the provider's
 // CA) and then sends the request.
@@ -175,61 +156,30 @@ func (e *env) call(req *initpb.InitRequest) result {
 }
 
 func (e *env) callWith(v attestation.Validator, req *initpb.InitRequest) result {
-	t := e.t
-	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
-	require.NoError(t, err)
-	conn, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(creds))
-	require.NoError(t, err)
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var res result
-	stream, err := initpb.NewInitServiceClient(conn).Init(ctx, req)
-	if err != nil {
-		res.err = err
-		return res
-	}
-	for {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return res
-		}
-		if err != nil {
-			res.err = err
-			return res
-		}
-		switch k := msg.Kind.(type) {
-		case *initpb.InitResponse_Progress:
-			res.progress = append(res.progress, k.Progress.Message)
-		case *initpb.InitResponse_Log:
-			res.log = append(res.log, k.Log.Data...)
-		case *initpb.InitResponse_Success:
-			res.success = k.Success
-		}
-	}
+	return bootstraptest.CallInit(e.t, e.addr, v, req)
 }
 
 func TestInit(t *testing.T) {
 	e := newEnv(t)
 	req, master := request(t)
 	res := e.call(req)
-	require.NoError(t, res.err)
-	require.NotNil(t, res.success)
+	require.NoError(t, res.Err)
+	require.NotNil(t, res.Success)
 
 	// The cluster ID follows DESIGN 2, and PCR 15 carries it (extended exactly once).
 	ms, err := master.MeasurementSecret()
 	require.NoError(t, err)
 	wantID, err := kms.ClusterID(ms, req.MeasurementSalt)
 	require.NoError(t, err)
-	assert.Equal(t, wantID, res.success.ClusterId)
+	assert.Equal(t, wantID, res.Success.ClusterId)
 	assert.Equal(t, kms.InitializedPCR15(wantID), e.node.PCR15(t))
 	assert.Equal(t, "init", e.node.Node.LockHolder())
 
 	// The admin kubeconfig kubeadm wrote is returned, and it works against the API server.
 	admin, err := os.ReadFile(kube.Kubeconfig)
 	require.NoError(t, err)
-	assert.Equal(t, admin, res.success.Kubeconfig)
-	restCfg, err := clientcmd.RESTConfigFromKubeConfig(res.success.Kubeconfig)
+	assert.Equal(t, admin, res.Success.Kubeconfig)
+	restCfg, err := clientcmd.RESTConfigFromKubeConfig(res.Success.Kubeconfig)
 	require.NoError(t, err)
 	client, err := kubernetes.NewForConfig(restCfg)
 	require.NoError(t, err)
@@ -270,11 +220,11 @@ func TestInit(t *testing.T) {
 	assert.Equal(t, wantConfig, e.kubeadm.Configs[0])
 
 	// Progress was streamed, kubeadm's output included, in order.
-	joined := strings.Join(res.progress, "\n")
+	joined := strings.Join(res.Progress, "\n")
 	assert.Contains(t, joined, "node lock taken: PCR 15 extended")
 	assert.Contains(t, joined, "kubeadm: [certs] Generating \"ca\" certificate and key")
 	assert.Less(t, strings.Index(joined, "node lock taken"), strings.Index(joined, "running kubeadm init"))
-	assert.Empty(t, res.log, "no log is streamed on success")
+	assert.Empty(t, res.Log, "no log is streamed on success")
 
 	// The storage is keyed with the disk key derived from its UUID; the random key is gone.
 	uuid, err := e.node.Storage.UUID()
@@ -287,19 +237,20 @@ func TestInit(t *testing.T) {
 	require.NoError(t, e.node.Storage.Lock(ctx))
 	require.NoError(t, e.node.Storage.Unlock(ctx, diskKey))
 	select {
-	case <-e.server.Done():
+	case <-e.server.Finished():
+		assert.NoError(t, e.server.Err())
 	default:
-		t.Error("Done not closed after a successful init")
+		t.Error("Finished not closed after a successful init")
 	}
 
 	// A second init is refused and changes nothing.
 	again, _ := request(t)
 	res2 := e.call(again)
-	assert.Equal(t, codes.FailedPrecondition, status.Code(res2.err))
-	assert.ErrorContains(t, res2.err, "already part of a cluster (node lock taken by init)")
+	assert.Equal(t, codes.FailedPrecondition, status.Code(res2.Err))
+	assert.ErrorContains(t, res2.Err, "already part of a cluster (node lock taken by init)")
 	assert.Equal(t, kms.InitializedPCR15(wantID), e.node.PCR15(t))
 	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
-	assert.Empty(t, res2.progress)
+	assert.Empty(t, res2.Progress)
 }
 
 // Requests refused before the node lock: no side effect at all, and a correct request
@@ -357,12 +308,12 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 			req, _ := request(t)
 			tc.mutate(req)
 			res := e.call(req)
-			assert.Equal(t, tc.code, status.Code(res.err), "%v", res.err)
+			assert.Equal(t, tc.code, status.Code(res.Err), "%v", res.Err)
 			for _, w := range tc.want {
-				assert.ErrorContains(t, res.err, w)
+				assert.ErrorContains(t, res.Err, w)
 			}
-			assert.Empty(t, res.progress)
-			assert.Empty(t, res.log, "nothing of the node's log reaches a refused caller")
+			assert.Empty(t, res.Progress)
+			assert.Empty(t, res.Log, "nothing of the node's log reaches a refused caller")
 		})
 	}
 	// Nothing happened: PCR 15 zero, lock free, storage still the fresh node's, kubeadm idle.
@@ -375,8 +326,8 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 
 	req, _ := request(t)
 	res := e.call(req)
-	require.NoError(t, res.err)
-	assert.NotNil(t, res.success)
+	require.NoError(t, res.Err)
+	assert.NotNil(t, res.Success)
 }
 
 func TestWorkerRefusesInit(t *testing.T) {
@@ -384,8 +335,8 @@ func TestWorkerRefusesInit(t *testing.T) {
 	e.meta.Instance.Role = metadata.Worker
 	req, _ := request(t)
 	res := e.call(req)
-	assert.Equal(t, codes.FailedPrecondition, status.Code(res.err))
-	assert.ErrorContains(t, res.err, "is a worker node: only control-plane nodes initialize clusters")
+	assert.Equal(t, codes.FailedPrecondition, status.Code(res.Err))
+	assert.ErrorContains(t, res.Err, "is a worker node: only control-plane nodes initialize clusters")
 	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
 }
 
@@ -399,8 +350,8 @@ func TestInitAfterJoin(t *testing.T) {
 
 	req, _ := request(t)
 	res := e.call(req)
-	assert.Equal(t, codes.FailedPrecondition, status.Code(res.err))
-	assert.ErrorContains(t, res.err, "already part of a cluster (node lock taken by join)")
+	assert.Equal(t, codes.FailedPrecondition, status.Code(res.Err))
+	assert.ErrorContains(t, res.Err, "already part of a cluster (node lock taken by join)")
 	assert.Equal(t, kms.InitializedPCR15(joinedID), e.node.PCR15(t))
 	assert.Empty(t, e.kubeadm.CallList())
 }
@@ -413,10 +364,10 @@ func TestInitFailureStreamsLogs(t *testing.T) {
 	e.kubeadm.Fail = errors.New("exit status 1")
 	req, _ := request(t)
 	res := e.call(req)
-	assert.Equal(t, codes.Internal, status.Code(res.err))
-	assert.ErrorContains(t, res.err, "init failed: kubeadm init: exit status 1")
-	assert.Nil(t, res.success)
-	log := string(res.log)
+	assert.Equal(t, codes.Internal, status.Code(res.Err))
+	assert.ErrorContains(t, res.Err, "init failed: kubeadm init: exit status 1")
+	assert.Nil(t, res.Success)
+	log := string(res.Log)
 	assert.Contains(t, log, "node lock taken: PCR 15 extended")
 	assert.Contains(t, log, "kubeadm: error execution phase wait-control-plane: timed out")
 	assert.Contains(t, log, "init failed: kubeadm init: exit status 1")
@@ -437,8 +388,8 @@ func TestCLIRefusesUnexpectedNode(t *testing.T) {
 	require.NoError(t, err)
 	req, _ := request(t)
 	res := e.callWith(v, req)
-	require.Error(t, res.err)
-	assert.Contains(t, res.err.Error(), fmt.Sprintf("PCR %d", local.PCRBootstrapper))
+	require.Error(t, res.Err)
+	assert.Contains(t, res.Err.Error(), fmt.Sprintf("PCR %d", local.PCRBootstrapper))
 	assert.Empty(t, e.kubeadm.CallList())
 	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
 }
@@ -464,10 +415,10 @@ func TestConcurrentInits(t *testing.T) {
 	wg.Wait()
 	var won []int
 	for i, r := range results {
-		if r.err == nil {
+		if r.Err == nil {
 			won = append(won, i)
 		} else {
-			assert.Equal(t, codes.FailedPrecondition, status.Code(r.err), "%v", r.err)
+			assert.Equal(t, codes.FailedPrecondition, status.Code(r.Err), "%v", r.Err)
 		}
 	}
 	require.Len(t, won, 1)

@@ -1,0 +1,73 @@
+package bootstraptest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc"
+
+	"github.com/openconstellation/constellation/api/init/initpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+)
+
+// InitSecret is the init secret test CLIs use; InitSecretHash its bcrypt hash for metadata.
+const InitSecret = "correct horse battery staple"
+
+// InitSecretHash is the bcrypt hash of InitSecret (minimum cost, for speed).
+var InitSecretHash = func() []byte {
+	h, err := bcrypt.GenerateFromPassword([]byte(InitSecret), bcrypt.MinCost)
+	if err != nil {
+		panic(err)
+	}
+	return h
+}()
+
+// InitResult is what a CLI's Init call received.
+type InitResult struct {
+	Progress []string
+	Log      []byte
+	Success  *initpb.InitSuccess
+	Err      error
+}
+
+// CallInit is the CLI side of init: it verifies the node at addr with v, sends req and
+// collects the stream.
+func CallInit(t testing.TB, addr string, v attestation.Validator, req *initpb.InitRequest) InitResult {
+	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
+	require.NoError(t, err)
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var res InitResult
+	stream, err := initpb.NewInitServiceClient(conn).Init(ctx, req)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return res
+		}
+		if err != nil {
+			res.Err = err
+			return res
+		}
+		switch k := msg.Kind.(type) {
+		case *initpb.InitResponse_Progress:
+			res.Progress = append(res.Progress, k.Progress.Message)
+		case *initpb.InitResponse_Log:
+			res.Log = append(res.Log, k.Log.Data...)
+		case *initpb.InitResponse_Success:
+			res.Success = k.Success
+		}
+	}
+}
