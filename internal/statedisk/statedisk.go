@@ -35,6 +35,11 @@ var ErrWrongKey = errors.New("the key does not unlock the state storage")
 // ErrNotCreated is returned by operations on storage that does not exist yet.
 var ErrNotCreated = errors.New("state storage not created")
 
+var (
+	_ Storage = (*Gocryptfs)(nil)
+	_ Storage = (*LUKS2)(nil)
+)
+
 // Storage is one node's encrypted state storage.
 type Storage interface {
 	// Exists reports whether the storage has been created.
