@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 )
 
 // Role is a node's role in the cluster.
@@ -78,13 +79,26 @@ type Static struct {
 	Instance  Instance
 	Endpoints []string
 	Hash      []byte
+
+	mu sync.Mutex // guards Endpoints against SetJoinEndpoints
+}
+
+// SetJoinEndpoints replaces the endpoints while the provider is in use.
+func (s *Static) SetJoinEndpoints(endpoints []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Endpoints = endpoints
 }
 
 // Self implements Provider.
 func (s *Static) Self(context.Context) (Instance, error) { return s.Instance, nil }
 
 // JoinEndpoints implements Provider.
-func (s *Static) JoinEndpoints(context.Context) ([]string, error) { return s.Endpoints, nil }
+func (s *Static) JoinEndpoints(context.Context) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.Endpoints...), nil
+}
 
 // InitSecretHash implements Provider.
 func (s *Static) InitSecretHash(context.Context) ([]byte, error) { return s.Hash, nil }

@@ -233,9 +233,7 @@ func TestJoinRetriesUntilServiceAnswers(t *testing.T) {
 	default:
 	}
 	assert.Empty(t, e.kubeadm.CallList())
-	// In the meantime a data race on Endpoints would be a test bug: Static is read only by
-	// the client goroutine after this point.
-	e.meta.Endpoints = []string{"127.0.0.1:1", e.cluster.Addr}
+	e.meta.SetJoinEndpoints([]string{"127.0.0.1:1", e.cluster.Addr})
 	require.NoError(t, <-done)
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
 }
