@@ -164,6 +164,8 @@ func TestKubeadmJoinIgnoresKubeletConfiguration(t *testing.T) {
 // Limits: dry-run join skips the TLS bootstrap and, in discovery, the second cluster-info
 // request over the pinned CA (the pin is still checked against the CA in cluster-info);
 // a control-plane join cannot be dry-run without the cluster CA keys in /etc/kubernetes/pki.
+// The dry run writes only into KUBEADM_JOIN_DRYRUN_DIR; its preflight checks only read the
+// host (their failures are ignored: Sandbox).
 func TestKubeadmInitThenJoin(t *testing.T) {
 	kube := kubetest.Start(t, kubetest.Options{})
 	startControllerManager(t, kube, "bootstrapsigner", "tokencleaner")
