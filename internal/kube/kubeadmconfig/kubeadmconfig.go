@@ -1,0 +1,496 @@
+// Package kubeadmconfig generates the kubeadm configuration files (API kubeadm.k8s.io/v1beta4)
+// the bootstrapper passes to `kubeadm init --config` on the first control-plane node and to
+// `kubeadm join --config` on every other node. It fills kubeadm's own versioned types
+// (k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4, KubeletConfiguration from
+// k8s.io/kubelet/config/v1beta1) and encodes them with an apimachinery YAML serializer, so the
+// documents carry apiVersion and kind and can only contain fields kubeadm knows. Parameters are
+// validated first; every problem is reported (errors.Join), each naming its parameter.
+//
+// # Documents
+//
+// Init returns InitConfiguration, ClusterConfiguration and KubeletConfiguration. Join returns
+// only a JoinConfiguration: `kubeadm join` ignores every other document in its config file
+// (real kubeadm v1.34.4 logs "[config] WARNING: Ignored configuration document with
+// GroupVersionKind kubelet.config.k8s.io/v1beta1, Kind=KubeletConfiguration"; `kubeadm config
+// validate` accepts such a file without even decoding that document). A joining node's kubelet
+// configuration is the cluster-wide one `kubeadm init` uploaded (ConfigMap
+// kube-system/kubelet-config), plus kubeadm's defaults and the node's CRI socket; the tests
+// check this with `kubeadm join --dry-run` against a real API server. Hence everything in
+// KubeletConfiguration here is cluster-wide: the Sandbox kubelet settings and the kubelet
+// serving-certificate paths are chosen once, in InitParams, and JoinParams has no kubelet
+// settings. (Per-node kubelet changes would need kubeadm patches; Constellation needs none.)
+//
+// KubeletConfiguration has fields without omitempty, so its zero durations appear as "0s",
+// as in kubeadm's own `kubeadm config print init-defaults`; the kubelet defaults them.
+//
+// # Decisions beyond kubeadm's defaults
+//
+// InitConfiguration:
+//   - localAPIEndpoint advertises NodeIP on port 6443; controlPlaneEndpoint defaults to that
+//     address too (see "Weak points").
+//   - nodeRegistration: name and criSocket always explicit (no hostname lookup, no CRI
+//     detection); kubeletExtraArgs node-ip=NodeIP, so the node's InternalIP is the address the
+//     platform attributes to it (and that its kubelet certificate carries); taints explicitly
+//     the control-plane NoSchedule taint (kubeadm's default, written out so it is visible).
+//   - bootstrapTokens: kubeadm cannot be told to create no token: its API defaulting turns a
+//     missing or empty list into one default token (valid 24 h, printed in the join command).
+//     Constellation's join service issues its own short-lived tokens, so that token must be
+//     useless. Init configures exactly one token with a TTL of one second (InitTokenTTL):
+//     kubeadm still generates its random value and creates its Secret together with the
+//     bootstrap RBAC rules and the cluster-info ConfigMap the join tokens need, but the API
+//     server stops accepting the token a second later and the controller manager's token
+//     cleaner deletes it. An expiry in the past (expires) would close even that second, but
+//     kubeadm rejects it: its defaulting always sets ttl, and ttl and expires are mutually
+//     exclusive. Skipping the bootstrap-token phase would also skip the RBAC rules and
+//     cluster-info.
+//   - skipPhases: none. kube-proxy stays: the local provider's CNI (bridge + host-local) has no
+//     service implementation of its own, so Services need kube-proxy.
+//
+// ClusterConfiguration:
+//   - encryptionAlgorithm ECDSA-P256: the certificates kubeadm creates match the ECDSA P-256
+//     CAs of internal/pki (kubeadm's default is RSA-2048).
+//   - apiServer.extraArgs profiling=false (no /debug/pprof on the API server). With
+//     KubeletServingCert also kubelet-certificate-authority=<certificatesDir>/ca.crt: the API
+//     server then verifies kubelet serving certificates (for logs, exec, port-forward), which
+//     kubeadm leaves unverified because kubelets sign their own by default.
+//   - controllerManager and scheduler extraArgs profiling=false and bind-address=127.0.0.1
+//     (kubeadm's default address, written out so that it is checked: their metrics and health
+//     endpoints stay off the node network).
+//   - etcd local, dataDir /var/lib/etcd (kubeadm's default, explicit because it must be on
+//     the encrypted state storage); certificatesDir /etc/kubernetes/pki (explicit, because the
+//     bootstrapper writes the cluster CAs there beforehand and kubelet-certificate-authority
+//     names a file in it).
+//   - networking: serviceSubnet required, podSubnet optional (with it, kubeadm lets the
+//     controller manager allocate node pod CIDRs); dnsDomain kubeadm's default.
+//   - apiServer.certSANs: the extra names only; kubeadm adds the advertise address, the
+//     control-plane endpoint's host and the in-cluster names itself.
+//   - no audit policy, no encryption-at-rest configuration: etcd's data lives on the node's
+//     encrypted state storage.
+//
+// KubeletConfiguration (all explicit, most equal to what kubeadm would set):
+//   - authentication: anonymous disabled, webhook enabled, x509 client CA <certificatesDir>/ca.crt;
+//     authorization mode Webhook; readOnlyPort 0; rotateCertificates true (client certificate);
+//     serverTLSBootstrap false: kubeadm approves no kubelet-serving CSRs, so with it kubelets
+//     would have no serving certificate at all.
+//   - KubeletServingCert: tlsCertFile /var/lib/kubelet/pki/kubelet.crt and tlsPrivateKeyFile
+//     /var/lib/kubelet/pki/kubelet.key (KubeletCertFile, KubeletKeyFile), which the
+//     bootstrapper must write on every node (the first one included) before kubeadm starts the
+//     kubelet, which does not start without them: the certificate signed by the cluster CA for
+//     the node's name and IPs, NodeIP among them, because the API server dials the node's
+//     InternalIP first (internal/kube/kubeletcsr issues such certificates). Without
+//     KubeletServingCert, each kubelet signs its own serving certificate.
+//   - protectKernelDefaults is not set: it makes the kubelet refuse to start unless the kernel
+//     has the sysctls it would set, which a local sandbox (shared host kernel) cannot promise.
+//
+// Sandbox (the local provider's nodes, see platform facts: kubeadm init in a network and
+// mount namespace) switches on exactly what that needs, and nothing else:
+// nodeRegistration.ignorePreflightErrors [all] (swap, cgroups v1, kernel modules and
+// hostname checks of a shared host kernel), imagePullPolicy Never (control-plane images are
+// imported into containerd, there is no registry), KubeletConfiguration cgroupDriver cgroupfs
+// (no systemd in the sandbox; kubeadm's default is systemd) and failSwapOn false.
+//
+// # Weak points
+//
+//   - A control-plane endpoint that defaults to the first node's address is a single point of
+//     failure: other control-plane nodes can join (kubeadm requires a controlPlaneEndpoint for
+//     that), but every kubeconfig points at the first node. Providers with a load balancer or
+//     virtual IP should set ControlPlaneEndpoint.
+//   - kubeadm init's own bootstrap token is valid for up to a second (see above).
+//   - Sandbox ignores every preflight error, real problems included; they surface later.
+//   - Single-stack only: ServiceCIDR and PodCIDR are one prefix each, in NodeIP's family.
+package kubeadmconfig
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	"k8s.io/apimachinery/pkg/util/validation"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
+	kubeadmv1beta4 "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
+	kubeadmconstants "k8s.io/kubernetes/cmd/kubeadm/app/constants"
+	"k8s.io/utils/ptr"
+)
+
+// APIServerPort is the port every control-plane node's API server listens on and advertises.
+const APIServerPort = 6443
+
+// Paths on the node.
+const (
+	// CertificatesDir holds the cluster PKI in kubeadm's layout (kubeadm's default).
+	CertificatesDir = kubeadmv1beta4.DefaultCertificatesDir
+	// EtcdDataDir is the local etcd member's data (kubeadm's default).
+	EtcdDataDir = kubeadmv1beta4.DefaultEtcdDataDir
+	// KubeletCertFile and KubeletKeyFile are the kubelet's serving certificate and key when
+	// InitParams.KubeletServingCert is set.
+	KubeletCertFile = "/var/lib/kubelet/pki/kubelet.crt"
+	KubeletKeyFile  = "/var/lib/kubelet/pki/kubelet.key"
+)
+
+// InitTokenTTL is the lifetime of the one bootstrap token `kubeadm init` insists on creating
+// and Constellation does not use (see the package documentation).
+const InitTokenTTL = time.Second
+
+// InitParams configure `kubeadm init` on the first control-plane node.
+type InitParams struct {
+	// NodeName is the Kubernetes node name (required, a DNS-1123 subdomain).
+	NodeName string
+	// NodeIP is the node's address: the API server's advertise address and the kubelet's
+	// node IP (required, global unicast: not loopback, link-local, multicast or unspecified;
+	// private ranges are fine).
+	NodeIP netip.Addr
+	// ClusterName names the cluster in kubeconfigs (optional, kubeadm's default "kubernetes").
+	ClusterName string
+	// KubernetesVersion is the control plane's version, "v1.<minor>.<patch>" (required).
+	KubernetesVersion string
+	// ControlPlaneEndpoint is the stable host:port of the API servers (optional, default
+	// NodeIP:APIServerPort).
+	ControlPlaneEndpoint string
+	// APIServerCertSANs are extra IPs and DNS names of the API server certificate (optional).
+	APIServerCertSANs []string
+	// ServiceCIDR is the Service IP range (required, same IP family as NodeIP, /12 to /28
+	// for IPv4, /108 to /124 for IPv6).
+	ServiceCIDR netip.Prefix
+	// PodCIDR is the pod IP range split into per-node /24 (IPv4) or /64 (IPv6) ranges
+	// (optional; same family as NodeIP, disjoint from ServiceCIDR).
+	PodCIDR netip.Prefix
+	// CRISocket is the container runtime's endpoint, "unix:///<path>" (required).
+	CRISocket string
+	// ImageRepository is where the control-plane images come from (optional, kubeadm's
+	// default registry.k8s.io).
+	ImageRepository string
+	// Sandbox configures a local-provider node (see the package documentation).
+	Sandbox bool
+	// KubeletServingCert makes every kubelet serve KubeletCertFile/KubeletKeyFile (signed by
+	// the cluster CA) and the API server verify them (see the package documentation).
+	KubeletServingCert bool
+}
+
+// JoinParams configure `kubeadm join` on every other node.
+type JoinParams struct {
+	// NodeName, NodeIP and CRISocket as in InitParams.
+	NodeName  string
+	NodeIP    netip.Addr
+	CRISocket string
+	// APIServerEndpoint is the host:port to discover the cluster at (required).
+	APIServerEndpoint string
+	// Token is the bootstrap token "<id>.<secret>" (required).
+	Token string
+	// CACertHashes pin the cluster CA: "sha256:<64 hex digits>" (at least one).
+	CACertHashes []string
+	// ControlPlane joins the node as a control-plane node advertising NodeIP:APIServerPort.
+	// The bootstrapper has written the shared CA keys (pki.ControlPlaneFiles) beforehand, so
+	// no certificate key is needed.
+	ControlPlane bool
+	// Sandbox configures a local-provider node (see the package documentation).
+	Sandbox bool
+}
+
+// Init returns the configuration file for `kubeadm init`: InitConfiguration,
+// ClusterConfiguration and KubeletConfiguration.
+func Init(p InitParams) ([]byte, error) {
+	if err := p.validate(); err != nil {
+		return nil, fmt.Errorf("invalid kubeadm init parameters: %w", err)
+	}
+	nodeIP := p.NodeIP.Unmap()
+	endpoint := p.ControlPlaneEndpoint
+	if endpoint == "" {
+		endpoint = netip.AddrPortFrom(nodeIP, APIServerPort).String()
+	}
+
+	initCfg := &kubeadmv1beta4.InitConfiguration{
+		BootstrapTokens: []bootstraptokenv1.BootstrapToken{{
+			Description: "unused, created by kubeadm init; Constellation's join service issues join tokens",
+			TTL:         &metav1.Duration{Duration: InitTokenTTL},
+		}},
+		NodeRegistration: nodeRegistration(p.NodeName, nodeIP, p.CRISocket, p.Sandbox, true),
+		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: nodeIP.String(), BindPort: APIServerPort},
+	}
+
+	apiServerArgs := []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}
+	if p.KubeletServingCert {
+		apiServerArgs = append(apiServerArgs, kubeadmv1beta4.Arg{Name: "kubelet-certificate-authority", Value: path.Join(CertificatesDir, kubeadmconstants.CACertName)})
+	}
+	localComponentArgs := func() []kubeadmv1beta4.Arg {
+		return []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}, {Name: "bind-address", Value: "127.0.0.1"}}
+	}
+	clusterCfg := &kubeadmv1beta4.ClusterConfiguration{
+		Etcd: kubeadmv1beta4.Etcd{Local: &kubeadmv1beta4.LocalEtcd{DataDir: EtcdDataDir}},
+		Networking: kubeadmv1beta4.Networking{
+			ServiceSubnet: p.ServiceCIDR.String(),
+		},
+		KubernetesVersion:    p.KubernetesVersion,
+		ControlPlaneEndpoint: endpoint,
+		APIServer: kubeadmv1beta4.APIServer{
+			ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: apiServerArgs},
+			CertSANs:              p.APIServerCertSANs,
+		},
+		ControllerManager:   kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: localComponentArgs()},
+		Scheduler:           kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: localComponentArgs()},
+		CertificatesDir:     CertificatesDir,
+		ImageRepository:     p.ImageRepository,
+		ClusterName:         p.ClusterName,
+		EncryptionAlgorithm: kubeadmv1beta4.EncryptionAlgorithmECDSAP256,
+	}
+	if p.PodCIDR.IsValid() {
+		clusterCfg.Networking.PodSubnet = p.PodCIDR.String()
+	}
+
+	kubeletCfg := &kubeletv1beta1.KubeletConfiguration{
+		Authentication: kubeletv1beta1.KubeletAuthentication{
+			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: path.Join(CertificatesDir, kubeadmconstants.CACertName)},
+			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(true)},
+			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
+		},
+		Authorization:      kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook},
+		ReadOnlyPort:       0,
+		RotateCertificates: true,
+		ServerTLSBootstrap: false,
+	}
+	if p.KubeletServingCert {
+		kubeletCfg.TLSCertFile = KubeletCertFile
+		kubeletCfg.TLSPrivateKeyFile = KubeletKeyFile
+	}
+	if p.Sandbox {
+		kubeletCfg.CgroupDriver = "cgroupfs"
+		kubeletCfg.FailSwapOn = ptr.To(false)
+	}
+
+	return encode(initCfg, clusterCfg, kubeletCfg)
+}
+
+// Join returns the configuration file for `kubeadm join`: a JoinConfiguration. The kubelet's
+// configuration comes from the cluster (see the package documentation).
+func Join(p JoinParams) ([]byte, error) {
+	if err := p.validate(); err != nil {
+		return nil, fmt.Errorf("invalid kubeadm join parameters: %w", err)
+	}
+	nodeIP := p.NodeIP.Unmap()
+	joinCfg := &kubeadmv1beta4.JoinConfiguration{
+		NodeRegistration: nodeRegistration(p.NodeName, nodeIP, p.CRISocket, p.Sandbox, p.ControlPlane),
+		Discovery: kubeadmv1beta4.Discovery{
+			BootstrapToken: &kubeadmv1beta4.BootstrapTokenDiscovery{
+				Token:             p.Token,
+				APIServerEndpoint: p.APIServerEndpoint,
+				CACertHashes:      p.CACertHashes,
+			},
+			TLSBootstrapToken: p.Token,
+		},
+	}
+	if p.ControlPlane {
+		joinCfg.ControlPlane = &kubeadmv1beta4.JoinControlPlane{
+			LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: nodeIP.String(), BindPort: APIServerPort},
+		}
+	}
+	return encode(joinCfg)
+}
+
+func nodeRegistration(name string, nodeIP netip.Addr, criSocket string, sandbox, controlPlane bool) kubeadmv1beta4.NodeRegistrationOptions {
+	nr := kubeadmv1beta4.NodeRegistrationOptions{
+		Name:             name,
+		CRISocket:        criSocket,
+		KubeletExtraArgs: []kubeadmv1beta4.Arg{{Name: "node-ip", Value: nodeIP.String()}},
+		// Explicit either way: kubeadm's default for a nil list depends on the node's role.
+		Taints: []corev1.Taint{},
+	}
+	if controlPlane {
+		nr.Taints = []corev1.Taint{kubeadmconstants.ControlPlaneTaint}
+	}
+	if sandbox {
+		nr.IgnorePreflightErrors = []string{"all"}
+		nr.ImagePullPolicy = corev1.PullNever
+	}
+	return nr
+}
+
+// scheme knows the versioned types this package writes.
+var scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{kubeadmv1beta4.AddToScheme, kubeletv1beta1.AddToScheme} {
+		if err := add(s); err != nil {
+			panic(fmt.Sprintf("registering kubeadm configuration types: %v", err))
+		}
+	}
+	return s
+}()
+
+// encode writes objs as one multi-document YAML file, each with its apiVersion and kind.
+func encode(objs ...runtime.Object) ([]byte, error) {
+	yamlSerializer := serializerjson.NewSerializerWithOptions(serializerjson.DefaultMetaFactory, scheme, scheme, serializerjson.SerializerOptions{Yaml: true})
+	codecs := serializer.NewCodecFactory(scheme)
+	var out bytes.Buffer
+	for i, obj := range objs {
+		gvks, _, err := scheme.ObjectKinds(obj)
+		if err != nil {
+			return nil, fmt.Errorf("encoding kubeadm configuration: %w", err)
+		}
+		if i > 0 {
+			out.WriteString("---\n")
+		}
+		if err := codecs.EncoderForVersion(yamlSerializer, gvks[0].GroupVersion()).Encode(obj, &out); err != nil {
+			return nil, fmt.Errorf("encoding %s: %w", gvks[0].Kind, err)
+		}
+	}
+	return out.Bytes(), nil
+}
+
+// Validation.
+
+var (
+	versionPattern = regexp.MustCompile(`^v1\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$`)
+	tokenPattern   = regexp.MustCompile(bootstrapapi.BootstrapTokenPattern)
+	hashPattern    = regexp.MustCompile(`^sha256:[0-9a-fA-F]{64}$`)
+)
+
+func (p InitParams) validate() error {
+	var errs []error
+	errs = append(errs, validateNode(p.NodeName, p.NodeIP, p.CRISocket)...)
+	if p.ClusterName != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(p.ClusterName) {
+			errs = append(errs, fmt.Errorf("ClusterName %q: %s", p.ClusterName, msg))
+		}
+	}
+	if !versionPattern.MatchString(p.KubernetesVersion) {
+		errs = append(errs, fmt.Errorf("KubernetesVersion %q: want v1.<minor>.<patch>", p.KubernetesVersion))
+	}
+	if p.ControlPlaneEndpoint != "" {
+		if err := validateHostPort(p.ControlPlaneEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("ControlPlaneEndpoint: %w", err))
+		}
+	}
+	for _, san := range p.APIServerCertSANs {
+		if _, err := netip.ParseAddr(san); err == nil {
+			continue
+		}
+		if len(validation.IsDNS1123Subdomain(san)) > 0 && len(validation.IsWildcardDNS1123Subdomain(san)) > 0 {
+			errs = append(errs, fmt.Errorf("APIServerCertSANs: %q is neither an IP address nor a DNS name", san))
+		}
+	}
+
+	// Networks: single stack, in the node's IP family.
+	if err := validatePrefix(p.ServiceCIDR, p.NodeIP, true); err != nil {
+		errs = append(errs, fmt.Errorf("ServiceCIDR: %w", err))
+	} else if host := p.ServiceCIDR.Addr().BitLen() - p.ServiceCIDR.Bits(); host > kubeadmconstants.MaximumBitsForServiceSubnet || host < 4 {
+		errs = append(errs, fmt.Errorf("ServiceCIDR %s: %d host bits, want 4 to %d", p.ServiceCIDR, host, kubeadmconstants.MaximumBitsForServiceSubnet))
+	}
+	if p.PodCIDR != (netip.Prefix{}) {
+		if err := validatePrefix(p.PodCIDR, p.NodeIP, false); err != nil {
+			errs = append(errs, fmt.Errorf("PodCIDR: %w", err))
+		} else {
+			// The controller manager gives every node a /24 (IPv4) or /64 (IPv6) and allows
+			// at most 2^16 node ranges.
+			nodeBits := 24
+			if p.PodCIDR.Addr().Is6() {
+				nodeBits = 64
+			}
+			if bits := p.PodCIDR.Bits(); bits > nodeBits || nodeBits-bits > kubeadmconstants.PodSubnetNodeMaskMaxDiff {
+				errs = append(errs, fmt.Errorf("PodCIDR %s: prefix length must be %d to %d (per-node ranges are /%d)", p.PodCIDR, nodeBits-kubeadmconstants.PodSubnetNodeMaskMaxDiff, nodeBits, nodeBits))
+			}
+			if p.ServiceCIDR.IsValid() && p.PodCIDR.Overlaps(p.ServiceCIDR) {
+				errs = append(errs, fmt.Errorf("PodCIDR %s overlaps ServiceCIDR %s", p.PodCIDR, p.ServiceCIDR))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p JoinParams) validate() error {
+	var errs []error
+	errs = append(errs, validateNode(p.NodeName, p.NodeIP, p.CRISocket)...)
+	if p.APIServerEndpoint == "" {
+		errs = append(errs, errors.New("APIServerEndpoint: required"))
+	} else if err := validateHostPort(p.APIServerEndpoint); err != nil {
+		errs = append(errs, fmt.Errorf("APIServerEndpoint: %w", err))
+	}
+	if !tokenPattern.MatchString(p.Token) {
+		// The token is a secret: never in an error message.
+		//lint:ignore ST1005 errors start with the parameter's name
+		errs = append(errs, errors.New("Token: want <6 of [a-z0-9]>.<16 of [a-z0-9]>"))
+	}
+	if len(p.CACertHashes) == 0 {
+		errs = append(errs, errors.New("CACertHashes: at least one required"))
+	}
+	for _, h := range p.CACertHashes {
+		if !hashPattern.MatchString(h) {
+			errs = append(errs, fmt.Errorf("CACertHashes: %q is not sha256:<64 hex digits>", h))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validateNode(name string, ip netip.Addr, criSocket string) []error {
+	var errs []error
+	if name == "" {
+		errs = append(errs, errors.New("NodeName: required"))
+	} else {
+		for _, msg := range validation.IsDNS1123Subdomain(name) {
+			errs = append(errs, fmt.Errorf("NodeName %q: %s", name, msg))
+		}
+	}
+	switch {
+	case !ip.IsValid():
+		errs = append(errs, errors.New("NodeIP: required"))
+	case ip.Zone() != "":
+		errs = append(errs, fmt.Errorf("NodeIP %s: has a zone", ip))
+	case !ip.IsGlobalUnicast():
+		// As kubeadm requires of an advertise address; private ranges are fine.
+		errs = append(errs, fmt.Errorf("NodeIP %s: not a global unicast address", ip))
+	}
+	if sock, ok := strings.CutPrefix(criSocket, "unix://"); !ok || !path.IsAbs(sock) || path.Clean(sock) != sock {
+		errs = append(errs, fmt.Errorf("CRISocket %q: want unix://<absolute path>", criSocket))
+	}
+	return errs
+}
+
+// validatePrefix checks that p is a valid, masked prefix of nodeIP's family; required tells
+// whether a missing p is an error.
+func validatePrefix(p netip.Prefix, nodeIP netip.Addr, required bool) error {
+	if p == (netip.Prefix{}) && required {
+		return errors.New("required")
+	}
+	if !p.IsValid() {
+		return fmt.Errorf("invalid prefix %s", p)
+	}
+	if p.Masked() != p {
+		return fmt.Errorf("%s has host bits set (network is %s)", p, p.Masked())
+	}
+	if p.Addr().Is4In6() {
+		return fmt.Errorf("%s is an IPv4-mapped IPv6 prefix", p)
+	}
+	if nodeIP.IsValid() && p.Addr().Is4() != nodeIP.Unmap().Is4() {
+		return fmt.Errorf("%s is not in NodeIP's IP family", p)
+	}
+	return nil
+}
+
+// validateHostPort checks a "host:port" with a non-empty host and a port from 1 to 65535.
+func validateHostPort(hostport string) error {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return fmt.Errorf("want host:port: %w", err)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", hostport)
+	}
+	if _, err := netip.ParseAddr(host); err != nil && len(validation.IsDNS1123Subdomain(host)) > 0 {
+		return fmt.Errorf("host %q is neither an IP address nor a DNS name", host)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
+}
