@@ -103,6 +103,7 @@ func (e *env) build() {
 		Node: e.node.Node, Metadata: e.meta, Issuer: issuer, Kubeadm: e.kubeadm,
 		KubeadmConfig:   func(p initserver.InitParams) ([]byte, error) { return json.Marshal(p) },
 		AdminKubeconfig: e.kubeadm.AdminKubeconfigPath,
+		PKIDir:          filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
 	})
 	require.NoError(t, err)
 	own, err := e.node.TPM.ReadPCRs()

@@ -38,6 +38,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -58,7 +60,10 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
 )
 
@@ -91,6 +96,32 @@ type InitParams struct {
 	PodCIDR           netip.Prefix // invalid: none
 }
 
+// DefaultServiceCIDR is the service network when the request names none (kubeadm's).
+var DefaultServiceCIDR = netip.MustParsePrefix("10.96.0.0/12")
+
+// KubeadmConfig returns the KubeadmConfigFunc of a node image with settings s: kubeadm's
+// v1beta4 configuration (internal/kube/kubeadmconfig), with kubelet serving certificates
+// signed by the cluster CA (the init server writes the first node's).
+func KubeadmConfig(s kubeadmconfig.NodeSettings) KubeadmConfigFunc {
+	return func(p InitParams) ([]byte, error) {
+		service := p.ServiceCIDR
+		if !service.IsValid() {
+			service = DefaultServiceCIDR
+		}
+		var nodeIP netip.Addr
+		if len(p.Self.IPs) > 0 {
+			nodeIP = p.Self.IPs[0]
+		}
+		return kubeadmconfig.Init(kubeadmconfig.InitParams{
+			NodeName: p.Self.Name, NodeIP: nodeIP, ClusterName: p.ClusterName,
+			KubernetesVersion: p.KubernetesVersion, APIServerCertSANs: p.APIServerCertSANs,
+			ServiceCIDR: service, PodCIDR: p.PodCIDR,
+			CRISocket: s.CRISocket, ImageRepository: s.ImageRepository, Sandbox: s.Sandbox,
+			KubeletServingCert: true,
+		})
+	}
+}
+
 // Config configures the init server.
 type Config struct {
 	// Node is the node's lock and state storage, opened fresh.
@@ -107,6 +138,11 @@ type Config struct {
 	// AdminKubeconfig is where kubeadm writes the admin kubeconfig
 	// (/etc/kubernetes/admin.conf).
 	AdminKubeconfig string
+	// PKIDir is kubeadm's certificates directory (/etc/kubernetes/pki): the init server
+	// creates the cluster CAs there before kubeadm runs (kubeadm uses existing CAs), so it
+	// can sign the first kubelet's serving certificate, which it writes to KubeletPKIDir
+	// (/var/lib/kubelet/pki), as the join client does on every other node.
+	PKIDir, KubeletPKIDir string
 	// NodeLogs, when set, adds the node's other logs (kubelet, containerd) to the log
 	// streamed on failure.
 	NodeLogs func(ctx context.Context) []byte
@@ -133,12 +169,14 @@ func New(cfg Config) (*Server, error) {
 	for name, v := range map[string]bool{
 		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Issuer": cfg.Issuer == nil,
 		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "AdminKubeconfig": cfg.AdminKubeconfig == "",
+		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
 	} {
 		if v {
 			missing = append(missing, name)
 		}
 	}
 	if len(missing) > 0 {
+		slices.Sort(missing)
 		return nil, fmt.Errorf("init server: missing %s", strings.Join(missing, ", "))
 	}
 	if cfg.InitTimeout <= 0 {
@@ -269,6 +307,11 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	rec.step("node lock taken: PCR 15 extended with cluster ID %s", hex.EncodeToString(clusterID))
 	rec.step("state storage %s re-keyed to the derived disk key, marked initialized and unlocked", diskUUID)
 
+	if err := s.writePKI(self); err != nil {
+		return nil, nil, err
+	}
+	rec.step("cluster CAs created in %s; kubelet serving certificate issued", s.cfg.PKIDir)
+
 	config, err := s.cfg.KubeadmConfig(InitParams{
 		Self: self, ClusterName: r.clusterName, KubernetesVersion: r.version,
 		APIServerCertSANs: r.sans, ServiceCIDR: r.serviceCIDR, PodCIDR: r.podCIDR,
@@ -289,6 +332,41 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	}
 	rec.step("cluster recorded in %s/%s and %s/%s", RecordNamespace, ClusterConfigMapName, RecordNamespace, MasterSecretSecretName)
 	return kubeconfig, clusterID, nil
+}
+
+// writePKI creates the cluster's CAs and the first kubelet's serving certificate.
+func (s *Server) writePKI(self metadata.Instance) error {
+	now := time.Now()
+	cluster, err := pki.NewCluster(now)
+	if err != nil {
+		return fmt.Errorf("creating the cluster CAs: %w", err)
+	}
+	if err := cluster.Write(s.cfg.PKIDir); err != nil {
+		return fmt.Errorf("writing the cluster CAs: %w", err)
+	}
+	leaf := pki.Leaf{
+		CommonName: "system:node:" + self.Name, Organizations: []string{"system:nodes"},
+		DNSNames: []string{self.Name}, Server: true,
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(kubeletcsr.Validity),
+	}
+	for _, ip := range self.IPs {
+		leaf.IPs = append(leaf.IPs, ip.AsSlice())
+	}
+	cert, key, err := cluster.CA.NewLeaf(leaf)
+	if err != nil {
+		return fmt.Errorf("issuing the kubelet serving certificate: %w", err)
+	}
+	keyPEM, err := pki.EncodeKey(key)
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFile(s.cfg.KubeletPKIDir, filepath.Base(kubeadmconfig.KubeletKeyFile), keyPEM); err != nil {
+		return fmt.Errorf("writing the kubelet key: %w", err)
+	}
+	if err := pki.WriteFile(s.cfg.KubeletPKIDir, filepath.Base(kubeadmconfig.KubeletCertFile), pki.EncodeCert(cert)); err != nil {
+		return fmt.Errorf("writing the kubelet certificate: %w", err)
+	}
+	return nil
 }
 
 // ClusterRecord is the public part of what init records in ConfigMap

@@ -3,6 +3,7 @@ package initserver_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -35,8 +36,10 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 )
@@ -65,22 +68,25 @@ func TestMain(m *testing.M) {
 
 // env is one fresh control-plane node running the init server, and a CLI that verifies it.
 type env struct {
-	t        *testing.T
-	ca       *akca.CA
-	node     *bootstraptest.Node
-	meta     *metadata.Static
-	kubeadm  *bootstraptest.Kubeadm
-	server   *initserver.Server
-	addr     string
-	paramsMu sync.Mutex
-	params   []initserver.InitParams
+	t                     *testing.T
+	ca                    *akca.CA
+	node                  *bootstraptest.Node
+	meta                  *metadata.Static
+	kubeadm               *bootstraptest.Kubeadm
+	server                *initserver.Server
+	addr                  string
+	paramsMu              sync.Mutex
+	params                []initserver.InitParams
+	pkiDir, kubeletPKIDir string
 }
+
+var settings = kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true}
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
-	e := &env{t: t, ca: ca}
+	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki")}
 	e.node = bootstraptest.NewNode(t, "control-plane-0", ca)
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
@@ -106,8 +112,9 @@ func (e *env) start() {
 			e.paramsMu.Lock()
 			defer e.paramsMu.Unlock()
 			e.params = append(e.params, p)
-			return json.Marshal(p)
+			return initserver.KubeadmConfig(settings)(p)
 		},
+		PKIDir: e.pkiDir, KubeletPKIDir: e.kubeletPKIDir,
 		KubernetesVersion: kubetest.Version,
 		AdminKubeconfig:   e.kubeadm.AdminKubeconfigPath,
 		NodeLogs:          func(context.Context) []byte { return []byte("kubelet: node log line\n") },
@@ -215,9 +222,31 @@ func TestInit(t *testing.T) {
 		APIServerCertSANs: []string{"demo.example.com", "192.0.2.10"},
 		ServiceCIDR:       netip.MustParsePrefix("10.96.0.0/12"), PodCIDR: netip.MustParsePrefix("10.244.0.0/16"),
 	}, e.params[0])
-	wantConfig, err := json.Marshal(e.params[0])
+	wantConfig, err := initserver.KubeadmConfig(settings)(e.params[0])
 	require.NoError(t, err)
-	assert.Equal(t, wantConfig, e.kubeadm.Configs[0])
+	assert.Equal(t, string(wantConfig), string(e.kubeadm.Configs[0]))
+	for _, want := range []string{"name: control-plane-0", "advertiseAddress: 10.42.0.2", "- demo.example.com", "podSubnet: 10.244.0.0/16", "serviceSubnet: 10.96.0.0/12", "clusterName: demo", "kubernetesVersion: " + kubetest.Version} {
+		assert.Contains(t, string(e.kubeadm.Configs[0]), want)
+	}
+
+	// The cluster CAs were created before kubeadm ran (kubeadm uses them), and the first
+	// kubelet's serving certificate is signed by the cluster CA for the node's name and IP.
+	ca, err := pki.LoadCA(filepath.Join(e.pkiDir, pki.CACert), filepath.Join(e.pkiDir, pki.CAKey))
+	require.NoError(t, err)
+	for _, f := range pki.ControlPlaneFiles {
+		assert.FileExists(t, filepath.Join(e.pkiDir, f))
+	}
+	certPEM, err := os.ReadFile(filepath.Join(e.kubeletPKIDir, "kubelet.crt"))
+	require.NoError(t, err)
+	kubeletCert, err := pki.ParseCert(certPEM)
+	require.NoError(t, err)
+	_, err = kubeletCert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:control-plane-0", kubeletCert.Subject.CommonName)
+	assert.Equal(t, "10.42.0.2", kubeletCert.IPAddresses[0].String())
+	info, err := os.Stat(filepath.Join(e.kubeletPKIDir, "kubelet.key"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 
 	// Progress was streamed, kubeadm's output included, in order.
 	joined := strings.Join(res.Progress, "\n")

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -32,6 +33,7 @@ import (
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
@@ -39,9 +41,9 @@ import (
 
 // Files the join client writes for the kubelet: its serving certificate, signed by the
 // cluster CA from the node's CSR, and the key that never left the node.
-const (
-	KubeletCertFile = "kubelet.crt"
-	KubeletKeyFile  = "kubelet.key"
+var (
+	KubeletCertFile = filepath.Base(kubeadmconfig.KubeletCertFile)
+	KubeletKeyFile  = filepath.Base(kubeadmconfig.KubeletKeyFile)
 )
 
 // DefaultAttemptTimeout bounds one call to one join service.
@@ -73,6 +75,22 @@ type JoinParams struct {
 	CACertHashes      []string
 	ControlPlane      bool
 	KubernetesVersion string
+}
+
+// KubeadmConfig returns the join configuration builder of a node image with settings s
+// (internal/kube/kubeadmconfig).
+func KubeadmConfig(s kubeadmconfig.NodeSettings) func(JoinParams) ([]byte, error) {
+	return func(p JoinParams) ([]byte, error) {
+		var nodeIP netip.Addr
+		if len(p.Self.IPs) > 0 {
+			nodeIP = p.Self.IPs[0]
+		}
+		return kubeadmconfig.Join(kubeadmconfig.JoinParams{
+			NodeName: p.Self.Name, NodeIP: nodeIP, CRISocket: s.CRISocket,
+			APIServerEndpoint: p.APIServerEndpoint, Token: p.Token, CACertHashes: p.CACertHashes,
+			ControlPlane: p.ControlPlane, Sandbox: s.Sandbox,
+		})
+	}
 }
 
 // Config configures the join client.

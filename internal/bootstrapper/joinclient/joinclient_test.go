@@ -3,7 +3,6 @@ package joinclient_test
 import (
 	"context"
 	"crypto"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -21,6 +20,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -92,7 +92,7 @@ func (e *env) newClient() {
 		Kubeadm: e.kubeadm, Kubelet: e.kubelet,
 		KubeadmConfig: func(p joinclient.JoinParams) ([]byte, error) {
 			e.params = append(e.params, p)
-			return json.Marshal(p)
+			return joinclient.KubeadmConfig(kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true})(p)
 		},
 		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir,
 		Backoff: fastBackoff,
@@ -171,6 +171,11 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	assert.Regexp(t, `^[a-z0-9]{6}\.[a-z0-9]{16}$`, p.Token)
 	assert.False(t, p.ControlPlane)
 	assert.Equal(t, kubetest.Version, p.KubernetesVersion)
+	config := string(e.kubeadm.Configs[0])
+	for _, want := range []string{"kind: JoinConfiguration", "name: node-1", "apiServerEndpoint: " + kube.Host, "token: " + p.Token, "- " + p.CACertHashes[0], "node-ip"} {
+		assert.Contains(t, config, want)
+	}
+	assert.NotContains(t, config, "controlPlane:")
 
 	// Reboot: PCR 15 resets, the storage is locked. The node re-enters with a rejoin
 	// ticket: PCR 15 extended again with the same cluster ID, storage unlocked with the

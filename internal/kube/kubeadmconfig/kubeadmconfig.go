@@ -494,3 +494,12 @@ func validateHostPort(hostport string) error {
 	}
 	return nil
 }
+
+// NodeSettings are what a node image fixes for kubeadm, the same on every node: the container
+// runtime's socket, where control-plane images come from, and whether the node is a local
+// sandbox. The bootstrapper combines them with the init request or join ticket.
+type NodeSettings struct {
+	CRISocket       string
+	ImageRepository string
+	Sandbox         bool
+}
