@@ -1,0 +1,96 @@
+package kubeadm_test
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/kube/kubeadm"
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/pki"
+)
+
+// runner runs the real kubeadm in dry-run mode, with its dry-run directory (where it
+// writes certificates, kubeconfigs and manifests instead of /etc/kubernetes) in a temporary
+// directory, so the host is not touched.
+func runner(t *testing.T) (kubeadm.Runner, string) {
+	bin, err := kubetest.Binary("kubeadm")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	return kubeadm.Runner{Binary: bin, DryRun: true, Env: []string{"KUBEADM_INIT_DRYRUN_DIR=" + dir}}, dir
+}
+
+func initConfig(t *testing.T) []byte {
+	cfg, err := kubeadmconfig.Init(kubeadmconfig.InitParams{
+		NodeName: "control-plane-0", NodeIP: netip.MustParseAddr("10.42.0.2"), ClusterName: "demo",
+		KubernetesVersion: kubetest.Version, ServiceCIDR: netip.MustParsePrefix("10.96.0.0/12"),
+		CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true, KubeletServingCert: true,
+	})
+	require.NoError(t, err)
+	return cfg
+}
+
+// The real kubeadm runs init with the generated configuration, uses the cluster CAs the
+// init server created beforehand, and would start a control plane with our settings.
+func TestInitDryRun(t *testing.T) {
+	r, dir := runner(t)
+	cluster, err := pki.NewCluster(time.Now())
+	require.NoError(t, err)
+	require.NoError(t, cluster.Write(dir))
+
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, r.Init(ctx, initConfig(t), &out))
+	log := out.String()
+	for _, want := range []string{
+		`[certs] Using the existing "ca" certificate and key`,
+		`[certs] Using the existing "etcd/ca" certificate and key`,
+		`[certs] Using the existing "sa" key`,
+		"--advertise-address=10.42.0.2",
+		"--profiling=false",
+		"--kubelet-certificate-authority=",
+		"--bind-address=127.0.0.1",
+	} {
+		assert.True(t, strings.Contains(log, want), "kubeadm output lacks %q", want)
+	}
+
+	// The CA kubeadm used is ours, unchanged.
+	caPEM, err := os.ReadFile(filepath.Join(dir, pki.CACert))
+	require.NoError(t, err)
+	assert.Equal(t, pki.EncodeCert(cluster.CA.Cert), caPEM)
+	// The kubelet configuration it writes serves the certificate the bootstrapper provides.
+	kubelet, err := os.ReadFile(filepath.Join(dir, "config.yaml"))
+	require.NoError(t, err)
+	assert.Contains(t, string(kubelet), "tlsCertFile: "+kubeadmconfig.KubeletCertFile)
+	assert.Contains(t, string(kubelet), "cgroupDriver: cgroupfs")
+}
+
+// A failing kubeadm: the error carries the exit code and the end of its output; the whole
+// output went to the writer.
+func TestInitFails(t *testing.T) {
+	r, _ := runner(t)
+	var out bytes.Buffer
+	bad := bytes.Replace(initConfig(t), []byte("kubernetesVersion: "+kubetest.Version), []byte("kubernetesVersion: not-a-version"), 1)
+	err := r.Init(context.Background(), bad, &out)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "kubeadm init failed with exit code 1")
+	assert.Contains(t, err.Error(), "not-a-version")
+	assert.Contains(t, out.String(), "not-a-version")
+}
+
+func TestMissingBinary(t *testing.T) {
+	r := kubeadm.Runner{Binary: filepath.Join(t.TempDir(), "kubeadm")}
+	err := r.Join(context.Background(), []byte("x"), nil)
+	assert.ErrorContains(t, err, "kubeadm join")
+	assert.ErrorContains(t, err, "no such file")
+}
