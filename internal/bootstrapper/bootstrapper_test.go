@@ -33,22 +33,16 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 )
 
-var kube *kubetest.Cluster
+// One real kube-apiserver + etcd for the package, started by the first test that needs it
+// (fuzz workers of this binary never start it).
+var (
+	shared kubetest.Shared
+	kube   *kubetest.Cluster // shared, once a test started it
+)
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "bootstrapper-kube")
-	if err != nil {
-		panic(err)
-	}
-	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	kube.Stop()
-	os.RemoveAll(dir)
+	shared.Stop()
 	os.Exit(code)
 }
 
@@ -68,6 +62,7 @@ type env struct {
 }
 
 func newEnv(t *testing.T) *env {
+	kube = shared.Get(t)
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	e := &env{t: t, ca: ca, kubelet: &bootstraptest.Kubelet{}}

@@ -44,25 +44,16 @@ import (
 	"github.com/openconstellation/constellation/internal/statedisk"
 )
 
-var kube *kubetest.Cluster
+// One real kube-apiserver + etcd for the package, started by the first test that needs it
+// (fuzz workers of this binary never start it).
+var (
+	shared kubetest.Shared
+	kube   *kubetest.Cluster // shared, once a test started it
+)
 
-// One real kube-apiserver + etcd for the package: init records the cluster in it through
-// the admin kubeconfig "kubeadm" wrote. Each test uses its own namespace-free names by
-// deleting the records it made.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "initserver-kube")
-	if err != nil {
-		panic(err)
-	}
-	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	kube.Stop()
-	os.RemoveAll(dir)
+	shared.Stop()
 	os.Exit(code)
 }
 
@@ -83,6 +74,7 @@ type env struct {
 var settings = kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true}
 
 func newEnv(t *testing.T) *env {
+	kube = shared.Get(t)
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -326,4 +327,39 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// Shared is one control plane for all tests of a package, started on first use: test
+// binaries that run only fuzz targets or other tests never start it. Stop it from TestMain
+// after m.Run.
+type Shared struct {
+	once sync.Once
+	c    *Cluster
+	dir  string
+	err  error
+}
+
+// Get returns the shared control plane, starting it on first use.
+func (s *Shared) Get(t testing.TB) *Cluster {
+	t.Helper()
+	s.once.Do(func() {
+		if s.dir, s.err = os.MkdirTemp("", "kubetest"); s.err != nil {
+			return
+		}
+		s.c, s.err = StartProcesses(context.Background(), s.dir, Options{})
+	})
+	if s.err != nil {
+		t.Fatalf("starting the shared Kubernetes control plane: %v", s.err)
+	}
+	return s.c
+}
+
+// Stop stops the control plane if it was started and removes its files.
+func (s *Shared) Stop() {
+	if s.c != nil {
+		s.c.Stop()
+	}
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
 }
