@@ -341,7 +341,10 @@ func (c *Client) try(ctx context.Context, endpoint string, do call) error {
 	return do(ctx, joinpb.NewJoinServiceClient(conn), service, grpc.Peer(&p))
 }
 
-var tokenPattern = regexp.MustCompile(`\A[a-z0-9]{6}\.[a-z0-9]{16}\z`)
+var (
+	tokenPattern = regexp.MustCompile(`\A[a-z0-9]{6}\.[a-z0-9]{16}\z`)
+	hashPattern  = regexp.MustCompile(`\Asha256:[0-9a-f]{64}\z`)
+)
 
 // controlPlaneFiles are the only names a ticket may carry files for: a ticket never writes
 // outside the PKI directory.
@@ -351,6 +354,11 @@ var controlPlaneFiles = pki.ControlPlaneFiles
 // this guards against bugs and version skew more than against malice, but it is what keeps
 // a wrong ticket from writing outside the PKI directory or leaving the node half-joined.
 func checkTicket(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kubeletPub crypto.PublicKey) error {
+	return errors.Join(checkTicketFields(t, self), checkTicketCerts(t, self, kubeletPub))
+}
+
+// checkTicketFields checks the ticket's sizes, formats and file names.
+func checkTicketFields(t *joinpb.IssueJoinTicketResponse, self metadata.Instance) error {
 	var problems []error
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
 	if len(t.StateDiskKey) != statedisk.KeySize {
@@ -368,32 +376,8 @@ func checkTicket(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kube
 	if !tokenPattern.MatchString(t.Token) {
 		bad("bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}")
 	}
-	if !strings.HasPrefix(t.DiscoveryTokenCaCertHash, "sha256:") || len(t.DiscoveryTokenCaCertHash) != len("sha256:")+64 {
+	if !hashPattern.MatchString(t.DiscoveryTokenCaCertHash) {
 		bad("CA discovery hash %q is not sha256:<64 hex digits>", t.DiscoveryTokenCaCertHash)
-	}
-	ca, err := pki.ParseCert(t.ClusterCaCert)
-	if err != nil {
-		bad("cluster CA: %w", err)
-	} else if got := pki.DiscoveryHash(ca); got != t.DiscoveryTokenCaCertHash {
-		bad("CA discovery hash %s does not match the cluster CA (%s)", t.DiscoveryTokenCaCertHash, got)
-	}
-	cert, err := pki.ParseCert(t.KubeletCert)
-	switch {
-	case err != nil:
-		bad("kubelet certificate: %w", err)
-	case ca == nil:
-	default:
-		pool := x509.NewCertPool()
-		pool.AddCert(ca)
-		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-			bad("kubelet certificate is not signed by the cluster CA: %w", err)
-		}
-		if pub, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(kubeletPub) {
-			bad("kubelet certificate is not for this node's key")
-		}
-		if cert.Subject.CommonName != "system:node:"+self.Name {
-			bad("kubelet certificate is for %q, not system:node:%s", cert.Subject.CommonName, self.Name)
-		}
 	}
 	for _, f := range t.ControlPlaneFiles {
 		if !slices.Contains(controlPlaneFiles, f.Name) {
@@ -402,6 +386,36 @@ func checkTicket(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kube
 	}
 	if self.Role != metadata.ControlPlane && len(t.ControlPlaneFiles) > 0 {
 		bad("worker ticket carries control-plane files")
+	}
+	return errors.Join(problems...)
+}
+
+// checkTicketCerts checks that the kubelet certificate is signed by the ticket's cluster CA,
+// for this node's key and name, and that the discovery hash is the CA's.
+func checkTicketCerts(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kubeletPub crypto.PublicKey) error {
+	ca, err := pki.ParseCert(t.ClusterCaCert)
+	if err != nil {
+		return fmt.Errorf("cluster CA: %w", err)
+	}
+	var problems []error
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	if got := pki.DiscoveryHash(ca); got != t.DiscoveryTokenCaCertHash {
+		bad("CA discovery hash %s does not match the cluster CA (%s)", t.DiscoveryTokenCaCertHash, got)
+	}
+	cert, err := pki.ParseCert(t.KubeletCert)
+	if err != nil {
+		return errors.Join(append(problems, fmt.Errorf("kubelet certificate: %w", err))...)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		bad("kubelet certificate is not signed by the cluster CA: %w", err)
+	}
+	if pub, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(kubeletPub) {
+		bad("kubelet certificate is not for this node's key")
+	}
+	if cert.Subject.CommonName != "system:node:"+self.Name {
+		bad("kubelet certificate is for %q, not system:node:%s", cert.Subject.CommonName, self.Name)
 	}
 	return errors.Join(problems...)
 }
