@@ -182,7 +182,7 @@ func (c *Client) Join(ctx context.Context) error {
 		}
 	}()
 	var ticket *joinpb.IssueJoinTicketResponse
-	err = c.retry(waitCtx, func(ctx context.Context, client joinpb.JoinServiceClient, service func() (*attestation.Verified, error), opts ...grpc.CallOption) error {
+	err = c.retry(waitCtx, func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error {
 		resp, err := client.IssueJoinTicket(ctx, req, opts...)
 		if err != nil {
 			return err
@@ -190,11 +190,7 @@ func (c *Client) Join(ctx context.Context) error {
 		if err := checkTicket(resp, self, kubeletKey.Public()); err != nil {
 			return fmt.Errorf("invalid join ticket: %w", err)
 		}
-		verified, err := service()
-		if err != nil {
-			return err
-		}
-		if err := joinservice.CheckClusterID(verified, resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
+		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
 			return err
 		}
 		ticket = resp
@@ -246,7 +242,7 @@ func (c *Client) Rejoin(ctx context.Context) error {
 		return err
 	}
 	var ticket *joinpb.IssueRejoinTicketResponse
-	err = c.retry(ctx, func(ctx context.Context, client joinpb.JoinServiceClient, service func() (*attestation.Verified, error), opts ...grpc.CallOption) error {
+	err = c.retry(ctx, func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error {
 		resp, err := client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID}, opts...)
 		if err != nil {
 			return err
@@ -254,11 +250,7 @@ func (c *Client) Rejoin(ctx context.Context) error {
 		if len(resp.StateDiskKey) != statedisk.KeySize || len(resp.MeasurementSecret) != kms.DerivedKeySize || len(resp.MeasurementSalt) == 0 {
 			return errors.New("invalid rejoin ticket: wrong key sizes")
 		}
-		verified, err := service()
-		if err != nil {
-			return err
-		}
-		if err := joinservice.CheckClusterID(verified, resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
+		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
 			return err
 		}
 		ticket = resp
@@ -289,9 +281,10 @@ func (c *Client) self(ctx context.Context) (metadata.Instance, error) {
 	return self, self.Validate()
 }
 
-// call is one RPC to one service; service returns the service's verified evidence once the
-// RPC has returned (fails closed if the channel was not attested).
-type call func(ctx context.Context, client joinpb.JoinServiceClient, service func() (*attestation.Verified, error), opts ...grpc.CallOption) error
+// call is one RPC to one service. Once the RPC has returned, sameCluster checks that the
+// service's node is initialized for the cluster a ticket's measurement secret and salt
+// imply (joinservice.CheckClusterID); it fails closed if the channel was not attested.
+type call func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error
 
 // retry tries every endpoint metadata lists, on the backoff schedule, until call succeeds
 // on one of them.
@@ -331,14 +324,14 @@ func (c *Client) try(ctx context.Context, endpoint string, do call) error {
 	}
 	defer conn.Close()
 	var p peer.Peer
-	service := func() (*attestation.Verified, error) {
+	sameCluster := func(measurementSecret, measurementSalt []byte) error {
 		info, ok := p.AuthInfo.(atls.AuthInfo)
 		if !ok || info.Peer == nil {
-			return nil, errors.New("the join service's connection is not attested")
+			return errors.New("the join service's connection is not attested")
 		}
-		return info.Peer, nil
+		return joinservice.CheckClusterID(info.Peer, measurementSecret, measurementSalt)
 	}
-	return do(ctx, joinpb.NewJoinServiceClient(conn), service, grpc.Peer(&p))
+	return do(ctx, joinpb.NewJoinServiceClient(conn), sameCluster, grpc.Peer(&p))
 }
 
 var (
