@@ -96,6 +96,14 @@ func (n *Node) Reboot(t testing.TB) {
 	n.open(t)
 }
 
+// Restart simulates a bootstrapper restart within the boot: the storage is locked and the
+// node reopened; the TPM keeps its PCRs.
+func (n *Node) Restart(t testing.TB) {
+	t.Helper()
+	require.NoError(t, n.Storage.Lock(context.Background()))
+	n.open(t)
+}
+
 func (n *Node) open(t testing.TB) {
 	var err error
 	n.Lock, err = nodelock.New(n.TPM)

@@ -187,6 +187,15 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
 	require.NoError(t, e.node.Storage.Lock(ctx))
 	require.NoError(t, e.node.Storage.Unlock(ctx, diskKey))
+
+	// The bootstrapper crashes and restarts within this boot: PCR 15 already carries the
+	// cluster's marker, so it resumes without a second extend.
+	e.node.Restart(t)
+	e.newClient()
+	require.NoError(t, e.client.Rejoin(ctx))
+	assert.Equal(t, "rejoin (resumed)", e.node.Node.LockHolder())
+	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, 2, e.kubelet.Restarts())
 }
 
 func TestJoinControlPlane(t *testing.T) {

@@ -149,12 +149,14 @@ func (n *Node) Claim(ctx context.Context, holder string, clusterID, diskKey []by
 }
 
 // Reenter brings a rebooted node back into its cluster: it takes the node lock with the
-// cluster ID (PCR 15) and unlocks the storage with diskKey.
+// cluster ID (PCR 15) and unlocks the storage with diskKey. A bootstrapper restarted within
+// the boot in which the node was committed finds PCR 15 already carrying this cluster's
+// marker and resumes without extending it again; another cluster's marker is refused.
 func (n *Node) Reenter(ctx context.Context, clusterID, diskKey []byte) error {
 	if n.state != Rebooted {
 		return errors.New("node is fresh: it has no cluster to re-enter")
 	}
-	if err := n.lock.TryLock("rejoin", clusterID); err != nil {
+	if err := n.lock.Resume("rejoin", clusterID); err != nil {
 		return err
 	}
 	if err := n.storage.Unlock(ctx, diskKey); err != nil {

@@ -84,6 +84,36 @@ func (l *Lock) TryLock(holder string, clusterID []byte) error {
 	return nil
 }
 
+// ErrOtherCluster is returned by Resume when PCR 15 carries another cluster's marker.
+var ErrOtherCluster = errors.New("PCR 15 carries another cluster's marker")
+
+// Resume re-enters a lock taken earlier in this boot (a bootstrapper restarted after the
+// node was committed) for holder, if PCR 15 reads exactly the marker of clusterID: a single
+// extend with this cluster ID and nothing else. It takes a free lock like TryLock. It never
+// extends PCR 15 a second time.
+func (l *Lock) Resume(holder string, clusterID []byte) error {
+	l.mu.Lock()
+	taken := l.holder
+	l.mu.Unlock()
+	if taken == "" {
+		return l.TryLock(holder, clusterID)
+	}
+	pcrs, err := l.tpm.ReadPCRs(Register)
+	if err != nil {
+		return fmt.Errorf("node lock: reading PCR %d: %w", Register, err)
+	}
+	zero := make([]byte, sha256.Size)
+	id := sha256.Sum256(clusterID)
+	want := sha256.Sum256(append(zero, id[:]...))
+	if !bytes.Equal(pcrs[Register], want[:]) {
+		return fmt.Errorf("%w (taken by %s): PCR %d is %x, this cluster's marker is %x", ErrOtherCluster, taken, Register, pcrs[Register], want)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.holder = holder + " (resumed)"
+	return nil
+}
+
 // Holder returns who holds the lock, or "" if nobody does.
 func (l *Lock) Holder() string {
 	l.mu.Lock()

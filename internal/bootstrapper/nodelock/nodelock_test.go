@@ -72,6 +72,27 @@ func TestSecondAttempt(t *testing.T) {
 	err = again.TryLock("join", []byte("cluster-b"))
 	assert.ErrorContains(t, err, "taken by earlier in this boot")
 	assert.ErrorContains(t, again.TryLock("join", nil), "empty cluster ID")
+
+	// Resuming for another cluster is refused; for this cluster it succeeds without a
+	// second extend.
+	assert.ErrorIs(t, again.Resume("rejoin", []byte("cluster-b")), nodelock.ErrOtherCluster)
+	require.NoError(t, again.Resume("rejoin", []byte("cluster-a")))
+	assert.Equal(t, "rejoin (resumed)", again.Holder())
+	pcrs, err = tpm.ReadPCRs(nodelock.Register)
+	require.NoError(t, err)
+	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register], "no second extend")
+}
+
+// Resume on a free lock takes it like TryLock.
+func TestResumeFreeLock(t *testing.T) {
+	tpm, _ := vtpmtest.Swtpm(t)
+	lock, err := nodelock.New(tpm)
+	require.NoError(t, err)
+	require.NoError(t, lock.Resume("rejoin", []byte("cluster-a")))
+	assert.Equal(t, "rejoin", lock.Holder())
+	pcrs, err := tpm.ReadPCRs(nodelock.Register)
+	require.NoError(t, err)
+	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register])
 }
 
 type failingTPM struct {
