@@ -27,6 +27,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/openconstellation/constellation/internal/fileutil"
 )
 
 // File names in kubeadm's PKI directory.
@@ -250,16 +252,33 @@ func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
 }
 
 // WriteFile writes data under dir/name (creating parent directories), keys with mode 0600.
+// The write is atomic and synced (fileutil.WriteAtomic): a crash leaves the old file or the
+// new one, never a torn key or certificate.
 func WriteFile(dir, name string, data []byte) error {
 	path := filepath.Join(dir, name)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	mode := os.FileMode(0o644)
 	if filepath.Ext(name) == ".key" {
 		mode = 0o600
 	}
-	return os.WriteFile(path, data, mode)
+	if err := fileutil.WriteAtomic(path, data, mode); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteCertAndKey writes cert and key as dir/name.crt and dir/name.key.
+func WriteCertAndKey(dir, name string, cert *x509.Certificate, key crypto.Signer) error {
+	keyPEM, err := EncodeKey(key)
+	if err != nil {
+		return err
+	}
+	if err := WriteFile(dir, name+".key", keyPEM); err != nil {
+		return err
+	}
+	return WriteFile(dir, name+".crt", EncodeCert(cert))
 }
 
 // Cluster is the set of CAs and keys kubeadm creates for a new cluster.

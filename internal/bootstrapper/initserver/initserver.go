@@ -38,7 +38,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -356,15 +355,8 @@ func (s *Server) writePKI(self metadata.Instance) error {
 	if err != nil {
 		return fmt.Errorf("issuing the kubelet serving certificate: %w", err)
 	}
-	keyPEM, err := pki.EncodeKey(key)
-	if err != nil {
-		return err
-	}
-	if err := pki.WriteFile(s.cfg.KubeletPKIDir, filepath.Base(kubeadmconfig.KubeletKeyFile), keyPEM); err != nil {
-		return fmt.Errorf("writing the kubelet key: %w", err)
-	}
-	if err := pki.WriteFile(s.cfg.KubeletPKIDir, filepath.Base(kubeadmconfig.KubeletCertFile), pki.EncodeCert(cert)); err != nil {
-		return fmt.Errorf("writing the kubelet certificate: %w", err)
+	if err := pki.WriteCertAndKey(s.cfg.KubeletPKIDir, kubeadmconfig.KubeletPKIName, cert, key); err != nil {
+		return fmt.Errorf("writing the kubelet serving certificate: %w", err)
 	}
 	return nil
 }

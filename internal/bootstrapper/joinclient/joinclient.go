@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 	"k8s.io/apimachinery/pkg/util/wait"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"k8s.io/utils/clock"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
@@ -30,7 +30,6 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
-	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
@@ -335,7 +334,7 @@ func (c *Client) try(ctx context.Context, endpoint string, do call) error {
 }
 
 var (
-	tokenPattern = regexp.MustCompile(`\A[a-z0-9]{6}\.[a-z0-9]{16}\z`)
+	tokenPattern = regexp.MustCompile(bootstrapapi.BootstrapTokenPattern)
 	hashPattern  = regexp.MustCompile(`\Asha256:[0-9a-f]{64}\z`)
 )
 
@@ -439,7 +438,7 @@ func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, kubeletKey crypto.S
 		files[f.Name] = f.Data
 	}
 	for name, data := range files {
-		if err := writeFile(c.cfg.PKIDir, name, data); err != nil {
+		if err := pki.WriteFile(c.cfg.PKIDir, name, data); err != nil {
 			return err
 		}
 	}
@@ -447,25 +446,10 @@ func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, kubeletKey crypto.S
 	if err != nil {
 		return err
 	}
-	if err := writeFile(c.cfg.KubeletPKIDir, KubeletKeyFile, keyPEM); err != nil {
+	if err := pki.WriteFile(c.cfg.KubeletPKIDir, KubeletKeyFile, keyPEM); err != nil {
 		return err
 	}
-	return writeFile(c.cfg.KubeletPKIDir, KubeletCertFile, t.KubeletCert)
-}
-
-func writeFile(dir, name string, data []byte) error {
-	path := filepath.Join(dir, name)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	perm := os.FileMode(0o644)
-	if strings.HasSuffix(name, ".key") {
-		perm = 0o600
-	}
-	if err := fileutil.WriteAtomic(path, data, perm); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
+	return pki.WriteFile(c.cfg.KubeletPKIDir, KubeletCertFile, t.KubeletCert)
 }
 
 // logWriter logs every line written to it.

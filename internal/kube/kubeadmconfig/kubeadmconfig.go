@@ -137,8 +137,10 @@ const (
 	EtcdDataDir = kubeadmv1beta4.DefaultEtcdDataDir
 	// KubeletCertFile and KubeletKeyFile are the kubelet's serving certificate and key when
 	// InitParams.KubeletServingCert is set.
-	KubeletCertFile = "/var/lib/kubelet/pki/kubelet.crt"
-	KubeletKeyFile  = "/var/lib/kubelet/pki/kubelet.key"
+	KubeletCertFile = "/var/lib/kubelet/pki/" + KubeletPKIName + ".crt"
+	KubeletKeyFile  = "/var/lib/kubelet/pki/" + KubeletPKIName + ".key"
+	// KubeletPKIName is the base name of the kubelet serving certificate and key.
+	KubeletPKIName = "kubelet"
 )
 
 // InitTokenTTL is the lifetime of the one bootstrap token `kubeadm init` insists on creating

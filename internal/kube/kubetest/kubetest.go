@@ -194,14 +194,7 @@ func (c *Cluster) writeLeaf(name string, l pki.Leaf) error {
 	if err != nil {
 		return err
 	}
-	keyPEM, err := pki.EncodeKey(key)
-	if err != nil {
-		return err
-	}
-	if err := pki.WriteFile(c.PKIDir, name+".crt", pki.EncodeCert(cert)); err != nil {
-		return err
-	}
-	return pki.WriteFile(c.PKIDir, name+".key", keyPEM)
+	return pki.WriteCertAndKey(c.PKIDir, name, cert, key)
 }
 
 func (c *Cluster) writeAdmin(cert *x509.Certificate, key crypto.Signer) error {
