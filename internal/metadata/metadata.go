@@ -102,3 +102,9 @@ func (s *Static) JoinEndpoints(context.Context) ([]string, error) {
 
 // InitSecretHash implements Provider.
 func (s *Static) InitSecretHash(context.Context) ([]byte, error) { return s.Hash, nil }
+
+// Lister lists every instance of the cluster's platform: the join service uses it to learn
+// the role and addresses of a node whose name the platform certified.
+type Lister interface {
+	Instances(ctx context.Context) ([]Instance, error)
+}
