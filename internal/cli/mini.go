@@ -1,28 +1,28 @@
 package cli
 
 import (
-	"bufio"
 	"context"
-	"crypto/sha256"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/provider/local"
-	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 )
 
 func newMiniCmd() *cobra.Command {
@@ -30,30 +30,46 @@ func newMiniCmd() *cobra.Command {
 		Use:   "mini",
 		Short: "Run a local confidential cluster on this machine",
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniNodeCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniProviderCmd())
 	return cmd
 }
 
-func newMiniUpCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "up",
-		Short: "Create a local cluster (preview: attested handshake between local nodes)",
-		Long: `Create a local cluster.
+// miniOptions are the flags of mini up.
+type miniOptions struct {
+	controlPlanes, workers int
+	kubeBin, imagesDir     string
+	// extraWorkerImage adds a worker booting another image (tests: a modified bootstrapper).
+	extraWorkerBootstrapper string
+	timeout                 time.Duration
+}
 
-Preview: the Kubernetes part of the local cluster is not implemented yet. mini up runs the
-largest real flow that works today: it creates three nodes, each with its own software TPM
-(swtpm), measures the node image into their PCRs, certifies their attestation keys, computes
-the reference values offline, and has the nodes connect over the attested channel (mutual
-aTLS). node-1 runs the genuine image and is admitted; node-2 runs a modified binary and is
-rejected with the mismatching PCR named.`,
+func newMiniUpCmd() *cobra.Command {
+	var o miniOptions
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Create a local confidential cluster and initialize it",
+		Long: `Create a local cluster: every node is a sandbox (network, mount and UTS namespaces)
+with its own swtpm vTPM, booting a node image the provider measures into the vTPM. The CLI
+initializes the first control plane over attested TLS; every other node joins after the join
+service verified its attestation. Files go to <workspace>/mini; remove with 'mini down'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, _ := cmd.Flags().GetString("workspace")
-			ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Minute)
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 			defer cancel()
-			return miniUp(ctx, cmd.OutOrStdout(), ws)
+			return miniUp(ctx, cmd.OutOrStdout(), ws, o)
 		},
 	}
+	exe, _ := os.Executable()
+	out := filepath.Dir(filepath.Dir(exe))
+	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane nodes")
+	cmd.Flags().IntVar(&o.workers, "workers", 2, "number of worker nodes")
+	cmd.Flags().StringVar(&o.kubeBin, "kube-bin", filepath.Join(out, "kube", "bin"), "directory of the Kubernetes binaries (make kube)")
+	cmd.Flags().StringVar(&o.imagesDir, "images", filepath.Join(out, "images"), "directory of the node's container images (make images)")
+	cmd.Flags().StringVar(&o.extraWorkerBootstrapper, "extra-worker-bootstrapper", "", "add a worker whose image has this bootstrapper binary (tests)")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	_ = cmd.Flags().MarkHidden("extra-worker-bootstrapper")
+	return cmd
 }
 
 func newMiniDownCmd() *cobra.Command {
@@ -63,7 +79,29 @@ func newMiniDownCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, _ := cmd.Flags().GetString("workspace")
-			return miniDown(cmd.OutOrStdout(), ws)
+			return miniDown(cmd.Context(), cmd.OutOrStdout(), ws)
+		},
+	}
+}
+
+func newMiniProviderCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    "provider SPEC",
+		Short:  "Run the local provider of a cluster (started by mini up)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			data, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			var spec cluster.Spec
+			if err := json.Unmarshal(data, &spec); err != nil {
+				return fmt.Errorf("reading %s: %w", args[0], err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return cluster.Serve(ctx, spec, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 		},
 	}
 }
@@ -71,7 +109,14 @@ func newMiniDownCmd() *cobra.Command {
 // miniDir is the folder below the workspace that mini up owns entirely.
 const miniDir = "mini"
 
-func miniUp(ctx context.Context, out io.Writer, workspace string) (retErr error) {
+func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions) (retErr error) {
+	if o.controlPlanes < 1 || o.workers < 0 || o.controlPlanes+o.workers > 50 {
+		return fmt.Errorf("--control-planes must be at least 1 and --workers at least 0, at most 50 nodes in all (got %d and %d)", o.controlPlanes, o.workers)
+	}
+	workspace, err := filepath.Abs(workspace)
+	if err != nil {
+		return err
+	}
 	dir := filepath.Join(workspace, miniDir)
 	if _, err := os.Stat(dir); err == nil {
 		return fmt.Errorf("%s exists: a local cluster is already up; run 'constellation mini down' first", dir)
@@ -79,33 +124,37 @@ func miniUp(ctx context.Context, out io.Writer, workspace string) (retErr error)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "Constellation mini up (preview)")
-	fmt.Fprintln(out, "The Kubernetes cluster is not implemented yet; running the largest real flow that works today:")
-	fmt.Fprintln(out, "a mutual attested TLS handshake between local nodes, each with its own swtpm vTPM.")
-	fmt.Fprintln(out)
+	defer func() {
+		if retErr != nil {
+			fmt.Fprintf(out, "\nmini up failed; the cluster is left as it is for inspection (logs: %s).\nRemove it with 'constellation mini down'.\n", filepath.Join(dir, "nodes"))
+		}
+	}()
+	t := newPhaseTimer(out)
 
-	// The node image: what the provider measures, and what reference values are computed from.
-	nodeConfig := []byte(`{"image":"constellation-local-preview","kubernetes":"v1.34.4"}`)
-	bootstrapper, err := local.FileComponent("bootstrapper", local.PCRBootstrapper, self)
+	// The node image: what the provider boots and measures, and what the reference values
+	// are computed from, offline, before any node exists.
+	imageDir := filepath.Join(dir, "image")
+	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	image := []local.Component{bootstrapper, local.BytesComponent("node-config", local.PCRNodeConfig, nodeConfig)}
+	if err := buildNodeImage(imageDir, filepath.Join(filepath.Dir(exe), "bootstrapper"), o.kubeBin); err != nil {
+		return err
+	}
+	image, err := local.ImageComponents(imageDir)
+	if err != nil {
+		return err
+	}
 	sets := measurements.ReferenceSets{{Name: "local-image", Measurements: local.ExpectedPCRs(image)}}
-	refPath := filepath.Join(dir, "reference-values.json")
-	if err := writeJSON(refPath, sets); err != nil {
+	if err := writeJSON(filepath.Join(dir, "reference-values.json"), sets); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "Reference values computed offline from the node image (%s):\n", refPath)
-	for _, c := range image {
-		fmt.Fprintf(out, "  PCR %-2d %x  (%s)\n", c.PCR, sets[0].Measurements[uint32(c.PCR)].Expected, c.Name)
+	images, err := filepath.Glob(filepath.Join(o.imagesDir, "*.tar"))
+	if err != nil || len(images) == 0 {
+		return fmt.Errorf("no container images in %s: run 'make images' first", o.imagesDir)
 	}
 
-	ca, err := akca.New("constellation mini AK CA", time.Now(), 30*24*time.Hour)
+	ca, err := akca.New("constellation mini AK CA", time.Now(), 365*24*time.Hour)
 	if err != nil {
 		return err
 	}
@@ -113,174 +162,147 @@ func miniUp(ctx context.Context, out io.Writer, workspace string) (retErr error)
 	if err != nil {
 		return err
 	}
-	caPath := filepath.Join(dir, "ak-ca.pem")
+	caPath, caKeyPath := filepath.Join(dir, "ak-ca.pem"), filepath.Join(dir, "ak-ca-key.pem")
 	if err := os.WriteFile(caPath, caCert, 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ak-ca-key.pem"), caKey, 0o600); err != nil {
+	if err := os.WriteFile(caKeyPath, caKey, 0o600); err != nil {
 		return err
 	}
-
-	// A tampered image: same config, different bootstrapper binary.
-	tampered := append([]local.Component{{Name: "bootstrapper (modified)", PCR: local.PCRBootstrapper, Digest: sha256.Sum256(append(bootstrapper.Digest[:], "backdoor"...))}}, image[1:]...)
-	nodes := []struct {
-		name  string
-		image []local.Component
-	}{{"node-0", image}, {"node-1", image}, {"node-2", tampered}}
-
-	var tpms []*swtpm.Process
-	defer func() {
-		for _, p := range tpms {
-			_ = p.Stop()
-		}
-		_ = os.Remove(filepath.Join(dir, "pids"))
-	}()
-	fmt.Fprintln(out)
-	for _, n := range nodes {
-		proc, err := swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(dir, n.name, "tpm")})
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.name, err)
-		}
-		tpms = append(tpms, proc)
-		if err := recordPid(dir, proc.Pid()); err != nil {
-			return err
-		}
-		tpm, err := proc.Open(ctx)
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.name, err)
-		}
-		err = local.Measure(tpm, n.image)
-		if err == nil {
-			err = local.CertifyAK(tpm, ca, n.name, time.Now())
-		}
-		tpm.Close()
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.name, err)
-		}
-		fmt.Fprintf(out, "%s: swtpm pid %d, image measured (%s), AK certified by the workspace CA\n", n.name, proc.Pid(), componentNames(n.image))
+	initSecret := make([]byte, 32)
+	if _, err := rand.Read(initSecret); err != nil {
+		return err
 	}
-
-	nodeArgs := func(i int) []string {
-		return []string{"mini", "node", "--name", nodes[i].name, "--tpm", tpms[i].Addr(), "--reference-values", refPath, "--ak-roots", caPath}
-	}
-	server, serverEvents, err := startNode(ctx, dir, self, append(nodeArgs(0), "--listen", "127.0.0.1:0", "--accept", "2"))
+	hash, err := bcrypt.GenerateFromPassword(initSecret, bcrypt.DefaultCost)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
-	first, ok := <-serverEvents
-	if !ok || first.Event != "listening" {
-		return errors.New("node-0 did not start listening (see mini/node-0.log)")
-	}
-	fmt.Fprintf(out, "node-0: serving attested connections on %s\n\n", first.Addr)
 
-	failures := 0
-	for i := 1; i <= 2; i++ {
-		client, clientEvents, err := startNode(ctx, dir, self, append(nodeArgs(i), "--dial", first.Addr))
-		if err != nil {
+	spec := cluster.Spec{Dir: dir, Images: images, InitSecretHash: string(hash), AKCACert: caPath, AKCAKey: caKeyPath}
+	for i := 0; i < o.controlPlanes; i++ {
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: "control-plane", ImageDir: imageDir})
+	}
+	for i := 0; i < o.workers; i++ {
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: fmt.Sprintf("worker-%d", i), Role: "worker", ImageDir: imageDir})
+	}
+	if o.extraWorkerBootstrapper != "" {
+		other := filepath.Join(dir, "image-other")
+		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin); err != nil {
 			return err
 		}
-		clientEv := <-clientEvents
-		_ = client.Wait()
-		serverEv := <-serverEvents
-		wantAdmitted := i == 1
-		fmt.Fprintf(out, "%s -> node-0, mutual attested TLS:\n", nodes[i].name)
-		printEvent(out, "node-0 about "+nodes[i].name, serverEv)
-		printEvent(out, nodes[i].name+" about node-0", clientEv)
-		admitted := serverEv.Event == "verified" && clientEv.Event == "verified"
-		if admitted != wantAdmitted {
-			failures++
-			fmt.Fprintf(out, "  UNEXPECTED: %s should have been %s\n", nodes[i].name, map[bool]string{true: "admitted", false: "rejected"}[wantAdmitted])
-		}
-		fmt.Fprintln(out)
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: "worker-other", Role: "worker", ImageDir: other})
 	}
-	if failures > 0 {
-		return fmt.Errorf("%d unexpected handshake result(s)", failures)
+	if err := startProvider(ctx, dir, exe, spec); err != nil {
+		return err
 	}
-	fmt.Fprintln(out, "Result: the genuine node was admitted by attestation, the modified node was rejected.")
-	fmt.Fprintf(out, "Files are in %s; remove them with 'make down' (constellation mini down).\n", dir)
-	return nil
+	status, err := cluster.ReadStatus(dir)
+	if err != nil {
+		return err
+	}
+	t.phase("create", fmt.Sprintf("%d nodes booting (provider pid %d)", len(spec.Nodes), status.PID))
+
+	return initAndWait(ctx, out, t, workspace, dir, status, sets, ca, initSecret)
 }
 
-func startNode(ctx context.Context, dir, self string, args []string) (*exec.Cmd, <-chan nodeEvent, error) {
-	name := args[3]
-	logFile, err := os.Create(filepath.Join(dir, name+".log"))
-	if err != nil {
-		return nil, nil, err
+// buildNodeImage lays out a node image directory: the bootstrapper, the Kubernetes node
+// binaries, the containerd configuration and the node configuration.
+func buildNodeImage(dir, bootstrapper, kubeBin string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
 	}
-	cmd := exec.CommandContext(ctx, self, args...)
-	cmd.Stderr = logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, nil, err
+	for dst, src := range map[string]string{"bootstrapper": bootstrapper, "kubelet": filepath.Join(kubeBin, "kubelet"), "kubeadm": filepath.Join(kubeBin, "kubeadm")} {
+		if err := copyFile(src, filepath.Join(dir, dst), 0o755); err != nil {
+			return fmt.Errorf("node image: %w", err)
+		}
 	}
+	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(local.ContainerdConfig), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "node-config.json"), []byte(`{"kubernetesVersion":"v1.34.4","provider":"local"}`+"\n"), 0o644)
+}
+
+func copyFile(src, dst string, perm os.FileMode) error {
+	// A hard link when possible: the image's files are measured, never modified.
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	outf, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(outf, in); err != nil {
+		outf.Close()
+		return err
+	}
+	return outf.Close()
+}
+
+// startProvider starts the provider process of the cluster, detached so it outlives this
+// command, and waits until it created every node.
+func startProvider(ctx context.Context, dir, exe string, spec cluster.Spec) error {
+	specPath := filepath.Join(dir, "spec.json")
+	if err := writeJSON(specPath, spec); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "provider.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, "mini", "provider", specPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, nil, err
+		return fmt.Errorf("starting the provider: %w", err)
 	}
-	if err := recordPid(dir, cmd.Process.Pid); err != nil {
-		return nil, nil, err
-	}
-	events := make(chan nodeEvent, 4)
-	go func() {
-		defer close(events)
-		defer logFile.Close()
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			fmt.Fprintln(logFile, sc.Text())
-			var ev nodeEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				events <- ev
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		if s, err := cluster.ReadStatus(dir); err == nil {
+			if s.Ready {
+				return nil
 			}
 		}
-	}()
-	return cmd, events, nil
-}
-
-func printEvent(out io.Writer, who string, ev nodeEvent) {
-	switch ev.Event {
-	case "verified":
-		cert := "uncertified AK"
-		if ev.Certified {
-			cert = "AK certified"
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "provider.log"))
+			return fmt.Errorf("the provider exited (%v) before the cluster was created: %s", err, tail(log, 2000))
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the provider: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
 		}
-		fmt.Fprintf(out, "  %s: VERIFIED (variant qemu-vtpm, reference set %q, %s, AK %s…)\n", who, ev.Set, cert, ev.Signer[:16])
-		var idx []int
-		for k := range ev.Registers {
-			i, _ := strconv.Atoi(k)
-			idx = append(idx, i)
-		}
-		sort.Ints(idx)
-		for _, i := range idx {
-			if v := ev.Registers[strconv.Itoa(i)]; strings.Trim(v, "0") != "" {
-				fmt.Fprintf(out, "      PCR %-2d %s\n", i, v)
-			}
-		}
-	case "rejected":
-		fmt.Fprintf(out, "  %s: REJECTED: %s\n", who, ev.Error)
-	default:
-		fmt.Fprintf(out, "  %s: no result (node exited; see its log)\n", who)
 	}
 }
 
-func miniDown(out io.Writer, workspace string) error {
+func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	dir := filepath.Join(workspace, miniDir)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintln(out, "no local cluster in", workspace)
 		return nil
 	}
-	// End only processes mini up started and recorded, and only if they still are ours.
-	if data, err := os.ReadFile(filepath.Join(dir, "pids")); err == nil {
-		for _, f := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				continue
-			}
-			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if err == nil && strings.Contains(string(cmdline), dir) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var nodes []string
+	if status, err := cluster.ReadStatus(dir); err == nil {
+		for _, n := range status.Nodes {
+			nodes = append(nodes, n.Name)
+		}
+		// The provider removes its cluster when asked to stop; only then anything left over
+		// is removed directly.
+		if p, err := os.FindProcess(status.PID); err == nil && isProvider(status.PID, dir) {
+			_ = p.Signal(syscall.SIGTERM)
+			for isProvider(status.PID, dir) && ctx.Err() == nil {
+				time.Sleep(100 * time.Millisecond)
 			}
 		}
+	}
+	if err := cluster.Remove(ctx, dir, nodes); err != nil {
+		return fmt.Errorf("removing the cluster: %w", err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -289,22 +311,24 @@ func miniDown(out io.Writer, workspace string) error {
 	return nil
 }
 
-func recordPid(dir string, pid int) error {
-	f, err := os.OpenFile(filepath.Join(dir, "pids"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+// isProvider reports whether pid is the provider process of dir (not a reused PID).
+func isProvider(pid int, dir string) bool {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
-		return err
+		return false
 	}
-	defer f.Close()
-	_, err = fmt.Fprintln(f, pid)
-	return err
+	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(string(stat[i+1:]), " Z") {
+		return false // a zombie has exited
+	}
+	return strings.Contains(string(cmdline), dir)
 }
 
-func componentNames(image []local.Component) string {
-	var names []string
-	for _, c := range image {
-		names = append(names, fmt.Sprintf("%s→PCR %d", c.Name, c.PCR))
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
 	}
-	return strings.Join(names, ", ")
+	return string(b)
 }
 
 func writeJSON(path string, v any) error {
@@ -313,4 +337,22 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// phaseTimer prints phases with their wall time (the mini up benchmark reads them).
+type phaseTimer struct {
+	out   io.Writer
+	start time.Time
+	last  time.Time
+}
+
+func newPhaseTimer(out io.Writer) *phaseTimer {
+	now := time.Now()
+	return &phaseTimer{out: out, start: now, last: now}
+}
+
+func (p *phaseTimer) phase(name, detail string) {
+	now := time.Now()
+	fmt.Fprintf(p.out, "[%6.1fs] %-10s %s (%.1fs)\n", now.Sub(p.start).Seconds(), name, detail, now.Sub(p.last).Seconds())
+	p.last = now
 }

@@ -1,0 +1,45 @@
+// Command bootstrapper is the first process of a local sandbox node (internal/provider/local/
+// nodeboot): it boots the node OS and brings the node into its cluster by init or join.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
+)
+
+type list []string
+
+func (l *list) String() string     { return strings.Join(*l, ",") }
+func (l *list) Set(v string) error { *l = append(*l, v); return nil }
+
+func main() {
+	var o nodeboot.Options
+	var images list
+	flag.StringVar(&o.NodeDir, "node-dir", "", "the node's folder in the workspace")
+	flag.StringVar(&o.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml)")
+	flag.Var(&images, "image", "container image tarball to import (repeatable)")
+	flag.StringVar(&o.MetadataURL, "metadata", "http://10.42.0.1:8080", "metadata service")
+	flag.StringVar(&o.InitAddr, "init-addr", ":9000", "listen address of the init server")
+	flag.StringVar(&o.Version, "kubernetes-version", "v1.34.4", "Kubernetes version of the image")
+	flag.Parse()
+	o.Images = images
+	o.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if o.NodeDir == "" || o.ImageDir == "" {
+		fmt.Fprintln(os.Stderr, "bootstrapper: --node-dir and --image-dir are required")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := nodeboot.Run(ctx, o); err != nil {
+		o.Log.Error("bootstrapper failed", "err", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,204 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/openconstellation/constellation/api/init/initpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+)
+
+// Files the CLI writes into the workspace.
+const (
+	AdminConfFile    = "constellation-admin.conf"
+	MasterSecretFile = "constellation-mastersecret.json"
+)
+
+// initAndWait initializes the cluster on its first control plane over attested TLS and waits
+// until every node that should be admitted is Ready.
+func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace, dir string, status cluster.Status, sets measurements.ReferenceSets, ca *akca.CA, initSecret []byte) error {
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool()})
+	if err != nil {
+		return err
+	}
+	first := status.Nodes[0]
+	bridge := sandbox.NSPath(sandbox.Network{ID: status.NetworkID}.BridgeNS())
+	master, err := kms.NewMasterSecret()
+	if err != nil {
+		return err
+	}
+	salt := make([]byte, 32)
+	if _, err := rand.Read(salt); err != nil {
+		return err
+	}
+	req := &initpb.InitRequest{
+		MasterSecret: master.Key, MasterSalt: master.Salt, MeasurementSalt: salt,
+		InitSecret: initSecret, ClusterName: "constellation-mini", KubernetesVersion: "v1.34.4",
+		ApiServerCertSans: []string{"127.0.0.1", "localhost"},
+		ServiceCidr:       sandbox.ServiceCIDR.String(), PodCidr: sandbox.PodCIDR.String(),
+	}
+	// The master secret is written before it leaves this machine: a lost answer must not
+	// lose the key to the cluster's state.
+	if err := kms.WriteMasterSecretFile(filepath.Join(workspace, MasterSecretFile), master); err != nil {
+		return fmt.Errorf("writing the master secret: %w", err)
+	}
+	fmt.Fprintf(out, "initializing %s over attested TLS (it must prove it boots the expected image)\n", first.Name)
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		return sandbox.DialContext(ctx, bridge, "tcp", addr)
+	}
+	success, err := callInit(ctx, out, net.JoinHostPort(first.IP, fmt.Sprint(cluster.InitPort)), validator, dial, req)
+	if err != nil {
+		return err
+	}
+	t.phase("init", fmt.Sprintf("%s initialized the cluster, ID %x", first.Name, success.ClusterId))
+
+	kubeconfig, err := clientcmd.Load(success.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("reading the admin kubeconfig: %w", err)
+	}
+	for _, c := range kubeconfig.Clusters {
+		c.Server = "https://" + status.APIServer
+	}
+	adminConf := filepath.Join(workspace, AdminConfFile)
+	if err := clientcmd.WriteToFile(*kubeconfig, adminConf); err != nil {
+		return err
+	}
+	if err := os.Chmod(adminConf, 0o600); err != nil {
+		return err
+	}
+
+	want := map[string]bool{}
+	for _, n := range status.Nodes {
+		if n.Name != "worker-other" {
+			want[n.Name] = true
+		}
+	}
+	if err := waitReady(ctx, out, t, adminConf, want); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n  constellation verify -C %s\nRemove it with: constellation mini down -C %s\n", adminConf, workspace, workspace)
+	return nil
+}
+
+// callInit runs the Init RPC, printing progress lines, and returns the success message.
+func callInit(ctx context.Context, out io.Writer, addr string, v attestation.Validator, dial func(context.Context, string) (net.Conn, error), req *initpb.InitRequest) (*initpb.InitSuccess, error) {
+	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithContextDialer(dial))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// The node's init server may still be starting: retry until it answers.
+	var stream initpb.InitService_InitClient
+	for {
+		ictx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		stream, err = initpb.NewInitServiceClient(conn).Init(ictx, req, grpc.WaitForReady(true))
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("init: %w", err)
+		}
+		time.Sleep(time.Second)
+	}
+	var logs strings.Builder
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("init: the node ended the stream without a result")
+		}
+		if err != nil {
+			if logs.Len() > 0 {
+				fmt.Fprintf(out, "--- node logs ---\n%s\n", tail([]byte(logs.String()), 8000))
+			}
+			return nil, fmt.Errorf("init: %w", err)
+		}
+		switch k := msg.Kind.(type) {
+		case *initpb.InitResponse_Progress:
+			fmt.Fprintf(out, "  %s\n", k.Progress.Message)
+		case *initpb.InitResponse_Log:
+			logs.Write(k.Log.Data)
+		case *initpb.InitResponse_Success:
+			return k.Success, nil
+		}
+	}
+}
+
+// waitReady waits until exactly the wanted nodes are Ready, printing each as it becomes so.
+func waitReady(ctx context.Context, out io.Writer, t *phaseTimer, kubeconfig string, want map[string]bool) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.Timeout = 10 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ready := map[string]bool{}
+	for {
+		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			for _, n := range nodes.Items {
+				if ready[n.Name] || !isReady(n) {
+					continue
+				}
+				ready[n.Name] = true
+				t.phase("ready", n.Name)
+			}
+		}
+		done := true
+		for n := range want {
+			done = done && ready[n]
+		}
+		if done {
+			t.phase("all ready", fmt.Sprintf("%d nodes", len(ready)))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			var missing []string
+			for n := range want {
+				if !ready[n] {
+					missing = append(missing, n)
+				}
+			}
+			return fmt.Errorf("nodes not Ready: %s: %w", strings.Join(missing, ", "), ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func isReady(n corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

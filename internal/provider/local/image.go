@@ -1,0 +1,57 @@
+package local
+
+import "path/filepath"
+
+// ContainerdConfig is the containerd configuration of the local node image (a measured
+// component). Root and state are on the node's /run tmpfs (docs/local-provider.md);
+// restrict_oom_score_adj because the sandbox lacks CAP_SYS_RESOURCE (platform facts §7);
+// the CNI configuration is written per node below /run/constellation/cni.
+const ContainerdConfig = `version = 2
+root = "/run/containerd/root"
+state = "/run/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.internal.v1.tracing", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  restrict_oom_score_adj = true
+  sandbox_image = "registry.k8s.io/pause:3.10.1"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/run/constellation/cni"
+`
+
+// Files of a node image directory and the PCR each is measured into (docs/attestation.md).
+// The order is the boot order, so it is part of the measurement.
+var imageFiles = []struct {
+	name string
+	pcr  int
+}{
+	{"bootstrapper", PCRBootstrapper},
+	{"kubelet", PCRKubernetes},
+	{"kubeadm", PCRKubernetes},
+	{"containerd.toml", PCRNodeConfig},
+	{"node-config.json", PCRNodeConfig},
+}
+
+// PCRKubernetes holds the Kubernetes node binaries (kubelet, kubeadm).
+const PCRKubernetes = 13
+
+// ImageComponents measures the files of a node image directory.
+func ImageComponents(dir string) ([]Component, error) {
+	var out []Component
+	for _, f := range imageFiles {
+		c, err := FileComponent(f.name, f.pcr, filepath.Join(dir, f.name))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}

@@ -1,0 +1,113 @@
+// Package metaserver is the local provider's instance-metadata service (the API in
+// docs/local-provider.md). Like a cloud's, it identifies the asking node by its source
+// address on the private network, and tells it who it is, who its peers are, where the join
+// service may be and the init-secret hash. It is not trusted for anything an attacker could
+// gain from: the join service is verified by attestation, and the hash only gates who may ask
+// for init, in addition to the attested channel.
+package metaserver
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+)
+
+// Node is what the metadata service knows of a node. Beyond metadata.Instance it carries the
+// local platform's per-node settings: the node's pod range and its cgroup (the kubelet's
+// cgroupRoot), both assigned by the provider.
+type Node struct {
+	Name       string       `json:"name"`
+	Role       string       `json:"role"`
+	IPs        []netip.Addr `json:"ips"`
+	PodCIDR    netip.Prefix `json:"podCIDR"`
+	CgroupRoot string       `json:"cgroupRoot"`
+}
+
+// Server serves the metadata of one cluster.
+type Server struct {
+	mu        sync.RWMutex
+	nodes     []Node
+	endpoints []string
+	hash      []byte
+}
+
+// New returns a server for nodes, join endpoints and the init-secret hash.
+func New(nodes []Node, joinEndpoints []string, initSecretHash []byte) *Server {
+	return &Server{nodes: nodes, endpoints: joinEndpoints, hash: initSecretHash}
+}
+
+// SetNodes replaces the node list (nodes added or removed while serving).
+func (s *Server) SetNodes(nodes []Node, joinEndpoints []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nodes, s.endpoints = nodes, joinEndpoints
+}
+
+// Handler returns the HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/self", func(w http.ResponseWriter, r *http.Request) {
+		n, ok := s.lookup(r.RemoteAddr)
+		if !ok {
+			http.Error(w, "unknown node: no instance has the address "+r.RemoteAddr, http.StatusForbidden)
+			return
+		}
+		writeJSON(w, n)
+	})
+	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.lookup(r.RemoteAddr); !ok {
+			http.Error(w, "unknown node", http.StatusForbidden)
+			return
+		}
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		writeJSON(w, s.nodes)
+	})
+	mux.HandleFunc("GET /v1/join-endpoints", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.lookup(r.RemoteAddr); !ok {
+			http.Error(w, "unknown node", http.StatusForbidden)
+			return
+		}
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		writeJSON(w, append([]string{}, s.endpoints...))
+	})
+	mux.HandleFunc("GET /v1/init-secret-hash", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.lookup(r.RemoteAddr); !ok {
+			http.Error(w, "unknown node", http.StatusForbidden)
+			return
+		}
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		writeJSON(w, map[string]string{"hash": string(s.hash)})
+	})
+	return mux
+}
+
+func (s *Server) lookup(remote string) (Node, bool) {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return Node{}, false
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return Node{}, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, n := range s.nodes {
+		for _, a := range n.IPs {
+			if a == ip.Unmap() {
+				return n, true
+			}
+		}
+	}
+	return Node{}, false
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,236 @@
+// Package nodeboot is the bootstrapper of a local sandbox node: it boots the node OS
+// (nodeos), reads the node's metadata from the provider, opens the node's vTPM and state
+// storage, and runs the platform-independent bootstrapper (init server and join client).
+//
+// The node trusts a join service that runs the same image as itself: the join service's
+// evidence must show the node's own PCRs 0..14 (read at boot, after the provider measured
+// the image). This needs no reference values baked into the image, which could not contain
+// its own measurements.
+package nodeboot
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/bootstrapper"
+	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
+	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
+	"github.com/openconstellation/constellation/internal/bootstrapper/node"
+	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/kube/kubeadm"
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
+	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
+	"github.com/openconstellation/constellation/internal/statedisk"
+)
+
+// Options are the bootstrapper's flags.
+type Options struct {
+	NodeDir     string   // the node's workspace folder
+	ImageDir    string   // the node image: kubeadm, kubelet, containerd.toml
+	Images      []string // container images to import
+	MetadataURL string
+	InitAddr    string // listen address of the init server (control planes)
+	Version     string // Kubernetes version of the image
+	Log         *slog.Logger
+}
+
+// Run boots the node and brings it into its cluster, then keeps supervising the kubelet
+// until ctx ends.
+func Run(ctx context.Context, o Options) error {
+	log := o.Log
+	meta := &metaserver.Client{BaseURL: o.MetadataURL}
+	self, err := waitSelf(ctx, meta, log)
+	if err != nil {
+		return err
+	}
+	log = log.With("node", self.Name)
+	containerdConfig, err := os.ReadFile(filepath.Join(o.ImageDir, "containerd.toml"))
+	if err != nil {
+		return fmt.Errorf("reading the image's containerd configuration: %w", err)
+	}
+	start := time.Now()
+	osys, err := nodeos.Boot(ctx, nodeos.Config{
+		NodeDir: o.NodeDir, ContainerdConfig: containerdConfig, Images: o.Images,
+		Kubelet: filepath.Join(o.ImageDir, "kubelet"), Log: log,
+	}, self.Name)
+	if err != nil {
+		return fmt.Errorf("booting the node OS: %w", err)
+	}
+	log.Info("node OS booted", "seconds", time.Since(start).Seconds())
+	if err := nodeos.WriteCNIConfig(self.PodCIDR); err != nil {
+		return fmt.Errorf("writing the CNI configuration: %w", err)
+	}
+	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
+
+	tpm, err := vtpm.Open(ctx, "unix:"+nodeos.TPMSocket)
+	if err != nil {
+		return fmt.Errorf("opening the vTPM: %w", err)
+	}
+	by, err := bringIn(ctx, o, log, meta, self, osys, kubelet, tpm)
+	// The vTPM serves one connection at a time: the in-cluster services need it now.
+	tpm.Close()
+	if err != nil {
+		return err
+	}
+	log.Info("node is in its cluster", "by", by)
+	<-ctx.Done()
+	return nil
+}
+
+func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metaserver.Client, self metaserver.Node, osys *nodeos.OS, kubelet *nodeos.Supervisor, tpm *vtpm.TPM) (string, error) {
+	issuer, err := qemu.NewIssuer(tpm, nil, nil)
+	if err != nil {
+		return "", fmt.Errorf("loading the node's attestation key: %w", err)
+	}
+	own, err := tpm.ReadPCRs(pcrRange(0, 15)...)
+	if err != nil {
+		return "", fmt.Errorf("reading own PCRs: %w", err)
+	}
+	sameImage := measurements.M{}
+	for i, v := range own {
+		sameImage[i] = measurements.Measurement{Expected: v}
+	}
+	serviceValidator, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "this node's image", Measurements: sameImage}},
+		Log:           log,
+	})
+	if err != nil {
+		return "", err
+	}
+	lock, err := nodelock.New(tpm)
+	if err != nil {
+		return "", err
+	}
+	inst := self.Instance()
+	storage := &stateStorage{
+		Storage: &statedisk.Gocryptfs{Dir: filepath.Join(o.NodeDir, "state"), MountPoint: nodeos.StateMount},
+		mount: func() error {
+			return osys.MountState(nodeos.StateMount, self.Name, firstIP(inst))
+		},
+	}
+	n, err := node.Open(ctx, lock, storage)
+	if err != nil {
+		return "", err
+	}
+	log.Info("node opened", "state", n.State().String())
+	settings := kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true}
+	runner := &kubeletFirst{Runner: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")}, kubelet: kubelet, ctx: ctx}
+	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
+	if err != nil {
+		return "", err
+	}
+	jc, err := joinclient.New(joinclient.Config{
+		Node: n, Metadata: meta, Dial: dial, Kubeadm: runner, KubeadmConfig: joinclient.KubeadmConfig(settings),
+		Kubelet: kubelet, PKIDir: "/etc/kubernetes/pki", KubeletPKIDir: "/var/lib/kubelet/pki", Log: log,
+	})
+	if err != nil {
+		return "", err
+	}
+	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log}
+	if inst.Role == metadata.ControlPlane {
+		is, err := initserver.New(initserver.Config{
+			Node: n, Metadata: meta, Issuer: issuer, Kubeadm: runner,
+			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: o.Version,
+			AdminKubeconfig: "/etc/kubernetes/admin.conf", PKIDir: "/etc/kubernetes/pki",
+			KubeletPKIDir: "/var/lib/kubelet/pki", NodeLogs: osys.Logs, Log: log,
+		})
+		if err != nil {
+			return "", err
+		}
+		l, err := net.Listen("tcp", o.InitAddr)
+		if err != nil {
+			return "", fmt.Errorf("listening for init: %w", err)
+		}
+		defer l.Close()
+		cfg.InitServer, cfg.InitListener = is, l
+	}
+	return bootstrapper.Run(ctx, cfg)
+}
+
+// stateStorage mounts the node's state overlays right after the storage is unlocked, as a
+// node image mounts its state disk: the init server and join client write cluster files
+// only after the unlock.
+type stateStorage struct {
+	statedisk.Storage
+	mount func() error
+}
+
+func (s *stateStorage) Unlock(ctx context.Context, key []byte) error {
+	if err := s.Storage.Unlock(ctx, key); err != nil {
+		return err
+	}
+	if err := s.mount(); err != nil {
+		return fmt.Errorf("mounting the node's state: %w", err)
+	}
+	return nil
+}
+
+// kubeletFirst starts the kubelet supervisor before kubeadm runs: kubeadm writes the
+// kubelet's configuration and then waits for it to become healthy, as with systemd.
+type kubeletFirst struct {
+	kubeadm.Runner
+	kubelet *nodeos.Supervisor
+	ctx     context.Context
+	once    sync.Once
+}
+
+func (k *kubeletFirst) start() { k.once.Do(func() { k.kubelet.Start(k.ctx) }) }
+
+func (k *kubeletFirst) Init(ctx context.Context, config []byte, out io.Writer) error {
+	k.start()
+	return k.Runner.Init(ctx, config, out)
+}
+
+func (k *kubeletFirst) Join(ctx context.Context, config []byte, out io.Writer) error {
+	k.start()
+	return k.Runner.Join(ctx, config, out)
+}
+
+func waitSelf(ctx context.Context, meta *metaserver.Client, log *slog.Logger) (metaserver.Node, error) {
+	for {
+		n, err := meta.Node(ctx)
+		if err == nil {
+			if err := n.Instance().Validate(); err != nil {
+				return n, err
+			}
+			if !n.PodCIDR.IsValid() {
+				return n, fmt.Errorf("metadata of %s has no pod CIDR", n.Name)
+			}
+			return n, nil
+		}
+		log.Warn("metadata not available yet", "err", err)
+		select {
+		case <-ctx.Done():
+			return n, fmt.Errorf("waiting for metadata: %w", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func firstIP(i metadata.Instance) netip.Addr {
+	if len(i.IPs) == 0 {
+		return netip.Addr{}
+	}
+	return i.IPs[0]
+}
+
+func pcrRange(from, to int) []int {
+	var out []int
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
+}

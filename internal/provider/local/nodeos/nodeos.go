@@ -1,0 +1,360 @@
+// Package nodeos is the operating system of a local sandbox node, run by the node's
+// bootstrapper inside the namespaces the provider made for it: it mounts the node's private
+// views of the host's file system, starts containerd with the node image's configuration,
+// imports the node images, mounts the encrypted state once the bootstrapper unlocked it, and
+// supervises the kubelet (the systemd of a real node image).
+//
+// What is encrypted: /etc and /var/lib of the node are overlays whose upper (writable)
+// layers live in the gocryptfs state storage, so the cluster's keys, kubeconfigs, etcd data
+// and kubelet state only reach the disk encrypted. containerd's root is on the node's /run
+// tmpfs: images (public) and container layers never reach the disk. /var/log is an overlay
+// whose upper layer is in the workspace (logs are for the operator, like a serial console).
+package nodeos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Paths inside a node (docs/local-provider.md).
+const (
+	RunDir            = "/run/constellation"
+	TPMSocket         = RunDir + "/tpm.sock"
+	StateMount        = RunDir + "/state"
+	CNIConfDir        = RunDir + "/cni"
+	ContainerdSocket  = "/run/containerd/containerd.sock"
+	CRISocket         = "unix://" + ContainerdSocket
+	containerdConfig  = RunDir + "/containerd.toml"
+	kubeletConfigFile = "/var/lib/kubelet/config.yaml"
+	kubeletFlagsFile  = "/var/lib/kubelet/kubeadm-flags.env"
+)
+
+// Config is the node's view of its sandbox.
+type Config struct {
+	// NodeDir is the node's folder in the workspace: logs/, log/ (the /var/log upper
+	// layer) and tpm/tpm.sock.
+	NodeDir string
+	// ContainerdConfig is the node image's containerd configuration.
+	ContainerdConfig []byte
+	// Images are docker-archive tarballs to import into containerd.
+	Images []string
+	// Kubelet is the kubelet binary of the node image.
+	Kubelet string
+	Log     *slog.Logger
+}
+
+// OS is a booted node OS.
+type OS struct {
+	cfg        Config
+	containerd *exec.Cmd
+	kubelet    *Supervisor
+}
+
+// LogDir is where the node's processes log (in the workspace).
+func (c Config) LogDir() string { return filepath.Join(c.NodeDir, "logs") }
+
+// Boot prepares the sandbox: /run as tmpfs, the TPM socket at TPMSocket, /var/log overlay,
+// hostname, containerd with the images imported.
+func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.LogDir(), 0o755); err != nil {
+		return nil, err
+	}
+	if err := syscall.Sethostname([]byte(hostname)); err != nil {
+		return nil, fmt.Errorf("setting hostname: %w", err)
+	}
+	// Nothing mounted in here may reach the host's namespace.
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return nil, fmt.Errorf("making mounts private: %w", err)
+	}
+	if err := syscall.Mount("tmpfs", "/run", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=755"); err != nil {
+		return nil, fmt.Errorf("mounting /run: %w", err)
+	}
+	for _, d := range []string{RunDir, CNIConfDir, "/run/containerd", "/run/netns"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := bindFile(filepath.Join(cfg.NodeDir, "tpm", "tpm.sock"), TPMSocket); err != nil {
+		return nil, fmt.Errorf("attaching the vTPM: %w", err)
+	}
+	if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log")); err != nil {
+		return nil, err
+	}
+	o := &OS{cfg: cfg}
+	if err := o.startContainerd(ctx); err != nil {
+		return nil, err
+	}
+	if err := o.importImages(ctx); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// MountState mounts the node's /etc and /var/lib overlays with their writable layers in the
+// unlocked state storage at dir, and writes the node's identity files.
+func (o *OS) MountState(dir, hostname string, ip netip.Addr) error {
+	for _, target := range []string{"/etc", "/var/lib"} {
+		if err := overlay(target, filepath.Join(dir, strings.ReplaceAll(strings.Trim(target, "/"), "/", "-"))); err != nil {
+			return err
+		}
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost\n%s\t%s\n", ip, hostname)
+	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
+		return fmt.Errorf("writing /etc/hosts: %w", err)
+	}
+	if err := os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644); err != nil {
+		return fmt.Errorf("writing /etc/hostname: %w", err)
+	}
+	return nil
+}
+
+// WriteCNIConfig writes the pod network configuration: a bridge with the node's pod range,
+// routed (not masqueraded) to the other nodes by the provider's routes.
+func WriteCNIConfig(podCIDR netip.Prefix) error {
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "constellation",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %q}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+`, podCIDR.Masked().String())
+	return os.WriteFile(filepath.Join(CNIConfDir, "10-constellation.conflist"), []byte(conf), 0o644)
+}
+
+func (o *OS) startContainerd(ctx context.Context) error {
+	if err := os.WriteFile(containerdConfig, o.cfg.ContainerdConfig, 0o644); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(o.cfg.LogDir(), "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("containerd", "--config", containerdConfig)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	logf.Close()
+	o.containerd = cmd
+	go func() { _ = cmd.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.Dial("unix", ContainerdSocket); err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("containerd did not open %s (see %s)", ContainerdSocket, filepath.Join(o.cfg.LogDir(), "containerd.log"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (o *OS) importImages(ctx context.Context) error {
+	start := time.Now()
+	for _, img := range o.cfg.Images {
+		out, err := exec.CommandContext(ctx, "ctr", "-a", ContainerdSocket, "-n", "k8s.io", "images", "import", "--no-unpack=false", img).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("importing image %s: %w: %s", img, err, strings.TrimSpace(string(out)))
+		}
+	}
+	o.cfg.Log.Info("images imported", "count", len(o.cfg.Images), "seconds", time.Since(start).Seconds())
+	return nil
+}
+
+// Kubelet returns the kubelet supervisor, started on first use.
+func (o *OS) Kubelet(extraArgs ...string) *Supervisor {
+	if o.kubelet == nil {
+		o.kubelet = &Supervisor{binary: o.cfg.Kubelet, extra: extraArgs, logFile: filepath.Join(o.cfg.LogDir(), "kubelet.log"), log: o.cfg.Log}
+	}
+	return o.kubelet
+}
+
+// Logs returns the tail of the node's containerd and kubelet logs (for init failures).
+func (o *OS) Logs(_ context.Context) []byte {
+	var b strings.Builder
+	for _, name := range []string{"containerd.log", "kubelet.log"} {
+		data, err := os.ReadFile(filepath.Join(o.cfg.LogDir(), name))
+		if err != nil {
+			continue
+		}
+		if len(data) > 16<<10 {
+			data = data[len(data)-16<<10:]
+		}
+		fmt.Fprintf(&b, "==> %s <==\n%s\n", name, data)
+	}
+	return []byte(b.String())
+}
+
+// Supervisor runs the kubelet the way kubeadm's systemd drop-in does: once kubeadm wrote
+// its configuration, with kubeadm's flags, restarted whenever it exits.
+type Supervisor struct {
+	binary  string
+	extra   []string
+	logFile string
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	started bool
+}
+
+// Start begins supervising: the kubelet starts as soon as kubeadm wrote its configuration.
+func (s *Supervisor) Start(ctx context.Context) {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return
+	}
+	s.started = true
+	s.mu.Unlock()
+	go s.loop(ctx)
+}
+
+// Restart implements node.Kubelet: it (re)starts the kubelet.
+func (s *Supervisor) Restart(ctx context.Context) error {
+	s.Start(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	return nil
+}
+
+func (s *Supervisor) loop(ctx context.Context) {
+	for ctx.Err() == nil {
+		args, err := s.args()
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
+		logf, err := os.OpenFile(s.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			s.log.Error("kubelet log", "err", err)
+			return
+		}
+		cmd := exec.Command(s.binary, args...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		s.mu.Lock()
+		err = cmd.Start()
+		if err == nil {
+			s.cmd = cmd
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.log.Error("starting kubelet", "err", err)
+			logf.Close()
+			time.Sleep(time.Second)
+			continue
+		}
+		s.log.Info("kubelet started", "pid", cmd.Process.Pid)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err = <-done:
+			s.log.Warn("kubelet exited; restarting", "err", err)
+			logf.Close()
+			time.Sleep(time.Second)
+		case <-ctx.Done():
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			<-done
+			logf.Close()
+			return
+		}
+	}
+}
+
+// args builds the kubelet's command line from kubeadm's files, as kubeadm's systemd drop-in
+// (10-kubeadm.conf) does.
+func (s *Supervisor) args() ([]string, error) {
+	if _, err := os.Stat(kubeletConfigFile); err != nil {
+		return nil, err
+	}
+	flags, err := os.ReadFile(kubeletFlagsFile)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{
+		"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
+		"--kubeconfig=/etc/kubernetes/kubelet.conf",
+		"--config=" + kubeletConfigFile,
+	}
+	args = append(args, ParseKubeadmFlags(string(flags))...)
+	return append(args, s.extra...), nil
+}
+
+// ParseKubeadmFlags extracts the flags of kubeadm-flags.env
+// (KUBELET_KUBEADM_ARGS="--a=b --c=d").
+func ParseKubeadmFlags(env string) []string {
+	for _, line := range strings.Split(env, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "KUBELET_KUBEADM_ARGS=")
+		if !ok {
+			continue
+		}
+		return strings.Fields(strings.Trim(v, `"`))
+	}
+	return nil
+}
+
+func overlay(target, dir string) error {
+	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// userxattr: the upper layer may be gocryptfs, which stores user.* extended attributes
+	// only; overlayfs then keeps its metadata there.
+	opts := fmt.Sprintf("userxattr,lowerdir=%s,upperdir=%s,workdir=%s", target, upper, work)
+	if err := syscall.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mounting overlay on %s: %w", target, err)
+	}
+	return nil
+}
+
+func bindFile(src, dst string) error {
+	if _, err := os.Stat(src); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if err := syscall.Mount(src, dst, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
