@@ -33,6 +33,7 @@ import (
 const (
 	AdminConfFile    = "constellation-admin.conf"
 	MasterSecretFile = "constellation-mastersecret.json"
+	StateFile        = "constellation-state.yaml"
 )
 
 // initAndWait initializes the cluster on its first control plane over attested TLS and waits

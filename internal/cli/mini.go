@@ -307,6 +307,12 @@ func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
+	// The cluster's files go with it: its state and keys protect nothing any more.
+	for _, f := range []string{AdminConfFile, MasterSecretFile, StateFile} {
+		if err := os.Remove(filepath.Join(workspace, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
 	fmt.Fprintln(out, "removed", dir)
 	return nil
 }

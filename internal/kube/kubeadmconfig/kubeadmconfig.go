@@ -119,6 +119,7 @@ import (
 	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/util/validation"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
 	kubeadmv1beta4 "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
@@ -271,8 +272,16 @@ func Init(p InitParams) ([]byte, error) {
 		kubeletCfg.CgroupDriver = "cgroupfs"
 		kubeletCfg.FailSwapOn = ptr.To(false)
 	}
+	// kube-proxy in nftables mode (the sandbox's kube-proxy image carries nft; nftables is
+	// kube-proxy's current mode). A sandbox node shares the host's conntrack table, whose
+	// size only the host may set: maxPerCore 0 leaves it alone.
+	proxyCfg := &kubeproxyv1alpha1.KubeProxyConfiguration{Mode: "nftables"}
+	if p.Sandbox {
+		proxyCfg.Conntrack.MaxPerCore = ptr.To[int32](0)
+		proxyCfg.Conntrack.Min = ptr.To[int32](0)
+	}
 
-	return encode(initCfg, clusterCfg, kubeletCfg)
+	return encode(initCfg, clusterCfg, kubeletCfg, proxyCfg)
 }
 
 // Join returns the configuration file for `kubeadm join`: a JoinConfiguration. The kubelet's
@@ -322,7 +331,7 @@ func nodeRegistration(name string, nodeIP netip.Addr, criSocket string, sandbox,
 // scheme knows the versioned types this package writes.
 var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{kubeadmv1beta4.AddToScheme, kubeletv1beta1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{kubeadmv1beta4.AddToScheme, kubeletv1beta1.AddToScheme, kubeproxyv1alpha1.AddToScheme} {
 		if err := add(s); err != nil {
 			panic(fmt.Sprintf("registering kubeadm configuration types: %v", err))
 		}

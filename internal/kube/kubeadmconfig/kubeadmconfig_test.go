@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
 	kubeadmv1beta4 "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
@@ -98,6 +99,7 @@ func decode(t *testing.T, data []byte) []runtime.Object {
 	scheme := runtime.NewScheme()
 	require.NoError(t, kubeadmv1beta4.AddToScheme(scheme))
 	require.NoError(t, kubeletv1beta1.AddToScheme(scheme))
+	require.NoError(t, kubeproxyv1alpha1.AddToScheme(scheme))
 	yaml := serializerjson.NewSerializerWithOptions(serializerjson.DefaultMetaFactory, scheme, scheme, serializerjson.SerializerOptions{Yaml: true, Strict: true})
 	var objs []runtime.Object
 	for doc := range strings.SplitSeq(string(data), "\n---\n") {
@@ -246,7 +248,8 @@ func TestInit(t *testing.T) {
 			data, err := kubeadmconfig.Init(tc.params)
 			require.NoError(t, err)
 			objs := decode(t, data)
-			require.Len(t, objs, 3)
+			require.Len(t, objs, 4)
+			require.IsType(t, &kubeproxyv1alpha1.KubeProxyConfiguration{}, objs[3])
 			require.IsType(t, &kubeadmv1beta4.InitConfiguration{}, objs[0])
 			require.IsType(t, &kubeadmv1beta4.ClusterConfiguration{}, objs[1])
 			require.IsType(t, &kubeletv1beta1.KubeletConfiguration{}, objs[2])
@@ -484,6 +487,22 @@ func TestIPv4MappedNodeIP(t *testing.T) {
 func TestDocumentsSeparated(t *testing.T) {
 	data, err := kubeadmconfig.Init(sandboxInit())
 	require.NoError(t, err)
-	assert.Equal(t, 2, bytes.Count(data, []byte("\n---\n")))
+	assert.Equal(t, 3, bytes.Count(data, []byte("\n---\n")))
 	assert.True(t, bytes.HasPrefix(data, []byte("apiVersion: kubeadm.k8s.io/v1beta4\n")))
+}
+
+// TestKubeProxySandbox checks kube-proxy's settings: nftables everywhere, and in a sandbox
+// no conntrack sizing (the host's table is not the node's to set).
+func TestKubeProxySandbox(t *testing.T) {
+	for _, sandbox := range []bool{true, false} {
+		p := sandboxInit()
+		p.Sandbox = sandbox
+		data, err := kubeadmconfig.Init(p)
+		require.NoError(t, err)
+		docs := bytes.Split(data, []byte("\n---\n"))
+		proxy := string(docs[len(docs)-1])
+		assert.Contains(t, proxy, "kind: KubeProxyConfiguration")
+		assert.Contains(t, proxy, "mode: nftables")
+		assert.Equal(t, sandbox, strings.Contains(proxy, "maxPerCore: 0"), "sandbox=%v:\n%s", sandbox, proxy)
+	}
 }

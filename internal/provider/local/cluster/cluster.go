@@ -24,6 +24,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -122,6 +124,13 @@ func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
 	if err != nil {
 		return err
 	}
+	// Orphans of the nodes (daemonized containerd shims, and everything once a node is
+	// killed) are re-parented to the provider, which reaps them: the machine's PID 1 may not.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("becoming the nodes' subreaper: %w", err)
+	}
+	go reapOrphans(ctx)
+	defer reapAll()
 	p := &Provider{spec: spec, log: log, net: sandbox.Network{ID: id}, cgroup: cg}
 	p.status = Status{PID: os.Getpid(), NetworkID: id, Cgroup: string(cg)}
 	defer func() {
@@ -382,4 +391,28 @@ func loadCA(certFile, keyFile string) (*akca.CA, error) {
 		return nil, fmt.Errorf("reading the AK CA: %w", err)
 	}
 	return akca.Load(cert, key)
+}
+
+// reapOrphans collects exited orphans while the cluster runs. Only processes that have
+// exited are collected; a child started with os/exec whose status is taken here sees
+// ECHILD from Wait, which the provider treats as exited.
+func reapOrphans(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+		reapAll()
+	}
+}
+
+func reapAll() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+	}
 }
