@@ -165,7 +165,7 @@ func check(path string, t reflect.Type, v any, problems *[]error) {
 	if reflect.PointerTo(t).Implements(textUnmarshaler) || t.Implements(textUnmarshaler) {
 		s, ok := v.(string)
 		if !ok {
-			bad("must be a string, got %s", describe(v))
+			bad("must be a string, got %s%s", describe(v), quoteHint(v))
 			return
 		}
 		if t.Kind() == reflect.Pointer {
