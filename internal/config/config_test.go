@@ -459,3 +459,17 @@ func FuzzParse(f *testing.F) {
 		require.Equal(t, c, back)
 	})
 }
+
+// TestDocumentedExample keeps the example of docs/configuration.md valid.
+func TestDocumentedExample(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(doc), "## constellation-conf.yaml\n\n```yaml\n")
+	require.True(t, ok, "the example block")
+	example, _, ok := strings.Cut(rest, "```")
+	require.True(t, ok)
+	c, err := Parse([]byte(example))
+	require.NoError(t, err)
+	require.NoError(t, c.Validate())
+	assert.Equal(t, "demo", c.Name)
+}
