@@ -71,7 +71,7 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	path := filepath.Join(workspace, config.FileName)
 	if !o.force {
 		if _, err := os.Lstat(path); err == nil {
-			return fmt.Errorf("%s exists: refusing to overwrite it (use --force to replace it)", path)
+			return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, os.ErrExist)
 		}
 	}
 	imageDir, err := filepath.Abs(o.image)
@@ -108,7 +108,7 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	}
 	if err := config.Write(path, c, o.force); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("%s exists: refusing to overwrite it (use --force to replace it)", path)
+			return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, err)
 		}
 		return err
 	}
