@@ -52,3 +52,27 @@ func SyncDir(dir string) error {
 	}
 	return nil
 }
+
+// CreateAtomic writes data to path like WriteAtomic, but only if path does not exist: the
+// synced temporary file is hard-linked to path, which fails (wrapping os.ErrExist) if path
+// exists, so a file another process creates meanwhile is never replaced either.
+func CreateAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if err := WriteSync(f, data); err != nil {
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil {
+		return err
+	}
+	return SyncDir(dir)
+}

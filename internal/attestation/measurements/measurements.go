@@ -50,6 +50,11 @@ func (m Measurement) MarshalJSON() ([]byte, error) {
 func (m *Measurement) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	var raw measurementJSON
+	if len(b) > 0 && (b[0] == '-' || ('0' <= b[0] && b[0] <= '9')) {
+		// The usual cause: an unquoted all-digit hex digest in YAML, read as a number (and
+		// rounded, so the digits cannot be recovered here).
+		return errors.New("measurement: expected digest must be a hex string, got a number (in YAML, quote digests that are all digits)")
+	}
 	if len(b) > 0 && b[0] == '"' {
 		if err := json.Unmarshal(b, &raw.Expected); err != nil {
 			return err
@@ -64,7 +69,9 @@ func (m *Measurement) UnmarshalJSON(b []byte) error {
 			var err error
 			switch key {
 			case "expected":
-				err = json.Unmarshal(val, &raw.Expected)
+				if err = json.Unmarshal(val, &raw.Expected); err != nil {
+					err = fmt.Errorf("expected digest must be a hex string (in YAML, quote digests that are all digits): %w", err)
+				}
 			case "warnOnly":
 				err = json.Unmarshal(val, &raw.WarnOnly)
 			default:

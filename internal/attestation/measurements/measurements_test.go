@@ -62,6 +62,14 @@ func TestDecode(t *testing.T) {
 			json:    `{"4": {"warnOnly": true}}`,
 			wantErr: "expected digest is empty",
 		},
+		"digest read as a number (unquoted in YAML)": {
+			json:    `{"4": 1.1111111111111112e+63}`,
+			wantErr: "quote digests that are all digits",
+		},
+		"expected read as a number": {
+			json:    `{"4": {"expected": 1234}}`,
+			wantErr: "quote digests that are all digits",
+		},
 		"not an object": {
 			json:    `["4"]`,
 			wantErr: "want an object",

@@ -1,0 +1,144 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Work with the cluster configuration (" + config.FileName + ")",
+	}
+	generate := &cobra.Command{
+		Use:   "generate",
+		Short: "Write a configuration for a provider into the workspace",
+	}
+	generate.AddCommand(newConfigGenerateLocalCmd())
+	cmd.AddCommand(generate)
+	return cmd
+}
+
+// generateLocalOptions are the flags of `config generate local`.
+type generateLocalOptions struct {
+	name          string
+	image         string
+	controlPlanes int
+	workers       int
+	force         bool
+}
+
+func newConfigGenerateLocalCmd() *cobra.Command {
+	var o generateLocalOptions
+	cmd := &cobra.Command{
+		Use:   "local",
+		Short: "Write a configuration for a local cluster, with reference values measured from the node image",
+		Long: `Write ` + config.FileName + ` for the local provider into the workspace.
+
+The reference values (attestation.qemuVTPM.measurements) are computed offline from the node
+image directory given by --image: each file is measured into its PCR as the provider does at
+boot (docs/attestation.md), so the configuration admits exactly the nodes that boot this
+image. An existing configuration is kept unless --force is given.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, err := cmd.Flags().GetString("workspace")
+			if err != nil {
+				return err
+			}
+			return generateLocal(cmd.OutOrStdout(), ws, o)
+		},
+	}
+	cmd.Flags().StringVar(&o.name, "name", "constellation", "cluster name (a DNS label)")
+	cmd.Flags().StringVar(&o.image, "image", "", "node image directory ("+strings.Join(local.ImageFiles(), ", ")+")")
+	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane nodes")
+	cmd.Flags().IntVar(&o.workers, "workers", 1, "number of worker nodes")
+	cmd.Flags().BoolVar(&o.force, "force", false, "replace an existing configuration")
+	_ = cmd.MarkFlagRequired("image")
+	return cmd
+}
+
+func generateLocal(out io.Writer, workspace string, o generateLocalOptions) error {
+	path := filepath.Join(workspace, config.FileName)
+	if !o.force {
+		if _, err := os.Lstat(path); err == nil {
+			return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, os.ErrExist)
+		}
+	}
+	imageDir, err := filepath.Abs(o.image)
+	if err != nil {
+		return fmt.Errorf("node image directory: %w", err)
+	}
+	if info, err := os.Stat(imageDir); err != nil {
+		return fmt.Errorf("node image directory: %w", err)
+	} else if !info.IsDir() {
+		return fmt.Errorf("node image %s is not a directory", imageDir)
+	}
+	image, err := local.ImageComponents(imageDir)
+	if err != nil {
+		return fmt.Errorf("measuring the node image %s: %w", imageDir, err)
+	}
+	expected := local.ExpectedPCRs(image)
+	setName := config.ReferenceSetName("local-", expected)
+
+	c := config.Default()
+	c.Name = o.name
+	c.Provider.Local = &config.LocalConfig{
+		ControlPlanes: o.controlPlanes,
+		Workers:       o.workers,
+		Image:         imagePathFor(workspace, imageDir),
+	}
+	c.Attestation.QEMUVTPM = &config.QEMUVTPMConfig{
+		Measurements: measurements.ReferenceSets{{Name: setName, Measurements: expected}},
+	}
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("the flags give an invalid configuration:\n%w", err)
+	}
+	if err := os.MkdirAll(workspace, 0o755); err != nil {
+		return fmt.Errorf("creating the workspace: %w", err)
+	}
+	if err := config.Write(path, c, o.force); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, err)
+		}
+		return err
+	}
+
+	fmt.Fprintf(out, "Wrote %s: cluster %q, %d control plane(s), %d worker(s), Kubernetes %s.\n",
+		path, c.Name, o.controlPlanes, o.workers, c.KubernetesVersion)
+	fmt.Fprintf(out, "Reference values %q, computed from the node image %s:\n", setName, imageDir)
+	byPCR := map[int][]string{}
+	for _, comp := range image {
+		byPCR[comp.PCR] = append(byPCR[comp.PCR], comp.Name)
+	}
+	for _, i := range expected.Indices() {
+		if names, ok := byPCR[int(i)]; ok {
+			fmt.Fprintf(out, "  PCR %-2d %x  (%s)\n", i, expected[i].Expected, strings.Join(names, ", "))
+		}
+	}
+	fmt.Fprintf(out, "  PCRs 0-14 not listed must read zero.\n")
+	return nil
+}
+
+// imagePathFor returns how the configuration refers to the image directory: relative to the
+// workspace when it lies inside it (the workspace can move), absolute otherwise.
+func imagePathFor(workspace, imageDir string) string {
+	ws, err := filepath.Abs(workspace)
+	if err != nil {
+		return imageDir
+	}
+	rel, err := filepath.Rel(ws, imageDir)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return imageDir
+	}
+	return rel
+}

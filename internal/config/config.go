@@ -1,0 +1,460 @@
+// Package config is constellation-conf.yaml, the user's description of a cluster: its name,
+// Kubernetes version, provider settings, the reference values its nodes must attest to, and
+// its networks. docs/configuration.md describes every field.
+//
+// Parsing is strict (internal/strictyaml): unknown or miscased fields and values of the wrong
+// kind are errors that name the field. Validate reports every problem at once, each as a
+// *strictyaml.FieldError naming the field path and saying why, for example
+//
+//	provider.local.controlPlanes: must be at least 1, got 0
+//
+// Defaults (SetDefaults) fill only fields that are empty; fields without a default are
+// required.
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/strictyaml"
+)
+
+// FileName is the name of the configuration file in a workspace.
+const FileName = "constellation-conf.yaml"
+
+// Version1 is the schema version this package reads and writes.
+const Version1 = "v1"
+
+// Defaults (docs/configuration.md, docs/local-provider.md).
+const (
+	// DefaultKubernetesVersion is the default, and today the only supported, version.
+	DefaultKubernetesVersion = "v1.34.4"
+	// DefaultPodCIDR is the pod network of the cluster; the local provider gives node i the
+	// i-th /24 of it.
+	DefaultPodCIDR = "10.244.0.0/16"
+	// DefaultServiceCIDR is the network of Kubernetes service addresses.
+	DefaultServiceCIDR = "10.96.0.0/12"
+)
+
+// MaxFileSize bounds the configuration file (it is read whole).
+const MaxFileSize = 1 << 20
+
+// SupportedKubernetesVersions are the Kubernetes versions nodes can run.
+var SupportedKubernetesVersions = []string{DefaultKubernetesVersion}
+
+// localNodeNetwork is the node network of the local provider (docs/local-provider.md): node
+// i has address 10.42.0.(10+i), so at most maxLocalNodes nodes fit.
+var localNodeNetwork = netip.MustParsePrefix("10.42.0.0/24")
+
+const (
+	maxLocalNodes = 245
+	// Service networks: kube-apiserver refuses IPv4 ranges larger than /12, and the cluster
+	// DNS service takes the 10th address, so a range needs at least 16 addresses.
+	minServicePrefixBits = 12
+	maxServicePrefixBits = 28
+	// nodePodPrefixBits is the pod network of one local node (docs/local-provider.md).
+	nodePodPrefixBits = 24
+)
+
+// Config is constellation-conf.yaml.
+type Config struct {
+	// Version is the schema version of the file. Required; the only version is "v1".
+	Version string `json:"version"`
+	// Name is the cluster's name: a DNS label (at most 63 characters of lower-case letters,
+	// digits and '-', starting and ending with a letter or digit). Required.
+	Name string `json:"name"`
+	// KubernetesVersion is the Kubernetes version the cluster runs. Default and only
+	// supported value: v1.34.4.
+	KubernetesVersion string `json:"kubernetesVersion"`
+	// Provider is where the nodes run. Exactly one provider must be configured.
+	Provider ProviderConfig `json:"provider"`
+	// Attestation holds what nodes must prove before they are admitted. Exactly one
+	// variant must be configured, and it must be the one the provider's nodes attest with.
+	Attestation AttestationConfig `json:"attestation"`
+	// Network holds the cluster's networks. Defaults: see NetworkConfig.
+	Network NetworkConfig `json:"network"`
+}
+
+// ProviderConfig has one field per provider; exactly one is set.
+type ProviderConfig struct {
+	// Local runs nodes as sandboxes on this machine (docs/local-provider.md).
+	Local *LocalConfig `json:"local,omitempty"`
+}
+
+// LocalConfig configures the local provider.
+type LocalConfig struct {
+	// ControlPlanes is the number of control-plane nodes: at least 1 (an odd number keeps
+	// etcd's quorum efficient). Required.
+	ControlPlanes int `json:"controlPlanes"`
+	// Workers is the number of worker nodes: at least 0. Default 0. Control planes and
+	// workers together are at most 245, the addresses of the node network.
+	Workers int `json:"workers"`
+	// Image is the node image directory every node boots: the files local.ImageFiles names
+	// (bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json), measured into the
+	// node's vTPM by the PCR map of docs/attestation.md. A relative path is relative to the
+	// directory of the configuration file (the workspace). Required.
+	Image string `json:"image"`
+}
+
+// AttestationConfig has one field per attestation variant; exactly one is set.
+type AttestationConfig struct {
+	// QEMUVTPM is the qemu-vtpm variant: a TPM quote of the node's (virtual) TPM. The local
+	// provider's nodes attest with it.
+	QEMUVTPM *QEMUVTPMConfig `json:"qemuVTPM,omitempty"`
+}
+
+// QEMUVTPMConfig configures the qemu-vtpm variant.
+type QEMUVTPMConfig struct {
+	// Measurements are the reference-value sets (internal/attestation/measurements); a node is
+	// admitted if its PCRs match any set. At least one set; names are unique. PCR 15 carries
+	// the cluster-ID marker and is checked against the cluster ID, so it must not be an
+	// enforced register here. Required.
+	Measurements measurements.ReferenceSets `json:"measurements"`
+	// AKRoots are PEM certificates of CAs that certify nodes' attestation keys. When set, a
+	// node's AK must carry a certificate chaining to one of them. Optional: the local
+	// provider certifies its nodes' AKs with a CA it creates with the cluster.
+	AKRoots string `json:"akRoots,omitempty"`
+}
+
+// NetworkConfig holds the cluster's networks (IPv4 CIDRs, without host bits). The pod,
+// service and (for the local provider) node networks must not overlap.
+type NetworkConfig struct {
+	// PodCIDR is the network pods get addresses from. Default 10.244.0.0/16. With the local
+	// provider each node gets a /24 of it, so it must hold a /24 per node.
+	PodCIDR string `json:"podCIDR"`
+	// ServiceCIDR is the network of Kubernetes service addresses, a /12 to /28. Default
+	// 10.96.0.0/12.
+	ServiceCIDR string `json:"serviceCIDR"`
+}
+
+// Default returns a configuration with every default set and no provider or attestation
+// variant: the base that `constellation config generate` completes.
+func Default() *Config {
+	c := &Config{Version: Version1}
+	c.SetDefaults()
+	return c
+}
+
+// SetDefaults fills the empty fields that have defaults: kubernetesVersion,
+// network.podCIDR and network.serviceCIDR.
+func (c *Config) SetDefaults() {
+	if c.KubernetesVersion == "" {
+		c.KubernetesVersion = DefaultKubernetesVersion
+	}
+	if c.Network.PodCIDR == "" {
+		c.Network.PodCIDR = DefaultPodCIDR
+	}
+	if c.Network.ServiceCIDR == "" {
+		c.Network.ServiceCIDR = DefaultServiceCIDR
+	}
+}
+
+// Parse decodes a configuration strictly and fills its defaults. It does not validate it.
+func Parse(data []byte) (*Config, error) {
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("configuration has %d bytes, more than the limit of %d", len(data), MaxFileSize)
+	}
+	var c Config
+	if err := strictyaml.Unmarshal(data, &c); err != nil {
+		return nil, err
+	}
+	c.SetDefaults()
+	return &c, nil
+}
+
+// Load reads, parses and validates the configuration file at path. A missing file is an
+// error wrapping os.ErrNotExist.
+func Load(path string) (*Config, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no configuration file %s (create one with 'constellation config generate local'): %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration %s: %w", path, err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("configuration %s:\n%w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("configuration %s is invalid:\n%w", path, err)
+	}
+	return c, nil
+}
+
+// header starts every written configuration file.
+const header = `# Constellation cluster configuration (schema %s).
+# Every field, its default and its rules: docs/configuration.md.
+`
+
+// Marshal encodes c as YAML, fields in documentation order, with a header comment.
+func (c *Config) Marshal() ([]byte, error) {
+	body, err := strictyaml.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encoding configuration: %w", err)
+	}
+	return append(fmt.Appendf(nil, header, c.Version), body...), nil
+}
+
+// Write validates c and writes it to path atomically. Unless overwrite is set, an existing
+// file is never replaced (the error wraps os.ErrExist).
+func Write(path string, c *Config, overwrite bool) error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("refusing to write an invalid configuration:\n%w", err)
+	}
+	data, err := c.Marshal()
+	if err != nil {
+		return err
+	}
+	if overwrite {
+		err = fileutil.WriteAtomic(path, data, 0o644)
+	} else {
+		err = fileutil.CreateAtomic(path, data, 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("writing configuration: %w", err)
+	}
+	return nil
+}
+
+// ImagePath returns the local provider's node image directory, a relative Image resolved
+// against dir (the directory holding the configuration file).
+func (l *LocalConfig) ImagePath(dir string) string {
+	if filepath.IsAbs(l.Image) {
+		return l.Image
+	}
+	return filepath.Join(dir, l.Image)
+}
+
+// Variant returns the attestation variant configured, or the zero Variant.
+func (a AttestationConfig) Variant() variant.Variant {
+	if a.QEMUVTPM != nil {
+		return variant.QEMUVTPM
+	}
+	return variant.Variant{}
+}
+
+// ReferenceSetName names the reference-value set of an image by its measurements, so a new
+// image's set never takes an old one's name: prefix and the first 12 hex digits of the
+// SHA-256 of the expected values in register order.
+func ReferenceSetName(prefix string, m measurements.M) string {
+	h := sha256.New()
+	for _, i := range m.Indices() {
+		fmt.Fprintf(h, "%d:%x;", i, m[i].Expected)
+	}
+	return prefix + hex.EncodeToString(h.Sum(nil))[:12]
+}
+
+// Validate checks every field and reports every problem (errors.Join of
+// *strictyaml.FieldError, in field order), or nil.
+func (c *Config) Validate() error {
+	v := &validator{}
+	switch c.Version {
+	case Version1:
+	case "":
+		v.bad("version", "missing (this CLI reads %s)", Version1)
+	default:
+		v.bad("version", "%q is not supported (this CLI reads %s)", c.Version, Version1)
+	}
+	switch {
+	case c.Name == "":
+		v.bad("name", "missing (a DNS label, for example %q)", "my-cluster")
+	default:
+		if errs := validation.IsDNS1123Label(c.Name); len(errs) > 0 {
+			v.bad("name", "%q is not a DNS label: %s", c.Name, strings.Join(errs, "; "))
+		}
+	}
+	if !slices.Contains(SupportedKubernetesVersions, c.KubernetesVersion) {
+		v.bad("kubernetesVersion", "%q is not supported (supported: %s)", c.KubernetesVersion, strings.Join(SupportedKubernetesVersions, ", "))
+	}
+
+	local := c.Provider.Local
+	if local == nil {
+		v.bad("provider", "no provider configured (supported: local)")
+	} else {
+		c.validateLocal(v, local)
+	}
+
+	want := variant.QEMUVTPM // the variant of the only provider
+	switch got := c.Attestation.Variant(); {
+	case got.IsZero():
+		v.bad("attestation", "no attestation variant configured (the local provider's nodes attest with qemuVTPM)")
+	case got.String() != want.String():
+		v.bad("attestation", "variant %s does not match the provider's nodes, which attest with %s", got, want)
+	}
+	if q := c.Attestation.QEMUVTPM; q != nil {
+		validateReferenceSets(v, "attestation.qemuVTPM.measurements", q.Measurements, variant.QEMUVTPM)
+		if q.AKRoots != "" {
+			if _, err := ParseAKRoots(q.AKRoots); err != nil {
+				v.add("attestation.qemuVTPM.akRoots", err)
+			}
+		}
+	}
+
+	pod := v.prefix("network.podCIDR", c.Network.PodCIDR)
+	svc := v.prefix("network.serviceCIDR", c.Network.ServiceCIDR)
+	if svc.IsValid() && (svc.Bits() < minServicePrefixBits || svc.Bits() > maxServicePrefixBits) {
+		v.bad("network.serviceCIDR", "%s: prefix length must be %d to %d, got %d", svc, minServicePrefixBits, maxServicePrefixBits, svc.Bits())
+	}
+	if pod.IsValid() && svc.IsValid() && pod.Overlaps(svc) {
+		v.bad("network", "podCIDR %s and serviceCIDR %s overlap", pod, svc)
+	}
+	if local != nil {
+		for _, n := range []struct {
+			field string
+			p     netip.Prefix
+		}{{"network.podCIDR", pod}, {"network.serviceCIDR", svc}} {
+			if n.p.IsValid() && n.p.Overlaps(localNodeNetwork) {
+				v.bad(n.field, "%s overlaps the local provider's node network %s", n.p, localNodeNetwork)
+			}
+		}
+		if nodes := local.ControlPlanes + local.Workers; pod.IsValid() && nodes > 0 {
+			if pod.Bits() > nodePodPrefixBits {
+				v.bad("network.podCIDR", "%s is smaller than the /%d each local node gets", pod, nodePodPrefixBits)
+			} else if room := 1 << min(nodePodPrefixBits-pod.Bits(), 16); nodes > room {
+				v.bad("network.podCIDR", "%s holds %d node networks (/%d), the cluster has %d nodes", pod, room, nodePodPrefixBits, nodes)
+			}
+		}
+	}
+	return v.err()
+}
+
+func (c *Config) validateLocal(v *validator, l *LocalConfig) {
+	if l.ControlPlanes < 1 {
+		v.bad("provider.local.controlPlanes", "must be at least 1, got %d", l.ControlPlanes)
+	}
+	if l.Workers < 0 {
+		v.bad("provider.local.workers", "must be at least 0, got %d", l.Workers)
+	}
+	if l.ControlPlanes >= 1 && l.Workers >= 0 && l.ControlPlanes+l.Workers > maxLocalNodes {
+		v.bad("provider.local", "%d control planes and %d workers are %d nodes, more than the %d addresses of the node network %s", l.ControlPlanes, l.Workers, l.ControlPlanes+l.Workers, maxLocalNodes, localNodeNetwork)
+	}
+	if l.Image == "" {
+		v.bad("provider.local.image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
+	}
+}
+
+func validateReferenceSets(v *validator, path string, sets measurements.ReferenceSets, vt variant.Variant) {
+	if len(sets) == 0 {
+		v.bad(path, "at least one reference-value set is required")
+		return
+	}
+	seen := map[string]int{}
+	for i, set := range sets {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		switch first, dup := seen[set.Name]; {
+		case set.Name == "":
+			v.bad(p+".name", "missing")
+		case dup:
+			v.bad(p+".name", "%q is also the name of set %d", set.Name, first)
+		default:
+			seen[set.Name] = i
+		}
+		mp := p + ".measurements"
+		if err := set.Measurements.Validate(vt); err != nil {
+			// One problem per register: unwrap the joined errors of Validate.
+			if multi, ok := err.(interface{ Unwrap() []error }); ok {
+				for _, e := range multi.Unwrap() {
+					v.add(mp, e)
+				}
+			} else {
+				v.add(mp, err)
+			}
+		}
+		if m, ok := set.Measurements[clusterIDRegister]; ok && !m.WarnOnly {
+			v.bad(mp, "%s must not be enforced: it carries the cluster-ID marker, which is checked against the cluster ID (remove it or set warnOnly)", vt.RegisterName(clusterIDRegister))
+		}
+	}
+}
+
+// clusterIDRegister carries the initialized marker (DESIGN 2: PCR 15).
+const clusterIDRegister = 15
+
+// ParseAKRoots parses PEM CA certificates: at least one, only CERTIFICATE blocks, each a CA,
+// nothing else in the text.
+func ParseAKRoots(text string) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	rest := []byte(text)
+	n := 0
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		n++
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("PEM block %d is a %q, want CERTIFICATE", n, block.Type)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("PEM block %d: %w", n, err)
+		}
+		if !cert.IsCA {
+			return nil, fmt.Errorf("PEM block %d (%s) is not a CA certificate", n, cert.Subject)
+		}
+		pool.AddCert(cert)
+	}
+	if n == 0 {
+		return nil, errors.New("no PEM certificate found")
+	}
+	if len(bytes.TrimSpace(rest)) > 0 {
+		return nil, fmt.Errorf("text after PEM block %d is not PEM", n)
+	}
+	return pool, nil
+}
+
+// validator collects field problems.
+type validator struct{ problems []error }
+
+func (v *validator) add(path string, err error) {
+	v.problems = append(v.problems, &strictyaml.FieldError{Path: path, Err: err})
+}
+
+func (v *validator) bad(path, format string, args ...any) {
+	v.add(path, fmt.Errorf(format, args...))
+}
+
+// prefix parses an IPv4 network without host bits; an invalid one is reported and returned
+// as the zero Prefix.
+func (v *validator) prefix(path, s string) netip.Prefix {
+	if s == "" {
+		v.bad(path, "missing")
+		return netip.Prefix{}
+	}
+	p, err := netip.ParsePrefix(s)
+	switch {
+	case err != nil:
+		v.add(path, fmt.Errorf("not a CIDR: %w", err))
+	case !p.Addr().Is4():
+		v.bad(path, "%s is not an IPv4 network (nodes have IPv4 addresses only)", s)
+	case p != p.Masked():
+		v.bad(path, "%s has host bits set (the network is %s)", s, p.Masked())
+	default:
+		return p
+	}
+	return netip.Prefix{}
+}
+
+func (v *validator) err() error { return errors.Join(v.problems...) }

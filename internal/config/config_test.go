@@ -1,0 +1,475 @@
+package config
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/strictyaml"
+)
+
+func digest(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+func hexOf(b byte) string {
+	return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&0xf]), 32)
+}
+
+const validYAML = `version: v1
+name: demo
+kubernetesVersion: v1.34.4
+provider:
+  local:
+    controlPlanes: 3
+    workers: 2
+    image: image
+attestation:
+  qemuVTPM:
+    measurements:
+    - name: local-1
+      measurements:
+        "11": "ABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABAB"
+        12: {expected: "1111111111111111111111111111111111111111111111111111111111111111", warnOnly: true}
+network:
+  podCIDR: 10.244.0.0/16
+  serviceCIDR: 10.96.0.0/12
+`
+
+func validConfig() *Config {
+	return &Config{
+		Version: "v1", Name: "demo", KubernetesVersion: "v1.34.4",
+		Provider: ProviderConfig{Local: &LocalConfig{ControlPlanes: 3, Workers: 2, Image: "image"}},
+		Attestation: AttestationConfig{QEMUVTPM: &QEMUVTPMConfig{Measurements: measurements.ReferenceSets{{
+			Name: "local-1", Measurements: measurements.M{11: {Expected: digest(0xab)}, 12: {Expected: digest(0x11), WarnOnly: true}},
+		}}}},
+		Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"},
+	}
+}
+
+// problems maps field paths to messages.
+func problems(t *testing.T, err error) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	fes := strictyaml.FieldErrors(err)
+	for _, fe := range fes {
+		out[fe.Path] = append(out[fe.Path], fe.Err.Error())
+	}
+	// Every problem is a field error: nothing is reported without its field.
+	require.Len(t, fes, len(strings.Split(err.Error(), "\n")), "%v", err)
+	return out
+}
+
+func TestParseValid(t *testing.T) {
+	c, err := Parse([]byte(validYAML))
+	require.NoError(t, err)
+	assert.Equal(t, validConfig(), c)
+	require.NoError(t, c.Validate())
+}
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse([]byte("version: v1\nname: demo\nprovider: {local: {controlPlanes: 1, image: img}}\n" +
+		"attestation: {qemuVTPM: {measurements: [{name: a, measurements: {\"11\": \"" + hexOf(1) + "\"}}]}}\n"))
+	require.NoError(t, err)
+	assert.Equal(t, DefaultKubernetesVersion, c.KubernetesVersion)
+	assert.Equal(t, NetworkConfig{PodCIDR: DefaultPodCIDR, ServiceCIDR: DefaultServiceCIDR}, c.Network)
+	assert.Equal(t, 0, c.Provider.Local.Workers)
+	require.NoError(t, c.Validate())
+
+	d := Default()
+	assert.Equal(t, &Config{Version: "v1", KubernetesVersion: "v1.34.4", Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"}}, d)
+}
+
+// TestParseRejects: each malformed input names the field at fault.
+func TestParseRejects(t *testing.T) {
+	testCases := map[string]struct {
+		edit     func(string) string
+		wantPath string
+		wantMsg  string
+	}{
+		"unknown top-level field": {
+			edit:     func(s string) string { return s + "extra: 1\n" },
+			wantPath: "extra", wantMsg: "unknown field",
+		},
+		"typo in provider field": {
+			edit:     func(s string) string { return strings.Replace(s, "workers:", "wokers:", 1) },
+			wantPath: "provider.local.wokers", wantMsg: "unknown field (known: controlPlanes, image, workers)",
+		},
+		"miscased field": {
+			edit:     func(s string) string { return strings.Replace(s, "controlPlanes:", "controlplanes:", 1) },
+			wantPath: "provider.local.controlplanes", wantMsg: `did you mean "controlPlanes"`,
+		},
+		"unknown provider": {
+			edit:     func(s string) string { return strings.Replace(s, "  local:", "  gcp:", 1) },
+			wantPath: "provider.gcp", wantMsg: "unknown field (known: local)",
+		},
+		"unknown field in a reference set": {
+			edit: func(s string) string {
+				return strings.Replace(s, "    - name: local-1\n", "    - name: local-1\n      comment: x\n", 1)
+			},
+			wantPath: "attestation.qemuVTPM.measurements[0].comment", wantMsg: "unknown field",
+		},
+		"unknown field in a measurement": {
+			edit:     func(s string) string { return strings.Replace(s, "warnOnly: true", "warnonly: true", 1) },
+			wantPath: "attestation.qemuVTPM.measurements[0].measurements", wantMsg: `unknown field "warnonly"`,
+		},
+		"unquoted all-digit digest": {
+			edit: func(s string) string {
+				return strings.Replace(s, `"1111111111111111111111111111111111111111111111111111111111111111"`, strings.Repeat("1", 64), 1)
+			},
+			wantPath: "attestation.qemuVTPM.measurements[0].measurements", wantMsg: "quote digests that are all digits",
+		},
+		"count as a string": {
+			edit:     func(s string) string { return strings.Replace(s, "controlPlanes: 3", `controlPlanes: "3"`, 1) },
+			wantPath: "provider.local.controlPlanes", wantMsg: "must be an integer",
+		},
+		"version as a number": {
+			edit:     func(s string) string { return strings.Replace(s, "version: v1", "version: 1", 1) },
+			wantPath: "version", wantMsg: "must be a string, got the number 1",
+		},
+		"name as a boolean": {
+			edit:     func(s string) string { return strings.Replace(s, "name: demo", "name: no", 1) },
+			wantPath: "name", wantMsg: "got the boolean false",
+		},
+		"not a mapping": {
+			edit:     func(string) string { return "- a\n" },
+			wantPath: "", wantMsg: "must be a mapping",
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.edit(validYAML)))
+			require.Error(t, err)
+			got := problems(t, err)
+			require.Len(t, got, 1, "%v", err)
+			require.Contains(t, got, tc.wantPath, "%v", err)
+			assert.Contains(t, got[tc.wantPath][0], tc.wantMsg)
+		})
+	}
+
+	for name, data := range map[string]string{
+		"duplicate key": validYAML + "name: other\n",
+		"empty":         "",
+		"syntax":        "version: [v1\n",
+		"two documents": validYAML + "---\n" + validYAML,
+		"too large":     validYAML + "#" + strings.Repeat("x", MaxFileSize),
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(data))
+			assert.Error(t, err)
+		})
+	}
+}
+
+// TestValidate: each invalid field gives its own error, named by its path.
+func TestValidate(t *testing.T) {
+	caPEM := testCA(t)
+	testCases := map[string]struct {
+		edit func(*Config)
+		// want maps each field path to a fragment of its message; exactly these are reported.
+		want map[string]string
+	}{
+		"valid":                 {edit: func(*Config) {}},
+		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + caPEM }},
+		"valid without workers": {edit: func(c *Config) { c.Provider.Local.Workers = 0 }},
+		"valid with several sets": {edit: func(c *Config) {
+			c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "local-2", Measurements: measurements.M{11: {Expected: digest(2)}}})
+		}},
+		"valid warn-only PCR 15": {edit: func(c *Config) {
+			c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0), WarnOnly: true}
+		}},
+		"version missing":     {edit: func(c *Config) { c.Version = "" }, want: map[string]string{"version": "missing (this CLI reads v1)"}},
+		"version unsupported": {edit: func(c *Config) { c.Version = "v2" }, want: map[string]string{"version": `"v2" is not supported`}},
+		"name missing":        {edit: func(c *Config) { c.Name = "" }, want: map[string]string{"name": "missing"}},
+		"name upper case":     {edit: func(c *Config) { c.Name = "Demo" }, want: map[string]string{"name": `"Demo" is not a DNS label`}},
+		"name too long":       {edit: func(c *Config) { c.Name = strings.Repeat("a", 64) }, want: map[string]string{"name": "no more than 63"}},
+		"name with a dot":     {edit: func(c *Config) { c.Name = "a.b" }, want: map[string]string{"name": "not a DNS label"}},
+		"kubernetes version": {
+			edit: func(c *Config) { c.KubernetesVersion = "v1.33.0" },
+			want: map[string]string{"kubernetesVersion": `"v1.33.0" is not supported (supported: v1.34.4)`},
+		},
+		"no provider": {edit: func(c *Config) { c.Provider.Local = nil }, want: map[string]string{"provider": "no provider configured (supported: local)"}},
+		"no control planes": {
+			edit: func(c *Config) { c.Provider.Local.ControlPlanes = 0 },
+			want: map[string]string{"provider.local.controlPlanes": "must be at least 1, got 0"},
+		},
+		"negative workers": {
+			edit: func(c *Config) { c.Provider.Local.Workers = -1 },
+			want: map[string]string{"provider.local.workers": "must be at least 0, got -1"},
+		},
+		"too many nodes": {
+			edit: func(c *Config) { c.Provider.Local.Workers = 243; c.Network.PodCIDR = "10.0.0.0/12" },
+			want: map[string]string{"provider.local": "246 nodes, more than the 245 addresses"},
+		},
+		"image missing": {edit: func(c *Config) { c.Provider.Local.Image = "" }, want: map[string]string{"provider.local.image": "missing"}},
+		"no attestation": {
+			edit: func(c *Config) { c.Attestation.QEMUVTPM = nil },
+			want: map[string]string{"attestation": "no attestation variant configured"},
+		},
+		"no reference sets": {
+			edit: func(c *Config) { c.Attestation.QEMUVTPM.Measurements = nil },
+			want: map[string]string{"attestation.qemuVTPM.measurements": "at least one reference-value set"},
+		},
+		"set without name": {
+			edit: func(c *Config) { c.Attestation.QEMUVTPM.Measurements[0].Name = "" },
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].name": "missing"},
+		},
+		"duplicate set name": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, c.Attestation.QEMUVTPM.Measurements[0])
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[1].name": `"local-1" is also the name of set 0`},
+		},
+		"register out of range": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements[0].Measurements[24] = measurements.Measurement{Expected: digest(1)}
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "PCR 24: index out of range"},
+		},
+		"digest too short": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements[0].Measurements[11] = measurements.Measurement{Expected: []byte{1}}
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "PCR 11: expected digest has 1 bytes"},
+		},
+		"no enforced register": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements[0].Measurements = measurements.M{11: {Expected: digest(1), WarnOnly: true}}
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "no enforced register"},
+		},
+		"enforced PCR 15": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0)}
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "PCR 15 must not be enforced"},
+		},
+		"AK roots not PEM": {
+			edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = "hello" },
+			want: map[string]string{"attestation.qemuVTPM.akRoots": "no PEM certificate found"},
+		},
+		"AK roots with trailing text": {
+			edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + "junk" },
+			want: map[string]string{"attestation.qemuVTPM.akRoots": "text after PEM block 1"},
+		},
+		"AK roots with a key": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.AKRoots = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+			},
+			want: map[string]string{"attestation.qemuVTPM.akRoots": `"PRIVATE KEY", want CERTIFICATE`},
+		},
+		"AK roots broken certificate": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.AKRoots = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+			},
+			want: map[string]string{"attestation.qemuVTPM.akRoots": "PEM block 1"},
+		},
+		"pod CIDR missing": {edit: func(c *Config) { c.Network.PodCIDR = "" }, want: map[string]string{"network.podCIDR": "missing"}},
+		"pod CIDR not a CIDR": {
+			edit: func(c *Config) { c.Network.PodCIDR = "10.244.0.0" },
+			want: map[string]string{"network.podCIDR": "not a CIDR"},
+		},
+		"pod CIDR host bits": {
+			edit: func(c *Config) { c.Network.PodCIDR = "10.244.1.0/16" },
+			want: map[string]string{"network.podCIDR": "has host bits set (the network is 10.244.0.0/16)"},
+		},
+		"pod CIDR IPv6": {
+			edit: func(c *Config) { c.Network.PodCIDR = "fd00::/64" },
+			want: map[string]string{"network.podCIDR": "not an IPv4 network"},
+		},
+		"pod CIDR smaller than a node's": {
+			edit: func(c *Config) { c.Network.PodCIDR = "10.244.0.0/25" },
+			want: map[string]string{"network.podCIDR": "smaller than the /24 each local node gets"},
+		},
+		"pod CIDR too small for the nodes": {
+			edit: func(c *Config) { c.Network.PodCIDR = "10.244.0.0/22" },
+			want: map[string]string{"network.podCIDR": "holds 4 node networks (/24), the cluster has 5 nodes"},
+		},
+		"pod CIDR overlaps node network": {
+			edit: func(c *Config) { c.Network.PodCIDR = "10.42.0.0/16" },
+			want: map[string]string{"network.podCIDR": "overlaps the local provider's node network 10.42.0.0/24"},
+		},
+		"service CIDR too large": {
+			edit: func(c *Config) { c.Network.ServiceCIDR = "10.96.0.0/11" },
+			want: map[string]string{"network.serviceCIDR": "prefix length must be 12 to 28, got 11"},
+		},
+		"service CIDR too small": {
+			edit: func(c *Config) { c.Network.ServiceCIDR = "10.96.0.0/29" },
+			want: map[string]string{"network.serviceCIDR": "prefix length must be 12 to 28, got 29"},
+		},
+		"service CIDR overlaps node network": {
+			edit: func(c *Config) { c.Network.ServiceCIDR = "10.42.0.0/24" },
+			want: map[string]string{"network.serviceCIDR": "overlaps the local provider's node network"},
+		},
+		"networks overlap": {
+			edit: func(c *Config) { c.Network.ServiceCIDR = "10.244.0.0/24" },
+			want: map[string]string{"network": "podCIDR 10.244.0.0/16 and serviceCIDR 10.244.0.0/24 overlap"},
+		},
+		"every problem at once": {
+			edit: func(c *Config) {
+				c.Version, c.Name, c.KubernetesVersion = "", "-x", "v1"
+				c.Provider.Local.ControlPlanes, c.Provider.Local.Workers, c.Provider.Local.Image = 0, -1, ""
+				c.Attestation.QEMUVTPM.Measurements[0].Name = ""
+				c.Network.PodCIDR, c.Network.ServiceCIDR = "x", "y"
+			},
+			want: map[string]string{
+				"version": "missing", "name": "not a DNS label", "kubernetesVersion": "not supported",
+				"provider.local.controlPlanes": "at least 1", "provider.local.workers": "at least 0",
+				"provider.local.image": "missing", "attestation.qemuVTPM.measurements[0].name": "missing",
+				"network.podCIDR": "not a CIDR", "network.serviceCIDR": "not a CIDR",
+			},
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			c := validConfig()
+			tc.edit(c)
+			err := c.Validate()
+			if len(tc.want) == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			got := problems(t, err)
+			require.Len(t, got, len(tc.want), "%v", err)
+			for path, msg := range tc.want {
+				require.Contains(t, got, path, "%v", err)
+				require.Len(t, got[path], 1, "%v", err)
+				assert.Contains(t, got[path][0], msg)
+				assert.Contains(t, err.Error(), path+": ", "the message names the field")
+			}
+		})
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	c := validConfig()
+	c.Attestation.QEMUVTPM.AKRoots = testCA(t)
+	// All-digit and float-looking digests must come back as strings.
+	c.Attestation.QEMUVTPM.Measurements[0].Measurements[4] = measurements.Measurement{Expected: digest(0x00)}
+	c.Attestation.QEMUVTPM.Measurements[0].Measurements[5] = measurements.Measurement{Expected: append(digest(0x00)[:29], 0x01, 0xe5, 0x00)}
+	c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "yes", Measurements: measurements.M{11: {Expected: digest(0x99)}}})
+	require.NoError(t, c.Validate())
+	data, err := c.Marshal()
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(string(data), "# Constellation cluster configuration (schema v1)."))
+	assert.Contains(t, string(data), `expected: "`+strings.Repeat("00", 32)+`"`)
+	assert.Contains(t, string(data), `expected: "`+strings.Repeat("99", 32)+`"`)
+	// Fields in documentation order.
+	for _, pair := range [][2]string{{"version:", "name:"}, {"name:", "kubernetesVersion:"}, {"provider:", "attestation:"}, {"attestation:", "network:"}, {`"4":`, `"11":`}} {
+		assert.Less(t, strings.Index(string(data), pair[0]), strings.Index(string(data), pair[1]), "%s before %s", pair[0], pair[1])
+	}
+	back, err := Parse(data)
+	require.NoError(t, err, "%s", data)
+	assert.Equal(t, c, back)
+}
+
+func TestWriteAndLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+
+	_, err := Load(path)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	assert.ErrorContains(t, err, "config generate local")
+
+	c := validConfig()
+	require.NoError(t, Write(path, c, false))
+	got, err := Load(path)
+	require.NoError(t, err)
+	assert.Equal(t, c, got)
+
+	other := validConfig()
+	other.Name = "other"
+	require.ErrorIs(t, Write(path, other, false), os.ErrExist, "never replaced without overwrite")
+	require.NoError(t, Write(path, other, true))
+	got, err = Load(path)
+	require.NoError(t, err)
+	assert.Equal(t, "other", got.Name)
+
+	invalid := validConfig()
+	invalid.Provider.Local.ControlPlanes = 0
+	err = Write(path, invalid, true)
+	require.ErrorContains(t, err, "provider.local.controlPlanes: must be at least 1, got 0")
+
+	// Load names the file and every problem.
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(validYAML, "controlPlanes: 3", "controlPlanes: 0", 1)+"bogus: 1\n"), 0o644))
+	_, err = Load(path)
+	require.ErrorContains(t, err, path)
+	assert.ErrorContains(t, err, "bogus: unknown field")
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(validYAML, "controlPlanes: 3", "controlPlanes: 0", 1)), 0o644))
+	_, err = Load(path)
+	assert.ErrorContains(t, err, "provider.local.controlPlanes: must be at least 1, got 0")
+
+	require.NoError(t, os.WriteFile(path, bytes.Repeat([]byte("#"), MaxFileSize+1), 0o644))
+	_, err = Load(path)
+	assert.ErrorContains(t, err, "more than the limit")
+}
+
+func TestImagePath(t *testing.T) {
+	assert.Equal(t, filepath.Join("ws", "img"), (&LocalConfig{Image: "img"}).ImagePath("ws"))
+	assert.Equal(t, "/abs/img", (&LocalConfig{Image: "/abs/img"}).ImagePath("ws"))
+}
+
+func TestReferenceSetName(t *testing.T) {
+	a := ReferenceSetName("local-", measurements.M{11: {Expected: digest(1)}})
+	b := ReferenceSetName("local-", measurements.M{11: {Expected: digest(2)}})
+	assert.Len(t, a, len("local-")+12)
+	assert.NotEqual(t, a, b)
+	assert.Equal(t, a, ReferenceSetName("local-", measurements.M{11: {Expected: digest(1)}}))
+}
+
+func testCA(t *testing.T) string {
+	t.Helper()
+	ca, err := akca.New("test AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	cert, _, err := ca.PEM()
+	require.NoError(t, err)
+	return string(cert)
+}
+
+// FuzzParse: configuration files are user input. Property: no panic; what parses and
+// validates survives Marshal and Parse unchanged and still validates.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(validYAML))
+	f.Add([]byte("version: v1\nname: a\nprovider: {local: {controlPlanes: 1, image: i}}\n"))
+	f.Add([]byte("attestation: {qemuVTPM: {measurements: [{name: a, measurements: {\"15\": \"" + hexOf(0) + "\"}}], akRoots: x}}\n"))
+	f.Add([]byte("network: {podCIDR: 10.244.0.0/24, serviceCIDR: 10.96.0.0/28}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 8192 {
+			return // larger inputs only slow the search; the size limit has its own test
+		}
+		c, err := Parse(data)
+		if err != nil {
+			return
+		}
+		if c.Validate() != nil {
+			return
+		}
+		out, err := c.Marshal()
+		require.NoError(t, err)
+		back, err := Parse(out)
+		require.NoError(t, err, "%s", out)
+		require.NoError(t, back.Validate())
+		require.Equal(t, c, back)
+	})
+}
+
+// TestDocumentedExample keeps the example of docs/configuration.md valid.
+func TestDocumentedExample(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(doc), "## constellation-conf.yaml\n\n```yaml\n")
+	require.True(t, ok, "the example block")
+	example, _, ok := strings.Cut(rest, "```")
+	require.True(t, ok)
+	c, err := Parse([]byte(example))
+	require.NoError(t, err)
+	require.NoError(t, c.Validate())
+	assert.Equal(t, "demo", c.Name)
+}

@@ -1,0 +1,43 @@
+package local_test
+
+import (
+	"crypto/sha256"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+func TestImageComponents(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range local.ImageFiles() {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("content of "+name), 0o644))
+	}
+	got, err := local.ImageComponents(dir)
+	require.NoError(t, err)
+	want := []local.Component{
+		{Name: "bootstrapper", PCR: local.PCRBootstrapper, Digest: sha256.Sum256([]byte("content of bootstrapper"))},
+		{Name: "kubelet", PCR: local.PCRKubernetes, Digest: sha256.Sum256([]byte("content of kubelet"))},
+		{Name: "kubeadm", PCR: local.PCRKubernetes, Digest: sha256.Sum256([]byte("content of kubeadm"))},
+		{Name: "containerd.toml", PCR: local.PCRNodeConfig, Digest: sha256.Sum256([]byte("content of containerd.toml"))},
+		{Name: "node-config.json", PCR: local.PCRNodeConfig, Digest: sha256.Sum256([]byte("content of node-config.json"))},
+	}
+	assert.Equal(t, want, got)
+
+	// Order within a PCR is part of the measurement: kubelet before kubeadm.
+	swapped := []local.Component{want[0], want[2], want[1], want[3], want[4]}
+	assert.NotEqual(t, local.ExpectedPCRs(want)[local.PCRKubernetes], local.ExpectedPCRs(swapped)[local.PCRKubernetes])
+
+	// Every missing file is named.
+	require.NoError(t, os.Remove(filepath.Join(dir, "kubeadm")))
+	require.NoError(t, os.Remove(filepath.Join(dir, "node-config.json")))
+	_, err = local.ImageComponents(dir)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "measuring kubeadm")
+	assert.ErrorContains(t, err, "measuring node-config.json")
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}

@@ -1,0 +1,327 @@
+// Package state is constellation-state.yaml: what the CLI knows about the cluster it created
+// in a workspace (provider, nodes, endpoints, and once initialized the cluster ID and the
+// measurement salt). Nothing in it is secret: the master secret lives in its own file
+// (kms.WriteMasterSecretFile, constellation-mastersecret.json, mode 0600).
+//
+// The file is read strictly (internal/strictyaml) and validated; it is written atomically,
+// so a crash leaves the old state or the new one.
+package state
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/strictyaml"
+)
+
+// FileName is the name of the state file in a workspace.
+const FileName = "constellation-state.yaml"
+
+// Version1 is the schema version this package reads and writes.
+const Version1 = "v1"
+
+// MaxFileSize bounds the state file (it is read whole).
+const MaxFileSize = 1 << 20
+
+// Sizes of the initialized cluster's identifiers.
+const (
+	ClusterIDSize       = 32
+	MeasurementSaltSize = 32
+)
+
+// Providers that can have created a cluster.
+const ProviderLocal = "local"
+
+// Phase is how far the cluster got.
+type Phase string
+
+// Phases, in order.
+const (
+	// Created: the provider created the nodes; the cluster is not initialized.
+	Created Phase = "created"
+	// Initialized: the first control plane accepted the init request; the cluster ID is known.
+	Initialized Phase = "initialized"
+)
+
+// State is constellation-state.yaml.
+type State struct {
+	// Version is the schema version: v1.
+	Version string `json:"version"`
+	// Name is the cluster's name (from the configuration), a DNS label.
+	Name string `json:"name"`
+	// Provider created the nodes: local.
+	Provider string `json:"provider"`
+	// Phase is created or initialized.
+	Phase Phase `json:"phase"`
+	// CreatedAt is when the provider created the nodes.
+	CreatedAt time.Time `json:"createdAt"`
+	// InitializedAt is when initialization succeeded; set exactly when Phase is initialized.
+	InitializedAt time.Time `json:"initializedAt,omitzero"`
+	// InitEndpoint is host:port of the bootstrapper init service the CLI initializes the
+	// cluster through (on the first control plane).
+	InitEndpoint string `json:"initEndpoint"`
+	// APIServerEndpoint is host:port where the CLI reaches the Kubernetes API server.
+	// Optional.
+	APIServerEndpoint string `json:"apiServerEndpoint,omitempty"`
+	// Nodes are the nodes the provider created, control planes first.
+	Nodes []Node `json:"nodes"`
+	// ClusterID identifies the initialized cluster (hex, 32 bytes): HKDF of the measurement
+	// secret and salt (DESIGN 2); nodes extend it into PCR 15. Set exactly when Phase is
+	// initialized.
+	ClusterID HexBytes `json:"clusterID,omitempty"`
+	// MeasurementSalt is the salt sent at init (hex, 32 bytes). Not secret: with the master
+	// secret it determines the cluster ID. Set exactly when Phase is initialized.
+	MeasurementSalt HexBytes `json:"measurementSalt,omitempty"`
+}
+
+// Node is one node of the cluster.
+type Node struct {
+	// Name is the node's hostname and Kubernetes node name (a DNS subdomain).
+	Name string `json:"name"`
+	// Role is control-plane or worker.
+	Role metadata.Role `json:"role"`
+	// IPs are the node's addresses, the first being the one Kubernetes advertises.
+	IPs []netip.Addr `json:"ips"`
+}
+
+// HexBytes is binary data written as a hex string.
+type HexBytes []byte
+
+// MarshalText encodes b as lower-case hex.
+func (b HexBytes) MarshalText() ([]byte, error) { return []byte(hex.EncodeToString(b)), nil }
+
+// UnmarshalText decodes hex.
+func (b *HexBytes) UnmarshalText(text []byte) error {
+	out, err := hex.DecodeString(string(text))
+	if err != nil {
+		return fmt.Errorf("not hex: %w", err)
+	}
+	*b = out
+	return nil
+}
+
+// Parse decodes a state file strictly. It does not validate it.
+func Parse(data []byte) (*State, error) {
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("state has %d bytes, more than the limit of %d", len(data), MaxFileSize)
+	}
+	var s State
+	if err := strictyaml.Unmarshal(data, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// ErrNoState is wrapped by Load's error when the workspace has no state file.
+var ErrNoState = errors.New("no cluster state")
+
+// Load reads, parses and validates the state file at path. A missing file gives an error
+// wrapping ErrNoState and os.ErrNotExist.
+func Load(path string) (*State, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s does not exist (no cluster was created in this workspace): %w", ErrNoState, path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading cluster state: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading cluster state %s: %w", path, err)
+	}
+	s, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("cluster state %s is malformed:\n%w", path, err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("cluster state %s is invalid:\n%w", path, err)
+	}
+	return s, nil
+}
+
+const header = "# Constellation cluster state (schema %s), written by the CLI. Not secret; do not edit.\n"
+
+// Marshal encodes s as YAML with a header comment.
+func (s *State) Marshal() ([]byte, error) {
+	body, err := strictyaml.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("encoding cluster state: %w", err)
+	}
+	return append(fmt.Appendf(nil, header, s.Version), body...), nil
+}
+
+// Write validates s and writes it to path atomically, replacing the previous state.
+func Write(path string, s *State) error {
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("refusing to write an invalid cluster state:\n%w", err)
+	}
+	data, err := s.Marshal()
+	if err != nil {
+		return err
+	}
+	if err := fileutil.WriteAtomic(path, data, 0o644); err != nil {
+		return fmt.Errorf("writing cluster state: %w", err)
+	}
+	return nil
+}
+
+// InitializedPCR15 is the PCR 15 value every node of this initialized cluster shows
+// (DESIGN 2): what `constellation verify` compares a node's evidence with.
+func (s *State) InitializedPCR15() ([]byte, error) {
+	if s.Phase != Initialized || len(s.ClusterID) != ClusterIDSize {
+		return nil, fmt.Errorf("cluster %q is not initialized", s.Name)
+	}
+	return kms.InitializedPCR15(s.ClusterID), nil
+}
+
+// ControlPlanes returns the control-plane nodes, in order.
+func (s *State) ControlPlanes() []Node {
+	var out []Node
+	for _, n := range s.Nodes {
+		if n.Role == metadata.ControlPlane {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Validate checks every field and reports every problem (errors.Join of
+// *strictyaml.FieldError), or nil.
+func (s *State) Validate() error {
+	var problems []error
+	bad := func(path, format string, args ...any) {
+		problems = append(problems, &strictyaml.FieldError{Path: path, Err: fmt.Errorf(format, args...)})
+	}
+	switch s.Version {
+	case Version1:
+	case "":
+		bad("version", "missing (this CLI reads %s)", Version1)
+	default:
+		bad("version", "%q is not supported (this CLI reads %s)", s.Version, Version1)
+	}
+	if s.Name == "" {
+		bad("name", "missing")
+	} else if errs := validation.IsDNS1123Label(s.Name); len(errs) > 0 {
+		bad("name", "%q is not a DNS label: %v", s.Name, errs)
+	}
+	if s.Provider != ProviderLocal {
+		bad("provider", "%q is not a provider (known: %s)", s.Provider, ProviderLocal)
+	}
+	if s.CreatedAt.IsZero() {
+		bad("createdAt", "missing")
+	}
+	if err := checkEndpoint(s.InitEndpoint); err != nil {
+		bad("initEndpoint", "%w", err)
+	}
+	if s.APIServerEndpoint != "" {
+		if err := checkEndpoint(s.APIServerEndpoint); err != nil {
+			bad("apiServerEndpoint", "%w", err)
+		}
+	}
+
+	if len(s.Nodes) == 0 {
+		bad("nodes", "no nodes")
+	}
+	names := map[string]int{}
+	ips := map[netip.Addr]string{}
+	controlPlanes := 0
+	for i, n := range s.Nodes {
+		p := fmt.Sprintf("nodes[%d]", i)
+		if n.Name == "" {
+			bad(p+".name", "missing")
+		} else if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
+			bad(p+".name", "%q is not a DNS name: %v", n.Name, errs)
+		} else if first, dup := names[n.Name]; dup {
+			bad(p+".name", "%q is also the name of nodes[%d]", n.Name, first)
+		} else {
+			names[n.Name] = i
+		}
+		switch {
+		case n.Role == metadata.ControlPlane:
+			controlPlanes++
+		case !n.Role.Valid():
+			bad(p+".role", "%q is not a role (known: %s, %s)", n.Role, metadata.ControlPlane, metadata.Worker)
+		}
+		if len(n.IPs) == 0 {
+			bad(p+".ips", "no IP address")
+		}
+		for j, ip := range n.IPs {
+			switch other, dup := ips[ip]; {
+			case !ip.IsValid() || ip.IsUnspecified():
+				bad(fmt.Sprintf("%s.ips[%d]", p, j), "unusable address %v", ip)
+			case dup:
+				bad(fmt.Sprintf("%s.ips[%d]", p, j), "%s is also an address of %s", ip, other)
+			default:
+				ips[ip] = n.Name
+			}
+		}
+	}
+	if len(s.Nodes) > 0 && controlPlanes == 0 {
+		bad("nodes", "no control-plane node")
+	}
+
+	switch s.Phase {
+	case Created:
+		for _, f := range []struct {
+			path string
+			set  bool
+		}{{"initializedAt", !s.InitializedAt.IsZero()}, {"clusterID", s.ClusterID != nil}, {"measurementSalt", s.MeasurementSalt != nil}} {
+			if f.set {
+				bad(f.path, "set, but the cluster is not initialized (phase %s)", Created)
+			}
+		}
+	case Initialized:
+		if s.InitializedAt.IsZero() {
+			bad("initializedAt", "missing (the cluster is initialized)")
+		} else if s.InitializedAt.Before(s.CreatedAt) {
+			bad("initializedAt", "%s is before createdAt %s", s.InitializedAt.Format(time.RFC3339), s.CreatedAt.Format(time.RFC3339))
+		}
+		if len(s.ClusterID) != ClusterIDSize {
+			bad("clusterID", "has %d bytes, want %d", len(s.ClusterID), ClusterIDSize)
+		}
+		if len(s.MeasurementSalt) != MeasurementSaltSize {
+			bad("measurementSalt", "has %d bytes, want %d", len(s.MeasurementSalt), MeasurementSaltSize)
+		}
+	case "":
+		bad("phase", "missing (%s or %s)", Created, Initialized)
+	default:
+		bad("phase", "%q is not a phase (known: %s, %s)", s.Phase, Created, Initialized)
+	}
+	return errors.Join(problems...)
+}
+
+// checkEndpoint checks a host:port.
+func checkEndpoint(s string) error {
+	if s == "" {
+		return errors.New("missing")
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", s, err)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", s)
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
+			return fmt.Errorf("%q: host is neither an IP address nor a DNS name", s)
+		}
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
+	}
+	return nil
+}
