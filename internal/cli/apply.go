@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +26,8 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 )
@@ -33,7 +36,7 @@ import (
 const (
 	AdminConfFile    = "constellation-admin.conf"
 	MasterSecretFile = "constellation-mastersecret.json"
-	StateFile        = "constellation-state.yaml"
+	StateFile        = state.FileName
 )
 
 // initAndWait initializes the cluster on its first control plane over attested TLS and waits
@@ -86,6 +89,22 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace, d
 		return err
 	}
 	if err := os.Chmod(adminConf, 0o600); err != nil {
+		return err
+	}
+
+	st := &state.State{
+		Version: state.Version1, Name: req.ClusterName, Provider: state.ProviderLocal, Phase: state.Initialized,
+		CreatedAt: t.start, InitializedAt: time.Now(), InitEndpoint: net.JoinHostPort(first.IP, fmt.Sprint(cluster.InitPort)),
+		APIServerEndpoint: status.APIServer, ClusterID: success.ClusterId, MeasurementSalt: salt,
+	}
+	for _, n := range status.Nodes {
+		ip, err := netip.ParseAddr(n.IP)
+		if err != nil {
+			return fmt.Errorf("provider status: node %s: %w", n.Name, err)
+		}
+		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: metadata.Role(n.Role), IPs: []netip.Addr{ip}})
+	}
+	if err := state.Write(filepath.Join(workspace, state.FileName), st); err != nil {
 		return err
 	}
 

@@ -20,7 +20,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 )
@@ -109,6 +109,9 @@ func newMiniProviderCmd() *cobra.Command {
 // miniDir is the folder below the workspace that mini up owns entirely.
 const miniDir = "mini"
 
+// generatedConfigMarker in miniDir records that mini up wrote the workspace's configuration.
+const generatedConfigMarker = "generated-config"
+
 func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions) (retErr error) {
 	if o.controlPlanes < 1 || o.workers < 0 || o.controlPlanes+o.workers > 50 {
 		return fmt.Errorf("--control-planes must be at least 1 and --workers at least 0, at most 50 nodes in all (got %d and %d)", o.controlPlanes, o.workers)
@@ -141,14 +144,25 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	if err := buildNodeImage(imageDir, filepath.Join(filepath.Dir(exe), "bootstrapper"), o.kubeBin); err != nil {
 		return err
 	}
-	image, err := local.ImageComponents(imageDir)
+	// The configuration: the user's if the workspace has one, else generated from the image
+	// (and then removed again by mini down). Its reference values are what init checks.
+	confPath := filepath.Join(workspace, config.FileName)
+	if _, err := os.Stat(confPath); errors.Is(err, os.ErrNotExist) {
+		if err := generateLocal(out, workspace, generateLocalOptions{name: "constellation-mini", image: imageDir, controlPlanes: o.controlPlanes, workers: o.workers}); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, generatedConfigMarker), nil, 0o644); err != nil {
+			return err
+		}
+	}
+	conf, err := config.Load(confPath)
 	if err != nil {
 		return err
 	}
-	sets := measurements.ReferenceSets{{Name: "local-image", Measurements: local.ExpectedPCRs(image)}}
-	if err := writeJSON(filepath.Join(dir, "reference-values.json"), sets); err != nil {
-		return err
+	if conf.Attestation.QEMUVTPM == nil {
+		return fmt.Errorf("%s: attestation.qemuVTPM: the local provider needs reference values for qemu-vtpm", confPath)
 	}
+	sets := conf.Attestation.QEMUVTPM.Measurements
 	images, err := filepath.Glob(filepath.Join(o.imagesDir, "*.tar"))
 	if err != nil || len(images) == 0 {
 		return fmt.Errorf("no container images in %s: run 'make images' first", o.imagesDir)
@@ -304,11 +318,16 @@ func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	if err := cluster.Remove(ctx, dir, nodes); err != nil {
 		return fmt.Errorf("removing the cluster: %w", err)
 	}
+	// The cluster's files go with it: its state and keys protect nothing any more. A
+	// configuration mini up generated goes too; one the user wrote stays.
+	files := []string{AdminConfFile, MasterSecretFile, StateFile}
+	if _, err := os.Stat(filepath.Join(dir, generatedConfigMarker)); err == nil {
+		files = append(files, config.FileName)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
-	// The cluster's files go with it: its state and keys protect nothing any more.
-	for _, f := range []string{AdminConfFile, MasterSecretFile, StateFile} {
+	for _, f := range files {
 		if err := os.Remove(filepath.Join(workspace, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}

@@ -6,6 +6,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -18,7 +19,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/state"
 )
 
 // repoOutput is the repository's _output folder (Kubernetes binaries and images).
@@ -79,6 +83,18 @@ func TestMiniUp(t *testing.T) {
 	assert.Contains(t, string(out), "over attested TLS")
 	assert.Contains(t, string(out), "kubeadm init done")
 
+	// The workspace has the cluster's files: configuration (generated, with the image's
+	// reference values), state with the cluster ID, master secret, admin kubeconfig.
+	conf, err := config.Load(filepath.Join(ws, config.FileName))
+	require.NoError(t, err)
+	require.NotNil(t, conf.Attestation.QEMUVTPM)
+	st, err := state.Load(filepath.Join(ws, state.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, state.Initialized, st.Phase)
+	assert.Contains(t, string(out), fmt.Sprintf("ID %x", []byte(st.ClusterID)))
+	_, err = kms.ReadMasterSecretFile(filepath.Join(ws, "constellation-mastersecret.json"))
+	require.NoError(t, err)
+
 	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
 	nodes := kubectl(t, kubeconfig, "get", "nodes", "-o", "json")
 	var list struct {
@@ -106,6 +122,9 @@ func TestMiniUp(t *testing.T) {
 	down()
 	_, err = os.Stat(filepath.Join(ws, "mini"))
 	assert.True(t, os.IsNotExist(err), "mini down removes the cluster's folder")
+	left, err := os.ReadDir(ws)
+	require.NoError(t, err)
+	assert.Empty(t, left, "mini down removes the files of the cluster, and the configuration it generated")
 	assertNoLeftovers(t, ws, id)
 }
 
@@ -114,11 +133,10 @@ func assertEncrypted(t *testing.T, stateDir string) {
 	files := 0
 	err := filepath.WalkDir(stateDir, func(path string, d fs.DirEntry, err error) error {
 		require.NoError(t, err)
-		name := strings.ToLower(d.Name())
-		for _, plain := range []string{"etcd", "kubernetes", "pki", "kubelet", ".key", ".crt", ".conf", "wal", "snap"} {
-			if name != "gocryptfs.conf" && strings.Contains(name, plain) {
-				t.Errorf("plaintext name %s in the state storage", path)
-			}
+		// gocryptfs encrypts names: none of the node's plaintext names may appear.
+		switch d.Name() {
+		case "etcd", "member", "wal", "snap", "pki", "kubelet", "kubernetes", "ca.key", "admin.conf", "var-lib", "etc", "upper":
+			t.Errorf("plaintext name %s in the state storage", path)
 		}
 		if !d.Type().IsRegular() {
 			return nil // sockets and FIFOs of the node are encrypted names only
