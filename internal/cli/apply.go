@@ -27,9 +27,9 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/state"
 )
 
 // Files the CLI writes into the workspace.
