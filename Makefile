@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api -name '*.proto')
 
-.PHONY: help deps kube build test unit fuzz lint proto proto-check bench up down clean
+.PHONY: help deps kube images build test unit fuzz lint proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,13 +18,16 @@ deps: ## install missing Debian packages and pinned Go tools
 kube: deps ## build Kubernetes v1.34 and etcd from the Go module proxy into _output/kube/bin (once; ~10 min cold)
 	@./hack/build-kube.sh
 
+images: deps kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
+	@./hack/build-images.sh
+
 build: deps ## build the binaries into _output/bin
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 test: deps proto-check lint unit fuzz ## install what is needed, then run every test (CI runs this)
 	@echo "make test: all checks passed"
 
-unit: deps kube ## unit and integration tests (real swtpm, simulator TPM, kube-apiserver + etcd)
+unit: deps kube images ## unit and integration tests (real swtpm, simulator TPM, kube-apiserver + etcd)
 	$(GO) test -count=1 ./...
 
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
@@ -46,7 +49,7 @@ proto-check: deps ## fail if the committed generated code is stale
 bench: deps kube ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
-up: build ## start the local flow (see README: for now a mutual attested handshake)
+up: build images ## start the local flow (see README: for now a mutual attested handshake)
 	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
 
 down: ## remove what `make up` created

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 out=_output/kube/bin
 stamp=$out/.stamp
 want=$(cat tools/kube/go.mod tools/kube/go.sum tools/etcd/go.mod tools/etcd/go.sum hack/build-kube.sh | sha256sum | cut -d' ' -f1)
-bins=(kube-apiserver kube-controller-manager kube-scheduler kubeadm kubelet kubectl etcd)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubeadm kubelet kubectl etcd)
 ok=1
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || ok=0; done
 if ((ok)) && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
@@ -38,6 +38,7 @@ echo "build-kube: building Kubernetes $version and etcd into $out (cold: about 1
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-proxy \
   k8s.io/kubernetes/cmd/kubeadm \
   k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kubectl)

@@ -1,0 +1,503 @@
+// Package nodeimage makes the container images of the local provider from locally built static
+// binaries, and imports them into a node's containerd.
+//
+// An image is a docker-archive tarball (manifest.json, one config, one uncompressed layer), the
+// format `ctr images import` and `docker load` read. Archives are deterministic: entries are
+// sorted, owned by root and dated at the Unix epoch, so the same inputs give the same bytes and
+// the archive's SHA-256 is a content hash. Building skips an archive whose recorded input key
+// (hash of the spec and of every input file's content) is unchanged.
+package nodeimage
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/fileutil"
+)
+
+// epoch is the modification time of every entry in an archive.
+var epoch = time.Unix(0, 0).UTC()
+
+// DefaultPath is the PATH of every image.
+const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// File is one regular file of an image.
+type File struct {
+	// Src is the file on the build machine; symbolic links are followed.
+	Src string
+	// Path is the absolute path in the image.
+	Path string
+}
+
+// Spec describes an image.
+type Spec struct {
+	// Ref is the image reference the archive is tagged with, e.g. registry.k8s.io/pause:3.10.1.
+	Ref string
+	// Files are the files of the image's only layer. Parent directories are added (0755).
+	Files []File
+	// Dirs are extra empty directories; /tmp is always there (1777).
+	Dirs []string
+	// Entrypoint, Cmd, Env and WorkingDir go into the image config. Env always has DefaultPath
+	// unless it sets PATH itself.
+	Entrypoint []string
+	Cmd        []string
+	Env        []string
+	WorkingDir string
+}
+
+// Result tells what Build made.
+type Result struct {
+	Ref string
+	// File is the archive's path.
+	File string
+	// SHA256 is the archive's hash (hex).
+	SHA256 string
+	// Size is the archive's size in bytes.
+	Size int64
+	// Cached is true when the archive was up to date and not rewritten.
+	Cached bool
+}
+
+// stamp is stored beside an archive (<file>.stamp): the input key it was made from and its hash.
+type stamp struct {
+	Key    string `json:"key"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// Build writes the docker archive of spec to file, unless the archive there was made from the
+// same inputs. The archive is written atomically (temporary file, then rename).
+func Build(spec Spec, file string) (Result, error) {
+	if err := spec.validate(); err != nil {
+		return Result{}, err
+	}
+	key, err := spec.key(true)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Ref: spec.Ref, File: file}
+	if st, ok := readStamp(file); ok && st.Key == key {
+		res.SHA256, res.Size, res.Cached = st.SHA256, st.Size, true
+		return res, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return Result{}, fmt.Errorf("creating image directory: %w", err)
+	}
+	res.SHA256, res.Size, err = writeArchive(spec, file)
+	if err != nil {
+		return Result{}, fmt.Errorf("building image %s: %w", spec.Ref, err)
+	}
+	data, err := json.Marshal(stamp{Key: key, SHA256: res.SHA256, Size: res.Size})
+	if err != nil {
+		return Result{}, err
+	}
+	if err := fileutil.WriteAtomic(file+".stamp", data, 0o644); err != nil {
+		return Result{}, fmt.Errorf("writing stamp of %s: %w", file, err)
+	}
+	return res, nil
+}
+
+// readStamp returns the stamp of file if the archive is there with the recorded size.
+func readStamp(file string) (stamp, bool) {
+	data, err := os.ReadFile(file + ".stamp")
+	if err != nil {
+		return stamp{}, false
+	}
+	var st stamp
+	if err := json.Unmarshal(data, &st); err != nil {
+		return stamp{}, false
+	}
+	info, err := os.Stat(file)
+	if err != nil || info.Size() != st.Size {
+		return stamp{}, false
+	}
+	return st, true
+}
+
+// ContentTag is a tag derived from everything in spec except its Ref: for images whose tag
+// names their content (localhost/constellation/services:<ContentTag>).
+func ContentTag(spec Spec) (string, error) {
+	key, err := spec.key(false)
+	if err != nil {
+		return "", err
+	}
+	return key[:16], nil
+}
+
+func (s Spec) validate() error {
+	if s.Ref == "" || !strings.Contains(s.Ref, ":") {
+		return fmt.Errorf("image ref %q: want name:tag", s.Ref)
+	}
+	seen := map[string]bool{}
+	for _, f := range s.Files {
+		p := path.Clean(f.Path)
+		if !path.IsAbs(f.Path) || p == "/" {
+			return fmt.Errorf("image %s: path %q of %s is not an absolute file path", s.Ref, f.Path, f.Src)
+		}
+		if seen[p] {
+			return fmt.Errorf("image %s: path %s given twice", s.Ref, p)
+		}
+		seen[p] = true
+	}
+	for _, d := range s.Dirs {
+		if !path.IsAbs(d) {
+			return fmt.Errorf("image %s: directory %q is not absolute", s.Ref, d)
+		}
+	}
+	return nil
+}
+
+// key hashes the spec (with or without its ref) and the content of every file.
+func (s Spec) key(withRef bool) (string, error) {
+	h := sha256.New()
+	desc := struct {
+		Ref                            string `json:",omitempty"`
+		Entrypoint, Cmd, Env, Dirs     []string
+		WorkingDir                     string
+		Files                          [][2]string
+		Format, Architecture, Platform string
+	}{
+		Entrypoint: s.Entrypoint, Cmd: s.Cmd, Env: s.env(), Dirs: s.Dirs, WorkingDir: s.WorkingDir,
+		// Format changes whenever writeArchive changes what it writes.
+		Format: "docker-archive/1", Architecture: runtime.GOARCH, Platform: runtime.GOOS,
+	}
+	if withRef {
+		desc.Ref = s.Ref
+	}
+	for _, f := range s.Files {
+		sum, err := fileHash(f.Src)
+		if err != nil {
+			return "", err
+		}
+		desc.Files = append(desc.Files, [2]string{path.Clean(f.Path), sum})
+	}
+	sort.Slice(desc.Files, func(i, j int) bool { return desc.Files[i][0] < desc.Files[j][0] })
+	if err := json.NewEncoder(h).Encode(desc); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func (s Spec) env() []string {
+	for _, e := range s.Env {
+		if strings.HasPrefix(e, "PATH=") {
+			return s.Env
+		}
+	}
+	return append([]string{DefaultPath}, s.Env...)
+}
+
+// fileHashes caches the content hashes of input files for the life of the process, keyed by
+// what stat tells, so a binary in several images is read once.
+var fileHashes sync.Map
+
+type fileID struct {
+	path  string
+	size  int64
+	mtime time.Time
+	ino   uint64
+}
+
+func fileHash(name string) (string, error) {
+	info, err := os.Stat(name)
+	if err != nil {
+		return "", fmt.Errorf("image input: %w", err)
+	}
+	if !info.Mode().IsRegular() {
+		return "", fmt.Errorf("image input %s is not a regular file", name)
+	}
+	id := fileID{path: name, size: info.Size(), mtime: info.ModTime(), ino: inode(info)}
+	if sum, ok := fileHashes.Load(id); ok {
+		return sum.(string), nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return "", fmt.Errorf("image input: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("hashing image input %s: %w", name, err)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	fileHashes.Store(id, sum)
+	return sum, nil
+}
+
+// Manifest is an entry of a docker archive's manifest.json.
+type Manifest struct {
+	Config   string
+	RepoTags []string
+	Layers   []string
+}
+
+// Config is the part of an image config (the OCI/docker image config) that we write.
+type Config struct {
+	Architecture string          `json:"architecture"`
+	OS           string          `json:"os"`
+	Config       ContainerConfig `json:"config"`
+	RootFS       RootFS          `json:"rootfs"`
+	History      []History       `json:"history,omitempty"`
+}
+
+// ContainerConfig is the config.config of an image config.
+type ContainerConfig struct {
+	Entrypoint []string `json:"Entrypoint,omitempty"`
+	Cmd        []string `json:"Cmd,omitempty"`
+	Env        []string `json:"Env,omitempty"`
+	WorkingDir string   `json:"WorkingDir,omitempty"`
+}
+
+// RootFS lists the layers of an image by the digests of their uncompressed tars.
+type RootFS struct {
+	Type    string   `json:"type"`
+	DiffIDs []string `json:"diff_ids"`
+}
+
+// History is an entry of an image config's history.
+type History struct {
+	Created   time.Time `json:"created"`
+	CreatedBy string    `json:"created_by,omitempty"`
+}
+
+// writeArchive writes the archive of spec to file atomically and returns its hash and size.
+func writeArchive(spec Spec, file string) (sum string, size int64, err error) {
+	dir := filepath.Dir(file)
+	layer, err := os.CreateTemp(dir, ".layer-*")
+	if err != nil {
+		return "", 0, fmt.Errorf("creating layer file: %w", err)
+	}
+	defer func() {
+		layer.Close()
+		os.Remove(layer.Name())
+	}()
+	lh := sha256.New()
+	if err := writeLayer(io.MultiWriter(layer, lh), spec); err != nil {
+		return "", 0, err
+	}
+	layerSize, err := layer.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return "", 0, err
+	}
+	if _, err := layer.Seek(0, io.SeekStart); err != nil {
+		return "", 0, err
+	}
+	diffID := hex.EncodeToString(lh.Sum(nil))
+
+	cfg, err := json.Marshal(Config{
+		Architecture: runtime.GOARCH,
+		OS:           runtime.GOOS,
+		Config: ContainerConfig{
+			Entrypoint: spec.Entrypoint, Cmd: spec.Cmd, Env: spec.env(), WorkingDir: spec.WorkingDir,
+		},
+		RootFS:  RootFS{Type: "layers", DiffIDs: []string{"sha256:" + diffID}},
+		History: []History{{Created: epoch, CreatedBy: "constellation nodeimage"}},
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	cfgSum := sha256.Sum256(cfg)
+	cfgName := hex.EncodeToString(cfgSum[:]) + ".json"
+	layerName := diffID + "/layer.tar"
+	manifest, err := json.Marshal([]Manifest{{Config: cfgName, RepoTags: []string{spec.Ref}, Layers: []string{layerName}}})
+	if err != nil {
+		return "", 0, err
+	}
+
+	out, err := os.CreateTemp(dir, ".image-*")
+	if err != nil {
+		return "", 0, fmt.Errorf("creating archive: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			out.Close()
+			os.Remove(out.Name())
+		}
+	}()
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(out, h)}
+	tw := tar.NewWriter(cw)
+	if err := addDir(tw, diffID, 0o755); err != nil {
+		return "", 0, err
+	}
+	if err := addReader(tw, layerName, 0o644, layerSize, layer); err != nil {
+		return "", 0, err
+	}
+	if err := addBytes(tw, cfgName, cfg); err != nil {
+		return "", 0, err
+	}
+	if err := addBytes(tw, "manifest.json", manifest); err != nil {
+		return "", 0, err
+	}
+	if err := tw.Close(); err != nil {
+		return "", 0, fmt.Errorf("writing archive: %w", err)
+	}
+	if err := out.Sync(); err != nil {
+		return "", 0, fmt.Errorf("writing archive: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return "", 0, fmt.Errorf("writing archive: %w", err)
+	}
+	if err := os.Chmod(out.Name(), 0o644); err != nil {
+		return "", 0, err
+	}
+	if err := os.Rename(out.Name(), file); err != nil {
+		return "", 0, fmt.Errorf("writing archive: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), cw.n, nil
+}
+
+// writeLayer writes the layer tar of spec: every directory, then every file, sorted by path,
+// parents before children.
+func writeLayer(w io.Writer, spec Spec) error {
+	type entry struct {
+		src  string
+		mode int64
+		dir  bool
+	}
+	entries := map[string]entry{"tmp": {mode: 0o1777, dir: true}}
+	addParents := func(p string) {
+		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+			rel := strings.TrimPrefix(d, "/")
+			if _, ok := entries[rel]; !ok {
+				entries[rel] = entry{mode: 0o755, dir: true}
+			}
+		}
+	}
+	for _, d := range spec.Dirs {
+		d = path.Clean(d)
+		addParents(d)
+		if _, ok := entries[strings.TrimPrefix(d, "/")]; !ok {
+			entries[strings.TrimPrefix(d, "/")] = entry{mode: 0o755, dir: true}
+		}
+	}
+	for _, f := range spec.Files {
+		p := path.Clean(f.Path)
+		addParents(p)
+		info, err := os.Stat(f.Src)
+		if err != nil {
+			return fmt.Errorf("image input: %w", err)
+		}
+		mode := int64(0o644)
+		if info.Mode().Perm()&0o111 != 0 {
+			mode = 0o755
+		}
+		rel := strings.TrimPrefix(p, "/")
+		if e, ok := entries[rel]; ok && e.dir {
+			return fmt.Errorf("image %s: %s is both a directory and a file", spec.Ref, p)
+		}
+		entries[rel] = entry{src: f.Src, mode: mode}
+	}
+	names := make([]string, 0, len(entries))
+	for n := range entries {
+		names = append(names, n)
+	}
+	// Sorting by path components puts every directory right before its children.
+	sort.Slice(names, func(i, j int) bool {
+		return strings.ReplaceAll(names[i], "/", "\x00") < strings.ReplaceAll(names[j], "/", "\x00")
+	})
+	tw := tar.NewWriter(w)
+	for _, n := range names {
+		e := entries[n]
+		if e.dir {
+			if err := addDir(tw, n, e.mode); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := addFile(tw, n, e.mode, e.src); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("writing layer: %w", err)
+	}
+	return nil
+}
+
+func header(name string, typ byte, mode, size int64) *tar.Header {
+	return &tar.Header{
+		Typeflag: typ, Name: name, Mode: mode, Size: size, ModTime: epoch, Format: tar.FormatPAX,
+	}
+}
+
+func addDir(tw *tar.Writer, name string, mode int64) error {
+	if err := tw.WriteHeader(header(name+"/", tar.TypeDir, mode, 0)); err != nil {
+		return fmt.Errorf("writing tar entry %s: %w", name, err)
+	}
+	return nil
+}
+
+func addBytes(tw *tar.Writer, name string, data []byte) error {
+	return addReader(tw, name, 0o644, int64(len(data)), bytes.NewReader(data))
+}
+
+func addReader(tw *tar.Writer, name string, mode, size int64, r io.Reader) error {
+	if err := tw.WriteHeader(header(name, tar.TypeReg, mode, size)); err != nil {
+		return fmt.Errorf("writing tar entry %s: %w", name, err)
+	}
+	n, err := io.Copy(tw, r)
+	if err != nil {
+		return fmt.Errorf("writing tar entry %s: %w", name, err)
+	}
+	if n != size {
+		return fmt.Errorf("writing tar entry %s: %d bytes, want %d", name, n, size)
+	}
+	return nil
+}
+
+func addFile(tw *tar.Writer, name string, mode int64, src string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("image input: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("image input: %w", err)
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("image input %s: %w", src, fs.ErrInvalid)
+	}
+	if err := addReader(tw, name, mode, info.Size(), f); err != nil {
+		if errors.Is(err, io.ErrShortWrite) {
+			return fmt.Errorf("image input %s changed while being read: %w", src, err)
+		}
+		return err
+	}
+	return nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func inode(info fs.FileInfo) uint64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}

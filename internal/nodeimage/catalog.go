@@ -1,0 +1,188 @@
+package nodeimage
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Versions and names of the images of the local cluster: the refs kubeadm v1.34.4 uses by default
+// (its constants DefaultEtcdVersion, PauseVersion and CoreDNSVersion), so kubeadm and kubelet
+// find them in containerd without pulling.
+const (
+	KubernetesVersion = "v1.34.4"
+	EtcdTag           = "3.6.5-0"
+	PauseTag          = "3.10.1"
+	CoreDNSTag        = "v1.12.1"
+
+	Registry = "registry.k8s.io"
+	// ServicesRepo and HelloRepo are our images; their tags are content hashes (ContentTag).
+	ServicesRepo = "localhost/constellation/services"
+	HelloRepo    = "localhost/constellation/hello"
+)
+
+// Refs of the images from registry.k8s.io that the catalog stands in for.
+var (
+	PauseRef   = Registry + "/pause:" + PauseTag
+	EtcdRef    = Registry + "/etcd:" + EtcdTag
+	CoreDNSRef = Registry + "/coredns/coredns:" + CoreDNSTag
+)
+
+// KubeRef returns the ref of a Kubernetes component's image, e.g. KubeRef("kube-proxy").
+func KubeRef(component string) string {
+	return Registry + "/" + component + ":" + KubernetesVersion
+}
+
+// Binaries are the inputs of the catalog, all built locally.
+type Binaries struct {
+	// KubeDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and etcd
+	// (hack/build-kube.sh), all static.
+	KubeDir string
+	// Pause and CoreDNS are the static binaries of cmd/pause and tools/coredns.
+	Pause, CoreDNS string
+	// NFT is the build machine's nft (Debian's nftables), copied with its shared libraries into
+	// the kube-proxy image for kube-proxy's nftables mode.
+	NFT string
+}
+
+// Image is a spec with the name of its archive (<Name>.tar in the image directory).
+type Image struct {
+	Name string
+	Spec Spec
+}
+
+// Catalog returns every image from registry.k8s.io a local cluster needs, made from b:
+// kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, pause and CoreDNS.
+//
+// Kubernetes binaries and etcd are in /usr/local/bin (on PATH: kubeadm's static pods run them by
+// name; its kube-proxy DaemonSet runs /usr/local/bin/kube-proxy), pause is /pause and CoreDNS
+// /coredns, both the entrypoint, as upstream's images have them.
+func Catalog(b Binaries) ([]Image, error) {
+	var images []Image
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		images = append(images, Image{Name: c, Spec: Spec{
+			Ref:   KubeRef(c),
+			Files: []File{{Src: filepath.Join(b.KubeDir, c), Path: "/usr/local/bin/" + c}},
+		}})
+	}
+	nft, err := WithLibraries(b.NFT, "/usr/sbin/nft")
+	if err != nil {
+		return nil, fmt.Errorf("kube-proxy image: %w", err)
+	}
+	images = append(images,
+		Image{Name: "kube-proxy", Spec: Spec{
+			Ref: KubeRef("kube-proxy"),
+			Files: append([]File{{Src: filepath.Join(b.KubeDir, "kube-proxy"), Path: "/usr/local/bin/kube-proxy"}},
+				nft...),
+			// kube-proxy's DaemonSet mounts /run/xtables.lock and /lib/modules.
+			Dirs: []string{"/run", "/lib/modules"},
+		}},
+		Image{Name: "etcd", Spec: Spec{
+			Ref:   EtcdRef,
+			Files: []File{{Src: filepath.Join(b.KubeDir, "etcd"), Path: "/usr/local/bin/etcd"}},
+			Dirs:  []string{"/var/lib/etcd"},
+		}},
+		Image{Name: "pause", Spec: Spec{
+			Ref:        PauseRef,
+			Files:      []File{{Src: b.Pause, Path: "/pause"}},
+			Entrypoint: []string{"/pause"},
+		}},
+		Image{Name: "coredns", Spec: Spec{
+			Ref:        CoreDNSRef,
+			Files:      []File{{Src: b.CoreDNS, Path: "/coredns"}},
+			Entrypoint: []string{"/coredns"},
+		}},
+	)
+	return images, nil
+}
+
+// Services returns the image of our in-cluster services (join, key and verification service):
+// every given binary in /usr/local/bin under its own name, no entrypoint (each pod names its
+// command). The tag is the content hash, so a changed binary gives a new ref.
+func Services(binaries ...string) (Image, error) {
+	if len(binaries) == 0 {
+		return Image{}, errors.New("services image: no binaries")
+	}
+	var files []File
+	for _, b := range binaries {
+		files = append(files, File{Src: b, Path: "/usr/local/bin/" + filepath.Base(b)})
+	}
+	return contentTagged("services", ServicesRepo, Spec{Files: files})
+}
+
+// Hello returns the image of the end-to-end tests' HTTP server (test/e2e/hello): /hello, the
+// entrypoint, serving on :8080.
+func Hello(binary string) (Image, error) {
+	return contentTagged("hello", HelloRepo, Spec{
+		Files:      []File{{Src: binary, Path: "/hello"}},
+		Entrypoint: []string{"/hello"},
+	})
+}
+
+func contentTagged(name, repo string, spec Spec) (Image, error) {
+	tag, err := ContentTag(spec)
+	if err != nil {
+		return Image{}, fmt.Errorf("%s image: %w", name, err)
+	}
+	spec.Ref = repo + ":" + tag
+	return Image{Name: name, Spec: spec}, nil
+}
+
+// WithLibraries returns a dynamically linked binary at path in the image, plus the shared
+// libraries and loader that ldd resolves for it, each at the path ldd names (symbolic links on
+// the build machine become regular files in the image). A static binary comes alone.
+func WithLibraries(binary, inImage string) ([]File, error) {
+	if _, err := os.Stat(binary); err != nil {
+		return nil, err
+	}
+	files := []File{{Src: binary, Path: inImage}}
+	var stderr bytes.Buffer
+	cmd := exec.Command("ldd", binary)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if strings.Contains(string(out)+stderr.String(), "not a dynamic executable") {
+			return files, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %w: %s", binary, err, strings.TrimSpace(stderr.String()))
+	}
+	libs, err := parseLdd(out)
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", binary, err)
+	}
+	for _, l := range libs {
+		files = append(files, File{Src: l, Path: l})
+	}
+	return files, nil
+}
+
+// parseLdd returns the absolute library paths of ldd's output, sorted.
+func parseLdd(out []byte) ([]string, error) {
+	var libs []string
+	s := bufio.NewScanner(bytes.NewReader(out))
+	for s.Scan() {
+		line := strings.TrimSpace(s.Text())
+		if line == "" || strings.HasPrefix(line, "linux-vdso") || strings.Contains(line, "statically linked") {
+			continue
+		}
+		if strings.Contains(line, "=> not found") {
+			return nil, fmt.Errorf("library not found: %s", line)
+		}
+		if _, after, ok := strings.Cut(line, "=> "); ok {
+			line = after
+		}
+		p, _, _ := strings.Cut(line, " ")
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("unexpected line %q", line)
+		}
+		libs = append(libs, p)
+	}
+	sort.Strings(libs)
+	return libs, s.Err()
+}

@@ -1,0 +1,106 @@
+package nodeimage
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/openconstellation/constellation/internal/fileutil"
+)
+
+// IndexFile is the name of the index in an image directory.
+const IndexFile = "index.json"
+
+// Index lists the archives of an image directory (_output/images/index.json).
+type Index struct {
+	Images []Entry `json:"images"`
+}
+
+// Entry is an archive of an index.
+type Entry struct {
+	Ref string `json:"ref"`
+	// File is the archive's name, relative to the index's directory.
+	File   string `json:"file"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// BuildAll builds each image into dir/<Name>.tar (skipping those up to date) and writes
+// dir/index.json listing them, in the order given.
+func BuildAll(dir string, images []Image) (Index, []Result, error) {
+	var idx Index
+	var results []Result
+	names := map[string]bool{}
+	for _, img := range images {
+		if names[img.Name] {
+			return Index{}, nil, fmt.Errorf("image name %s given twice", img.Name)
+		}
+		names[img.Name] = true
+		res, err := Build(img.Spec, filepath.Join(dir, img.Name+".tar"))
+		if err != nil {
+			return Index{}, nil, err
+		}
+		results = append(results, res)
+		idx.Images = append(idx.Images, Entry{Ref: res.Ref, File: img.Name + ".tar", SHA256: res.SHA256, Size: res.Size})
+	}
+	data, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return Index{}, nil, err
+	}
+	if err := fileutil.WriteAtomic(filepath.Join(dir, IndexFile), append(data, '\n'), 0o644); err != nil {
+		return Index{}, nil, fmt.Errorf("writing image index: %w", err)
+	}
+	return idx, results, nil
+}
+
+// ReadIndex reads dir/index.json.
+func ReadIndex(dir string) (Index, error) {
+	data, err := os.ReadFile(filepath.Join(dir, IndexFile))
+	if err != nil {
+		return Index{}, fmt.Errorf("reading image index (run `make images`): %w", err)
+	}
+	var idx Index
+	if err := json.Unmarshal(data, &idx); err != nil {
+		return Index{}, fmt.Errorf("reading image index %s: %w", filepath.Join(dir, IndexFile), err)
+	}
+	for _, e := range idx.Images {
+		if e.Ref == "" || e.File == "" || filepath.IsAbs(e.File) || strings.Contains(e.File, "..") {
+			return Index{}, fmt.Errorf("image index %s: bad entry %+v", filepath.Join(dir, IndexFile), e)
+		}
+	}
+	return idx, nil
+}
+
+// Find returns the entry whose ref is in repository repo (the ref without its tag), e.g.
+// Find(ServicesRepo) for the current services image.
+func (idx Index) Find(repo string) (Entry, error) {
+	for _, e := range idx.Images {
+		if Repository(e.Ref) == repo {
+			return e, nil
+		}
+	}
+	return Entry{}, fmt.Errorf("%w: %s", ErrNotInIndex, repo)
+}
+
+// ErrNotInIndex is returned by Find for a repository that has no image in the index.
+var ErrNotInIndex = errors.New("no image in the index")
+
+// Repository returns ref without its tag: registry.k8s.io/pause:3.10.1 gives registry.k8s.io/pause.
+func Repository(ref string) string {
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		return ref[:i]
+	}
+	return ref
+}
+
+// Files returns the paths of the index's archives in dir.
+func (idx Index) Files(dir string) []string {
+	files := make([]string, 0, len(idx.Images))
+	for _, e := range idx.Images {
+		files = append(files, filepath.Join(dir, e.File))
+	}
+	return files
+}
