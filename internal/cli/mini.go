@@ -21,6 +21,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 )
@@ -163,10 +164,11 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 		return fmt.Errorf("%s: attestation.qemuVTPM: the local provider needs reference values for qemu-vtpm", confPath)
 	}
 	sets := conf.Attestation.QEMUVTPM.Measurements
-	images, err := filepath.Glob(filepath.Join(o.imagesDir, "*.tar"))
-	if err != nil || len(images) == 0 {
-		return fmt.Errorf("no container images in %s: run 'make images' first", o.imagesDir)
+	index, err := nodeimage.ReadIndex(o.imagesDir)
+	if err != nil {
+		return fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
 	}
+	images := index.Files(o.imagesDir)
 
 	ca, err := akca.New("constellation mini AK CA", time.Now(), 365*24*time.Hour)
 	if err != nil {

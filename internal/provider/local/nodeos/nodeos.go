@@ -24,6 +24,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/openconstellation/constellation/internal/nodeimage"
 )
 
 // Paths inside a node (docs/local-provider.md).
@@ -179,11 +181,8 @@ func (o *OS) startContainerd(ctx context.Context) error {
 
 func (o *OS) importImages(ctx context.Context) error {
 	start := time.Now()
-	for _, img := range o.cfg.Images {
-		out, err := exec.CommandContext(ctx, "ctr", "-a", ContainerdSocket, "-n", "k8s.io", "images", "import", "--no-unpack=false", img).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("importing image %s: %w: %s", img, err, strings.TrimSpace(string(out)))
-		}
+	if err := nodeimage.Import(ctx, "ctr", ContainerdSocket, "k8s.io", o.cfg.Images...); err != nil {
+		return err
 	}
 	o.cfg.Log.Info("images imported", "count", len(o.cfg.Images), "seconds", time.Since(start).Seconds())
 	return nil
