@@ -49,8 +49,8 @@ proto-check: deps ## fail if the committed generated code is stale
 bench: deps kube ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
-up: build images ## start the local flow (see README: for now a mutual attested handshake)
-	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
+up: build images ## create a local confidential cluster (see README; today: one control plane, workers join with the in-cluster join service next)
+	$(BIN)/constellation mini up --workspace $(CURDIR)/_output --workers 0
 
 down: ## remove what `make up` created
 	@if [ -x $(BIN)/constellation ]; then $(BIN)/constellation mini down --workspace $(CURDIR)/_output; else rm -rf $(CURDIR)/_output/mini; fi
