@@ -56,34 +56,24 @@ func (s *Server) Handler() http.Handler {
 		}
 		writeJSON(w, n)
 	})
-	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := s.lookup(r.RemoteAddr); !ok {
-			http.Error(w, "unknown node", http.StatusForbidden)
-			return
-		}
-		s.mu.RLock()
-		defer s.mu.RUnlock()
-		writeJSON(w, s.nodes)
-	})
-	mux.HandleFunc("GET /v1/join-endpoints", func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := s.lookup(r.RemoteAddr); !ok {
-			http.Error(w, "unknown node", http.StatusForbidden)
-			return
-		}
-		s.mu.RLock()
-		defer s.mu.RUnlock()
-		writeJSON(w, append([]string{}, s.endpoints...))
-	})
-	mux.HandleFunc("GET /v1/init-secret-hash", func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := s.lookup(r.RemoteAddr); !ok {
-			http.Error(w, "unknown node", http.StatusForbidden)
-			return
-		}
-		s.mu.RLock()
-		defer s.mu.RUnlock()
-		writeJSON(w, map[string]string{"hash": string(s.hash)})
-	})
+	// The other answers go to nodes only, like the rest of a cloud's metadata.
+	mux.HandleFunc("GET /v1/instances", s.nodesOnly(func() any { return s.nodes }))
+	mux.HandleFunc("GET /v1/join-endpoints", s.nodesOnly(func() any { return append([]string{}, s.endpoints...) }))
+	mux.HandleFunc("GET /v1/init-secret-hash", s.nodesOnly(func() any { return map[string]string{"hash": string(s.hash)} }))
 	return mux
+}
+
+// nodesOnly answers known nodes with answer(), read under the lock.
+func (s *Server) nodesOnly(answer func() any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.lookup(r.RemoteAddr); !ok {
+			http.Error(w, "unknown node: no instance has the address "+r.RemoteAddr, http.StatusForbidden)
+			return
+		}
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		writeJSON(w, answer())
+	}
 }
 
 func (s *Server) lookup(remote string) (Node, bool) {

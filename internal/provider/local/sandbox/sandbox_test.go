@@ -1,0 +1,82 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestNetworkAndCgroup builds a two-node network, serves in one node's namespace, dials it
+// from the bridge namespace and from the other node (through the bridge), runs a process in
+// a cgroup, and removes everything again.
+func TestNetworkAndCgroup(t *testing.T) {
+	idBytes := make([]byte, 3)
+	_, _ = rand.Read(idBytes)
+	n := Network{ID: hex.EncodeToString(idBytes)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	t.Cleanup(func() { _ = n.Delete(context.Background(), []string{"a", "b"}) })
+
+	require.NoError(t, n.CreateBridge(ctx))
+	require.NoError(t, n.AddNode(ctx, "a", 0, []int{0, 1}))
+	require.NoError(t, n.AddNode(ctx, "b", 1, []int{0, 1}))
+	assert.ElementsMatch(t, []string{n.BridgeNS(), n.NodeNS("a"), n.NodeNS("b")}, n.Leftovers())
+
+	l, err := Listen(NSPath(n.NodeNS("a")), "tcp", net.JoinHostPort(NodeAddr(0).String(), "7000"))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("from a"))
+			c.Close()
+		}
+	}()
+	for _, from := range []string{n.BridgeNS(), n.NodeNS("b")} {
+		c, err := DialContext(ctx, NSPath(from), "tcp", l.Addr().String())
+		require.NoError(t, err, "from %s", from)
+		got, err := io.ReadAll(c)
+		c.Close()
+		require.NoError(t, err)
+		assert.Equal(t, "from a", string(got), "from %s", from)
+	}
+	// Routes to the other node's pod range go through that node.
+	out, err := exec.Command("ip", "-n", n.NodeNS("b"), "route", "get", "10.244.0.5").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "via "+NodeAddr(0).String())
+
+	cg, err := NewCgroup("cmini-test-" + n.ID)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cg.Kill(context.Background()); _ = cg.Remove() })
+	require.NoError(t, cg.Child("node").Create())
+	sleep := exec.Command("sleep", "600")
+	require.NoError(t, sleep.Start())
+	go func() { _ = sleep.Wait() }()
+	require.NoError(t, cg.Child("node").Add(sleep.Process.Pid))
+	pids, err := cg.Pids()
+	require.NoError(t, err)
+	assert.Equal(t, []int{sleep.Process.Pid}, pids, "processes below the cgroup are found")
+	require.NoError(t, cg.Kill(ctx))
+	pids, err = cg.Pids()
+	require.NoError(t, err)
+	assert.Empty(t, pids)
+	require.NoError(t, cg.Remove())
+	assert.False(t, cg.Exists())
+
+	require.NoError(t, n.Delete(ctx, []string{"a", "b"}))
+	assert.Empty(t, n.Leftovers())
+	_, err = os.Stat(NSPath(n.BridgeNS()))
+	assert.True(t, os.IsNotExist(err))
+}
