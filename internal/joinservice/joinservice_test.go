@@ -546,6 +546,13 @@ func TestRejections(t *testing.T) {
 
 			assert.Equal(t, before, bootstrapSecrets(t), "a rejected join must not create a token")
 			assert.Equal(t, keysBefore, e.keys.calls.Load(), "a rejected join must not derive keys")
+			// A handshake-stage rejection reaches the client before the server has recorded
+			// it (the server's side of the aborted handshake finishes concurrently): wait
+			// for the record, then check there is exactly one.
+			require.Eventually(t, func() bool {
+				return len(e.logLines("admission rejected")) > logsBefore &&
+					e.counter("constellation_joinservice_rejections_total", "stage", tc.wantStage, "reason", tc.wantReason) > rejectedBefore
+			}, 10*time.Second, 10*time.Millisecond, "the rejection is logged and counted")
 			assert.Equal(t, rejectedBefore+1, e.counter("constellation_joinservice_rejections_total", "stage", tc.wantStage, "reason", tc.wantReason))
 			lines := e.logLines("admission rejected")
 			require.Len(t, lines, logsBefore+1, "one log line per decision")
