@@ -36,7 +36,6 @@ import (
 const (
 	AdminConfFile    = "constellation-admin.conf"
 	MasterSecretFile = "constellation-mastersecret.json"
-	StateFile        = state.FileName
 )
 
 // initAndWait initializes the cluster on its first control plane over attested TLS and waits
@@ -132,19 +131,11 @@ func callInit(ctx context.Context, out io.Writer, addr string, v attestation.Val
 		return nil, err
 	}
 	defer conn.Close()
-	// The node's init server may still be starting: retry until it answers.
-	var stream initpb.InitService_InitClient
-	for {
-		ictx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-		defer cancel()
-		stream, err = initpb.NewInitServiceClient(conn).Init(ictx, req, grpc.WaitForReady(true))
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("init: %w", err)
-		}
-		time.Sleep(time.Second)
+	// WaitForReady: the node's init server may still be starting; the call waits for it
+	// (within ctx) instead of failing on the first refused connection.
+	stream, err := initpb.NewInitServiceClient(conn).Init(ctx, req, grpc.WaitForReady(true))
+	if err != nil {
+		return nil, fmt.Errorf("init: %w", err)
 	}
 	var logs strings.Builder
 	for {

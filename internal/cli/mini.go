@@ -24,6 +24,7 @@ import (
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/state"
 )
 
 func newMiniCmd() *cobra.Command {
@@ -322,7 +323,7 @@ func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	}
 	// The cluster's files go with it: its state and keys protect nothing any more. A
 	// configuration mini up generated goes too; one the user wrote stays.
-	files := []string{AdminConfFile, MasterSecretFile, StateFile}
+	files := []string{AdminConfFile, MasterSecretFile, state.FileName}
 	if _, err := os.Stat(filepath.Join(dir, generatedConfigMarker)); err == nil {
 		files = append(files, config.FileName)
 	}

@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -114,7 +113,6 @@ type Provider struct {
 	cgroup sandbox.Cgroup
 	status Status
 	tpms   []*swtpm.Process
-	mu     sync.Mutex
 }
 
 // Serve creates the cluster and serves it until ctx ends, then removes it.
@@ -174,8 +172,7 @@ func (p *Provider) create(ctx context.Context) error {
 			return fmt.Errorf("network of %s: %w", n.Name, err)
 		}
 		ip := sandbox.NodeAddr(i)
-		ns := p.status.Nodes
-		p.status.Nodes = append(ns, NodeStatus{
+		p.status.Nodes = append(p.status.Nodes, NodeStatus{
 			NodeSpec: n, IP: ip.String(), NetNS: sandbox.NSPath(p.net.NodeNS(n.Name)),
 			Cgroup:  string(p.cgroup.Child(n.Name)),
 			LogFile: filepath.Join(p.spec.Dir, "nodes", n.Name, "logs", "bootstrapper.log"),
@@ -329,8 +326,6 @@ func forward(ctx context.Context, c net.Conn, nsPath string, targets []string) {
 }
 
 func (p *Provider) writeStatus() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	data, _ := json.MarshalIndent(p.status, "", "  ")
 	if err := fileutil.WriteAtomic(filepath.Join(p.spec.Dir, StatusFile), append(data, '\n'), 0o644); err != nil {
 		p.log.Error("writing status", "err", err)

@@ -183,8 +183,9 @@ func (s *stateStorage) Unlock(ctx context.Context, key []byte) error {
 type kubeletFirst struct {
 	kubeadm.Runner
 	kubelet *nodeos.Supervisor
-	ctx     context.Context
-	once    sync.Once
+	// ctx is the bootstrapper's lifetime: the kubelet outlives the kubeadm call that starts it.
+	ctx  context.Context
+	once sync.Once
 }
 
 func (k *kubeletFirst) start() { k.once.Do(func() { k.kubelet.Start(k.ctx) }) }
