@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 # Debian packages: swtpm for the software TPMs of the tests and the local nodes, tpm2-tools for
 # debugging them, protoc for `make proto`, gcc + libssl-dev for the go-tpm-tools simulator (cgo),
 # cryptsetup (LUKS2) + e2fsprogs (mkfs.ext4) and gocryptfs + fuse3 for the node state storage,
-# containerd + runc for the nodes and the image tests, nftables (nft) for the kube-proxy image.
+# containerd + runc for the nodes and the image tests, nftables (nft) and netbase
+# (/etc/protocols) for the kube-proxy image.
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
-  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc nftables)
+  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc nftables netbase)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
