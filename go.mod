@@ -57,6 +57,7 @@ require (
 	k8s.io/apimachinery v0.34.4
 	k8s.io/client-go v0.34.4
 	k8s.io/cluster-bootstrap v0.34.4
+	k8s.io/cri-api v0.34.4
 	k8s.io/kube-proxy v0.0.0
 	k8s.io/kubelet v0.34.4
 	k8s.io/kubernetes v1.34.4

@@ -27,7 +27,7 @@ fi
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/pause" ./cmd/pause
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/hello" ./test/e2e/hello
 services=()
-for s in joinservice keyservice verificationservice; do
+for s in joinservice keyservice verificationservice verifyservice; do
   if [ -d "cmd/$s" ]; then
     CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/$s" "./cmd/$s"
     services+=("$bin/$s")

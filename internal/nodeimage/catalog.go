@@ -71,28 +71,18 @@ func Catalog(b Binaries) ([]Image, error) {
 			Files: []File{{Src: filepath.Join(b.KubeDir, c), Path: "/usr/local/bin/" + c}},
 		}})
 	}
-	nft, err := WithLibraries(b.NFT, "/usr/sbin/nft")
+	proxy, err := KubeProxy(filepath.Join(b.KubeDir, "kube-proxy"), b.NFT)
 	if err != nil {
-		return nil, fmt.Errorf("kube-proxy image: %w", err)
+		return nil, err
 	}
 	images = append(images,
-		Image{Name: "kube-proxy", Spec: Spec{
-			Ref: KubeRef("kube-proxy"),
-			Files: append([]File{{Src: filepath.Join(b.KubeDir, "kube-proxy"), Path: "/usr/local/bin/kube-proxy"}},
-				nft...),
-			// kube-proxy's DaemonSet mounts /run/xtables.lock and /lib/modules.
-			Dirs: []string{"/run", "/lib/modules"},
-		}},
+		proxy,
 		Image{Name: "etcd", Spec: Spec{
 			Ref:   EtcdRef,
 			Files: []File{{Src: filepath.Join(b.KubeDir, "etcd"), Path: "/usr/local/bin/etcd"}},
 			Dirs:  []string{"/var/lib/etcd"},
 		}},
-		Image{Name: "pause", Spec: Spec{
-			Ref:        PauseRef,
-			Files:      []File{{Src: b.Pause, Path: "/pause"}},
-			Entrypoint: []string{"/pause"},
-		}},
+		Pause(b.Pause),
 		Image{Name: "coredns", Spec: Spec{
 			Ref:        CoreDNSRef,
 			Files:      []File{{Src: b.CoreDNS, Path: "/coredns"}},
@@ -100,6 +90,44 @@ func Catalog(b Binaries) ([]Image, error) {
 		}},
 	)
 	return images, nil
+}
+
+// KubeProxy returns the kube-proxy image: kube-proxy in /usr/local/bin and nft (with its
+// shared libraries) in /usr/sbin for kube-proxy's nftables mode.
+//
+// Why nftables: kube-proxy's nftables mode needs only nft (one binary, knftables drives it),
+// while iptables mode needs iptables-legacy or iptables-nft with its save/restore variants for two
+// families. nft works in a node's network namespace on our machines (tables, maps and nat hooks),
+// and nftables is what kube-proxy moves to. The provider sets mode: nftables (and
+// conntrack.maxPerCore: 0, since a network namespace cannot set the global conntrack sysctls).
+func KubeProxy(kubeProxy, nft string) (Image, error) {
+	nftFiles, err := WithLibraries(nft, "/usr/sbin/nft")
+	if err != nil {
+		return Image{}, fmt.Errorf("kube-proxy image: %w", err)
+	}
+	return Image{Name: "kube-proxy", Spec: Spec{
+		Ref: KubeRef("kube-proxy"),
+		// nft names protocols by /etc/protocols: without it, it lists the map elements
+		// kube-proxy wrote as "tcp" as "6", and kube-proxy compares what it reads back.
+		Files: append([]File{
+			{Src: kubeProxy, Path: "/usr/local/bin/kube-proxy"},
+			{Src: Protocols, Path: "/etc/protocols"},
+		}, nftFiles...),
+		// kube-proxy's DaemonSet mounts /run/xtables.lock and /lib/modules.
+		Dirs: []string{"/run", "/lib/modules"},
+	}}, nil
+}
+
+// Protocols is the protocol table put into the kube-proxy image (Debian's netbase).
+var Protocols = "/etc/protocols"
+
+// Pause returns the pause image: /pause, the entrypoint.
+func Pause(binary string) Image {
+	return Image{Name: "pause", Spec: Spec{
+		Ref:        PauseRef,
+		Files:      []File{{Src: binary, Path: "/pause"}},
+		Entrypoint: []string{"/pause"},
+	}}
 }
 
 // Services returns the image of our in-cluster services (join, key and verification service):

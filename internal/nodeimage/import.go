@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -23,6 +24,10 @@ const importParallel = 4
 // Archives are imported in parallel; one whose parallel import failed is tried once more alone
 // (concurrent writes of the same blob can collide). The error names every archive that failed.
 func Import(ctx context.Context, ctr, socket, namespace string, archives ...string) error {
+	// ctr waits for a missing socket to appear; fail at once instead.
+	if _, err := os.Stat(socket); err != nil {
+		return fmt.Errorf("importing images: containerd socket: %w", err)
+	}
 	errs := make([]error, len(archives))
 	sem := make(chan struct{}, importParallel)
 	var wg sync.WaitGroup
