@@ -57,6 +57,7 @@ import (
 	"github.com/openconstellation/constellation/internal/atls"
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
@@ -66,11 +67,11 @@ import (
 	"github.com/openconstellation/constellation/internal/statedisk"
 )
 
-// Names of what init records in the cluster.
+// Names of what init records in the cluster (internal/clusterrecord).
 const (
-	RecordNamespace        = "kube-system"
-	MasterSecretSecretName = "constellation-mastersecret"
-	ClusterConfigMapName   = "constellation-cluster"
+	RecordNamespace        = clusterrecord.Namespace
+	MasterSecretSecretName = clusterrecord.MasterSecretName
+	ClusterConfigMapName   = clusterrecord.ClusterConfigMapName
 )
 
 // DefaultInitTimeout bounds the work after the node lock is taken.
@@ -363,22 +364,10 @@ func (s *Server) writePKI(self metadata.Instance) error {
 
 // ClusterRecord is the public part of what init records in ConfigMap
 // kube-system/constellation-cluster (key "cluster.json").
-type ClusterRecord struct {
-	Name                 string            `json:"name"`
-	ClusterID            string            `json:"clusterID"`       // hex
-	MeasurementSalt      string            `json:"measurementSalt"` // base64
-	KubernetesVersion    string            `json:"kubernetesVersion"`
-	KubernetesComponents []ComponentRecord `json:"kubernetesComponents,omitempty"`
-	InitializedPCR15     string            `json:"initializedPCR15"` // hex, what every node's PCR 15 reads
-}
+type ClusterRecord = clusterrecord.Cluster
 
 // ComponentRecord is one Kubernetes artifact nodes install.
-type ComponentRecord struct {
-	Name        string `json:"name"`
-	URL         string `json:"url"`
-	Hash        string `json:"hash"`
-	InstallPath string `json:"installPath"`
-}
+type ComponentRecord = clusterrecord.Component
 
 func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte) error {
 	restCfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
@@ -411,14 +400,14 @@ func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID
 	if _, err := client.CoreV1().Secrets(RecordNamespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: MasterSecretSecretName, Namespace: RecordNamespace, Labels: labels},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"mastersecret.json": secretJSON},
+		Data:       map[string][]byte{clusterrecord.MasterSecretKey: secretJSON},
 		Immutable:  ptrTo(true),
 	}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("recording the master secret: %w", err)
 	}
 	if _, err := client.CoreV1().ConfigMaps(RecordNamespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: ClusterConfigMapName, Namespace: RecordNamespace, Labels: labels},
-		Data:       map[string]string{"cluster.json": string(recJSON)},
+		Data:       map[string]string{clusterrecord.ClusterKey: string(recJSON)},
 		Immutable:  ptrTo(true),
 	}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("recording the cluster: %w", err)
