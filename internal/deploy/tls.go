@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/pki"
 )
 
@@ -21,17 +22,17 @@ import (
 // client certificate's common name (docs/joinservice.md).
 const (
 	KeyServiceServerName = "constellation-key-service"
-	JoinServiceClientCN  = "joinservice"
+	JoinServiceClientCN  = keyservice.JoinServiceClient
 )
 
 // keyServiceTLSValidity: there is no rotation yet, so the pair lives as long as a kubeadm CA.
 const keyServiceTLSValidity = 10 * 365 * 24 * time.Hour
 
-// newKeyServiceTLS makes the key service's mutual TLS material: a CA made for it alone, its
+// NewKeyServiceTLS makes the key service's mutual TLS material: a CA made for it alone, its
 // server pair (127.0.0.1 and KeyServiceServerName) and the join service's client pair. The
 // CA's key is dropped once both are signed, so no further client can ever be certified: the
 // only way in is this Secret.
-func newKeyServiceTLS(now time.Time) (map[string][]byte, error) {
+func NewKeyServiceTLS(now time.Time) (map[string][]byte, error) {
 	ca, err := pki.NewCA("constellation key service CA", now, keyServiceTLSValidity)
 	if err != nil {
 		return nil, err
@@ -76,7 +77,7 @@ func ensureKeyServiceTLS(ctx context.Context, client kubernetes.Interface, now t
 	case !apierrors.IsNotFound(err):
 		return false, fmt.Errorf("deploy: reading Secret %s/%s: %w", ns, name, err)
 	}
-	data, err := newKeyServiceTLS(now)
+	data, err := NewKeyServiceTLS(now)
 	if err != nil {
 		return false, fmt.Errorf("deploy: key service TLS: %w", err)
 	}
