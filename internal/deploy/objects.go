@@ -90,10 +90,11 @@ func attestationConfigMap(data map[string]string) *corev1ac.ConfigMapApplyConfig
 		WithLabels(labels(JoinService)).WithData(data)
 }
 
-// daemonSet is the frame every service shares: host network and the node's DNS (joining nodes reach the join
-// service before they have a pod network; the services reach the API server at the node's
-// own address, not through kube-proxy), the image never pulled (it is imported into every
-// node's containerd), node-critical priority, one pod per node rolled one node at a time.
+// daemonSet is the frame every service shares: host network and the node's DNS (joining
+// nodes reach the join service before they have a pod network; the services reach the API
+// server at the node's own address, not through kube-proxy or cluster DNS), the image never
+// pulled (it is imported into every node's containerd), node-critical priority, one pod per
+// node rolled one node at a time.
 func daemonSet(name string, pod *corev1ac.PodSpecApplyConfiguration) *appsv1ac.DaemonSetApplyConfiguration {
 	pod.WithHostNetwork(true).
 		WithDNSPolicy(corev1.DNSDefault).
