@@ -424,11 +424,15 @@ func TestGRPCNonceBounds(t *testing.T) {
 	}
 }
 
-// blockingIssuer issues once released, or fails when the caller's context ends.
-type blockingIssuer struct{ release chan struct{} }
+// blockingIssuer issues once released, or fails when the caller's context ends. It reports
+// on entered (if set) when a call has started.
+type blockingIssuer struct{ entered, release chan struct{} }
 
 func (b blockingIssuer) Variant() variant.Variant { return qemu.Variant }
 func (b blockingIssuer) Issue(ctx context.Context, _ []byte) ([]byte, error) {
+	if b.entered != nil {
+		b.entered <- struct{}{}
+	}
 	select {
 	case <-b.release:
 		return []byte("evidence"), nil
@@ -440,8 +444,8 @@ func (b blockingIssuer) Issue(ctx context.Context, _ []byte) ([]byte, error) {
 // Requests beyond MaxWaiting are refused at once instead of queueing for the TPM; a TPM that
 // does not answer within IssueTimeout fails the request.
 func TestBusyAndTimeout(t *testing.T) {
-	iss := blockingIssuer{release: make(chan struct{})}
-	srv, err := verify.New(verify.Config{Issuer: iss, MaxWaiting: 1, IssueTimeout: 2 * time.Second})
+	iss := blockingIssuer{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	srv, err := verify.New(verify.Config{Issuer: iss, MaxWaiting: 1, IssueTimeout: 20 * time.Second})
 	require.NoError(t, err)
 	addr := serveGRPC(t, srv.Register)
 	url := serveHTTP(t, srv)
@@ -456,10 +460,9 @@ func TestBusyAndTimeout(t *testing.T) {
 		_, err := client.GetAttestation(context.Background(), &verifypb.GetAttestationRequest{Nonce: nonce})
 		first <- err
 	}()
-	require.Eventually(t, func() bool {
-		_, err := client.GetAttestation(context.Background(), &verifypb.GetAttestationRequest{Nonce: nonce})
-		return status.Code(err) == codes.ResourceExhausted
-	}, 5*time.Second, 10*time.Millisecond)
+	<-iss.entered // the first request holds the only slot
+	_, err = client.GetAttestation(context.Background(), &verifypb.GetAttestationRequest{Nonce: nonce})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	resp, err := http.Get(url + "/v1/attest?nonce=" + hex.EncodeToString(nonce))
 	require.NoError(t, err)
 	resp.Body.Close()
