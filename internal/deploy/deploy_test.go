@@ -226,7 +226,7 @@ func TestApply(t *testing.T) {
 			assert.True(t, strings.HasPrefix(ctr.Command[0], deploy.BinDir+"/"))
 			assert.Subset(t, ctr.Args, tc.args)
 			assert.Contains(t, ctr.Args, "--log-level=info")
-			assert.NotNil(t, ctr.ReadinessProbe)
+			assert.Equal(t, name != deploy.JoinService, ctr.ReadinessProbe != nil, "probes a TCP port, except the join service's (a probe would be a refused admission)")
 			sc := ctr.SecurityContext
 			assert.False(t, *sc.AllowPrivilegeEscalation)
 			assert.True(t, *sc.ReadOnlyRootFilesystem)

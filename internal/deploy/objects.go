@@ -217,7 +217,9 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 		corev1ac.EnvVar().WithName("KUBERNETES_SERVICE_HOST").WithValueFrom(fieldRef("status.hostIP")),
 		corev1ac.EnvVar().WithName("KUBERNETES_SERVICE_PORT").WithValue(fmt.Sprint(APIServerPort)),
 	).WithSecurityContext(restricted(0)).
-		WithReadinessProbe(tcpProbe("", JoinServicePort)).
+		// No readiness probe: a probe connection is a failed attested handshake, which the
+		// join service logs and counts as a refused admission. The service checks its whole
+		// configuration before it listens and exits on any problem.
 		WithVolumeMounts(
 			corev1ac.VolumeMount().WithName("config").WithMountPath(configDir).WithReadOnly(true),
 			corev1ac.VolumeMount().WithName("keyservice-tls").WithMountPath(keyServiceTLSDir).WithReadOnly(true),
