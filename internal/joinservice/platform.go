@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 // Node is what the platform says about an attested peer.
@@ -64,4 +65,29 @@ func (d StaticDirectory) Lookup(_ context.Context, name string) (Node, error) {
 		return Node{}, errors.New("unknown to the platform")
 	}
 	return n, nil
+}
+
+// ListerDirectory looks nodes up in the platform's instance list (the local provider's
+// metadata service, a cloud's instance API). It asks on every lookup: nodes are added while
+// the service runs, and a join is rare enough that the request costs nothing.
+type ListerDirectory struct {
+	Lister metadata.Lister
+}
+
+// Lookup implements Directory.
+func (d ListerDirectory) Lookup(ctx context.Context, name string) (Node, error) {
+	instances, err := d.Lister.Instances(ctx)
+	if err != nil {
+		return Node{}, fmt.Errorf("listing the platform's instances: %w", err)
+	}
+	for _, inst := range instances {
+		if inst.Name != name {
+			continue
+		}
+		if err := inst.Validate(); err != nil {
+			return Node{}, err
+		}
+		return Node{Name: inst.Name, Addresses: inst.IPs, ControlPlane: inst.Role == metadata.ControlPlane}, nil
+	}
+	return Node{}, errors.New("unknown to the platform")
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // ClusterIDRegister is the register that carries the initialized marker (DESIGN 2: PCR 15).
-const ClusterIDRegister = 15
+const ClusterIDRegister = kms.InitializedPCR
 
 // ServiceCheck is how a joining node verifies the join service (DESIGN 3.2): upstream's join
 // client verified nothing and would hand its CSR to, and take keys from, anyone.

@@ -147,6 +147,9 @@ func (i *Issuer) Variant() variant.Variant { return i.variant }
 // AKPublic returns the TPMT_PUBLIC encoding of the attestation key.
 func (i *Issuer) AKPublic() []byte { return i.akPublic }
 
+// AKCert returns the DER certificate of the attestation key, or nil if it has none.
+func (i *Issuer) AKCert() []byte { return i.akCert }
+
 // Issue quotes all SHA-256 PCRs with nonce as qualifying data.
 func (i *Issuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
 	if len(nonce) < attestation.MinNonceSize || len(nonce) > attestation.MaxNonceSize {

@@ -16,6 +16,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -65,12 +66,18 @@ func Open(ctx context.Context, addr string) (*TPM, error) {
 		rwc = dev
 	}
 	t := New(rwc, addr)
-	// Prove it speaks TPM 2.0 before handing it out.
+	// Prove it speaks TPM 2.0 before handing it out. A swtpm serving another process answers
+	// only once that process lets go: give up when ctx ends rather than after commandTimeout.
+	stop := t.abortOn(ctx)
+	defer stop()
 	if err := t.With(func(rw io.ReadWriter) error {
 		_, err := tpm2.GetManufacturer(rw)
 		return err
 	}); err != nil {
 		rwc.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("TPM at %s did not answer in time (busy with another user?): %w", addr, ctx.Err())
+		}
 		return nil, fmt.Errorf("TPM at %s does not answer as a TPM 2.0: %w", addr, err)
 	}
 	return t, nil
@@ -100,6 +107,20 @@ func (t *TPM) Close() error {
 	err := t.rwc.Close()
 	t.rwc = nil
 	return err
+}
+
+// abortOn makes the end of ctx abort the TPM command in flight and fail every later one, for
+// a TPM on a socket (a device command cannot be interrupted; it is bounded by the kernel). A
+// connection aborted mid-command is unusable: close it. The returned function ends the
+// binding and reports whether it did so before ctx ended.
+func (t *TPM) abortOn(ctx context.Context) (stop func() bool) {
+	t.mu.Lock()
+	a, ok := t.rwc.(interface{ abort() })
+	t.mu.Unlock()
+	if !ok {
+		return func() bool { return true }
+	}
+	return context.AfterFunc(ctx, a.abort)
 }
 
 // ReadPCRs returns the SHA-256 bank values of the given PCRs (all of them when none given).
@@ -161,8 +182,18 @@ func allPCRs() []int {
 // whole response from a single Read (true for a TPM device, not for a socket where a response
 // may arrive in pieces). Read returns exactly one complete response.
 type streamTransport struct {
-	conn net.Conn
-	resp []byte
+	conn    net.Conn
+	resp    []byte
+	aborted atomic.Bool
+}
+
+// errAborted fails commands on a connection whose user's context ended.
+var errAborted = errors.New("TPM use aborted: the caller's context ended")
+
+// abort fails the command in flight (by an expired deadline) and every later one.
+func (s *streamTransport) abort() {
+	s.aborted.Store(true)
+	_ = s.conn.SetDeadline(time.Unix(1, 0))
 }
 
 // maxResponse is the largest TPM response we accept (TPM2 responses are bounded by the TPM's
@@ -173,6 +204,11 @@ func (s *streamTransport) Write(cmd []byte) (int, error) {
 	if err := s.conn.SetDeadline(time.Now().Add(commandTimeout)); err != nil {
 		return 0, err
 	}
+	// Checked after setting the deadline: an abort racing with this command has either
+	// set its flag already or sets its expired deadline after ours.
+	if s.aborted.Load() {
+		return 0, errAborted
+	}
 	s.resp = nil
 	return s.conn.Write(cmd)
 }
@@ -182,6 +218,9 @@ func (s *streamTransport) Read(p []byte) (int, error) {
 		// Response header: tag (2 bytes), size (4 bytes, includes the header), code (4 bytes).
 		var hdr [10]byte
 		if _, err := io.ReadFull(s.conn, hdr[:]); err != nil {
+			if s.aborted.Load() {
+				return 0, errAborted
+			}
 			return 0, fmt.Errorf("reading TPM response header: %w", err)
 		}
 		size := binary.BigEndian.Uint32(hdr[2:6])
@@ -191,6 +230,10 @@ func (s *streamTransport) Read(p []byte) (int, error) {
 		s.resp = make([]byte, size)
 		copy(s.resp, hdr[:])
 		if _, err := io.ReadFull(s.conn, s.resp[10:]); err != nil {
+			s.resp = nil
+			if s.aborted.Load() {
+				return 0, errAborted
+			}
 			return 0, fmt.Errorf("reading TPM response body: %w", err)
 		}
 	}

@@ -13,7 +13,8 @@
 //  6. record the cluster in Kubernetes: Secret kube-system/constellation-mastersecret
 //     (for the key service) and ConfigMap kube-system/constellation-cluster (cluster ID,
 //     measurement salt, version, components: for the join service and verifiers);
-//  7. return the admin kubeconfig and the cluster ID.
+//  7. deploy the in-cluster services (Config.Deploy: internal/deploy);
+//  8. return the admin kubeconfig and the cluster ID.
 //
 // Progress is streamed throughout. A failure before step 3 (wrong secret, invalid request,
 // node not a control-plane node, lock already taken by a join or an earlier init) changes
@@ -58,6 +59,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -66,11 +68,11 @@ import (
 	"github.com/openconstellation/constellation/internal/statedisk"
 )
 
-// Names of what init records in the cluster.
+// Names of what init records in the cluster (internal/clusterrecord).
 const (
-	RecordNamespace        = "kube-system"
-	MasterSecretSecretName = "constellation-mastersecret"
-	ClusterConfigMapName   = "constellation-cluster"
+	RecordNamespace        = clusterrecord.Namespace
+	MasterSecretSecretName = clusterrecord.MasterSecretName
+	ClusterConfigMapName   = clusterrecord.ClusterConfigMapName
 )
 
 // DefaultInitTimeout bounds the work after the node lock is taken.
@@ -121,6 +123,19 @@ func KubeadmConfig(s kubeadmconfig.NodeSettings) KubeadmConfigFunc {
 	}
 }
 
+// DeployFunc deploys the in-cluster services after `kubeadm init`.
+type DeployFunc func(ctx context.Context, d Deployment) error
+
+// Deployment is what the init server hands to its DeployFunc.
+type Deployment struct {
+	// Kubeconfig is the admin kubeconfig kubeadm wrote.
+	Kubeconfig []byte
+	// Cluster is what init recorded in ConfigMap constellation-cluster.
+	Cluster ClusterRecord
+	// Progress streams one line to the CLI (and into the init's log).
+	Progress func(msg string)
+}
+
 // Config configures the init server.
 type Config struct {
 	// Node is the node's lock and state storage, opened fresh.
@@ -145,6 +160,10 @@ type Config struct {
 	// NodeLogs, when set, adds the node's other logs (kubelet, containerd) to the log
 	// streamed on failure.
 	NodeLogs func(ctx context.Context) []byte
+	// Deploy, when set, deploys the in-cluster services (join, key and verification
+	// service) once the cluster is recorded; internal/deploy.Run does. Its error fails the
+	// init. Nil skips the step.
+	Deploy DeployFunc
 	// InitTimeout bounds the work after the lock is taken (DefaultInitTimeout).
 	InitTimeout time.Duration
 	// Log receives the server's structured log.
@@ -326,10 +345,19 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if kubeconfig, err = os.ReadFile(s.cfg.AdminKubeconfig); err != nil {
 		return nil, nil, fmt.Errorf("reading the admin kubeconfig kubeadm wrote: %w", err)
 	}
-	if err := recordCluster(ctx, kubeconfig, r, clusterID); err != nil {
+	record, err := recordCluster(ctx, kubeconfig, r, clusterID)
+	if err != nil {
 		return nil, nil, err
 	}
 	rec.step("cluster recorded in %s/%s and %s/%s", RecordNamespace, ClusterConfigMapName, RecordNamespace, MasterSecretSecretName)
+	if s.cfg.Deploy != nil {
+		rec.step("deploying the join, key and verification services")
+		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
+		if err != nil {
+			return nil, nil, fmt.Errorf("deploying the in-cluster services: %w", err)
+		}
+		rec.step("in-cluster services deployed")
+	}
 	return kubeconfig, clusterID, nil
 }
 
@@ -363,32 +391,20 @@ func (s *Server) writePKI(self metadata.Instance) error {
 
 // ClusterRecord is the public part of what init records in ConfigMap
 // kube-system/constellation-cluster (key "cluster.json").
-type ClusterRecord struct {
-	Name                 string            `json:"name"`
-	ClusterID            string            `json:"clusterID"`       // hex
-	MeasurementSalt      string            `json:"measurementSalt"` // base64
-	KubernetesVersion    string            `json:"kubernetesVersion"`
-	KubernetesComponents []ComponentRecord `json:"kubernetesComponents,omitempty"`
-	InitializedPCR15     string            `json:"initializedPCR15"` // hex, what every node's PCR 15 reads
-}
+type ClusterRecord = clusterrecord.Cluster
 
 // ComponentRecord is one Kubernetes artifact nodes install.
-type ComponentRecord struct {
-	Name        string `json:"name"`
-	URL         string `json:"url"`
-	Hash        string `json:"hash"`
-	InstallPath string `json:"installPath"`
-}
+type ComponentRecord = clusterrecord.Component
 
-func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte) error {
+func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte) (ClusterRecord, error) {
 	restCfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
-		return fmt.Errorf("admin kubeconfig: %w", err)
+		return ClusterRecord{}, fmt.Errorf("admin kubeconfig: %w", err)
 	}
 	restCfg.Timeout = 30 * time.Second
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
-		return fmt.Errorf("admin kubeconfig: %w", err)
+		return ClusterRecord{}, fmt.Errorf("admin kubeconfig: %w", err)
 	}
 	rec := ClusterRecord{
 		Name: r.clusterName, ClusterID: hex.EncodeToString(clusterID),
@@ -401,29 +417,29 @@ func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID
 	}
 	recJSON, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return ClusterRecord{}, err
 	}
 	secretJSON, err := json.Marshal(r.master)
 	if err != nil {
-		return err
+		return ClusterRecord{}, err
 	}
 	labels := map[string]string{"app.kubernetes.io/managed-by": "constellation-bootstrapper"}
 	if _, err := client.CoreV1().Secrets(RecordNamespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: MasterSecretSecretName, Namespace: RecordNamespace, Labels: labels},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"mastersecret.json": secretJSON},
+		Data:       map[string][]byte{clusterrecord.MasterSecretKey: secretJSON},
 		Immutable:  ptrTo(true),
 	}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("recording the master secret: %w", err)
+		return ClusterRecord{}, fmt.Errorf("recording the master secret: %w", err)
 	}
 	if _, err := client.CoreV1().ConfigMaps(RecordNamespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: ClusterConfigMapName, Namespace: RecordNamespace, Labels: labels},
-		Data:       map[string]string{"cluster.json": string(recJSON)},
+		Data:       map[string]string{clusterrecord.ClusterKey: string(recJSON)},
 		Immutable:  ptrTo(true),
 	}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("recording the cluster: %w", err)
+		return ClusterRecord{}, fmt.Errorf("recording the cluster: %w", err)
 	}
-	return nil
+	return rec, nil
 }
 
 func ptrTo[T any](v T) *T { return &v }

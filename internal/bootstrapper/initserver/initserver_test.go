@@ -69,11 +69,17 @@ type env struct {
 	paramsMu              sync.Mutex
 	params                []initserver.InitParams
 	pkiDir, kubeletPKIDir string
+	deploy                initserver.DeployFunc
 }
 
 var settings = kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true}
 
 func newEnv(t *testing.T) *env {
+	return newEnvWithDeploy(t, nil)
+}
+
+// newEnvWithDeploy is newEnv with the init server deploying the services with deploy.
+func newEnvWithDeploy(t *testing.T, deploy initserver.DeployFunc) *env {
 	kube = shared.Get(t)
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
@@ -90,6 +96,7 @@ func newEnv(t *testing.T) *env {
 		AdminKubeconfig: admin, AdminKubeconfigPath: filepath.Join(t.TempDir(), "admin.conf"),
 		Output: "[init] Using Kubernetes version: v1.34.4\n[certs] Generating \"ca\" certificate and key\n",
 	}
+	e.deploy = deploy
 	e.start()
 	t.Cleanup(e.forgetCluster)
 	return e
@@ -110,6 +117,7 @@ func (e *env) start() {
 		KubernetesVersion: kubetest.Version,
 		AdminKubeconfig:   e.kubeadm.AdminKubeconfigPath,
 		NodeLogs:          func(context.Context) []byte { return []byte("kubelet: node log line\n") },
+		Deploy:            e.deploy,
 	})
 	require.NoError(t, err)
 	g := grpc.NewServer(grpc.Creds(e.server.Credentials()))

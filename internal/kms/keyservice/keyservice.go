@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -192,3 +194,22 @@ func (c *Client) DataKey(ctx context.Context, id string, length int) ([]byte, er
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// LoadCertAndCA reads one side's TLS material from dir (where Secret
+// constellation-keyservice-tls is mounted): its pair certFile/keyFile and the CA caFile that
+// issued both sides' certificates.
+func LoadCertAndCA(dir, certFile, keyFile, caFile string) (tls.Certificate, *x509.CertPool, error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, certFile), filepath.Join(dir, keyFile))
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("key service TLS pair in %s: %w", dir, err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, caFile))
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("key service TLS CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return tls.Certificate{}, nil, fmt.Errorf("key service TLS CA %s: no PEM certificate", filepath.Join(dir, caFile))
+	}
+	return cert, pool, nil
+}

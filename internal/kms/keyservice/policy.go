@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/openconstellation/constellation/internal/kms"
 )
 
 // Policy authorizes callers, named by the common name of their client certificate, for key
@@ -26,6 +28,18 @@ type Grant struct {
 	// StateDiskKeys: the caller may derive state-disk keys, whose ids are lower-case UUIDs
 	// (DESIGN 2). A prefix cannot express "any UUID", and no other id looks like one.
 	StateDiskKeys bool `json:"stateDiskKeys"`
+}
+
+// JoinServiceClient is the join service's name in the policy: the common name of its client
+// certificate.
+const JoinServiceClient = "joinservice"
+
+// DefaultPolicy grants the join service what it derives: the measurement secret and
+// state-disk keys. No other caller exists yet.
+func DefaultPolicy() Policy {
+	return Policy{Clients: map[string]Grant{
+		JoinServiceClient: {KeyIDPrefixes: []string{kms.MeasurementID}, StateDiskKeys: true},
+	}}
 }
 
 var (

@@ -41,6 +41,17 @@ func SimulatorFixedSeed(t testing.TB, seed int64) *vtpm.TPM {
 // Swtpm starts a swtpm process and returns an open connection to it; both end with the test.
 func Swtpm(t testing.TB) (*vtpm.TPM, *swtpm.Process) {
 	t.Helper()
+	proc := SwtpmProcess(t)
+	tpm, err := proc.Open(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tpm.Close() })
+	return tpm, proc
+}
+
+// SwtpmProcess starts a swtpm process, stopped when the test ends, without connecting to it:
+// for code that opens the TPM per use (swtpm serves one connection at a time).
+func SwtpmProcess(t testing.TB) *swtpm.Process {
+	t.Helper()
 	// os.MkdirTemp, not t.TempDir: test names can push a socket path past 107 bytes.
 	dir, err := os.MkdirTemp("", "swtpm")
 	require.NoError(t, err)
@@ -48,8 +59,5 @@ func Swtpm(t testing.TB) (*vtpm.TPM, *swtpm.Process) {
 	proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: dir})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proc.Stop() })
-	tpm, err := proc.Open(context.Background())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tpm.Close() })
-	return tpm, proc
+	return proc
 }

@@ -1,0 +1,236 @@
+// Command joinservice admits attested nodes into the cluster (internal/joinservice). It runs
+// on every control-plane node (DaemonSet constellation-join-service, host network).
+//
+// Inputs, as the DaemonSet mounts them (docs/services.md):
+//   - --config-dir: cluster.json (ConfigMap constellation-cluster: measurement salt,
+//     Kubernetes version and components) and variant, reference-sets.json, ak-roots.pem
+//     (ConfigMap constellation-attestation); reference-sets.json is reloaded when it changes;
+//   - --pki-dir: the node's /etc/kubernetes/pki (cluster CA, control-plane files);
+//   - --tpm: the node's TPM, opened per use, quoting with its ECC AK;
+//   - --key-service-tls-dir: ca.crt, joinservice.crt/.key (Secret constellation-keyservice-tls)
+//     for the key service at --key-service;
+//   - the Kubernetes API: in-cluster (service account; KUBERNETES_SERVICE_HOST/PORT set to the
+//     node's own API server) or --kubeconfig;
+//   - --metadata-url: the platform's instance list, naming nodes by their certified AK.
+//
+// Every flag can also be set by the environment variable CONSTELLATION_<FLAG> (upper case,
+// '-' as '_'); the command line wins.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/cmdutil"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/kms/keyservice"
+	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "joinservice:", err)
+		os.Exit(1)
+	}
+}
+
+type flags struct {
+	listen, configDir, pkiDir, tpm, metadataURL, keyService, keyServiceTLSDir string
+	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                      string
+	tokenTTL                                                                  time.Duration
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("joinservice", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f flags
+	fs.StringVar(&f.listen, "listen", ":30090", "listen address (mutual aTLS gRPC)")
+	fs.StringVar(&f.configDir, "config-dir", "/etc/constellation/config", "directory of cluster.json, variant, reference-sets.json and ak-roots.pem")
+	fs.StringVar(&f.pkiDir, "pki-dir", deploy.PKIDir, "the control plane's PKI directory (kubeadm layout)")
+	fs.StringVar(&f.tpm, "tpm", "unix:"+deploy.TPMSocket, "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per use")
+	fs.StringVar(&f.metadataURL, "metadata-url", metadataclient.DefaultURL, "the platform's metadata service")
+	fs.StringVar(&f.keyService, "key-service", fmt.Sprintf("127.0.0.1:%d", deploy.KeyServicePort), "key service address")
+	fs.StringVar(&f.keyServiceTLSDir, "key-service-tls-dir", "/etc/constellation/keyservice-tls", "directory of ca.crt, joinservice.crt and joinservice.key")
+	fs.StringVar(&f.apiServerEndpoint, "api-server-endpoint", "", "host:port of the API server joining nodes use (required)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster service account)")
+	fs.DurationVar(&f.tokenTTL, "token-ttl", 0, "bootstrap token lifetime (0: 15 minutes)")
+	fs.StringVar(&f.metricsAddr, "metrics-listen", "", "Prometheus metrics listen address (empty: none)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
+		return err
+	}
+	if f.apiServerEndpoint == "" {
+		return errors.New("--api-server-endpoint is required")
+	}
+	log, err := cmdutil.Logger(stderr, f.logLevel)
+	if err != nil {
+		return err
+	}
+
+	cluster, att, err := readConfig(f.configDir)
+	if err != nil {
+		return err
+	}
+	if att.Variant.String() != qemu.Variant.String() {
+		return fmt.Errorf("attestation variant %s: the join service implements only %s", att.Variant, qemu.Variant)
+	}
+	roots, err := clusterrecord.ParseAKRoots(att.AKRootsPEM)
+	if err != nil {
+		return err
+	}
+	active, err := measurements.NewActive(att.Variant, att.ReferenceSets)
+	if err != nil {
+		return err
+	}
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: active, AKRoots: roots, Log: log})
+	if err != nil {
+		return err
+	}
+	// The service quotes once per join, on the join's critical path: the ECC AK is the
+	// cheaper one to quote with (vtpm.AKAlgorithm).
+	issuer, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(f.tpm), vtpm.IssuerConfig{Variant: att.Variant, AK: vtpm.AKECC})
+	if err != nil {
+		return fmt.Errorf("TPM: %w", err)
+	}
+	cert, serverCAs, err := keyservice.LoadCertAndCA(f.keyServiceTLSDir, clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey, clusterrecord.KeyServiceCAKey)
+	if err != nil {
+		return err
+	}
+	keys, err := keyservice.NewClient(f.keyService, deploy.KeyServiceServerName, cert, serverCAs)
+	if err != nil {
+		return err
+	}
+	defer keys.Close()
+	kube, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	meta, err := metadataclient.New(f.metadataURL, nil)
+	if err != nil {
+		return err
+	}
+	reg := cmdutil.Registry()
+	svc, err := joinservice.New(joinservice.Config{
+		Issuer: issuer, Validator: validator, Active: active,
+		Keys:                 keys,
+		MeasurementSalt:      cluster.Salt(),
+		Kube:                 kube,
+		PKIDir:               f.pkiDir,
+		Platform:             joinservice.CertifiedNames{Directory: joinservice.ListerDirectory{Lister: meta}},
+		APIServerEndpoint:    f.apiServerEndpoint,
+		KubernetesVersion:    cluster.KubernetesVersion,
+		KubernetesComponents: components(cluster),
+		TokenTTL:             f.tokenTTL,
+		Log:                  log,
+		Registerer:           reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	watcher := &measurements.Watcher{Path: filepath.Join(f.configDir, clusterrecord.ReferenceSetsKey), Active: active, Log: log}
+	watchErr := make(chan error, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { watchErr <- watcher.Run(ctx) }()
+
+	g := grpc.NewServer(grpc.Creds(svc.Credentials()))
+	svc.Register(g)
+	servers := []cmdutil.Server{cmdutil.GRPC("joinservice", f.listen, g)}
+	if f.metricsAddr != "" {
+		servers = append(servers, cmdutil.Metrics(f.metricsAddr, reg))
+	}
+	log.Info("join service starting", "cluster", cluster.Name, "clusterID", cluster.ClusterID, "variant", att.Variant.String(),
+		"referenceSets", setNames(att.ReferenceSets), "apiServer", f.apiServerEndpoint)
+	err = cmdutil.Run(ctx, log, servers...)
+	cancel()
+	if werr := <-watchErr; werr != nil {
+		log.Error("reference-set watcher failed", "error", werr)
+		err = errors.Join(err, werr)
+	}
+	return err
+}
+
+// readConfig reads and checks the mounted cluster record and attestation configuration.
+func readConfig(dir string) (clusterrecord.Cluster, clusterrecord.Attestation, error) {
+	read := func(name string) ([]byte, error) {
+		p := filepath.Join(dir, name)
+		info, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if info.Size() > clusterrecord.MaxSize {
+			return nil, fmt.Errorf("%s: %d bytes, limit %d", p, info.Size(), clusterrecord.MaxSize)
+		}
+		return os.ReadFile(p)
+	}
+	var files [4][]byte
+	for i, name := range []string{clusterrecord.ClusterKey, clusterrecord.VariantKey, clusterrecord.ReferenceSetsKey, clusterrecord.AKRootsKey} {
+		data, err := read(name)
+		if err != nil {
+			return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("configuration: %w", err)
+		}
+		files[i] = data
+	}
+	cluster, err := clusterrecord.ParseCluster(files[0])
+	if err != nil {
+		return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("%s: %w", filepath.Join(dir, clusterrecord.ClusterKey), err)
+	}
+	att, err := clusterrecord.ParseAttestation(files[1], files[2], files[3])
+	if err != nil {
+		return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("attestation configuration in %s: %w", dir, err)
+	}
+	return cluster, att, nil
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	cfg.Timeout = 30 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
+
+func components(c clusterrecord.Cluster) []*joinpb.KubernetesComponent {
+	var out []*joinpb.KubernetesComponent
+	for _, comp := range c.KubernetesComponents {
+		out = append(out, &joinpb.KubernetesComponent{Name: comp.Name, Url: comp.URL, Hash: comp.Hash, InstallPath: comp.InstallPath})
+	}
+	return out
+}
+
+func setNames(sets measurements.ReferenceSets) []string {
+	names := make([]string, len(sets))
+	for i, s := range sets {
+		names[i] = s.Name
+	}
+	return names
+}

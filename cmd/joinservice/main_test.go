@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/cmdutil"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kms/keyservice"
+	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+var image = []local.Component{
+	local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
+	local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config v1")),
+}
+
+// node boots a swtpm from image and certifies its AKs; marker, if set, is extended into PCR
+// 15. It returns the swtpm's address (released: used per use) and the node's PCRs.
+func node(t *testing.T, ca *akca.CA, name string, marker []byte) (string, map[uint32][]byte) {
+	t.Helper()
+	proc := vtpmtest.SwtpmProcess(t)
+	tpm, err := proc.Open(context.Background())
+	require.NoError(t, err)
+	defer tpm.Close()
+	require.NoError(t, local.Measure(tpm, image))
+	require.NoError(t, local.CertifyAK(tpm, ca, name, time.Now()))
+	if marker != nil {
+		d := sha256.Sum256(marker)
+		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, d[:]))
+	}
+	pcrs, err := tpm.ReadPCRs()
+	require.NoError(t, err)
+	return proc.Addr(), pcrs
+}
+
+// The join service as its DaemonSet runs it: configuration from mounted files, its node's
+// TPM per use, the key service over mutual TLS, nodes named by the metadata service. A
+// rebooted node gets its rejoin ticket through the mutually attested channel; once the
+// mounted reference sets retire its image, it no longer does.
+func TestRun(t *testing.T) {
+	ctx := context.Background()
+	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	master, err := kms.NewMasterSecret()
+	require.NoError(t, err)
+	salt := bytes.Repeat([]byte{0x42}, 32)
+	ms, err := master.MeasurementSecret()
+	require.NoError(t, err)
+	clusterID, err := kms.ClusterID(ms, salt)
+	require.NoError(t, err)
+
+	serviceTPM, _ := node(t, ca, "control-plane-0", clusterID)
+	workerTPM, workerPCRs := node(t, ca, "worker-0", nil)
+
+	// What the DaemonSet mounts.
+	dir := t.TempDir()
+	configDir, tlsDir, pkiDir := filepath.Join(dir, "config"), filepath.Join(dir, "tls"), filepath.Join(dir, "pki")
+	for _, d := range []string{configDir, tlsDir} {
+		require.NoError(t, os.Mkdir(d, 0o700))
+	}
+	record, err := json.Marshal(clusterrecord.Cluster{
+		Name: "demo", ClusterID: hex.EncodeToString(clusterID), MeasurementSalt: base64.StdEncoding.EncodeToString(salt),
+		KubernetesVersion: "v1.34.4", InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(clusterID)),
+	})
+	require.NoError(t, err)
+	att, err := clusterrecord.Attestation{
+		Variant:       variant.QEMUVTPM,
+		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		AKRootsPEM:    pki.EncodeCert(ca.Certificate()),
+	}.Data()
+	require.NoError(t, err)
+	writeFile(t, configDir, clusterrecord.ClusterKey, record)
+	for k, v := range att {
+		writeFile(t, configDir, k, []byte(v))
+	}
+	tlsData, err := deploy.NewKeyServiceTLS(time.Now())
+	require.NoError(t, err)
+	for k, v := range tlsData {
+		writeFile(t, tlsDir, k, v)
+	}
+	cluster, err := pki.NewCluster(time.Now())
+	require.NoError(t, err)
+	require.NoError(t, cluster.Write(pkiDir))
+	kubeconfig := writeKubeconfig(t, dir)
+
+	keyServiceAddr := startKeyService(t, master, tlsData)
+	metadataURL := startMetadata(t, `[{"name":"control-plane-0","role":"control-plane","ips":["10.42.0.10"]},{"name":"worker-0","role":"worker","ips":["10.42.0.11"]}]`)
+
+	addr := freeAddr(t)
+	var logs cmdutil.SyncBuffer
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	args := []string{
+		"--listen=" + addr, "--config-dir=" + configDir, "--pki-dir=" + pkiDir, "--tpm=" + serviceTPM,
+		"--metadata-url=" + metadataURL, "--key-service=" + keyServiceAddr, "--key-service-tls-dir=" + tlsDir,
+		"--kubeconfig=" + kubeconfig, "--log-level=debug",
+	}
+	env := map[string]string{"CONSTELLATION_API_SERVER_ENDPOINT": "10.42.0.10:6443"}
+	go func() { done <- run(runCtx, args, func(k string) string { return env[k] }, &logs) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err)
+		case <-time.After(15 * time.Second):
+			t.Error("run did not return after the context ended")
+		}
+	})
+
+	// The worker: attests with its own TPM, verifies the service against its own image
+	// registers (joinservice.ServiceCheck), as the join client does.
+	workerRW, err := vtpm.Open(ctx, workerTPM)
+	require.NoError(t, err)
+	t.Cleanup(func() { workerRW.Close() })
+	issuer, err := qemu.NewIssuer(workerRW, nil, nil)
+	require.NoError(t, err)
+	registers := make([]uint32, local.PCRClusterID)
+	for i := range registers {
+		registers[i] = uint32(i)
+	}
+	serviceValidator, err := joinservice.ServiceCheck{Own: workerPCRs, Registers: registers, AKRoots: ca.Pool()}.Validator(qemu.Variant)
+	require.NoError(t, err)
+	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
+	require.NoError(t, err)
+	conn, err := dial(ctx, addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	client := joinpb.NewJoinServiceClient(conn)
+
+	uuid := "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+	var ticket *joinpb.IssueRejoinTicketResponse
+	require.Eventually(t, func() bool {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		defer ccancel()
+		ticket, err = client.IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid})
+		return err == nil
+	}, 20*time.Second, 100*time.Millisecond, "rejoin: %v", err)
+	wantDisk, err := master.DeriveKey(uuid, joinservice.StateDiskKeySize)
+	require.NoError(t, err)
+	assert.Equal(t, wantDisk, ticket.StateDiskKey)
+	assert.Equal(t, ms, ticket.MeasurementSecret)
+	assert.Equal(t, salt, ticket.MeasurementSalt)
+	assert.Contains(t, logs.String(), `"msg":"admission accepted"`)
+	assert.Contains(t, logs.String(), `"node":"worker-0"`)
+
+	// An upgrade that retired image-v1: the mounted file changes, the service reloads it, and
+	// the worker is refused.
+	retired, err := json.Marshal(measurements.ReferenceSets{{Name: "image-v2", Measurements: local.ExpectedPCRs([]local.Component{
+		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v2")),
+	})}})
+	require.NoError(t, err)
+	writeFile(t, configDir, clusterrecord.ReferenceSetsKey, retired)
+	var refused error
+	require.Eventually(t, func() bool {
+		conn, err := dial(ctx, addr)
+		if err != nil {
+			return false
+		}
+		defer conn.Close()
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		defer ccancel()
+		_, refused = joinpb.NewJoinServiceClient(conn).IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid})
+		return refused != nil
+	}, 60*time.Second, 200*time.Millisecond)
+	assert.ErrorContains(t, refused, "measurements do not match any reference set")
+	assert.ErrorContains(t, refused, "image-v2")
+	assert.Contains(t, logs.String(), `"msg":"reference sets reloaded"`)
+}
+
+func TestRunRefuses(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, clusterrecord.ClusterKey, []byte(`{"name":"demo"}`))
+	for _, k := range []string{clusterrecord.VariantKey, clusterrecord.ReferenceSetsKey, clusterrecord.AKRootsKey} {
+		writeFile(t, dir, k, []byte("x"))
+	}
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"no API server endpoint": {args: []string{"--config-dir=" + dir}, want: "--api-server-endpoint is required"},
+		"no configuration":       {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=/nonexistent"}, want: "configuration: stat /nonexistent/cluster.json"},
+		"invalid cluster record": {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=" + dir}, want: "cluster.json: invalid cluster record"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := run(context.Background(), tc.args, func(string) string { return "" }, io.Discard)
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// writeFile replaces dir/name atomically, as kubelet's swap of a mounted ConfigMap does.
+func writeFile(t *testing.T, dir, name string, data []byte) {
+	t.Helper()
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	require.NoError(t, os.WriteFile(tmp, data, 0o600))
+	require.NoError(t, os.Rename(tmp, filepath.Join(dir, name)))
+}
+
+// writeKubeconfig points at an API server that is never contacted: a rejoin needs none.
+func writeKubeconfig(t *testing.T, dir string) string {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:1"}
+	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "unused"}
+	cfg.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	cfg.CurrentContext = "c"
+	p := filepath.Join(dir, "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*cfg, p))
+	return p
+}
+
+func startKeyService(t *testing.T, master kms.MasterSecret, tlsData map[string][]byte) string {
+	t.Helper()
+	srv, err := keyservice.NewServer(master, keyservice.DefaultPolicy(), nil, nil)
+	require.NoError(t, err)
+	cert, err := tls.X509KeyPair(tlsData[clusterrecord.KeyServiceCertKey], tlsData[clusterrecord.KeyServiceKeyKey])
+	require.NoError(t, err)
+	cas, err := pki.ParseCert(tlsData[clusterrecord.KeyServiceCAKey])
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(cas)
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(keyservice.ServerTLS(cert, pool))))
+	srv.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	return ln.Addr().String()
+}
+
+func startMetadata(t *testing.T, instances string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/instances" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(instances))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}

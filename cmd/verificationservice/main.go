@@ -1,0 +1,83 @@
+// Command verificationservice answers nonces with fresh evidence of its node, over gRPC and
+// HTTP (internal/verify). It runs on every node of a cluster (DaemonSet
+// constellation-verification-service, host network) and opens the node's TPM per request.
+//
+// Every flag can also be set by the environment variable CONSTELLATION_<FLAG> (upper case,
+// '-' as '_'); the command line wins.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"google.golang.org/grpc"
+
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/cmdutil"
+	"github.com/openconstellation/constellation/internal/verify"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "verificationservice:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("verificationservice", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	grpcAddr := fs.String("grpc-listen", ":30081", "gRPC listen address")
+	httpAddr := fs.String("http-listen", ":30080", "HTTP listen address (GET /v1/attest?nonce=<hex>)")
+	tpmAddr := fs.String("tpm", "unix:/run/constellation/tpm.sock", "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per request")
+	akName := fs.String("ak", "rsa", "attestation key: rsa (the node's AK) or ecc")
+	variantName := fs.String("variant", "qemu-vtpm", "attestation variant written into the evidence")
+	metricsAddr := fs.String("metrics-listen", "", "Prometheus metrics listen address (empty: none)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
+		return err
+	}
+	log, err := cmdutil.Logger(stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	v, err := variant.FromString(*variantName)
+	if err != nil {
+		return err
+	}
+	var ak vtpm.AKAlgorithm
+	switch *akName {
+	case "rsa":
+		ak = vtpm.AKRSA
+	case "ecc":
+		ak = vtpm.AKECC
+	default:
+		return fmt.Errorf("--ak %q: want rsa or ecc", *akName)
+	}
+
+	issuer, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(*tpmAddr), vtpm.IssuerConfig{Variant: v, AK: ak})
+	if err != nil {
+		return fmt.Errorf("TPM: %w", err)
+	}
+	reg := cmdutil.Registry()
+	srv, err := verify.New(verify.Config{Issuer: issuer, Log: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	srv.Register(g)
+	servers := []cmdutil.Server{cmdutil.GRPC("grpc", *grpcAddr, g), cmdutil.HTTP("http", *httpAddr, srv)}
+	if *metricsAddr != "" {
+		servers = append(servers, cmdutil.Metrics(*metricsAddr, reg))
+	}
+	log.Info("verification service starting", "variant", v.String(), "ak", ak.String(), "tpm", *tpmAddr)
+	return cmdutil.Run(ctx, log, servers...)
+}

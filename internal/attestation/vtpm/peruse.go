@@ -1,0 +1,110 @@
+package vtpm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+)
+
+// Opener opens a TPM for one use; the caller closes it.
+type Opener func(ctx context.Context) (*TPM, error)
+
+// OpenAddr returns an Opener for Open(ctx, addr).
+func OpenAddr(addr string) Opener {
+	return func(ctx context.Context) (*TPM, error) { return Open(ctx, addr) }
+}
+
+// PerUseIssuer issues the same evidence as Issuer but holds no connection to the TPM between
+// uses: it opens the TPM for every Issue and closes it right after. This is how services
+// share a node's swtpm, which serves one connection at a time (docs/local-provider.md): a
+// held connection would block the bootstrapper and every other service of the node.
+//
+// Uses within the process are serialized (one connection at a time, in order of arrival);
+// a caller whose context ends while it waits, or while the TPM is busy with another process,
+// gets an error instead of waiting for the TPM's command timeout.
+type PerUseIssuer struct {
+	open     Opener
+	turn     chan struct{} // one use at a time
+	variant  variant.Variant
+	akPublic []byte
+
+	mu  sync.Mutex
+	cfg IssuerConfig // AKCert is filled in once read from the TPM's NV
+}
+
+// NewPerUseIssuer checks that the TPM can be opened and has (or can create) the AK of cfg,
+// remembers the AK's public area and certificate, and closes the TPM again.
+func NewPerUseIssuer(ctx context.Context, open Opener, cfg IssuerConfig) (*PerUseIssuer, error) {
+	if open == nil {
+		return nil, errors.New("per-use issuer: no TPM opener")
+	}
+	p := &PerUseIssuer{open: open, turn: make(chan struct{}, 1), variant: cfg.Variant, cfg: cfg}
+	err := p.use(ctx, func(iss *Issuer) error {
+		p.akPublic = iss.AKPublic()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Variant returns the variant written into the evidence.
+func (p *PerUseIssuer) Variant() variant.Variant { return p.variant }
+
+// AKPublic returns the TPMT_PUBLIC encoding of the attestation key.
+func (p *PerUseIssuer) AKPublic() []byte { return p.akPublic }
+
+// Issue opens the TPM, quotes all SHA-256 PCRs with nonce, and closes the TPM.
+func (p *PerUseIssuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
+	var evidence []byte
+	err := p.use(ctx, func(iss *Issuer) error {
+		var err error
+		evidence, err = iss.Issue(ctx, nonce)
+		return err
+	})
+	return evidence, err
+}
+
+// use runs fn with an issuer on a freshly opened TPM, closed when fn returns.
+func (p *PerUseIssuer) use(ctx context.Context, fn func(*Issuer) error) error {
+	select {
+	case p.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the TPM: %w", ctx.Err())
+	}
+	defer func() { <-p.turn }()
+
+	tpm, err := p.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer tpm.Close()
+	stop := tpm.abortOn(ctx)
+	defer stop()
+
+	p.mu.Lock()
+	cfg := p.cfg
+	p.mu.Unlock()
+	iss, err := NewIssuer(tpm, cfg)
+	if err != nil {
+		return err
+	}
+	defer iss.Close()
+	if cfg.AKCert == nil && iss.AKCert() != nil {
+		// Read from NV once; later uses need not read it again.
+		p.mu.Lock()
+		p.cfg.AKCert = iss.AKCert()
+		p.mu.Unlock()
+	}
+	if err := fn(iss); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
+		return err
+	}
+	return nil
+}

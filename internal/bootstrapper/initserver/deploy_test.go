@@ -1,0 +1,99 @@
+package initserver_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
+	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+// After kubeadm init and the records, the init server deploys the services with the admin
+// kubeconfig (here the real deploy.Run against the test API server) and streams its progress.
+func TestInitDeploysServices(t *testing.T) {
+	var got initserver.Deployment
+	var e *env
+	e = newEnvWithDeploy(t, func(ctx context.Context, d initserver.Deployment) error {
+		got = d
+		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
+			Image: "localhost/constellation/services:0123456789ab",
+			Attestation: clusterrecord.Attestation{
+				Variant:       variant.QEMUVTPM,
+				ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+				AKRootsPEM:    pki.EncodeCert(e.ca.Certificate()),
+			},
+		}, d.Progress)
+	})
+	t.Cleanup(forgetDeployment)
+	req, master := request(t)
+	res := e.call(req)
+	require.NoError(t, res.Err)
+	require.NotNil(t, res.Success)
+
+	assert.Equal(t, res.Success.Kubeconfig, got.Kubeconfig)
+	ms, err := master.MeasurementSecret()
+	require.NoError(t, err)
+	id, err := kms.ClusterID(ms, req.MeasurementSalt)
+	require.NoError(t, err)
+	assert.Equal(t, id, got.Cluster.ID())
+	assert.Equal(t, "demo", got.Cluster.Name)
+
+	joined := strings.Join(res.Progress, "\n")
+	for _, want := range []string{
+		"deploying the join, key and verification services",
+		"deploy: created Secret kube-system/constellation-keyservice-tls",
+		"deploy: applied DaemonSet kube-system/constellation-join-service",
+		"in-cluster services deployed",
+	} {
+		assert.Contains(t, joined, want)
+	}
+	assert.Less(t, strings.Index(joined, "cluster recorded"), strings.Index(joined, "deploying the join"))
+	for _, name := range deploy.DaemonSets {
+		_, err := kube.Admin.AppsV1().DaemonSets(clusterrecord.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+		assert.NoError(t, err, name)
+	}
+}
+
+// A failed deployment fails the init (after the lock: the log is streamed).
+func TestInitDeployFails(t *testing.T) {
+	e := newEnvWithDeploy(t, func(_ context.Context, d initserver.Deployment) error {
+		d.Progress("applied ServiceAccount kube-system/constellation-key-service")
+		return errors.New("deploy: applying DaemonSet kube-system/constellation-join-service: forbidden")
+	})
+	req, _ := request(t)
+	res := e.call(req)
+	assert.Equal(t, codes.Internal, status.Code(res.Err))
+	assert.ErrorContains(t, res.Err, "deploying the in-cluster services: deploy: applying DaemonSet kube-system/constellation-join-service: forbidden")
+	assert.Nil(t, res.Success)
+	assert.Contains(t, string(res.Log), "deploy: applied ServiceAccount kube-system/constellation-key-service")
+}
+
+// forgetDeployment removes what a deployment created in the shared API server.
+func forgetDeployment() {
+	ctx := context.Background()
+	c := kube.Admin
+	ns := clusterrecord.Namespace
+	for _, name := range deploy.DaemonSets {
+		_ = c.AppsV1().DaemonSets(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = c.CoreV1().ServiceAccounts(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	}
+	_ = c.RbacV1().Roles(ns).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	_ = c.RbacV1().RoleBindings(ns).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	_ = c.CoreV1().ConfigMaps(ns).Delete(ctx, clusterrecord.AttestationConfigMapName, metav1.DeleteOptions{})
+	_ = c.CoreV1().Secrets(ns).Delete(ctx, clusterrecord.KeyServiceTLSSecretName, metav1.DeleteOptions{})
+}

@@ -1,0 +1,240 @@
+// Package clusterrecord is what a cluster records about itself in Kubernetes, in kube-system,
+// for its in-cluster services and verifiers (docs/services.md): the names of those objects,
+// their data keys, and the formats of their values.
+//
+//	Secret    constellation-mastersecret   mastersecret.json    kms.MasterSecret (JSON)       init server, immutable
+//	ConfigMap constellation-cluster        cluster.json         Cluster (JSON)                init server, immutable
+//	ConfigMap constellation-attestation    variant              "qemu-vtpm"                   deploy, updated on upgrades
+//	                                       reference-sets.json  measurements.ReferenceSets
+//	                                       ak-roots.pem         PEM certificates of the platform's AK CA(s)
+//	Secret    constellation-keyservice-tls ca.crt, keyservice.{crt,key}, joinservice.{crt,key}   deploy, created once
+//
+// The first two never change: the cluster ID and the master secret are fixed at init. The
+// attestation ConfigMap changes during upgrades (DESIGN 3.4: add the new reference set, roll
+// the nodes, retire the old set); the join service reloads its reference sets from it.
+package clusterrecord
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/kms"
+)
+
+// Namespace holds every record and the in-cluster services.
+const Namespace = "kube-system"
+
+// The master secret (for the key service).
+const (
+	MasterSecretName = "constellation-mastersecret"
+	MasterSecretKey  = "mastersecret.json"
+)
+
+// The public facts of the cluster (for the join service and verifiers).
+const (
+	ClusterConfigMapName = "constellation-cluster"
+	ClusterKey           = "cluster.json"
+)
+
+// What the join service checks nodes against.
+const (
+	AttestationConfigMapName = "constellation-attestation"
+	VariantKey               = "variant"
+	ReferenceSetsKey         = "reference-sets.json"
+	AKRootsKey               = "ak-roots.pem"
+)
+
+// The key service's mutual TLS: a CA made for it alone (its private key is discarded once the
+// two leaves are signed), the key service's server pair and the join service's client pair.
+const (
+	KeyServiceTLSSecretName = "constellation-keyservice-tls"
+	KeyServiceCAKey         = "ca.crt"
+	KeyServiceCertKey       = "keyservice.crt"
+	KeyServiceKeyKey        = "keyservice.key"
+	JoinServiceCertKey      = "joinservice.crt"
+	JoinServiceKeyKey       = "joinservice.key"
+)
+
+// Cluster is the public part of what init records in ConfigMap constellation-cluster (key
+// cluster.json).
+type Cluster struct {
+	Name                 string      `json:"name"`
+	ClusterID            string      `json:"clusterID"`       // hex
+	MeasurementSalt      string      `json:"measurementSalt"` // base64
+	KubernetesVersion    string      `json:"kubernetesVersion"`
+	KubernetesComponents []Component `json:"kubernetesComponents,omitempty"`
+	InitializedPCR15     string      `json:"initializedPCR15"` // hex, what every node's PCR 15 reads
+}
+
+// Component is one Kubernetes artifact nodes install.
+type Component struct {
+	Name        string `json:"name"`
+	URL         string `json:"url"`
+	Hash        string `json:"hash"`
+	InstallPath string `json:"installPath"`
+}
+
+// MaxSize bounds every record value a service parses (a ConfigMap holds at most 1 MiB).
+const MaxSize = 1 << 20
+
+var versionPattern = regexp.MustCompile(`\Av1\.[0-9]+\.[0-9]+\z`)
+
+// ParseCluster decodes and checks a cluster record: unknown fields are ignored (a newer init
+// may add some), the known ones must be complete and consistent.
+func ParseCluster(data []byte) (Cluster, error) {
+	if len(data) > MaxSize {
+		return Cluster{}, fmt.Errorf("cluster record of %d bytes, limit %d", len(data), MaxSize)
+	}
+	var c Cluster
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Cluster{}, fmt.Errorf("decoding cluster record: %w", err)
+	}
+	var problems []error
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	if c.Name == "" {
+		bad("no name")
+	}
+	id, err := hex.DecodeString(c.ClusterID)
+	if err != nil || len(id) != 32 {
+		bad("cluster ID %q is not 32 bytes in hex", c.ClusterID)
+	}
+	if salt, err := base64.StdEncoding.DecodeString(c.MeasurementSalt); err != nil || len(salt) == 0 {
+		bad("measurement salt is not base64 of at least one byte")
+	}
+	if !versionPattern.MatchString(c.KubernetesVersion) {
+		bad("kubernetes version %q is not of the form v1.X.Y", c.KubernetesVersion)
+	}
+	for i, comp := range c.KubernetesComponents {
+		if comp.Name == "" || comp.URL == "" || comp.Hash == "" || comp.InstallPath == "" {
+			bad("kubernetes component %d: name, url, hash and install path are required", i)
+		}
+	}
+	if len(id) == 32 {
+		if want := hex.EncodeToString(kms.InitializedPCR15(id)); c.InitializedPCR15 != want {
+			bad("initialized PCR 15 %q does not follow from the cluster ID (want %s)", c.InitializedPCR15, want)
+		}
+	}
+	if len(problems) > 0 {
+		return Cluster{}, fmt.Errorf("invalid cluster record: %w", errors.Join(problems...))
+	}
+	return c, nil
+}
+
+// Salt returns the decoded measurement salt of a parsed record.
+func (c Cluster) Salt() []byte {
+	salt, _ := base64.StdEncoding.DecodeString(c.MeasurementSalt)
+	return salt
+}
+
+// ID returns the decoded cluster ID of a parsed record.
+func (c Cluster) ID() []byte {
+	id, _ := hex.DecodeString(c.ClusterID)
+	return id
+}
+
+// Attestation is the content of ConfigMap constellation-attestation.
+type Attestation struct {
+	Variant       variant.Variant
+	ReferenceSets measurements.ReferenceSets
+	// AKRootsPEM are the certificates of the platform's AK CA(s).
+	AKRootsPEM []byte
+}
+
+// Validate checks the variant, the reference sets for it, and the AK roots.
+func (a Attestation) Validate() error {
+	var problems []error
+	if a.Variant.IsZero() {
+		problems = append(problems, errors.New("no attestation variant"))
+	} else if err := a.ReferenceSets.Validate(a.Variant); err != nil {
+		problems = append(problems, err)
+	}
+	if _, err := ParseAKRoots(a.AKRootsPEM); err != nil {
+		problems = append(problems, err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("invalid attestation configuration: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// Data returns the ConfigMap data of a.
+func (a Attestation) Data() (map[string]string, error) {
+	if err := a.Validate(); err != nil {
+		return nil, err
+	}
+	sets, err := json.MarshalIndent(a.ReferenceSets, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding reference sets: %w", err)
+	}
+	return map[string]string{
+		VariantKey:       a.Variant.String(),
+		ReferenceSetsKey: string(sets) + "\n",
+		AKRootsKey:       string(a.AKRootsPEM),
+	}, nil
+}
+
+// ParseAttestation decodes and checks the three values of the attestation ConfigMap.
+func ParseAttestation(variantName, referenceSets, akRoots []byte) (Attestation, error) {
+	v, err := variant.FromString(string(bytes.TrimSpace(variantName)))
+	if err != nil {
+		return Attestation{}, err
+	}
+	if len(referenceSets) > MaxSize {
+		return Attestation{}, fmt.Errorf("reference sets of %d bytes, limit %d", len(referenceSets), MaxSize)
+	}
+	sets, err := measurements.DecodeReferenceSets(referenceSets, v)
+	if err != nil {
+		return Attestation{}, err
+	}
+	a := Attestation{Variant: v, ReferenceSets: sets, AKRootsPEM: akRoots}
+	if err := a.Validate(); err != nil {
+		return Attestation{}, err
+	}
+	return a, nil
+}
+
+// ParseAKRoots returns the pool of the PEM certificates in data: at least one, every PEM
+// block a CA certificate, nothing else in the file but whitespace.
+func ParseAKRoots(data []byte) (*x509.CertPool, error) {
+	if len(data) > MaxSize {
+		return nil, fmt.Errorf("AK roots of %d bytes, limit %d", len(data), MaxSize)
+	}
+	pool := x509.NewCertPool()
+	n := 0
+	rest := data
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		n++
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("AK roots: PEM block %d is a %q, want CERTIFICATE", n, block.Type)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("AK roots: certificate %d: %w", n, err)
+		}
+		if !cert.IsCA {
+			return nil, fmt.Errorf("AK roots: certificate %d (%s) is not a CA certificate", n, cert.Subject)
+		}
+		pool.AddCert(cert)
+	}
+	if len(bytes.TrimSpace(rest)) > 0 {
+		return nil, fmt.Errorf("AK roots: %d bytes that are not PEM after certificate %d", len(bytes.TrimSpace(rest)), n)
+	}
+	if n == 0 {
+		return nil, errors.New("AK roots: no certificate (the platform's AK CA is required: without it any key could sign evidence)")
+	}
+	return pool, nil
+}

@@ -1,0 +1,551 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/pki"
+)
+
+// One real kube-apiserver + etcd for the package, started by the first test that needs it.
+var shared kubetest.Shared
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	shared.Stop()
+	os.Exit(code)
+}
+
+const image = "localhost/constellation/services:3f2a9c0d1e"
+
+var ns = clusterrecord.Namespace
+
+func config(t *testing.T) deploy.Config {
+	t.Helper()
+	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	return deploy.Config{
+		Image: image,
+		Attestation: clusterrecord.Attestation{
+			Variant:       variant.QEMUVTPM,
+			ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurements.M{11: {Expected: bytes.Repeat([]byte{1}, 32)}}}},
+			AKRootsPEM:    pki.EncodeCert(ca.Certificate()),
+		},
+	}
+}
+
+// cluster is the shared API server, emptied of everything a test deployed when it ends.
+func cluster(t *testing.T) *kubetest.Cluster {
+	t.Helper()
+	kube := shared.Get(t)
+	t.Cleanup(func() { forget(kube.Admin) })
+	forget(kube.Admin)
+	return kube
+}
+
+func forget(c kubernetes.Interface) {
+	ctx := context.Background()
+	for _, name := range deploy.DaemonSets {
+		_ = c.AppsV1().DaemonSets(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = c.CoreV1().ServiceAccounts(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	}
+	_ = c.RbacV1().Roles(ns).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	_ = c.RbacV1().RoleBindings(ns).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	for _, cm := range []string{clusterrecord.AttestationConfigMapName, clusterrecord.ClusterConfigMapName} {
+		_ = c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{})
+	}
+	for _, s := range []string{clusterrecord.MasterSecretName, clusterrecord.KeyServiceTLSSecretName} {
+		_ = c.CoreV1().Secrets(ns).Delete(ctx, s, metav1.DeleteOptions{})
+	}
+}
+
+// recordInit creates what the init server records before it deploys.
+func recordInit(t *testing.T, c kubernetes.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: clusterrecord.MasterSecretName},
+		Data:       map[string][]byte{clusterrecord.MasterSecretKey: []byte(`{"key":"","salt":""}`)},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: clusterrecord.ClusterConfigMapName},
+		Data:       map[string]string{clusterrecord.ClusterKey: `{}`},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+// versions are the resource versions of every deployed object, by "Kind/name".
+func versions(t *testing.T, c kubernetes.Interface) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	for _, name := range deploy.DaemonSets {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		out["DaemonSet/"+name] = ds.ResourceVersion
+		sa, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		out["ServiceAccount/"+name] = sa.ResourceVersion
+	}
+	role, err := c.RbacV1().Roles(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["Role"] = role.ResourceVersion
+	rb, err := c.RbacV1().RoleBindings(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["RoleBinding"] = rb.ResourceVersion
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["ConfigMap"] = cm.ResourceVersion
+	s, err := c.CoreV1().Secrets(ns).Get(ctx, clusterrecord.KeyServiceTLSSecretName, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["Secret"] = s.ResourceVersion
+	return out
+}
+
+func TestApply(t *testing.T) {
+	kube := cluster(t)
+	c := kube.Admin
+	ctx := context.Background()
+	cfg := config(t)
+
+	// Without init's records nothing is applied, and the error names both.
+	err := deploy.Apply(ctx, c, cfg, nil)
+	assert.ErrorContains(t, err, "init's Secret kube-system/constellation-mastersecret")
+	assert.ErrorContains(t, err, "init's ConfigMap kube-system/constellation-cluster")
+	_, err = c.AppsV1().DaemonSets(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err))
+
+	recordInit(t, c)
+	var progress []string
+	require.NoError(t, deploy.Apply(ctx, c, cfg, func(s string) { progress = append(progress, s) }))
+	assert.Equal(t, []string{
+		"created Secret kube-system/constellation-keyservice-tls (key service TLS)",
+		"applied ServiceAccount kube-system/constellation-key-service",
+		"applied ServiceAccount kube-system/constellation-join-service",
+		"applied ServiceAccount kube-system/constellation-verification-service",
+		"applied Role kube-system/constellation-join-service",
+		"applied RoleBinding kube-system/constellation-join-service",
+		"applied ConfigMap kube-system/constellation-attestation",
+		"applied DaemonSet kube-system/constellation-key-service",
+		"applied DaemonSet kube-system/constellation-join-service",
+		"applied DaemonSet kube-system/constellation-verification-service",
+	}, progress)
+
+	t.Run("attestation ConfigMap", func(t *testing.T) {
+		cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
+		require.NoError(t, err)
+		got, err := clusterrecord.ParseAttestation([]byte(cm.Data[clusterrecord.VariantKey]), []byte(cm.Data[clusterrecord.ReferenceSetsKey]), []byte(cm.Data[clusterrecord.AKRootsKey]))
+		require.NoError(t, err)
+		assert.Equal(t, cfg.Attestation, got)
+		assert.Equal(t, "constellation", cm.ManagedFields[0].Manager)
+	})
+	t.Run("key service TLS", func(t *testing.T) {
+		s, err := c.CoreV1().Secrets(ns).Get(ctx, clusterrecord.KeyServiceTLSSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.NoError(t, deploy.CheckKeyServiceTLS(s.Data, time.Now()))
+		assert.NoError(t, deploy.CheckKeyServiceTLS(s.Data, time.Now().Add(9*365*24*time.Hour)))
+		assert.Error(t, deploy.CheckKeyServiceTLS(s.Data, time.Now().Add(11*365*24*time.Hour)))
+	})
+	t.Run("join service permissions", func(t *testing.T) {
+		role, err := c.RbacV1().Roles(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		require.NoError(t, err)
+		require.Len(t, role.Rules, 1)
+		assert.Equal(t, []string{"secrets"}, role.Rules[0].Resources)
+		assert.Equal(t, []string{"create"}, role.Rules[0].Verbs)
+		rb, err := c.RbacV1().RoleBindings(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, deploy.JoinService, rb.Subjects[0].Name)
+		for name, token := range map[string]bool{deploy.JoinService: true, deploy.KeyService: false, deploy.VerificationService: false} {
+			sa, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, token, *sa.AutomountServiceAccountToken, name)
+		}
+	})
+	for name, tc := range map[string]struct {
+		controlPlanes bool
+		args          []string
+		env           map[string]string // value, or "<field path>" for downward API
+		hostPaths     map[string]corev1.HostPathType
+		secrets       []string
+		root          bool
+	}{
+		deploy.KeyService: {
+			controlPlanes: true,
+			args:          []string{"--listen=127.0.0.1:9001", "--master-secret=/etc/constellation/mastersecret/mastersecret.json", "--tls-dir=/etc/constellation/keyservice-tls"},
+			secrets:       []string{clusterrecord.MasterSecretName, clusterrecord.KeyServiceTLSSecretName},
+		},
+		deploy.JoinService: {
+			controlPlanes: true,
+			args: []string{"--listen=:30090", "--tpm=unix:/run/constellation/tpm.sock", "--pki-dir=/etc/kubernetes/pki", "--key-service=127.0.0.1:9001",
+				"--metadata-url=http://10.42.0.1:8080", "--api-server-endpoint=$(HOST_IP):6443", "--config-dir=/etc/constellation/config"},
+			env:       map[string]string{"KUBERNETES_SERVICE_HOST": "<status.hostIP>", "KUBERNETES_SERVICE_PORT": "6443", "HOST_IP": "<status.hostIP>", "NODE_NAME": "<spec.nodeName>"},
+			hostPaths: map[string]corev1.HostPathType{"/etc/kubernetes/pki": corev1.HostPathDirectory, "/run/constellation/tpm.sock": corev1.HostPathSocket},
+			secrets:   []string{clusterrecord.KeyServiceTLSSecretName},
+			root:      true,
+		},
+		deploy.VerificationService: {
+			args:      []string{"--grpc-listen=:30081", "--http-listen=:30080", "--tpm=unix:/run/constellation/tpm.sock", "--variant=qemu-vtpm"},
+			hostPaths: map[string]corev1.HostPathType{"/run/constellation/tpm.sock": corev1.HostPathSocket},
+			root:      true,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			require.NoError(t, err)
+			pod := ds.Spec.Template.Spec
+			assert.True(t, pod.HostNetwork)
+			assert.Equal(t, "system-node-critical", pod.PriorityClassName)
+			assert.Equal(t, name, pod.ServiceAccountName)
+			assert.Equal(t, appsv1.RollingUpdateDaemonSetStrategyType, ds.Spec.UpdateStrategy.Type)
+			require.Len(t, pod.Containers, 1)
+			ctr := pod.Containers[0]
+			assert.Equal(t, image, ctr.Image)
+			assert.Equal(t, corev1.PullNever, ctr.ImagePullPolicy)
+			assert.True(t, strings.HasPrefix(ctr.Command[0], deploy.BinDir+"/"))
+			assert.Subset(t, ctr.Args, tc.args)
+			assert.Contains(t, ctr.Args, "--log-level=info")
+			assert.Equal(t, name != deploy.JoinService, ctr.ReadinessProbe != nil, "probes a TCP port, except the join service's (a probe would be a refused admission)")
+			sc := ctr.SecurityContext
+			assert.False(t, *sc.AllowPrivilegeEscalation)
+			assert.True(t, *sc.ReadOnlyRootFilesystem)
+			assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+			assert.Equal(t, tc.root, *sc.RunAsUser == 0)
+			if tc.controlPlanes {
+				assert.Equal(t, map[string]string{"node-role.kubernetes.io/control-plane": ""}, pod.NodeSelector)
+				assert.Contains(t, pod.Tolerations, corev1.Toleration{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+			} else {
+				assert.Empty(t, pod.NodeSelector)
+				assert.Equal(t, []corev1.Toleration{{Operator: corev1.TolerationOpExists}}, pod.Tolerations, "on every node, whatever its taints")
+			}
+			env := map[string]string{}
+			for _, e := range ctr.Env {
+				if e.ValueFrom != nil {
+					env[e.Name] = "<" + e.ValueFrom.FieldRef.FieldPath + ">"
+				} else {
+					env[e.Name] = e.Value
+				}
+			}
+			for k, v := range tc.env {
+				assert.Equal(t, v, env[k], k)
+			}
+			hostPaths := map[string]corev1.HostPathType{}
+			var secrets []string
+			for _, v := range pod.Volumes {
+				if v.HostPath != nil {
+					hostPaths[v.HostPath.Path] = *v.HostPath.Type
+				}
+				if v.Secret != nil {
+					secrets = append(secrets, v.Secret.SecretName)
+				}
+			}
+			assert.Equal(t, len(tc.hostPaths), len(hostPaths))
+			for p, typ := range tc.hostPaths {
+				assert.Equal(t, typ, hostPaths[p], p)
+			}
+			assert.ElementsMatch(t, tc.secrets, secrets)
+		})
+	}
+	t.Run("join service sees only its own TLS pair", func(t *testing.T) {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		require.NoError(t, err)
+		var items []string
+		var projected []string
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.Secret != nil {
+				for _, it := range v.Secret.Items {
+					items = append(items, it.Key)
+				}
+			}
+			if v.Projected != nil {
+				for _, src := range v.Projected.Sources {
+					for _, it := range src.ConfigMap.Items {
+						projected = append(projected, src.ConfigMap.Name+"/"+it.Key)
+					}
+				}
+			}
+		}
+		assert.ElementsMatch(t, []string{"ca.crt", "joinservice.crt", "joinservice.key"}, items)
+		assert.ElementsMatch(t, []string{"constellation-cluster/cluster.json", "constellation-attestation/variant",
+			"constellation-attestation/reference-sets.json", "constellation-attestation/ak-roots.pem"}, projected)
+	})
+
+	// Applying again changes nothing: not one resource version moves, the TLS pair stays.
+	before := versions(t, c)
+	progress = nil
+	require.NoError(t, deploy.Apply(ctx, c, cfg, func(s string) { progress = append(progress, s) }))
+	assert.Equal(t, before, versions(t, c))
+	assert.NotContains(t, strings.Join(progress, "\n"), "created Secret")
+
+	// Someone edits a DaemonSet: Apply takes the field back (forced conflicts).
+	ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, deploy.VerificationService, metav1.GetOptions{})
+	require.NoError(t, err)
+	ds.Spec.Template.Spec.Containers[0].Image = "localhost/constellation/services:tampered"
+	_, err = c.AppsV1().DaemonSets(ns).Update(ctx, ds, metav1.UpdateOptions{FieldManager: "kubectl-edit"})
+	require.NoError(t, err)
+	require.NoError(t, deploy.Apply(ctx, c, cfg, nil))
+	ds, err = c.AppsV1().DaemonSets(ns).Get(ctx, deploy.VerificationService, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, image, ds.Spec.Template.Spec.Containers[0].Image)
+
+	// An upgrade adds a reference set: only the attestation ConfigMap changes.
+	before = versions(t, c)
+	cfg.Attestation.ReferenceSets = append(cfg.Attestation.ReferenceSets, measurements.ReferenceSet{Name: "image-v2", Measurements: measurements.M{11: {Expected: bytes.Repeat([]byte{2}, 32)}}})
+	require.NoError(t, deploy.Apply(ctx, c, cfg, nil))
+	after := versions(t, c)
+	assert.NotEqual(t, before["ConfigMap"], after["ConfigMap"])
+	delete(before, "ConfigMap")
+	delete(after, "ConfigMap")
+	assert.Equal(t, before, after)
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Contains(t, cm.Data[clusterrecord.ReferenceSetsKey], "image-v2")
+}
+
+// Refusals: by the API server (the error names the object, and nothing after it is
+// applied), by Config checks (before any request), and an unusable existing TLS Secret.
+func TestApplyRefused(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("immutable ConfigMap in the way", func(t *testing.T) {
+		kube := cluster(t)
+		c := kube.Admin
+		recordInit(t, c)
+		_, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: clusterrecord.AttestationConfigMapName},
+			Data:       map[string]string{"variant": "qemu-vtpm"},
+			Immutable:  ptr(true),
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		err = deploy.Apply(ctx, c, config(t), nil)
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "deploy: applying ConfigMap kube-system/constellation-attestation:")
+		assert.ErrorContains(t, err, "immutable")
+		assert.True(t, apierrors.IsInvalid(err), "the API server's error is wrapped: %v", err)
+		_, err = c.AppsV1().DaemonSets(ns).Get(ctx, deploy.KeyService, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "nothing after the refused object is applied")
+	})
+
+	t.Run("admission policy denies a DaemonSet", func(t *testing.T) {
+		kube := cluster(t)
+		c := kube.Admin
+		recordInit(t, c)
+		cfg := config(t)
+		cfg.Image = deniedImage
+		denyImage(t, c)
+		err := deploy.Apply(ctx, c, cfg, nil)
+		assert.ErrorContains(t, err, "deploy: applying DaemonSet kube-system/constellation-join-service:")
+		assert.ErrorContains(t, err, "no join service here (test policy)")
+		assert.True(t, apierrors.IsInvalid(err) || apierrors.IsForbidden(err), "%v", err)
+		_, err = c.AppsV1().DaemonSets(ns).Get(ctx, deploy.VerificationService, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "nothing after the refused object is applied")
+	})
+
+	t.Run("unusable TLS Secret", func(t *testing.T) {
+		kube := cluster(t)
+		c := kube.Admin
+		recordInit(t, c)
+		_, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: clusterrecord.KeyServiceTLSSecretName},
+			Data:       map[string][]byte{"ca.crt": []byte("not a certificate")},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		err = deploy.Apply(ctx, c, config(t), nil)
+		assert.ErrorContains(t, err, "Secret kube-system/constellation-keyservice-tls exists but is unusable")
+	})
+
+	t.Run("invalid configuration", func(t *testing.T) {
+		cfg := config(t)
+		cfg.Image = "constellation/services"
+		cfg.Attestation.ReferenceSets = nil
+		cfg.Attestation.AKRootsPEM = nil
+		cfg.LogLevel = "trace"
+		cfg.MetadataURL = "ftp://10.42.0.1"
+		err := deploy.Apply(ctx, nil, cfg, nil) // no client: nothing may be sent
+		for _, want := range []string{`image "constellation/services"`, "no reference-value set", "AK roots: no certificate", `log level "trace"`, "ftp://10.42.0.1"} {
+			assert.ErrorContains(t, err, want)
+		}
+	})
+}
+
+// deniedImage is refused by the policy of denyImage.
+const deniedImage = "localhost/constellation/services:denied"
+
+// denyImage installs a ValidatingAdmissionPolicy that refuses the join service's DaemonSet
+// with deniedImage, and waits until the API server enforces it. It is removed when the test
+// ends; it concerns only that image, so its removal need not take effect before other tests.
+func denyImage(t *testing.T, c kubernetes.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	policy := &admissionv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-image"},
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr(admissionv1.Fail),
+			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionv1.RuleWithOperations{
+					Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+					Rule:       admissionv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"v1"}, Resources: []string{"daemonsets"}},
+				},
+			}}},
+			Validations: []admissionv1.Validation{{
+				Expression: "object.metadata.name != '" + deploy.JoinService + "' || object.spec.template.spec.containers[0].image != '" + deniedImage + "'",
+				Message:    "no join service here (test policy)",
+			}},
+		},
+	}
+	_, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &admissionv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-image"},
+		Spec:       admissionv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: "deny-image", ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, "deny-image", metav1.DeleteOptions{})
+		_ = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, "deny-image", metav1.DeleteOptions{})
+	})
+	// The API server loads policies asynchronously: probe with a dry run until it refuses.
+	probe := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: deploy.JoinService},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"probe": "x"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"probe": "x"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: deniedImage}}},
+			},
+		},
+	}
+	require.Eventually(t, func() bool {
+		_, err := c.AppsV1().DaemonSets(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "test policy")
+	}, 20*time.Second, 100*time.Millisecond, "the policy takes effect")
+}
+
+// Wait against the real API server. There is no controller manager in the test control
+// plane, so the test writes the DaemonSet status the controller would.
+func TestWait(t *testing.T) {
+	kube := cluster(t)
+	c := kube.Admin
+	ctx := context.Background()
+	recordInit(t, c)
+	require.NoError(t, deploy.Apply(ctx, c, config(t), nil))
+
+	short := func() error {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		return deploy.Wait(wctx, c, 50*time.Millisecond)
+	}
+	err := short()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	for _, name := range deploy.DaemonSets {
+		assert.ErrorContains(t, err, "DaemonSet kube-system/"+name+": generation 1 not yet observed by the controller")
+	}
+
+	setStatus := func(name string, desired, available int32) {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		ds.Status = appsv1.DaemonSetStatus{
+			ObservedGeneration: ds.Generation, DesiredNumberScheduled: desired, CurrentNumberScheduled: desired,
+			UpdatedNumberScheduled: desired, NumberReady: available, NumberAvailable: available,
+		}
+		_, err = c.AppsV1().DaemonSets(ns).UpdateStatus(ctx, ds, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	setStatus(deploy.KeyService, 1, 1)
+	setStatus(deploy.JoinService, 1, 0)
+	setStatus(deploy.VerificationService, 0, 0)
+	err = short()
+	assert.NotContains(t, err.Error(), deploy.KeyService+":")
+	assert.ErrorContains(t, err, "DaemonSet kube-system/constellation-join-service: 1 of 1 pods up to date, 0 available")
+	assert.ErrorContains(t, err, "DaemonSet kube-system/constellation-verification-service: targets no node yet")
+
+	// The pods come up while Wait waits.
+	done := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		done <- deploy.Wait(wctx, c, 50*time.Millisecond)
+	}()
+	time.Sleep(200 * time.Millisecond)
+	setStatus(deploy.JoinService, 1, 1)
+	setStatus(deploy.VerificationService, 3, 3)
+	require.NoError(t, <-done)
+	require.NoError(t, deploy.Wait(ctx, c, 0, deploy.JoinService))
+
+	// A new generation is not ready until the controller has seen it.
+	require.NoError(t, deploy.Apply(ctx, c, func() deploy.Config { cfg := config(t); cfg.LogLevel = "debug"; return cfg }(), nil))
+	assert.ErrorContains(t, short(), "generation 2 not yet observed")
+
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	assert.ErrorContains(t, deploy.Wait(wctx, c, 50*time.Millisecond, "no-such-service"), "DaemonSet kube-system/no-such-service does not exist")
+}
+
+// Run is what the init server calls: from the admin kubeconfig to applied objects.
+func TestRun(t *testing.T) {
+	kube := cluster(t)
+	recordInit(t, kube.Admin)
+	kubeconfig, err := os.ReadFile(kube.Kubeconfig)
+	require.NoError(t, err)
+	var progress []string
+	require.NoError(t, deploy.Run(context.Background(), kubeconfig, config(t), func(s string) { progress = append(progress, s) }))
+	assert.Contains(t, progress, "applied DaemonSet kube-system/constellation-verification-service")
+
+	cfg := config(t)
+	cfg.WaitTimeout = 300 * time.Millisecond
+	err = deploy.Run(context.Background(), kubeconfig, cfg, nil)
+	assert.ErrorContains(t, err, "waiting for the services")
+
+	assert.ErrorContains(t, deploy.Run(context.Background(), []byte("not a kubeconfig"), config(t), nil), "deploy: admin kubeconfig")
+}
+
+func TestRender(t *testing.T) {
+	out, err := deploy.Render(config(t))
+	require.NoError(t, err)
+	docs := regexp.MustCompile(`(?m)^---\n`).Split(string(out), -1)[1:]
+	var kinds []string
+	for _, d := range docs {
+		var obj struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name, Namespace string
+			} `json:"metadata"`
+		}
+		require.NoError(t, yaml.Unmarshal([]byte(d), &obj))
+		assert.Equal(t, "kube-system", obj.Metadata.Namespace)
+		kinds = append(kinds, obj.Kind+"/"+obj.Metadata.Name)
+	}
+	assert.Equal(t, []string{
+		"ServiceAccount/constellation-key-service", "ServiceAccount/constellation-join-service", "ServiceAccount/constellation-verification-service",
+		"Role/constellation-join-service", "RoleBinding/constellation-join-service", "ConfigMap/constellation-attestation",
+		"DaemonSet/constellation-key-service", "DaemonSet/constellation-join-service", "DaemonSet/constellation-verification-service",
+	}, kinds)
+	assert.Contains(t, string(out), "image: "+image)
+	assert.Contains(t, string(out), "imagePullPolicy: Never")
+
+	_, err = deploy.Render(deploy.Config{})
+	assert.ErrorContains(t, err, "image")
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,9 @@
+package metadataclient
+
+// Decoders of untrusted answers, for the fuzz target.
+var (
+	DecodeSelf      = decodeSelf
+	DecodeInstances = decodeInstances
+	DecodeEndpoints = decodeEndpoints
+	DecodeHash      = decodeHash
+)

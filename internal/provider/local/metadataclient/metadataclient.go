@@ -1,0 +1,260 @@
+// Package metadataclient reads the local provider's metadata service (docs/local-provider.md):
+// plain HTTP and JSON, the node identified by its source address. It implements
+// metadata.Provider for the bootstrapper and metadata.Lister for the join service.
+//
+// Answers are size-limited, decoded strictly where the contract is fixed, and validated
+// (names, roles, addresses, host:port endpoints, bcrypt hash), so a confused metadata service
+// yields an error naming the problem, not a half-filled instance.
+package metadataclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/openconstellation/constellation/internal/metadata"
+)
+
+// DefaultURL is where the local provider serves metadata to its nodes.
+const DefaultURL = "http://10.42.0.1:8080"
+
+// DefaultTimeout bounds one request whose context has no deadline.
+const DefaultTimeout = 10 * time.Second
+
+// maxBody bounds an answer: the instance list of a large local cluster is a few KiB.
+const maxBody = 1 << 20
+
+// Paths of the metadata API.
+const (
+	PathSelf           = "/v1/self"
+	PathInstances      = "/v1/instances"
+	PathJoinEndpoints  = "/v1/join-endpoints"
+	PathInitSecretHash = "/v1/init-secret-hash"
+)
+
+// Client reads the metadata service.
+type Client struct {
+	base    *url.URL
+	http    *http.Client
+	timeout time.Duration
+}
+
+var (
+	_ metadata.Provider = (*Client)(nil)
+	_ metadata.Lister   = (*Client)(nil)
+)
+
+// New returns a client of the metadata service at baseURL (http or https, no path beyond
+// "/"). httpClient may be nil: a client with DefaultTimeout that follows no redirects.
+func New(baseURL string, httpClient *http.Client) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("metadata service URL %q: %w", baseURL, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return nil, fmt.Errorf("metadata service URL %q: want http(s)://host[:port]", baseURL)
+	}
+	if httpClient == nil {
+		httpClient = &http.Client{
+			Timeout: DefaultTimeout,
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return errors.New("the metadata service does not redirect")
+			},
+		}
+	}
+	return &Client{base: u, http: httpClient, timeout: DefaultTimeout}, nil
+}
+
+// instanceJSON is an instance as the metadata service describes it.
+type instanceJSON struct {
+	Name string   `json:"name"`
+	Role string   `json:"role"`
+	IPs  []string `json:"ips"`
+}
+
+// Self implements metadata.Provider.
+func (c *Client) Self(ctx context.Context) (metadata.Instance, error) {
+	body, err := c.get(ctx, PathSelf)
+	if err != nil {
+		return metadata.Instance{}, err
+	}
+	inst, err := decodeSelf(body)
+	if err != nil {
+		return metadata.Instance{}, fmt.Errorf("metadata %s: %w", PathSelf, err)
+	}
+	return inst, nil
+}
+
+// Instances implements metadata.Lister.
+func (c *Client) Instances(ctx context.Context) ([]metadata.Instance, error) {
+	body, err := c.get(ctx, PathInstances)
+	if err != nil {
+		return nil, err
+	}
+	list, err := decodeInstances(body)
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", PathInstances, err)
+	}
+	return list, nil
+}
+
+// JoinEndpoints implements metadata.Provider.
+func (c *Client) JoinEndpoints(ctx context.Context) ([]string, error) {
+	body, err := c.get(ctx, PathJoinEndpoints)
+	if err != nil {
+		return nil, err
+	}
+	eps, err := decodeEndpoints(body)
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", PathJoinEndpoints, err)
+	}
+	return eps, nil
+}
+
+// InitSecretHash implements metadata.Provider.
+func (c *Client) InitSecretHash(ctx context.Context) ([]byte, error) {
+	body, err := c.get(ctx, PathInitSecretHash)
+	if err != nil {
+		return nil, err
+	}
+	hash, err := decodeHash(body)
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", PathInitSecretHash, err)
+	}
+	return hash, nil
+}
+
+func (c *Client) get(ctx context.Context, path string) ([]byte, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	u := c.base.JoinPath(path)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", path, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: reading answer: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("metadata %s: %s: %s", path, resp.Status, snippet(body))
+	}
+	if len(body) > maxBody {
+		return nil, fmt.Errorf("metadata %s: answer larger than %d bytes", path, maxBody)
+	}
+	return body, nil
+}
+
+// snippet is the start of an error body, printable, for messages.
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return strconv.Quote(s)
+}
+
+func decodeSelf(body []byte) (metadata.Instance, error) {
+	var in instanceJSON
+	if err := json.Unmarshal(body, &in); err != nil {
+		return metadata.Instance{}, fmt.Errorf("decoding instance: %w", err)
+	}
+	return toInstance(in)
+}
+
+func decodeInstances(body []byte) ([]metadata.Instance, error) {
+	var list []instanceJSON
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("decoding instance list: %w", err)
+	}
+	out := make([]metadata.Instance, 0, len(list))
+	seen := map[string]bool{}
+	var problems []error
+	for i, in := range list {
+		inst, err := toInstance(in)
+		if err != nil {
+			problems = append(problems, fmt.Errorf("instance %d: %w", i, err))
+			continue
+		}
+		if seen[inst.Name] {
+			problems = append(problems, fmt.Errorf("instance %d: name %q listed twice", i, inst.Name))
+			continue
+		}
+		seen[inst.Name] = true
+		out = append(out, inst)
+	}
+	if len(problems) > 0 {
+		return nil, errors.Join(problems...)
+	}
+	return out, nil
+}
+
+func toInstance(in instanceJSON) (metadata.Instance, error) {
+	inst := metadata.Instance{Name: in.Name, Role: metadata.Role(in.Role)}
+	var problems []error
+	for _, s := range in.IPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			problems = append(problems, fmt.Errorf("IP address %q: %w", s, err))
+			continue
+		}
+		inst.IPs = append(inst.IPs, ip)
+	}
+	if err := inst.Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	if len(problems) > 0 {
+		return metadata.Instance{}, errors.Join(problems...)
+	}
+	return inst, nil
+}
+
+func decodeEndpoints(body []byte) ([]string, error) {
+	var eps []string
+	if err := json.Unmarshal(body, &eps); err != nil {
+		return nil, fmt.Errorf("decoding endpoint list: %w", err)
+	}
+	for _, ep := range eps {
+		host, port, err := net.SplitHostPort(ep)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" {
+			return nil, fmt.Errorf("endpoint %q: want host:port with a port of 1..65535", ep)
+		}
+	}
+	return eps, nil
+}
+
+func decodeHash(body []byte) ([]byte, error) {
+	var h struct {
+		Hash string `json:"hash"`
+	}
+	if err := json.Unmarshal(body, &h); err != nil {
+		return nil, fmt.Errorf("decoding init-secret hash: %w", err)
+	}
+	if _, err := bcrypt.Cost([]byte(h.Hash)); err != nil {
+		return nil, fmt.Errorf("init-secret hash is not a bcrypt hash: %w", err)
+	}
+	return []byte(h.Hash), nil
+}

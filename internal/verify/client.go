@@ -1,0 +1,207 @@
+package verify
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/openconstellation/constellation/api/verify/verifypb"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/kms"
+)
+
+// DefaultTimeout bounds a verification whose context has no deadline.
+const DefaultTimeout = 30 * time.Second
+
+// NonceSize is the size of the fresh nonce the client sends.
+const NonceSize = 32
+
+// ErrClusterIDMismatch: the node's evidence verified, but its PCR 15 does not carry the
+// expected cluster's marker (it belongs to another cluster, or is not initialized).
+var ErrClusterIDMismatch = errors.New("node does not carry this cluster's marker")
+
+// Result is what a verification established, for humans and `-o json`.
+type Result struct {
+	// Endpoint is the verification service that answered (host:port).
+	Endpoint string `json:"endpoint"`
+	// Variant is the attestation variant of the evidence.
+	Variant string `json:"variant"`
+	// Nonce is the fresh nonce the evidence is bound to (hex).
+	Nonce string `json:"nonce"`
+	// ReferenceSet names the reference-value set the measurements matched.
+	ReferenceSet string `json:"referenceSet"`
+	// Warnings lists mismatches of warn-only registers.
+	Warnings []string `json:"warnings,omitempty"`
+	// Registers are every measured register the evidence covered, by index.
+	Registers []Register     `json:"registers"`
+	Signer    Signer         `json:"signer"`
+	ClusterID ClusterIDCheck `json:"clusterID"`
+}
+
+// Register is one verified measurement register.
+type Register struct {
+	Index uint32 `json:"index"`
+	Name  string `json:"name"`  // "PCR 15"
+	Value string `json:"value"` // hex
+}
+
+// Signer is the key that signed the evidence.
+type Signer struct {
+	// ID is the validator's identifier of the key (for a TPM: SHA-256 of the AK's public area).
+	ID string `json:"id"`
+	// Certified reports whether the key chains to the configured platform roots.
+	Certified bool `json:"certified"`
+	// Name is the node name the platform certified the key for (when Certified).
+	Name string `json:"name,omitempty"`
+}
+
+// ClusterIDCheck is the comparison of the node's marker register with the expected cluster.
+type ClusterIDCheck struct {
+	ClusterID string `json:"clusterID"` // hex
+	Register  string `json:"register"`  // "PCR 15"
+	Expected  string `json:"expected"`  // hex: SHA256(0^32 || SHA256(clusterID))
+	Actual    string `json:"actual"`    // hex
+	Match     bool   `json:"match"`
+}
+
+// Verifier verifies nodes of one cluster.
+type Verifier struct {
+	// Validator checks the evidence: parse, verify signature and nonce binding, match
+	// reference values. It must be for the variant the nodes attest with.
+	Validator attestation.Validator
+	// ClusterID is the cluster the node must belong to (32 bytes, from the init).
+	ClusterID []byte
+	// Timeout bounds a verification whose context has no deadline (DefaultTimeout).
+	Timeout time.Duration
+	// DialOptions are added to the gRPC client's (tests; proxies).
+	DialOptions []grpc.DialOption
+}
+
+// Verify asks the verification service at endpoint for evidence bound to a fresh random
+// nonce and checks it with validator and against clusterID. See Verifier.Verify.
+func Verify(ctx context.Context, endpoint string, validator attestation.Validator, clusterID []byte) (*Result, error) {
+	return Verifier{Validator: validator, ClusterID: clusterID}.Verify(ctx, endpoint)
+}
+
+// Verify asks the verification service at endpoint (host:port of its gRPC port) for evidence
+// bound to a fresh random nonce, has the validator check it (signature, nonce binding, AK
+// certificate, reference values), and checks that the node's PCR 15 carries the marker of
+// the expected cluster.
+//
+// It returns the result and nil when everything passed. When the evidence verified but the
+// marker is not this cluster's, it returns the result (ClusterID.Match false) and an error
+// wrapping ErrClusterIDMismatch. Otherwise it returns nil and an error (wrapping the
+// attestation reason, e.g. attestation.ErrMeasurementPolicy, when the validator refused).
+func (v Verifier) Verify(ctx context.Context, endpoint string) (*Result, error) {
+	if v.Validator == nil {
+		return nil, errors.New("verify: no validator")
+	}
+	if len(v.ClusterID) == 0 {
+		return nil, errors.New("verify: no cluster ID to check the node against")
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		timeout := v.Timeout
+		if timeout <= 0 {
+			timeout = DefaultTimeout
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	nonce := make([]byte, NonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("verify: generating nonce: %w", err)
+	}
+	resp, err := fetch(ctx, endpoint, nonce, v.DialOptions)
+	if err != nil {
+		return nil, err
+	}
+	want := v.Validator.Variant().String()
+	if resp.GetVariant() != want {
+		return nil, fmt.Errorf("verify %s: node attests with variant %q, expected %q: %w", endpoint, resp.GetVariant(), want, attestation.ErrWrongVariant)
+	}
+	verified, err := v.Validator.Validate(ctx, resp.GetEvidence(), nonce)
+	if err != nil {
+		return nil, fmt.Errorf("verify %s: evidence refused: %w", endpoint, err)
+	}
+	res := newResult(endpoint, nonce, verified)
+	res.ClusterID = checkClusterID(verified, v.ClusterID)
+	if !res.ClusterID.Match {
+		reason := "it belongs to another cluster"
+		if a, _ := hex.DecodeString(res.ClusterID.Actual); len(a) > 0 && bytes.Equal(a, make([]byte, len(a))) {
+			reason = "it is not initialized"
+		}
+		return res, fmt.Errorf("verify %s: %w: %s (%s is %s, cluster %s has marker %s)", endpoint, ErrClusterIDMismatch, reason,
+			res.ClusterID.Register, orNone(res.ClusterID.Actual), res.ClusterID.ClusterID, res.ClusterID.Expected)
+	}
+	return res, nil
+}
+
+// maxResponseSize bounds the answer: the evidence limit plus room for the variant.
+const maxResponseSize = attestation.DefaultMaxEvidenceSize + 4<<10
+
+func fetch(ctx context.Context, endpoint string, nonce []byte, extra []grpc.DialOption) (*verifypb.GetAttestationResponse, error) {
+	// No TLS: the evidence authenticates itself (signed over our nonce).
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseSize)),
+	}, extra...)
+	conn, err := grpc.NewClient(endpoint, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("verify %s: %w", endpoint, err)
+	}
+	defer conn.Close()
+	resp, err := verifypb.NewVerificationServiceClient(conn).GetAttestation(ctx, &verifypb.GetAttestationRequest{Nonce: nonce})
+	if err != nil {
+		return nil, fmt.Errorf("verify %s: asking for evidence: %w", endpoint, err)
+	}
+	return resp, nil
+}
+
+func newResult(endpoint string, nonce []byte, v *attestation.Verified) *Result {
+	res := &Result{
+		Endpoint:     endpoint,
+		Variant:      v.Variant.String(),
+		Nonce:        hex.EncodeToString(nonce),
+		ReferenceSet: v.ReferenceSet,
+		Warnings:     v.Warnings,
+		Signer:       Signer{ID: v.SignerID, Certified: v.SignerCertified, Name: v.SignerName},
+	}
+	idx := make([]uint32, 0, len(v.Registers))
+	for i := range v.Registers {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		res.Registers = append(res.Registers, Register{Index: i, Name: v.Variant.RegisterName(i), Value: hex.EncodeToString(v.Registers[i])})
+	}
+	return res
+}
+
+// checkClusterID compares the marker register with the value clusterID implies.
+func checkClusterID(v *attestation.Verified, clusterID []byte) ClusterIDCheck {
+	want := kms.InitializedPCR15(clusterID)
+	got := v.Registers[kms.InitializedPCR]
+	return ClusterIDCheck{
+		ClusterID: hex.EncodeToString(clusterID),
+		Register:  v.Variant.RegisterName(kms.InitializedPCR),
+		Expected:  hex.EncodeToString(want),
+		Actual:    hex.EncodeToString(got),
+		Match:     bytes.Equal(got, want),
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "not covered by the evidence"
+	}
+	return s
+}
