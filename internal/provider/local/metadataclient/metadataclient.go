@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 )
 
 // DefaultURL is where the local provider serves metadata to its nodes.
@@ -109,6 +111,20 @@ func (c *Client) Instances(ctx context.Context) ([]metadata.Instance, error) {
 	return list, nil
 }
 
+// Node returns this node's full record on the local platform: beyond Self, the pod range
+// and the cgroup the provider assigned to it (the local bootstrapper needs both).
+func (c *Client) Node(ctx context.Context) (metaserver.Node, error) {
+	body, err := c.get(ctx, PathSelf)
+	if err != nil {
+		return metaserver.Node{}, err
+	}
+	n, err := decodeNode(body)
+	if err != nil {
+		return metaserver.Node{}, fmt.Errorf("metadata %s: %w", PathSelf, err)
+	}
+	return n, nil
+}
+
 // JoinEndpoints implements metadata.Provider.
 func (c *Client) JoinEndpoints(ctx context.Context) ([]string, error) {
 	body, err := c.get(ctx, PathJoinEndpoints)
@@ -180,6 +196,27 @@ func decodeSelf(body []byte) (metadata.Instance, error) {
 		return metadata.Instance{}, fmt.Errorf("decoding instance: %w", err)
 	}
 	return toInstance(in)
+}
+
+func decodeNode(body []byte) (metaserver.Node, error) {
+	var n metaserver.Node
+	if err := json.Unmarshal(body, &n); err != nil {
+		return metaserver.Node{}, fmt.Errorf("decoding node: %w", err)
+	}
+	var problems []error
+	if err := n.Instance().Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	if !n.PodCIDR.IsValid() {
+		problems = append(problems, errors.New("no pod range (podCIDR)"))
+	}
+	if n.CgroupRoot == "" || !path.IsAbs(n.CgroupRoot) || path.Clean(n.CgroupRoot) != n.CgroupRoot {
+		problems = append(problems, fmt.Errorf("cgroupRoot %q: want a clean absolute path", n.CgroupRoot))
+	}
+	if len(problems) > 0 {
+		return metaserver.Node{}, errors.Join(problems...)
+	}
+	return n, nil
 }
 
 func decodeInstances(body []byte) ([]metadata.Instance, error) {

@@ -184,6 +184,7 @@ func TestNew(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"name":"n","role":"worker","ips":["10.42.0.10"]}`,
+		`{"name":"n","role":"worker","ips":["10.42.0.10"],"podCIDR":"10.244.1.0/24","cgroupRoot":"/cmini-x/n/pods"}`,
 		`[{"name":"a","role":"control-plane","ips":["10.42.0.11","fd00::1"]}]`,
 		`["10.42.0.10:30090"]`, `{"hash":"` + hash + `"}`, `null`, `[]`, `{}`, `[null]`, `[{"ips":null}]`,
 	} {
@@ -192,6 +193,10 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if inst, err := metadataclient.DecodeSelf(data); err == nil {
 			assert.NoError(t, inst.Validate())
+		}
+		if n, err := metadataclient.DecodeNode(data); err == nil {
+			assert.NoError(t, n.Instance().Validate())
+			assert.True(t, n.PodCIDR.IsValid())
 		}
 		if list, err := metadataclient.DecodeInstances(data); err == nil {
 			names := map[string]bool{}

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 // Node is what the metadata service knows of a node. Beyond metadata.Instance it carries the
@@ -100,4 +102,9 @@ func (s *Server) lookup(remote string) (Node, bool) {
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Instance converts a Node to the platform-independent metadata.
+func (n Node) Instance() metadata.Instance {
+	return metadata.Instance{Name: n.Name, Role: metadata.Role(n.Role), IPs: n.IPs}
 }

@@ -1,4 +1,4 @@
-package metaserver
+package metaserver_test
 
 import (
 	"context"
@@ -8,18 +8,22 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	. "github.com/openconstellation/constellation/internal/provider/local/metaserver"
 )
 
 func TestServeNodeByAddress(t *testing.T) {
 	self := Node{Name: "worker-0", Role: "worker", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
 		PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), CgroupRoot: "/cmini-x/worker-0/pods"}
 	other := Node{Name: "control-plane-0", Role: "control-plane", IPs: []netip.Addr{netip.MustParseAddr("10.42.0.10")}}
-	srv := New([]Node{other, self}, []string{"10.42.0.10:30090"}, []byte("$2a$10$hash"))
+	srv := New([]Node{other, self}, []string{"10.42.0.10:30090"}, []byte(testHash))
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	c := &Client{BaseURL: ts.URL}
+	c, err := metadataclient.New(ts.URL, nil)
+	require.NoError(t, err)
 	ctx := context.Background()
 
 	n, err := c.Node(ctx)
@@ -36,7 +40,7 @@ func TestServeNodeByAddress(t *testing.T) {
 	assert.Equal(t, []string{"10.42.0.10:30090"}, eps)
 	hash, err := c.InitSecretHash(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, []byte("$2a$10$hash"), hash)
+	assert.Equal(t, []byte(testHash), hash)
 
 	// An address no node has gets nothing.
 	srv.SetNodes([]Node{other}, nil)
@@ -51,3 +55,12 @@ func TestServeNodeByAddress(t *testing.T) {
 		assert.Contains(t, err.Error(), "403", name)
 	}
 }
+
+// testHash is a bcrypt hash (of "secret", cost 4): the client checks the format.
+var testHash = func() string {
+	h, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		panic(err)
+	}
+	return string(h)
+}()

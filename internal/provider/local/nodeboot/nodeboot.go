@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
 	"github.com/openconstellation/constellation/internal/statedisk"
@@ -51,7 +52,10 @@ type Options struct {
 // until ctx ends.
 func Run(ctx context.Context, o Options) error {
 	log := o.Log
-	meta := &metaserver.Client{BaseURL: o.MetadataURL}
+	meta, err := metadataclient.New(o.MetadataURL, nil)
+	if err != nil {
+		return err
+	}
 	self, err := waitSelf(ctx, meta, log)
 	if err != nil {
 		return err
@@ -90,7 +94,7 @@ func Run(ctx context.Context, o Options) error {
 	return nil
 }
 
-func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metaserver.Client, self metaserver.Node, osys *nodeos.OS, kubelet *nodeos.Supervisor, tpm *vtpm.TPM) (string, error) {
+func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, osys *nodeos.OS, kubelet *nodeos.Supervisor, tpm *vtpm.TPM) (string, error) {
 	issuer, err := qemu.NewIssuer(tpm, nil, nil)
 	if err != nil {
 		return "", fmt.Errorf("loading the node's attestation key: %w", err)
@@ -200,16 +204,10 @@ func (k *kubeletFirst) Join(ctx context.Context, config []byte, out io.Writer) e
 	return k.Runner.Join(ctx, config, out)
 }
 
-func waitSelf(ctx context.Context, meta *metaserver.Client, log *slog.Logger) (metaserver.Node, error) {
+func waitSelf(ctx context.Context, meta *metadataclient.Client, log *slog.Logger) (metaserver.Node, error) {
 	for {
 		n, err := meta.Node(ctx)
 		if err == nil {
-			if err := n.Instance().Validate(); err != nil {
-				return n, err
-			}
-			if !n.PodCIDR.IsValid() {
-				return n, fmt.Errorf("metadata of %s has no pod CIDR", n.Name)
-			}
 			return n, nil
 		}
 		log.Warn("metadata not available yet", "err", err)
