@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
@@ -31,16 +32,13 @@ func TestInitDeploysServices(t *testing.T) {
 	e = newEnvWithDeploy(t, func(ctx context.Context, d initserver.Deployment) error {
 		got = d
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
-			Image: "localhost/constellation/services:0123456789ab",
-			Attestation: clusterrecord.Attestation{
-				Variant:       variant.QEMUVTPM,
-				ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
-				AKRootsPEM:    pki.EncodeCert(e.ca.Certificate()),
-			},
+			Image:       "localhost/constellation/services:0123456789ab",
+			Attestation: d.Attestation,
 		}, d.Progress)
 	})
 	t.Cleanup(forgetDeployment)
 	req, master := request(t)
+	want := withAttestation(t, e, req)
 	res := e.call(req)
 	require.NoError(t, res.Err)
 	require.NotNil(t, res.Success)
@@ -52,6 +50,7 @@ func TestInitDeploysServices(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, id, got.Cluster.ID())
 	assert.Equal(t, "demo", got.Cluster.Name)
+	assert.Equal(t, want, got.Attestation, "the join service admits nodes by what the CLI sent")
 
 	joined := strings.Join(res.Progress, "\n")
 	for _, want := range []string{
@@ -76,11 +75,43 @@ func TestInitDeployFails(t *testing.T) {
 		return errors.New("deploy: applying DaemonSet kube-system/constellation-join-service: forbidden")
 	})
 	req, _ := request(t)
+	withAttestation(t, e, req)
 	res := e.call(req)
 	assert.Equal(t, codes.Internal, status.Code(res.Err))
 	assert.ErrorContains(t, res.Err, "deploying the in-cluster services: deploy: applying DaemonSet kube-system/constellation-join-service: forbidden")
 	assert.Nil(t, res.Success)
 	assert.Contains(t, string(res.Log), "deploy: applied ServiceAccount kube-system/constellation-key-service")
+}
+
+// A node that deploys the services refuses an init request without the attestation
+// configuration, before it takes its lock.
+func TestInitDeployNeedsAttestation(t *testing.T) {
+	deployed := false
+	e := newEnvWithDeploy(t, func(context.Context, initserver.Deployment) error { deployed = true; return nil })
+	req, _ := request(t)
+	res := e.call(req)
+	assert.Equal(t, codes.InvalidArgument, status.Code(res.Err))
+	assert.ErrorContains(t, res.Err, "needs the attestation configuration it admits nodes by")
+	assert.False(t, deployed)
+	assert.Empty(t, e.node.Node.LockHolder())
+}
+
+// withAttestation adds the attestation configuration of the test image (AK roots: the test
+// provider's CA) to req and returns it as the node should parse it.
+func withAttestation(t *testing.T, e *env, req *initpb.InitRequest) clusterrecord.Attestation {
+	a := clusterrecord.Attestation{
+		Variant:       variant.QEMUVTPM,
+		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		AKRootsPEM:    pki.EncodeCert(e.ca.Certificate()),
+	}
+	data, err := a.Data()
+	require.NoError(t, err)
+	req.AttestationVariant = data[clusterrecord.VariantKey]
+	req.ReferenceSets = []byte(data[clusterrecord.ReferenceSetsKey])
+	req.AkRoots = a.AKRootsPEM
+	parsed, err := clusterrecord.ParseAttestation([]byte(req.AttestationVariant), req.ReferenceSets, req.AkRoots)
+	require.NoError(t, err)
+	return parsed
 }
 
 // forgetDeployment removes what a deployment created in the shared API server.

@@ -55,6 +55,11 @@ func FuzzParseRequest(f *testing.F) {
 				t.Fatal("accepted a CIDR with host bits")
 			}
 		}
+		if r.attestation != nil {
+			if err := r.attestation.Validate(); err != nil {
+				t.Fatalf("accepted an invalid attestation configuration: %v", err)
+			}
+		}
 		if r.serviceCIDR.IsValid() && r.podCIDR.IsValid() && r.serviceCIDR.Overlaps(r.podCIDR) {
 			t.Fatal("accepted overlapping networks")
 		}

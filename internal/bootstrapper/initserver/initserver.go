@@ -132,6 +132,9 @@ type Deployment struct {
 	Kubeconfig []byte
 	// Cluster is what init recorded in ConfigMap constellation-cluster.
 	Cluster ClusterRecord
+	// Attestation is what the join service admits nodes by, from the init request (set
+	// whenever Config.Deploy is).
+	Attestation clusterrecord.Attestation
 	// Progress streams one line to the CLI (and into the init's log).
 	Progress func(msg string)
 }
@@ -248,6 +251,9 @@ func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitSer
 	if err != nil {
 		return s.refuse(log, codes.InvalidArgument, "invalid-request", "%v", err)
 	}
+	if s.cfg.Deploy != nil && r.attestation == nil {
+		return s.refuse(log, codes.InvalidArgument, "invalid-request", "invalid init request: this node deploys the join service and needs the attestation configuration it admits nodes by (variant, reference sets, AK roots)")
+	}
 	self, err := s.cfg.Metadata.Self(ctx)
 	if err != nil {
 		return s.refuse(log, codes.Unavailable, "metadata", "reading this node's metadata: %v", err)
@@ -352,7 +358,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	rec.step("cluster recorded in %s/%s and %s/%s", RecordNamespace, ClusterConfigMapName, RecordNamespace, MasterSecretSecretName)
 	if s.cfg.Deploy != nil {
 		rec.step("deploying the join, key and verification services")
-		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
+		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Attestation: *r.attestation, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
 		if err != nil {
 			return nil, nil, fmt.Errorf("deploying the in-cluster services: %w", err)
 		}

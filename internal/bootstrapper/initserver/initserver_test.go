@@ -328,6 +328,16 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 			mutate: func(r *initpb.InitRequest) { r.KubernetesVersion = "v1.33.0" },
 			code:   codes.InvalidArgument, want: []string{"v1.33.0 is not the version this node's image runs (v1.34.4)"},
 		},
+		"attestation configuration incomplete": {
+			mutate: func(r *initpb.InitRequest) { r.AttestationVariant = "qemu-vtpm" },
+			code:   codes.InvalidArgument, want: []string{"variant, reference sets and AK roots go together (got variant true, reference sets false, AK roots false)"},
+		},
+		"attestation configuration malformed": {
+			mutate: func(r *initpb.InitRequest) {
+				r.AttestationVariant, r.ReferenceSets, r.AkRoots = "qemu-vtpm", []byte(`[{"name":"x"`), []byte("not PEM")
+			},
+			code: codes.InvalidArgument, want: []string{"attestation configuration:"},
+		},
 		"overlapping networks": {
 			mutate: func(r *initpb.InitRequest) { r.PodCidr = "10.100.0.0/16" },
 			code:   codes.InvalidArgument, want: []string{"service CIDR 10.96.0.0/12 and pod CIDR 10.100.0.0/16 overlap"},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
 )
 
@@ -26,6 +27,8 @@ type request struct {
 	sans            []string
 	serviceCIDR     netip.Prefix // invalid when not given
 	podCIDR         netip.Prefix // invalid when not given
+	// attestation is what the join service admits nodes by; nil when the request has none.
+	attestation *clusterrecord.Attestation
 }
 
 var (
@@ -91,6 +94,19 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 	}
 	if r.serviceCIDR.IsValid() && r.podCIDR.IsValid() && r.serviceCIDR.Overlaps(r.podCIDR) {
 		bad("service CIDR %s and pod CIDR %s overlap", r.serviceCIDR, r.podCIDR)
+	}
+	v, sets, roots := req.GetAttestationVariant(), req.GetReferenceSets(), req.GetAkRoots()
+	switch {
+	case v == "" && len(sets) == 0 && len(roots) == 0:
+	case v == "" || len(sets) == 0 || len(roots) == 0:
+		bad("attestation configuration: variant, reference sets and AK roots go together (got variant %t, reference sets %t, AK roots %t)", v != "", len(sets) > 0, len(roots) > 0)
+	default:
+		a, err := clusterrecord.ParseAttestation([]byte(v), sets, roots)
+		if err != nil {
+			bad("attestation configuration: %w", err)
+		} else {
+			r.attestation = &a
+		}
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("invalid init request: %w", errors.Join(problems...))
