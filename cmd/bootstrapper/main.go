@@ -24,11 +24,10 @@ func main() {
 	var o nodeboot.Options
 	var images list
 	flag.StringVar(&o.NodeDir, "node-dir", "", "the node's folder in the workspace")
-	flag.StringVar(&o.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml)")
+	flag.StringVar(&o.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml, node-config.json)")
 	flag.Var(&images, "image", "container image tarball to import (repeatable)")
 	flag.StringVar(&o.MetadataURL, "metadata", "http://10.42.0.1:8080", "metadata service")
 	flag.StringVar(&o.InitAddr, "init-addr", ":9000", "listen address of the init server")
-	flag.StringVar(&o.Version, "kubernetes-version", "v1.34.4", "Kubernetes version of the image")
 	flag.Parse()
 	o.Images = images
 	o.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))

@@ -22,9 +22,10 @@ import (
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/internal/atls"
 	"github.com/openconstellation/constellation/internal/attestation"
-	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
@@ -40,8 +41,19 @@ const (
 
 // initAndWait initializes the cluster on its first control plane over attested TLS and waits
 // until every node that should be admitted is Ready.
-func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace, dir string, status cluster.Status, sets measurements.ReferenceSets, ca *akca.CA, initSecret []byte) error {
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool()})
+func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, status cluster.Status, akRootsPEM []byte, initSecret []byte) error {
+	// The nodes are admitted by the configured reference values, and their AKs must chain to
+	// the provider's CA (and any the configuration adds).
+	attest := clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: conf.Attestation.QEMUVTPM.Measurements, AKRootsPEM: akRootsPEM}
+	akRoots, err := clusterrecord.ParseAKRoots(akRootsPEM)
+	if err != nil {
+		return err
+	}
+	attestData, err := attest.Data()
+	if err != nil {
+		return err
+	}
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: attest.ReferenceSets, AKRoots: akRoots})
 	if err != nil {
 		return err
 	}
@@ -57,9 +69,12 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace, d
 	}
 	req := &initpb.InitRequest{
 		MasterSecret: master.Key, MasterSalt: master.Salt, MeasurementSalt: salt,
-		InitSecret: initSecret, ClusterName: "constellation-mini", KubernetesVersion: "v1.34.4",
+		InitSecret: initSecret, ClusterName: conf.Name, KubernetesVersion: conf.KubernetesVersion,
 		ApiServerCertSans: []string{"127.0.0.1", "localhost"},
-		ServiceCidr:       sandbox.ServiceCIDR.String(), PodCidr: sandbox.PodCIDR.String(),
+		ServiceCidr:       conf.Network.ServiceCIDR, PodCidr: conf.Network.PodCIDR,
+		AttestationVariant: attestData[clusterrecord.VariantKey],
+		ReferenceSets:      []byte(attestData[clusterrecord.ReferenceSetsKey]),
+		AkRoots:            akRootsPEM,
 	}
 	// The master secret is written before it leaves this machine: a lost answer must not
 	// lose the key to the cluster's state.

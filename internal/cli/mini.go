@@ -143,7 +143,16 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	if err != nil {
 		return err
 	}
-	if err := buildNodeImage(imageDir, filepath.Join(filepath.Dir(exe), "bootstrapper"), o.kubeBin); err != nil {
+	index, err := nodeimage.ReadIndex(o.imagesDir)
+	if err != nil {
+		return fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
+	}
+	services, err := index.Find(nodeimage.ServicesRepo)
+	if err != nil {
+		return fmt.Errorf("the node's container images (run 'make images' first): %w", err)
+	}
+	nodeConfig := local.NodeConfig{KubernetesVersion: config.DefaultKubernetesVersion, Provider: "local", ServicesImage: services.Ref}
+	if err := buildNodeImage(imageDir, filepath.Join(filepath.Dir(exe), "bootstrapper"), o.kubeBin, nodeConfig); err != nil {
 		return err
 	}
 	// The configuration: the user's if the workspace has one, else generated from the image
@@ -163,11 +172,6 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	}
 	if conf.Attestation.QEMUVTPM == nil {
 		return fmt.Errorf("%s: attestation.qemuVTPM: the local provider needs reference values for qemu-vtpm", confPath)
-	}
-	sets := conf.Attestation.QEMUVTPM.Measurements
-	index, err := nodeimage.ReadIndex(o.imagesDir)
-	if err != nil {
-		return fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
 	}
 	images := index.Files(o.imagesDir)
 
@@ -204,7 +208,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	}
 	if o.extraWorkerBootstrapper != "" {
 		other := filepath.Join(dir, "image-other")
-		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin); err != nil {
+		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin, nodeConfig); err != nil {
 			return err
 		}
 		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: "worker-other", Role: "worker", ImageDir: other})
@@ -218,12 +222,13 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	}
 	t.phase("create", fmt.Sprintf("%d nodes booting (provider pid %d)", len(spec.Nodes), status.PID))
 
-	return initAndWait(ctx, out, t, workspace, dir, status, sets, ca, initSecret)
+	akRoots := append(append([]byte{}, caCert...), conf.Attestation.QEMUVTPM.AKRoots...)
+	return initAndWait(ctx, out, t, workspace, conf, status, akRoots, initSecret)
 }
 
 // buildNodeImage lays out a node image directory: the bootstrapper, the Kubernetes node
 // binaries, the containerd configuration and the node configuration.
-func buildNodeImage(dir, bootstrapper, kubeBin string) error {
+func buildNodeImage(dir, bootstrapper, kubeBin string, nodeConfig local.NodeConfig) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -235,7 +240,11 @@ func buildNodeImage(dir, bootstrapper, kubeBin string) error {
 	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(local.ContainerdConfig), 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "node-config.json"), []byte(`{"kubernetesVersion":"v1.34.4","provider":"local"}`+"\n"), 0o644)
+	data, err := nodeConfig.Marshal()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, local.NodeConfigFile), data, 0o644)
 }
 
 func copyFile(src, dst string, perm os.FileMode) error {

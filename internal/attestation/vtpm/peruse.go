@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 )
@@ -107,4 +108,44 @@ func (p *PerUseIssuer) use(ctx context.Context, fn func(*Issuer) error) error {
 		return err
 	}
 	return nil
+}
+
+// PerUseTimeout bounds one use of a PerUseTPM (opening included): the TPM may be busy with
+// another process of the node for a while, but not forever.
+const PerUseTimeout = 30 * time.Second
+
+// PerUseTPM reads and extends PCRs like TPM, opening the TPM for each call and closing it
+// right after (see PerUseIssuer): the bootstrapper holds no connection while the node's
+// services need the TPM.
+type PerUseTPM struct {
+	Open Opener
+}
+
+func (p PerUseTPM) use(fn func(*TPM) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), PerUseTimeout)
+	defer cancel()
+	tpm, err := p.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer tpm.Close()
+	stop := tpm.abortOn(ctx)
+	defer stop()
+	return fn(tpm)
+}
+
+// ReadPCRs is TPM.ReadPCRs on a freshly opened TPM.
+func (p PerUseTPM) ReadPCRs(pcrs ...int) (map[uint32][]byte, error) {
+	var out map[uint32][]byte
+	err := p.use(func(t *TPM) error {
+		var err error
+		out, err = t.ReadPCRs(pcrs...)
+		return err
+	})
+	return out, err
+}
+
+// ExtendPCR is TPM.ExtendPCR on a freshly opened TPM.
+func (p PerUseTPM) ExtendPCR(idx int, digest []byte) error {
+	return p.use(func(t *TPM) error { return t.ExtendPCR(idx, digest) })
 }

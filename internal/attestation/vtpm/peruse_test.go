@@ -103,3 +103,30 @@ func canceled() context.Context {
 	cancel()
 	return ctx
 }
+
+// PerUseTPM reads and extends PCRs of a real swtpm and leaves the TPM free after every call.
+func TestPerUseTPM(t *testing.T) {
+	proc := vtpmtest.SwtpmProcess(t)
+	p := vtpm.PerUseTPM{Open: vtpm.OpenAddr(proc.Addr())}
+	before, err := p.ReadPCRs(15)
+	require.NoError(t, err)
+	assert.Equal(t, make([]byte, 32), before[15])
+
+	digest := make([]byte, 32)
+	digest[0] = 1
+	require.NoError(t, p.ExtendPCR(15, digest))
+	after, err := p.ReadPCRs(15)
+	require.NoError(t, err)
+	assert.NotEqual(t, before[15], after[15], "the extension reached the TPM")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	other, err := proc.Open(ctx)
+	require.NoError(t, err, "PerUseTPM must not hold the TPM between calls")
+	again, err := other.ReadPCRs(15)
+	require.NoError(t, err)
+	assert.Equal(t, after[15], again[15])
+	require.NoError(t, other.Close())
+
+	assert.ErrorContains(t, p.ExtendPCR(15, []byte{1}), "digest has 1 bytes")
+}

@@ -6,6 +6,9 @@
 // evidence must show the node's own PCRs 0..14 (read at boot, after the provider measured
 // the image). This needs no reference values baked into the image, which could not contain
 // its own measurements.
+//
+// The node's TPM (a swtpm, which serves one connection at a time) is opened per use, by the
+// bootstrapper as by the in-cluster services of the node: nobody holds it between uses.
 package nodeboot
 
 import (
@@ -28,9 +31,11 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
@@ -44,8 +49,10 @@ type Options struct {
 	Images      []string // container images to import
 	MetadataURL string
 	InitAddr    string // listen address of the init server (control planes)
-	Version     string // Kubernetes version of the image
-	Log         *slog.Logger
+	// DeployWaitTimeout bounds the init's wait for the in-cluster services to be ready
+	// (DefaultDeployWaitTimeout when zero).
+	DeployWaitTimeout time.Duration
+	Log               *slog.Logger
 }
 
 // Run boots the node and brings it into its cluster, then keeps supervising the kubelet
@@ -61,6 +68,14 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log = log.With("node", self.Name)
+	nodeConfigData, err := os.ReadFile(filepath.Join(o.ImageDir, local.NodeConfigFile))
+	if err != nil {
+		return fmt.Errorf("reading the image's node configuration: %w", err)
+	}
+	nodeConfig, err := local.ParseNodeConfig(nodeConfigData)
+	if err != nil {
+		return fmt.Errorf("the image's %s: %w", local.NodeConfigFile, err)
+	}
 	containerdConfig, err := os.ReadFile(filepath.Join(o.ImageDir, "containerd.toml"))
 	if err != nil {
 		return fmt.Errorf("reading the image's containerd configuration: %w", err)
@@ -79,13 +94,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
 
-	tpm, err := vtpm.Open(ctx, "unix:"+nodeos.TPMSocket)
-	if err != nil {
-		return fmt.Errorf("opening the vTPM: %w", err)
-	}
-	by, err := bringIn(ctx, o, log, meta, self, osys, kubelet, tpm)
-	// The vTPM serves one connection at a time: the in-cluster services need it now.
-	tpm.Close()
+	by, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet)
 	if err != nil {
 		return err
 	}
@@ -94,8 +103,10 @@ func Run(ctx context.Context, o Options) error {
 	return nil
 }
 
-func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, osys *nodeos.OS, kubelet *nodeos.Supervisor, tpm *vtpm.TPM) (string, error) {
-	issuer, err := qemu.NewIssuer(tpm, nil, nil)
+func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
+	open := vtpm.OpenAddr("unix:" + nodeos.TPMSocket)
+	tpm := vtpm.PerUseTPM{Open: open}
+	issuer, err := vtpm.NewPerUseIssuer(ctx, open, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKRSA})
 	if err != nil {
 		return "", fmt.Errorf("loading the node's attestation key: %w", err)
 	}
@@ -147,9 +158,10 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	if inst.Role == metadata.ControlPlane {
 		is, err := initserver.New(initserver.Config{
 			Node: n, Metadata: meta, Issuer: issuer, Kubeadm: runner,
-			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: o.Version,
+			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
 			AdminKubeconfig: "/etc/kubernetes/admin.conf", PKIDir: "/etc/kubernetes/pki",
 			KubeletPKIDir: "/var/lib/kubelet/pki", NodeLogs: osys.Logs, Log: log,
+			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout),
 		})
 		if err != nil {
 			return "", err
@@ -162,6 +174,24 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		cfg.InitServer, cfg.InitListener = is, l
 	}
 	return bootstrapper.Run(ctx, cfg)
+}
+
+// DefaultDeployWaitTimeout bounds how long init waits for the in-cluster services: their
+// images are imported at boot, so this is pod start-up on a fresh node.
+const DefaultDeployWaitTimeout = 3 * time.Minute
+
+// deployServices deploys the join, key and verification services from the image the node
+// configuration names (measured with the node) and waits until they run: when init returns,
+// the cluster can admit workers.
+func deployServices(image, metadataURL string, wait time.Duration) initserver.DeployFunc {
+	if wait <= 0 {
+		wait = DefaultDeployWaitTimeout
+	}
+	return func(ctx context.Context, d initserver.Deployment) error {
+		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
+			Image: image, Attestation: d.Attestation, MetadataURL: metadataURL, WaitTimeout: wait,
+		}, d.Progress)
+	}
 }
 
 // stateStorage mounts the node's state overlays right after the storage is unlocked, as a

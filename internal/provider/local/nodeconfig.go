@@ -1,0 +1,82 @@
+package local
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// NodeConfigFile is the node configuration of a local node image (measured into PCR 12 with
+// the containerd configuration).
+const NodeConfigFile = "node-config.json"
+
+// NodeConfig is what a node image says about itself beyond its binaries. Because it is
+// measured, what a control plane deploys at init (the services image, by content hash) is
+// part of the node's attested identity: a node configured to deploy another join service
+// does not match the reference values.
+type NodeConfig struct {
+	// KubernetesVersion is the only version the image runs, e.g. "v1.34.4".
+	KubernetesVersion string `json:"kubernetesVersion"`
+	// Provider is "local".
+	Provider string `json:"provider"`
+	// ServicesImage is the image of the join, key and verification services a control plane
+	// deploys at init, e.g. "localhost/constellation/services:<content hash>"; every node
+	// imports it, so it is never pulled.
+	ServicesImage string `json:"servicesImage"`
+}
+
+var (
+	kubeVersionPattern = regexp.MustCompile(`\Av1\.[0-9]+\.[0-9]+\z`)
+	imageRefPattern    = regexp.MustCompile(`\A[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})\z`)
+)
+
+// Validate names every problem of c.
+func (c NodeConfig) Validate() error {
+	var problems []error
+	if !kubeVersionPattern.MatchString(c.KubernetesVersion) {
+		problems = append(problems, fmt.Errorf("kubernetesVersion %q: want v1.X.Y", c.KubernetesVersion))
+	}
+	if c.Provider != "local" {
+		problems = append(problems, fmt.Errorf("provider %q: want local", c.Provider))
+	}
+	if !imageRefPattern.MatchString(c.ServicesImage) {
+		problems = append(problems, fmt.Errorf("servicesImage %q: want registry/name:tag or registry/name@sha256:digest", c.ServicesImage))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("node configuration: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// Marshal returns the file's bytes (one line of JSON): the same config always gives the same
+// bytes, so the same measurement.
+func (c NodeConfig) Marshal() ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// ParseNodeConfig decodes node-config.json strictly (unknown fields and trailing data are
+// errors) and validates it.
+func ParseNodeConfig(data []byte) (NodeConfig, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var c NodeConfig
+	if err := dec.Decode(&c); err != nil {
+		return NodeConfig{}, fmt.Errorf("decoding %s: %w", NodeConfigFile, err)
+	}
+	if dec.More() {
+		return NodeConfig{}, fmt.Errorf("decoding %s: data after the object", NodeConfigFile)
+	}
+	if err := c.Validate(); err != nil {
+		return NodeConfig{}, err
+	}
+	return c, nil
+}

@@ -1,0 +1,55 @@
+package local_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+func TestNodeConfig(t *testing.T) {
+	good := local.NodeConfig{KubernetesVersion: "v1.34.4", Provider: "local", ServicesImage: "localhost/constellation/services:0123abcd"}
+	data, err := good.Marshal()
+	require.NoError(t, err)
+	assert.Equal(t, `{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services:0123abcd"}`+"\n", string(data))
+	back, err := local.ParseNodeConfig(data)
+	require.NoError(t, err)
+	assert.Equal(t, good, back)
+
+	for name, tc := range map[string]struct {
+		data string
+		want []string
+	}{
+		"unknown field":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","extra":1}`, []string{`unknown field "extra"`}},
+		"trailing data":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"} {}`, []string{"data after the object"}},
+		"not JSON":        {`kubernetesVersion: v1.34.4`, []string{"decoding node-config.json"}},
+		"every field bad": {`{"kubernetesVersion":"1.34","provider":"gcp","servicesImage":"services"}`, []string{`kubernetesVersion "1.34"`, `provider "gcp"`, `servicesImage "services"`}},
+		"image untagged":  {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services"}`, []string{"servicesImage"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := local.ParseNodeConfig([]byte(tc.data))
+			require.Error(t, err)
+			for _, w := range tc.want {
+				assert.ErrorContains(t, err, w)
+			}
+		})
+	}
+}
+
+func FuzzParseNodeConfig(f *testing.F) {
+	f.Add([]byte(`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services:0123abcd"}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := local.ParseNodeConfig(data)
+		if err != nil {
+			return
+		}
+		again, err := c.Marshal()
+		require.NoError(t, err, "what parses, marshals")
+		back, err := local.ParseNodeConfig(again)
+		require.NoError(t, err)
+		assert.Equal(t, c, back)
+	})
+}
