@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
@@ -122,14 +125,32 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return err
 	}
 
+	client, err := newKubeClient(adminConf)
+	if err != nil {
+		return err
+	}
 	want := map[string]bool{}
 	for _, n := range status.Nodes {
-		if n.Name != "worker-other" {
+		if !n.Unexpected {
 			want[n.Name] = true
 		}
 	}
-	if err := waitReady(ctx, out, t, adminConf, want); err != nil {
+	if err := waitReady(ctx, t, client, want); err != nil {
+		// Say why: what the join service refused of the nodes that are missing.
+		for _, n := range status.Nodes {
+			if want[n.Name] {
+				if r := joinRejections(ctx, client, n.IP); r.count > 0 {
+					fmt.Fprintf(out, "%s (%s): %s\n", n.Name, n.IP, r)
+				}
+			}
+		}
 		return err
+	}
+	// Nodes that are not expected to join (tests: another image) are reported.
+	for _, n := range status.Nodes {
+		if n.Unexpected {
+			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IP, joinRejections(ctx, client, n.IP))
+		}
 	}
 	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n  constellation verify -C %s\nRemove it with: constellation mini down -C %s\n", adminConf, workspace, workspace)
 	return nil
@@ -176,48 +197,119 @@ func callInit(ctx context.Context, out io.Writer, addr string, v attestation.Val
 }
 
 // waitReady waits until exactly the wanted nodes are Ready, printing each as it becomes so.
-func waitReady(ctx context.Context, out io.Writer, t *phaseTimer, kubeconfig string, want map[string]bool) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return err
-	}
-	cfg.Timeout = 10 * time.Second
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	ready := map[string]bool{}
+// waitReady waits until every node in want joined (its Node object exists), is Ready, and
+// runs a ready verification service: a node counts as ready when it can be verified. Each
+// step is a phase line.
+func waitReady(ctx context.Context, t *phaseTimer, client kubernetes.Interface, want map[string]bool) error {
+	joined, ready := map[string]bool{}, map[string]bool{}
+	var lastErr error
 	for {
 		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err == nil {
-			for _, n := range nodes.Items {
-				if ready[n.Name] || !isReady(n) {
-					continue
+			var verifiers *corev1.PodList
+			verifiers, err = client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService})
+			if err == nil {
+				verifiable := map[string]bool{}
+				for _, p := range verifiers.Items {
+					if podReady(p) {
+						verifiable[p.Spec.NodeName] = true
+					}
 				}
-				ready[n.Name] = true
-				t.phase("ready", n.Name)
+				for _, n := range nodes.Items {
+					if !joined[n.Name] {
+						// Workers often join while init still waits for the services: say
+						// when the node registered, not only when we saw it.
+						joined[n.Name] = true
+						t.phase("join", fmt.Sprintf("%s (Node registered at %.1fs)", n.Name, n.CreationTimestamp.Sub(t.start).Seconds()))
+					}
+					if !ready[n.Name] && isReady(n) && verifiable[n.Name] {
+						ready[n.Name] = true
+						t.phase("ready", n.Name+" (Ready, verification service up)")
+					}
+				}
 			}
 		}
-		done := true
+		lastErr = err
+		var missing []string
 		for n := range want {
-			done = done && ready[n]
+			if !ready[n] {
+				missing = append(missing, n)
+			}
 		}
-		if done {
+		if len(missing) == 0 {
 			t.phase("all ready", fmt.Sprintf("%d nodes", len(ready)))
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			var missing []string
-			for n := range want {
-				if !ready[n] {
-					missing = append(missing, n)
-				}
+			slices.Sort(missing)
+			err := fmt.Errorf("nodes not ready (Ready with a running verification service): %s: %w", strings.Join(missing, ", "), ctx.Err())
+			if lastErr != nil {
+				err = fmt.Errorf("%w (last API error: %v)", err, lastErr)
 			}
-			return fmt.Errorf("nodes not Ready: %s: %w", strings.Join(missing, ", "), ctx.Err())
+			return err
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+func newKubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 10 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
+
+// rejections summarizes the join service's refusals of one peer address.
+type rejections struct {
+	count        int
+	reason, last string
+}
+
+func (r rejections) String() string {
+	if r.count == 0 {
+		return "the join service has no record of it (it did not reach the join service, or is still booting)"
+	}
+	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, r.reason, r.last)
+}
+
+// joinRejections reads the join services' logs (one JSON line per decision, see
+// docs/joinservice.md) for the admissions they rejected from ip.
+func joinRejections(ctx context.Context, client kubernetes.Interface, ip string) rejections {
+	var r rejections
+	pods, err := client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.JoinService})
+	if err != nil {
+		return r
+	}
+	tail := int64(2000)
+	for _, p := range pods.Items {
+		data, err := client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			var rec struct {
+				Msg, Peer, Reason, Error string
+			}
+			if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "admission rejected" || rec.Peer != ip {
+				continue
+			}
+			r.count++
+			r.reason, r.last = rec.Reason, rec.Error
+		}
+	}
+	return r
+}
+
+func podReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func isReady(n corev1.Node) bool {

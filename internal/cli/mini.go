@@ -114,6 +114,10 @@ const miniDir = "mini"
 // generatedConfigMarker in miniDir records that mini up wrote the workspace's configuration.
 const generatedConfigMarker = "generated-config"
 
+// akCAFile in miniDir is the certificate of the provider's AK CA: the root of the local
+// nodes' AK certificates, which init and verify check.
+const akCAFile = "ak-ca.pem"
+
 func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions) (retErr error) {
 	if o.controlPlanes < 1 || o.workers < 0 || o.controlPlanes+o.workers > 50 {
 		return fmt.Errorf("--control-planes must be at least 1 and --workers at least 0, at most 50 nodes in all (got %d and %d)", o.controlPlanes, o.workers)
@@ -183,7 +187,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	if err != nil {
 		return err
 	}
-	caPath, caKeyPath := filepath.Join(dir, "ak-ca.pem"), filepath.Join(dir, "ak-ca-key.pem")
+	caPath, caKeyPath := filepath.Join(dir, akCAFile), filepath.Join(dir, "ak-ca-key.pem")
 	if err := os.WriteFile(caPath, caCert, 0o644); err != nil {
 		return err
 	}
@@ -211,7 +215,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin, nodeConfig); err != nil {
 			return err
 		}
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: "worker-other", Role: "worker", ImageDir: other})
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: "worker-other", Role: "worker", ImageDir: other, Unexpected: true})
 	}
 	if err := startProvider(ctx, dir, exe, spec); err != nil {
 		return err

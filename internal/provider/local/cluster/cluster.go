@@ -48,6 +48,10 @@ type NodeSpec struct {
 	// ImageDir is the node image it boots (bootstrapper, kubelet, kubeadm, containerd.toml,
 	// node-config.json).
 	ImageDir string `json:"imageDir"`
+	// Unexpected marks a node that is not expected to be admitted (tests: a node booting an
+	// image that differs from the reference values); the CLI reports it instead of
+	// waiting for it.
+	Unexpected bool `json:"unexpected,omitempty"`
 }
 
 // Spec is a cluster to create.

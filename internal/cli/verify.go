@@ -1,0 +1,231 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/internal/verify"
+)
+
+// verifyOptions are the flags of verify.
+type verifyOptions struct {
+	nodes    []string
+	endpoint string
+	output   string
+	timeout  time.Duration
+}
+
+func newVerifyCmd() *cobra.Command {
+	var o verifyOptions
+	cmd := &cobra.Command{
+		Use:   "verify",
+		Short: "Verify the cluster's nodes by remote attestation",
+		Long: `Ask each node's verification service for evidence bound to a fresh random nonce, and
+check it against the workspace's configuration: the signature of the node's attestation key
+(certified by the platform's AK CA), the reference values of constellation-conf.yaml, and
+PCR 15, which must carry the marker of the cluster ID recorded in constellation-state.yaml.
+Nothing the cluster says is trusted: the nonce, the reference values and the cluster ID are
+the workspace's own.
+
+By default every node of constellation-state.yaml is verified; --node picks some, --endpoint
+verifies one verification service by address. Exits non-zero unless every node verified.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, _ := cmd.Flags().GetString("workspace")
+			if o.output != "text" && o.output != "json" {
+				return fmt.Errorf("--output %q: want text or json", o.output)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+			defer cancel()
+			return runVerify(ctx, cmd.OutOrStdout(), ws, o)
+		},
+	}
+	cmd.Flags().StringSliceVar(&o.nodes, "node", nil, "verify only these nodes (names from constellation-state.yaml; repeatable)")
+	cmd.Flags().StringVar(&o.endpoint, "endpoint", "", "verify the verification service at host:port instead of the state's nodes")
+	cmd.Flags().StringVarP(&o.output, "output", "o", "text", "output format: text or json")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long")
+	return cmd
+}
+
+// verifyTarget is one verification service to ask.
+type verifyTarget struct {
+	Node     string `json:"node,omitempty"`
+	Endpoint string `json:"endpoint"`
+}
+
+// verifyReport is the outcome for one target (the -o json array's element).
+type verifyReport struct {
+	verifyTarget
+	Verified bool           `json:"verified"`
+	Error    string         `json:"error,omitempty"`
+	Result   *verify.Result `json:"result,omitempty"`
+}
+
+func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOptions) error {
+	conf, err := config.Load(filepath.Join(workspace, config.FileName))
+	if err != nil {
+		return err
+	}
+	st, err := state.Load(filepath.Join(workspace, state.FileName))
+	if err != nil {
+		return err
+	}
+	if st.Phase != state.Initialized {
+		return fmt.Errorf("%s: the cluster is %s, not initialized: nothing carries a cluster ID yet (run 'constellation apply')", state.FileName, st.Phase)
+	}
+	targets, err := verifyTargets(st, o)
+	if err != nil {
+		return err
+	}
+	verifier, err := newVerifier(workspace, conf, st)
+	if err != nil {
+		return err
+	}
+
+	reports := make([]verifyReport, 0, len(targets))
+	failed := 0
+	for _, target := range targets {
+		r := verifyReport{verifyTarget: target}
+		res, err := verifier.Verify(ctx, target.Endpoint)
+		r.Result = res
+		if err != nil {
+			r.Error = err.Error()
+			failed++
+		} else {
+			r.Verified = true
+		}
+		reports = append(reports, r)
+		if o.output == "text" {
+			printVerifyReport(out, r)
+		}
+	}
+	if o.output == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(reports); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d nodes failed verification", failed, len(targets))
+	}
+	if o.output == "text" {
+		fmt.Fprintf(out, "%d of %d nodes verified: cluster %s (%x)\n", len(targets), len(targets), st.Name, []byte(st.ClusterID))
+	}
+	return nil
+}
+
+// verifyTargets are the verification services to ask: --endpoint, or the state's nodes
+// (those --node names).
+func verifyTargets(st *state.State, o verifyOptions) ([]verifyTarget, error) {
+	if o.endpoint != "" {
+		if len(o.nodes) > 0 {
+			return nil, errors.New("--endpoint and --node exclude each other")
+		}
+		if _, _, err := net.SplitHostPort(o.endpoint); err != nil {
+			return nil, fmt.Errorf("--endpoint %q: %w", o.endpoint, err)
+		}
+		return []verifyTarget{{Endpoint: o.endpoint}}, nil
+	}
+	var targets []verifyTarget
+	known := make([]string, 0, len(st.Nodes))
+	for _, n := range st.Nodes {
+		known = append(known, n.Name)
+		if len(o.nodes) > 0 && !slices.Contains(o.nodes, n.Name) {
+			continue
+		}
+		if len(n.IPs) == 0 {
+			return nil, fmt.Errorf("%s: node %s has no address", state.FileName, n.Name)
+		}
+		targets = append(targets, verifyTarget{Node: n.Name, Endpoint: net.JoinHostPort(n.IPs[0].String(), fmt.Sprint(deploy.VerificationGRPCPort))})
+	}
+	for _, name := range o.nodes {
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("--node %s: no such node in %s (nodes: %s)", name, state.FileName, strings.Join(known, ", "))
+		}
+	}
+	if len(targets) == 0 {
+		return nil, fmt.Errorf("%s lists no nodes", state.FileName)
+	}
+	return targets, nil
+}
+
+// newVerifier builds the verifier from the workspace: reference values and AK roots of the
+// configuration (plus, for a local cluster, the provider's AK CA), the state's cluster ID,
+// and the way to reach the nodes.
+func newVerifier(workspace string, conf *config.Config, st *state.State) (*verify.Verifier, error) {
+	if conf.Attestation.QEMUVTPM == nil {
+		return nil, fmt.Errorf("%s: attestation.qemuVTPM: no reference values for the local provider's nodes", config.FileName)
+	}
+	roots := []byte(conf.Attestation.QEMUVTPM.AKRoots)
+	var dialOpts []grpc.DialOption
+	if st.Provider == state.ProviderLocal {
+		ca, err := os.ReadFile(filepath.Join(workspace, miniDir, akCAFile))
+		if err != nil {
+			return nil, fmt.Errorf("the local provider's AK CA: %w", err)
+		}
+		roots = append(append([]byte{}, ca...), roots...)
+		// The nodes' addresses live in the cluster's private network: dial from its bridge
+		// namespace, as the CLI does for init.
+		status, err := cluster.ReadStatus(filepath.Join(workspace, miniDir))
+		if err != nil {
+			return nil, fmt.Errorf("the local cluster is not running: %w", err)
+		}
+		bridge := sandbox.NSPath(sandbox.Network{ID: status.NetworkID}.BridgeNS())
+		dialOpts = append(dialOpts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return sandbox.DialContext(ctx, bridge, "tcp", addr)
+		}))
+	}
+	pool, err := clusterrecord.ParseAKRoots(roots)
+	if err != nil {
+		return nil, fmt.Errorf("AK roots: %w", err)
+	}
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: conf.Attestation.QEMUVTPM.Measurements, AKRoots: pool})
+	if err != nil {
+		return nil, err
+	}
+	return &verify.Verifier{Validator: validator, ClusterID: st.ClusterID, DialOptions: dialOpts}, nil
+}
+
+func printVerifyReport(out io.Writer, r verifyReport) {
+	name := r.Node
+	if name == "" {
+		name = r.Endpoint
+	}
+	if !r.Verified {
+		fmt.Fprintf(out, "FAIL  %s (%s): %s\n", name, r.Endpoint, r.Error)
+		return
+	}
+	res := r.Result
+	signer := "AK not certified"
+	if res.Signer.Certified {
+		signer = "AK certified"
+		if res.Signer.Name != "" {
+			signer += " for " + res.Signer.Name
+		}
+	}
+	fmt.Fprintf(out, "OK    %s (%s): %s evidence, reference set %q, %s, %s carries cluster %s\n",
+		name, r.Endpoint, res.Variant, res.ReferenceSet, signer, res.ClusterID.Register, res.ClusterID.ClusterID)
+	for _, w := range res.Warnings {
+		fmt.Fprintf(out, "      warning: %s\n", w)
+	}
+}
