@@ -21,6 +21,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
 )
@@ -51,15 +52,23 @@ func kubectl(t *testing.T, kubeconfig string, args ...string) string {
 	return string(out)
 }
 
-// TestMiniUp creates a local cluster, checks it, and removes it without leftovers.
+// TestMiniUp creates a local cluster of one control plane, two workers and one node booting a
+// different bootstrapper, checks it end to end, and removes it without leftovers.
 func TestMiniUp(t *testing.T) {
-	bin, _ := buildBinaries(t)
+	bin, bootstrapper := buildBinaries(t)
 	ws := t.TempDir()
 	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
 	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
 		kubeBin = dir
 	}
 	images := filepath.Join(repoOutput(t), "images")
+	// The other node's bootstrapper differs from the image's by a few bytes: it still runs,
+	// but it measures differently (PCR 11).
+	other := filepath.Join(t.TempDir(), "bootstrapper")
+	data, err := os.ReadFile(bootstrapper)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(other, append(data, []byte("another build")...), 0o755))
+
 	down := func() []byte {
 		out, err := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
 		assert.NoError(t, err, "%s", out)
@@ -74,7 +83,8 @@ func TestMiniUp(t *testing.T) {
 	})
 
 	start := time.Now()
-	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "0", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
+	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--extra-worker-bootstrapper", other,
+		"--kube-bin", kubeBin, "--images", images).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	t.Logf("mini up took %s:\n%s", time.Since(start), phases(out))
 	status, err := cluster.ReadStatus(filepath.Join(ws, "mini"))
@@ -82,6 +92,7 @@ func TestMiniUp(t *testing.T) {
 	id = status.NetworkID
 	assert.Contains(t, string(out), "over attested TLS")
 	assert.Contains(t, string(out), "kubeadm init done")
+	assert.Contains(t, string(out), "join, key and verification services ready")
 
 	// The workspace has the cluster's files: configuration (generated, with the image's
 	// reference values), state with the cluster ID, master secret, admin kubeconfig.
@@ -95,16 +106,59 @@ func TestMiniUp(t *testing.T) {
 	_, err = kms.ReadMasterSecretFile(filepath.Join(ws, "constellation-mastersecret.json"))
 	require.NoError(t, err)
 
+	// The admitted nodes are exactly the three of the image; all Ready.
 	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
-	nodes := kubectl(t, kubeconfig, "get", "nodes", "-o", "json")
-	var list struct {
-		Items []struct {
-			Metadata struct{ Name string }
+	admitted := []string{"control-plane-0", "worker-0", "worker-1"}
+	assert.ElementsMatch(t, admitted, readyNodes(t, kubeconfig))
+
+	// The node with the other bootstrapper was rejected by the join service (PCR 11 does
+	// not match), got no key (its storage was never unlocked), and mini up reported it.
+	assert.Regexp(t, `not admitted  worker-other \(10\.42\.0\.13\): the join service rejected it \d+ time\(s\), last: measurement-mismatch: .*PCR 11`, string(out))
+	joinLog := kubectl(t, kubeconfig, "-n", "kube-system", "logs", "-l", "app.kubernetes.io/name=constellation-join-service", "--tail=-1")
+	assert.Regexp(t, `"msg":"admission rejected".*"peer":"10\.42\.0\.13".*"reason":"measurement-mismatch"`, joinLog)
+	assert.NotRegexp(t, `"msg":"admission accepted".*"peer":"10\.42\.0\.13"`, joinLog, "no ticket (and so no key) for the other node")
+	assert.Regexp(t, `"msg":"admission accepted".*"node":"worker-0"`, joinLog)
+	otherState := filepath.Join(ws, "mini", "nodes", "worker-other", "state")
+	_, err = os.Stat(filepath.Join(otherState, "initialized"))
+	assert.True(t, os.IsNotExist(err), "the other node's storage was never unlocked with a released key")
+	assert.Equal(t, 0, regularFiles(t, filepath.Join(otherState, "cipher")), "nothing but gocryptfs' own header was written into the other node's storage")
+
+	// Pods on different workers reach each other: a server on worker-0 from a locally
+	// built image, a client on worker-1, by pod address and through a Service by DNS name.
+	helloPodsTalk(t, kubeconfig, images)
+
+	// constellation verify: fresh evidence of every admitted node matches the reference
+	// values and carries this cluster's ID; the other node cannot be verified.
+	out, err = exec.Command(bin, "verify", "-C", ws, "-o", "json", "--node", strings.Join(admitted, ",")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var reports []struct {
+		Node     string
+		Verified bool
+		Result   struct {
+			ReferenceSet string
+			Signer       struct {
+				Certified bool
+				Name      string
+			}
+			ClusterID struct {
+				ClusterID string
+				Match     bool
+			}
 		}
 	}
-	require.NoError(t, json.Unmarshal([]byte(nodes), &list))
-	require.Len(t, list.Items, 1)
-	assert.Equal(t, "control-plane-0", list.Items[0].Metadata.Name)
+	require.NoError(t, json.Unmarshal(out, &reports), "%s", out)
+	require.Len(t, reports, 3)
+	for _, r := range reports {
+		assert.True(t, r.Verified, r.Node)
+		assert.True(t, r.Result.Signer.Certified, r.Node)
+		assert.Equal(t, r.Node, r.Result.Signer.Name, "the AK is certified for the node it answers for")
+		assert.True(t, r.Result.ClusterID.Match, r.Node)
+		assert.Equal(t, fmt.Sprintf("%x", []byte(st.ClusterID)), r.Result.ClusterID.ClusterID)
+		assert.Equal(t, conf.Attestation.QEMUVTPM.Measurements[0].Name, r.Result.ReferenceSet)
+	}
+	out, err = exec.Command(bin, "verify", "-C", ws, "--node", "worker-other").CombinedOutput()
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, string(out), "FAIL  worker-other")
 
 	// The pod network and kube-proxy work: CoreDNS reaches the API server through its
 	// service address and becomes ready.
@@ -115,9 +169,11 @@ func TestMiniUp(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, string(out), "already up")
 
-	// The node's state reaches the disk only encrypted: no key, certificate or etcd file
-	// in plaintext below the node's backing folder (logs excepted: they are the console).
-	assertEncrypted(t, filepath.Join(ws, "mini", "nodes", "control-plane-0", "state"))
+	// The nodes' state reaches the disk only encrypted: no key, certificate or etcd file
+	// in plaintext below the nodes' backing folders (logs excepted: they are the console).
+	for _, n := range admitted {
+		assertEncrypted(t, filepath.Join(ws, "mini", "nodes", n, "state"))
+	}
 
 	down()
 	_, err = os.Stat(filepath.Join(ws, "mini"))
@@ -126,6 +182,106 @@ func TestMiniUp(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, left, "mini down removes the files of the cluster, and the configuration it generated")
 	assertNoLeftovers(t, ws, id)
+}
+
+// readyNodes lists the cluster's nodes whose Ready condition is true.
+func readyNodes(t *testing.T, kubeconfig string) []string {
+	t.Helper()
+	var list struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Status   struct {
+				Conditions []struct{ Type, Status string }
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(kubectl(t, kubeconfig, "get", "nodes", "-o", "json")), &list))
+	var ready []string
+	for _, n := range list.Items {
+		for _, c := range n.Status.Conditions {
+			if c.Type == "Ready" && c.Status == "True" {
+				ready = append(ready, n.Metadata.Name)
+			}
+		}
+	}
+	return ready
+}
+
+// helloPodsTalk runs the hello server on worker-0 and its client on worker-1.
+func helloPodsTalk(t *testing.T, kubeconfig, images string) {
+	t.Helper()
+	index, err := nodeimage.ReadIndex(images)
+	require.NoError(t, err)
+	hello, err := index.Find(nodeimage.HelloRepo)
+	require.NoError(t, err)
+	server := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: hello-server, namespace: default, labels: {app: hello}}
+spec:
+  nodeName: worker-0
+  containers:
+  - name: hello
+    image: %s
+    imagePullPolicy: Never
+    env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
+    ports: [{containerPort: 8080}]
+    readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello, namespace: default}
+spec:
+  selector: {app: hello}
+  ports: [{port: 8080, targetPort: 8080}]
+`, hello.Ref)
+	applyManifest(t, kubeconfig, server)
+	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+	podIP := strings.TrimSpace(kubectl(t, kubeconfig, "get", "pod", "hello-server", "-o", "jsonpath={.status.podIP}"))
+	require.Regexp(t, `^10\.244\.`, podIP, "the server has an address of worker-0's pod range")
+
+	client := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: hello-client, namespace: default}
+spec:
+  nodeName: worker-1
+  restartPolicy: Never
+  containers:
+  - name: hello
+    image: %s
+    imagePullPolicy: Never
+    args: [get, "http://%s:8080/", "http://hello.default.svc.cluster.local:8080/"]
+`, hello.Ref, podIP)
+	applyManifest(t, kubeconfig, client)
+	kubectl(t, kubeconfig, "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/hello-client", "--timeout=120s")
+	logs := kubectl(t, kubeconfig, "logs", "hello-client")
+	assert.Contains(t, logs, fmt.Sprintf("http://%s:8080/: hello from hello-server", podIP))
+	assert.Contains(t, logs, "http://hello.default.svc.cluster.local:8080/: hello from hello-server")
+}
+
+func applyManifest(t *testing.T, kubeconfig, manifest string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(repoOutput(t), "kube", "bin", "kubectl"), "--kubeconfig", kubeconfig, "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(manifest)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "kubectl apply: %s", out)
+}
+
+// regularFiles counts the files below dir other than gocryptfs' header.
+func regularFiles(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		// gocryptfs.conf and gocryptfs.diriv: the fresh storage's header (random key).
+		if d.Type().IsRegular() && d.Name() != "gocryptfs.conf" && d.Name() != "gocryptfs.diriv" {
+			n++
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return n
 }
 
 func assertEncrypted(t *testing.T, stateDir string) {
@@ -163,6 +319,10 @@ func assertNoLeftovers(t *testing.T, ws, id string) {
 	netns, _ := os.ReadDir("/run/netns")
 	for _, e := range netns {
 		assert.NotContains(t, e.Name(), "cmini-"+id, "network namespace")
+	}
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, l := range links {
+		assert.NotContains(t, l.Name(), id, "network interface")
 	}
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
 	require.NoError(t, err)

@@ -1,16 +1,34 @@
-// Command hello is the workload of the end-to-end tests (image localhost/constellation/hello):
-// an HTTP server on :8080 (or $PORT) that answers every request with its pod name ($POD_NAME,
-// else the hostname), so a test can tell which replica answered through a Service.
+// Command hello is the workload of the end-to-end tests (image localhost/constellation/hello).
+//
+// Without arguments it is an HTTP server on :8080 (or $PORT) that answers every request with
+// its pod name ($POD_NAME, else the hostname), so a test can tell which replica answered.
+//
+// "hello get URL..." is the client: it fetches each URL, retrying for up to a minute (the
+// server, its Service or DNS may still be coming up), prints each answer, and exits non-zero
+// if any URL never answered 200.
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"os"
+	"time"
 )
 
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == "get" {
+		if err := get(os.Args[2:]); err != nil {
+			log.Fatalf("hello get: %v", err)
+		}
+		return
+	}
+	serve()
+}
+
+func serve() {
 	name := os.Getenv("POD_NAME")
 	if name == "" {
 		host, err := os.Hostname()
@@ -28,4 +46,46 @@ func main() {
 	})
 	log.Printf("hello: %s listening on :%s", name, port)
 	log.Fatal(http.ListenAndServe(":"+port, nil))
+}
+
+func get(urls []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, url := range urls {
+		for attempt := 1; ; attempt++ {
+			body, err := fetch(ctx, client, url)
+			if err == nil {
+				fmt.Printf("%s: %s", url, body)
+				break
+			}
+			log.Printf("%s: attempt %d: %v", url, attempt, err)
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s: no answer: %w", url, err)
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	return nil
+}
+
+func fetch(ctx context.Context, client *http.Client, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s", resp.Status)
+	}
+	return body, nil
 }
