@@ -46,11 +46,11 @@ proto: deps ## regenerate the protobuf/gRPC code under api/
 proto-check: deps ## fail if the committed generated code is stale
 	@./hack/check-proto.sh
 
-bench: deps kube ## run the benchmarks and print a table (see docs/benchmarks.md)
+bench: deps kube images ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
-up: build images ## create a local confidential cluster (see README; today: one control plane, workers join with the in-cluster join service next)
-	$(BIN)/constellation mini up --workspace $(CURDIR)/_output --workers 0
+up: build images ## create a local confidential cluster: one control plane, two workers (see README)
+	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
 
 down: ## remove what `make up` created
 	@if [ -x $(BIN)/constellation ]; then $(BIN)/constellation mini down --workspace $(CURDIR)/_output; else rm -rf $(CURDIR)/_output/mini; fi

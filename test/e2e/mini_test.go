@@ -27,7 +27,7 @@ import (
 )
 
 // repoOutput is the repository's _output folder (Kubernetes binaries and images).
-func repoOutput(t *testing.T) string {
+func repoOutput(t testing.TB) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "_output")
@@ -35,7 +35,7 @@ func repoOutput(t *testing.T) string {
 
 // buildBinaries builds constellation and the bootstrapper side by side, as `make build`
 // lays them out.
-func buildBinaries(t *testing.T) (bin, bootstrapper string) {
+func buildBinaries(t testing.TB) (bin, bootstrapper string) {
 	t.Helper()
 	dir := t.TempDir()
 	out, err := exec.Command("go", "build", "-o", dir+"/",
