@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,7 +29,6 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/state"
@@ -44,7 +42,21 @@ const (
 
 // initAndWait initializes the cluster on its first control plane over attested TLS and waits
 // until every node that should be admitted is Ready.
-func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, status cluster.Status, akRootsPEM []byte, initSecret []byte) error {
+func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State) error {
+	dir := filepath.Join(workspace, miniDir)
+	status, err := cluster.ReadStatus(dir)
+	if err != nil {
+		return fmt.Errorf("the local cluster is not running (state %s, phase %s): %w", state.FileName, st.Phase, err)
+	}
+	initSecret, err := os.ReadFile(filepath.Join(dir, initSecretFile))
+	if err != nil {
+		return fmt.Errorf("the init secret of the local cluster: %w", err)
+	}
+	caCert, err := os.ReadFile(filepath.Join(dir, akCAFile))
+	if err != nil {
+		return fmt.Errorf("the local provider's AK CA: %w", err)
+	}
+	akRootsPEM := append(caCert, conf.Attestation.QEMUVTPM.AKRoots...)
 	// The nodes are admitted by the configured reference values, and their AKs must chain to
 	// the provider's CA (and any the configuration adds).
 	attest := clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: conf.Attestation.QEMUVTPM.Measurements, AKRootsPEM: akRootsPEM}
@@ -109,18 +121,8 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return err
 	}
 
-	st := &state.State{
-		Version: state.Version1, Name: req.ClusterName, Provider: state.ProviderLocal, Phase: state.Initialized,
-		CreatedAt: t.start, InitializedAt: time.Now(), InitEndpoint: net.JoinHostPort(first.IP, fmt.Sprint(cluster.InitPort)),
-		APIServerEndpoint: status.APIServer, ClusterID: success.ClusterId, MeasurementSalt: salt,
-	}
-	for _, n := range status.Nodes {
-		ip, err := netip.ParseAddr(n.IP)
-		if err != nil {
-			return fmt.Errorf("provider status: node %s: %w", n.Name, err)
-		}
-		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: metadata.Role(n.Role), IPs: []netip.Addr{ip}})
-	}
+	st.Phase, st.InitializedAt = state.Initialized, time.Now().UTC()
+	st.ClusterID, st.MeasurementSalt = success.ClusterId, salt
 	if err := state.Write(filepath.Join(workspace, state.FileName), st); err != nil {
 		return err
 	}

@@ -36,7 +36,12 @@ type generateLocalOptions struct {
 	controlPlanes int
 	workers       int
 	force         bool
+	// kubeBin and imagesDir build the default node image when image is empty.
+	kubeBin, imagesDir string
 }
+
+// defaultImageDir is where `config generate local` lays out the default node image.
+const defaultImageDir = "node-image"
 
 func newConfigGenerateLocalCmd() *cobra.Command {
 	var o generateLocalOptions
@@ -48,7 +53,10 @@ func newConfigGenerateLocalCmd() *cobra.Command {
 The reference values (attestation.qemuVTPM.measurements) are computed offline from the node
 image directory given by --image: each file is measured into its PCR as the provider does at
 boot (docs/attestation.md), so the configuration admits exactly the nodes that boot this
-image. An existing configuration is kept unless --force is given.`,
+image. Without --image, the default image is laid out in <workspace>/` + defaultImageDir + ` from
+the bootstrapper installed next to this binary, the Kubernetes binaries (--kube-bin) and the
+services image named in the container image index (--images). An existing configuration is
+kept unless --force is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := cmd.Flags().GetString("workspace")
@@ -59,11 +67,14 @@ image. An existing configuration is kept unless --force is given.`,
 		},
 	}
 	cmd.Flags().StringVar(&o.name, "name", "constellation", "cluster name (a DNS label)")
-	cmd.Flags().StringVar(&o.image, "image", "", "node image directory ("+strings.Join(local.ImageFiles(), ", ")+")")
+	cmd.Flags().StringVar(&o.image, "image", "", "node image directory ("+strings.Join(local.ImageFiles(), ", ")+"); default: lay out the default image")
+	exe, _ := os.Executable()
+	out := filepath.Dir(filepath.Dir(exe))
+	cmd.Flags().StringVar(&o.kubeBin, "kube-bin", filepath.Join(out, "kube", "bin"), "directory of the Kubernetes binaries (make kube), for the default image")
+	addImagesFlag(cmd, &o.imagesDir)
 	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane nodes")
 	cmd.Flags().IntVar(&o.workers, "workers", 1, "number of worker nodes")
 	cmd.Flags().BoolVar(&o.force, "force", false, "replace an existing configuration")
-	_ = cmd.MarkFlagRequired("image")
 	return cmd
 }
 
@@ -73,6 +84,13 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 		if _, err := os.Lstat(path); err == nil {
 			return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, os.ErrExist)
 		}
+	}
+	if o.image == "" {
+		o.image = filepath.Join(workspace, defaultImageDir)
+		if err := layOutDefaultImage(o.image, o.kubeBin, o.imagesDir); err != nil {
+			return fmt.Errorf("laying out the default node image: %w", err)
+		}
+		fmt.Fprintf(out, "Laid out the default node image in %s.\n", o.image)
 	}
 	imageDir, err := filepath.Abs(o.image)
 	if err != nil {

@@ -106,7 +106,7 @@ func TestConfigGenerateLocalErrors(t *testing.T) {
 		args    []string
 		wantErr []string
 	}{
-		"no image flag":   {args: nil, wantErr: []string{`"image" not set`}},
+		"no image, no container images": {args: []string{"--images", filepath.Join(ws, "no-images")}, wantErr: []string{"laying out the default node image", "run 'make images' first"}},
 		"image missing":   {args: []string{"--image", filepath.Join(ws, "nope")}, wantErr: []string{"node image directory", "no such file"}},
 		"image is a file": {args: []string{"--image", filepath.Join(image, "kubelet")}, wantErr: []string{"is not a directory"}},
 		"no control planes": {

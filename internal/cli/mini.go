@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,14 +16,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/crypto/bcrypt"
 
-	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
-	"github.com/openconstellation/constellation/internal/state"
 )
 
 func newMiniCmd() *cobra.Command {
@@ -143,20 +139,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	// The node image: what the provider boots and measures, and what the reference values
 	// are computed from, offline, before any node exists.
 	imageDir := filepath.Join(dir, "image")
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	index, err := nodeimage.ReadIndex(o.imagesDir)
-	if err != nil {
-		return fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
-	}
-	services, err := index.Find(nodeimage.ServicesRepo)
-	if err != nil {
-		return fmt.Errorf("the node's container images (run 'make images' first): %w", err)
-	}
-	nodeConfig := local.NodeConfig{KubernetesVersion: config.DefaultKubernetesVersion, Provider: "local", ServicesImage: services.Ref}
-	if err := buildNodeImage(imageDir, filepath.Join(filepath.Dir(exe), "bootstrapper"), o.kubeBin, nodeConfig); err != nil {
+	if err := layOutDefaultImage(imageDir, o.kubeBin, o.imagesDir); err != nil {
 		return err
 	}
 	// The configuration: the user's if the workspace has one, else generated from the image
@@ -169,65 +152,30 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 		if err := os.WriteFile(filepath.Join(dir, generatedConfigMarker), nil, 0o644); err != nil {
 			return err
 		}
+	} else {
+		fmt.Fprintf(out, "using the workspace's %s (its node counts and image; --control-planes and --workers apply to a generated one)\n", config.FileName)
 	}
-	conf, err := config.Load(confPath)
-	if err != nil {
-		return err
-	}
-	if conf.Attestation.QEMUVTPM == nil {
-		return fmt.Errorf("%s: attestation.qemuVTPM: the local provider needs reference values for qemu-vtpm", confPath)
-	}
-	images := index.Files(o.imagesDir)
+	return apply(ctx, out, t, workspace, createOptions{imagesDir: o.imagesDir, extraWorkerBootstrapper: o.extraWorkerBootstrapper, kubeBin: o.kubeBin})
+}
 
-	ca, err := akca.New("constellation mini AK CA", time.Now(), 365*24*time.Hour)
+// layOutDefaultImage lays out the default node image in dir: the bootstrapper next to this
+// binary, the Kubernetes node binaries of kubeBin, and a node configuration naming the
+// services image of the container image index in imagesDir.
+func layOutDefaultImage(dir, kubeBin, imagesDir string) error {
+	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	caCert, caKey, err := ca.PEM()
+	index, err := nodeimage.ReadIndex(imagesDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
 	}
-	caPath, caKeyPath := filepath.Join(dir, akCAFile), filepath.Join(dir, "ak-ca-key.pem")
-	if err := os.WriteFile(caPath, caCert, 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(caKeyPath, caKey, 0o600); err != nil {
-		return err
-	}
-	initSecret := make([]byte, 32)
-	if _, err := rand.Read(initSecret); err != nil {
-		return err
-	}
-	hash, err := bcrypt.GenerateFromPassword(initSecret, bcrypt.DefaultCost)
+	services, err := index.Find(nodeimage.ServicesRepo)
 	if err != nil {
-		return err
+		return fmt.Errorf("the node's container images (run 'make images' first): %w", err)
 	}
-
-	spec := cluster.Spec{Dir: dir, Images: images, InitSecretHash: string(hash), AKCACert: caPath, AKCAKey: caKeyPath}
-	for i := 0; i < o.controlPlanes; i++ {
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: "control-plane", ImageDir: imageDir})
-	}
-	for i := 0; i < o.workers; i++ {
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: fmt.Sprintf("worker-%d", i), Role: "worker", ImageDir: imageDir})
-	}
-	if o.extraWorkerBootstrapper != "" {
-		other := filepath.Join(dir, "image-other")
-		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin, nodeConfig); err != nil {
-			return err
-		}
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: "worker-other", Role: "worker", ImageDir: other, Unexpected: true})
-	}
-	if err := startProvider(ctx, dir, exe, spec); err != nil {
-		return err
-	}
-	status, err := cluster.ReadStatus(dir)
-	if err != nil {
-		return err
-	}
-	t.phase("create", fmt.Sprintf("%d nodes booting (provider pid %d)", len(spec.Nodes), status.PID))
-
-	akRoots := append(append([]byte{}, caCert...), conf.Attestation.QEMUVTPM.AKRoots...)
-	return initAndWait(ctx, out, t, workspace, conf, status, akRoots, initSecret)
+	nodeConfig := local.NodeConfig{KubernetesVersion: config.DefaultKubernetesVersion, Provider: "local", ServicesImage: services.Ref}
+	return buildNodeImage(dir, filepath.Join(filepath.Dir(exe), "bootstrapper"), kubeBin, nodeConfig)
 }
 
 // buildNodeImage lays out a node image directory: the bootstrapper, the Kubernetes node
@@ -310,46 +258,11 @@ func startProvider(ctx context.Context, dir, exe string, spec cluster.Spec) erro
 }
 
 func miniDown(ctx context.Context, out io.Writer, workspace string) error {
-	dir := filepath.Join(workspace, miniDir)
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		fmt.Fprintln(out, "no local cluster in", workspace)
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	var nodes []string
-	if status, err := cluster.ReadStatus(dir); err == nil {
-		for _, n := range status.Nodes {
-			nodes = append(nodes, n.Name)
-		}
-		// The provider removes its cluster when asked to stop; only then anything left over
-		// is removed directly.
-		if p, err := os.FindProcess(status.PID); err == nil && isProvider(status.PID, dir) {
-			_ = p.Signal(syscall.SIGTERM)
-			for isProvider(status.PID, dir) && ctx.Err() == nil {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	}
-	if err := cluster.Remove(ctx, dir, nodes); err != nil {
-		return fmt.Errorf("removing the cluster: %w", err)
-	}
-	// The cluster's files go with it: its state and keys protect nothing any more. A
-	// configuration mini up generated goes too; one the user wrote stays.
-	files := []string{AdminConfFile, MasterSecretFile, state.FileName}
-	if _, err := os.Stat(filepath.Join(dir, generatedConfigMarker)); err == nil {
-		files = append(files, config.FileName)
-	}
-	if err := os.RemoveAll(dir); err != nil {
+	workspace, err := filepath.Abs(workspace)
+	if err != nil {
 		return err
 	}
-	for _, f := range files {
-		if err := os.Remove(filepath.Join(workspace, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-	}
-	fmt.Fprintln(out, "removed", dir)
-	return nil
+	return terminate(ctx, out, workspace, true)
 }
 
 // isProvider reports whether pid is the provider process of dir (not a reused PID).

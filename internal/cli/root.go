@@ -12,6 +12,6 @@ func NewRootCmd() *cobra.Command {
 		SilenceErrors: false,
 	}
 	root.PersistentFlags().StringP("workspace", "C", ".", "workspace directory holding the cluster's files")
-	root.AddCommand(newMiniCmd(), newConfigCmd(), newVerifyCmd(), newVersionCmd())
+	root.AddCommand(newConfigCmd(), newCreateCmd(), newApplyCmd(), newVerifyCmd(), newTerminateCmd(), newMiniCmd(), newVersionCmd())
 	return root
 }

@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/state"
+)
+
+// TestCreateApplyTerminate walks the CLI's step-by-step flow on one control plane: generate
+// the configuration (default node image), create the nodes, apply (init), apply again
+// (nothing to do), verify, terminate.
+func TestCreateApplyTerminate(t *testing.T) {
+	bin, _ := buildBinaries(t)
+	ws := t.TempDir()
+	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
+	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
+		kubeBin = dir
+	}
+	images := filepath.Join(repoOutput(t), "images")
+	cli := func(args ...string) (string, error) {
+		out, err := exec.Command(bin, append([]string{"-C", ws}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	var id string
+	t.Cleanup(func() {
+		_, _ = cli("terminate", "--yes")
+		if id != "" {
+			assertNoLeftovers(t, ws, id)
+		}
+	})
+
+	out, err := cli("config", "generate", "local", "--name", "demo", "--workers", "0", "--kube-bin", kubeBin, "--images", images)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "Laid out the default node image")
+	conf, err := config.Load(filepath.Join(ws, config.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, "node-image", conf.Provider.Local.Image, "the image lives in the workspace")
+
+	out, err = cli("apply", "--help")
+	require.NoError(t, err, out)
+
+	// verify before anything exists names what is missing.
+	out, err = cli("verify")
+	require.Error(t, err)
+	assert.Contains(t, out, state.FileName)
+
+	out, err = cli("create", "--images", images)
+	require.NoError(t, err, out)
+	status, err := cluster.ReadStatus(filepath.Join(ws, "mini"))
+	require.NoError(t, err)
+	id = status.NetworkID
+	st, err := state.Load(filepath.Join(ws, state.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, state.Created, st.Phase)
+	assert.Equal(t, "demo", st.Name)
+
+	// A second create refuses: the workspace has a cluster.
+	out, err = cli("create", "--images", images)
+	require.Error(t, err)
+	assert.Contains(t, out, "already has a cluster")
+
+	out, err = cli("apply", "--images", images)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "over attested TLS")
+	assert.Contains(t, out, "all ready")
+	st, err = state.Load(filepath.Join(ws, state.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, state.Initialized, st.Phase)
+
+	out, err = cli("apply", "--images", images)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "already initialized")
+
+	out, err = cli("verify")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "OK    control-plane-0")
+	assert.Contains(t, out, "1 of 1 nodes verified: cluster demo")
+
+	out, err = cli("terminate")
+	require.Error(t, err, "terminate asks for confirmation")
+	assert.Contains(t, out, "--yes")
+	out, err = cli("terminate", "--yes")
+	require.NoError(t, err, out)
+	left, err := os.ReadDir(ws)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	assert.ElementsMatch(t, []string{config.FileName, "node-image"}, names, "terminate keeps the configuration and its image: %s", strings.Join(names, ", "))
+	assertNoLeftovers(t, ws, id)
+}
