@@ -107,8 +107,8 @@ func TestConfigGenerateLocalErrors(t *testing.T) {
 		wantErr []string
 	}{
 		"no image, no container images": {args: []string{"--images", filepath.Join(ws, "no-images")}, wantErr: []string{"laying out the default node image", "run 'make images' first"}},
-		"image missing":   {args: []string{"--image", filepath.Join(ws, "nope")}, wantErr: []string{"node image directory", "no such file"}},
-		"image is a file": {args: []string{"--image", filepath.Join(image, "kubelet")}, wantErr: []string{"is not a directory"}},
+		"image missing":                 {args: []string{"--image", filepath.Join(ws, "nope")}, wantErr: []string{"node image directory", "no such file"}},
+		"image is a file":               {args: []string{"--image", filepath.Join(image, "kubelet")}, wantErr: []string{"is not a directory"}},
 		"no control planes": {
 			args:    []string{"--image", image, "--control-planes", "0", "--workers", "-1"},
 			wantErr: []string{"provider.local.controlPlanes: must be at least 1, got 0", "provider.local.workers: must be at least 0, got -1"},
