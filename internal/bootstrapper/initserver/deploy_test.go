@@ -28,8 +28,7 @@ import (
 // kubeconfig (here the real deploy.Run against the test API server) and streams its progress.
 func TestInitDeploysServices(t *testing.T) {
 	var got initserver.Deployment
-	var e *env
-	e = newEnvWithDeploy(t, func(ctx context.Context, d initserver.Deployment) error {
+	e := newEnvWithDeploy(t, func(ctx context.Context, d initserver.Deployment) error {
 		got = d
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
 			Image:       "localhost/constellation/services:0123456789ab",
