@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -154,7 +155,8 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IP, joinRejections(ctx, client, n.IP))
 		}
 	}
-	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n  constellation verify -C %s\nRemove it with: constellation mini down -C %s\n", adminConf, workspace, workspace)
+	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
+		adminConf, toolPath("kubectl"), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
 	return nil
 }
 
@@ -253,6 +255,28 @@ func waitReady(ctx context.Context, t *phaseTimer, client kubernetes.Interface, 
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// toolPath names a command for the user to run: its bare name when it is on PATH, else the
+// build output's (the CLI in _output/bin, kubectl in _output/kube/bin).
+func toolPath(name string) string {
+	if _, err := exec.LookPath(name); err == nil {
+		return name
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return name
+	}
+	candidates := []string{filepath.Join(filepath.Dir(exe), name), filepath.Join(filepath.Dir(filepath.Dir(exe)), "kube", "bin", name)}
+	if name == "constellation" {
+		candidates = []string{exe}
+	}
+	for _, c := range candidates {
+		if info, err := os.Stat(c); err == nil && !info.IsDir() {
+			return c
+		}
+	}
+	return name
 }
 
 func newKubeClient(kubeconfig string) (kubernetes.Interface, error) {
