@@ -20,7 +20,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"regexp"
@@ -28,6 +27,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/pki"
 )
 
 // Namespace holds every record and the in-cluster services.
@@ -208,30 +208,9 @@ func ParseAKRoots(data []byte) (*x509.CertPool, error) {
 	if len(data) > MaxSize {
 		return nil, fmt.Errorf("AK roots of %d bytes, limit %d", len(data), MaxSize)
 	}
-	pool := x509.NewCertPool()
-	n := 0
-	rest := data
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		n++
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("AK roots: PEM block %d is a %q, want CERTIFICATE", n, block.Type)
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("AK roots: certificate %d: %w", n, err)
-		}
-		if !cert.IsCA {
-			return nil, fmt.Errorf("AK roots: certificate %d (%s) is not a CA certificate", n, cert.Subject)
-		}
-		pool.AddCert(cert)
-	}
-	if len(bytes.TrimSpace(rest)) > 0 {
-		return nil, fmt.Errorf("AK roots: %d bytes that are not PEM after certificate %d", len(bytes.TrimSpace(rest)), n)
+	pool, n, err := pki.ParseCAPool(data)
+	if err != nil {
+		return nil, fmt.Errorf("AK roots: %w", err)
 	}
 	if n == 0 {
 		return nil, errors.New("AK roots: no certificate (the platform's AK CA is required: without it any key could sign evidence)")

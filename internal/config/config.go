@@ -13,11 +13,9 @@
 package config
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +30,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 )
 
@@ -394,33 +393,12 @@ const clusterIDRegister = 15
 // ParseAKRoots parses PEM CA certificates: at least one, only CERTIFICATE blocks, each a CA,
 // nothing else in the text.
 func ParseAKRoots(text string) (*x509.CertPool, error) {
-	pool := x509.NewCertPool()
-	rest := []byte(text)
-	n := 0
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		n++
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("PEM block %d is a %q, want CERTIFICATE", n, block.Type)
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("PEM block %d: %w", n, err)
-		}
-		if !cert.IsCA {
-			return nil, fmt.Errorf("PEM block %d (%s) is not a CA certificate", n, cert.Subject)
-		}
-		pool.AddCert(cert)
+	pool, n, err := pki.ParseCAPool([]byte(text))
+	if err != nil {
+		return nil, err
 	}
 	if n == 0 {
 		return nil, errors.New("no PEM certificate found")
-	}
-	if len(bytes.TrimSpace(rest)) > 0 {
-		return nil, fmt.Errorf("text after PEM block %d is not PEM", n)
 	}
 	return pool, nil
 }

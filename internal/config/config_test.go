@@ -256,7 +256,7 @@ func TestValidate(t *testing.T) {
 		},
 		"AK roots with trailing text": {
 			edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + "junk" },
-			want: map[string]string{"attestation.qemuVTPM.akRoots": "text after PEM block 1"},
+			want: map[string]string{"attestation.qemuVTPM.akRoots": "not PEM after certificate 1"},
 		},
 		"AK roots with a key": {
 			edit: func(c *Config) {
