@@ -257,17 +257,21 @@ func waitReady(ctx context.Context, t *phaseTimer, client kubernetes.Interface, 
 	}
 }
 
-// toolPath names a command for the user to run: its bare name when it is on PATH, else the
-// build output's (the CLI in _output/bin, kubectl in _output/kube/bin).
+// toolPath names a command for the user to run: its bare name when it is on PATH outside
+// the build output (make puts _output/bin on PATH; the user's shell does not), else the
+// build output's path (the CLI in _output/bin, kubectl in _output/kube/bin).
 func toolPath(name string) string {
-	if _, err := exec.LookPath(name); err == nil {
-		return name
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		return name
 	}
-	candidates := []string{filepath.Join(filepath.Dir(exe), name), filepath.Join(filepath.Dir(filepath.Dir(exe)), "kube", "bin", name)}
+	output := filepath.Dir(filepath.Dir(exe)) + string(filepath.Separator)
+	if found, err := exec.LookPath(name); err == nil {
+		if abs, err := filepath.Abs(found); err == nil && !strings.HasPrefix(abs, output) {
+			return name
+		}
+	}
+	candidates := []string{filepath.Join(filepath.Dir(exe), name), filepath.Join(output, "kube", "bin", name)}
 	if name == "constellation" {
 		candidates = []string{exe}
 	}
