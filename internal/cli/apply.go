@@ -53,15 +53,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err != nil {
 		return fmt.Errorf("the init secret of the local cluster: %w", err)
 	}
-	caCert, err := os.ReadFile(filepath.Join(dir, akCAFile))
-	if err != nil {
-		return fmt.Errorf("the local provider's AK CA: %w", err)
-	}
-	akRootsPEM := append(caCert, conf.Attestation.QEMUVTPM.AKRoots...)
-	// The nodes are admitted by the configured reference values, and their AKs must chain to
-	// the provider's CA (and any the configuration adds).
-	attest := clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: conf.Attestation.QEMUVTPM.Measurements, AKRootsPEM: akRootsPEM}
-	akRoots, err := clusterrecord.ParseAKRoots(akRootsPEM)
+	attest, validator, err := localAttestation(workspace, conf)
 	if err != nil {
 		return err
 	}
@@ -69,12 +61,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err != nil {
 		return err
 	}
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: attest.ReferenceSets, AKRoots: akRoots})
-	if err != nil {
-		return err
-	}
 	first := status.Nodes[0]
-	bridge := sandbox.NSPath(sandbox.Network{ID: status.NetworkID}.BridgeNS())
 	master, err := kms.NewMasterSecret()
 	if err != nil {
 		return err
@@ -90,7 +77,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		ServiceCidr:       conf.Network.ServiceCIDR, PodCidr: conf.Network.PodCIDR,
 		AttestationVariant: attestData[clusterrecord.VariantKey],
 		ReferenceSets:      []byte(attestData[clusterrecord.ReferenceSetsKey]),
-		AkRoots:            akRootsPEM,
+		AkRoots:            attest.AKRootsPEM,
 	}
 	// The master secret is written before it leaves this machine: a lost answer must not
 	// lose the key to the cluster's state.
@@ -98,10 +85,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return fmt.Errorf("writing the master secret: %w", err)
 	}
 	fmt.Fprintf(out, "initializing %s over attested TLS (it must prove it boots the expected image)\n", first.Name)
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		return sandbox.DialContext(ctx, bridge, "tcp", addr)
-	}
-	success, err := callInit(ctx, out, net.JoinHostPort(first.IP, fmt.Sprint(cluster.InitPort)), validator, dial, req)
+	success, err := callInit(ctx, out, net.JoinHostPort(first.IP, fmt.Sprint(cluster.InitPort)), validator, bridgeDialer(status), req)
 	if err != nil {
 		return err
 	}
@@ -158,6 +142,42 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
 		adminConf, toolPath("kubectl"), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
 	return nil
+}
+
+// localAttestation is how a local cluster's nodes are checked, by the CLI at init and verify
+// and by the join service (it is sent with init): the configured reference values, and AKs
+// certified by the provider's AK CA or a root the configuration adds.
+func localAttestation(workspace string, conf *config.Config) (clusterrecord.Attestation, attestation.Validator, error) {
+	if conf.Attestation.QEMUVTPM == nil {
+		return clusterrecord.Attestation{}, nil, fmt.Errorf("%s: attestation.qemuVTPM: the local provider's nodes attest with qemu-vtpm", config.FileName)
+	}
+	caCert, err := os.ReadFile(filepath.Join(workspace, miniDir, akCAFile))
+	if err != nil {
+		return clusterrecord.Attestation{}, nil, fmt.Errorf("the local provider's AK CA: %w", err)
+	}
+	attest := clusterrecord.Attestation{
+		Variant:       variant.QEMUVTPM,
+		ReferenceSets: conf.Attestation.QEMUVTPM.Measurements,
+		AKRootsPEM:    append(caCert, conf.Attestation.QEMUVTPM.AKRoots...),
+	}
+	roots, err := clusterrecord.ParseAKRoots(attest.AKRootsPEM)
+	if err != nil {
+		return clusterrecord.Attestation{}, nil, err
+	}
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: attest.ReferenceSets, AKRoots: roots})
+	if err != nil {
+		return clusterrecord.Attestation{}, nil, err
+	}
+	return attest, validator, nil
+}
+
+// bridgeDialer dials addresses of the local cluster's private network (10.42.0.0/24) from
+// its bridge namespace: they exist nowhere else.
+func bridgeDialer(status cluster.Status) func(context.Context, string) (net.Conn, error) {
+	bridge := sandbox.NSPath(sandbox.Network{ID: status.NetworkID}.BridgeNS())
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		return sandbox.DialContext(ctx, bridge, "tcp", addr)
+	}
 }
 
 // callInit runs the Init RPC, printing progress lines, and returns the success message.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,12 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
-	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/verify"
 )
@@ -169,40 +165,20 @@ func verifyTargets(st *state.State, o verifyOptions) ([]verifyTarget, error) {
 	return targets, nil
 }
 
-// newVerifier builds the verifier from the workspace: reference values and AK roots of the
-// configuration (plus, for a local cluster, the provider's AK CA), the state's cluster ID,
-// and the way to reach the nodes.
+// newVerifier builds the verifier from the workspace: the local attestation policy
+// (localAttestation), the state's cluster ID, and the way to reach the nodes.
 func newVerifier(workspace string, conf *config.Config, st *state.State) (*verify.Verifier, error) {
-	if conf.Attestation.QEMUVTPM == nil {
-		return nil, fmt.Errorf("%s: attestation.qemuVTPM: no reference values for the local provider's nodes", config.FileName)
-	}
-	roots := []byte(conf.Attestation.QEMUVTPM.AKRoots)
-	var dialOpts []grpc.DialOption
-	if st.Provider == state.ProviderLocal {
-		ca, err := os.ReadFile(filepath.Join(workspace, miniDir, akCAFile))
-		if err != nil {
-			return nil, fmt.Errorf("the local provider's AK CA: %w", err)
-		}
-		roots = append(append([]byte{}, ca...), roots...)
-		// The nodes' addresses live in the cluster's private network: dial from its bridge
-		// namespace, as the CLI does for init.
-		status, err := cluster.ReadStatus(filepath.Join(workspace, miniDir))
-		if err != nil {
-			return nil, fmt.Errorf("the local cluster is not running: %w", err)
-		}
-		bridge := sandbox.NSPath(sandbox.Network{ID: status.NetworkID}.BridgeNS())
-		dialOpts = append(dialOpts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return sandbox.DialContext(ctx, bridge, "tcp", addr)
-		}))
-	}
-	pool, err := clusterrecord.ParseAKRoots(roots)
-	if err != nil {
-		return nil, fmt.Errorf("AK roots: %w", err)
-	}
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: conf.Attestation.QEMUVTPM.Measurements, AKRoots: pool})
+	_, validator, err := localAttestation(workspace, conf)
 	if err != nil {
 		return nil, err
 	}
+	// The nodes' addresses live in the cluster's private network: dial from its bridge
+	// namespace, as the CLI does for init.
+	status, err := cluster.ReadStatus(filepath.Join(workspace, miniDir))
+	if err != nil {
+		return nil, fmt.Errorf("the local cluster is not running: %w", err)
+	}
+	dialOpts := []grpc.DialOption{grpc.WithContextDialer(bridgeDialer(status))}
 	return &verify.Verifier{Validator: validator, ClusterID: st.ClusterID, DialOptions: dialOpts}, nil
 }
 

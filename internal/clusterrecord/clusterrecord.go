@@ -88,6 +88,9 @@ const MaxSize = 1 << 20
 
 var versionPattern = regexp.MustCompile(`\Av1\.[0-9]+\.[0-9]+\z`)
 
+// IsKubernetesVersion reports whether s has the form of a Kubernetes release, v1.X.Y.
+func IsKubernetesVersion(s string) bool { return versionPattern.MatchString(s) }
+
 // ParseCluster decodes and checks a cluster record: unknown fields are ignored (a newer init
 // may add some), the known ones must be complete and consistent.
 func ParseCluster(data []byte) (Cluster, error) {

@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 )
 
@@ -59,12 +59,9 @@ type params struct {
 	attestation                           map[string]string
 }
 
-// imagePattern: registry host, at least one path component, and a tag or a sha256 digest.
-var imagePattern = regexp.MustCompile(`\A[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})\z`)
-
 func (c Config) params() (params, error) {
 	var problems []error
-	if !imagePattern.MatchString(c.Image) {
+	if !nodeimage.IsPinnedRef(c.Image) {
 		problems = append(problems, fmt.Errorf("image %q: want registry/name:tag or registry/name@sha256:digest", c.Image))
 	}
 	data, err := c.Attestation.Data()

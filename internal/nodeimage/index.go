@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
@@ -87,6 +88,13 @@ func (idx Index) Find(repo string) (Entry, error) {
 
 // ErrNotInIndex is returned by Find for a repository that has no image in the index.
 var ErrNotInIndex = errors.New("no image in the index")
+
+// refPattern: registry host, at least one path component, and a tag or a sha256 digest.
+var refPattern = regexp.MustCompile(`\A[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})\z`)
+
+// IsPinnedRef reports whether ref is registry/name[/...] with a tag or a sha256 digest: the
+// form of the refs nodes import and never pull.
+func IsPinnedRef(ref string) bool { return refPattern.MatchString(ref) }
 
 // Repository returns ref without its tag: registry.k8s.io/pause:3.10.1 gives registry.k8s.io/pause.
 func Repository(ref string) string {

@@ -79,14 +79,13 @@ func (p *PerUseIssuer) use(ctx context.Context, fn func(*Issuer) error) error {
 	}
 	defer func() { <-p.turn }()
 
-	tpm, err := p.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer tpm.Close()
-	stop := tpm.abortOn(ctx)
-	defer stop()
+	return p.open.use(ctx, func(tpm *TPM) error {
+		return p.withIssuer(ctx, tpm, fn)
+	})
+}
 
+// withIssuer runs fn with an issuer of cfg on the opened tpm.
+func (p *PerUseIssuer) withIssuer(ctx context.Context, tpm *TPM, fn func(*Issuer) error) error {
 	p.mu.Lock()
 	cfg := p.cfg
 	p.mu.Unlock()
@@ -110,6 +109,19 @@ func (p *PerUseIssuer) use(ctx context.Context, fn func(*Issuer) error) error {
 	return nil
 }
 
+// use opens the TPM, runs fn on it, and closes it; a TPM command in flight aborts when ctx
+// ends.
+func (open Opener) use(ctx context.Context, fn func(*TPM) error) error {
+	tpm, err := open(ctx)
+	if err != nil {
+		return err
+	}
+	defer tpm.Close()
+	stop := tpm.abortOn(ctx)
+	defer stop()
+	return fn(tpm)
+}
+
 // PerUseTimeout bounds one use of a PerUseTPM (opening included): the TPM may be busy with
 // another process of the node for a while, but not forever.
 const PerUseTimeout = 30 * time.Second
@@ -124,14 +136,7 @@ type PerUseTPM struct {
 func (p PerUseTPM) use(fn func(*TPM) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), PerUseTimeout)
 	defer cancel()
-	tpm, err := p.Open(ctx)
-	if err != nil {
-		return err
-	}
-	defer tpm.Close()
-	stop := tpm.abortOn(ctx)
-	defer stop()
-	return fn(tpm)
+	return p.Open.use(ctx, fn)
 }
 
 // ReadPCRs is TPM.ReadPCRs on a freshly opened TPM.

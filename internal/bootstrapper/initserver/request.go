@@ -32,8 +32,7 @@ type request struct {
 }
 
 var (
-	versionPattern = regexp.MustCompile(`\Av1\.[0-9]+\.[0-9]+\z`)
-	hashPattern    = regexp.MustCompile(`\Asha256:[0-9a-f]{64}\z`)
+	hashPattern = regexp.MustCompile(`\Asha256:[0-9a-f]{64}\z`)
 )
 
 // parseRequest checks every field of req and names every problem at once. wantVersion, when
@@ -60,7 +59,7 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 		bad("cluster name %q: %v", r.clusterName, errs)
 	}
 	switch {
-	case !versionPattern.MatchString(r.version):
+	case !clusterrecord.IsKubernetesVersion(r.version):
 		bad("kubernetes version %q is not of the form v1.X.Y", r.version)
 	case wantVersion != "" && r.version != wantVersion:
 		bad("kubernetes version %s is not the version this node's image runs (%s)", r.version, wantVersion)

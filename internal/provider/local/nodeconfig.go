@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
+
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 )
 
 // NodeConfigFile is the node configuration of a local node image (measured into PCR 12 with
@@ -27,21 +29,16 @@ type NodeConfig struct {
 	ServicesImage string `json:"servicesImage"`
 }
 
-var (
-	kubeVersionPattern = regexp.MustCompile(`\Av1\.[0-9]+\.[0-9]+\z`)
-	imageRefPattern    = regexp.MustCompile(`\A[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})\z`)
-)
-
 // Validate names every problem of c.
 func (c NodeConfig) Validate() error {
 	var problems []error
-	if !kubeVersionPattern.MatchString(c.KubernetesVersion) {
+	if !clusterrecord.IsKubernetesVersion(c.KubernetesVersion) {
 		problems = append(problems, fmt.Errorf("kubernetesVersion %q: want v1.X.Y", c.KubernetesVersion))
 	}
 	if c.Provider != "local" {
 		problems = append(problems, fmt.Errorf("provider %q: want local", c.Provider))
 	}
-	if !imageRefPattern.MatchString(c.ServicesImage) {
+	if !nodeimage.IsPinnedRef(c.ServicesImage) {
 		problems = append(problems, fmt.Errorf("servicesImage %q: want registry/name:tag or registry/name@sha256:digest", c.ServicesImage))
 	}
 	if len(problems) > 0 {
