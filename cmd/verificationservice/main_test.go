@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/openconstellation/constellation/internal/attestation"
 	"io"
 	"net"
 	"net/http"
@@ -58,7 +59,7 @@ func TestRun(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond)
 	ev, err := base64.StdEncoding.DecodeString(body.Evidence)
 	require.NoError(t, err)
-	_, err = val.Validate(ctx, ev, nonce)
+	_, err = val.Validate(ctx, ev, attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 
 	// gRPC: the CLI's client; this TPM is not initialized, so the cluster check fails after

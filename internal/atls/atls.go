@@ -18,7 +18,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -42,7 +41,6 @@ const (
 	protocolVersion = 1
 	// exporterLabel is the RFC 8446 exporter label for the evidence binding.
 	exporterLabel = "EXPORTER-constellation-atls-v1"
-	bindingLabel  = "constellation-atls-v1 evidence"
 	// DefaultHandshakeTimeout bounds TLS handshake plus attestation when the context has no
 	// deadline.
 	DefaultHandshakeTimeout = 20 * time.Second
@@ -56,6 +54,15 @@ const (
 	RoleClient Role = "client"
 	RoleServer Role = "server"
 )
+
+// purpose is the purpose of evidence a side in role issues: the role is part of the binding,
+// so a peer cannot reflect the other side's evidence back as its own.
+func (r Role) purpose() attestation.Purpose {
+	if r == RoleClient {
+		return attestation.PurposeATLSClient
+	}
+	return attestation.PurposeATLSServer
+}
 
 func (r Role) peer() Role {
 	if r == RoleClient {
@@ -285,7 +292,7 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 		if !slices.Contains(peerHello.AcceptedVariants, hello.IssuerVariant) {
 			return nil, local("incompatible", "no compatible evidence: we offer %s; peer accepts [%s]", hello.IssuerVariant, strings.Join(peerHello.AcceptedVariants, ", "))
 		}
-		evidence, err := c.cfg.Issuer.Issue(ctx, Binding(role, exporter))
+		evidence, err := c.cfg.Issuer.Issue(ctx, role.purpose(), exporter)
 		if err != nil {
 			return nil, local("issue", "issuing evidence: %w", err)
 		}
@@ -308,7 +315,7 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 		if ev.Variant != peerHello.IssuerVariant {
 			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, peerHello.IssuerVariant, ev.Variant)}
 		}
-		verified, err = validator.Validate(ctx, ev.Evidence, Binding(role.peer(), exporter))
+		verified, err = validator.Validate(ctx, ev.Evidence, role.peer().purpose(), exporter)
 		if err != nil {
 			return nil, &Error{Local: true, Reason: attestation.Reason(err), Err: err}
 		}
@@ -339,16 +346,11 @@ func (c *Credentials) read(conn *tls.Conn, limit int) (*atlspb.Frame, error) {
 	return f, nil
 }
 
-// Binding returns the nonce that evidence issued by a side in role must bind on a connection
-// with the given exporter value.
-func Binding(role Role, exporter []byte) []byte {
-	h := sha256.New()
-	h.Write([]byte(bindingLabel))
-	h.Write([]byte{0})
-	h.Write([]byte(role))
-	h.Write([]byte{0})
-	h.Write(exporter)
-	return h.Sum(nil)
+// Binding returns the report data that evidence issued by a side in role must bind on a
+// connection with the given exporter value: attestation.ReportData of the role's purpose
+// over the exporter (docs/atls.md).
+func Binding(role Role, exporter []byte) ([]byte, error) {
+	return attestation.ReportData(role.purpose(), exporter)
 }
 
 func ephemeralCert() (tls.Certificate, error) {

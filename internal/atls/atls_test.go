@@ -179,17 +179,17 @@ func TestMutualSwtpm(t *testing.T) {
 // issuerFunc lets a test play a malicious or broken peer.
 type issuerFunc struct {
 	v  variant.Variant
-	fn func(ctx context.Context, nonce []byte) ([]byte, error)
+	fn func(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error)
 }
 
 func (i issuerFunc) Variant() variant.Variant { return i.v }
-func (i issuerFunc) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
-	return i.fn(ctx, nonce)
+func (i issuerFunc) Issue(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+	return i.fn(ctx, purpose, data)
 }
 
 func mutateEvidence(t testing.TB, iss attestation.Issuer, fn func(*vtpmpb.Evidence)) attestation.Issuer {
-	return issuerFunc{iss.Variant(), func(ctx context.Context, nonce []byte) ([]byte, error) {
-		ev, err := iss.Issue(ctx, nonce)
+	return issuerFunc{iss.Variant(), func(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+		ev, err := iss.Issue(ctx, purpose, data)
 		if err != nil {
 			return nil, err
 		}
@@ -208,8 +208,8 @@ func TestRejected(t *testing.T) {
 	// Evidence recorded from an earlier, genuine connection.
 	var mu sync.Mutex
 	var recorded []byte
-	recorder := issuerFunc{n.issuer.Variant(), func(ctx context.Context, nonce []byte) ([]byte, error) {
-		ev, err := n.issuer.Issue(ctx, nonce)
+	recorder := issuerFunc{n.issuer.Variant(), func(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+		ev, err := n.issuer.Issue(ctx, purpose, data)
 		mu.Lock()
 		recorded = ev
 		mu.Unlock()
@@ -241,13 +241,29 @@ func TestRejected(t *testing.T) {
 		wantMsg      string
 	}{
 		"wrong nonce": {
-			clientIssuer: issuerFunc{variant.QEMUVTPM, func(ctx context.Context, _ []byte) ([]byte, error) {
-				return n.issuer.Issue(ctx, bytes.Repeat([]byte{7}, 32))
+			clientIssuer: issuerFunc{variant.QEMUVTPM, func(ctx context.Context, purpose attestation.Purpose, _ []byte) ([]byte, error) {
+				return n.issuer.Issue(ctx, purpose, bytes.Repeat([]byte{7}, 32))
+			}},
+			wantErr: attestation.ErrNonceMismatch, wantReason: "nonce-mismatch",
+		},
+		// The confused deputy: the client has a genuine node's verification service (which
+		// quotes any caller nonce) sign this connection's exporter. The evidence is the
+		// node's, fresh and over the right bytes, but made for another purpose.
+		"evidence of the verification service over this connection's exporter": {
+			clientIssuer: issuerFunc{variant.QEMUVTPM, func(ctx context.Context, _ attestation.Purpose, exporter []byte) ([]byte, error) {
+				return n.issuer.Issue(ctx, attestation.PurposeVerify, exporter)
+			}},
+			wantErr: attestation.ErrNonceMismatch, wantReason: "nonce-mismatch", wantMsg: "another purpose",
+		},
+		// Reflection: evidence made for the server role presented by the client.
+		"evidence for the other role": {
+			clientIssuer: issuerFunc{variant.QEMUVTPM, func(ctx context.Context, _ attestation.Purpose, exporter []byte) ([]byte, error) {
+				return n.issuer.Issue(ctx, attestation.PurposeATLSServer, exporter)
 			}},
 			wantErr: attestation.ErrNonceMismatch, wantReason: "nonce-mismatch",
 		},
 		"evidence replayed on a new connection": {
-			clientIssuer: issuerFunc{variant.QEMUVTPM, func(context.Context, []byte) ([]byte, error) {
+			clientIssuer: issuerFunc{variant.QEMUVTPM, func(context.Context, attestation.Purpose, []byte) ([]byte, error) {
 				mu.Lock()
 				defer mu.Unlock()
 				return recorded, nil
@@ -280,13 +296,13 @@ func TestRejected(t *testing.T) {
 			wantErr:      attestation.ErrWrongVariant, wantReason: "wrong-variant",
 		},
 		"oversized evidence": {
-			clientIssuer: issuerFunc{variant.QEMUVTPM, func(context.Context, []byte) ([]byte, error) {
+			clientIssuer: issuerFunc{variant.QEMUVTPM, func(context.Context, attestation.Purpose, []byte) ([]byte, error) {
 				return make([]byte, attestation.DefaultMaxEvidenceSize+frameSlack), nil
 			}},
 			wantErr: attestation.ErrTooLarge, wantReason: "too-large",
 		},
 		"garbage evidence": {
-			clientIssuer: issuerFunc{variant.QEMUVTPM, func(context.Context, []byte) ([]byte, error) {
+			clientIssuer: issuerFunc{variant.QEMUVTPM, func(context.Context, attestation.Purpose, []byte) ([]byte, error) {
 				return []byte("\x0a\xff\xff garbage"), nil
 			}},
 			wantErr: attestation.ErrMalformed, wantReason: "malformed",
@@ -338,9 +354,9 @@ func TestRejected(t *testing.T) {
 func TestAdmitRefusesBeforeAttestation(t *testing.T) {
 	n := bootNode(t, vtpmtest.Simulator(t))
 	var issued, validated atomic.Int32
-	countingIssuer := issuerFunc{n.issuer.Variant(), func(ctx context.Context, nonce []byte) ([]byte, error) {
+	countingIssuer := issuerFunc{n.issuer.Variant(), func(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
 		issued.Add(1)
-		return n.issuer.Issue(ctx, nonce)
+		return n.issuer.Issue(ctx, purpose, data)
 	}}
 	var seenRemote net.Addr
 	server := creds(t, atls.Config{
@@ -372,9 +388,9 @@ type countingValidator struct {
 	n *atomic.Int32
 }
 
-func (v countingValidator) Validate(ctx context.Context, evidence, nonce []byte) (*attestation.Verified, error) {
+func (v countingValidator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	v.n.Add(1)
-	return v.Validator.Validate(ctx, evidence, nonce)
+	return v.Validator.Validate(ctx, evidence, purpose, data)
 }
 
 // frameSlack pushes evidence past the default limit even with frame overhead.

@@ -12,7 +12,9 @@ package attestation
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 )
@@ -28,19 +30,85 @@ const (
 	MaxNonceSize = 64
 )
 
-// Issuer produces evidence of the platform it runs on, bound to a caller-provided nonce.
+// Purpose says what evidence is for. A node's attestation key signs evidence for several
+// interfaces (the attested channel in either role, the verification service); evidence made
+// for one must never be valid for another, or a caller of the interface that signs
+// caller-chosen data (the verification service) could have the node sign the binding of
+// the caller's own attested connection and present it as the node (a confused deputy).
+//
+// So issuers never sign caller data as it is: they sign ReportData(purpose, data), and
+// validators recompute it for the purpose they expect. Purpose has no exported constructor:
+// the values below are the only ones, so no code can issue evidence outside them, and two
+// purposes never share a report data value (short of a SHA-256 collision). See
+// docs/attestation.md, "One key, one meaning".
+type Purpose struct{ label string }
+
+// The purposes of evidence. A new interface that attests gets a purpose of its own.
+var (
+	// PurposeATLSServer: evidence of the TLS server of an attested channel; data is the
+	// connection's TLS exporter value.
+	PurposeATLSServer = Purpose{"atls-server"}
+	// PurposeATLSClient: evidence of the TLS client of an attested channel; data is the
+	// connection's TLS exporter value.
+	PurposeATLSClient = Purpose{"atls-client"}
+	// PurposeVerify: the verification service's answer to a caller's nonce.
+	PurposeVerify = Purpose{"verify"}
+)
+
+// String returns the purpose's label.
+func (p Purpose) String() string {
+	if p.label == "" {
+		return "no purpose"
+	}
+	return p.label
+}
+
+// reportDataLabel prefixes every report data value, naming this encoding's version.
+const reportDataLabel = "constellation-evidence-v1"
+
+// ReportDataSize is the size of ReportData's result: what a TPM quote carries as qualifying
+// data (and what hardware reports carry in their report data field).
+const ReportDataSize = sha256.Size
+
+// ReportData returns the value evidence for purpose over data must carry in its nonce field
+// (a TPM quote's qualifying data, a hardware report's report data):
+//
+//	SHA-256("constellation-evidence-v1" || 0x00 || purpose || 0x00 || data)
+//
+// Labels contain no zero byte, so the encoding is unambiguous. data must be
+// MinNonceSize..MaxNonceSize bytes: enough to be unpredictable, bounded so a caller cannot make
+// the issuer hash much.
+func ReportData(p Purpose, data []byte) ([]byte, error) {
+	if p.label == "" {
+		return nil, errors.New("evidence without a purpose")
+	}
+	if len(data) < MinNonceSize || len(data) > MaxNonceSize {
+		return nil, fmt.Errorf("%s data of %d bytes: want %d..%d", p, len(data), MinNonceSize, MaxNonceSize)
+	}
+	h := sha256.New()
+	h.Write([]byte(reportDataLabel))
+	h.Write([]byte{0})
+	h.Write([]byte(p.label))
+	h.Write([]byte{0})
+	h.Write(data)
+	return h.Sum(nil), nil
+}
+
+// Issuer produces evidence of the platform it runs on, bound to a purpose and caller data.
 type Issuer interface {
 	Variant() variant.Variant
-	// Issue returns evidence that binds nonce (MinNonceSize..MaxNonceSize bytes).
-	Issue(ctx context.Context, nonce []byte) ([]byte, error)
+	// Issue returns evidence that binds ReportData(purpose, data): an issuer never binds data
+	// as it is.
+	Issue(ctx context.Context, purpose Purpose, data []byte) ([]byte, error)
 }
 
 // Validator checks evidence of one variant.
 type Validator interface {
 	Variant() variant.Variant
-	// Validate returns the verified claims of evidence that binds nonce, or an error wrapping
-	// one of the Err* reasons of this package.
-	Validate(ctx context.Context, evidence, nonce []byte) (*Verified, error)
+	// Validate returns the verified claims of evidence that binds ReportData(purpose, data),
+	// or an error wrapping one of the Err* reasons of this package. Evidence made for another
+	// purpose fails with ErrNonceMismatch.
+	Validate(ctx context.Context, evidence []byte, purpose Purpose, data []byte) (*Verified, error)
 }
 
 // Verified is what a validator returns after every check passed.

@@ -103,14 +103,14 @@ type boundedValidator struct {
 	slots chan struct{}
 }
 
-func (b boundedValidator) Validate(ctx context.Context, evidence, nonce []byte) (*attestation.Verified, error) {
+func (b boundedValidator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	select {
 	case b.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for a verification slot: %w", ctx.Err())
 	}
 	defer func() { <-b.slots }()
-	return b.Validator.Validate(ctx, evidence, nonce)
+	return b.Validator.Validate(ctx, evidence, purpose, data)
 }
 
 // observedCredentials logs and counts every handshake the join service refuses: a refused

@@ -52,7 +52,7 @@ type blockingValidator struct {
 	release        chan struct{}
 }
 
-func (b *blockingValidator) Validate(context.Context, []byte, []byte) (*attestation.Verified, error) {
+func (b *blockingValidator) Validate(context.Context, []byte, attestation.Purpose, []byte) (*attestation.Verified, error) {
 	n := b.inFlight.Add(1)
 	for {
 		p := b.peak.Load()
@@ -71,7 +71,7 @@ func TestBoundedValidator(t *testing.T) {
 	done := make(chan error, 5)
 	for range 5 {
 		go func() {
-			_, err := v.Validate(context.Background(), nil, nil)
+			_, err := v.Validate(context.Background(), nil, attestation.PurposeATLSClient, nil)
 			done <- err
 		}()
 	}
@@ -80,7 +80,7 @@ func TestBoundedValidator(t *testing.T) {
 	// A waiter whose handshake deadline passes gives up without validating.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := v.Validate(ctx, nil, nil)
+	_, err := v.Validate(ctx, nil, attestation.PurposeATLSClient, nil)
 	require.ErrorIs(t, err, context.Canceled)
 
 	close(inner.release)

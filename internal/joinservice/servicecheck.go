@@ -60,8 +60,8 @@ func (c ServiceCheck) Validator(v variant.Variant) (attestation.Validator, error
 
 type initializedValidator struct{ attestation.Validator }
 
-func (v initializedValidator) Validate(ctx context.Context, evidence, nonce []byte) (*attestation.Verified, error) {
-	verified, err := v.Validator.Validate(ctx, evidence, nonce)
+func (v initializedValidator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
+	verified, err := v.Validator.Validate(ctx, evidence, purpose, data)
 	if err != nil {
 		return nil, err
 	}

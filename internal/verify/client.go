@@ -128,7 +128,7 @@ func (v Verifier) Verify(ctx context.Context, endpoint string) (*Result, error) 
 	if resp.GetVariant() != want {
 		return nil, fmt.Errorf("verify %s: node attests with variant %q, expected %q: %w", endpoint, resp.GetVariant(), want, attestation.ErrWrongVariant)
 	}
-	verified, err := v.Validator.Validate(ctx, resp.GetEvidence(), nonce)
+	verified, err := v.Validator.Validate(ctx, resp.GetEvidence(), attestation.PurposeVerify, nonce)
 	if err != nil {
 		return nil, fmt.Errorf("verify %s: evidence refused: %w", endpoint, err)
 	}

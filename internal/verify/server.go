@@ -184,7 +184,7 @@ func (s *Server) attest(ctx context.Context, protocol string, nonce []byte) ([]b
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.IssueTimeout)
 	defer cancel()
-	evidence, err := s.cfg.Issuer.Issue(ctx, nonce)
+	evidence, err := s.cfg.Issuer.Issue(ctx, attestation.PurposeVerify, nonce)
 	if err != nil {
 		s.count(protocol, "issue-failed", start)
 		s.cfg.Log.Error("issuing evidence failed", "protocol", protocol, "error", err)

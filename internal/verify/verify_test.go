@@ -356,7 +356,7 @@ func TestHTTP(t *testing.T) {
 		assert.Equal(t, "qemu-vtpm", body.Variant)
 		ev, err := base64.StdEncoding.DecodeString(body.Evidence)
 		require.NoError(t, err)
-		verified, err := validator(t, ca).Validate(context.Background(), ev, nonce)
+		verified, err := validator(t, ca).Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
 		assert.Equal(t, kms.InitializedPCR15(clusterID), verified.Registers[kms.InitializedPCR])
 	})
@@ -429,7 +429,7 @@ func TestGRPCNonceBounds(t *testing.T) {
 type blockingIssuer struct{ entered, release chan struct{} }
 
 func (b blockingIssuer) Variant() variant.Variant { return qemu.Variant }
-func (b blockingIssuer) Issue(ctx context.Context, _ []byte) ([]byte, error) {
+func (b blockingIssuer) Issue(ctx context.Context, _ attestation.Purpose, _ []byte) ([]byte, error) {
 	if b.entered != nil {
 		b.entered <- struct{}{}
 	}

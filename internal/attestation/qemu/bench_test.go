@@ -2,6 +2,7 @@ package qemu_test
 
 import (
 	"context"
+	"github.com/openconstellation/constellation/internal/attestation"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func BenchmarkIssue(b *testing.B) {
 			require.NoError(b, err)
 			b.ResetTimer()
 			for b.Loop() {
-				if _, err := iss.Issue(context.Background(), nonce); err != nil {
+				if _, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -46,7 +47,7 @@ func BenchmarkValidate(b *testing.B) {
 	require.NoError(b, err)
 	iss, err = qemu.NewIssuer(tpm, cert, nil)
 	require.NoError(b, err)
-	ev, err := iss.Issue(context.Background(), nonce)
+	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(b, err)
 	sets := measurements.ReferenceSets{{Name: "old", Measurements: measurements.M{4: {Expected: make([]byte, 32)}}}, {Name: "current", Measurements: ref}}
 
@@ -60,7 +61,7 @@ func BenchmarkValidate(b *testing.B) {
 			require.NoError(b, err)
 			b.ResetTimer()
 			for b.Loop() {
-				if _, err := val.Validate(context.Background(), ev, nonce); err != nil {
+				if _, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -57,7 +57,7 @@ func bootAndIssue(t testing.TB, tpm *vtpm.TPM) (measurements.M, *vtpm.Issuer, []
 	ref := bootNode(t, tpm)
 	iss, err := qemu.NewIssuer(tpm, nil, nil)
 	require.NoError(t, err)
-	ev, err := iss.Issue(context.Background(), nonce)
+	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 	return ref, iss, ev
 }
@@ -95,11 +95,11 @@ func TestRoundTrip(t *testing.T) {
 			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}})
 			require.NoError(t, err)
 
-			ev, err := iss.Issue(context.Background(), nonce)
+			ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
 			assert.Equal(t, []byte("event log"), decode(t, ev).EventLog)
 
-			got, err := val.Validate(context.Background(), ev, nonce)
+			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
 			assert.Equal(t, variant.QEMUVTPM, got.Variant)
 			assert.Equal(t, "image-v1", got.ReferenceSet)
@@ -116,13 +116,23 @@ func TestRoundTrip(t *testing.T) {
 // TestRejections covers every way evidence must fail, against one genuine evidence.
 func TestRejections(t *testing.T) {
 	tpm := vtpmtest.Simulator(t)
-	ref, _, ev := bootAndIssue(t, tpm)
+	ref, iss, ev := bootAndIssue(t, tpm)
 
 	// Evidence of another TPM variant from the same TPM.
 	otherIss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.AWSNitroTPM})
 	require.NoError(t, err)
-	otherVariant, err := otherIss.Issue(context.Background(), nonce)
+	otherVariant, err := otherIss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
+
+	// The same node's evidence over the same nonce, for another purpose (one key, one
+	// meaning: evidence of the attested channel is not an answer of the verification service).
+	otherPurpose, err := iss.Issue(context.Background(), attestation.PurposeATLSClient, nonce)
+	require.NoError(t, err)
+	reportData := func(n []byte) []byte {
+		rd, err := attestation.ReportData(attestation.PurposeVerify, n)
+		require.NoError(t, err)
+		return rd
+	}
 
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, MaxEvidenceSize: 8 << 10})
@@ -139,8 +149,11 @@ func TestRejections(t *testing.T) {
 			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Quote = flip(e.Quote, len(e.Quote)-3) }),
 			nonce:    nonce, wantErr: attestation.ErrBadSignature,
 		},
+		"evidence for another purpose": {evidence: otherPurpose, nonce: nonce, wantErr: attestation.ErrNonceMismatch, wantMsg: "another purpose"},
 		"tampered nonce inside quote": {
-			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Quote = bytes.Replace(e.Quote, nonce, otherNonce, 1) }),
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) {
+				e.Quote = bytes.Replace(e.Quote, reportData(nonce), reportData(otherNonce), 1)
+			}),
 			nonce:    otherNonce, wantErr: attestation.ErrBadSignature,
 		},
 		"tampered signature": {
@@ -185,7 +198,7 @@ func TestRejections(t *testing.T) {
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			got, err := val.Validate(context.Background(), tc.evidence, tc.nonce)
+			got, err := val.Validate(context.Background(), tc.evidence, attestation.PurposeVerify, tc.nonce)
 			require.ErrorIs(t, err, tc.wantErr)
 			assert.Nil(t, got, "no verified data on failure")
 			if tc.wantMsg != "" {
@@ -262,7 +275,7 @@ func TestAKCertificate(t *testing.T) {
 	uncertified, err := qemu.NewIssuer(tpm, nil, nil)
 	require.NoError(t, err)
 	akPub := uncertified.AKPublic()
-	genuineNoCert, err := uncertified.Issue(context.Background(), nonce)
+	genuineNoCert, err := uncertified.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 
 	goodCert, err := ca.CertifyAK(akPub, "node-0", testNow, time.Hour)
@@ -270,7 +283,7 @@ func TestAKCertificate(t *testing.T) {
 	require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, goodCert), "the provider stores the AK certificate in NV")
 	certified, err := qemu.NewIssuer(tpm, nil, nil)
 	require.NoError(t, err, "issuer picks the certificate up from NV")
-	genuine, err := certified.Issue(context.Background(), nonce)
+	genuine, err := certified.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 	require.Equal(t, goodCert, decode(t, genuine).AkCert)
 
@@ -296,14 +309,14 @@ func TestAKCertificate(t *testing.T) {
 	t.Run("certified AK accepted", func(t *testing.T) {
 		v := withRoots(testNow)
 		for range 2 { // second run takes the certificate cache path
-			got, err := v.Validate(context.Background(), genuine, nonce)
+			got, err := v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
 			assert.True(t, got.SignerCertified)
 			assert.Equal(t, "node-0", got.SignerName, "the certified name of the node")
 		}
 	})
 	t.Run("forged quote passes without roots", func(t *testing.T) {
-		_, err := noRoots.Validate(context.Background(), forge(t, genuine, attacker, nil), nonce)
+		_, err := noRoots.Validate(context.Background(), forge(t, genuine, attacker, nil), attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
 	})
 	rejected := map[string]struct {
@@ -320,7 +333,7 @@ func TestAKCertificate(t *testing.T) {
 	}
 	for name, tc := range rejected {
 		t.Run(name, func(t *testing.T) {
-			_, err := withRoots(tc.now).Validate(context.Background(), tc.evidence, nonce)
+			_, err := withRoots(tc.now).Validate(context.Background(), tc.evidence, attestation.PurposeVerify, nonce)
 			require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 			assert.ErrorContains(t, err, tc.wantMsg)
 		})
@@ -329,10 +342,10 @@ func TestAKCertificate(t *testing.T) {
 		now := testNow
 		v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool(), Now: func() time.Time { return now }})
 		require.NoError(t, err)
-		_, err = v.Validate(context.Background(), genuine, nonce)
+		_, err = v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
 		now = testNow.Add(2 * time.Hour)
-		_, err = v.Validate(context.Background(), genuine, nonce)
+		_, err = v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
 		require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	})
 }
@@ -386,7 +399,7 @@ func TestPolicy(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: tc.sets})
 			require.NoError(t, err)
-			got, err := val.Validate(context.Background(), ev, nonce)
+			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			if len(tc.wantErrMsgs) > 0 {
 				require.ErrorIs(t, err, attestation.ErrMeasurementPolicy)
 				var mm *measurements.MismatchError
@@ -410,8 +423,8 @@ func TestIssuerNonceSize(t *testing.T) {
 	iss, err := qemu.NewIssuer(vtpmtest.Simulator(t), nil, nil)
 	require.NoError(t, err)
 	for _, n := range [][]byte{nil, make([]byte, 15), make([]byte, 65)} {
-		_, err := iss.Issue(context.Background(), n)
-		assert.ErrorContains(t, err, "nonce of")
+		_, err := iss.Issue(context.Background(), attestation.PurposeVerify, n)
+		assert.ErrorContains(t, err, "data of")
 	}
 }
 
@@ -424,7 +437,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add(ev[:len(ev)/2])
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := val.Validate(context.Background(), data, nonce)
+		got, err := val.Validate(context.Background(), data, attestation.PurposeVerify, nonce)
 		if err == nil {
 			// Only a quote signed by our TPM's AK may pass: nothing else can sign for it.
 			require.NotNil(t, got)

@@ -150,16 +150,19 @@ func (i *Issuer) AKPublic() []byte { return i.akPublic }
 // AKCert returns the DER certificate of the attestation key, or nil if it has none.
 func (i *Issuer) AKCert() []byte { return i.akCert }
 
-// Issue quotes all SHA-256 PCRs with nonce as qualifying data.
-func (i *Issuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
-	if len(nonce) < attestation.MinNonceSize || len(nonce) > attestation.MaxNonceSize {
-		return nil, fmt.Errorf("nonce of %d bytes: want %d..%d", len(nonce), attestation.MinNonceSize, attestation.MaxNonceSize)
+// Issue quotes all SHA-256 PCRs with attestation.ReportData(purpose, data) as qualifying
+// data: the AK never signs caller data as it is, so evidence for one purpose is never valid
+// for another.
+func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+	nonce, err := attestation.ReportData(purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("issuing evidence: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	ev := &vtpmpb.Evidence{Variant: i.variant.String(), AkPublic: i.akPublic, AkCert: i.akCert}
-	err := i.tpm.With(func(rw io.ReadWriter) error {
+	err = i.tpm.With(func(rw io.ReadWriter) error {
 		quote, sig, pcrs, err := i.quote(rw, nonce)
 		if err != nil {
 			return err

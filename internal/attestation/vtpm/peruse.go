@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 )
 
@@ -59,12 +60,13 @@ func (p *PerUseIssuer) Variant() variant.Variant { return p.variant }
 // AKPublic returns the TPMT_PUBLIC encoding of the attestation key.
 func (p *PerUseIssuer) AKPublic() []byte { return p.akPublic }
 
-// Issue opens the TPM, quotes all SHA-256 PCRs with nonce, and closes the TPM.
-func (p *PerUseIssuer) Issue(ctx context.Context, nonce []byte) ([]byte, error) {
+// Issue opens the TPM, quotes all SHA-256 PCRs for purpose and data (see Issuer.Issue), and
+// closes the TPM.
+func (p *PerUseIssuer) Issue(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
 	var evidence []byte
 	err := p.use(ctx, func(iss *Issuer) error {
 		var err error
-		evidence, err = iss.Issue(ctx, nonce)
+		evidence, err = iss.Issue(ctx, purpose, data)
 		return err
 	})
 	return evidence, err

@@ -3,6 +3,7 @@ package vtpm_test
 import (
 	"context"
 	"crypto/rand"
+	"github.com/openconstellation/constellation/internal/attestation"
 	"sync"
 	"testing"
 	"time"
@@ -51,9 +52,9 @@ func TestPerUseIssuer(t *testing.T) {
 					defer wg.Done()
 					nonce := make([]byte, 32)
 					_, _ = rand.Read(nonce)
-					ev, err := iss.Issue(ctx, nonce)
+					ev, err := iss.Issue(ctx, attestation.PurposeVerify, nonce)
 					if err == nil {
-						_, err = val.Validate(ctx, ev, nonce)
+						_, err = val.Validate(ctx, ev, attestation.PurposeVerify, nonce)
 					}
 					errs[i] = err
 				}()
@@ -79,18 +80,18 @@ func TestPerUseIssuerBusyTPM(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = iss.Issue(cctx, make([]byte, 32))
+	_, err = iss.Issue(cctx, attestation.PurposeVerify, make([]byte, 32))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 5*time.Second, "gave up with the context, not after the TPM command timeout")
 
 	// Released, the TPM serves the issuer again.
 	require.NoError(t, holder.Close())
-	_, err = iss.Issue(ctx, make([]byte, 32))
+	_, err = iss.Issue(ctx, attestation.PurposeVerify, make([]byte, 32))
 	assert.NoError(t, err)
 
 	// A caller whose context has ended gets an error, not evidence.
-	_, err = iss.Issue(canceled(), make([]byte, 32))
+	_, err = iss.Issue(canceled(), attestation.PurposeVerify, make([]byte, 32))
 	assert.ErrorIs(t, err, context.Canceled)
 
 	// No TPM at all: construction fails and names the address.

@@ -92,8 +92,13 @@ type parsed struct {
 	pcrs  map[uint32][]byte
 }
 
-// Validate parses, verifies and evaluates evidence, in that order.
-func (v *Validator) Validate(_ context.Context, evidence, nonce []byte) (*attestation.Verified, error) {
+// Validate parses, verifies and evaluates evidence, in that order. The quote must bind
+// attestation.ReportData(purpose, data).
+func (v *Validator) Validate(_ context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
+	nonce, err := attestation.ReportData(purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrNonceMismatch, err)
+	}
 	p, err := v.parse(evidence)
 	if err != nil {
 		return nil, err
@@ -218,7 +223,7 @@ func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err err
 	// With a correct nonce, does the quote verify? Then the nonce was the problem.
 	if att, decErr := tpm2.DecodeAttestationData(q.GetQuote()); decErr == nil && !bytes.Equal(att.ExtraData, nonce) {
 		if quote.Verify(q, key, att.ExtraData) == nil {
-			return fmt.Errorf("%w: quote was made for another nonce (replayed or for another connection)", attestation.ErrNonceMismatch)
+			return fmt.Errorf("%w: quote was made for another purpose or nonce (replayed, for another connection, or signed for another interface of the node)", attestation.ErrNonceMismatch)
 		}
 	}
 	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)

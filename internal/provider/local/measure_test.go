@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"context"
+	"github.com/openconstellation/constellation/internal/attestation"
 	"testing"
 	"time"
 
@@ -41,10 +42,10 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 			iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: qemu.Variant, AK: alg})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = iss.Close() })
-			ev, err := iss.Issue(context.Background(), nonce)
+			ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
 			evidence[alg] = ev
-			got, err := val.Validate(context.Background(), ev, nonce)
+			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
 			assert.True(t, got.SignerCertified, "the provider certified the %s AK", alg)
 			assert.Equal(t, "node-0", got.SignerName)
@@ -58,6 +59,6 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 		ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: local.ExpectedPCRs(modified)}},
 	})
 	require.NoError(t, err)
-	_, err = val.Validate(context.Background(), ev, nonce)
+	_, err = val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 	assert.ErrorContains(t, err, "PCR 11: expected")
 }
