@@ -62,10 +62,10 @@ func TestRun(t *testing.T) {
 	_, err = val.Validate(ctx, ev, attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 
-	// gRPC: the CLI's client; this TPM is not initialized, so the cluster check fails after
-	// the evidence verified.
-	res, err := verify.Verify(ctx, grpcAddr, val, bytes.Repeat([]byte{1}, 32))
-	assert.ErrorIs(t, err, verify.ErrClusterIDMismatch)
+	// gRPC: the CLI's client; this TPM's AK is not certified, so the evidence verifies but
+	// cannot be tied to the node asked about.
+	res, err := verify.Verify(ctx, "node-0", grpcAddr, val, bytes.Repeat([]byte{1}, 32))
+	assert.ErrorIs(t, err, verify.ErrWrongNode)
 	require.NotNil(t, res)
 	assert.Equal(t, "fresh TPM", res.ReferenceSet)
 

@@ -133,10 +133,12 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		}
 		return err
 	}
-	// Nodes that are not expected to join (tests: another image) are reported.
+	// Nodes that are not expected to join (tests: another image) are reported, once the join
+	// service has refused them: such a node may be in its join back-off when the others are
+	// ready, so wait for its next attempt (bounded by rejectionWait).
 	for _, n := range status.Nodes {
 		if n.Unexpected {
-			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IP, joinRejections(ctx, client, n.IP))
+			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IP, waitRejected(ctx, client, n.IP, rejectionWait))
 		}
 	}
 	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
@@ -323,6 +325,28 @@ func (r rejections) String() string {
 		return "the join service has no record of it (it did not reach the join service, or is still booting)"
 	}
 	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, r.reason, r.last)
+}
+
+// rejectionWait bounds the wait for the join service's refusal of a node that is not
+// expected to join: longer than the join client's longest back-off (30 s) plus a handshake.
+const rejectionWait = 45 * time.Second
+
+// waitRejected polls the join services' decision logs until they record a refusal of ip, or
+// wait has passed, or ctx ends; it returns what they recorded by then.
+func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, wait time.Duration) rejections {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		r := joinRejections(ctx, client, ip)
+		if r.count > 0 {
+			return r
+		}
+		select {
+		case <-ctx.Done():
+			return r
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // joinRejections reads the join services' logs (one JSON line per decision, see

@@ -43,7 +43,10 @@ Nothing the cluster says is trusted: the nonce, the reference values and the clu
 the workspace's own.
 
 By default every node of constellation-state.yaml is verified; --node picks some, --endpoint
-verifies one verification service by address. Exits non-zero unless every node verified.`,
+verifies one verification service by address (as the node --node names, or the node of the
+state with that address). Evidence counts for a node only if its signing key is certified by
+the platform for that node's name: a node that relays another node's evidence fails.
+Exits non-zero unless every node verified.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, _ := cmd.Flags().GetString("workspace")
@@ -101,7 +104,7 @@ func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOpt
 	failed := 0
 	for _, target := range targets {
 		r := verifyReport{verifyTarget: target}
-		res, err := verifier.Verify(ctx, target.Endpoint)
+		res, err := verifier.Verify(ctx, target.Node, target.Endpoint)
 		r.Result = res
 		if err != nil {
 			r.Error = err.Error()
@@ -130,22 +133,41 @@ func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOpt
 	return nil
 }
 
-// verifyTargets are the verification services to ask: --endpoint, or the state's nodes
-// (those --node names).
+// verifyTargets are the verification services to ask: the state's nodes (those --node
+// names), or --endpoint. Every target names the node whose evidence it must return: the
+// evidence is tied to the node by its certified signer (verify.Verifier.Verify), so an
+// --endpoint is verified as the node --node names, or as the state's node with that address.
 func verifyTargets(st *state.State, o verifyOptions) ([]verifyTarget, error) {
-	if o.endpoint != "" {
-		if len(o.nodes) > 0 {
-			return nil, errors.New("--endpoint and --node exclude each other")
-		}
-		if _, _, err := net.SplitHostPort(o.endpoint); err != nil {
-			return nil, fmt.Errorf("--endpoint %q: %w", o.endpoint, err)
-		}
-		return []verifyTarget{{Endpoint: o.endpoint}}, nil
-	}
-	var targets []verifyTarget
 	known := make([]string, 0, len(st.Nodes))
 	for _, n := range st.Nodes {
 		known = append(known, n.Name)
+	}
+	if o.endpoint != "" {
+		host, _, err := net.SplitHostPort(o.endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("--endpoint %q: %w", o.endpoint, err)
+		}
+		switch len(o.nodes) {
+		case 0:
+			for _, n := range st.Nodes {
+				for _, ip := range n.IPs {
+					if ip.String() == host {
+						return []verifyTarget{{Node: n.Name, Endpoint: o.endpoint}}, nil
+					}
+				}
+			}
+			return nil, fmt.Errorf("--endpoint %s: no node of %s has address %s; name the node the endpoint must answer for with --node", o.endpoint, state.FileName, host)
+		case 1:
+			if !slices.Contains(known, o.nodes[0]) {
+				return nil, fmt.Errorf("--node %s: no such node in %s (nodes: %s)", o.nodes[0], state.FileName, strings.Join(known, ", "))
+			}
+			return []verifyTarget{{Node: o.nodes[0], Endpoint: o.endpoint}}, nil
+		default:
+			return nil, errors.New("--endpoint verifies one node: give at most one --node")
+		}
+	}
+	var targets []verifyTarget
+	for _, n := range st.Nodes {
 		if len(o.nodes) > 0 && !slices.Contains(o.nodes, n.Name) {
 			continue
 		}

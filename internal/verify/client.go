@@ -28,6 +28,12 @@ const NonceSize = 32
 // expected cluster's marker (it belongs to another cluster, or is not initialized).
 var ErrClusterIDMismatch = errors.New("node does not carry this cluster's marker")
 
+// ErrWrongNode: the node's evidence verified, but it is not the evidence of the node that was
+// asked about: its signing key is certified for another node (a node relaying another's
+// verification service, or a wrong address), or carries no platform certificate at all, so
+// nothing ties it to a node.
+var ErrWrongNode = errors.New("evidence is not signed by the node asked about")
+
 // Result is what a verification established, for humans and `-o json`.
 type Result struct {
 	// Endpoint is the verification service that answered (host:port).
@@ -85,24 +91,34 @@ type Verifier struct {
 	DialOptions []grpc.DialOption
 }
 
-// Verify asks the verification service at endpoint for evidence bound to a fresh random
-// nonce and checks it with validator and against clusterID. See Verifier.Verify.
-func Verify(ctx context.Context, endpoint string, validator attestation.Validator, clusterID []byte) (*Result, error) {
-	return Verifier{Validator: validator, ClusterID: clusterID}.Verify(ctx, endpoint)
+// Verify asks the verification service of node at endpoint for evidence bound to a fresh
+// random nonce and checks it with validator and against clusterID. See Verifier.Verify.
+func Verify(ctx context.Context, node, endpoint string, validator attestation.Validator, clusterID []byte) (*Result, error) {
+	return Verifier{Validator: validator, ClusterID: clusterID}.Verify(ctx, node, endpoint)
 }
 
-// Verify asks the verification service at endpoint (host:port of its gRPC port) for evidence
-// bound to a fresh random nonce, has the validator check it (signature, nonce binding, AK
-// certificate, reference values), and checks that the node's PCR 15 carries the marker of
-// the expected cluster.
+// Verify asks the verification service of node at endpoint (host:port of its gRPC port)
+// for evidence bound to a fresh random nonce, has the validator check it (signature, binding
+// to the nonce for the verification service's purpose, AK certificate, reference values),
+// checks that the evidence is node's own (its signing key is certified by the platform for
+// that node name), and that the node's PCR 15 carries the marker of the expected cluster.
+//
+// Why the name: the evidence proves what the signer runs, not where it answered from. Without
+// tying the signer to the node asked about, a node could relay another (genuine) node's
+// answers and be reported verified. So node is required, and a signer that is not certified
+// for it fails closed.
 //
 // It returns the result and nil when everything passed. When the evidence verified but the
-// marker is not this cluster's, it returns the result (ClusterID.Match false) and an error
-// wrapping ErrClusterIDMismatch. Otherwise it returns nil and an error (wrapping the
-// attestation reason, e.g. attestation.ErrMeasurementPolicy, when the validator refused).
-func (v Verifier) Verify(ctx context.Context, endpoint string) (*Result, error) {
+// signer is another node (ErrWrongNode) or the marker is not this cluster's
+// (ErrClusterIDMismatch; ClusterID.Match false), it returns the result and an error wrapping
+// that reason. Otherwise it returns nil and an error (wrapping the attestation reason, e.g.
+// attestation.ErrMeasurementPolicy, when the validator refused).
+func (v Verifier) Verify(ctx context.Context, node, endpoint string) (*Result, error) {
 	if v.Validator == nil {
 		return nil, errors.New("verify: no validator")
+	}
+	if node == "" {
+		return nil, errors.New("verify: no node name to tie the evidence to")
 	}
 	if len(v.ClusterID) == 0 {
 		return nil, errors.New("verify: no cluster ID to check the node against")
@@ -134,6 +150,13 @@ func (v Verifier) Verify(ctx context.Context, endpoint string) (*Result, error) 
 	}
 	res := newResult(endpoint, nonce, verified)
 	res.ClusterID = checkClusterID(verified, v.ClusterID)
+	if !verified.SignerCertified {
+		return res, fmt.Errorf("verify %s: %w: the signing key carries no platform certificate, so nothing ties the evidence to node %q", endpoint, ErrWrongNode, node)
+	}
+	if verified.SignerName != node {
+		return res, fmt.Errorf("verify %s: %w: evidence signed by a key the platform certified for %q, not %q (the address answered with another node's evidence: a relay, or a wrong address)",
+			endpoint, ErrWrongNode, verified.SignerName, node)
+	}
 	if !res.ClusterID.Match {
 		reason := "it belongs to another cluster"
 		if a, _ := hex.DecodeString(res.ClusterID.Actual); len(a) > 0 && bytes.Equal(a, make([]byte, len(a))) {

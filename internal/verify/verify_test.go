@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -53,6 +54,8 @@ type nodeOptions struct {
 	marker []byte // cluster ID extended into PCR 15; nil: not initialized
 	// loaded is an extra component measured after boot, e.g. an unexpected bootstrapper.
 	loaded *local.Component
+	// name is the node name the provider certifies the AK for ("worker-0" when empty).
+	name string
 }
 
 // node is a verification service on a real swtpm: booted from image (measured as the
@@ -73,7 +76,11 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	if opts.loaded != nil {
 		require.NoError(t, local.Measure(tpm, []local.Component{*opts.loaded}))
 	}
-	require.NoError(t, local.CertifyAK(tpm, ca, "worker-0", time.Now()))
+	name := opts.name
+	if name == "" {
+		name = "worker-0"
+	}
+	require.NoError(t, local.CertifyAK(tpm, ca, name, time.Now()))
 	if opts.marker != nil {
 		digest := sha256.Sum256(opts.marker)
 		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, digest[:]))
@@ -186,6 +193,7 @@ func TestVerify(t *testing.T) {
 		wantMsg   []string
 		// wantResult: the evidence verified, so a result comes back even with an error.
 		wantResult bool
+		wantSigner string // "worker-0" when empty
 	}{
 		"genuine node of this cluster": {wantResult: true},
 		"node loaded an unexpected component": {
@@ -222,6 +230,15 @@ func TestVerify(t *testing.T) {
 			},
 			wantErr: attestation.ErrWrongVariant,
 			wantMsg: []string{`node attests with variant "azure-sev-snp", expected "qemu-vtpm"`},
+		},
+		// worker-0's address answers with worker-1's evidence (worker-0 relays to a
+		// genuine node of the same cluster and image): fresh, certified, this cluster's
+		// marker, and still not worker-0's.
+		"another node's evidence relayed": {
+			node:       &nodeOptions{marker: clusterID, name: "worker-1"},
+			wantErr:    verify.ErrWrongNode,
+			wantMsg:    []string{`certified for "worker-1", not "worker-0"`, "relay"},
+			wantResult: true, wantSigner: "worker-1",
 		},
 		"node of another cluster": {
 			node:       &nodeOptions{marker: otherClusterID},
@@ -260,7 +277,7 @@ func TestVerify(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			res, err := verify.Verify(ctx, addr, validator(t, roots), id)
+			res, err := verify.Verify(ctx, "worker-0", addr, validator(t, roots), id)
 			if tc.wantErr != nil {
 				require.ErrorIs(t, err, tc.wantErr)
 				assert.ErrorContains(t, err, addr, "the error names the endpoint")
@@ -281,12 +298,16 @@ func TestVerify(t *testing.T) {
 			assert.Len(t, res.Nonce, 2*verify.NonceSize)
 			require.Len(t, res.Registers, vtpm.NumPCRs)
 			assert.Equal(t, verify.Register{Index: 15, Name: "PCR 15", Value: res.ClusterID.Actual}, res.Registers[15])
-			assert.Equal(t, verify.Signer{ID: res.Signer.ID, Certified: true, Name: "worker-0"}, res.Signer)
+			signer := tc.wantSigner
+			if signer == "" {
+				signer = "worker-0"
+			}
+			assert.Equal(t, verify.Signer{ID: res.Signer.ID, Certified: true, Name: signer}, res.Signer)
 			assert.Len(t, res.Signer.ID, 64)
 			assert.Equal(t, hex.EncodeToString(id), res.ClusterID.ClusterID)
 			assert.Equal(t, hex.EncodeToString(kms.InitializedPCR15(id)), res.ClusterID.Expected)
 			assert.Equal(t, "PCR 15", res.ClusterID.Register)
-			assert.Equal(t, tc.wantErr == nil, res.ClusterID.Match)
+			assert.Equal(t, tc.wantErr == nil || tc.wantErr == verify.ErrWrongNode, res.ClusterID.Match)
 
 			// The result is what `-o json` prints.
 			out, err := json.Marshal(res)
@@ -296,6 +317,23 @@ func TestVerify(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A verifier without platform roots cannot tie evidence to a node: it fails closed, although
+// the evidence itself verifies.
+func TestVerifyUncertifiedSigner(t *testing.T) {
+	ca := newCA(t, "local AK CA")
+	n := startNode(t, ca, nodeOptions{marker: clusterID})
+	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		Log:           slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	res, err := verify.Verify(context.Background(), "worker-0", n.grpcAddr, noRoots, clusterID)
+	require.ErrorIs(t, err, verify.ErrWrongNode)
+	assert.ErrorContains(t, err, "carries no platform certificate")
+	require.NotNil(t, res)
+	assert.False(t, res.Signer.Certified)
 }
 
 // A service that accepts connections but never answers: the client gives up with its context.
@@ -314,15 +352,17 @@ func TestVerifyTimeout(t *testing.T) {
 	}()
 	ca := newCA(t, "local AK CA")
 	start := time.Now()
-	_, err = verify.Verifier{Validator: validator(t, ca), ClusterID: clusterID, Timeout: 500 * time.Millisecond}.Verify(context.Background(), ln.Addr().String())
+	_, err = verify.Verifier{Validator: validator(t, ca), ClusterID: clusterID, Timeout: 500 * time.Millisecond}.Verify(context.Background(), "worker-0", ln.Addr().String())
 	require.Error(t, err)
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(unwrapStatus(err)), "%v", err)
 	assert.Less(t, time.Since(start), 5*time.Second)
 
-	_, err = verify.Verify(context.Background(), ln.Addr().String(), nil, clusterID)
+	_, err = verify.Verify(context.Background(), "worker-0", ln.Addr().String(), nil, clusterID)
 	assert.ErrorContains(t, err, "no validator")
-	_, err = verify.Verify(context.Background(), ln.Addr().String(), validator(t, ca), nil)
+	_, err = verify.Verify(context.Background(), "worker-0", ln.Addr().String(), validator(t, ca), nil)
 	assert.ErrorContains(t, err, "no cluster ID")
+	_, err = verify.Verify(context.Background(), "", ln.Addr().String(), validator(t, ca), clusterID)
+	assert.ErrorContains(t, err, "no node name")
 }
 
 func unwrapStatus(err error) error {
