@@ -537,3 +537,50 @@ func FuzzReadFrames(f *testing.F) {
 		atls.DecodeFramesForFuzzing(data)
 	})
 }
+
+// acceptAnything is a man in the middle's validator: it takes whatever evidence the victim
+// sends and hands it to the relay.
+type acceptAnything struct {
+	v        variant.Variant
+	evidence chan<- []byte
+}
+
+func (a acceptAnything) Variant() variant.Variant { return a.v }
+func (a acceptAnything) Validate(_ context.Context, evidence []byte, _ attestation.Purpose, _ []byte) (*attestation.Verified, error) {
+	a.evidence <- evidence
+	return &attestation.Verified{Variant: a.v}, nil
+}
+
+// TestManInTheMiddle: an attacker terminates TLS towards a genuine node (which attests to
+// it) and towards the server, and relays the genuine node's fresh evidence live. The server
+// refuses it: the evidence binds the exporter of the victim's connection, not of the
+// attacker's connection to the server.
+func TestManInTheMiddle(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	relayed := make(chan []byte, 1)
+	// Towards the genuine node, the attacker is a server that requires attestation.
+	towardsVictim := creds(t, atls.Config{Validators: []attestation.Validator{acceptAnything{n.issuer.Variant(), relayed}}})
+	// Towards the real server, the attacker presents what the victim sent.
+	towardsServer := creds(t, atls.Config{Issuer: issuerFunc{n.issuer.Variant(), func(ctx context.Context, _ attestation.Purpose, _ []byte) ([]byte, error) {
+		select {
+		case ev := <-relayed:
+			return ev, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}}})
+	server := creds(t, atls.Config{Validators: []attestation.Validator{n.validator(t)}})
+	victim := creds(t, atls.Config{Issuer: n.issuer})
+
+	victimDone := make(chan result, 1)
+	go func() {
+		_, cli := connect(t, towardsVictim, victim)
+		victimDone <- cli
+	}()
+	srv, _ := connect(t, server, towardsServer)
+	require.NoError(t, (<-victimDone).err, "the victim attested to the attacker")
+	require.ErrorIs(t, srv.err, attestation.ErrNonceMismatch)
+	var e *atls.Error
+	require.ErrorAs(t, srv.err, &e)
+	assert.Equal(t, "nonce-mismatch", e.Reason)
+}

@@ -1,0 +1,294 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/api/verify/verifypb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/internal/swtpm"
+)
+
+// TestAttacks attacks a running local cluster (one control plane, one worker) from the
+// attacker positions of docs/threat-model.md, against the shipped binaries and services:
+// anyone who reaches node ports (from the cluster's bridge), and a compromised worker (root on
+// worker-0: its network namespace and its TPM, with the AK the platform certified for it).
+// Every attack must fail, name its reason, and leave the cluster working.
+func TestAttacks(t *testing.T) {
+	bin, _ := buildBinaries(t)
+	ws := t.TempDir()
+	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
+	images := filepath.Join(repoOutput(t), "images")
+	var id string
+	t.Cleanup(func() {
+		out, err := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
+		assert.NoError(t, err, "%s", out)
+		if id != "" {
+			assertNoLeftovers(t, ws, id)
+		}
+	})
+	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "1", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	st, err := cluster.ReadStatus(filepath.Join(ws, "mini"))
+	require.NoError(t, err)
+	id = st.NetworkID
+	cp, worker := st.Nodes[0], st.Nodes[1]
+	require.Equal(t, "control-plane-0", cp.Name)
+	require.Equal(t, "worker-0", worker.Name)
+	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
+
+	outside := attackerPosition{ns: sandbox.NSPath(sandbox.Network{ID: st.NetworkID}.BridgeNS())}
+	onWorker := attackerPosition{ns: worker.NetNS}
+	joinService := net.JoinHostPort(cp.IP, fmt.Sprint(deploy.JoinServicePort))
+	nodeDir := func(name string) string { return filepath.Join(ws, "mini", "nodes", name) }
+	diskUUID := func(name string) string {
+		id, err := (&statedisk.Gocryptfs{Dir: filepath.Join(nodeDir(name), "state")}).UUID()
+		require.NoError(t, err)
+		return id
+	}
+	// The compromised worker quotes with its own TPM and the AK certified for worker-0.
+	workerIssuer := func(t *testing.T) attestation.Issuer {
+		iss, err := vtpm.NewPerUseIssuer(context.Background(), vtpm.OpenAddr("unix:"+filepath.Join(nodeDir(worker.Name), "tpm", "tpm.sock")),
+			vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKRSA})
+		require.NoError(t, err)
+		return iss
+	}
+
+	t.Run("relay: the control plane's verification service attests the attacker's join connection", func(t *testing.T) {
+		// The attacker has no TPM. It asks control-plane-0's verification service (which quotes
+		// any caller nonce) to quote the binding data of its own attested connection to the join
+		// service, and presents that quote: genuine, fresh, certified for control-plane-0.
+		verifier, err := grpc.NewClient("passthrough:///"+net.JoinHostPort(cp.IP, fmt.Sprint(deploy.VerificationGRPCPort)),
+			grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(outside.dial))
+		require.NoError(t, err)
+		defer verifier.Close()
+		var relayed int
+		relay := relayIssuer{fn: func(ctx context.Context, data []byte) ([]byte, error) {
+			relayed++
+			resp, err := verifypb.NewVerificationServiceClient(verifier).GetAttestation(ctx, &verifypb.GetAttestationRequest{Nonce: data})
+			if err != nil {
+				return nil, err
+			}
+			return resp.Evidence, nil
+		}}
+		_, err = outside.joinTicket(t, joinService, relay, &joinpb.IssueJoinTicketRequest{
+			DiskUuid: uuid.NewString(), IsControlPlane: true, CertificateRequest: kubeletCSR(t, cp.Name, cp.IP),
+		})
+		require.Error(t, err, "no ticket for relayed evidence")
+		assert.Equal(t, 1, relayed, "the verification service did quote for the attacker")
+		assert.Contains(t, err.Error(), "nonce-mismatch")
+		assert.Contains(t, err.Error(), "another purpose")
+	})
+
+	t.Run("replay: evidence of one attested connection presented on another", func(t *testing.T) {
+		iss := workerIssuer(t)
+		var recorded []byte
+		recorder := relayIssuer{fn: func(ctx context.Context, data []byte) ([]byte, error) {
+			ev, err := iss.Issue(ctx, attestation.PurposeATLSClient, data)
+			recorded = ev
+			return ev, err
+		}}
+		// The first connection is genuine; the ticket request is refused for other reasons
+		// (an invalid disk id), the handshake succeeded.
+		_, err := onWorker.joinTicket(t, joinService, recorder, &joinpb.IssueJoinTicketRequest{DiskUuid: "not-a-uuid"})
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+		require.NotEmpty(t, recorded)
+		replay := relayIssuer{fn: func(context.Context, []byte) ([]byte, error) { return recorded, nil }}
+		_, err = onWorker.joinTicket(t, joinService, replay, &joinpb.IssueJoinTicketRequest{DiskUuid: diskUUID(worker.Name)})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "nonce-mismatch")
+	})
+
+	t.Run("compromised worker: rejoin ticket for the control plane's disk", func(t *testing.T) {
+		resp, err := onWorker.rejoinTicket(t, joinService, workerIssuer(t), diskUUID(cp.Name))
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		assert.Nil(t, resp, "no disk key")
+	})
+
+	t.Run("compromised worker: join ticket for the control plane's disk", func(t *testing.T) {
+		resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), &joinpb.IssueJoinTicketRequest{
+			DiskUuid: diskUUID(cp.Name), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),
+		})
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		assert.Nil(t, resp, "no disk key")
+	})
+
+	t.Run("compromised worker: join ticket as a control plane", func(t *testing.T) {
+		resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), &joinpb.IssueJoinTicketRequest{
+			DiskUuid: uuid.NewString(), IsControlPlane: true, CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),
+		})
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		assert.Contains(t, err.Error(), "worker")
+		assert.Nil(t, resp, "no CA keys")
+	})
+
+	t.Run("compromised worker: kubelet certificate for another node", func(t *testing.T) {
+		resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), &joinpb.IssueJoinTicketRequest{
+			DiskUuid: uuid.NewString(), CertificateRequest: kubeletCSR(t, cp.Name, cp.IP),
+		})
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		assert.Nil(t, resp)
+	})
+
+	t.Run("node of another cluster: same image, AK certified by another provider", func(t *testing.T) {
+		proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: t.TempDir()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = proc.Stop() })
+		tpm, err := proc.Open(context.Background())
+		require.NoError(t, err)
+		image, err := local.ImageComponents(filepath.Join(ws, "node-image"))
+		require.NoError(t, err)
+		require.NoError(t, local.Measure(tpm, image))
+		otherCA, err := akca.New("another cluster's AK CA", time.Now(), time.Hour)
+		require.NoError(t, err)
+		require.NoError(t, local.CertifyAK(tpm, otherCA, worker.Name, time.Now()))
+		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM})
+		require.NoError(t, err)
+		_, err = outside.joinTicket(t, joinService, iss, &joinpb.IssueJoinTicketRequest{
+			DiskUuid: uuid.NewString(), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),
+		})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "untrusted-signer")
+	})
+
+	t.Run("verify: a node's address answering with another node's evidence", func(t *testing.T) {
+		// As if worker-0 relayed the control plane's verification service.
+		out, err := exec.Command(bin, "verify", "-C", ws, "--node", worker.Name,
+			"--endpoint", net.JoinHostPort(cp.IP, fmt.Sprint(deploy.VerificationGRPCPort))).CombinedOutput()
+		require.Error(t, err, "%s", out)
+		assert.Contains(t, string(out), "FAIL  worker-0")
+		assert.Contains(t, string(out), `certified for "control-plane-0", not "worker-0"`)
+	})
+
+	t.Run("garbage flood while the worker rejoins", func(t *testing.T) {
+		// 500 connections that send garbage from outside; meanwhile the genuine worker gets its
+		// rejoin ticket (its own disk), and the join service's log stays short.
+		const flood = 500
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range flood / 4 {
+					c, err := outside.dial(context.Background(), joinService)
+					if err != nil {
+						continue
+					}
+					_, _ = c.Write([]byte("GET / HTTP/1.0\r\n\r\n\x16\x03\x01garbage"))
+					_ = c.Close()
+				}
+			}()
+		}
+		resp, err := onWorker.rejoinTicket(t, joinService, workerIssuer(t), diskUUID(worker.Name))
+		wg.Wait()
+		require.NoError(t, err, "the genuine worker rejoins during the flood")
+		assert.Len(t, resp.StateDiskKey, 32)
+
+		logs := kubectl(t, kubeconfig, "-n", "kube-system", "logs", "-l", "app.kubernetes.io/name="+deploy.JoinService, "--tail=-1")
+		fromOutside := regexp.MustCompile(`"msg":"admission rejected".*"peer":"` + regexp.QuoteMeta(sandbox.BridgeAddr.String()) + `"`)
+		lines := 0
+		for _, l := range strings.Split(logs, "\n") {
+			if fromOutside.MatchString(l) {
+				lines++
+			}
+		}
+		assert.Less(t, lines, 20, "rejections are logged rate-limited, not one line each")
+	})
+
+	// The cluster still works: both nodes Ready and verified.
+	assert.ElementsMatch(t, []string{cp.Name, worker.Name}, readyNodes(t, kubeconfig))
+	out, err = exec.Command(bin, "verify", "-C", ws, "-o", "json").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var reports []struct{ Verified bool }
+	require.NoError(t, json.Unmarshal(out, &reports))
+	assert.Len(t, reports, 2)
+}
+
+// attackerPosition is a network namespace the attacker sends from.
+type attackerPosition struct{ ns string }
+
+func (p attackerPosition) dial(ctx context.Context, addr string) (net.Conn, error) {
+	return sandbox.DialContext(ctx, p.ns, "tcp", addr)
+}
+
+// joinClient connects to the join service over the attested channel as a client that attests
+// with iss (and does not check the service: the attacker does not care).
+func (p attackerPosition) joinClient(t *testing.T, addr string, iss attestation.Issuer) joinpb.JoinServiceClient {
+	t.Helper()
+	creds, err := atls.NewCredentials(atls.Config{Issuer: iss})
+	require.NoError(t, err)
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithContextDialer(p.dial))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return joinpb.NewJoinServiceClient(conn)
+}
+
+func (p attackerPosition) joinTicket(t *testing.T, addr string, iss attestation.Issuer, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return p.joinClient(t, addr, iss).IssueJoinTicket(ctx, req)
+}
+
+func (p attackerPosition) rejoinTicket(t *testing.T, addr string, iss attestation.Issuer, disk string) (*joinpb.IssueRejoinTicketResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return p.joinClient(t, addr, iss).IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: disk})
+}
+
+// relayIssuer answers the attested channel's request for evidence with whatever fn returns
+// for the channel's binding data, whatever the purpose.
+type relayIssuer struct {
+	fn func(ctx context.Context, data []byte) ([]byte, error)
+}
+
+func (relayIssuer) Variant() variant.Variant { return qemu.Variant }
+func (r relayIssuer) Issue(ctx context.Context, _ attestation.Purpose, data []byte) ([]byte, error) {
+	return r.fn(ctx, data)
+}
+
+func kubeletCSR(t *testing.T, node, ip string) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject:     pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}},
+		DNSNames:    []string{node},
+		IPAddresses: []net.IP{netip.MustParseAddr(ip).AsSlice()},
+	}, key)
+	require.NoError(t, err)
+	return der
+}
