@@ -154,7 +154,7 @@ func TestRejections(t *testing.T) {
 			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) {
 				e.Quote = bytes.Replace(e.Quote, reportData(nonce), reportData(otherNonce), 1)
 			}),
-			nonce:    otherNonce, wantErr: attestation.ErrBadSignature,
+			nonce: otherNonce, wantErr: attestation.ErrBadSignature,
 		},
 		"tampered signature": {
 			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Signature = flip(e.Signature, 40) }),
