@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/cmdutil"
@@ -45,7 +46,7 @@ func TestRun(t *testing.T) {
 		}
 	})
 
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: measurements.M{0: {Expected: make([]byte, 32)}}}}})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: measurementstest.Image(qemu.Variant, nil)}}})
 	require.NoError(t, err)
 	nonce := bytes.Repeat([]byte{7}, 16)
 	var body verify.HTTPResponse

@@ -29,6 +29,7 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -99,11 +100,14 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		c.Server = "https://" + status.APIServer
 	}
 	adminConf := filepath.Join(workspace, AdminConfFile)
-	if err := clientcmd.WriteToFile(*kubeconfig, adminConf); err != nil {
-		return err
+	// The admin kubeconfig holds a cluster-admin client key: written 0600 from the start
+	// (clientcmd.WriteToFile would keep the mode of an existing file and follow a symlink).
+	adminConfData, err := clientcmd.Write(*kubeconfig)
+	if err != nil {
+		return fmt.Errorf("encoding the admin kubeconfig: %w", err)
 	}
-	if err := os.Chmod(adminConf, 0o600); err != nil {
-		return err
+	if err := fileutil.WriteAtomic(adminConf, adminConfData, 0o600); err != nil {
+		return fmt.Errorf("writing the admin kubeconfig: %w", err)
 	}
 
 	st.Phase, st.InitializedAt = state.Initialized, time.Now().UTC()

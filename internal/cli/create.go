@@ -18,6 +18,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -213,10 +214,12 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 		return nil, err
 	}
 	caPath, caKeyPath := filepath.Join(dir, akCAFile), filepath.Join(dir, akCAKeyFile)
-	if err := os.WriteFile(caPath, caCert, 0o644); err != nil {
+	// Key material goes through fileutil: a 0600 temporary file created exclusively, so a
+	// leftover or planted file at any name neither redirects the key nor lends it its mode.
+	if err := fileutil.WriteAtomic(caPath, caCert, 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(caKeyPath, caKey, 0o600); err != nil {
+	if err := fileutil.WriteAtomic(caKeyPath, caKey, 0o600); err != nil {
 		return nil, err
 	}
 	// The init secret gates who may initialize: the provider publishes only its hash.
@@ -224,7 +227,7 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 	if _, err := rand.Read(initSecret); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, initSecretFile), initSecret, 0o600); err != nil {
+	if err := fileutil.WriteAtomic(filepath.Join(dir, initSecretFile), initSecret, 0o600); err != nil {
 		return nil, err
 	}
 	hash, err := bcrypt.GenerateFromPassword(initSecret, bcrypt.DefaultCost)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
@@ -84,7 +85,7 @@ func TestAttestation(t *testing.T) {
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	rootPEM := pki.EncodeCert(ca.Certificate())
-	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: measurements.M{11: {Expected: bytes.Repeat([]byte{1}, 32)}}}}
+	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{1}, 32)})}}
 	a := clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: rootPEM}
 	data, err := a.Data()
 	require.NoError(t, err)

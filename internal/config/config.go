@@ -372,23 +372,17 @@ func validateReferenceSets(v *validator, path string, sets measurements.Referenc
 		}
 		mp := p + ".measurements"
 		if err := set.Measurements.Validate(vt); err != nil {
-			// One problem per register: unwrap the joined errors of Validate.
+			// One problem per line, each naming the set: unwrap the joined errors of Validate.
+			errs := []error{err}
 			if multi, ok := err.(interface{ Unwrap() []error }); ok {
-				for _, e := range multi.Unwrap() {
-					v.add(mp, e)
-				}
-			} else {
-				v.add(mp, err)
+				errs = multi.Unwrap()
 			}
-		}
-		if m, ok := set.Measurements[clusterIDRegister]; ok && !m.WarnOnly {
-			v.bad(mp, "%s must not be enforced: it carries the cluster-ID marker, which is checked against the cluster ID (remove it or set warnOnly)", vt.RegisterName(clusterIDRegister))
+			for _, e := range errs {
+				v.add(mp, fmt.Errorf("set %q: %w", set.Name, e))
+			}
 		}
 	}
 }
-
-// clusterIDRegister carries the initialized marker (DESIGN 2: PCR 15).
-const clusterIDRegister = 15
 
 // ParseAKRoots parses PEM CA certificates: at least one, only CERTIFICATE blocks, each a CA,
 // nothing else in the text.

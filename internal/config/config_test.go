@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 )
 
@@ -35,19 +38,46 @@ attestation:
     measurements:
     - name: local-1
       measurements:
+        "0": "0000000000000000000000000000000000000000000000000000000000000000"
+        "1": "0000000000000000000000000000000000000000000000000000000000000000"
+        "2": "0000000000000000000000000000000000000000000000000000000000000000"
+        "3": "0000000000000000000000000000000000000000000000000000000000000000"
+        "4": "0000000000000000000000000000000000000000000000000000000000000000"
+        "5": "0000000000000000000000000000000000000000000000000000000000000000"
+        "6": "0000000000000000000000000000000000000000000000000000000000000000"
+        "7": "0000000000000000000000000000000000000000000000000000000000000000"
+        "8": "0000000000000000000000000000000000000000000000000000000000000000"
+        "9": "0000000000000000000000000000000000000000000000000000000000000000"
+        "10": "0000000000000000000000000000000000000000000000000000000000000000"
         "11": "ABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABAB"
-        12: {expected: "1111111111111111111111111111111111111111111111111111111111111111", warnOnly: true}
+        12: {expected: "1111111111111111111111111111111111111111111111111111111111111111", warnOnly: false}
+        "13": "0000000000000000000000000000000000000000000000000000000000000000"
+        "14": "0000000000000000000000000000000000000000000000000000000000000000"
 network:
   podCIDR: 10.244.0.0/16
   serviceCIDR: 10.96.0.0/12
 `
+
+// fullSetYAML renders the measurements of a valid set in YAML flow style: PCRs 0..14,
+// zero unless given.
+func fullSetYAML(values map[uint32]string) string {
+	parts := make([]string, 0, 15)
+	for i := range uint32(15) {
+		val, ok := values[i]
+		if !ok {
+			val = hexOf(0)
+		}
+		parts = append(parts, fmt.Sprintf("%q: %q", fmt.Sprint(i), val))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
 
 func validConfig() *Config {
 	return &Config{
 		Version: "v1", Name: "demo", KubernetesVersion: "v1.34.4",
 		Provider: ProviderConfig{Local: &LocalConfig{ControlPlanes: 3, Workers: 2, Image: "image"}},
 		Attestation: AttestationConfig{QEMUVTPM: &QEMUVTPMConfig{Measurements: measurements.ReferenceSets{{
-			Name: "local-1", Measurements: measurements.M{11: {Expected: digest(0xab)}, 12: {Expected: digest(0x11), WarnOnly: true}},
+			Name: "local-1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0xab), 12: digest(0x11)}),
 		}}}},
 		Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"},
 	}
@@ -75,7 +105,7 @@ func TestParseValid(t *testing.T) {
 
 func TestParseDefaults(t *testing.T) {
 	c, err := Parse([]byte("version: v1\nname: demo\nprovider: {local: {controlPlanes: 1, image: img}}\n" +
-		"attestation: {qemuVTPM: {measurements: [{name: a, measurements: {\"11\": \"" + hexOf(1) + "\"}}]}}\n"))
+		"attestation: {qemuVTPM: {measurements: [{name: a, measurements: " + fullSetYAML(map[uint32]string{11: hexOf(1)}) + "}]}}\n"))
 	require.NoError(t, err)
 	assert.Equal(t, DefaultKubernetesVersion, c.KubernetesVersion)
 	assert.Equal(t, NetworkConfig{PodCIDR: DefaultPodCIDR, ServiceCIDR: DefaultServiceCIDR}, c.Network)
@@ -116,7 +146,7 @@ func TestParseRejects(t *testing.T) {
 			wantPath: "attestation.qemuVTPM.measurements[0].comment", wantMsg: "unknown field",
 		},
 		"unknown field in a measurement": {
-			edit:     func(s string) string { return strings.Replace(s, "warnOnly: true", "warnonly: true", 1) },
+			edit:     func(s string) string { return strings.Replace(s, "warnOnly: false", "warnonly: false", 1) },
 			wantPath: "attestation.qemuVTPM.measurements[0].measurements", wantMsg: `unknown field "warnonly"`,
 		},
 		"unquoted all-digit digest": {
@@ -179,10 +209,7 @@ func TestValidate(t *testing.T) {
 		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + caPEM }},
 		"valid without workers": {edit: func(c *Config) { c.Provider.Local.Workers = 0 }},
 		"valid with several sets": {edit: func(c *Config) {
-			c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "local-2", Measurements: measurements.M{11: {Expected: digest(2)}}})
-		}},
-		"valid warn-only PCR 15": {edit: func(c *Config) {
-			c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0), WarnOnly: true}
+			c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "local-2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(2)})})
 		}},
 		"version missing":     {edit: func(c *Config) { c.Version = "" }, want: map[string]string{"version": "missing (this CLI reads v1)"}},
 		"version unsupported": {edit: func(c *Config) { c.Version = "v2" }, want: map[string]string{"version": `"v2" is not supported`}},
@@ -240,15 +267,29 @@ func TestValidate(t *testing.T) {
 		},
 		"no enforced register": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements[0].Measurements = measurements.M{11: {Expected: digest(1), WarnOnly: true}}
+				for i, m := range c.Attestation.QEMUVTPM.Measurements[0].Measurements {
+					c.Attestation.QEMUVTPM.Measurements[0].Measurements[i] = measurements.Measurement{Expected: m.Expected, WarnOnly: true}
+				}
 			},
-			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "no enforced register"},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 0, PCR 1, PCR 2, PCR 3, PCR 4, PCR 5, PCR 6, PCR 7, PCR 8, PCR 9, PCR 10, PCR 11, PCR 12, PCR 13, PCR 14 warn-only`},
 		},
 		"enforced PCR 15": {
 			edit: func(c *Config) {
 				c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0)}
 			},
-			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "PCR 15 must not be enforced"},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 15 must not be in a reference set`},
+		},
+		"warn-only PCR 15": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0), WarnOnly: true}
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 15 must not be in a reference set`},
+		},
+		"bootstrapper register warn-only": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.Measurements[0].Measurements[11] = measurements.Measurement{Expected: digest(0xab), WarnOnly: true}
+			},
+			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 11 warn-only`},
 		},
 		"AK roots not PEM": {
 			edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = "hello" },
@@ -354,7 +395,7 @@ func TestRoundTrip(t *testing.T) {
 	// All-digit and float-looking digests must come back as strings.
 	c.Attestation.QEMUVTPM.Measurements[0].Measurements[4] = measurements.Measurement{Expected: digest(0x00)}
 	c.Attestation.QEMUVTPM.Measurements[0].Measurements[5] = measurements.Measurement{Expected: append(digest(0x00)[:29], 0x01, 0xe5, 0x00)}
-	c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "yes", Measurements: measurements.M{11: {Expected: digest(0x99)}}})
+	c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "yes", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0x99)})})
 	require.NoError(t, c.Validate())
 	data, err := c.Marshal()
 	require.NoError(t, err)
@@ -440,6 +481,10 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("version: v1\nname: a\nprovider: {local: {controlPlanes: 1, image: i}}\n"))
 	f.Add([]byte("attestation: {qemuVTPM: {measurements: [{name: a, measurements: {\"15\": \"" + hexOf(0) + "\"}}], akRoots: x}}\n"))
 	f.Add([]byte("network: {podCIDR: 10.244.0.0/24, serviceCIDR: 10.96.0.0/28}\n"))
+	// Loose reference sets next to a good one: the register rule must refuse each.
+	for _, tc := range looseSets {
+		f.Add([]byte(loosePolicyYAML("loose", tc.measurements)))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 8192 {
 			return // larger inputs only slow the search; the size limit has its own test

@@ -21,6 +21,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
@@ -49,7 +50,7 @@ func config(t *testing.T) deploy.Config {
 		Image: image,
 		Attestation: clusterrecord.Attestation{
 			Variant:       variant.QEMUVTPM,
-			ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurements.M{11: {Expected: bytes.Repeat([]byte{1}, 32)}}}},
+			ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{1}, 32)})}},
 			AKRootsPEM:    pki.EncodeCert(ca.Certificate()),
 		},
 	}
@@ -311,7 +312,7 @@ func TestApply(t *testing.T) {
 
 	// An upgrade adds a reference set: only the attestation ConfigMap changes.
 	before = versions(t, c)
-	cfg.Attestation.ReferenceSets = append(cfg.Attestation.ReferenceSets, measurements.ReferenceSet{Name: "image-v2", Measurements: measurements.M{11: {Expected: bytes.Repeat([]byte{2}, 32)}}})
+	cfg.Attestation.ReferenceSets = append(cfg.Attestation.ReferenceSets, measurements.ReferenceSet{Name: "image-v2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{2}, 32)})})
 	require.NoError(t, deploy.Apply(ctx, c, cfg, nil))
 	after := versions(t, c)
 	assert.NotEqual(t, before["ConfigMap"], after["ConfigMap"])

@@ -1,6 +1,7 @@
 package fileutil_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -46,4 +47,46 @@ func TestCreateAtomic(t *testing.T) {
 	assert.Len(t, entries, 1, "no temporary file left")
 
 	assert.Error(t, fileutil.CreateAtomic(filepath.Join(dir, "missing", "x"), []byte("x"), 0o600))
+}
+
+// A symlink planted at the target itself is replaced (WriteAtomic) or refused
+// (CreateAtomic), never written through.
+func TestSymlinkAtTarget(t *testing.T) {
+	for name, write := range map[string]func(string, []byte, os.FileMode) error{"WriteAtomic": fileutil.WriteAtomic, "CreateAtomic": fileutil.CreateAtomic} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			victim := filepath.Join(t.TempDir(), "victim")
+			require.NoError(t, os.WriteFile(victim, []byte("victim"), 0o644))
+			path := filepath.Join(dir, "master.key")
+			require.NoError(t, os.Symlink(victim, path))
+			err := write(path, []byte("secret"), 0o600)
+			if name == "CreateAtomic" {
+				require.ErrorIs(t, err, os.ErrExist)
+			} else {
+				require.NoError(t, err)
+				info, err := os.Lstat(path)
+				require.NoError(t, err)
+				assert.True(t, info.Mode().IsRegular())
+				assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+			}
+			data, err := os.ReadFile(victim)
+			require.NoError(t, err)
+			assert.Equal(t, "victim", string(data))
+		})
+	}
+}
+
+// The final file has exactly the requested mode, wider or narrower than the 0600 of the
+// temporary file, and replacing a file does not keep the old file's mode.
+func TestRequestedMode(t *testing.T) {
+	dir := t.TempDir()
+	for _, perm := range []os.FileMode{0o600, 0o400, 0o640, 0o644} {
+		path := filepath.Join(dir, fmt.Sprintf("f%o", perm))
+		require.NoError(t, os.WriteFile(path, []byte("old"), 0o666))
+		require.NoError(t, os.Chmod(path, 0o666))
+		require.NoError(t, fileutil.WriteAtomic(path, []byte("new"), perm))
+		info, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, perm, info.Mode().Perm(), "%o", perm)
+	}
 }

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
 )
@@ -112,17 +111,16 @@ func WriteMasterSecretFile(path string, m MasterSecret) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+	// Written to a 0600 temporary file and linked into place (fileutil.CreateAtomic): a
+	// crash never leaves a torn secret that a retry would refuse to replace, and a file or
+	// symlink planted at the name is refused, never followed.
+	if err := fileutil.CreateAtomic(path, append(data, '\n'), 0o600); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("master secret file %s exists: refusing to overwrite it", path)
+			return fmt.Errorf("master secret file %s exists: refusing to overwrite it: %w", path, os.ErrExist)
 		}
 		return fmt.Errorf("creating master secret file: %w", err)
 	}
-	if err := fileutil.WriteSync(f, append(data, '\n')); err != nil {
-		return fmt.Errorf("master secret file: %w", err)
-	}
-	return fileutil.SyncDir(filepath.Dir(path))
+	return nil
 }
 
 // ReadMasterSecretFile reads and validates a master secret file.

@@ -156,3 +156,21 @@ func BenchmarkDeriveKey(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "keys/s")
 }
+
+// A symlink planted at the master secret's name (pointing at a file the attacker can read,
+// or at a name it will create) is refused, never followed; nothing is left behind.
+func TestAttackMasterSecretFileSymlink(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "constellation-mastersecret.json")
+	target := filepath.Join(t.TempDir(), "attacker-readable")
+	require.NoError(t, os.Symlink(target, path))
+	m, err := NewMasterSecret()
+	require.NoError(t, err)
+	err = WriteMasterSecretFile(path, m)
+	require.ErrorIs(t, err, os.ErrExist)
+	assert.ErrorContains(t, err, "refusing to overwrite")
+	assert.NoFileExists(t, target, "the symlink was not followed")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "only the planted symlink, no temporary file")
+}

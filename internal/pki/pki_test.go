@@ -75,3 +75,30 @@ func TestDiscoveryHashPinsTheKey(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, DiscoveryHash(ca.Cert), DiscoveryHash(other.Cert))
 }
+
+// An attacker with write access to the PKI directory plants a symlink at the name the old
+// writer used for its temporary file (ca.key.tmp) and a world-readable leftover at the
+// final name. WriteFile must not write the key through the symlink, and the key must end
+// up 0600 although the file it replaces was 0666.
+func TestAttackWriteFileKeyPlants(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("victim"), 0o644))
+	require.NoError(t, os.Symlink(victim, filepath.Join(dir, "ca.key.tmp")))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "ca.key"), []byte("old"), 0o666))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "ca.key"), 0o666))
+
+	require.NoError(t, WriteFile(dir, "ca.key", []byte("key")))
+
+	data, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "victim", string(data), "the symlink's target is untouched")
+	info, err := os.Lstat(filepath.Join(dir, "ca.key"))
+	require.NoError(t, err)
+	assert.True(t, info.Mode().IsRegular())
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	require.NoError(t, WriteFile(dir, "ca.crt", []byte("cert")))
+	info, err = os.Stat(filepath.Join(dir, "ca.crt"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), info.Mode().Perm(), "certificates stay readable")
+}

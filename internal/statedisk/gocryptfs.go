@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,17 +219,19 @@ func (g *Gocryptfs) run(ctx context.Context, stdin []byte, args ...string) ([]by
 	cmd.Stdin = bytes.NewReader(stdin)
 	// Output goes to a file, not a pipe: a mount leaves a daemon that inherits stdout and
 	// stderr, and exec would wait for a pipe's writers to close, that is, until unmount.
-	out, err := os.CreateTemp("", "gocryptfs-out-")
+	// The file is anonymous memory (memfd): it has no name in a shared directory such as
+	// /tmp that someone could plant a symlink or a readable file at, and what gocryptfs says
+	// about the key file never reaches a disk.
+	out, err := memFile("gocryptfs-out")
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(out.Name())
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	runErr := cmd.Run()
-	output, err := os.ReadFile(out.Name())
+	output, err := readAll(out)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the output of %s: %w", g.binary(), err)
 	}
 	var exit *exec.ExitError
 	if errors.As(runErr, &exit) && exit.ExitCode() == gocryptfsWrongPassword {
@@ -262,4 +265,22 @@ func isMountPoint(path string) (bool, error) {
 		return false, fmt.Errorf("stat parent of %s: %w", path, err)
 	}
 	return st.Dev != parent.Dev || st.Ino == parent.Ino, nil
+}
+
+// memFile creates an anonymous in-memory file (memfd_create), closed on exec except where
+// it is passed on explicitly.
+func memFile(name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating an in-memory file: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// readAll reads f from its start (a child wrote to it through a shared offset).
+func readAll(f *os.File) ([]byte, error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(f)
 }

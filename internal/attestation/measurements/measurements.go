@@ -106,29 +106,91 @@ func (m M) Indices() []uint32 {
 	return idx
 }
 
-// Validate checks m against the register layout of a variant: at least one enforced
-// register, indices in range, digests of the variant's register length.
+// Validate checks m against the register map of a variant. A set admits exactly the images
+// whose every measurement it pins, so it must:
+//   - enforce (not warn-only) every register the variant's images measure
+//     (variant.ImageRegisters): a register left out or warn-only is one an attacker can
+//     change freely, whatever it measures (firmware, kernel, bootstrapper, configuration);
+//   - not name the cluster-ID register (variant.ClusterIDRegister): it is set at init/join,
+//     so a set pinning it admits one cluster's nodes only, or, pinned to zero, only nodes
+//     that are not initialized; the cluster ID is checked separately;
+//   - name no other register: the images do not measure it (PCRs 16..23 of a TPM can even be
+//     reset by software), so a value for it proves nothing;
+//   - give digests of the variant's register length.
+//
+// Every problem is reported, each naming the registers concerned.
 func (m M) Validate(v variant.Variant) error {
 	if len(m) == 0 {
 		return errors.New("no measurements")
 	}
+	image := v.ImageRegisters()
+	if len(image) == 0 {
+		return fmt.Errorf("reference values for %s cannot be checked: the registers its images measure are not known (variant not implemented)", v)
+	}
+	clusterID, hasClusterID := v.ClusterIDRegister()
 	var errs []error
-	enforced := 0
+	var unmeasured []uint32
 	for _, i := range m.Indices() {
-		if i >= v.RegisterCount() {
+		switch {
+		case i >= v.RegisterCount():
 			errs = append(errs, fmt.Errorf("%s: index out of range for %s (valid: 0..%d)", v.RegisterName(i), v, v.RegisterCount()-1))
+			continue
+		case hasClusterID && i == clusterID:
+			errs = append(errs, fmt.Errorf("%s must not be in a reference set: it carries the cluster-ID marker, set at init/join and checked against the cluster ID (a set pinning it admits one cluster's nodes, or with zero only uninitialized nodes); remove it", v.RegisterName(i)))
+		case !slices.Contains(image, i):
+			unmeasured = append(unmeasured, i)
 		}
 		if got := len(m[i].Expected); got != v.RegisterLen() {
 			errs = append(errs, fmt.Errorf("%s: expected digest has %d bytes, %s registers have %d", v.RegisterName(i), got, v, v.RegisterLen()))
 		}
-		if !m[i].WarnOnly {
-			enforced++
+	}
+	var missing, warnOnly []uint32
+	for _, i := range image {
+		switch meas, ok := m[i]; {
+		case !ok:
+			missing = append(missing, i)
+		case meas.WarnOnly:
+			warnOnly = append(warnOnly, i)
 		}
 	}
-	if enforced == 0 {
-		errs = append(errs, errors.New("no enforced register: such a set would accept any evidence"))
+	measured := fmt.Sprintf("%s images measure %s", v, registerRanges(v, image))
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("missing %s: %s, and a set must enforce every one of them", registerList(v, missing), measured))
+	}
+	if len(warnOnly) > 0 {
+		errs = append(errs, fmt.Errorf("%s warn-only: %s, and a set must enforce every one of them (a warn-only register admits any value)", registerList(v, warnOnly), measured))
+	}
+	if len(unmeasured) > 0 {
+		errs = append(errs, fmt.Errorf("%s not measured by the image: %s and nothing else, and a value for a register the image does not measure proves nothing; remove it", registerList(v, unmeasured), measured))
 	}
 	return errors.Join(errs...)
+}
+
+// registerRanges names ascending registers compactly: "PCR 0..14", "PCR 0..3, PCR 7".
+func registerRanges(v variant.Variant, idx []uint32) string {
+	var parts []string
+	for start := 0; start < len(idx); {
+		end := start
+		for end+1 < len(idx) && idx[end+1] == idx[end]+1 {
+			end++
+		}
+		if end == start {
+			parts = append(parts, v.RegisterName(idx[start]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s..%d", v.RegisterName(idx[start]), idx[end]))
+		}
+		start = end + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
+// registerList names registers for a message: "PCR 1, PCR 2, PCR 3".
+func registerList(v variant.Variant, idx []uint32) string {
+	names := make([]string, len(idx))
+	for n, i := range idx {
+		names[n] = v.RegisterName(i)
+	}
+	return strings.Join(names, ", ")
 }
 
 // MarshalJSON writes registers in numeric order (encoding/json would sort "10" before "2").

@@ -16,6 +16,41 @@ import (
 
 func digest(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
 
+// image returns a valid qemu-vtpm set: PCRs 0..14 enforced, zero unless given in values.
+func image(values map[uint32][]byte) M {
+	m := M{}
+	for i := range uint32(15) {
+		val, ok := values[i]
+		if !ok {
+			val = digest(0)
+		}
+		m[i] = Measurement{Expected: val}
+	}
+	return m
+}
+
+// with returns a copy of m with register i set to meas.
+func with(m M, i uint32, meas Measurement) M {
+	out := M{}
+	for k, v := range m {
+		out[k] = v
+	}
+	out[i] = meas
+	return out
+}
+
+// without returns a copy of m without the registers idx.
+func without(m M, idx ...uint32) M {
+	out := M{}
+	for k, v := range m {
+		out[k] = v
+	}
+	for _, i := range idx {
+		delete(out, i)
+	}
+	return out
+}
+
 func hexOf(b byte) string {
 	return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&0xf]), 32)
 }
@@ -117,16 +152,54 @@ func TestEncodeSortedNumerically(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	v := variant.QEMUVTPM
+	full := image(map[uint32][]byte{11: digest(1), 12: digest(2)})
 	testCases := map[string]struct {
 		m       M
 		wantErr []string
 	}{
-		"valid":            {m: M{4: {Expected: digest(1)}, 15: {Expected: digest(0), WarnOnly: true}}},
+		"valid":            {m: full},
 		"empty":            {m: M{}, wantErr: []string{"no measurements"}},
-		"index too large":  {m: M{24: {Expected: digest(1)}}, wantErr: []string{"PCR 24: index out of range"}},
-		"short digest":     {m: M{4: {Expected: []byte{1, 2}}}, wantErr: []string{"PCR 4: expected digest has 2 bytes, qemu-vtpm registers have 32"}},
-		"only warn-only":   {m: M{4: {Expected: digest(1), WarnOnly: true}}, wantErr: []string{"no enforced register"}},
-		"reports all errs": {m: M{4: {Expected: []byte{1}}, 30: {Expected: digest(1)}}, wantErr: []string{"PCR 4:", "PCR 30:"}},
+		"index too large":  {m: with(full, 24, Measurement{Expected: digest(1)}), wantErr: []string{"PCR 24: index out of range"}},
+		"short digest":     {m: with(full, 4, Measurement{Expected: []byte{1, 2}}), wantErr: []string{"PCR 4: expected digest has 2 bytes, qemu-vtpm registers have 32"}},
+		"reports all errs": {m: with(with(full, 4, Measurement{Expected: []byte{1}}), 30, Measurement{Expected: digest(1)}), wantErr: []string{"PCR 4:", "PCR 30:"}},
+		// Attacks: sets an operator (or an attacker who can edit the config or the
+		// ConfigMap) might write that admit more than the image.
+		"only PCR 0 enforced": {
+			m:       M{0: {Expected: digest(0)}},
+			wantErr: []string{"missing PCR 1, PCR 2, PCR 3, PCR 4, PCR 5, PCR 6, PCR 7, PCR 8, PCR 9, PCR 10, PCR 11, PCR 12, PCR 13, PCR 14: qemu-vtpm images measure PCR 0..14"},
+		},
+		"only software-resettable registers": {
+			m:       M{16: {Expected: digest(0)}, 23: {Expected: digest(0)}},
+			wantErr: []string{"missing PCR 0, PCR 1", "PCR 16, PCR 23 not measured by the image"},
+		},
+		"a resettable register next to a full set": {
+			m:       with(full, 16, Measurement{Expected: digest(0)}),
+			wantErr: []string{"PCR 16 not measured by the image"},
+		},
+		"bootstrapper warn-only": {
+			m:       with(full, 11, Measurement{Expected: digest(1), WarnOnly: true}),
+			wantErr: []string{"PCR 11 warn-only: qemu-vtpm images measure PCR 0..14, and a set must enforce every one of them"},
+		},
+		"everything warn-only": {
+			m:       M{0: {Expected: digest(0), WarnOnly: true}},
+			wantErr: []string{"PCR 0 warn-only", "missing PCR 1"},
+		},
+		"bootstrapper missing": {
+			m:       without(full, 11),
+			wantErr: []string{"missing PCR 11:"},
+		},
+		"cluster ID pinned": {
+			m:       with(full, 15, Measurement{Expected: digest(7)}),
+			wantErr: []string{"PCR 15 must not be in a reference set: it carries the cluster-ID marker"},
+		},
+		"cluster ID pinned to zero (uninitialized)": {
+			m:       with(full, 15, Measurement{Expected: digest(0)}),
+			wantErr: []string{"PCR 15 must not be in a reference set"},
+		},
+		"cluster ID warn-only": {
+			m:       with(full, 15, Measurement{Expected: digest(0), WarnOnly: true}),
+			wantErr: []string{"PCR 15 must not be in a reference set"},
+		},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -142,12 +215,18 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// A variant without a known register map has no set that can be checked: fail closed.
+func TestValidateUnknownRegisterMap(t *testing.T) {
+	err := M{0: {Expected: make([]byte, 48)}}.Validate(variant.QEMUTDX)
+	require.ErrorContains(t, err, "reference values for qemu-tdx cannot be checked")
+}
+
 func TestReferenceSetsMatch(t *testing.T) {
 	v := variant.QEMUVTPM
 	old := ReferenceSet{Name: "v1", Measurements: M{4: {Expected: digest(1)}, 9: {Expected: digest(2)}, 11: {Expected: digest(3)}}}
 	upgrade := ReferenceSet{Name: "v2", Measurements: M{4: {Expected: digest(4)}, 9: {Expected: digest(5)}, 12: {Expected: digest(6), WarnOnly: true}}}
+	// Match does not depend on Validate's register rule: these sets are small on purpose.
 	sets := ReferenceSets{old, upgrade}
-	require.NoError(t, sets.Validate(v))
 
 	testCases := map[string]struct {
 		actual         map[uint32][]byte
@@ -210,16 +289,17 @@ func TestReferenceSetsMatch(t *testing.T) {
 }
 
 func TestReferenceSetsValidate(t *testing.T) {
-	good := M{4: {Expected: digest(1)}}
+	good := image(nil)
 	testCases := map[string]struct {
 		sets    ReferenceSets
 		wantErr string
 	}{
-		"ok":         {sets: ReferenceSets{{Name: "a", Measurements: good}, {Name: "b", Measurements: good}}},
-		"none":       {sets: nil, wantErr: "no reference-value set"},
-		"no name":    {sets: ReferenceSets{{Measurements: good}}, wantErr: "name is empty"},
-		"duplicate":  {sets: ReferenceSets{{Name: "a", Measurements: good}, {Name: "a", Measurements: good}}, wantErr: `"a": name used twice`},
-		"bad member": {sets: ReferenceSets{{Name: "a", Measurements: M{4: {Expected: []byte{1}}}}}, wantErr: `reference set "a": PCR 4`},
+		"ok":          {sets: ReferenceSets{{Name: "a", Measurements: good}, {Name: "b", Measurements: good}}},
+		"none":        {sets: nil, wantErr: "no reference-value set"},
+		"no name":     {sets: ReferenceSets{{Measurements: good}}, wantErr: "name is empty"},
+		"duplicate":   {sets: ReferenceSets{{Name: "a", Measurements: good}, {Name: "a", Measurements: good}}, wantErr: `"a": name used twice`},
+		"bad member":  {sets: ReferenceSets{{Name: "a", Measurements: with(good, 4, Measurement{Expected: []byte{1}})}}, wantErr: `reference set "a": PCR 4`},
+		"partial set": {sets: ReferenceSets{{Name: "a", Measurements: good}, {Name: "pcr0-only", Measurements: M{0: {Expected: digest(0)}}}}, wantErr: `reference set "pcr0-only": missing PCR 1`},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -237,6 +317,20 @@ func FuzzDecodeReferenceSets(f *testing.F) {
 	f.Add([]byte(`[{"name":"a","measurements":{"4":{"expected":"` + hexOf(1) + `","warnOnly":false},"9":"` + hexOf(2) + `"}}]`))
 	f.Add([]byte("- name: a\n  measurements:\n    \"4\": " + hexOf(1) + "\n"))
 	f.Add([]byte(`{"4": {"expected": ""}}`))
+	// Full sets that pass validation (so the round trip runs), and the loose sets the
+	// register rule refuses: warn-only PCR 11, PCR 15 pinned, PCR 16.
+	full, err := json.Marshal(ReferenceSets{{Name: "full", Measurements: image(map[uint32][]byte{11: digest(1)})}})
+	require.NoError(f, err)
+	f.Add(full)
+	for _, loose := range []M{
+		with(image(nil), 11, Measurement{Expected: digest(1), WarnOnly: true}),
+		with(image(nil), 15, Measurement{Expected: digest(0)}),
+		with(image(nil), 16, Measurement{Expected: digest(0)}),
+	} {
+		data, err := json.Marshal(ReferenceSets{{Name: "loose", Measurements: loose}})
+		require.NoError(f, err)
+		f.Add(data)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var sets ReferenceSets
 		if err := yaml.UnmarshalStrict(data, &sets); err != nil {
@@ -256,14 +350,14 @@ func FuzzDecodeReferenceSets(f *testing.F) {
 
 func TestActiveSwap(t *testing.T) {
 	v := variant.QEMUVTPM
-	v1 := ReferenceSet{Name: "v1", Measurements: M{4: {Expected: digest(1)}}}
-	v2 := ReferenceSet{Name: "v2", Measurements: M{4: {Expected: digest(2)}}}
+	v1 := ReferenceSet{Name: "v1", Measurements: image(map[uint32][]byte{4: digest(1)})}
+	v2 := ReferenceSet{Name: "v2", Measurements: image(map[uint32][]byte{4: digest(2)})}
 	_, err := NewActive(v, nil)
 	require.ErrorContains(t, err, "no reference-value set configured")
 
 	active, err := NewActive(v, ReferenceSets{v1})
 	require.NoError(t, err)
-	nodeV2 := map[uint32][]byte{4: digest(2)}
+	nodeV2 := registers(v2.Measurements)
 	_, err = active.Load().Match(v, nodeV2)
 	require.Error(t, err)
 
@@ -273,17 +367,39 @@ func TestActiveSwap(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "v2", res.Set)
 	require.NoError(t, active.Store(ReferenceSets{v2}))
-	_, err = active.Load().Match(v, map[uint32][]byte{4: digest(1)})
+	_, err = active.Load().Match(v, registers(v1.Measurements))
 	require.Error(t, err, "a node of the retired set must not match")
 
 	// An invalid update is refused and changes nothing.
 	bad := ReferenceSet{Name: "bad", Measurements: M{99: {Expected: digest(3)}}}
 	require.Error(t, active.Store(ReferenceSets{bad}))
 	assert.Equal(t, ReferenceSets{v2}, active.Load())
+	// So is a set that admits too much, even next to a good one: the good sets stay in force.
+	for name, loose := range map[string]M{
+		"only PCR 0":       {0: {Expected: digest(0)}},
+		"PCR 11 warn-only": with(v2.Measurements, 11, Measurement{Expected: digest(0), WarnOnly: true}),
+		"PCR 15 pinned":    with(v2.Measurements, 15, Measurement{Expected: digest(0)}),
+	} {
+		err := active.Store(ReferenceSets{v2, {Name: name, Measurements: loose}})
+		require.Error(t, err, name)
+		assert.ErrorContains(t, err, `reference set "`+name+`"`)
+		assert.Equal(t, ReferenceSets{v2}, active.Load(), name)
+		_, err = NewActive(v, ReferenceSets{{Name: name, Measurements: loose}})
+		require.Error(t, err, name)
+	}
 
 	// The caller's slice is copied: changing it later does not change what is in force.
 	sets := ReferenceSets{v1}
 	require.NoError(t, active.Store(sets))
 	sets[0] = v2
 	assert.Equal(t, "v1", active.Load()[0].Name)
+}
+
+// registers returns the register values a node matching m exactly shows.
+func registers(m M) map[uint32][]byte {
+	out := map[uint32][]byte{}
+	for i, meas := range m {
+		out[i] = meas.Expected
+	}
+	return out
 }

@@ -37,7 +37,14 @@ func (s ReferenceSets) Validate(v variant.Variant) error {
 		}
 		seen[set.Name] = true
 		if err := set.Measurements.Validate(v); err != nil {
-			errs = append(errs, fmt.Errorf("reference set %q: %w", set.Name, err))
+			// Every problem on its own line, each naming the set.
+			problems := []error{err}
+			if multi, ok := err.(interface{ Unwrap() []error }); ok {
+				problems = multi.Unwrap()
+			}
+			for _, p := range problems {
+				errs = append(errs, fmt.Errorf("reference set %q: %w", set.Name, p))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -37,10 +37,30 @@ func (c *configMapDir) publish(content string) {
 	}
 }
 
+// setsYAML renders valid sets (PCRs 0..14 enforced), told apart by PCR 11.
 func setsYAML(names ...string) string {
 	out := ""
 	for i, n := range names {
-		out += fmt.Sprintf("- name: %s\n  measurements:\n    \"4\": \"%s\"\n", n, hexOf(byte(i+1)))
+		out += fmt.Sprintf("- name: %s\n  measurements:\n%s", n, registersYAML(map[uint32]string{11: fmt.Sprintf("%q", hexOf(byte(i+1)))}))
+	}
+	return out
+}
+
+// registersYAML renders PCRs 0..14 (zero unless given), then any other register given.
+func registersYAML(values map[uint32]string) string {
+	out := ""
+	for i := range uint32(24) {
+		val, ok := values[i]
+		switch {
+		case ok && val == "":
+			continue // left out
+		case ok:
+		case i < 15:
+			val = fmt.Sprintf("%q", hexOf(0))
+		default:
+			continue
+		}
+		out += fmt.Sprintf("    \"%d\": %s\n", i, val)
 	}
 	return out
 }
@@ -84,13 +104,29 @@ func TestWatcherFollowsConfigMapUpdates(t *testing.T) {
 	cm.publish("[]")
 	assert.ErrorContains(t, <-reloads, "no reference-value set configured")
 	assert.Equal(t, []string{"v2"}, names())
+
+	// Attack: whoever can edit the ConfigMap publishes a set that admits more than the
+	// image. Each is refused, naming the register, and the sets in force stay.
+	zero := fmt.Sprintf("%q", hexOf(0))
+	for name, tc := range map[string]struct{ registers, wantErr string }{
+		"only PCR 0":         {"    \"0\": " + zero + "\n", "missing PCR 1, PCR 2"},
+		"only PCR 16 and 23": {"    \"16\": " + zero + "\n    \"23\": " + zero + "\n", "PCR 16, PCR 23 not measured by the image"},
+		"PCR 11 warn-only":   {registersYAML(map[uint32]string{11: "{expected: " + zero + ", warnOnly: true}"}), "PCR 11 warn-only"},
+		"PCR 15 pinned":      {registersYAML(map[uint32]string{15: zero}), "PCR 15 must not be in a reference set"},
+	} {
+		cm.publish(setsYAML("v2") + "- name: loose\n  measurements:\n" + tc.registers)
+		err := <-reloads
+		require.Error(t, err, name)
+		assert.ErrorContains(t, err, `reference set "loose": `+tc.wantErr, name)
+		assert.Equal(t, []string{"v2"}, names(), name)
+	}
 }
 
 func TestWatcherPollsWithoutEvents(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sets.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(setsYAML("v1")), 0o644))
-	active, err := NewActive(variant.QEMUVTPM, ReferenceSets{{Name: "bootstrap", Measurements: M{4: {Expected: digest(9)}}}})
+	active, err := NewActive(variant.QEMUVTPM, ReferenceSets{{Name: "bootstrap", Measurements: image(map[uint32][]byte{11: digest(9)})}})
 	require.NoError(t, err)
 	w := &Watcher{Path: path, Active: active}
 	assert.True(t, w.Reload())

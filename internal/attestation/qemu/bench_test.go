@@ -10,6 +10,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
@@ -49,7 +50,7 @@ func BenchmarkValidate(b *testing.B) {
 	require.NoError(b, err)
 	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(b, err)
-	sets := measurements.ReferenceSets{{Name: "old", Measurements: measurements.M{4: {Expected: make([]byte, 32)}}}, {Name: "current", Measurements: ref}}
+	sets := measurements.ReferenceSets{{Name: "old", Measurements: measurementstest.Image(qemu.Variant, nil)}, {Name: "current", Measurements: ref}}
 
 	for name, roots := range map[string]bool{"no-ak-roots": false, "ak-roots-cached": true} {
 		b.Run(name, func(b *testing.B) {

@@ -21,6 +21,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
@@ -43,11 +44,7 @@ func bootNode(t testing.TB, tpm *vtpm.TPM) measurements.M {
 	}
 	pcrs, err := tpm.ReadPCRs()
 	require.NoError(t, err)
-	m := measurements.M{}
-	for i := uint32(0); i < 16; i++ {
-		m[i] = measurements.Measurement{Expected: pcrs[i]}
-	}
-	return m
+	return measurementstest.FromRegisters(qemu.Variant, pcrs)
 }
 
 // bootAndIssue boots a node on tpm and returns its reference values, its issuer and one
@@ -375,11 +372,6 @@ func TestPolicy(t *testing.T) {
 			sets:        measurements.ReferenceSets{{Name: "v1", Measurements: with(map[uint32]measurements.Measurement{4: {Expected: wrong}, 9: {Expected: wrong}})}},
 			wantErrMsgs: []string{`closest is "v1" with 2 mismatching register(s)`, "PCR 4: expected abab", "PCR 9: expected abab", "got " + hex.EncodeToString(ref[4].Expected)},
 		},
-		"warn-only mismatch passes with a warning": {
-			sets:         measurements.ReferenceSets{{Name: "v1", Measurements: with(map[uint32]measurements.Measurement{9: {Expected: wrong, WarnOnly: true}})}},
-			wantSet:      "v1",
-			wantWarnings: []string{"PCR 9: expected abab"},
-		},
 		"second set matches during an upgrade": {
 			sets: measurements.ReferenceSets{
 				{Name: "v1", Measurements: with(map[uint32]measurements.Measurement{4: {Expected: wrong}})},
@@ -449,4 +441,33 @@ func FuzzValidate(f *testing.F) {
 		require.Nil(t, got)
 		require.NotEqual(t, "other", attestation.Reason(err), "every failure has a reason: %v", err)
 	})
+}
+
+// TestValidatorRefusesLooseSets: the validator the CLI and the join service build refuses
+// reference sets that admit more than the image, naming the register, so no path can
+// validate evidence against them.
+func TestValidatorRefusesLooseSets(t *testing.T) {
+	full := measurementstest.Image(qemu.Variant, nil)
+	with := func(i uint32, meas measurements.Measurement) measurements.M {
+		m := measurements.M{}
+		for k, v := range full {
+			m[k] = v
+		}
+		m[i] = meas
+		return m
+	}
+	zero := make([]byte, 32)
+	for name, tc := range map[string]struct {
+		m    measurements.M
+		want string
+	}{
+		"only PCR 0":       {measurements.M{0: {Expected: zero}}, "missing PCR 1, PCR 2"},
+		"only PCRs 16, 23": {measurements.M{16: {Expected: zero}, 23: {Expected: zero}}, "PCR 16, PCR 23 not measured by the image"},
+		"PCR 9 warn-only":  {with(9, measurements.Measurement{Expected: zero, WarnOnly: true}), "PCR 9 warn-only"},
+		"PCR 15 pinned":    {with(15, measurements.Measurement{Expected: zero}), "PCR 15 must not be in a reference set"},
+	} {
+		_, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "loose", Measurements: tc.m}}})
+		require.Error(t, err, name)
+		assert.ErrorContains(t, err, `reference set "loose": `+tc.want, name)
+	}
 }

@@ -95,6 +95,50 @@ func (v Variant) RegisterName(idx uint32) string {
 	return fmt.Sprintf("%s %d", v.registerName, idx)
 }
 
+// registerMap is what the images of a variant measure at boot: the registers a reference set
+// must enforce, and the register that carries the cluster-ID marker instead (extended at
+// init/join, so its value belongs to one cluster and is checked against the cluster ID, never
+// by reference values). Only variants with an implementation have one.
+type registerMap struct {
+	image     []uint32
+	clusterID uint32
+}
+
+var registerMaps = map[string]registerMap{
+	// The local provider's images (docs/attestation.md): PCRs 0..14 each hold an image
+	// measurement (11 the bootstrapper, 12 the node configuration, the others zero, which a
+	// set must still pin: a nonzero value there means something else booted), PCR 15 the
+	// cluster-ID marker. PCRs 16..23 are resettable or extendable by software at run time
+	// and measure nothing of the image.
+	QEMUVTPM.name: {image: registerRange(0, 15), clusterID: 15},
+}
+
+func registerRange(from, to uint32) []uint32 {
+	out := make([]uint32, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// ImageRegisters returns, in ascending order, the registers the images of v measure: a
+// reference set for v must enforce every one of them and may name no other. Nil means the
+// variant's register map is unknown (not implemented), and no reference set can be checked.
+func (v Variant) ImageRegisters() []uint32 {
+	m, ok := registerMaps[v.name]
+	if !ok {
+		return nil
+	}
+	return append([]uint32(nil), m.image...)
+}
+
+// ClusterIDRegister returns the register that carries the cluster-ID marker of v, if v has
+// one: it is set at init/join, so a reference set must never include it.
+func (v Variant) ClusterIDRegister() (uint32, bool) {
+	m, ok := registerMaps[v.name]
+	return m.clusterID, ok
+}
+
 // MarshalText implements encoding.TextMarshaler, so variants appear by name in JSON and YAML.
 func (v Variant) MarshalText() ([]byte, error) { return []byte(v.name), nil }
 

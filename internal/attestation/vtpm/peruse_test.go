@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
@@ -42,7 +43,7 @@ func TestPerUseIssuer(t *testing.T) {
 			free()
 
 			// Concurrent uses are serialized and all succeed; every evidence validates.
-			val, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: measurements.ReferenceSets{{Name: "fresh", Measurements: measurements.M{0: {Expected: make([]byte, 32)}}}}})
+			val, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: measurements.ReferenceSets{{Name: "fresh", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}}})
 			require.NoError(t, err)
 			var wg sync.WaitGroup
 			errs := make([]error, 6)

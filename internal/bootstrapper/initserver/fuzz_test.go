@@ -2,6 +2,7 @@ package initserver
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -35,6 +36,31 @@ func FuzzParseRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(seed)
+	// Attestation configurations: a valid one, and loose reference sets the register rule
+	// refuses (only PCR 0; PCR 11 warn-only; PCR 15 pinned).
+	zero := `"` + strings.Repeat("00", 32) + `"`
+	full := func(extra string) string {
+		var regs []string
+		for i := range 15 {
+			reg := fmt.Sprintf("%q:%s", fmt.Sprint(i), zero)
+			if i == 11 && extra == "warn11" {
+				reg = `"11":{"expected":` + zero + `,"warnOnly":true}`
+			}
+			regs = append(regs, reg)
+		}
+		if extra == "pcr15" {
+			regs = append(regs, `"15":`+zero)
+		}
+		return `[{"name":"a","measurements":{` + strings.Join(regs, ",") + `}}]`
+	}
+	for _, sets := range []string{full(""), `[{"name":"a","measurements":{"0":` + zero + `}}]`, full("warn11"), full("pcr15")} {
+		att := proto.Clone(good).(*initpb.InitRequest)
+		att.AttestationVariant, att.ReferenceSets, att.AkRoots = "qemu-vtpm", []byte(sets), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+		if seed, err = proto.Marshal(att); err != nil {
+			f.Fatal(err)
+		}
+		f.Add(seed)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req initpb.InitRequest
 		if proto.Unmarshal(data, &req) != nil {

@@ -12,8 +12,10 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
 
@@ -61,4 +63,19 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	require.NoError(t, err)
 	_, err = val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 	assert.ErrorContains(t, err, "PCR 11: expected")
+}
+
+// The local PCR map and the qemu-vtpm register map the policy rule checks against are one
+// map: local.ExpectedPCRs covers exactly the image registers, the cluster-ID register is PCR 15
+// (where init/join extend the marker), and generated reference values pass the rule.
+func TestPCRMapIsTheVariantRegisterMap(t *testing.T) {
+	m := local.ExpectedPCRs([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("b")), local.BytesComponent("config", local.PCRNodeConfig, []byte("c"))})
+	assert.Equal(t, variant.QEMUVTPM.ImageRegisters(), m.Indices())
+	assert.Contains(t, m.Indices(), uint32(local.PCRBootstrapper))
+	assert.Contains(t, m.Indices(), uint32(local.PCRNodeConfig))
+	id, ok := variant.QEMUVTPM.ClusterIDRegister()
+	require.True(t, ok)
+	assert.Equal(t, uint32(local.PCRClusterID), id)
+	assert.Equal(t, uint32(kms.InitializedPCR), id)
+	require.NoError(t, m.Validate(variant.QEMUVTPM))
 }
