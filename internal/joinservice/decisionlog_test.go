@@ -52,7 +52,7 @@ func TestLogLimiter(t *testing.T) {
 				{key: b, want: true},
 				{key: aJoin},
 				{key: aJoin},
-				{after: time.Second, key: aJoin, want: true, wantN: 1},
+				{after: time.Second, key: aJoin, want: true, wantN: 2},
 			},
 		},
 	}
