@@ -44,11 +44,13 @@ func TestDiskKeysFollowIdentity(t *testing.T) {
 	victim := e.joiner("worker-0", "127.0.3.1")
 	_, err := e.join(victim, false)
 	require.NoError(t, err)
-	require.Equal(t, "worker-0", recordedOwner(t, victim.diskUUID))
+	owner, err := diskowner.Store{Client: kube.Admin}.Owner(context.Background(), victim.diskUUID)
+	assert.NoError(t, err, "the join ticket records the disk's owner")
+	assert.Equal(t, "worker-0", owner)
 	// control-plane-0 ran init, which recorded its disk (the init server's call; the init
 	// server's own test checks it makes it).
 	initDisk := newDiskUUID()
-	owner, err := diskowner.Store{Client: kube.Admin}.Claim(context.Background(), initDisk, "control-plane-0")
+	owner, err = diskowner.Store{Client: kube.Admin}.Claim(context.Background(), initDisk, "control-plane-0")
 	require.NoError(t, err)
 	require.Equal(t, "control-plane-0", owner)
 	// worker-2 joined, then the platform removed it (instance deleted); its record remains.
