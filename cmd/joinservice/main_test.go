@@ -22,8 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
@@ -36,9 +34,11 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
@@ -115,7 +115,14 @@ func TestRun(t *testing.T) {
 	cluster, err := pki.NewCluster(time.Now())
 	require.NoError(t, err)
 	require.NoError(t, cluster.Write(pkiDir))
-	kubeconfig := writeKubeconfig(t, dir)
+	// The API server holds the disk-owner records: worker-0's disk was recorded when it
+	// joined (the join ticket's record, written here directly).
+	kube := kubetest.Start(t, kubetest.Options{})
+	kubeconfig := kube.Kubeconfig
+	uuid := "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+	require.NoError(t, diskowner.EnsureNamespace(ctx, kube.Admin))
+	_, err = diskowner.Store{Client: kube.Admin}.Claim(ctx, uuid, "worker-0")
+	require.NoError(t, err)
 
 	keyServiceAddr := startKeyService(t, master, tlsData)
 	metadataURL := startMetadata(t, `[{"name":"control-plane-0","role":"control-plane","ips":["10.42.0.10"]},{"name":"worker-0","role":"worker","ips":["10.42.0.11"]}]`)
@@ -161,7 +168,6 @@ func TestRun(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	client := joinpb.NewJoinServiceClient(conn)
 
-	uuid := "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 	var ticket *joinpb.IssueRejoinTicketResponse
 	require.Eventually(t, func() bool {
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
@@ -231,18 +237,6 @@ func writeFile(t *testing.T, dir, name string, data []byte) {
 }
 
 // writeKubeconfig points at an API server that is never contacted: a rejoin needs none.
-func writeKubeconfig(t *testing.T, dir string) string {
-	t.Helper()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:1"}
-	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "unused"}
-	cfg.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	cfg.CurrentContext = "c"
-	p := filepath.Join(dir, "kubeconfig")
-	require.NoError(t, clientcmd.WriteToFile(*cfg, p))
-	return p
-}
-
 func startKeyService(t *testing.T, master kms.MasterSecret, tlsData map[string][]byte) string {
 	t.Helper()
 	srv, err := keyservice.NewServer(master, keyservice.DefaultPolicy(), nil, nil)

@@ -370,11 +370,14 @@ func joinRejections(ctx context.Context, client kubernetes.Interface, ip string)
 		for _, line := range strings.Split(string(data), "\n") {
 			var rec struct {
 				Msg, Peer, Reason, Error string
+				// Suppressed counts the similar rejections the service did not log
+				// (it rate-limits rejection lines per peer and reason).
+				Suppressed int
 			}
 			if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "admission rejected" || rec.Peer != ip {
 				continue
 			}
-			r.count++
+			r.count += 1 + max(rec.Suppressed, 0)
 			r.reason, r.last = rec.Reason, rec.Error
 		}
 	}

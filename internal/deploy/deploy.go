@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 )
@@ -91,12 +92,16 @@ func (c Config) params() (params, error) {
 // object is one manifest: what it is, and how to apply it.
 type object struct {
 	kind, name string
+	namespace  string // "" for a cluster-scoped object
 	manifest   any
 	apply      func(ctx context.Context, c kubernetes.Interface, opts metav1.ApplyOptions) error
 }
 
 func (o object) String() string {
-	return fmt.Sprintf("%s %s/%s", o.kind, clusterrecord.Namespace, o.name)
+	if o.namespace == "" {
+		return fmt.Sprintf("%s %s", o.kind, o.name)
+	}
+	return fmt.Sprintf("%s %s/%s", o.kind, o.namespace, o.name)
 }
 
 // objects returns the manifests in the order they are applied: identities and permissions,
@@ -109,29 +114,37 @@ func objects(p params) []object {
 		token bool
 	}{{KeyService, false}, {JoinService, true}, {VerificationService, false}} {
 		ac := serviceAccount(sa.name, sa.token)
-		objs = append(objs, object{"ServiceAccount", sa.name, ac, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+		objs = append(objs, object{"ServiceAccount", sa.name, ns, ac, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.CoreV1().ServiceAccounts(ns).Apply(ctx, ac, o)
 			return err
 		}})
 	}
-	role, binding := joinServiceRole(), joinServiceRoleBinding()
 	cm := attestationConfigMap(p.attestation)
+	disks := diskOwnerNamespace()
+	objs = append(objs, object{"Namespace", diskowner.Namespace, "", disks, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+		_, err := c.CoreV1().Namespaces().Apply(ctx, disks, o)
+		return err
+	}})
+	for _, rbacNS := range []string{ns, diskowner.Namespace} {
+		role, binding := joinServiceRole(rbacNS), joinServiceRoleBinding(rbacNS)
+		objs = append(objs,
+			object{"Role", JoinService, rbacNS, role, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+				_, err := c.RbacV1().Roles(rbacNS).Apply(ctx, role, o)
+				return err
+			}},
+			object{"RoleBinding", JoinService, rbacNS, binding, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+				_, err := c.RbacV1().RoleBindings(rbacNS).Apply(ctx, binding, o)
+				return err
+			}})
+	}
 	objs = append(objs,
-		object{"Role", JoinService, role, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
-			_, err := c.RbacV1().Roles(ns).Apply(ctx, role, o)
-			return err
-		}},
-		object{"RoleBinding", JoinService, binding, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
-			_, err := c.RbacV1().RoleBindings(ns).Apply(ctx, binding, o)
-			return err
-		}},
-		object{"ConfigMap", clusterrecord.AttestationConfigMapName, cm, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+		object{"ConfigMap", clusterrecord.AttestationConfigMapName, ns, cm, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, cm, o)
 			return err
 		}},
 	)
 	for _, ds := range []*appsv1ac.DaemonSetApplyConfiguration{keyServiceDaemonSet(p), joinServiceDaemonSet(p), verificationServiceDaemonSet(p)} {
-		objs = append(objs, object{"DaemonSet", *ds.Name, ds, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+		objs = append(objs, object{"DaemonSet", *ds.Name, ns, ds, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.AppsV1().DaemonSets(ns).Apply(ctx, ds, o)
 			return err
 		}})

@@ -17,6 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
@@ -25,6 +27,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
 )
@@ -71,8 +74,10 @@ func forget(c kubernetes.Interface) {
 		_ = c.AppsV1().DaemonSets(ns).Delete(ctx, name, metav1.DeleteOptions{})
 		_ = c.CoreV1().ServiceAccounts(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	}
-	_ = c.RbacV1().Roles(ns).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
-	_ = c.RbacV1().RoleBindings(ns).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	for _, n := range []string{ns, diskowner.Namespace} {
+		_ = c.RbacV1().Roles(n).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+		_ = c.RbacV1().RoleBindings(n).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	}
 	for _, cm := range []string{clusterrecord.AttestationConfigMapName, clusterrecord.ClusterConfigMapName} {
 		_ = c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{})
 	}
@@ -146,8 +151,11 @@ func TestApply(t *testing.T) {
 		"applied ServiceAccount kube-system/constellation-key-service",
 		"applied ServiceAccount kube-system/constellation-join-service",
 		"applied ServiceAccount kube-system/constellation-verification-service",
+		"applied Namespace constellation-disks",
 		"applied Role kube-system/constellation-join-service",
 		"applied RoleBinding kube-system/constellation-join-service",
+		"applied Role constellation-disks/constellation-join-service",
+		"applied RoleBinding constellation-disks/constellation-join-service",
 		"applied ConfigMap kube-system/constellation-attestation",
 		"applied DaemonSet kube-system/constellation-key-service",
 		"applied DaemonSet kube-system/constellation-join-service",
@@ -178,10 +186,64 @@ func TestApply(t *testing.T) {
 		rb, err := c.RbacV1().RoleBindings(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, deploy.JoinService, rb.Subjects[0].Name)
+		role, err = c.RbacV1().Roles(diskowner.Namespace).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		require.NoError(t, err)
+		require.Len(t, role.Rules, 1)
+		assert.Equal(t, []string{"configmaps"}, role.Rules[0].Resources)
+		assert.Equal(t, []string{"create", "get"}, role.Rules[0].Verbs)
 		for name, token := range map[string]bool{deploy.JoinService: true, deploy.KeyService: false, deploy.VerificationService: false} {
 			sa, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, token, *sa.AutomountServiceAccountToken, name)
+		}
+	})
+	// The join service's own identity, through the API server's RBAC: it can record and read
+	// disk owners, and nothing that would let it rewrite one or plant objects elsewhere.
+	t.Run("join service identity against RBAC", func(t *testing.T) {
+		restCfg, err := clientcmd.BuildConfigFromFlags("", kube.Kubeconfig)
+		require.NoError(t, err)
+		restCfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":" + deploy.JoinService}
+		sa, err := kubernetes.NewForConfig(restCfg)
+		require.NoError(t, err)
+		store := diskowner.Store{Client: sa}
+		uuid := "0f5e5b2a-1c3d-4e5f-8a9b-0c1d2e3f4a5b"
+		name, err := diskowner.ObjectName(uuid)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.CoreV1().ConfigMaps(diskowner.Namespace).Delete(ctx, name, metav1.DeleteOptions{}) })
+
+		owner, err := store.Claim(ctx, uuid, "worker-0")
+		require.NoError(t, err)
+		assert.Equal(t, "worker-0", owner)
+		owner, err = store.Claim(ctx, uuid, "worker-1")
+		require.NoError(t, err)
+		assert.Equal(t, "worker-0", owner, "first writer wins")
+
+		for action, call := range map[string]func() error{
+			"update a record": func() error {
+				cm, err := c.CoreV1().ConfigMaps(diskowner.Namespace).Get(ctx, name, metav1.GetOptions{})
+				require.NoError(t, err)
+				cm.Data[diskowner.NodeKey] = "worker-1"
+				_, err = sa.CoreV1().ConfigMaps(diskowner.Namespace).Update(ctx, cm, metav1.UpdateOptions{})
+				return err
+			},
+			"delete a record": func() error {
+				return sa.CoreV1().ConfigMaps(diskowner.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+			},
+			"create a ConfigMap in kube-system": func() error {
+				_, err := sa.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})
+				return err
+			},
+			"read kube-system ConfigMaps": func() error {
+				_, err := sa.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
+				return err
+			},
+			"list the records": func() error {
+				_, err := sa.CoreV1().ConfigMaps(diskowner.Namespace).List(ctx, metav1.ListOptions{})
+				return err
+			},
+		} {
+			err := call()
+			assert.True(t, apierrors.IsForbidden(err), "%s: want Forbidden, got %v", action, err)
 		}
 	})
 	for name, tc := range map[string]struct {
@@ -534,13 +596,15 @@ func TestRender(t *testing.T) {
 			} `json:"metadata"`
 		}
 		require.NoError(t, yaml.Unmarshal([]byte(d), &obj))
-		assert.Equal(t, "kube-system", obj.Metadata.Namespace)
-		kinds = append(kinds, obj.Kind+"/"+obj.Metadata.Name)
+		kinds = append(kinds, obj.Kind+"/"+obj.Metadata.Namespace+"/"+obj.Metadata.Name)
 	}
 	assert.Equal(t, []string{
-		"ServiceAccount/constellation-key-service", "ServiceAccount/constellation-join-service", "ServiceAccount/constellation-verification-service",
-		"Role/constellation-join-service", "RoleBinding/constellation-join-service", "ConfigMap/constellation-attestation",
-		"DaemonSet/constellation-key-service", "DaemonSet/constellation-join-service", "DaemonSet/constellation-verification-service",
+		"ServiceAccount/kube-system/constellation-key-service", "ServiceAccount/kube-system/constellation-join-service", "ServiceAccount/kube-system/constellation-verification-service",
+		"Namespace//constellation-disks",
+		"Role/kube-system/constellation-join-service", "RoleBinding/kube-system/constellation-join-service",
+		"Role/constellation-disks/constellation-join-service", "RoleBinding/constellation-disks/constellation-join-service",
+		"ConfigMap/kube-system/constellation-attestation",
+		"DaemonSet/kube-system/constellation-key-service", "DaemonSet/kube-system/constellation-join-service", "DaemonSet/kube-system/constellation-verification-service",
 	}, kinds)
 	assert.Contains(t, string(out), "image: "+image)
 	assert.Contains(t, string(out), "imagePullPolicy: Never")

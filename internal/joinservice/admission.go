@@ -151,11 +151,3 @@ func remoteAddr(a net.Addr) netip.Addr {
 	}
 	return ap.Addr().Unmap()
 }
-
-// reject records a refused admission: one log line and the rejection counter.
-func (s *Service) reject(method string, remote netip.Addr, node, reason string, err error, start time.Time) {
-	s.metrics.rejections.WithLabelValues(method, reason).Inc()
-	s.metrics.latency.WithLabelValues(method, "rejected").Observe(s.cfg.Now().Sub(start).Seconds())
-	s.log.Warn("admission rejected", "method", method, "peer", remote.String(), "node", node,
-		"variant", s.cfg.Validator.Variant().String(), "reason", reason, "error", err.Error())
-}

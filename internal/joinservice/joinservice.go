@@ -27,8 +27,6 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,10 +42,12 @@ import (
 	"github.com/openconstellation/constellation/internal/atls"
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/untrusted"
 )
 
 // Keys derives keys; the key service client implements it.
@@ -79,7 +79,8 @@ type Config struct {
 	Keys Keys
 	// MeasurementSalt is the cluster's measurement salt, handed to nodes with the secret.
 	MeasurementSalt []byte
-	// Kube creates bootstrap tokens (kube-system Secrets).
+	// Kube creates bootstrap tokens (kube-system Secrets) and records which node each state
+	// disk belongs to (internal/diskowner).
 	Kube kubernetes.Interface
 	// PKIDir is the control plane's PKI directory in kubeadm's layout: the cluster CA signs
 	// kubelet certificates; control-plane nodes receive pki.ControlPlaneFiles.
@@ -113,9 +114,12 @@ type Service struct {
 	cfg     Config
 	ca      *pki.CA
 	limiter *rateLimiter
-	creds   credentials.TransportCredentials
-	log     *slog.Logger
-	metrics *metrics
+	// logLimiter keeps floods of rejections out of the log (counters count them all).
+	logLimiter *logLimiter
+	owners     diskowner.Store
+	creds      credentials.TransportCredentials
+	log        *slog.Logger
+	metrics    *metrics
 }
 
 // New checks cfg, loads the cluster CA and returns the service.
@@ -160,7 +164,12 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, ca: ca, log: cfg.Log, metrics: m, limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, cfg.Now)}
+	s := &Service{
+		cfg: cfg, ca: ca, log: cfg.Log, metrics: m,
+		limiter:    newRateLimiter(cfg.RateLimit, cfg.RateBurst, cfg.Now),
+		logLimiter: newLogLimiter(rejectLogInterval, rejectLogRate, rejectLogBurst, cfg.Now),
+		owners:     diskowner.Store{Client: cfg.Kube},
+	}
 	creds, err := atls.NewCredentials(atls.Config{
 		Issuer:          cfg.Issuer,
 		Validators:      []attestation.Validator{boundedValidator{cfg.Validator, make(chan struct{}, cfg.MaxConcurrentVerifications)}},
@@ -277,6 +286,11 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 	if err != nil {
 		return nil, outcome{}, err
 	}
+	// The disk's key goes only to the node the disk belongs to; the first join ticket for a
+	// disk records that node.
+	if err := s.claimDisk(ctx, a, diskID); err != nil {
+		return nil, outcome{}, err
+	}
 
 	diskKey, measurementSecret, err := s.keys(ctx, diskID)
 	if err != nil {
@@ -327,6 +341,9 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 	if err != nil {
 		return nil, outcome{}, err
 	}
+	if err := s.checkDiskOwner(ctx, a, diskID); err != nil {
+		return nil, outcome{}, err
+	}
 	diskKey, measurementSecret, err := s.keys(ctx, diskID)
 	if err != nil {
 		return nil, outcome{}, err
@@ -344,14 +361,41 @@ func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurement
 	return diskKey, measurementSecret, nil
 }
 
-var uuidPattern = regexp.MustCompile(`\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z`)
-
 // diskKeyID returns the key id of a state disk: its UUID in lower case (DESIGN 2).
 func diskKeyID(uuid string) (string, error) {
-	if !uuidPattern.MatchString(uuid) {
-		return "", deny(codes.InvalidArgument, "invalid-request", "disk UUID %q is not of the form 8-4-4-4-12 hex digits", uuid)
+	id, err := diskowner.CanonicalUUID(uuid)
+	if err != nil {
+		return "", deny(codes.InvalidArgument, "invalid-request", "disk UUID %s is not of the form 8-4-4-4-12 hex digits", untrusted.Quote(uuid))
 	}
-	return strings.ToLower(uuid), nil
+	return id, nil
+}
+
+// claimDisk records the caller as the owner of disk diskID, or confirms it is already: a
+// join interrupted after the record and retried by the same node goes through, a join of
+// another node's disk does not.
+func (s *Service) claimDisk(ctx context.Context, a *admitted, diskID string) error {
+	owner, err := s.owners.Claim(ctx, diskID, a.node.Name)
+	if err != nil {
+		return deny(codes.Unavailable, "kubernetes-api", "recording the owner of disk %s: %v", diskID, err)
+	}
+	if owner != a.node.Name {
+		return deny(codes.PermissionDenied, "disk-owned-by-other-node", "disk %s belongs to another node (recorded when it joined); node %q gets no key for it", diskID, a.node.Name)
+	}
+	return nil
+}
+
+// checkDiskOwner lets a rejoin through only for the node recorded as the disk's owner.
+func (s *Service) checkDiskOwner(ctx context.Context, a *admitted, diskID string) error {
+	owner, err := s.owners.Owner(ctx, diskID)
+	switch {
+	case errors.Is(err, diskowner.ErrNoRecord):
+		return deny(codes.PermissionDenied, "disk-not-recorded", "disk %s has no recorded owner: it never joined this cluster (a node joins with IssueJoinTicket first)", diskID)
+	case err != nil:
+		return deny(codes.Unavailable, "kubernetes-api", "reading the owner of disk %s: %v", diskID, err)
+	case owner != a.node.Name:
+		return deny(codes.PermissionDenied, "disk-owned-by-other-node", "disk %s belongs to another node (recorded when it joined); node %q gets no key for it", diskID, a.node.Name)
+	}
+	return nil
 }
 
 func (s *Service) accept(method string, a *admitted, out outcome, start time.Time) {

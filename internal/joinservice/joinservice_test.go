@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,6 +46,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
@@ -66,6 +69,13 @@ func TestMain(m *testing.M) {
 	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{Fsync: benchmarking})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	// Init creates the disk-owner namespace before the join service runs (internal/diskowner).
+	if err := diskowner.EnsureNamespace(context.Background(), kube.Admin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		kube.Stop()
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -99,6 +109,10 @@ type env struct {
 	registry  *prometheus.Registry
 	nodeTPM   *vtpm.TPM // measured with imageV1, shared by the simulated joining nodes
 	directory joinservice.StaticDirectory
+	// removed are nodes the platform no longer lists (deleted instances).
+	removed sync.Map
+	// clock is added to the real time of the service's clock (Config.Now).
+	clock atomic.Int64
 }
 
 type envOptions struct {
@@ -151,8 +165,11 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	require.NoError(t, err)
 
 	e.directory = joinservice.StaticDirectory{
+		"control-plane-0": {Name: "control-plane-0", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.1")}, ControlPlane: true},
 		"control-plane-1": {Name: "control-plane-1", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.2")}, ControlPlane: true},
 		"worker-0":        {Name: "worker-0", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.10")}},
+		"worker-1":        {Name: "worker-1", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.11")}},
+		"worker-2":        {Name: "worker-2", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.12")}},
 	}
 	for i := range 256 {
 		name := fmt.Sprintf("node-%03d", i)
@@ -166,7 +183,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		MeasurementSalt:   e.salt,
 		Kube:              kube.Admin,
 		PKIDir:            kube.PKIDir,
-		Platform:          joinservice.CertifiedNames{Directory: e.directory},
+		Platform:          joinservice.CertifiedNames{Directory: removableDirectory{e}},
 		APIServerEndpoint: kube.Host,
 		KubernetesVersion: kubetest.Version,
 		KubernetesComponents: []*joinpb.KubernetesComponent{
@@ -177,6 +194,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		RateBurst:  opts.rateBurst,
 		Log:        slog.New(slog.NewJSONHandler(e.logs, nil)),
 		Registerer: e.registry,
+		Now:        func() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) },
 	})
 	require.NoError(t, err)
 	g := grpc.NewServer(grpc.Creds(e.svc.Credentials()))
@@ -188,6 +206,20 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	e.addr = ln.Addr().String()
 	return e
 }
+
+// removableDirectory is the env's directory without the nodes removed from the platform.
+type removableDirectory struct{ e *env }
+
+func (d removableDirectory) Lookup(ctx context.Context, name string) (joinservice.Node, error) {
+	if _, gone := d.e.removed.Load(name); gone {
+		return joinservice.Node{}, errors.New("unknown to the platform")
+	}
+	return d.e.directory.Lookup(ctx, name)
+}
+
+// newDiskUUID is a fresh state disk's UUID, in upper case: the service must use the
+// lower-case form for the key and the record.
+func newDiskUUID() string { return strings.ToUpper(uuid.NewString()) }
 
 // joiner is one simulated joining node.
 type joiner struct {
@@ -209,7 +241,7 @@ type joiner struct {
 func (e *env) joiner(name string, local string) *joiner {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(e.t, err)
-	j := &joiner{name: name, tpm: e.nodeTPM, local: net.ParseIP(local), attests: true, key: key, diskUUID: "3F2504E0-4F89-11D3-9A0C-0305E82C3301"}
+	j := &joiner{name: name, tpm: e.nodeTPM, local: net.ParseIP(local), attests: true, key: key, diskUUID: newDiskUUID()}
 	j.csr = func(key *ecdsa.PrivateKey) []byte {
 		return csrFor(e.t, key, "system:node:"+name, e.directory[name].Addresses)
 	}
@@ -355,7 +387,7 @@ func TestJoinWorker(t *testing.T) {
 	require.NoError(t, err)
 
 	// Keys: derived from the master secret, the disk key by the lower-case UUID.
-	wantDisk, err := e.secret.DeriveKey("3f2504e0-4f89-11d3-9a0c-0305e82c3301", joinservice.StateDiskKeySize)
+	wantDisk, err := e.secret.DeriveKey(strings.ToLower(j.diskUUID), joinservice.StateDiskKeySize)
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, resp.StateDiskKey)
 	wantMS, err := e.secret.MeasurementSecret()
@@ -747,6 +779,20 @@ func (e *env) logLines(msg string) []map[string]any {
 		var m map[string]any
 		if json.Unmarshal(line, &m) == nil && m["msg"] == msg {
 			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// rawLogLines returns the service's log lines with message msg, as written.
+func (e *env) rawLogLines(msg string) []string {
+	e.logs.mu.Lock()
+	defer e.logs.mu.Unlock()
+	var out []string
+	for _, line := range bytes.Split(e.logs.buf.Bytes(), []byte("\n")) {
+		var m struct{ Msg string }
+		if json.Unmarshal(line, &m) == nil && m.Msg == msg {
+			out = append(out, string(line))
 		}
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/untrusted"
 )
 
 // Node is what the platform says about an attested peer.
@@ -47,10 +48,10 @@ func (c CertifiedNames) Node(ctx context.Context, peer *attestation.Verified, _ 
 	}
 	n, err := c.Directory.Lookup(ctx, peer.SignerName)
 	if err != nil {
-		return Node{}, fmt.Errorf("node %q: %w", peer.SignerName, err)
+		return Node{}, fmt.Errorf("node %s: %w", untrusted.Quote(peer.SignerName), err)
 	}
 	if n.Name != peer.SignerName {
-		return Node{}, fmt.Errorf("directory returned node %q for %q", n.Name, peer.SignerName)
+		return Node{}, fmt.Errorf("directory returned node %q for %s", n.Name, untrusted.Quote(peer.SignerName))
 	}
 	return n, nil
 }

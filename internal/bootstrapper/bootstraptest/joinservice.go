@@ -16,6 +16,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
@@ -55,6 +56,8 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 	c.ClusterID, err = kms.ClusterID(ms, c.MeasurementSalt)
 	require.NoError(t, err)
 
+	// Init creates the namespace of the disk-owner records before the join service runs.
+	require.NoError(t, diskowner.EnsureNamespace(context.Background(), kube.Admin))
 	service := NewNode(t, "control-plane-service", ca)
 	marker := sha256.Sum256(c.ClusterID)
 	if opts.WrongMarker {

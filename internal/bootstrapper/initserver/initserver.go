@@ -12,7 +12,9 @@
 //  5. generate the kubeadm configuration and run `kubeadm init`;
 //  6. record the cluster in Kubernetes: Secret kube-system/constellation-mastersecret
 //     (for the key service) and ConfigMap kube-system/constellation-cluster (cluster ID,
-//     measurement salt, version, components: for the join service and verifiers);
+//     measurement salt, version, components: for the join service and verifiers), and this
+//     node as the owner of its state disk (internal/diskowner: the join service releases a
+//     disk's key only to its recorded owner);
 //  7. deploy the in-cluster services (Config.Deploy: internal/deploy);
 //  8. return the admin kubeconfig and the cluster ID.
 //
@@ -60,6 +62,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -351,11 +354,12 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if kubeconfig, err = os.ReadFile(s.cfg.AdminKubeconfig); err != nil {
 		return nil, nil, fmt.Errorf("reading the admin kubeconfig kubeadm wrote: %w", err)
 	}
-	record, err := recordCluster(ctx, kubeconfig, r, clusterID)
+	record, err := recordCluster(ctx, kubeconfig, r, clusterID, diskUUID, self.Name)
 	if err != nil {
 		return nil, nil, err
 	}
 	rec.step("cluster recorded in %s/%s and %s/%s", RecordNamespace, ClusterConfigMapName, RecordNamespace, MasterSecretSecretName)
+	rec.step("state disk %s recorded as node %s's in namespace %s", diskUUID, self.Name, diskowner.Namespace)
 	if s.cfg.Deploy != nil {
 		rec.step("deploying the join, key and verification services")
 		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Attestation: *r.attestation, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
@@ -402,7 +406,10 @@ type ClusterRecord = clusterrecord.Cluster
 // ComponentRecord is one Kubernetes artifact nodes install.
 type ComponentRecord = clusterrecord.Component
 
-func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte) (ClusterRecord, error) {
+// recordCluster records the cluster, and that this node's state disk is this node's: the
+// init node never asks the join service for a join ticket, so without this record its
+// rebooted self would get no rejoin ticket (internal/diskowner).
+func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte, diskUUID, nodeName string) (ClusterRecord, error) {
 	restCfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
 		return ClusterRecord{}, fmt.Errorf("admin kubeconfig: %w", err)
@@ -444,6 +451,16 @@ func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID
 		Immutable:  ptrTo(true),
 	}, metav1.CreateOptions{}); err != nil {
 		return ClusterRecord{}, fmt.Errorf("recording the cluster: %w", err)
+	}
+	if err := diskowner.EnsureNamespace(ctx, client); err != nil {
+		return ClusterRecord{}, fmt.Errorf("recording the owner of this node's state disk: %w", err)
+	}
+	owner, err := diskowner.Store{Client: client}.Claim(ctx, diskUUID, nodeName)
+	if err != nil {
+		return ClusterRecord{}, fmt.Errorf("recording the owner of this node's state disk: %w", err)
+	}
+	if owner != nodeName {
+		return ClusterRecord{}, fmt.Errorf("state disk %s is recorded as node %q's, not this node's (%q)", diskUUID, owner, nodeName)
 	}
 	return rec, nil
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
+	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
@@ -134,6 +135,11 @@ func (e *env) forgetCluster() {
 	ctx := context.Background()
 	_ = kube.Admin.CoreV1().Secrets(initserver.RecordNamespace).Delete(ctx, initserver.MasterSecretSecretName, metav1.DeleteOptions{})
 	_ = kube.Admin.CoreV1().ConfigMaps(initserver.RecordNamespace).Delete(ctx, initserver.ClusterConfigMapName, metav1.DeleteOptions{})
+	if uuid, err := e.node.Storage.UUID(); err == nil {
+		if name, err := diskowner.ObjectName(uuid); err == nil {
+			_ = kube.Admin.CoreV1().ConfigMaps(diskowner.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+		}
+	}
 }
 
 func request(t *testing.T) (*initpb.InitRequest, kms.MasterSecret) {
@@ -213,6 +219,14 @@ func TestInit(t *testing.T) {
 		},
 		InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(wantID)),
 	}, rec)
+
+	// This node's state disk is recorded as its own: it never gets a join ticket, and the
+	// join service releases a disk's key only to the disk's recorded owner.
+	diskUUID, err := e.node.Storage.UUID()
+	require.NoError(t, err)
+	owner, err := diskowner.Store{Client: client}.Owner(ctx, diskUUID)
+	require.NoError(t, err)
+	assert.Equal(t, "control-plane-0", owner)
 
 	// kubeadm ran once, with the configuration built from the request and the node's metadata.
 	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())

@@ -17,9 +17,11 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/untrusted"
 )
 
 // Kubernetes names of node identities.
@@ -64,26 +66,40 @@ func Check(der []byte, node Node) (*x509.CertificateRequest, error) {
 	}
 	// 3. Validate against the node's identity.
 	var problems []error
+	// The CSR is the peer's: its strings are quoted and truncated (untrusted.Quote), and at
+	// most maxListed offending SANs are named, so a crafted request cannot make the error
+	// (the gRPC status and the log line) large.
 	if want := NodeUserPrefix + node.Name; csr.Subject.CommonName != want {
-		problems = append(problems, fmt.Errorf("common name %q, want %q", csr.Subject.CommonName, want))
+		problems = append(problems, fmt.Errorf("common name %s, want %q", untrusted.Quote(csr.Subject.CommonName), want))
 	}
 	if !slices.Equal(csr.Subject.Organization, []string{NodesGroup}) {
-		problems = append(problems, fmt.Errorf("organization %q, want [%q]", csr.Subject.Organization, NodesGroup))
+		var orgs []string
+		for _, o := range csr.Subject.Organization {
+			orgs = append(orgs, untrusted.Quote(o))
+		}
+		problems = append(problems, fmt.Errorf("organization [%s], want [%q]", listed(orgs), NodesGroup))
 	}
 	s := csr.Subject
 	if len(s.Country)+len(s.Province)+len(s.Locality)+len(s.StreetAddress)+len(s.PostalCode)+len(s.OrganizationalUnit)+len(s.ExtraNames) > 0 || s.SerialNumber != "" {
 		problems = append(problems, errors.New("subject has fields besides CN and O"))
 	}
+	var badNames, badIPs []string
 	for _, name := range csr.DNSNames {
 		if name != node.Name {
-			problems = append(problems, fmt.Errorf("DNS name %q is not the node's name %q", name, node.Name))
+			badNames = append(badNames, untrusted.Quote(name))
 		}
+	}
+	if len(badNames) > 0 {
+		problems = append(problems, fmt.Errorf("DNS name %s is not the node's name %q", listed(badNames), node.Name))
 	}
 	for _, ip := range csr.IPAddresses {
 		addr, ok := netip.AddrFromSlice(ip)
 		if !ok || !slices.Contains(node.Addresses, addr.Unmap()) {
-			problems = append(problems, fmt.Errorf("IP address %s is not one of the node's addresses %v", ip, node.Addresses))
+			badIPs = append(badIPs, ip.String())
 		}
+	}
+	if len(badIPs) > 0 {
+		problems = append(problems, fmt.Errorf("IP address %s is not one of the node's addresses %v", listed(badIPs), node.Addresses))
 	}
 	if len(csr.EmailAddresses)+len(csr.URIs) > 0 {
 		problems = append(problems, errors.New("e-mail or URI SANs requested"))
@@ -95,6 +111,17 @@ func Check(der []byte, node Node) (*x509.CertificateRequest, error) {
 		return nil, fmt.Errorf("%w for node %q: %w", ErrRejected, node.Name, errors.Join(problems...))
 	}
 	return csr, nil
+}
+
+// maxListed is how many offending SANs an error names.
+const maxListed = 3
+
+// listed joins the first maxListed items and counts the rest.
+func listed(items []string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:maxListed], ", "), len(items)-maxListed)
 }
 
 func checkKey(csr *x509.CertificateRequest) error {

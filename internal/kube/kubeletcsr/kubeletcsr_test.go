@@ -9,9 +9,11 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,6 +97,18 @@ func TestCheck(t *testing.T) {
 			der:     request(t, p256, func(r *x509.CertificateRequest) { r.URIs = []*url.URL{{Scheme: "spiffe", Host: "x"}} }),
 			wantErr: "URI",
 		},
+		// A request whose strings are large: the error quotes 64 bytes of each and names at
+		// most three offending SANs.
+		"huge strings": {
+			der: request(t, p256, func(r *x509.CertificateRequest) {
+				r.Subject.CommonName = "system:node:" + strings.Repeat("x", 6000)
+				r.Subject.Organization = []string{strings.Repeat("o", 2000), "system:masters"}
+				for i := range 30 {
+					r.DNSNames = append(r.DNSNames, fmt.Sprintf("%d.%s", i, strings.Repeat("d", 100)))
+				}
+			}),
+			wantErr: `common name "system:node:xxxx`,
+		},
 		"weak curve":  {der: request(t, p224, nil), wantErr: "curve P-224"},
 		"weak RSA":    {der: request(t, rsa1024, nil), wantErr: "RSA key of 1024 bits"},
 		"ed25519 key": {der: request(t, ed, nil), wantErr: "key of type ed25519.PublicKey"},
@@ -109,6 +123,9 @@ func TestCheck(t *testing.T) {
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
 			csr, err := Check(tc.der, node)
+			if err != nil {
+				assert.Less(t, len(err.Error()), 1024, "the error echoes peer strings unbounded")
+			}
 			if tc.wantErr == "" {
 				require.NoError(t, err)
 				assert.Equal(t, "system:node:worker-1", csr.Subject.CommonName)
