@@ -7,7 +7,6 @@ package floodtest
 import (
 	"context"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -105,20 +104,32 @@ func Handshake(ctx context.Context, creds *atls.Credentials, local, addr string)
 	return conn.Close()
 }
 
-// Flood starts one Handshake per source address in locals, all at once, and returns their
-// results in order once all ended (each within timeout).
-func Flood(creds *atls.Credentials, addr string, locals []string, timeout time.Duration) []error {
-	errs := make([]error, len(locals))
-	var wg sync.WaitGroup
-	for i, local := range locals {
-		wg.Go(func() {
+// Start starts one Handshake per source address in locals, all at once (each within
+// timeout), and returns a channel that receives each result as its handshake ends.
+func Start(creds *atls.Credentials, addr string, locals []string, timeout time.Duration) <-chan error {
+	results := make(chan error, len(locals))
+	for _, local := range locals {
+		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			errs[i] = Handshake(ctx, creds, local, addr)
-		})
+			results <- Handshake(ctx, creds, local, addr)
+		}()
 	}
-	wg.Wait()
-	return errs
+	return results
+}
+
+// Collect receives n results from Start.
+func Collect(results <-chan error, n int) []error {
+	out := make([]error, n)
+	for i := range out {
+		out[i] = <-results
+	}
+	return out
+}
+
+// Flood runs Start and returns all results once every handshake ended.
+func Flood(creds *atls.Credentials, addr string, locals []string, timeout time.Duration) []error {
+	return Collect(Start(creds, addr, locals, timeout), len(locals))
 }
 
 // Repeat returns n copies of local: n handshakes from one peer.
