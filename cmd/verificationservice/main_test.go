@@ -81,11 +81,12 @@ func TestRun(t *testing.T) {
 // refused (429) after its burst, before the TPM is used; the metrics count both.
 func TestRunLimitsCallers(t *testing.T) {
 	proc := vtpmtest.SwtpmProcess(t)
+	counter := vtpmtest.CountQuotes(t, proc.Addr())
 	httpAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// One request per 1000 s: no token refills while the test runs.
-	args := []string{"--tpm=" + proc.Addr(), "--grpc-listen=" + freeAddr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2"}
+	args := []string{"--tpm=" + counter.Addr(), "--grpc-listen=" + freeAddr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2"}
 	go func() { done <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
@@ -108,6 +109,13 @@ func TestRunLimitsCallers(t *testing.T) {
 		c.Close()
 		return true
 	}, 10*time.Second, 50*time.Millisecond)
+	// Warm up from another caller: the first evidence of a fresh swtpm may take a second
+	// quote (vtpm.Issuer quotes again when the PCR digest does not match its read).
+	warm, err := http.Get("http://" + httpAddr + "/v1/attest?nonce=" + nonce)
+	require.NoError(t, err)
+	warm.Body.Close()
+	require.Equal(t, http.StatusOK, warm.StatusCode)
+	before := counter.Quotes()
 	var codes []int
 	for range 6 {
 		resp, err := client.Get("http://" + httpAddr + "/v1/attest?nonce=" + nonce)
@@ -116,11 +124,12 @@ func TestRunLimitsCallers(t *testing.T) {
 		codes = append(codes, resp.StatusCode)
 	}
 	assert.Equal(t, []int{200, 200, 429, 429, 429, 429}, codes)
+	assert.Equal(t, 2, counter.Quotes()-before, "quotes the swtpm signed for six requests")
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	require.NoError(t, err)
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Contains(t, string(metrics), `constellation_verificationservice_requests_total{protocol="http",result="ok"} 2`)
+	assert.Contains(t, string(metrics), `constellation_verificationservice_requests_total{protocol="http",result="ok"} 3`)
 	assert.Contains(t, string(metrics), `constellation_verificationservice_requests_total{protocol="http",result="rate-limited"} 4`)
 }
 
