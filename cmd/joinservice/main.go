@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -59,6 +60,9 @@ type flags struct {
 	listen, configDir, pkiDir, tpm, metadataURL, keyService, keyServiceTLSDir string
 	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                      string
 	tokenTTL                                                                  time.Duration
+	// Handshake admission (internal/handshakelimit); 0: the service's defaults.
+	rateLimit                               float64
+	rateBurst, perPeer, concurrent, waiting int
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -75,6 +79,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	fs.StringVar(&f.apiServerEndpoint, "api-server-endpoint", "", "host:port of the API server joining nodes use (required)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster service account)")
 	fs.DurationVar(&f.tokenTTL, "token-ttl", 0, "bootstrap token lifetime (0: 15 minutes)")
+	fs.Float64Var(&f.rateLimit, "handshake-rate", 0, fmt.Sprintf("attested handshakes per second per peer address (0: %v)", float64(joinservice.DefaultRateLimit)))
+	fs.IntVar(&f.rateBurst, "handshake-burst", 0, fmt.Sprintf("handshakes a peer address may make at once after idling (0: %d)", joinservice.DefaultRateBurst))
+	fs.IntVar(&f.perPeer, "max-handshakes-per-peer", 0, fmt.Sprintf("handshakes in progress per peer address (0: %d)", joinservice.DefaultMaxHandshakesPerPeer))
+	fs.IntVar(&f.concurrent, "max-concurrent-handshakes", 0, fmt.Sprintf("handshakes quoting and verifying at once (0: %d)", joinservice.DefaultMaxConcurrentHandshakes))
+	fs.IntVar(&f.waiting, "max-waiting-handshakes", 0, fmt.Sprintf("handshakes waiting for a turn; more are refused at once (0: %d)", joinservice.DefaultMaxWaitingHandshakes))
 	fs.StringVar(&f.metricsAddr, "metrics-listen", "", "Prometheus metrics listen address (empty: none)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
@@ -82,6 +91,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	if f.apiServerEndpoint == "" {
 		return errors.New("--api-server-endpoint is required")
+	}
+	for name, v := range map[string]float64{"handshake-rate": f.rateLimit, "handshake-burst": float64(f.rateBurst), "max-handshakes-per-peer": float64(f.perPeer), "max-concurrent-handshakes": float64(f.concurrent), "max-waiting-handshakes": float64(f.waiting)} {
+		if v < 0 {
+			return fmt.Errorf("--%s %v: must not be negative (0: the default)", name, v)
+		}
 	}
 	log, err := cmdutil.Logger(stderr, f.logLevel)
 	if err != nil {
@@ -133,17 +147,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	reg := cmdutil.Registry()
 	svc, err := joinservice.New(joinservice.Config{
 		Issuer: issuer, Validator: validator, Active: active,
-		Keys:                 keys,
-		MeasurementSalt:      cluster.Salt(),
-		Kube:                 kube,
-		PKIDir:               f.pkiDir,
-		Platform:             joinservice.CertifiedNames{Directory: joinservice.ListerDirectory{Lister: meta}},
-		APIServerEndpoint:    f.apiServerEndpoint,
-		KubernetesVersion:    cluster.KubernetesVersion,
-		KubernetesComponents: components(cluster),
-		TokenTTL:             f.tokenTTL,
-		Log:                  log,
-		Registerer:           reg,
+		Keys:                    keys,
+		MeasurementSalt:         cluster.Salt(),
+		Kube:                    kube,
+		PKIDir:                  f.pkiDir,
+		Platform:                joinservice.CertifiedNames{Directory: joinservice.ListerDirectory{Lister: meta}},
+		APIServerEndpoint:       f.apiServerEndpoint,
+		KubernetesVersion:       cluster.KubernetesVersion,
+		KubernetesComponents:    components(cluster),
+		TokenTTL:                f.tokenTTL,
+		RateLimit:               rate.Limit(f.rateLimit),
+		RateBurst:               f.rateBurst,
+		MaxHandshakesPerPeer:    f.perPeer,
+		MaxConcurrentHandshakes: f.concurrent,
+		MaxWaitingHandshakes:    f.waiting,
+		Log:                     log,
+		Registerer:              reg,
 	})
 	if err != nil {
 		return err

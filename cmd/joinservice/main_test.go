@@ -217,9 +217,10 @@ func TestRunRefuses(t *testing.T) {
 		args []string
 		want string
 	}{
-		"no API server endpoint": {args: []string{"--config-dir=" + dir}, want: "--api-server-endpoint is required"},
-		"no configuration":       {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=/nonexistent"}, want: "configuration: stat /nonexistent/cluster.json"},
-		"invalid cluster record": {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=" + dir}, want: "cluster.json: invalid cluster record"},
+		"no API server endpoint":   {args: []string{"--config-dir=" + dir}, want: "--api-server-endpoint is required"},
+		"no configuration":         {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=/nonexistent"}, want: "configuration: stat /nonexistent/cluster.json"},
+		"invalid cluster record":   {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=" + dir}, want: "cluster.json: invalid cluster record"},
+		"negative handshake limit": {args: []string{"--api-server-endpoint=10.42.0.10:6443", "--max-handshakes-per-peer=-1"}, want: "--max-handshakes-per-peer -1: must not be negative"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := run(context.Background(), tc.args, func(string) string { return "" }, io.Discard)

@@ -79,6 +79,62 @@ func TestRun(t *testing.T) {
 	assert.Contains(t, logs.String(), `"ak":"ecc"`)
 }
 
+// The service as the binary wires it, on a real swtpm: a caller asking again and again is
+// refused (429) after its burst, before the TPM is used; the metrics count both.
+func TestRunLimitsCallers(t *testing.T) {
+	proc := vtpmtest.SwtpmProcess(t)
+	counter := vtpmtest.CountQuotes(t, proc.Addr())
+	httpAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	// One request per 1000 s: no token refills while the test runs.
+	args := []string{"--tpm=" + counter.Addr(), "--grpc-listen=" + freeAddr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2"}
+	go func() { done <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	nonce := hex.EncodeToString(bytes.Repeat([]byte{7}, 16))
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.11.1")}}
+	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}, Timeout: time.Minute}
+	// Wait for the server with another caller's address (its attempts are its own).
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		c, err := net.Dial("tcp", httpAddr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	}, 10*time.Second, 50*time.Millisecond)
+	// Warm up from another caller: the first evidence of a fresh swtpm may take a second
+	// quote (vtpm.Issuer quotes again when the PCR digest does not match its read).
+	warm, err := http.Get("http://" + httpAddr + "/v1/attest?nonce=" + nonce)
+	require.NoError(t, err)
+	warm.Body.Close()
+	require.Equal(t, http.StatusOK, warm.StatusCode)
+	before := counter.Quotes()
+	var codes []int
+	for range 6 {
+		resp, err := client.Get("http://" + httpAddr + "/v1/attest?nonce=" + nonce)
+		require.NoError(t, err)
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+	}
+	assert.Equal(t, []int{200, 200, 429, 429, 429, 429}, codes)
+	assert.Equal(t, 2, counter.Quotes()-before, "quotes the swtpm signed for six requests")
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(metrics), `constellation_verificationservice_requests_total{protocol="http",result="ok"} 3`)
+	assert.Contains(t, string(metrics), `constellation_verificationservice_requests_total{protocol="http",result="rate-limited"} 4`)
+}
+
 func TestRunRefuses(t *testing.T) {
 	none := func(string) string { return "" }
 	for name, tc := range map[string]struct {
@@ -89,6 +145,7 @@ func TestRunRefuses(t *testing.T) {
 		"unknown variant": {args: []string{"--variant=tpm-9000"}, want: `unknown attestation variant "tpm-9000"`},
 		"no TPM":          {args: []string{"--tpm=unix:/nonexistent/tpm.sock"}, want: "TPM: connecting to TPM at unix:/nonexistent/tpm.sock"},
 		"bad log level":   {args: []string{"--log-level=loud"}, want: `log level "loud"`},
+		"zero peer rate":  {args: []string{"--peer-rate=0"}, want: "--peer-rate 0: must be positive"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := run(context.Background(), tc.args, none, io.Discard)

@@ -82,11 +82,15 @@ type Config struct {
 	// HandshakeTimeout applies when the context has no deadline (default 20 s).
 	HandshakeTimeout time.Duration
 	// Admit, when set, is asked on every connection right after the TLS handshake, before
-	// any evidence is issued or validated. An error refuses the connection: the handshake
-	// fails with reason "refused" and the error's text is sent to the peer in the Abort.
-	// Servers use it for per-peer rate limits, so refused peers cost no TPM quote and no
-	// verification.
-	Admit func(ctx context.Context, remote net.Addr) error
+	// any attestation frame is exchanged and so before any evidence is issued or validated.
+	// An error refuses the connection: the handshake fails with reason "refused" and the
+	// error's text is sent to the peer in the Abort. On success, release is called once the
+	// attested handshake has ended, whether it succeeded or not. Servers bound concurrent
+	// handshakes and their rate per peer with it (internal/handshakelimit), so a refused peer
+	// costs no TPM quote and no verification. It runs after the TLS handshake so that the
+	// refused peer learns why over the encrypted channel; a TLS handshake costs one Ed25519
+	// signature and one X25519 exchange, a small fraction of a quote.
+	Admit func(ctx context.Context, remote net.Addr) (release func(), err error)
 }
 
 // Credentials makes attested connections with one configuration, in either role.
@@ -224,7 +228,7 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 	}
 
 	w := newAsyncWriter(conn)
-	verified, err := c.run(ctx, conn, w, role, exporter)
+	verified, err := c.admitAndRun(ctx, conn, w, role, exporter)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) && e.Local {
@@ -239,14 +243,22 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 	return verified, nil
 }
 
+// admitAndRun asks Config.Admit, then runs the attestation exchange; the admission is
+// released when the exchange ends.
+func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
+	if c.cfg.Admit != nil {
+		release, err := c.cfg.Admit(ctx, conn.RemoteAddr())
+		if err != nil {
+			return nil, &Error{Local: true, Reason: "refused", Err: err}
+		}
+		defer release()
+	}
+	return c.run(ctx, conn, w, role, exporter)
+}
+
 func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
 	local := func(reason string, format string, args ...any) error {
 		return &Error{Local: true, Reason: reason, Err: fmt.Errorf(format, args...)}
-	}
-	if c.cfg.Admit != nil {
-		if err := c.cfg.Admit(ctx, conn.RemoteAddr()); err != nil {
-			return nil, local("refused", "%w", err)
-		}
 	}
 	hello := &atlspb.Hello{Version: protocolVersion}
 	if c.cfg.Issuer != nil {

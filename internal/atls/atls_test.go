@@ -360,9 +360,9 @@ func TestAdmitRefusesBeforeAttestation(t *testing.T) {
 	server := creds(t, atls.Config{
 		Issuer:     countingIssuer,
 		Validators: []attestation.Validator{countingValidator{n.validator(t), &validated}},
-		Admit: func(_ context.Context, remote net.Addr) error {
+		Admit: func(_ context.Context, remote net.Addr) (func(), error) {
 			seenRemote = remote
-			return errors.New("rate limit exceeded for this peer, retry later")
+			return nil, errors.New("rate limit exceeded for this peer, retry later")
 		},
 	})
 	client := creds(t, atls.Config{Issuer: n.issuer, Validators: []attestation.Validator{n.validator(t)}})
@@ -379,6 +379,36 @@ func TestAdmitRefusesBeforeAttestation(t *testing.T) {
 	assert.Zero(t, validated.Load(), "server validated evidence of a refused peer")
 	require.NotNil(t, seenRemote)
 	assert.Contains(t, seenRemote.String(), "127.0.0.1:")
+}
+
+// An admitted handshake holds its admission until the attested handshake ends, successful or
+// not, and releases it exactly once; the established connection holds nothing.
+func TestAdmitReleasesWhenHandshakeEnds(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	var admitted, released atomic.Int32
+	server := creds(t, atls.Config{
+		Issuer: n.issuer,
+		Admit: func(context.Context, net.Addr) (func(), error) {
+			admitted.Add(1)
+			return func() { released.Add(1) }, nil
+		},
+	})
+	srv, cli := connect(t, server, creds(t, atls.Config{Validators: []attestation.Validator{n.validator(t)}}))
+	require.NoError(t, srv.err)
+	require.NoError(t, cli.err)
+	assert.Equal(t, int32(1), admitted.Load())
+	assert.Equal(t, int32(1), released.Load(), "released while the connection stays open")
+
+	other := &node{ref: measurements.M{}}
+	for k, v := range n.ref {
+		other.ref[k] = v
+	}
+	other.ref[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{1}, 32)}
+	srv, cli = connect(t, server, creds(t, atls.Config{Validators: []attestation.Validator{other.validator(t)}}))
+	require.Error(t, cli.err)
+	require.Error(t, srv.err)
+	assert.Equal(t, int32(2), admitted.Load())
+	assert.Equal(t, int32(2), released.Load(), "released after a failed handshake")
 }
 
 type countingValidator struct {

@@ -1,91 +1,84 @@
-package joinservice
+package joinservice_test
 
 import (
-	"context"
-	"net/netip"
-	"sync/atomic"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/time/rate"
 
 	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
 )
 
-func TestRateLimiter(t *testing.T) {
-	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
-	r := newRateLimiter(rate.Limit(1), 2, func() time.Time { return now })
-	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
-
-	require.NoError(t, r.allow(a))
-	require.NoError(t, r.allow(a))
-	err := r.allow(a)
-	require.ErrorIs(t, err, errRateLimited)
-	assert.ErrorContains(t, err, "too many join attempts from 10.0.0.1 (limit 1/s, burst 2)")
-	require.NoError(t, r.allow(b), "peers have separate buckets")
-
-	now = now.Add(time.Second)
-	require.NoError(t, r.allow(a), "the bucket refills")
-	require.ErrorIs(t, r.allow(a), errRateLimited)
-}
-
-func TestRateLimiterForgetsIdlePeers(t *testing.T) {
-	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
-	r := newRateLimiter(rate.Limit(1), 1, func() time.Time { return now })
-	for i := range maxTrackedPeers {
-		now = now.Add(time.Millisecond)
-		require.NoError(t, r.allow(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})))
+// heldIssuer wraps the service's issuer so that its quotes are counted and held until the
+// test lets them go.
+func heldIssuer() (*floodtest.Issuer, func(attestation.Issuer) attestation.Issuer) {
+	iss := &floodtest.Issuer{Hold: make(chan struct{})}
+	return iss, func(inner attestation.Issuer) attestation.Issuer {
+		iss.Issuer = inner
+		return iss
 	}
-	require.Len(t, r.peers, maxTrackedPeers)
-	require.NoError(t, r.allow(netip.MustParseAddr("192.0.2.1")))
-	assert.Less(t, len(r.peers), maxTrackedPeers, "memory stays bounded")
-	assert.Contains(t, r.peers, netip.MustParseAddr("192.0.2.1"))
-	// The most recent peer keeps its (empty) bucket.
-	assert.ErrorIs(t, r.allow(netip.AddrFrom4([4]byte{10, 0, 255, 255})), errRateLimited)
 }
 
-type blockingValidator struct {
-	attestation.Validator
-	inFlight, peak atomic.Int32
-	release        chan struct{}
-}
+// An attacker without a TPM opens many handshakes at once from one address, each demanding
+// the service's evidence: beyond the per-peer bound they are refused before the service
+// quotes, and counted.
+func TestFloodFromOnePeerCostsNoQuotes(t *testing.T) {
+	iss, wrap := heldIssuer()
+	e := newEnv(t, envOptions{perPeer: 2, wrapIssuer: wrap})
+	const n = 10
+	done := make(chan []error, 1)
+	go func() {
+		done <- floodtest.Flood(floodtest.Attacker(qemu.Variant), e.addr, floodtest.Repeat("127.0.0.77", n), time.Minute)
+	}()
+	require.Eventually(t, func() bool {
+		return e.counter("constellation_joinservice_rejections_total", "stage", "handshake", "reason", "peer-busy") == n-2 && iss.InFlight() == 2
+	}, 30*time.Second, 10*time.Millisecond, "two handshakes quote, the other %d are refused", n-2)
+	assert.Equal(t, 2, iss.Issued(), "quotes made for the flood")
+	close(iss.Hold)
 
-func (b *blockingValidator) Validate(context.Context, []byte, attestation.Purpose, []byte) (*attestation.Verified, error) {
-	n := b.inFlight.Add(1)
-	for {
-		p := b.peak.Load()
-		if n <= p || b.peak.CompareAndSwap(p, n) {
-			break
+	refused := 0
+	for _, err := range <-done {
+		require.Error(t, err, "the attacker's garbage evidence never passes")
+		if strings.Contains(err.Error(), "127.0.0.77 already has 2 join attempts in progress (limit 2)") {
+			refused++
 		}
 	}
-	<-b.release
-	b.inFlight.Add(-1)
-	return &attestation.Verified{}, nil
+	assert.Equal(t, n-2, refused)
+	assert.Equal(t, 2, iss.Issued(), "no quote after the flood either")
+	// The peer is served again once its handshakes ended.
+	_, err := e.join(e.joiner("worker-0", "127.0.0.77"), false)
+	require.NoError(t, err)
 }
 
-func TestBoundedValidator(t *testing.T) {
-	inner := &blockingValidator{release: make(chan struct{})}
-	v := boundedValidator{inner, make(chan struct{}, 2)}
-	done := make(chan error, 5)
-	for range 5 {
-		go func() {
-			_, err := v.Validate(context.Background(), nil, attestation.PurposeATLSClient, nil)
-			done <- err
-		}()
+// An attacker with many addresses: beyond the global bound (working plus waiting) handshakes
+// are refused before the service quotes.
+func TestFloodFromManyPeersIsBoundedGlobally(t *testing.T) {
+	iss, wrap := heldIssuer()
+	e := newEnv(t, envOptions{concurrent: 2, waiting: 1, wrapIssuer: wrap})
+	var locals []string
+	for i := range 8 {
+		locals = append(locals, fmt.Sprintf("127.0.0.%d", 81+i))
 	}
-	require.Eventually(t, func() bool { return inner.inFlight.Load() == 2 }, 5*time.Second, time.Millisecond)
+	done := make(chan []error, 1)
+	go func() { done <- floodtest.Flood(floodtest.Attacker(qemu.Variant), e.addr, locals, time.Minute) }()
+	require.Eventually(t, func() bool {
+		return e.counter("constellation_joinservice_rejections_total", "stage", "handshake", "reason", "busy") == 5 && iss.InFlight() == 2
+	}, 30*time.Second, 10*time.Millisecond, "two handshakes quote, one waits, five are refused")
+	assert.Equal(t, 2, iss.Issued(), "the waiting handshake has not quoted")
+	close(iss.Hold)
 
-	// A waiter whose handshake deadline passes gives up without validating.
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_, err := v.Validate(ctx, nil, attestation.PurposeATLSClient, nil)
-	require.ErrorIs(t, err, context.Canceled)
-
-	close(inner.release)
-	for range 5 {
-		require.NoError(t, <-done)
+	refused := 0
+	for _, err := range <-done {
+		require.Error(t, err)
+		if strings.Contains(err.Error(), "join attempts in progress (limit 2 working, 1 waiting)") {
+			refused++
+		}
 	}
-	assert.Equal(t, int32(2), inner.peak.Load(), "never more than 2 validations at once")
+	assert.Equal(t, 5, refused)
+	assert.Equal(t, 3, iss.Issued(), "the waiting handshake quoted once a slot was free")
 }

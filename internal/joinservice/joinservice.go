@@ -4,9 +4,11 @@
 //
 // An admission, in order, stopping at the first failure:
 //
-//  1. per-peer rate limit, before any attestation work (atls.Config.Admit);
-//  2. evidence verified against the active reference sets, with bounded concurrency and a
-//     size cap (the attested handshake);
+//  1. handshake admission, before any TPM quote or verification (atls.Config.Admit with an
+//     internal/handshakelimit.Limiter): a rate per peer address, a bound on one peer's
+//     handshakes in progress and one on all handshakes in progress;
+//  2. evidence verified against the active reference sets, with a size cap (the attested
+//     handshake);
 //  3. the platform names the node and its addresses (Platform);
 //  4. the request is checked: disk UUID, the kubelet CSR against that identity, the
 //     control-plane flag against the node's role;
@@ -24,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"time"
@@ -43,6 +44,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -61,9 +63,11 @@ const StateDiskKeySize = 32
 
 // Defaults of Config.
 const (
-	DefaultRateLimit                  = rate.Limit(1) // per second, per peer address
-	DefaultRateBurst                  = 5
-	DefaultMaxConcurrentVerifications = 16
+	DefaultRateLimit               = rate.Limit(1) // per second, per peer address
+	DefaultRateBurst               = 5
+	DefaultMaxHandshakesPerPeer    = 2
+	DefaultMaxConcurrentHandshakes = 16
+	DefaultMaxWaitingHandshakes    = 256
 )
 
 // Config configures the join service.
@@ -98,8 +102,13 @@ type Config struct {
 	// RateLimit and RateBurst bound handshakes per peer address (defaults 1/s, burst 5).
 	RateLimit rate.Limit
 	RateBurst int
-	// MaxConcurrentVerifications defaults to 16.
-	MaxConcurrentVerifications int
+	// MaxHandshakesPerPeer bounds one peer address's handshakes in progress (default 2).
+	MaxHandshakesPerPeer int
+	// MaxConcurrentHandshakes bound the handshakes quoting and verifying at once (default
+	// 16); up to MaxWaitingHandshakes more wait for a turn (default 256), within their
+	// deadline, and further ones are refused at once. Waiting costs no TPM or CPU work.
+	MaxConcurrentHandshakes int
+	MaxWaitingHandshakes    int
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
 
@@ -113,7 +122,7 @@ type Service struct {
 	joinpb.UnimplementedJoinServiceServer
 	cfg     Config
 	ca      *pki.CA
-	limiter *rateLimiter
+	limiter *handshakelimit.Limiter
 	// logLimiter keeps floods of rejections out of the log (counters count them all).
 	logLimiter *logLimiter
 	owners     diskowner.Store
@@ -147,8 +156,14 @@ func New(cfg Config) (*Service, error) {
 	if cfg.RateBurst <= 0 {
 		cfg.RateBurst = DefaultRateBurst
 	}
-	if cfg.MaxConcurrentVerifications <= 0 {
-		cfg.MaxConcurrentVerifications = DefaultMaxConcurrentVerifications
+	if cfg.MaxHandshakesPerPeer <= 0 {
+		cfg.MaxHandshakesPerPeer = DefaultMaxHandshakesPerPeer
+	}
+	if cfg.MaxConcurrentHandshakes <= 0 {
+		cfg.MaxConcurrentHandshakes = DefaultMaxConcurrentHandshakes
+	}
+	if cfg.MaxWaitingHandshakes <= 0 {
+		cfg.MaxWaitingHandshakes = DefaultMaxWaitingHandshakes
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -164,19 +179,23 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	limiter, err := handshakelimit.New(handshakelimit.Limits{
+		Rate: cfg.RateLimit, Burst: cfg.RateBurst, PerPeer: cfg.MaxHandshakesPerPeer,
+		Concurrent: cfg.MaxConcurrentHandshakes, Waiting: cfg.MaxWaitingHandshakes, What: "join attempts",
+	}, cfg.Now)
+	if err != nil {
+		return nil, fmt.Errorf("join service: %w", err)
+	}
 	s := &Service{
-		cfg: cfg, ca: ca, log: cfg.Log, metrics: m,
-		limiter:    newRateLimiter(cfg.RateLimit, cfg.RateBurst, cfg.Now),
+		cfg: cfg, ca: ca, log: cfg.Log, metrics: m, limiter: limiter,
 		logLimiter: newLogLimiter(rejectLogInterval, rejectLogRate, rejectLogBurst, cfg.Now),
 		owners:     diskowner.Store{Client: cfg.Kube},
 	}
 	creds, err := atls.NewCredentials(atls.Config{
 		Issuer:          cfg.Issuer,
-		Validators:      []attestation.Validator{boundedValidator{cfg.Validator, make(chan struct{}, cfg.MaxConcurrentVerifications)}},
+		Validators:      []attestation.Validator{cfg.Validator},
 		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Admit: func(_ context.Context, remote net.Addr) error {
-			return s.limiter.allow(remoteAddr(remote))
-		},
+		Admit:           limiter.Admit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("join service: %w", err)

@@ -121,6 +121,10 @@ type envOptions struct {
 	rateBurst   int
 	serviceImg  []local.Component
 	noClusterID bool
+	// perPeer, concurrent and waiting bound handshakes (0: the service's defaults).
+	perPeer, concurrent, waiting int
+	// wrapIssuer, when set, wraps the service's issuer (to count or hold its quotes).
+	wrapIssuer func(attestation.Issuer) attestation.Issuer
 }
 
 func newEnv(t testing.TB, opts envOptions) *env {
@@ -153,8 +157,12 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		require.NoError(t, serviceTPM.ExtendPCR(joinservice.ClusterIDRegister, digest[:]))
 	}
 	// The service quotes with its ECC AK (vtpm.AKAlgorithm): its quote is on every join's path.
-	issuer, err := vtpm.NewIssuer(serviceTPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
+	var issuer attestation.Issuer
+	issuer, err = vtpm.NewIssuer(serviceTPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
 	require.NoError(t, err)
+	if opts.wrapIssuer != nil {
+		issuer = opts.wrapIssuer(issuer)
+	}
 
 	e.nodeTPM, _ = vtpmtest.Swtpm(t)
 	require.NoError(t, local.Measure(e.nodeTPM, imageV1))
@@ -189,12 +197,15 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		KubernetesComponents: []*joinpb.KubernetesComponent{
 			{Name: "kubelet", Url: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
 		},
-		TokenTTL:   opts.ttl,
-		RateLimit:  opts.rateLimit,
-		RateBurst:  opts.rateBurst,
-		Log:        slog.New(slog.NewJSONHandler(e.logs, nil)),
-		Registerer: e.registry,
-		Now:        func() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) },
+		TokenTTL:                opts.ttl,
+		RateLimit:               opts.rateLimit,
+		RateBurst:               opts.rateBurst,
+		MaxHandshakesPerPeer:    opts.perPeer,
+		MaxConcurrentHandshakes: opts.concurrent,
+		MaxWaitingHandshakes:    opts.waiting,
+		Log:                     slog.New(slog.NewJSONHandler(e.logs, nil)),
+		Registerer:              e.registry,
+		Now:                     func() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) },
 	})
 	require.NoError(t, err)
 	g := grpc.NewServer(grpc.Creds(e.svc.Credentials()))

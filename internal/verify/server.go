@@ -8,8 +8,11 @@
 // answered, and nothing about later connections to that address.
 //
 // The node's TPM is a swtpm that serves one connection at a time, shared with the
-// bootstrapper and the other services of the node: give the server a vtpm.PerUseIssuer. The
-// server bounds how many requests may wait for the TPM; more are refused at once.
+// bootstrapper and the other services of the node: give the server a vtpm.PerUseIssuer.
+// Anyone who reaches the port makes the node quote, so before a request touches the TPM the
+// server applies a handshakelimit.Limiter: a rate and a bound on requests in progress per
+// caller address, and a bound on requests in progress in total (MaxWaiting). Requests
+// beyond a bound are refused at once.
 package verify
 
 import (
@@ -21,22 +24,31 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/api/verify/verifypb"
 	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 )
 
 // Defaults of Config.
 const (
 	DefaultIssueTimeout = 10 * time.Second
 	DefaultMaxWaiting   = 16
+	// DefaultPeerRate and DefaultPeerBurst: `constellation verify` asks each node once per
+	// run; a monitoring loop a few times a minute.
+	DefaultPeerRate   = rate.Limit(1)
+	DefaultPeerBurst  = 10
+	DefaultMaxPerPeer = 2
 )
 
 // HTTPPath is the path of the HTTP endpoint: GET HTTPPath?nonce=<hex>.
@@ -51,7 +63,16 @@ type Config struct {
 	// MaxWaiting bounds the requests being answered at once (DefaultMaxWaiting); more are
 	// refused with ResourceExhausted (gRPC) or 503 (HTTP).
 	MaxWaiting int
-	Log        *slog.Logger
+	// PeerRate and PeerBurst bound the requests of one caller address (per second, and at
+	// once after idling; DefaultPeerRate, DefaultPeerBurst); MaxPerPeer its requests in
+	// progress (DefaultMaxPerPeer). More are refused with ResourceExhausted (gRPC) or 429
+	// (HTTP).
+	PeerRate   rate.Limit
+	PeerBurst  int
+	MaxPerPeer int
+	// Now is the limiter's clock (time.Now when nil).
+	Now func() time.Time
+	Log *slog.Logger
 	// Registerer, when set, receives the server's metrics.
 	Registerer prometheus.Registerer
 }
@@ -60,7 +81,7 @@ type Config struct {
 type Server struct {
 	verifypb.UnimplementedVerificationServiceServer
 	cfg     Config
-	slots   chan struct{}
+	limiter *handshakelimit.Limiter
 	metrics *metrics
 }
 
@@ -75,14 +96,30 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxWaiting <= 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.PeerRate <= 0 {
+		cfg.PeerRate = DefaultPeerRate
+	}
+	if cfg.PeerBurst <= 0 {
+		cfg.PeerBurst = DefaultPeerBurst
+	}
+	if cfg.MaxPerPeer <= 0 {
+		cfg.MaxPerPeer = DefaultMaxPerPeer
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	limiter, err := handshakelimit.New(handshakelimit.Limits{
+		Rate: cfg.PeerRate, Burst: cfg.PeerBurst, PerPeer: cfg.MaxPerPeer,
+		Concurrent: cfg.MaxWaiting, Waiting: 0, What: "attestation requests",
+	}, cfg.Now)
+	if err != nil {
+		return nil, fmt.Errorf("verification service: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, slots: make(chan struct{}, cfg.MaxWaiting), metrics: m}, nil
+	return &Server{cfg: cfg, limiter: limiter, metrics: m}, nil
 }
 
 // Register adds the gRPC service to g.
@@ -90,20 +127,25 @@ func (s *Server) Register(g *grpc.Server) { verifypb.RegisterVerificationService
 
 // Failure kinds of a request; each maps to a gRPC code and an HTTP status.
 var (
-	errBadRequest = errors.New("invalid request")
-	errBusy       = errors.New("too many requests waiting for the TPM")
-	errIssue      = errors.New("issuing evidence failed")
+	errBadRequest  = errors.New("invalid request")
+	errBusy        = errors.New("too many requests waiting for the TPM")
+	errRateLimited = errors.New("too many requests from this caller")
+	errIssue       = errors.New("issuing evidence failed")
 )
 
 // GetAttestation implements the gRPC service.
 func (s *Server) GetAttestation(ctx context.Context, req *verifypb.GetAttestationRequest) (*verifypb.GetAttestationResponse, error) {
-	evidence, err := s.attest(ctx, "grpc", req.GetNonce())
+	var remote netip.Addr
+	if p, ok := peer.FromContext(ctx); ok {
+		remote = handshakelimit.AddrOf(p.Addr)
+	}
+	evidence, err := s.attest(ctx, "grpc", remote, req.GetNonce())
 	if err != nil {
 		code := codes.Internal
 		switch {
 		case errors.Is(err, errBadRequest):
 			code = codes.InvalidArgument
-		case errors.Is(err, errBusy):
+		case errors.Is(err, errBusy), errors.Is(err, errRateLimited):
 			code = codes.ResourceExhausted
 		case errors.Is(err, errIssue):
 			code = codes.Unavailable
@@ -126,7 +168,8 @@ type HTTPError struct {
 }
 
 // ServeHTTP serves GET HTTPPath?nonce=<hex>: 200 with an HTTPResponse, or 400 (bad nonce),
-// 405 (not GET), 503 (TPM busy or failing) with an HTTPError.
+// 405 (not GET), 429 (too many requests from this caller), 503 (TPM busy or failing) with an
+// HTTPError.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != HTTPPath {
 		writeJSON(w, http.StatusNotFound, HTTPError{Error: fmt.Sprintf("no such endpoint %q; use GET %s?nonce=<hex>", r.URL.Path, HTTPPath)})
@@ -143,12 +186,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, HTTPError{Error: fmt.Sprintf("%v: %v", errBadRequest, err)})
 		return
 	}
-	evidence, err := s.attest(r.Context(), "http", nonce)
+	var remote netip.Addr
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		remote = ap.Addr().Unmap()
+	}
+	evidence, err := s.attest(r.Context(), "http", remote, nonce)
 	if err != nil {
 		code := http.StatusInternalServerError
 		switch {
 		case errors.Is(err, errBadRequest):
 			code = http.StatusBadRequest
+		case errors.Is(err, errRateLimited):
+			code = http.StatusTooManyRequests
+			w.Header().Set("Retry-After", "1")
 		case errors.Is(err, errBusy), errors.Is(err, errIssue):
 			code = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "1")
@@ -167,21 +217,26 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// attest checks nonce and issues evidence for it, within the server's bounds.
-func (s *Server) attest(ctx context.Context, protocol string, nonce []byte) ([]byte, error) {
+// attest checks nonce and issues evidence for it, within the server's bounds: the limiter
+// decides before the TPM is touched.
+func (s *Server) attest(ctx context.Context, protocol string, remote netip.Addr, nonce []byte) ([]byte, error) {
 	start := time.Now()
 	if err := CheckNonce(nonce); err != nil {
 		s.count(protocol, "invalid-request", start)
 		return nil, fmt.Errorf("%w: %w", errBadRequest, err)
 	}
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		s.count(protocol, "busy", start)
-		s.cfg.Log.Warn("attestation refused: too many waiting requests", "protocol", protocol, "limit", s.cfg.MaxWaiting)
-		return nil, fmt.Errorf("%w (limit %d); retry later", errBusy, s.cfg.MaxWaiting)
+	release, err := s.limiter.AdmitAddr(ctx, remote)
+	if err != nil {
+		reason := handshakelimit.Reason(err)
+		s.count(protocol, reason, start)
+		// Debug, not Warn: a flood would flood the log; the counter has the numbers.
+		s.cfg.Log.Debug("attestation refused", "protocol", protocol, "peer", remote.String(), "reason", reason, "error", err)
+		if reason == "busy" {
+			return nil, fmt.Errorf("%w (limit %d); retry later", errBusy, s.cfg.MaxWaiting)
+		}
+		return nil, fmt.Errorf("%w: %w", errRateLimited, err)
 	}
+	defer release()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.IssueTimeout)
 	defer cancel()
 	evidence, err := s.cfg.Issuer.Issue(ctx, attestation.PurposeVerify, nonce)
@@ -259,7 +314,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "constellation", Subsystem: "verificationservice", Name: "requests_total",
-			Help: "Attestation requests by protocol (grpc, http) and result (ok, invalid-request, busy, issue-failed).",
+			Help: "Attestation requests by protocol (grpc, http) and result (ok, invalid-request, rate-limited, peer-busy, busy, issue-failed).",
 		}, []string{"protocol", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "constellation", Subsystem: "verificationservice", Name: "request_duration_seconds",

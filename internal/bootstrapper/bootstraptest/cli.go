@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -39,9 +40,22 @@ type InitResult struct {
 // CallInit is the CLI side of init: it verifies the node at addr with v, sends req and
 // collects the stream.
 func CallInit(t testing.TB, addr string, v attestation.Validator, req *initpb.InitRequest) InitResult {
+	return CallInitFrom(t, "", addr, v, req)
+}
+
+// CallInitFrom is CallInit from the source address local (e.g. "127.0.0.7"; "": any), so
+// that tests can be different callers to the init server's per-caller limits.
+func CallInitFrom(t testing.TB, local, addr string, v attestation.Validator, req *initpb.InitRequest) InitResult {
 	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
 	require.NoError(t, err)
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if local != "" {
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	require.NoError(t, err)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

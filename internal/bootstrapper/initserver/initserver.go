@@ -2,8 +2,14 @@
 // fresh control-plane node runs until it is initialized or has joined a cluster.
 //
 // Init is served over the attested channel with the node attesting (the CLI verifies the
-// node before it sends the master secret). The caller is authenticated by the init secret,
-// checked against the bcrypt hash the platform's metadata holds. Then, in this order:
+// node before it sends the master secret). Every attested handshake costs the node a TPM
+// quote for an anonymous caller, so handshakes are admitted by a handshakelimit.Limiter
+// (DefaultHandshakeLimits: a small rate per caller address, few at once) before the node
+// quotes. The caller is authenticated by the init secret, checked against the bcrypt hash the
+// platform's metadata holds, before anything else is looked at or said: a caller without the
+// secret gets the same answer whatever the node's state. Init attempts are limited per caller
+// address too (DefaultAttemptLimits), before the hash is read: one connection carries any
+// number of calls, and each costs a bcrypt comparison and is a guess. Then, in this order:
 //
 //  1. check the request (every problem named at once); nothing has changed yet;
 //  2. derive the measurement secret, cluster ID and state-disk key (DESIGN 2);
@@ -21,7 +27,7 @@
 // Progress is streamed throughout. A failure before step 3 (wrong secret, invalid request,
 // node not a control-plane node, lock already taken by a join or an earlier init) changes
 // nothing and returns only the error: an unauthenticated caller learns nothing about the
-// node. A failure after step 3 streams the log of this init (its steps and kubeadm's output)
+// node, because the secret is checked first. A failure after step 3 streams the log of this init (its steps and kubeadm's output)
 // and then the error; the node is then marked for a cluster that did not come up and must
 // be recreated.
 //
@@ -39,6 +45,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -47,9 +54,11 @@ import (
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,6 +72,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -80,6 +90,21 @@ const (
 
 // DefaultInitTimeout bounds the work after the node lock is taken.
 const DefaultInitTimeout = 15 * time.Minute
+
+// DefaultHandshakeLimits admit the attested handshakes of anonymous callers, each of which
+// makes the node quote: the CLI needs one per init, and a retry now and then.
+var DefaultHandshakeLimits = handshakelimit.Limits{
+	Rate: rate.Every(5 * time.Second), Burst: 4, PerPeer: 2, Concurrent: 2, Waiting: 4,
+	What: "attested handshakes",
+}
+
+// DefaultAttemptLimits admit Init calls before the init secret is checked (a bcrypt
+// comparison and a guess each). A running init holds no attempt: the attempt ends with the
+// secret check.
+var DefaultAttemptLimits = handshakelimit.Limits{
+	Rate: rate.Every(5 * time.Second), Burst: 4, PerPeer: 1, Concurrent: 2, Waiting: 4,
+	What: "init attempts",
+}
 
 // logChunkSize is the size of InitLog messages.
 const logChunkSize = 64 << 10
@@ -172,6 +197,12 @@ type Config struct {
 	Deploy DeployFunc
 	// InitTimeout bounds the work after the lock is taken (DefaultInitTimeout).
 	InitTimeout time.Duration
+	// HandshakeLimits admit attested handshakes before the node quotes; AttemptLimits admit
+	// Init calls before the init secret is checked. Zero: DefaultHandshakeLimits,
+	// DefaultAttemptLimits.
+	HandshakeLimits, AttemptLimits handshakelimit.Limits
+	// Now is the limiters' clock (time.Now when nil).
+	Now func() time.Time
 	// Log receives the server's structured log.
 	Log *slog.Logger
 }
@@ -179,8 +210,9 @@ type Config struct {
 // Server is the init server.
 type Server struct {
 	initpb.UnimplementedInitServiceServer
-	cfg   Config
-	creds *atls.Credentials
+	cfg      Config
+	creds    *atls.Credentials
+	attempts *handshakelimit.Limiter
 
 	running  sync.Mutex // one Init at a time
 	finished chan struct{}
@@ -209,11 +241,25 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	creds, err := atls.NewCredentials(atls.Config{Issuer: cfg.Issuer})
+	if cfg.HandshakeLimits == (handshakelimit.Limits{}) {
+		cfg.HandshakeLimits = DefaultHandshakeLimits
+	}
+	if cfg.AttemptLimits == (handshakelimit.Limits{}) {
+		cfg.AttemptLimits = DefaultAttemptLimits
+	}
+	handshakes, err := handshakelimit.New(cfg.HandshakeLimits, cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}
-	return &Server{cfg: cfg, creds: creds, finished: make(chan struct{})}, nil
+	attempts, err := handshakelimit.New(cfg.AttemptLimits, cfg.Now)
+	if err != nil {
+		return nil, fmt.Errorf("init server: %w", err)
+	}
+	creds, err := atls.NewCredentials(atls.Config{Issuer: cfg.Issuer, Admit: handshakes.Admit})
+	if err != nil {
+		return nil, fmt.Errorf("init server: %w", err)
+	}
+	return &Server{cfg: cfg, creds: creds, attempts: attempts, finished: make(chan struct{})}, nil
 }
 
 // Credentials are the attested-channel credentials to serve with (the node attests).
@@ -240,15 +286,12 @@ func (s *Server) finish(err error) {
 func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitServer) error {
 	ctx := stream.Context()
 	log := s.cfg.Log.With("method", "Init")
+	// The secret first: whoever does not know it learns nothing about the node.
+	if err := s.authenticate(ctx, log, req.GetInitSecret()); err != nil {
+		return err
+	}
 	if s.cfg.Node.LockHolder() != "" {
 		return s.refuse(log, codes.FailedPrecondition, "node-taken", "this node is already part of a cluster (node lock taken by %s): init changes nothing", s.cfg.Node.LockHolder())
-	}
-	hash, err := s.cfg.Metadata.InitSecretHash(ctx)
-	if err != nil {
-		return s.refuse(log, codes.Unavailable, "metadata", "reading the init-secret hash from metadata: %v", err)
-	}
-	if err := bcrypt.CompareHashAndPassword(hash, req.GetInitSecret()); err != nil {
-		return s.refuse(log, codes.PermissionDenied, "init-secret", "wrong init secret")
 	}
 	r, err := parseRequest(req, s.cfg.KubernetesVersion)
 	if err != nil {
@@ -298,6 +341,30 @@ func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitSer
 	log.Info("cluster initialized", "clusterID", hex.EncodeToString(clusterID), "cluster", r.clusterName)
 	s.finish(nil)
 	return rec.send(&initpb.InitResponse{Kind: &initpb.InitResponse_Success{Success: &initpb.InitSuccess{Kubeconfig: kubeconfig, ClusterId: clusterID}}})
+}
+
+// authenticate admits the attempt (per caller address, before any work) and checks secret
+// against the init-secret hash. Its refusals do not depend on the node's state.
+func (s *Server) authenticate(ctx context.Context, log *slog.Logger, secret []byte) error {
+	var remote net.Addr
+	if p, ok := peer.FromContext(ctx); ok {
+		remote = p.Addr
+	}
+	release, err := s.attempts.Admit(ctx, remote)
+	if err != nil {
+		// Not logged as a warning: a flood would flood the log; the caller is told.
+		log.Debug("init refused", "reason", handshakelimit.Reason(err), "err", err)
+		return status.Error(codes.ResourceExhausted, err.Error())
+	}
+	defer release()
+	hash, err := s.cfg.Metadata.InitSecretHash(ctx)
+	if err != nil {
+		return s.refuse(log, codes.Unavailable, "metadata", "reading the init-secret hash from metadata: %v", err)
+	}
+	if err := bcrypt.CompareHashAndPassword(hash, secret); err != nil {
+		return s.refuse(log, codes.PermissionDenied, "init-secret", "wrong init secret")
+	}
+	return nil
 }
 
 func (s *Server) refuse(log *slog.Logger, code codes.Code, reason, format string, args ...any) error {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,6 +72,40 @@ type env struct {
 	params                []initserver.InitParams
 	pkiDir, kubeletPKIDir string
 	deploy                initserver.DeployFunc
+	opts                  envOptions
+	// hashReads counts the init-secret hash reads of the server: an attempt that reads it
+	// goes on to a bcrypt comparison.
+	hashReads atomic.Int32
+}
+
+// envOptions change what the server is built with; its limits stay the defaults.
+type envOptions struct {
+	deploy initserver.DeployFunc
+	// wrapIssuer, when set, wraps the node's issuer (to count or hold its quotes).
+	wrapIssuer func(attestation.Issuer) attestation.Issuer
+	// now is the limiters' clock; frozen by default, so that rates do not depend on how
+	// fast the test runs.
+	now func() time.Time
+}
+
+// countingMetadata counts init-secret hash reads.
+type countingMetadata struct {
+	metadata.Provider
+	reads *atomic.Int32
+}
+
+func (c countingMetadata) InitSecretHash(ctx context.Context) ([]byte, error) {
+	c.reads.Add(1)
+	return c.Provider.InitSecretHash(ctx)
+}
+
+// callers hands out loopback source addresses: every CLI of a test is its own caller, as
+// for the server's per-caller limits (tests of those limits pick their addresses).
+var callers atomic.Int32
+
+func nextCaller() string {
+	n := callers.Add(1)
+	return fmt.Sprintf("127.1.%d.%d", n/250, n%250+1)
 }
 
 var settings = kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true}
@@ -81,6 +116,10 @@ func newEnv(t *testing.T) *env {
 
 // newEnvWithDeploy is newEnv with the init server deploying the services with deploy.
 func newEnvWithDeploy(t *testing.T, deploy initserver.DeployFunc) *env {
+	return newEnvWith(t, envOptions{deploy: deploy})
+}
+
+func newEnvWith(t *testing.T, opts envOptions) *env {
 	kube = shared.Get(t)
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
@@ -97,7 +136,12 @@ func newEnvWithDeploy(t *testing.T, deploy initserver.DeployFunc) *env {
 		AdminKubeconfig: admin, AdminKubeconfigPath: filepath.Join(t.TempDir(), "admin.conf"),
 		Output: "[init] Using Kubernetes version: v1.34.4\n[certs] Generating \"ca\" certificate and key\n",
 	}
-	e.deploy = deploy
+	e.deploy = opts.deploy
+	if opts.now == nil {
+		frozen := time.Now()
+		opts.now = func() time.Time { return frozen }
+	}
+	e.opts = opts
 	e.start()
 	t.Cleanup(e.forgetCluster)
 	return e
@@ -106,8 +150,13 @@ func newEnvWithDeploy(t *testing.T, deploy initserver.DeployFunc) *env {
 func (e *env) start() {
 	t := e.t
 	var err error
+	var issuer attestation.Issuer = e.node.Issuer(t)
+	if e.opts.wrapIssuer != nil {
+		issuer = e.opts.wrapIssuer(issuer)
+	}
 	e.server, err = initserver.New(initserver.Config{
-		Node: e.node.Node, Metadata: e.meta, Issuer: e.node.Issuer(t), Kubeadm: e.kubeadm,
+		Node: e.node.Node, Metadata: countingMetadata{e.meta, &e.hashReads}, Issuer: issuer, Kubeadm: e.kubeadm,
+		Now: e.opts.now,
 		KubeadmConfig: func(p initserver.InitParams) ([]byte, error) {
 			e.paramsMu.Lock()
 			defer e.paramsMu.Unlock()
@@ -169,7 +218,7 @@ func (e *env) call(req *initpb.InitRequest) result {
 }
 
 func (e *env) callWith(v attestation.Validator, req *initpb.InitRequest) result {
-	return bootstraptest.CallInit(e.t, e.addr, v, req)
+	return bootstraptest.CallInitFrom(e.t, nextCaller(), e.addr, v, req)
 }
 
 func TestInit(t *testing.T) {

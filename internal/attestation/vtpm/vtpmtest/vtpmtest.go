@@ -5,7 +5,13 @@ package vtpmtest
 
 import (
 	"context"
+	"encoding/binary"
+	"io"
+	"net"
 	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-tpm-tools/simulator"
@@ -60,4 +66,76 @@ func SwtpmProcess(t testing.TB) *swtpm.Process {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proc.Stop() })
 	return proc
+}
+
+// tpmCCQuote is the command code of TPM2_Quote (TPM 2.0 Part 2, 6.5.2).
+const tpmCCQuote = 0x00000158
+
+// QuoteCounter forwards TPM connections to a TPM server and counts the TPM2_Quote commands
+// that pass: the quotes a process made the real TPM sign.
+type QuoteCounter struct {
+	ln     net.Listener
+	quotes atomic.Int32
+}
+
+// CountQuotes listens on a unix socket in front of the TPM server at addr ("unix:PATH") and
+// returns the counter; Addr is what the code under test opens instead. It stops with t.
+func CountQuotes(t testing.TB, addr string) *QuoteCounter {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tpmcount")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, "tpm.sock"))
+	require.NoError(t, err)
+	q := &QuoteCounter{ln: ln}
+	t.Cleanup(func() { _ = ln.Close() })
+	upstream := strings.TrimPrefix(addr, "unix:")
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go q.forward(client, upstream)
+		}
+	}()
+	return q
+}
+
+// Addr is the counter's address, for vtpm.Open.
+func (q *QuoteCounter) Addr() string { return "unix:" + q.ln.Addr().String() }
+
+// Quotes is the number of TPM2_Quote commands forwarded so far.
+func (q *QuoteCounter) Quotes() int { return int(q.quotes.Load()) }
+
+func (q *QuoteCounter) forward(client net.Conn, upstream string) {
+	defer client.Close()
+	server, err := net.Dial("unix", upstream)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	go func() { _, _ = io.Copy(client, server) }()
+	// Commands: tag (2 bytes), size (4, including the header), command code (4).
+	for {
+		var hdr [10]byte
+		if _, err := io.ReadFull(client, hdr[:]); err != nil {
+			return
+		}
+		size := binary.BigEndian.Uint32(hdr[2:6])
+		if size < 10 || size > 1<<16 {
+			return
+		}
+		if binary.BigEndian.Uint32(hdr[6:10]) == tpmCCQuote {
+			q.quotes.Add(1)
+		}
+		cmd := make([]byte, size)
+		copy(cmd, hdr[:])
+		if _, err := io.ReadFull(client, cmd[10:]); err != nil {
+			return
+		}
+		if _, err := server.Write(cmd); err != nil {
+			return
+		}
+	}
 }
