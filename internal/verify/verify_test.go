@@ -33,6 +33,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/verify"
 )
@@ -73,7 +74,7 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	if opts.loaded != nil {
 		require.NoError(t, local.Measure(tpm, []local.Component{*opts.loaded}))
 	}
-	require.NoError(t, local.CertifyAK(tpm, ca, "worker-0", time.Now()))
+	require.NoError(t, local.CertifyAK(tpm, ca, "worker-0", metadata.Worker, time.Now()))
 	if opts.marker != nil {
 		digest := sha256.Sum256(opts.marker)
 		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, digest[:]))

@@ -14,6 +14,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
 
@@ -28,7 +29,7 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	require.NoError(t, local.Measure(tpm, image))
 	ca, err := akca.New("provider", time.Now(), time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", time.Now()))
+	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", metadata.Worker, time.Now()))
 
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{
 		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}},
