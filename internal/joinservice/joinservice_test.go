@@ -46,9 +46,9 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )

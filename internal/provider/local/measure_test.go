@@ -50,6 +50,7 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, got.SignerCertified, "the provider certified the %s AK", alg)
 			assert.Equal(t, "node-0", got.SignerName)
+			assert.Equal(t, metadata.Worker, got.SignerRole, "the AK certificate carries the role the provider gave")
 		})
 	}
 	require.NotEqual(t, evidence[vtpm.AKRSA], evidence[vtpm.AKECC])
