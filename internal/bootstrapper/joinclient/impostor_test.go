@@ -56,7 +56,7 @@ func TestJoinRefusesImpostorService(t *testing.T) {
 		},
 		"genuine worker serving a join service": {
 			opts:       bootstraptest.ClusterOptions{Service: bootstraptest.NodeOptions{Role: metadata.Worker}},
-			wantReason: `is certified as "worker", not as a control-plane`,
+			wantReason: "not as a control-plane",
 		},
 		"service whose node belongs to another cluster": {
 			opts:       bootstraptest.ClusterOptions{WrongMarker: true},
@@ -102,7 +102,7 @@ func TestRejoinRefusesImpostorService(t *testing.T) {
 		},
 		"genuine worker serving a join service": {
 			opts:       bootstraptest.ClusterOptions{Service: bootstraptest.NodeOptions{Role: metadata.Worker}},
-			wantReason: `is certified as "worker", not as a control-plane`,
+			wantReason: "not as a control-plane",
 		},
 	}
 	for name, tc := range testCases {
@@ -137,11 +137,15 @@ func TestJoinAcceptsGenuineService(t *testing.T) {
 // for wantReason, stops it, and checks that the node committed nothing to the service.
 func (e *env) refuses(t *testing.T, call func(context.Context) error, wantReason string) {
 	t.Helper()
+	e.logs.Reset() // only what this call logs
+	kubeadmCalls := e.kubeadm.CallList()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- call(ctx) }()
-	require.Eventually(t, func() bool { return strings.Contains(e.logs.String(), wantReason) }, time.Minute, 20*time.Millisecond,
-		"the node never logged %q", wantReason)
+	if !assert.Eventually(t, func() bool { return strings.Contains(e.logs.String(), wantReason) }, time.Minute, 20*time.Millisecond,
+		"the node never logged %q", wantReason) {
+		t.Logf("node log:\n%s", e.logs.String())
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -150,7 +154,7 @@ func (e *env) refuses(t *testing.T, call func(context.Context) error, wantReason
 		t.Fatal("the join client did not stop after its context ended")
 	}
 	assert.Equal(t, make([]byte, 32), e.node.PCR15(t), "PCR 15 extended")
-	assert.Empty(t, e.kubeadm.CallList(), "kubeadm ran")
+	assert.Equal(t, kubeadmCalls, e.kubeadm.CallList(), "kubeadm ran")
 	assert.NotContains(t, e.logs.String(), "node lock taken", "the node committed")
 }
 
@@ -164,6 +168,12 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
 }
 
 func (b *syncBuffer) String() string {
