@@ -465,6 +465,7 @@ func TestRejections(t *testing.T) {
 	e := newEnv(t, envOptions{rateLimit: rate.Every(time.Hour), rateBurst: 2})
 	otherTPM, _ := vtpmtest.Swtpm(t)
 	require.NoError(t, local.Measure(otherTPM, image("bootstrapper v1 with a backdoor")))
+	provisionRoot(t, otherTPM, e.akCA)
 
 	testCases := map[string]struct {
 		setup        func(j *joiner)
