@@ -39,6 +39,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
@@ -50,14 +51,15 @@ var image = []local.Component{
 
 // node boots a swtpm from image and certifies its AKs; marker, if set, is extended into PCR
 // 15. It returns the swtpm's address (released: used per use) and the node's PCRs.
-func node(t *testing.T, ca *akca.CA, name string, marker []byte) (string, map[uint32][]byte) {
+func node(t *testing.T, ca *akca.CA, name string, role metadata.Role, marker []byte) (string, map[uint32][]byte) {
 	t.Helper()
 	proc := vtpmtest.SwtpmProcess(t)
 	tpm, err := proc.Open(context.Background())
 	require.NoError(t, err)
 	defer tpm.Close()
 	require.NoError(t, local.Measure(tpm, image))
-	require.NoError(t, local.CertifyAK(tpm, ca, name, time.Now()))
+	require.NoError(t, local.CertifyAK(tpm, ca, name, role, time.Now()))
+	require.NoError(t, local.LockPlatform(tpm))
 	if marker != nil {
 		d := sha256.Sum256(marker)
 		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, d[:]))
@@ -83,8 +85,8 @@ func TestRun(t *testing.T) {
 	clusterID, err := kms.ClusterID(ms, salt)
 	require.NoError(t, err)
 
-	serviceTPM, _ := node(t, ca, "control-plane-0", clusterID)
-	workerTPM, workerPCRs := node(t, ca, "worker-0", nil)
+	serviceTPM, _ := node(t, ca, "control-plane-0", metadata.ControlPlane, clusterID)
+	workerTPM, _ := node(t, ca, "worker-0", metadata.Worker, nil)
 
 	// What the DaemonSet mounts.
 	dir := t.TempDir()
@@ -149,17 +151,13 @@ func TestRun(t *testing.T) {
 	})
 
 	// The worker: attests with its own TPM, verifies the service against its own image
-	// registers (joinservice.ServiceCheck), as the join client does.
+	// registers and the AK root in its TPM (joinservice.ServiceCheck), as the join client does.
 	workerRW, err := vtpm.Open(ctx, workerTPM)
 	require.NoError(t, err)
 	t.Cleanup(func() { workerRW.Close() })
 	issuer, err := qemu.NewIssuer(workerRW, nil, nil)
 	require.NoError(t, err)
-	registers := make([]uint32, local.PCRClusterID)
-	for i := range registers {
-		registers[i] = uint32(i)
-	}
-	serviceValidator, err := joinservice.ServiceCheck{Own: workerPCRs, Registers: registers, AKRoots: ca.Pool()}.Validator(qemu.Variant)
+	serviceValidator, err := joinservice.ServiceCheck{}.Validator(workerRW)
 	require.NoError(t, err)
 	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
 	require.NoError(t, err)

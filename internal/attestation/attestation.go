@@ -17,6 +17,7 @@ import (
 	"fmt"
 
 	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 // DefaultMaxEvidenceSize caps evidence a validator accepts unless configured otherwise. A TPM
@@ -129,6 +130,10 @@ type Verified struct {
 	// the platform's name for the node (the local provider certifies each AK for its node
 	// name), so services can bind what a node asks for to who the platform says it is.
 	SignerName string
+	// SignerRole is the node's role as the signer's certificate states it when
+	// SignerCertified ("" if it states none): the platform's word, bound to the signing key,
+	// so a node can require that the join service it takes keys from runs on a control plane.
+	SignerRole metadata.Role
 }
 
 // Failure reasons. Validators wrap exactly one of them, so callers can tell what went wrong

@@ -69,7 +69,7 @@ func newEnv(t *testing.T) *env {
 	e.cluster = bootstraptest.StartJoinService(t, ca, kube, bootstraptest.ClusterOptions{})
 	ip := netip.MustParseAddr("10.42.0.3")
 	e.cluster.Admit("control-plane-1", ip, true)
-	e.node = bootstraptest.NewNode(t, "control-plane-1", ca)
+	e.node = bootstraptest.NewNode(t, "control-plane-1", metadata.ControlPlane, ca)
 	e.meta = &metadata.Static{
 		Instance:  metadata.Instance{Name: "control-plane-1", Role: metadata.ControlPlane, IPs: []netip.Addr{ip}},
 		Endpoints: []string{e.cluster.Addr},
@@ -101,13 +101,7 @@ func (e *env) build() {
 		PKIDir:          filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
 	})
 	require.NoError(t, err)
-	own, err := e.node.TPM.ReadPCRs()
-	require.NoError(t, err)
-	var regs []uint32
-	for i := range uint32(15) {
-		regs = append(regs, i)
-	}
-	check, err := joinservice.ServiceCheck{Own: own, Registers: regs, AKRoots: e.ca.Pool()}.Validator(issuer.Variant())
+	check, err := joinservice.ServiceCheck{}.Validator(e.node.TPM)
 	require.NoError(t, err)
 	attested, err := joinclient.AttestedDialer(issuer, check)
 	require.NoError(t, err)

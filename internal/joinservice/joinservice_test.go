@@ -43,6 +43,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
@@ -51,6 +52,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
@@ -147,7 +149,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	// The service's node: booted from the image, AK certified, initialized (PCR 15).
 	serviceTPM, _ := vtpmtest.Swtpm(t)
 	require.NoError(t, local.Measure(serviceTPM, opts.serviceImg))
-	require.NoError(t, local.CertifyAK(serviceTPM, e.akCA, "control-plane-0", time.Now()))
+	require.NoError(t, local.CertifyAK(serviceTPM, e.akCA, "control-plane-0", metadata.ControlPlane, time.Now()))
 	if !opts.noClusterID {
 		ms, err := e.secret.MeasurementSecret()
 		require.NoError(t, err)
@@ -166,6 +168,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 
 	e.nodeTPM, _ = vtpmtest.Swtpm(t)
 	require.NoError(t, local.Measure(e.nodeTPM, imageV1))
+	provisionRoot(t, e.nodeTPM, e.akCA)
 
 	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}})
 	require.NoError(t, err)
@@ -240,7 +243,7 @@ type joiner struct {
 	attests  bool
 	csr      func(key *ecdsa.PrivateKey) []byte
 	diskUUID string
-	check    *joinservice.ServiceCheck
+	check    *joinservice.ServiceCheck // options of the joiner's check of the service
 	// serviceValidator, when set, replaces the validator built from check: simulated joiners
 	// of a benchmark share one, as the load generator's work is not what is measured.
 	serviceValidator attestation.Validator
@@ -281,7 +284,11 @@ func (e *env) prepare(j *joiner) *atls.Credentials {
 	}
 	cfg := atls.Config{Validators: []attestation.Validator{j.serviceValidator}}
 	if j.attests {
-		akCert, err := e.akCA.CertifyAK(ak(t, j.tpm), j.name, time.Now(), time.Hour)
+		role := metadata.Worker
+		if e.directory[j.name].ControlPlane {
+			role = metadata.ControlPlane
+		}
+		akCert, err := e.akCA.CertifyAK(ak(t, j.tpm), j.name, role, time.Now(), time.Hour)
 		require.NoError(t, err)
 		cfg.Issuer, err = qemu.NewIssuer(j.tpm, akCert, nil)
 		require.NoError(t, err)
@@ -292,21 +299,24 @@ func (e *env) prepare(j *joiner) *atls.Credentials {
 	return creds
 }
 
-// serviceValidator is the joiner's check of the service: by default, the same boot
-// measurements as its own TPM's.
+// serviceValidator is the joiner's check of the service, as a node builds it from its TPM:
+// by default, the same boot measurements as its own TPM's.
 func (e *env) serviceValidator(j *joiner) attestation.Validator {
-	check := joinservice.ServiceCheck{Registers: registers(0, 14), AKRoots: e.akCA.Pool()}
+	var check joinservice.ServiceCheck
 	if j.check != nil {
 		check = *j.check
 	}
-	if check.Own == nil && check.ReferenceSets == nil {
-		own, err := j.tpm.ReadPCRs()
-		require.NoError(e.t, err)
-		check.Own = own
-	}
-	v, err := check.Validator(qemu.Variant)
+	v, err := check.Validator(j.tpm)
 	require.NoError(e.t, err)
 	return v
+}
+
+// provisionRoot does what the provider does for a node's TPM: it provisions ca as the AK
+// root and locks the platform hierarchy (local.CertifyAK, local.LockPlatform).
+func provisionRoot(t testing.TB, tpm *vtpm.TPM, ca *akca.CA) {
+	t.Helper()
+	require.NoError(t, tpm.WritePlatformNV(vtpm.AKRootsNVIndex, ca.Certificate().Raw))
+	require.NoError(t, local.LockPlatform(tpm))
 }
 
 func (e *env) conn(j *joiner) *grpc.ClientConn {
@@ -322,14 +332,6 @@ func (e *env) conn(j *joiner) *grpc.ClientConn {
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return conn
-}
-
-func registers(from, to uint32) []uint32 {
-	var out []uint32
-	for i := from; i <= to; i++ {
-		out = append(out, i)
-	}
-	return out
 }
 
 var akCache sync.Map
@@ -507,6 +509,7 @@ func TestRejections(t *testing.T) {
 	e := newEnv(t, envOptions{rateLimit: rate.Every(time.Hour), rateBurst: 2})
 	otherTPM, _ := vtpmtest.Swtpm(t)
 	require.NoError(t, local.Measure(otherTPM, image("bootstrapper v1 with a backdoor")))
+	provisionRoot(t, otherTPM, e.akCA)
 
 	testCases := map[string]struct {
 		setup        func(j *joiner)
@@ -554,6 +557,19 @@ func TestRejections(t *testing.T) {
 		"malformed disk UUID": {
 			setup: func(j *joiner) { j.diskUUID = "../../etc/passwd" }, wantCode: codes.InvalidArgument,
 			wantMsg: "is not of the form 8-4-4-4-12", wantReason: "invalid-request", wantStage: "join",
+		},
+		"node that does not trust the service's AK": {
+			setup: func(j *joiner) {
+				// The node's platform provisioned another AK root: it aborts the handshake.
+				other, err := akca.New("another platform", time.Now(), time.Hour)
+				require.NoError(t, err)
+				tpm, _ := vtpmtest.Swtpm(t)
+				require.NoError(t, local.Measure(tpm, imageV1))
+				provisionRoot(t, tpm, other)
+				j.serviceValidator, err = joinservice.ServiceCheck{}.Validator(tpm)
+				require.NoError(t, err)
+			},
+			wantCode: codes.Unavailable, wantMsg: "AK certificate", wantReason: "peer-abort", wantStage: "handshake",
 		},
 	}
 	i := 20
@@ -675,6 +691,7 @@ func TestReferenceSetSwap(t *testing.T) {
 	v2TPM, _ := vtpmtest.Swtpm(t)
 	imageV2 := image("bootstrapper v2")
 	require.NoError(t, local.Measure(v2TPM, imageV2))
+	provisionRoot(t, v2TPM, e.akCA)
 	setV1 := measurements.ReferenceSet{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}
 	setV1b := measurements.ReferenceSet{Name: "image-v1-rebuilt", Measurements: local.ExpectedPCRs(imageV1)}
 	setV2 := measurements.ReferenceSet{Name: "image-v2", Measurements: local.ExpectedPCRs(imageV2)}
@@ -698,7 +715,7 @@ func TestReferenceSetSwap(t *testing.T) {
 				if isV2 {
 					j.tpm = v2TPM
 					// The v2 node accepts the v1 service (an upgrade in progress).
-					j.check = &joinservice.ServiceCheck{ReferenceSets: measurements.ReferenceSets{setV1}, AKRoots: e.akCA.Pool()}
+					j.check = &joinservice.ServiceCheck{ReferenceSets: measurements.ReferenceSets{setV1}}
 				}
 				startedAfterRetire := retired.Load()
 				_, err := e.join(j, false)
@@ -839,11 +856,13 @@ func (e *env) counter(name string, labels ...string) float64 {
 // it is built, naming PCR 15. (An uninitialized service is refused by the marker check:
 // TestNodeRefusesForeignService, "not initialized (PCR 15 is zero)".)
 func TestServiceCheckRefusesPinnedClusterID(t *testing.T) {
-	own := map[uint32][]byte{}
-	for i := range uint32(24) {
-		own[i] = make([]byte, 32)
-	}
-	_, err := joinservice.ServiceCheck{Own: own, Registers: registers(0, 15)}.Validator(qemu.Variant)
+	pinned := measurementstest.Image(qemu.Variant, nil)
+	pinned[15] = measurements.Measurement{Expected: make([]byte, 32)}
+	tpm, _ := vtpmtest.Swtpm(t)
+	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	provisionRoot(t, tpm, ca)
+	_, err = joinservice.ServiceCheck{ReferenceSets: measurements.ReferenceSets{{Name: "pinned", Measurements: pinned}}}.Validator(tpm)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "PCR 15 must not be in a reference set")
 }

@@ -53,6 +53,14 @@ func (c CertifiedNames) Node(ctx context.Context, peer *attestation.Verified, _ 
 	if n.Name != peer.SignerName {
 		return Node{}, fmt.Errorf("directory returned node %q for %s", n.Name, untrusted.Quote(peer.SignerName))
 	}
+	// The role in the certificate is the platform's word at the node's creation; the
+	// directory's is its word now. A node gets control-plane keys only if both agree.
+	if !peer.SignerRole.Valid() {
+		return Node{}, fmt.Errorf("node %q: its AK certificate names no role", peer.SignerName)
+	}
+	if certifiedCP := peer.SignerRole == metadata.ControlPlane; certifiedCP != n.ControlPlane {
+		return Node{}, fmt.Errorf("node %q: its AK certificate says %s, the platform lists it as control plane: %t", peer.SignerName, peer.SignerRole, n.ControlPlane)
+	}
 	return n, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/metadata"
 )
@@ -47,6 +48,43 @@ func TestListerDirectory(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestCertifiedNamesRole: a peer gets the role both its AK certificate and the platform's
+// directory give it; a certificate without role, or one that disagrees with the directory,
+// admits nothing.
+func TestCertifiedNamesRole(t *testing.T) {
+	dir := joinservice.StaticDirectory{
+		"control-plane-0": {Name: "control-plane-0", ControlPlane: true},
+		"worker-0":        {Name: "worker-0"},
+	}
+	for name, tc := range map[string]struct {
+		peer    attestation.Verified
+		wantErr string
+	}{
+		"control plane":          {peer: attestation.Verified{SignerCertified: true, SignerName: "control-plane-0", SignerRole: metadata.ControlPlane}},
+		"worker":                 {peer: attestation.Verified{SignerCertified: true, SignerName: "worker-0", SignerRole: metadata.Worker}},
+		"certificate names none": {peer: attestation.Verified{SignerCertified: true, SignerName: "worker-0"}, wantErr: "names no role"},
+		"worker certified as control plane": {
+			peer:    attestation.Verified{SignerCertified: true, SignerName: "worker-0", SignerRole: metadata.ControlPlane},
+			wantErr: "its AK certificate says control-plane, the platform lists it as control plane: false",
+		},
+		"control plane certified as worker": {
+			peer:    attestation.Verified{SignerCertified: true, SignerName: "control-plane-0", SignerRole: metadata.Worker},
+			wantErr: "its AK certificate says worker",
+		},
+		"uncertified": {peer: attestation.Verified{SignerName: "worker-0", SignerRole: metadata.Worker}, wantErr: "no platform certificate"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			n, err := joinservice.CertifiedNames{Directory: dir}.Node(context.Background(), &tc.peer, netip.Addr{})
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.peer.SignerName, n.Name)
 		})
 	}
 }

@@ -6,64 +6,115 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
-// ClusterIDRegister is the register that carries the initialized marker (DESIGN 2: PCR 15).
+// ClusterIDRegister is the register that carries the initialized marker (PCR 15).
 const ClusterIDRegister = kms.InitializedPCR
 
-// ServiceCheck is how a joining node verifies the join service (DESIGN 3.2): upstream's join
-// client verified nothing and would hand its CSR to, and take keys from, anyone.
+// ServiceCheck is how a joining node verifies the join service before it takes anything from
+// it (docs/joinservice.md, "How a node checks the join service"): upstream's join client
+// verified nothing and would hand its CSR to, and take keys from, anyone.
+//
+// The service must
+//   - sign with an AK the platform's CA certified, the CA read from the node's own TPM
+//     (vtpm.AKRootsNVIndex, a platform index the node's software cannot write);
+//   - be certified as a control-plane node (a worker, or any node the platform did not make a
+//     control plane, never serves keys to a joining node);
+//   - run this node's image (the node's own PCRs 0..14) or one of ReferenceSets;
+//   - be initialized: PCR 15 non-zero, and equal to the marker of the ticket's cluster
+//     (CheckClusterID, which the join client runs before it commits anything).
+//
+// The node builds it only through Validator, from its TPM: there is no way to hand it roots
+// or own measurements that did not come from the node's TPM.
 type ServiceCheck struct {
-	// Own holds the node's own register values (read from its TPM); Registers lists the ones
-	// that describe the image (for the local provider PCRs 0-14). The service must show the
-	// same values: it runs on a node of the same image.
-	Own       map[uint32][]byte
-	Registers []uint32
-	// ReferenceSets, when set, replace the own-measurement set (e.g. during an upgrade, when
-	// the service may run the previous image).
+	// ReferenceSets are accepted besides the node's own image, for example the previous
+	// image during an upgrade. Most nodes have none.
 	ReferenceSets measurements.ReferenceSets
-	// AKRoots: the platform's AK CA (see qemu.ValidatorConfig).
-	AKRoots *x509.CertPool
+	Log           *slog.Logger
 }
 
-// Validator returns the validator the join client uses for the service's evidence. Beyond the
-// reference values it requires an initialized service node (ClusterIDRegister not zero); after
-// the ticket, CheckClusterID pins that register to this cluster.
-func (c ServiceCheck) Validator(v variant.Variant) (attestation.Validator, error) {
-	if v.String() != qemu.Variant.String() {
-		return nil, fmt.Errorf("service check for variant %s is not implemented", v)
-	}
-	sets := c.ReferenceSets
-	if len(sets) == 0 {
-		m := measurements.M{}
-		for _, r := range c.Registers {
-			val, ok := c.Own[r]
-			if !ok {
-				return nil, fmt.Errorf("own measurements lack register %d", r)
-			}
-			m[r] = measurements.Measurement{Expected: val}
-		}
-		sets = measurements.ReferenceSets{{Name: "own-boot-measurements", Measurements: m}}
-	}
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: c.AKRoots})
+// NodeTPM is what the check reads from the joining node's own TPM (vtpm.TPM, vtpm.PerUseTPM).
+type NodeTPM interface {
+	ReadPCRs(pcrs ...int) (map[uint32][]byte, error)
+	ReadPlatformNV(index uint32) ([]byte, error)
+}
+
+// ownImageSet names the reference set made of the node's own measurements.
+const ownImageSet = "this node's image"
+
+// Validator reads the node's AK root and image measurements from tpm and returns the
+// validator the join client uses for the service's evidence. It fails, and the node joins
+// nothing, when the platform provisioned no trustworthy AK root.
+func (c ServiceCheck) Validator(tpm NodeTPM) (attestation.Validator, error) {
+	roots, err := akRoots(tpm)
 	if err != nil {
 		return nil, err
 	}
-	return initializedValidator{val}, nil
+	image := make([]int, 0, ClusterIDRegister)
+	for r := 0; r < ClusterIDRegister; r++ {
+		image = append(image, r)
+	}
+	own, err := tpm.ReadPCRs(image...)
+	if err != nil {
+		return nil, fmt.Errorf("service check: reading this node's measurements: %w", err)
+	}
+	m := measurements.M{}
+	for _, r := range image {
+		val, ok := own[uint32(r)]
+		if !ok {
+			return nil, fmt.Errorf("service check: this node's TPM did not return PCR %d", r)
+		}
+		m[uint32(r)] = measurements.Measurement{Expected: val}
+	}
+	sets := append(measurements.ReferenceSets{{Name: ownImageSet, Measurements: m}}, c.ReferenceSets...)
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: roots, Log: c.Log})
+	if err != nil {
+		return nil, fmt.Errorf("service check: %w", err)
+	}
+	return serviceValidator{val}, nil
 }
 
-type initializedValidator struct{ attestation.Validator }
+// akRoots reads the platform's AK CA certificate from the node's TPM.
+func akRoots(tpm NodeTPM) (*x509.CertPool, error) {
+	der, err := tpm.ReadPlatformNV(vtpm.AKRootsNVIndex)
+	if err != nil {
+		return nil, fmt.Errorf("service check: no trustworthy AK root from the platform, so no join service can be trusted: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("service check: the platform's AK root: %w", err)
+	}
+	if !cert.BasicConstraintsValid || !cert.IsCA {
+		return nil, fmt.Errorf("service check: the platform's AK root %q is not a CA certificate", cert.Subject.CommonName)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return pool, nil
+}
 
-func (v initializedValidator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
+// serviceValidator adds what a join service must be beyond authentic evidence of an
+// accepted image: a certified control plane, initialized.
+type serviceValidator struct{ attestation.Validator }
+
+func (v serviceValidator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	verified, err := v.Validator.Validate(ctx, evidence, purpose, data)
 	if err != nil {
 		return nil, err
+	}
+	if !verified.SignerCertified {
+		return nil, fmt.Errorf("%w: the join service's AK is not certified by the platform", attestation.ErrUntrustedSigner)
+	}
+	if verified.SignerRole != metadata.ControlPlane {
+		return nil, fmt.Errorf("%w: the join service's node %q is certified as %q, not as a %s", attestation.ErrUntrustedSigner,
+			verified.SignerName, verified.SignerRole, metadata.ControlPlane)
 	}
 	marker := verified.Registers[ClusterIDRegister]
 	if len(marker) == 0 || bytes.Equal(marker, make([]byte, len(marker))) {
@@ -72,9 +123,10 @@ func (v initializedValidator) Validate(ctx context.Context, evidence []byte, pur
 	return verified, nil
 }
 
-// CheckClusterID checks, once the ticket has arrived, that the service's node is initialized
-// for the cluster the ticket is for: its marker register equals the value the measurement
-// secret and salt of the ticket imply. A service of another cluster fails here.
+// CheckClusterID checks, once the ticket has arrived and before the node commits to it, that
+// the service's node is initialized for the cluster the ticket is for: its marker register
+// equals the value the measurement secret and salt of the ticket imply. A service of another
+// cluster, or one relaying another cluster's tickets, fails here.
 func CheckClusterID(service *attestation.Verified, measurementSecret, measurementSalt []byte) error {
 	if service == nil {
 		return errors.New("no verified join service evidence")

@@ -34,6 +34,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/verify"
 )
@@ -80,7 +81,7 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	if name == "" {
 		name = "worker-0"
 	}
-	require.NoError(t, local.CertifyAK(tpm, ca, name, time.Now()))
+	require.NoError(t, local.CertifyAK(tpm, ca, name, metadata.Worker, time.Now()))
 	if opts.marker != nil {
 		digest := sha256.Sum256(opts.marker)
 		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, digest[:]))

@@ -36,6 +36,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -175,7 +176,7 @@ func TestAttacks(t *testing.T) {
 		require.NoError(t, local.Measure(tpm, image))
 		otherCA, err := akca.New("another cluster's AK CA", time.Now(), time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, local.CertifyAK(tpm, otherCA, worker.Name, time.Now()))
+		require.NoError(t, local.CertifyAK(tpm, otherCA, worker.Name, metadata.Worker, time.Now()))
 		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM})
 		require.NoError(t, err)
 		_, err = outside.joinTicket(t, joinService, iss, &joinpb.IssueJoinTicketRequest{

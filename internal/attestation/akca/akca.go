@@ -6,13 +6,13 @@ package akca
 
 import (
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 )
 
@@ -56,8 +56,13 @@ func (ca *CA) Certificate() *x509.Certificate { return ca.ca.Cert }
 func (ca *CA) Pool() *x509.CertPool { return ca.ca.Pool() }
 
 // CertifyAK issues a certificate for the AK whose TPMT_PUBLIC encoding is akPublic, after
-// checking that it is a TPM-resident restricted signing key. nodeName becomes the subject.
-func (ca *CA) CertifyAK(akPublic []byte, nodeName string, now time.Time, validity time.Duration) ([]byte, error) {
+// checking that it is a TPM-resident restricted signing key. The subject names the node and
+// its role (vtpm.AKCertSubject): validators bind a peer's identity and role to its key.
+func (ca *CA) CertifyAK(akPublic []byte, nodeName string, role metadata.Role, now time.Time, validity time.Duration) ([]byte, error) {
+	subject, err := vtpm.AKCertSubject(nodeName, role)
+	if err != nil {
+		return nil, fmt.Errorf("akca: %w", err)
+	}
 	pub, err := tpm2.DecodePublic(akPublic)
 	if err != nil {
 		return nil, fmt.Errorf("akca: AK public area: %w", err)
@@ -67,7 +72,7 @@ func (ca *CA) CertifyAK(akPublic []byte, nodeName string, now time.Time, validit
 		return nil, fmt.Errorf("akca: refusing to certify: %w", err)
 	}
 	cert, err := ca.ca.Sign(&x509.Certificate{
-		Subject:   pkix.Name{CommonName: nodeName, OrganizationalUnit: []string{"attestation key"}},
+		Subject:   subject,
 		NotBefore: now.Add(-time.Minute),
 		NotAfter:  now.Add(validity),
 		KeyUsage:  x509.KeyUsageDigitalSignature,

@@ -14,6 +14,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 // BenchmarkIssue is the cost of one evidence (one TPM quote plus PCR read) per TPM backend.
@@ -44,7 +45,7 @@ func BenchmarkValidate(b *testing.B) {
 	require.NoError(b, err)
 	iss, err := qemu.NewIssuer(tpm, nil, nil)
 	require.NoError(b, err)
-	cert, err := ca.CertifyAK(iss.AKPublic(), "node", time.Now(), time.Hour)
+	cert, err := ca.CertifyAK(iss.AKPublic(), "node", metadata.Worker, time.Now(), time.Hour)
 	require.NoError(b, err)
 	iss, err = qemu.NewIssuer(tpm, cert, nil)
 	require.NoError(b, err)

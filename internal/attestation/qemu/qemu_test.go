@@ -26,6 +26,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 var (
@@ -275,7 +276,7 @@ func TestAKCertificate(t *testing.T) {
 	genuineNoCert, err := uncertified.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 
-	goodCert, err := ca.CertifyAK(akPub, "node-0", testNow, time.Hour)
+	goodCert, err := ca.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, goodCert), "the provider stores the AK certificate in NV")
 	certified, err := qemu.NewIssuer(tpm, nil, nil)
@@ -284,15 +285,15 @@ func TestAKCertificate(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, goodCert, decode(t, genuine).AkCert)
 
-	foreignCert, err := otherCA.CertifyAK(akPub, "node-0", testNow, time.Hour)
+	foreignCert, err := otherCA.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
 	require.NoError(t, err)
 	attacker := mustRSAKey(t)
-	attackerCert, err := otherCA.CertifyAK(softwareAK(t, attacker), "evil", testNow, time.Hour)
+	attackerCert, err := otherCA.CertifyAK(softwareAK(t, attacker), "evil", metadata.ControlPlane, testNow, time.Hour)
 	require.NoError(t, err)
 
 	_, err = qemu.NewIssuer(tpm, attackerCert, nil)
 	assert.ErrorContains(t, err, "certificate does not match key", "issuer refuses a certificate for another key")
-	_, err = ca.CertifyAK(mutate(t, genuine, func(*vtpmpb.Evidence) {})[:0], "x", testNow, time.Hour)
+	_, err = ca.CertifyAK(mutate(t, genuine, func(*vtpmpb.Evidence) {})[:0], "x", metadata.Worker, testNow, time.Hour)
 	assert.Error(t, err)
 
 	withRoots := func(now time.Time) *vtpm.Validator {

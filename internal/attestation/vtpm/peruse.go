@@ -156,3 +156,14 @@ func (p PerUseTPM) ReadPCRs(pcrs ...int) (map[uint32][]byte, error) {
 func (p PerUseTPM) ExtendPCR(idx int, digest []byte) error {
 	return p.use(func(t *TPM) error { return t.ExtendPCR(idx, digest) })
 }
+
+// ReadPlatformNV is TPM.ReadPlatformNV on a freshly opened TPM.
+func (p PerUseTPM) ReadPlatformNV(index uint32) ([]byte, error) {
+	var out []byte
+	err := p.use(func(t *TPM) error {
+		var err error
+		out, err = t.ReadPlatformNV(index)
+		return err
+	})
+	return out, err
+}

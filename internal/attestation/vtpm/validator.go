@@ -121,6 +121,7 @@ func (v *Validator) Validate(_ context.Context, evidence []byte, purpose attesta
 	}
 	if signer != nil {
 		out.SignerName = signer.Subject.CommonName
+		out.SignerRole = AKCertRole(signer)
 	}
 	for _, w := range match.Warnings {
 		out.Warnings = append(out.Warnings, w.Describe(v.cfg.Variant))

@@ -22,6 +22,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/swtpm"
@@ -36,6 +37,7 @@ var Image = []local.Component{
 // Node is one test node: real TPM and storage.
 type Node struct {
 	Name    string
+	opts    NodeOptions
 	TPM     *vtpm.TPM
 	swtpm   *swtpm.Process
 	tpmDir  string
@@ -46,35 +48,65 @@ type Node struct {
 	StateDir string
 }
 
-// NewNode boots a node from Image on a fresh swtpm, certifies its AKs with ca and opens it
-// (creating its storage). It is torn down when t ends.
-func NewNode(t testing.TB, name string, ca *akca.CA) *Node {
+// NodeOptions describe a test node's platform: what the provider measures and certifies.
+type NodeOptions struct {
+	// Role is what the provider certifies the node's AKs for (default control plane).
+	Role metadata.Role
+	// Image is what the node boots (default Image).
+	Image []local.Component
+	// Uncertified: the provider certifies no AK (and provisions no AK root).
+	Uncertified bool
+}
+
+// NewNode boots a node from Image on a fresh swtpm as the local provider does (measure,
+// certify its AKs for role with ca, provision ca as its AK root, lock the platform
+// hierarchy) and opens it (creating its storage). It is torn down when t ends.
+func NewNode(t testing.TB, name string, role metadata.Role, ca *akca.CA) *Node {
 	t.Helper()
+	return NewNodeWith(t, name, ca, NodeOptions{Role: role})
+}
+
+// NewNodeWith is NewNode with the platform described by opts.
+func NewNodeWith(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node {
+	t.Helper()
+	if opts.Role == "" {
+		opts.Role = metadata.ControlPlane
+	}
+	if opts.Image == nil {
+		opts.Image = Image
+	}
 	// os.MkdirTemp, not t.TempDir: test names can push a socket path past 107 bytes.
 	tpmDir, err := os.MkdirTemp("", "swtpm")
 	require.NoError(t, err)
 	dir := t.TempDir()
-	n := &Node{Name: name, tpmDir: tpmDir, StateDir: filepath.Join(dir, "state")}
+	n := &Node{Name: name, opts: opts, tpmDir: tpmDir, StateDir: filepath.Join(dir, "state")}
 	t.Cleanup(func() {
 		n.powerOff()
 		_ = os.RemoveAll(tpmDir)
 	})
-	n.powerOn(t)
-	require.NoError(t, local.CertifyAK(n.TPM, ca, name, time.Now()))
+	n.powerOn(t, func() {
+		if !opts.Uncertified {
+			require.NoError(t, local.CertifyAK(n.TPM, ca, name, opts.Role, time.Now()))
+		}
+	})
 	n.Storage = &statedisk.Gocryptfs{Dir: filepath.Join(dir, "storage"), MountPoint: n.StateDir}
 	t.Cleanup(func() { assert.NoError(t, n.Storage.Lock(context.Background())) })
 	n.open(t)
 	return n
 }
 
-// powerOn starts the node's swtpm (PCRs reset, persistent state kept) and measures Image.
-func (n *Node) powerOn(t testing.TB) {
+// powerOn starts the node's swtpm (PCRs reset, persistent state kept), measures the image,
+// runs certify (first boot) and locks the platform hierarchy, as the provider does at every
+// boot (internal/provider/local/cluster).
+func (n *Node) powerOn(t testing.TB, certify func()) {
 	var err error
 	n.swtpm, err = swtpm.Start(context.Background(), swtpm.Options{StateDir: n.tpmDir})
 	require.NoError(t, err)
 	n.TPM, err = n.swtpm.Open(context.Background())
 	require.NoError(t, err)
-	require.NoError(t, local.Measure(n.TPM, Image))
+	require.NoError(t, local.Measure(n.TPM, n.opts.Image))
+	certify()
+	require.NoError(t, local.LockPlatform(n.TPM))
 }
 
 func (n *Node) powerOff() {
@@ -92,7 +124,7 @@ func (n *Node) Reboot(t testing.TB) {
 	t.Helper()
 	require.NoError(t, n.Storage.Lock(context.Background()))
 	n.powerOff()
-	n.powerOn(t)
+	n.powerOn(t, func() {})
 	n.open(t)
 }
 

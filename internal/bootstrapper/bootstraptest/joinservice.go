@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/rand"
 
+	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
@@ -38,10 +39,21 @@ type Cluster struct {
 	Server *grpc.Server
 }
 
-// ClusterOptions tune StartJoinService.
+// ClusterOptions tune StartJoinService. Besides the genuine service they make the impostors
+// a joining node must refuse.
 type ClusterOptions struct {
 	// WrongMarker extends the service node's PCR 15 with another cluster's ID.
 	WrongMarker bool
+	// NoMarker leaves the service node's PCR 15 zero: a node never initialized.
+	NoMarker bool
+	// Service describes the platform of the service's node (default: a control plane booted
+	// from Image, certified by the cluster's CA).
+	Service NodeOptions
+	// ServiceCA, when set, certifies the service's node instead of the cluster's CA.
+	ServiceCA *akca.CA
+	// SoftwareAK makes the service sign its evidence with a software key instead of its
+	// TPM, showing Image's PCR values and its cluster's marker: an impostor without a TPM.
+	SoftwareAK bool
 }
 
 // StartJoinService starts a join service for a new cluster on kube, admitting nodes booted
@@ -58,15 +70,32 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 
 	// Init creates the namespace of the disk-owner records before the join service runs.
 	require.NoError(t, diskowner.EnsureNamespace(context.Background(), kube.Admin))
-	service := NewNode(t, "control-plane-service", ca)
+	serviceCA := ca
+	if opts.ServiceCA != nil {
+		serviceCA = opts.ServiceCA
+	}
+	service := NewNodeWith(t, "control-plane-service", serviceCA, opts.Service)
 	marker := sha256.Sum256(c.ClusterID)
 	if opts.WrongMarker {
 		marker = sha256.Sum256([]byte("another cluster"))
 	}
-	require.NoError(t, service.TPM.ExtendPCR(joinservice.ClusterIDRegister, marker[:]))
-	issuer, err := vtpm.NewIssuer(service.TPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
-	require.NoError(t, err)
-	t.Cleanup(func() { issuer.Close() })
+	if !opts.NoMarker {
+		require.NoError(t, service.TPM.ExtendPCR(joinservice.ClusterIDRegister, marker[:]))
+	}
+	var issuer attestation.Issuer
+	if opts.SoftwareAK {
+		pcrs := map[uint32][]byte{}
+		for i, m := range local.ExpectedPCRs(Image) {
+			pcrs[i] = m.Expected
+		}
+		pcrs[joinservice.ClusterIDRegister] = kms.InitializedPCR15(c.ClusterID)
+		issuer = NewSoftwareIssuer(t, pcrs)
+	} else {
+		tpmIssuer, err := vtpm.NewIssuer(service.TPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
+		require.NoError(t, err)
+		t.Cleanup(func() { tpmIssuer.Close() })
+		issuer = tpmIssuer
+	}
 	active, err := measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}})
 	require.NoError(t, err)
 	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: active, AKRoots: ca.Pool()})

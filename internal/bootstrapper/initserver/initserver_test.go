@@ -125,7 +125,7 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki")}
-	e.node = bootstraptest.NewNode(t, "control-plane-0", ca)
+	e.node = bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
 		Hash:     bootstraptest.InitSecretHash,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -51,6 +52,7 @@ type env struct {
 	params  []joinclient.JoinParams
 	pkiDir  string
 	kpkiDir string
+	logs    syncBuffer
 }
 
 func newEnv(t *testing.T, role metadata.Role, opts bootstraptest.ClusterOptions) *env {
@@ -61,7 +63,7 @@ func newEnv(t *testing.T, role metadata.Role, opts bootstraptest.ClusterOptions)
 	e.cluster = bootstraptest.StartJoinService(t, ca, kube, opts)
 	ip := netip.MustParseAddr("10.42.0.10")
 	e.cluster.Admit("node-1", ip, role == metadata.ControlPlane)
-	e.node = bootstraptest.NewNode(t, "node-1", ca)
+	e.node = bootstraptest.NewNode(t, "node-1", role, ca)
 	e.meta = &metadata.Static{
 		Instance:  metadata.Instance{Name: "node-1", Role: role, IPs: []netip.Addr{ip}},
 		Endpoints: []string{e.cluster.Addr},
@@ -75,9 +77,8 @@ func newEnv(t *testing.T, role metadata.Role, opts bootstraptest.ClusterOptions)
 // newClient builds the join client of the node as it is now (after a reboot, too).
 func (e *env) newClient() {
 	t := e.t
-	own, err := e.node.TPM.ReadPCRs()
-	require.NoError(t, err)
-	check, err := joinservice.ServiceCheck{Own: own, Registers: registers(0, 14), AKRoots: e.ca.Pool()}.Validator(bootstraptest.Validator(t, e.ca).Variant())
+	// The node's check of the service, built from its TPM as nodeboot builds it.
+	check, err := joinservice.ServiceCheck{}.Validator(e.node.TPM)
 	require.NoError(t, err)
 	dial, err := joinclient.AttestedDialer(e.node.Issuer(t), check)
 	require.NoError(t, err)
@@ -89,7 +90,7 @@ func (e *env) newClient() {
 			return joinclient.KubeadmConfig(kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true})(p)
 		},
 		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir,
-		Backoff: fastBackoff,
+		Backoff: fastBackoff, Log: slog.New(slog.NewTextHandler(&e.logs, nil)),
 	})
 	require.NoError(t, err)
 }
@@ -100,14 +101,6 @@ func fastBackoff() wait.Backoff {
 	b.Duration /= 100
 	b.Cap /= 100
 	return b
-}
-
-func registers(from, to uint32) []uint32 {
-	var out []uint32
-	for i := from; i <= to; i++ {
-		out = append(out, i)
-	}
-	return out
 }
 
 func (e *env) join() error {

@@ -14,6 +14,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 // PCR map of a local node image (docs/attestation.md). PCRs 0-10 stay zero: there is no
@@ -72,18 +73,23 @@ func ExpectedPCRs(image []Component) measurements.M {
 	return m
 }
 
-// CertifyAK certifies both AKs (RSA and ECC) of the node's TPM with the provider's CA and
-// stores the certificates in the TPM's NV, where the node's issuers find them. Both are
-// certified because which one a node quotes with is the node's choice (vtpm.AKAlgorithm):
-// the bootstrapper uses RSA, the join service ECC.
-func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, now time.Time) error {
+// CertifyAK certifies both AKs (RSA and ECC) of the node's TPM with the provider's CA, for
+// the node's name and role, and stores the certificates in the TPM's NV, where the node's
+// issuers find them. Both are certified because which one a node quotes with is the node's
+// choice (vtpm.AKAlgorithm): the bootstrapper uses RSA, the join service ECC.
+//
+// It also provisions the CA's certificate as the node's AK root (vtpm.AKRootsNVIndex), in a
+// platform index the node's software cannot rewrite once LockPlatform ran: the root the node
+// checks the join service's AK against. A cloud bakes its AK roots into the measured image
+// instead (docs/local-provider.md, "TPM NV indices").
+func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, role metadata.Role, now time.Time) error {
 	for _, alg := range vtpm.AKAlgorithms {
 		// Local nodes attest with qemu-vtpm; the variant only labels evidence, the AK is the same.
 		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, AK: alg})
 		if err != nil {
 			return fmt.Errorf("loading %s AK of %s: %w", alg, nodeName, err)
 		}
-		cert, err := ca.CertifyAK(iss.AKPublic(), nodeName, now, 365*24*time.Hour)
+		cert, err := ca.CertifyAK(iss.AKPublic(), nodeName, role, now, 365*24*time.Hour)
 		iss.Close()
 		if err != nil {
 			return fmt.Errorf("certifying %s AK of %s: %w", alg, nodeName, err)
@@ -92,5 +98,16 @@ func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, now time.Time) error
 			return fmt.Errorf("storing %s AK certificate of %s: %w", alg, nodeName, err)
 		}
 	}
+	if err := tpm.WritePlatformNV(vtpm.AKRootsNVIndex, ca.Certificate().Raw); err != nil {
+		return fmt.Errorf("provisioning the AK root of %s: %w", nodeName, err)
+	}
 	return nil
+}
+
+// LockPlatform ends the provider's firmware role for this boot of the node: it disables the
+// TPM's platform hierarchy, so nothing the node runs can rewrite the AK root (or any other
+// platform index). Call it at every boot (a TPM startup enables the hierarchy again), after
+// Measure and CertifyAK, before the node's software starts.
+func LockPlatform(tpm *vtpm.TPM) error {
+	return tpm.DisablePlatformHierarchy()
 }

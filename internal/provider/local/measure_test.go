@@ -16,6 +16,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
 
@@ -30,7 +31,7 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	require.NoError(t, local.Measure(tpm, image))
 	ca, err := akca.New("provider", time.Now(), time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", time.Now()))
+	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", metadata.Worker, time.Now()))
 
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{
 		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}},
@@ -51,6 +52,7 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, got.SignerCertified, "the provider certified the %s AK", alg)
 			assert.Equal(t, "node-0", got.SignerName)
+			assert.Equal(t, metadata.Worker, got.SignerRole, "the AK certificate carries the role the provider gave")
 		})
 	}
 	require.NotEqual(t, evidence[vtpm.AKRSA], evidence[vtpm.AKECC])

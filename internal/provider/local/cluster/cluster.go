@@ -27,6 +27,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -239,7 +240,10 @@ func (p *Provider) startNode(ctx context.Context, i int, n NodeSpec, ca *akca.CA
 	}
 	err = local.Measure(tpm, image)
 	if err == nil {
-		err = local.CertifyAK(tpm, ca, n.Name, time.Now())
+		err = local.CertifyAK(tpm, ca, n.Name, metadata.Role(n.Role), time.Now())
+	}
+	if err == nil {
+		err = local.LockPlatform(tpm)
 	}
 	tpm.Close()
 	if err != nil {

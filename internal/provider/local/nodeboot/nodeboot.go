@@ -5,7 +5,10 @@
 // The node trusts a join service that runs the same image as itself: the join service's
 // evidence must show the node's own PCRs 0..14 (read at boot, after the provider measured
 // the image). This needs no reference values baked into the image, which could not contain
-// its own measurements.
+// its own measurements. The service's AK must be certified as a control plane's by the
+// platform's CA, which the provider wrote into a platform NV index of the node's TPM that the
+// node's software cannot rewrite, and the service must be initialized
+// (joinservice.ServiceCheck, docs/joinservice.md).
 //
 // The node's TPM (a swtpm, which serves one connection at a time) is opened per use, by the
 // bootstrapper as by the in-cluster services of the node: nobody holds it between uses.
@@ -23,7 +26,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/bootstrapper"
@@ -32,6 +34,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -110,18 +113,10 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	if err != nil {
 		return "", fmt.Errorf("loading the node's attestation key: %w", err)
 	}
-	own, err := tpm.ReadPCRs(pcrRange(0, 15)...)
-	if err != nil {
-		return "", fmt.Errorf("reading own PCRs: %w", err)
-	}
-	sameImage := measurements.M{}
-	for i, v := range own {
-		sameImage[i] = measurements.Measurement{Expected: v}
-	}
-	serviceValidator, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "this node's image", Measurements: sameImage}},
-		Log:           log,
-	})
+	// Before anything touches the network: the join service must be a certified control
+	// plane of this node's image (or a configured set), initialized; the AK root comes from
+	// the node's own TPM (joinservice.ServiceCheck).
+	serviceValidator, err := joinservice.ServiceCheck{Log: log}.Validator(tpm)
 	if err != nil {
 		return "", err
 	}
@@ -254,12 +249,4 @@ func firstIP(i metadata.Instance) netip.Addr {
 		return netip.Addr{}
 	}
 	return i.IPs[0]
-}
-
-func pcrRange(from, to int) []int {
-	var out []int
-	for i := from; i < to; i++ {
-		out = append(out, i)
-	}
-	return out
 }
