@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,6 +58,13 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 	}
 	if opts.Binary == "" {
 		opts.Binary = "swtpm"
+	}
+	// swtpm's options are comma-separated key=value lists (dir=...,mode=...): a path with a
+	// comma would be split into other options and swtpm exits without a word.
+	for _, path := range []string{opts.StateDir, opts.SocketDir, opts.LogFile} {
+		if strings.Contains(path, ",") {
+			return nil, fmt.Errorf("swtpm: path %q contains a comma, which swtpm's option syntax cannot express; use another directory", path)
+		}
 	}
 	for _, d := range []string{opts.StateDir, opts.SocketDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

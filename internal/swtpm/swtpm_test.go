@@ -59,4 +59,9 @@ func TestStartErrors(t *testing.T) {
 	// A binary that exits at once is reported with swtpm's log, not as a timeout.
 	_, err = swtpm.Start(ctx, swtpm.Options{StateDir: shortTempDir(t), Binary: "false"})
 	assert.ErrorContains(t, err, "exited during start-up")
+
+	// A comma would split swtpm's dir=... option; refused before swtpm runs, with the path.
+	_, err = swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(shortTempDir(t), "a,b")})
+	assert.ErrorContains(t, err, `path "`)
+	assert.ErrorContains(t, err, "contains a comma")
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -166,7 +167,11 @@ func TestAttacks(t *testing.T) {
 	})
 
 	t.Run("node of another cluster: same image, AK certified by another provider", func(t *testing.T) {
-		proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: t.TempDir()})
+		// Not t.TempDir: the subtest's name has a comma, which swtpm's option syntax splits on.
+		dir, err := os.MkdirTemp("", "attack-tpm-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: dir})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = proc.Stop() })
 		tpm, err := proc.Open(context.Background())
@@ -247,26 +252,31 @@ func (p attackerPosition) dial(ctx context.Context, addr string) (net.Conn, erro
 }
 
 // joinClient connects to the join service over the attested channel as a client that attests
-// with iss (and does not check the service: the attacker does not care).
-func (p attackerPosition) joinClient(t *testing.T, addr string, iss attestation.Issuer) joinpb.JoinServiceClient {
+// with iss (and does not check the service: the attacker does not care). The caller closes
+// the connection after one call: gRPC would otherwise reconnect in the background, spending
+// the peer's handshake budget at the join service.
+func (p attackerPosition) joinClient(t *testing.T, addr string, iss attestation.Issuer) (joinpb.JoinServiceClient, func()) {
 	t.Helper()
 	creds, err := atls.NewCredentials(atls.Config{Issuer: iss})
 	require.NoError(t, err)
 	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithContextDialer(p.dial))
 	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	return joinpb.NewJoinServiceClient(conn)
+	return joinpb.NewJoinServiceClient(conn), func() { conn.Close() }
 }
 
 func (p attackerPosition) joinTicket(t *testing.T, addr string, iss attestation.Issuer, req *joinpb.IssueJoinTicketRequest) (*joinpb.IssueJoinTicketResponse, error) {
 	return withinRateLimit(t, func(ctx context.Context) (*joinpb.IssueJoinTicketResponse, error) {
-		return p.joinClient(t, addr, iss).IssueJoinTicket(ctx, req)
+		client, done := p.joinClient(t, addr, iss)
+		defer done()
+		return client.IssueJoinTicket(ctx, req)
 	})
 }
 
 func (p attackerPosition) rejoinTicket(t *testing.T, addr string, iss attestation.Issuer, disk string) (*joinpb.IssueRejoinTicketResponse, error) {
 	return withinRateLimit(t, func(ctx context.Context) (*joinpb.IssueRejoinTicketResponse, error) {
-		return p.joinClient(t, addr, iss).IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: disk})
+		client, done := p.joinClient(t, addr, iss)
+		defer done()
+		return client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: disk})
 	})
 }
 
@@ -285,7 +295,7 @@ func withinRateLimit[R any](t *testing.T, call func(ctx context.Context) (R, err
 		if !limited || time.Now().After(deadline) {
 			return resp, err
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(time.Second) // the bucket refills at 1/s
 	}
 }
 
