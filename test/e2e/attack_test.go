@@ -176,7 +176,7 @@ func TestAttacks(t *testing.T) {
 		t.Cleanup(func() { _ = proc.Stop() })
 		tpm, err := proc.Open(context.Background())
 		require.NoError(t, err)
-		image, err := local.ImageComponents(filepath.Join(ws, "node-image"))
+		image, err := local.ImageComponents(worker.ImageDir)
 		require.NoError(t, err)
 		require.NoError(t, local.Measure(tpm, image))
 		otherCA, err := akca.New("another cluster's AK CA", time.Now(), time.Hour)
