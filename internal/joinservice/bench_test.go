@@ -46,6 +46,7 @@ func BenchmarkJoin(b *testing.B) {
 			e := newEnv(b, envOptions{})
 			nodes := vtpmtest.Simulator(b)
 			require.NoError(b, local.Measure(nodes, imageV1))
+			provisionRoot(b, nodes, e.akCA)
 			// Prepare every joiner (AK certificate, CSR key) outside the timer. Each has its own
 			// AK certificate, so the service verifies a new chain per join as it would for new
 			// nodes; the joiners' check of the service is shared (load generator, not measured).
