@@ -73,6 +73,25 @@ type Limits struct {
 	What string
 }
 
+// Or returns l with every unset limit (zero or negative; What empty) taken from defaults: a
+// server's configuration sets what it wants and keeps its defaults for the rest.
+func (l Limits) Or(defaults Limits) Limits {
+	if l.Rate <= 0 {
+		l.Rate = defaults.Rate
+	}
+	for _, f := range []struct{ v, d *int }{
+		{&l.Burst, &defaults.Burst}, {&l.PerPeer, &defaults.PerPeer}, {&l.Concurrent, &defaults.Concurrent}, {&l.Waiting, &defaults.Waiting},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.d
+		}
+	}
+	if l.What == "" {
+		l.What = defaults.What
+	}
+	return l
+}
+
 // Validate names every limit out of range.
 func (l Limits) Validate() error {
 	var problems []error

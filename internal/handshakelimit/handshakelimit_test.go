@@ -189,3 +189,12 @@ func TestLimitsValidate(t *testing.T) {
 		assert.ErrorContains(t, err, want)
 	}
 }
+
+func TestLimitsOr(t *testing.T) {
+	defaults := handshakelimit.Limits{Rate: 1, Burst: 5, PerPeer: 2, Concurrent: 16, Waiting: 256, What: "join attempts"}
+	assert.Equal(t, defaults, handshakelimit.Limits{}.Or(defaults), "nothing set: the defaults")
+	set := handshakelimit.Limits{Rate: 3, Burst: 7, PerPeer: 1, Concurrent: 4, Waiting: 8, What: "tests"}
+	assert.Equal(t, set, set.Or(defaults), "everything set: nothing taken")
+	assert.Equal(t, handshakelimit.Limits{Rate: 1, Burst: 9, PerPeer: 2, Concurrent: 16, Waiting: 256, What: "join attempts"},
+		handshakelimit.Limits{Rate: -1, Burst: 9, Waiting: -3}.Or(defaults), "negative is unset")
+}

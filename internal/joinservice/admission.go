@@ -3,7 +3,6 @@ package joinservice
 import (
 	"errors"
 	"net"
-	"net/netip"
 
 	"google.golang.org/grpc/credentials"
 
@@ -30,22 +29,10 @@ func (o observedCredentials) ServerHandshake(raw net.Conn) (net.Conn, credential
 				reason = r // rate-limited, peer-busy or busy
 			}
 		}
-		o.svc.reject("handshake", remoteAddr(raw.RemoteAddr()), "", reason, err, start)
+		o.svc.reject("handshake", handshakelimit.AddrOf(raw.RemoteAddr()), "", reason, err, start)
 		return nil, nil, err
 	}
 	return conn, info, nil
 }
 
 func (o observedCredentials) Clone() credentials.TransportCredentials { return o }
-
-func remoteAddr(a net.Addr) netip.Addr {
-	if tcp, ok := a.(*net.TCPAddr); ok {
-		addr, _ := netip.AddrFromSlice(tcp.IP)
-		return addr.Unmap()
-	}
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	return ap.Addr().Unmap()
-}

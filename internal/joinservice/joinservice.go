@@ -70,6 +70,12 @@ const (
 	DefaultMaxWaitingHandshakes    = 256
 )
 
+// defaultHandshakeLimits are the defaults above as the limiter takes them.
+var defaultHandshakeLimits = handshakelimit.Limits{
+	Rate: DefaultRateLimit, Burst: DefaultRateBurst, PerPeer: DefaultMaxHandshakesPerPeer,
+	Concurrent: DefaultMaxConcurrentHandshakes, Waiting: DefaultMaxWaitingHandshakes, What: "join attempts",
+}
+
 // Config configures the join service.
 type Config struct {
 	// Issuer attests the service to joining nodes. It quotes once per join, on the join's
@@ -150,21 +156,6 @@ func New(cfg Config) (*Service, error) {
 	if cfg.TokenTTL <= 0 {
 		cfg.TokenTTL = bootstraptoken.DefaultTTL
 	}
-	if cfg.RateLimit <= 0 {
-		cfg.RateLimit = DefaultRateLimit
-	}
-	if cfg.RateBurst <= 0 {
-		cfg.RateBurst = DefaultRateBurst
-	}
-	if cfg.MaxHandshakesPerPeer <= 0 {
-		cfg.MaxHandshakesPerPeer = DefaultMaxHandshakesPerPeer
-	}
-	if cfg.MaxConcurrentHandshakes <= 0 {
-		cfg.MaxConcurrentHandshakes = DefaultMaxConcurrentHandshakes
-	}
-	if cfg.MaxWaitingHandshakes <= 0 {
-		cfg.MaxWaitingHandshakes = DefaultMaxWaitingHandshakes
-	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -181,8 +172,8 @@ func New(cfg Config) (*Service, error) {
 	}
 	limiter, err := handshakelimit.New(handshakelimit.Limits{
 		Rate: cfg.RateLimit, Burst: cfg.RateBurst, PerPeer: cfg.MaxHandshakesPerPeer,
-		Concurrent: cfg.MaxConcurrentHandshakes, Waiting: cfg.MaxWaitingHandshakes, What: "join attempts",
-	}, cfg.Now)
+		Concurrent: cfg.MaxConcurrentHandshakes, Waiting: cfg.MaxWaitingHandshakes,
+	}.Or(defaultHandshakeLimits), cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("join service: %w", err)
 	}
@@ -222,7 +213,7 @@ type admitted struct {
 func (s *Service) admit(ctx context.Context) (*admitted, error) {
 	a := &admitted{}
 	if p, ok := peer.FromContext(ctx); ok {
-		a.remote = remoteAddr(p.Addr)
+		a.remote = handshakelimit.AddrOf(p.Addr)
 	}
 	verified, ok := atls.PeerFromContext(ctx)
 	if !ok {

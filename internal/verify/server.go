@@ -93,25 +93,16 @@ func New(cfg Config) (*Server, error) {
 	if cfg.IssueTimeout <= 0 {
 		cfg.IssueTimeout = DefaultIssueTimeout
 	}
-	if cfg.MaxWaiting <= 0 {
-		cfg.MaxWaiting = DefaultMaxWaiting
-	}
-	if cfg.PeerRate <= 0 {
-		cfg.PeerRate = DefaultPeerRate
-	}
-	if cfg.PeerBurst <= 0 {
-		cfg.PeerBurst = DefaultPeerBurst
-	}
-	if cfg.MaxPerPeer <= 0 {
-		cfg.MaxPerPeer = DefaultMaxPerPeer
-	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	// Requests do not queue for the TPM beyond MaxWaiting: Waiting stays zero.
 	limiter, err := handshakelimit.New(handshakelimit.Limits{
-		Rate: cfg.PeerRate, Burst: cfg.PeerBurst, PerPeer: cfg.MaxPerPeer,
-		Concurrent: cfg.MaxWaiting, Waiting: 0, What: "attestation requests",
-	}, cfg.Now)
+		Rate: cfg.PeerRate, Burst: cfg.PeerBurst, PerPeer: cfg.MaxPerPeer, Concurrent: cfg.MaxWaiting,
+	}.Or(handshakelimit.Limits{
+		Rate: DefaultPeerRate, Burst: DefaultPeerBurst, PerPeer: DefaultMaxPerPeer, Concurrent: DefaultMaxWaiting,
+		What: "attestation requests",
+	}), cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("verification service: %w", err)
 	}
@@ -232,7 +223,7 @@ func (s *Server) attest(ctx context.Context, protocol string, remote netip.Addr,
 		// Debug, not Warn: a flood would flood the log; the counter has the numbers.
 		s.cfg.Log.Debug("attestation refused", "protocol", protocol, "peer", remote.String(), "reason", reason, "error", err)
 		if reason == "busy" {
-			return nil, fmt.Errorf("%w (limit %d); retry later", errBusy, s.cfg.MaxWaiting)
+			return nil, fmt.Errorf("%w (limit %d); retry later", errBusy, s.limiter.Limits().Concurrent)
 		}
 		return nil, fmt.Errorf("%w: %w", errRateLimited, err)
 	}

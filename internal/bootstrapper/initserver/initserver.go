@@ -198,8 +198,8 @@ type Config struct {
 	// InitTimeout bounds the work after the lock is taken (DefaultInitTimeout).
 	InitTimeout time.Duration
 	// HandshakeLimits admit attested handshakes before the node quotes; AttemptLimits admit
-	// Init calls before the init secret is checked. Zero: DefaultHandshakeLimits,
-	// DefaultAttemptLimits.
+	// Init calls before the init secret is checked. Unset limits: those of
+	// DefaultHandshakeLimits, DefaultAttemptLimits.
 	HandshakeLimits, AttemptLimits handshakelimit.Limits
 	// Now is the limiters' clock (time.Now when nil).
 	Now func() time.Time
@@ -241,17 +241,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.HandshakeLimits == (handshakelimit.Limits{}) {
-		cfg.HandshakeLimits = DefaultHandshakeLimits
-	}
-	if cfg.AttemptLimits == (handshakelimit.Limits{}) {
-		cfg.AttemptLimits = DefaultAttemptLimits
-	}
-	handshakes, err := handshakelimit.New(cfg.HandshakeLimits, cfg.Now)
+	handshakes, err := handshakelimit.New(cfg.HandshakeLimits.Or(DefaultHandshakeLimits), cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}
-	attempts, err := handshakelimit.New(cfg.AttemptLimits, cfg.Now)
+	attempts, err := handshakelimit.New(cfg.AttemptLimits.Or(DefaultAttemptLimits), cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}

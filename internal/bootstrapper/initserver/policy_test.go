@@ -1,7 +1,6 @@
 package initserver_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"testing"
 
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -20,29 +20,8 @@ import (
 // looseReferenceSets are sets that admit more than the image, each with the register the
 // refusal must name: what a CLI that holds the init secret (buggy, or an attacker's) could
 // send so that the join service would later admit nodes that run something else.
-func looseReferenceSets() map[string]struct {
-	m    measurements.M
-	want string
-} {
-	image := local.ExpectedPCRs(bootstraptest.Image)
-	with := func(i uint32, meas measurements.Measurement) measurements.M {
-		m := measurements.M{}
-		for k, v := range image {
-			m[k] = v
-		}
-		m[i] = meas
-		return m
-	}
-	zero := make([]byte, 32)
-	return map[string]struct {
-		m    measurements.M
-		want string
-	}{
-		"only PCR 0 enforced":                   {measurements.M{0: image[0]}, "missing PCR 1, PCR 2"},
-		"only software-resettable PCRs 16, 23":  {measurements.M{16: {Expected: zero}, 23: {Expected: zero}}, "PCR 16, PCR 23 not measured by the image"},
-		"bootstrapper PCR 11 warn-only":         {with(11, measurements.Measurement{Expected: bytes.Repeat([]byte{0xab}, 32), WarnOnly: true}), "PCR 11 warn-only"},
-		"PCR 15 pinned to zero (uninitialized)": {with(15, measurements.Measurement{Expected: zero}), "PCR 15 must not be in a reference set"},
-	}
+func looseReferenceSets() map[string]measurementstest.Loose {
+	return measurementstest.LooseSets(local.ExpectedPCRs(bootstraptest.Image))
 }
 
 // TestInitRefusesLooseReferenceSets: the node checks the attestation configuration of the
@@ -56,7 +35,7 @@ func TestInitRefusesLooseReferenceSets(t *testing.T) {
 			req, _ := request(t)
 			sets := measurements.ReferenceSets{
 				{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)},
-				{Name: "loose", Measurements: tc.m},
+				{Name: "loose", Measurements: tc.M},
 			}
 			// Encoded by hand: clusterrecord.Attestation.Data would refuse to encode it.
 			data, err := json.Marshal(sets)
@@ -66,7 +45,7 @@ func TestInitRefusesLooseReferenceSets(t *testing.T) {
 			res := e.call(req)
 			assert.Equal(t, codes.InvalidArgument, status.Code(res.Err), "%v", res.Err)
 			assert.ErrorContains(t, res.Err, `attestation configuration: `)
-			assert.ErrorContains(t, res.Err, `reference set "loose": `+tc.want)
+			assert.ErrorContains(t, res.Err, `reference set "loose": `+tc.Want)
 			assert.Empty(t, res.Progress)
 		})
 	}

@@ -1,11 +1,9 @@
 package joinclient_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -156,28 +154,4 @@ func (e *env) refuses(t *testing.T, call func(context.Context) error, wantReason
 	assert.Equal(t, make([]byte, 32), e.node.PCR15(t), "PCR 15 extended")
 	assert.Equal(t, kubeadmCalls, e.kubeadm.CallList(), "kubeadm ran")
 	assert.NotContains(t, e.logs.String(), "node lock taken", "the node committed")
-}
-
-// syncBuffer is a bytes.Buffer for a logger written from the join client's goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
+	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
@@ -52,7 +53,7 @@ type env struct {
 	params  []joinclient.JoinParams
 	pkiDir  string
 	kpkiDir string
-	logs    syncBuffer
+	logs    cmdutil.SyncBuffer
 }
 
 func newEnv(t *testing.T, role metadata.Role, opts bootstraptest.ClusterOptions) *env {

@@ -4,6 +4,7 @@
 package measurementstest
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 
@@ -46,4 +47,35 @@ func FromRegisters(v variant.Variant, actual map[uint32][]byte) measurements.M {
 		m[i] = measurements.Measurement{Expected: val}
 	}
 	return m
+}
+
+// Loose is a reference set that admits more than the image, and the text the refusal must
+// contain (naming the register).
+type Loose struct {
+	M    measurements.M
+	Want string
+}
+
+// LooseSets returns the ways a reference set can admit more than image (a full qemu-vtpm set,
+// as Image or FromRegisters make it): what an operator might write by mistake, or an attacker
+// who can edit the configuration or send the init request would write to admit nodes that
+// run something else. Every production path must refuse each of them.
+func LooseSets(image measurements.M) map[string]Loose {
+	with := func(i uint32, meas measurements.Measurement) measurements.M {
+		m := measurements.M{}
+		for k, v := range image {
+			m[k] = v
+		}
+		m[i] = meas
+		return m
+	}
+	digest := func(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+	return map[string]Loose{
+		"only PCR 0 enforced":                   {measurements.M{0: image[0]}, "missing PCR 1, PCR 2"},
+		"only software-resettable PCRs 16, 23":  {measurements.M{16: {Expected: digest(0)}, 23: {Expected: digest(0)}}, "PCR 16, PCR 23 not measured by the image"},
+		"full set plus PCR 16":                  {with(16, measurements.Measurement{Expected: digest(0)}), "PCR 16 not measured by the image"},
+		"bootstrapper PCR 11 warn-only":         {with(11, measurements.Measurement{Expected: digest(0xab), WarnOnly: true}), "PCR 11 warn-only"},
+		"PCR 15 pinned to a cluster":            {with(15, measurements.Measurement{Expected: digest(7)}), "PCR 15 must not be in a reference set"},
+		"PCR 15 pinned to zero (uninitialized)": {with(15, measurements.Measurement{Expected: digest(0)}), "PCR 15 must not be in a reference set"},
+	}
 }
