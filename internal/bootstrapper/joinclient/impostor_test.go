@@ -17,25 +17,23 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
 
-// Attacks on a booting node by the join service it talks to. The node is a real swtpm node
-// as the local provider boots it (measured, AK certified, AK root in a platform NV index,
-// platform hierarchy locked) and checks the service through joinservice.ServiceCheck built
-// from its TPM, as nodeboot does; each impostor is a real join service (its own cluster, a
-// real API server) on a node the attacker controls in one way. The node must refuse it
-// before committing anything: PCR 15 stays zero, the storage keeps its fresh key and is not
-// marked initialized, no PKI file is written, kubeadm does not run.
-func TestJoinRefusesImpostorService(t *testing.T) {
+// impostor is a join service an attacker controls in one way, and what the node logs when
+// it refuses it.
+type impostor struct {
+	opts bootstraptest.ClusterOptions
+	// wantReason is what the node logs for the refused service.
+	wantReason string
+}
+
+// impostors are the join services a node must refuse, by name.
+func impostors(t *testing.T) map[string]impostor {
 	otherCA, err := akca.New("another platform's AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	otherImage := []local.Component{
 		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper with a backdoor")),
 		bootstraptest.Image[1],
 	}
-	testCases := map[string]struct {
-		opts bootstraptest.ClusterOptions
-		// wantReason is what the node logs for the refused service.
-		wantReason string
-	}{
+	return map[string]impostor{
 		"software AK showing the image's PCR values": {
 			opts:       bootstraptest.ClusterOptions{SoftwareAK: true},
 			wantReason: "no AK certificate, and AK roots are configured",
@@ -65,6 +63,17 @@ func TestJoinRefusesImpostorService(t *testing.T) {
 			wantReason: "PCR 11: expected",
 		},
 	}
+}
+
+// Attacks on a booting node by the join service it talks to. The node is a real swtpm node
+// as the local provider boots it (measured, AK certified, AK root in a platform NV index,
+// platform hierarchy locked) and checks the service through joinservice.ServiceCheck built
+// from its TPM, as nodeboot does; each impostor is a real join service (its own cluster, a
+// real API server) on a node the attacker controls in one way. The node must refuse it
+// before committing anything: PCR 15 stays zero, the storage keeps its fresh key and is not
+// marked initialized, no PKI file is written, kubeadm does not run.
+func TestJoinRefusesImpostorService(t *testing.T) {
+	testCases := impostors(t)
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
 			if testing.Short() {
@@ -90,18 +99,10 @@ func TestRejoinRefusesImpostorService(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts swtpm, join services and a kube-apiserver")
 	}
-	testCases := map[string]struct {
-		opts       bootstraptest.ClusterOptions
-		wantReason string
-	}{
-		"software AK showing the image's PCR values": {
-			opts:       bootstraptest.ClusterOptions{SoftwareAK: true},
-			wantReason: "no AK certificate, and AK roots are configured",
-		},
-		"genuine worker serving a join service": {
-			opts:       bootstraptest.ClusterOptions{Service: bootstraptest.NodeOptions{Role: metadata.Worker}},
-			wantReason: "not as a control-plane",
-		},
+	all := impostors(t)
+	testCases := map[string]impostor{}
+	for _, name := range []string{"software AK showing the image's PCR values", "genuine worker serving a join service"} {
+		testCases[name] = all[name]
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
