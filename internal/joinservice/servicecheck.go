@@ -58,21 +58,24 @@ func (c ServiceCheck) Validator(tpm NodeTPM) (attestation.Validator, error) {
 	if err != nil {
 		return nil, err
 	}
-	image := make([]int, 0, ClusterIDRegister)
-	for r := 0; r < ClusterIDRegister; r++ {
-		image = append(image, r)
+	// The registers the image measures, by the variant's register map (the rule every
+	// reference set follows).
+	image := qemu.Variant.ImageRegisters()
+	idx := make([]int, len(image))
+	for i, r := range image {
+		idx[i] = int(r)
 	}
-	own, err := tpm.ReadPCRs(image...)
+	own, err := tpm.ReadPCRs(idx...)
 	if err != nil {
 		return nil, fmt.Errorf("service check: reading this node's measurements: %w", err)
 	}
 	m := measurements.M{}
 	for _, r := range image {
-		val, ok := own[uint32(r)]
+		val, ok := own[r]
 		if !ok {
 			return nil, fmt.Errorf("service check: this node's TPM did not return PCR %d", r)
 		}
-		m[uint32(r)] = measurements.Measurement{Expected: val}
+		m[r] = measurements.Measurement{Expected: val}
 	}
 	sets := append(measurements.ReferenceSets{{Name: ownImageSet, Measurements: m}}, c.ReferenceSets...)
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: roots, Log: c.Log})
