@@ -172,6 +172,72 @@ func (g *Gocryptfs) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 	return nil
 }
 
+// maxConfSize bounds the gocryptfs.conf CheckKey copies (a real one has about 400 bytes;
+// the file is on the disk, outside the encryption, so whoever controls the disk writes it).
+const maxConfSize = 64 << 10
+
+// CheckKey asks gocryptfs whether key unwraps the storage's master key, without mounting and
+// without touching the storage: gocryptfs -passwd runs on a private copy of gocryptfs.conf
+// (-config), so gocryptfs' own code checks the password (scrypt, then AES-GCM of the wrapped
+// master key) and re-wraps the master key into the copy only, with a random throwaway key;
+// the copy is removed. A wrong key is ErrWrongKey.
+func (g *Gocryptfs) CheckKey(ctx context.Context, key []byte) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := g.mustExist(); err != nil {
+		return err
+	}
+	conf, err := readLimited(g.confFile(), maxConfSize)
+	if err != nil {
+		return fmt.Errorf("checking the key of the state storage: %w", err)
+	}
+	dir, err := os.MkdirTemp(g.Dir, ".check-key-") // mode 0700
+	if err != nil {
+		return fmt.Errorf("checking the key of the state storage: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	copyPath := filepath.Join(dir, "gocryptfs.conf")
+	if err := os.WriteFile(copyPath, conf, 0o600); err != nil {
+		return fmt.Errorf("checking the key of the state storage: %w", err)
+	}
+	throwaway, err := NewRandomKey()
+	if err != nil {
+		return err
+	}
+	if _, err := g.run(ctx, append(password(key), password(throwaway)...), "-passwd", "-q", "-scryptn", gocryptfsScryptN, "-config", copyPath, g.cipherDir()); err != nil {
+		if errors.Is(err, ErrWrongKey) {
+			return err
+		}
+		return fmt.Errorf("checking the key of the state storage: %w", err)
+	}
+	return nil
+}
+
+// readLimited reads path, refusing a file larger than limit or one that is not regular.
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return data, nil
+}
+
 // Unlock mounts the plaintext view. gocryptfs runs on as a daemon serving the mount until
 // Lock unmounts it.
 func (g *Gocryptfs) Unlock(ctx context.Context, key []byte) error {

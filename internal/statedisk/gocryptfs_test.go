@@ -3,6 +3,8 @@ package statedisk_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -141,4 +143,80 @@ func TestGocryptfsTamperedID(t *testing.T) {
 		_, err := g.UUID()
 		assert.ErrorContains(t, err, "is not a lower-case UUID", bad)
 	}
+}
+
+// CheckKey is gocryptfs' own password check, and leaves the storage exactly as it was:
+// no mount, no file changed, added or left behind, whatever the key.
+func TestGocryptfsCheckKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gocryptfs")
+	}
+	ctx := context.Background()
+	g := newGocryptfs(t)
+	assert.ErrorIs(t, g.CheckKey(ctx, key(t)), statedisk.ErrNotCreated)
+	random, derived := key(t), key(t)
+	require.NoError(t, g.Create(ctx, random))
+	require.NoError(t, g.Rekey(ctx, random, derived))
+	require.NoError(t, g.MarkInitialized())
+	before := treeSums(t, g.Dir)
+
+	for name, tc := range map[string]struct {
+		key     []byte
+		wantErr error
+		errText string
+	}{
+		"the disk key":                {key: derived},
+		"the fresh node's random key": {key: random, wantErr: statedisk.ErrWrongKey},
+		"another key":                 {key: key(t), wantErr: statedisk.ErrWrongKey},
+		"a key of the wrong size":     {key: []byte("short"), errText: "state key of 5 bytes"},
+		"the disk key's hex as a key": {key: []byte(strings.Repeat("ab", 16)), wantErr: statedisk.ErrWrongKey},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := g.CheckKey(ctx, tc.key)
+			switch {
+			case tc.wantErr != nil:
+				assert.ErrorIs(t, err, tc.wantErr)
+			case tc.errText != "":
+				assert.ErrorContains(t, err, tc.errText)
+			default:
+				assert.NoError(t, err)
+			}
+			assert.Equal(t, before, treeSums(t, g.Dir), "the storage is unchanged, no copy left behind")
+			_, err = os.Stat(g.MountPoint)
+			assert.ErrorIs(t, err, fs.ErrNotExist, "nothing mounted")
+		})
+	}
+	// The checked key is the one that unlocks.
+	require.NoError(t, g.Unlock(ctx, derived))
+	assert.NoError(t, g.CheckKey(ctx, derived), "checking works while unlocked too")
+	assert.ErrorIs(t, g.CheckKey(ctx, random), statedisk.ErrWrongKey)
+
+	t.Run("oversized configuration refused before gocryptfs runs", func(t *testing.T) {
+		require.NoError(t, g.Lock(ctx))
+		conf := filepath.Join(g.Dir, "cipher", "gocryptfs.conf")
+		require.NoError(t, os.Chmod(conf, 0o600))
+		require.NoError(t, os.WriteFile(conf, bytes.Repeat([]byte{' '}, 1<<20), 0o600))
+		assert.ErrorContains(t, g.CheckKey(ctx, derived), "larger than")
+	})
+}
+
+// treeSums maps every path under dir to the SHA-256 of its content ("dir" for directories).
+func treeSums(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	sums := map[string]string{}
+	require.NoError(t, filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		require.NoError(t, err)
+		rel, err := filepath.Rel(dir, path)
+		require.NoError(t, err)
+		if d.IsDir() {
+			sums[rel] = "dir"
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		sum := sha256.Sum256(data)
+		sums[rel] = hex.EncodeToString(sum[:])
+		return nil
+	}))
+	return sums
 }

@@ -313,6 +313,30 @@ func (l *LUKS2) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 	return nil
 }
 
+// CheckKey asks cryptsetup whether key opens a keyslot of the checked header copy
+// (open --test-passphrase): nothing is mapped, mounted or written. A wrong key is
+// ErrWrongKey.
+func (l *LUKS2) CheckKey(ctx context.Context, key []byte) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	header, _, done, err := l.checkedHeader(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	args := []string{"open", "--type", "luks2", "--header", header, "--disable-external-tokens", "--test-passphrase"}
+	args = append(args, luks2KeyOnStdin...)
+	args = append(args, l.Device)
+	if _, err := l.cryptsetup(ctx, commandTimeout, key, nil, args...); err != nil {
+		if errors.Is(err, ErrWrongKey) {
+			return err
+		}
+		return fmt.Errorf("checking the key of the state storage: %w", err)
+	}
+	return nil
+}
+
 // Unlock opens the volume with key through the checked header copy and mounts its
 // filesystem at MountPoint.
 func (l *LUKS2) Unlock(ctx context.Context, key []byte) error {

@@ -306,6 +306,24 @@ func TestLUKS2Lifecycle(t *testing.T) {
 		assert.ErrorContains(t, l.Rekey(ctx, derived, []byte("short")), "state key of 5 bytes")
 	})
 
+	t.Run("key checked without opening", func(t *testing.T) {
+		before, calls := fileSum(t, l.Device), len(dm.calls)
+		assert.NoError(t, l.CheckKey(ctx, derived))
+		for name, k := range map[string][]byte{"random key of the fresh node": random, "another key": key(t)} {
+			assert.ErrorIs(t, l.CheckKey(ctx, k), statedisk.ErrWrongKey, name)
+		}
+		assert.ErrorContains(t, l.CheckKey(ctx, []byte("short")), "state key of 5 bytes")
+		assert.Equal(t, before, fileSum(t, l.Device), "nothing written")
+		assert.False(t, dm.mapped(), "nothing mapped")
+		assert.Empty(t, dm.mounts, "nothing mounted")
+		for _, c := range dm.since(calls) {
+			assert.Contains(t, []string{"luksHeaderBackup", "open"}, c.args[1], c.args)
+			if c.args[1] == "open" {
+				assert.Contains(t, c.args, "--test-passphrase")
+			}
+		}
+	})
+
 	t.Run("reboot", func(t *testing.T) {
 		initialized, err := l.Initialized()
 		require.NoError(t, err)
@@ -368,6 +386,7 @@ func TestLUKS2CommandLines(t *testing.T) {
 	k1, k2 := key(t), key(t)
 	require.NoError(t, l.Create(ctx, k1))
 	require.NoError(t, l.Rekey(ctx, k1, k2))
+	require.NoError(t, l.CheckKey(ctx, k2))
 	require.NoError(t, l.Unlock(ctx, k2))
 	require.NoError(t, l.Lock(ctx))
 
@@ -401,15 +420,20 @@ func TestLUKS2CommandLines(t *testing.T) {
 		"--header-backup-file", header, l.Device}, restore[0].args, "the rekeyed copy is what goes back")
 
 	opens := dm.find("open")
-	require.Len(t, opens, 2, "one for mkfs in Create, one for Unlock")
-	for _, o := range opens {
+	require.Len(t, opens, 3, "one for mkfs in Create, one for CheckKey, one for Unlock")
+	for i, o := range opens {
 		header := copyArg(o, "--header")
-		assert.Equal(t, slices.Concat([]string{"cryptsetup", "open", "--type", "luks2", "--header", header, "--disable-external-tokens"},
-			stdinKey, []string{l.Device, mappingName}), o.args)
+		open := []string{"cryptsetup", "open", "--type", "luks2", "--header", header, "--disable-external-tokens"}
+		want := slices.Concat(open, stdinKey, []string{l.Device, mappingName})
+		if i == 1 {
+			want = slices.Concat(open, []string{"--test-passphrase"}, stdinKey, []string{l.Device})
+		}
+		assert.Equal(t, want, o.args)
 		assert.True(t, strings.HasPrefix(header, l.HeaderDir+string(filepath.Separator)), header)
 	}
 	assert.Equal(t, k1, opens[0].stdin)
 	assert.Equal(t, k2, opens[1].stdin)
+	assert.Equal(t, k2, opens[2].stdin)
 
 	mkfs := dm.mkfsRuns()
 	require.Len(t, mkfs, 1)
@@ -512,6 +536,7 @@ func TestLUKS2TamperedHeader(t *testing.T) {
 			assert.ErrorContains(t, err, tc.want, "Initialized")
 			assert.ErrorContains(t, l.MarkInitialized(), tc.want, "MarkInitialized")
 			assert.ErrorContains(t, l.Unlock(ctx, k), tc.want, "Unlock")
+			assert.ErrorContains(t, l.CheckKey(ctx, k), tc.want, "CheckKey")
 			assert.ErrorContains(t, l.Rekey(ctx, k, key(t)), tc.want, "Rekey")
 			assert.ErrorContains(t, l.Create(ctx, key(t)), tc.want, "Create refuses to replace what it cannot read")
 

@@ -11,7 +11,9 @@
 //     random key with the derived state-disk key, Unlock opens it, MarkInitialized records
 //     that the storage belongs to a cluster.
 //   - reboot: Initialized reports true, so the node asks for a rejoin ticket, whose key
-//     unlocks the storage; init and join are not run again.
+//     unlocks the storage; init and join are not run again. After a full-cluster
+//     shutdown the key comes from `constellation recover` instead, and CheckKey tests it
+//     before the node commits to anything.
 //
 // Two backends implement Storage: LUKS2 via cryptsetup (kernels with dm-crypt and
 // dm-integrity) and gocryptfs via FUSE (kernels without device-mapper, as on the machines
@@ -54,6 +56,10 @@ type Storage interface {
 	Initialized() (bool, error)
 	// Rekey replaces oldKey with newKey. The data stays; only the key that unlocks it changes.
 	Rekey(ctx context.Context, oldKey, newKey []byte) error
+	// CheckKey returns nil if key unlocks the storage and ErrWrongKey if it does not,
+	// without unlocking it or changing anything: a node that is handed a key by a caller it
+	// cannot otherwise authenticate (recovery) checks it before it commits to anything.
+	CheckKey(ctx context.Context, key []byte) error
 	// Unlock opens the storage with key and makes the plaintext view available.
 	Unlock(ctx context.Context, key []byte) error
 	// MarkInitialized records that the storage belongs to a cluster.
