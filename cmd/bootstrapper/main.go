@@ -1,5 +1,6 @@
 // Command bootstrapper is the first process of a local sandbox node (internal/provider/local/
-// nodeboot): it boots the node OS and brings the node into its cluster by init or join.
+// nodeboot): it boots the node OS and brings the node into its cluster by init or join, or,
+// after a reboot, by rejoin or recovery.
 package main
 
 import (
@@ -27,7 +28,8 @@ func main() {
 	flag.StringVar(&o.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml, node-config.json)")
 	flag.Var(&images, "image", "container image tarball to import (repeatable)")
 	flag.StringVar(&o.MetadataURL, "metadata", "http://10.42.0.1:8080", "metadata service")
-	flag.StringVar(&o.InitAddr, "init-addr", ":9000", "listen address of the init server")
+	flag.StringVar(&o.InitAddr, "init-addr", ":9000", "listen address of the init server (fresh control planes)")
+	flag.StringVar(&o.RecoverAddr, "recover-addr", ":9999", "listen address of the recovery server (rebooted control planes)")
 	flag.Parse()
 	o.Images = images
 	o.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))

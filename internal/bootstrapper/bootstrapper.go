@@ -2,13 +2,17 @@
 // into its cluster and then exits:
 //
 //   - a rebooted node (its state storage belongs to a cluster) asks a join service for a
-//     rejoin ticket, re-enters (PCR 15, unlock) and restarts the kubelet;
+//     rejoin ticket, re-enters (PCR 15, unlock) and restarts the kubelet. A rebooted
+//     control plane also serves the recovery server: after a full-cluster shutdown no join
+//     service answers, and `constellation recover` sends the keys instead. The node lock
+//     decides which of the two re-enters the node; the other stops;
 //   - a fresh node serves the init server (control-plane nodes only) and runs the join
 //     client in parallel. The one-shot node lock decides which one commits the node; the
 //     other stops (the join client as soon as the lock is taken, the init server when Run
 //     returns).
 //
-// The parts: node (lock + storage commit order), nodelock, initserver, joinclient.
+// The parts: node (lock + storage commit order), nodelock, initserver, joinclient,
+// recoveryserver.
 package bootstrapper
 
 import (
@@ -17,50 +21,190 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
+	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 )
 
 // Config is what Run drives.
 type Config struct {
 	Node *node.Node
-	// InitServer and InitListener: control-plane nodes only (nil on workers).
+	// InitServer and InitListener: fresh control-plane nodes only (nil on workers).
 	InitServer   *initserver.Server
 	InitListener net.Listener
-	JoinClient   *joinclient.Client
+	// RecoveryServer and RecoveryListener: rebooted control-plane nodes only (nil on
+	// workers and fresh nodes).
+	RecoveryServer   *recoveryserver.Server
+	RecoveryListener net.Listener
+	JoinClient       *joinclient.Client
+	// Progress, when set, is told the node's phase as it changes (the Phase constants), so
+	// the platform can show it (for example "waiting-for-recovery" after a full-cluster
+	// shutdown). It must not block.
+	Progress func(phase string)
+	// WaitingAfter is how long a rebooted node waits for its rejoin before it reports
+	// that no join service answers (DefaultWaitingAfter).
+	WaitingAfter time.Duration
 	Log          *slog.Logger
 }
 
 // How a node came into its cluster.
 const (
-	ByInit   = "init"
-	ByJoin   = "join"
-	ByRejoin = "rejoin"
+	ByInit    = "init"
+	ByJoin    = "join"
+	ByRejoin  = "rejoin"
+	ByRecover = "recover"
 )
 
-// Run brings the node into its cluster and reports how (ByInit, ByJoin, ByRejoin). It
-// returns an error if that failed (the node then needs to be recreated or rebooted), or
-// when ctx ends first.
+// Phases Config.Progress is told.
+const (
+	// PhaseWaitingForJoinService: a rebooted worker found no join service answering; its
+	// rejoin keeps retrying until the control planes are back.
+	PhaseWaitingForJoinService = "waiting-for-join-service"
+	// PhaseWaitingForRecovery: a rebooted control plane found no join service answering; it
+	// waits for a rejoin ticket or for `constellation recover`.
+	PhaseWaitingForRecovery = "waiting-for-recovery"
+	// The node is in its cluster, by init, join, rejoin or recovery.
+	PhaseInitialized = "initialized"
+	PhaseJoined      = "joined"
+	PhaseRejoined    = "rejoined"
+	PhaseRecovered   = "recovered"
+)
+
+// DefaultWaitingAfter is the join client's first attempt and its first wait (at most 1 s,
+// joinclient.FirstDelayMax), with room for an attempt that is merely slow: a rejoin that
+// has not taken the node lock by then found no join service answering.
+const DefaultWaitingAfter = 2 * time.Second
+
+// Run brings the node into its cluster and reports how (ByInit, ByJoin, ByRejoin,
+// ByRecover). It returns an error if that failed (the node then needs to be recreated or
+// rebooted), or when ctx ends first.
 func Run(ctx context.Context, cfg Config) (string, error) {
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = func(string) {}
 	}
 	switch cfg.Node.State() {
 	case node.Rebooted:
-		log.Info("state storage belongs to a cluster: rejoining")
-		if err := cfg.JoinClient.Rejoin(ctx); err != nil {
-			return "", fmt.Errorf("rejoin: %w", err)
-		}
-		return ByRejoin, nil
+		return reenter(ctx, cfg)
 	case node.Fresh:
+		by, err := commit(ctx, cfg)
+		if err == nil {
+			cfg.Progress(map[string]string{ByInit: PhaseInitialized, ByJoin: PhaseJoined}[by])
+		}
+		return by, err
 	default:
 		return "", fmt.Errorf("node in unknown state %v", cfg.Node.State())
 	}
+}
+
+// reenter brings a rebooted node back: by rejoin, or on a control plane by recovery,
+// whichever delivers keys first (the node lock lets exactly one re-enter the node).
+func reenter(ctx context.Context, cfg Config) (string, error) {
+	log := cfg.Log
+	rejoinCtx, stopRejoin := context.WithCancel(ctx)
+	defer stopRejoin()
+	// Never closed on workers.
+	var committed, finished <-chan struct{}
+	waitingPhase := PhaseWaitingForJoinService
+	waitingMsg := "no join service answers: waiting for the control planes to come back (the rejoin keeps retrying)"
+	if rs := cfg.RecoveryServer; rs != nil {
+		if cfg.RecoveryListener == nil {
+			return "", errors.New("recovery server without a listener")
+		}
+		g := grpc.NewServer(grpc.Creds(rs.Credentials()))
+		rs.Register(g)
+		serveErr := make(chan error, 1)
+		go func() { serveErr <- g.Serve(cfg.RecoveryListener) }()
+		// GracefulStop lets a running Recover answer; the server stops when Run returns,
+		// whichever way the node came back.
+		defer g.GracefulStop()
+		go func() {
+			select {
+			case err := <-serveErr:
+				if err != nil {
+					log.Error("recovery server stopped", "err", err)
+				}
+			case <-rejoinCtx.Done():
+			}
+		}()
+		committed, finished = rs.Committed(), rs.Finished()
+		waitingPhase = PhaseWaitingForRecovery
+		waitingMsg = "no join service answers: waiting for rejoin or for `constellation recover`"
+		log.Info("state storage belongs to a cluster: rejoining; serving recovery", "addr", cfg.RecoveryListener.Addr().String())
+	} else {
+		log.Info("state storage belongs to a cluster: rejoining")
+	}
+
+	rejoinErr := make(chan error, 1)
+	go func() { rejoinErr <- cfg.JoinClient.Rejoin(rejoinCtx) }()
+	waitingAfter := cfg.WaitingAfter
+	if waitingAfter <= 0 {
+		waitingAfter = DefaultWaitingAfter
+	}
+	waiting := time.NewTimer(waitingAfter)
+	defer waiting.Stop()
+	recovered := func() (string, error) {
+		select {
+		case <-finished:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+		if err := cfg.RecoveryServer.Err(); err != nil {
+			return "", fmt.Errorf("recover: %w", err)
+		}
+		log.Info("recovered into the cluster")
+		cfg.Progress(PhaseRecovered)
+		return ByRecover, nil
+	}
+	for {
+		select {
+		case err := <-rejoinErr:
+			if err == nil {
+				log.Info("rejoined the cluster")
+				cfg.Progress(PhaseRejoined)
+				return ByRejoin, nil
+			}
+			// Lost the node lock to the recovery (or stopped because of it).
+			if cfg.RecoveryServer != nil && errors.Is(err, nodelock.ErrLocked) {
+				return recovered()
+			}
+			select {
+			case <-committed:
+				return recovered()
+			default:
+			}
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			return "", fmt.Errorf("rejoin: %w", err)
+		case <-committed:
+			log.Info("the recovery took the node lock: stopping the rejoin")
+			stopRejoin()
+			<-rejoinErr
+			return recovered()
+		case <-waiting.C:
+			select {
+			case <-cfg.Node.Claimed():
+			default:
+				log.Warn(waitingMsg)
+				cfg.Progress(waitingPhase)
+			}
+		}
+	}
+}
+
+// commit brings a fresh node into a cluster: by init, or by join, whichever takes the node
+// lock first.
+func commit(ctx context.Context, cfg Config) (string, error) {
+	log := cfg.Log
 
 	initDone := make(chan struct{}) // never closed on workers
 	if cfg.InitServer != nil {

@@ -7,7 +7,8 @@
 //  4. unlock it.
 //
 // Only then are credentials written and kubeadm run. A rebooted node (initialized storage)
-// takes the lock with the cluster ID its rejoin ticket gives, then unlocks.
+// checks the disk key it was given (by a rejoin ticket, or by `constellation recover`), takes
+// the lock with the cluster ID that came with it, then unlocks (ReenterAs).
 package node
 
 import (
@@ -112,7 +113,8 @@ func (n *Node) DiskUUID() (string, error) {
 	return id, nil
 }
 
-// Claimed is closed once Claim has taken the node lock: the loser of init and join stops.
+// Claimed is closed once Claim or ReenterAs has taken the node lock: the loser of init and
+// join, or of rejoin and recovery, stops.
 func (n *Node) Claimed() <-chan struct{} { return n.claimed }
 
 // LockHolder returns who holds the node lock, or "".
@@ -148,17 +150,46 @@ func (n *Node) Claim(ctx context.Context, holder string, clusterID, diskKey []by
 	return nil
 }
 
-// Reenter brings a rebooted node back into its cluster: it takes the node lock with the
-// cluster ID (PCR 15) and unlocks the storage with diskKey. A bootstrapper restarted within
-// the boot in which the node was committed finds PCR 15 already carrying this cluster's
-// marker and resumes without extending it again; another cluster's marker is refused.
+// Holders of the node lock on a rebooted node.
+const (
+	// HolderRejoin: the node re-entered with a rejoin ticket of its join service.
+	HolderRejoin = "rejoin"
+	// HolderRecover: the node re-entered with the keys `constellation recover` sent.
+	HolderRecover = "recover"
+)
+
+// Reenter is ReenterAs for the rejoin path (holder HolderRejoin).
 func (n *Node) Reenter(ctx context.Context, clusterID, diskKey []byte) error {
+	return n.ReenterAs(ctx, HolderRejoin, clusterID, diskKey)
+}
+
+// ReenterAs brings a rebooted node back into its cluster for holder (HolderRejoin,
+// HolderRecover):
+//
+//  1. it checks diskKey against the storage (statedisk.Storage.CheckKey). A key that does
+//     not open it returns an error wrapping statedisk.ErrWrongKey, and nothing has changed:
+//     PCR 15 is still zero, the storage locked;
+//  2. it takes the node lock with the cluster ID (PCR 15). A bootstrapper restarted within
+//     the boot in which the node was committed finds PCR 15 already carrying this cluster's
+//     marker and resumes without extending it again; another cluster's marker is refused
+//     (nodelock.ErrOtherCluster). If the lock was taken in this process (the rejoin and the
+//     recovery race on a control plane) it returns an error wrapping nodelock.ErrLocked and
+//     changes nothing;
+//  3. it unlocks the storage.
+//
+// Checking before locking matters: the lock cannot be undone in this boot, so a node that
+// took it with a key that does not open its storage would be stuck until the next reboot.
+func (n *Node) ReenterAs(ctx context.Context, holder string, clusterID, diskKey []byte) error {
 	if n.state != Rebooted {
 		return errors.New("node is fresh: it has no cluster to re-enter")
 	}
-	if err := n.lock.Resume("rejoin", clusterID); err != nil {
+	if err := n.storage.CheckKey(ctx, diskKey); err != nil {
+		return fmt.Errorf("checking the disk key: %w", err)
+	}
+	if err := n.lock.Resume(holder, clusterID); err != nil {
 		return err
 	}
+	n.claimedOnce.Do(func() { close(n.claimed) })
 	if err := n.storage.Unlock(ctx, diskKey); err != nil {
 		return fmt.Errorf("unlocking state storage: %w", err)
 	}

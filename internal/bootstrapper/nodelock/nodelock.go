@@ -38,6 +38,9 @@ type Lock struct {
 
 	mu     sync.Mutex
 	holder string // who took it: "init" or "join"; "earlier in this boot" if found taken
+	// atBoot: the lock was found taken when New read PCR 15 and nobody has resumed it yet.
+	// Only such a lock can be resumed: one taken in this process has its winner already.
+	atBoot bool
 }
 
 // New returns the lock of the node whose TPM is tpm. It reads PCR 15 to find out whether
@@ -53,7 +56,7 @@ func New(tpm TPM) (*Lock, error) {
 	}
 	l := &Lock{tpm: tpm}
 	if !bytes.Equal(v, make([]byte, len(v))) {
-		l.holder = "earlier in this boot"
+		l.holder, l.atBoot = "earlier in this boot", true
 	}
 	return l, nil
 }
@@ -90,13 +93,18 @@ var ErrOtherCluster = errors.New("PCR 15 carries another cluster's marker")
 // Resume re-enters a lock taken earlier in this boot (a bootstrapper restarted after the
 // node was committed) for holder, if PCR 15 reads exactly the marker of clusterID: a single
 // extend with this cluster ID and nothing else. It takes a free lock like TryLock. It never
-// extends PCR 15 a second time.
+// extends PCR 15 a second time. A lock taken in this process, or already resumed, has its
+// winner: Resume returns ErrLocked, so of the rejoin and the recovery of a rebooted node
+// exactly one re-enters it.
 func (l *Lock) Resume(holder string, clusterID []byte) error {
 	l.mu.Lock()
-	taken := l.holder
-	l.mu.Unlock()
-	if taken == "" {
+	if l.holder == "" {
+		l.mu.Unlock()
 		return l.TryLock(holder, clusterID)
+	}
+	defer l.mu.Unlock()
+	if !l.atBoot {
+		return fmt.Errorf("%w (taken by %s)", ErrLocked, l.holder)
 	}
 	pcrs, err := l.tpm.ReadPCRs(Register)
 	if err != nil {
@@ -106,11 +114,9 @@ func (l *Lock) Resume(holder string, clusterID []byte) error {
 	id := sha256.Sum256(clusterID)
 	want := sha256.Sum256(append(zero, id[:]...))
 	if !bytes.Equal(pcrs[Register], want[:]) {
-		return fmt.Errorf("%w (taken by %s): PCR %d is %x, this cluster's marker is %x", ErrOtherCluster, taken, Register, pcrs[Register], want)
+		return fmt.Errorf("%w (taken by %s): PCR %d is %x, this cluster's marker is %x", ErrOtherCluster, l.holder, Register, pcrs[Register], want)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.holder = holder + " (resumed)"
+	l.holder, l.atBoot = holder+" (resumed)", false
 	return nil
 }
 

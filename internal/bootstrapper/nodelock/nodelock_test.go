@@ -81,6 +81,61 @@ func TestSecondAttempt(t *testing.T) {
 	pcrs, err = tpm.ReadPCRs(nodelock.Register)
 	require.NoError(t, err)
 	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register], "no second extend")
+	// Resumed once: the lock has its winner.
+	err = again.Resume("recover", []byte("cluster-a"))
+	assert.ErrorIs(t, err, nodelock.ErrLocked)
+	assert.ErrorContains(t, err, "taken by rejoin (resumed)")
+	// A lock taken in this process is not resumed either.
+	assert.ErrorIs(t, lock.Resume("rejoin", []byte("cluster-a")), nodelock.ErrLocked)
+}
+
+// The rejoin client and the recovery server of a rebooted node race for the lock, on a
+// fresh boot (free lock) and after a bootstrapper restart (lock found taken): exactly one
+// wins, and PCR 15 carries the cluster's marker exactly once.
+func TestResumeRace(t *testing.T) {
+	id := []byte("cluster-a")
+	for name, restarted := range map[string]bool{"lock free": false, "bootstrapper restarted": true} {
+		t.Run(name, func(t *testing.T) {
+			for round := range 10 {
+				tpm, _ := vtpmtest.Swtpm(t)
+				if restarted {
+					first, err := nodelock.New(tpm)
+					require.NoError(t, err)
+					require.NoError(t, first.TryLock("rejoin", id))
+				}
+				lock, err := nodelock.New(tpm)
+				require.NoError(t, err)
+				results := map[string]error{}
+				var mu sync.Mutex
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for _, holder := range []string{"rejoin", "recover"} {
+					wg.Go(func() {
+						<-start
+						err := lock.Resume(holder, id)
+						mu.Lock()
+						results[holder] = err
+						mu.Unlock()
+					})
+				}
+				close(start)
+				wg.Wait()
+				var winners []string
+				for holder, err := range results {
+					if err == nil {
+						winners = append(winners, holder)
+					} else {
+						assert.ErrorIs(t, err, nodelock.ErrLocked, "round %d", round)
+					}
+				}
+				require.Len(t, winners, 1, "round %d: %v", round, results)
+				assert.Contains(t, lock.Holder(), winners[0])
+				pcrs, err := tpm.ReadPCRs(nodelock.Register)
+				require.NoError(t, err)
+				assert.Equal(t, kms.InitializedPCR15(id), pcrs[nodelock.Register], "round %d: one extend", round)
+			}
+		})
+	}
 }
 
 // Resume on a free lock takes it like TryLock.

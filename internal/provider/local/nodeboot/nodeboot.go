@@ -1,6 +1,7 @@
 // Package nodeboot is the bootstrapper of a local sandbox node: it boots the node OS
 // (nodeos), reads the node's metadata from the provider, opens the node's vTPM and state
-// storage, and runs the platform-independent bootstrapper (init server and join client).
+// storage, and runs the platform-independent bootstrapper (init server and join client on a
+// fresh node; rejoin client and, on control planes, recovery server on a rebooted one).
 //
 // The node trusts a join service that runs the same image as itself: the join service's
 // evidence must show the node's own PCRs 0..14 (read at boot, after the provider measured
@@ -33,6 +34,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
@@ -51,7 +53,9 @@ type Options struct {
 	ImageDir    string   // the node image: kubeadm, kubelet, containerd.toml
 	Images      []string // container images to import
 	MetadataURL string
-	InitAddr    string // listen address of the init server (control planes)
+	InitAddr    string // listen address of the init server (fresh control planes)
+	// RecoverAddr is the listen address of the recovery server (rebooted control planes).
+	RecoverAddr string
 	// DeployWaitTimeout bounds the init's wait for the in-cluster services to be ready
 	// (DefaultDeployWaitTimeout when zero).
 	DeployWaitTimeout time.Duration
@@ -150,7 +154,19 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		return "", err
 	}
 	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log}
-	if inst.Role == metadata.ControlPlane {
+	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
+		rs, err := recoveryserver.New(recoveryserver.Config{Node: n, Issuer: issuer, Kubelet: kubelet, Log: log})
+		if err != nil {
+			return "", err
+		}
+		l, err := net.Listen("tcp", o.RecoverAddr)
+		if err != nil {
+			return "", fmt.Errorf("listening for recovery: %w", err)
+		}
+		defer l.Close()
+		cfg.RecoveryServer, cfg.RecoveryListener = rs, l
+	}
+	if inst.Role == metadata.ControlPlane && n.State() == node.Fresh {
 		is, err := initserver.New(initserver.Config{
 			Node: n, Metadata: meta, Issuer: issuer, Kubeadm: runner,
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,

@@ -1,0 +1,282 @@
+// Package recovery is the CLI side of `constellation recover`: after a full-cluster shutdown
+// no join service runs, so the operator, who holds the master secret, hands each rebooted
+// control plane the keys it needs to re-enter its cluster (the node side:
+// internal/bootstrapper/recoveryserver).
+//
+// What a node gets is exactly what a rejoin ticket would have given it: the key of its own
+// state disk and the measurement secret and salt. The master secret never leaves the CLI.
+// Before any key is sent, the node must have shown, on the attested channel the keys travel
+// over (internal/atls, the node attesting, purpose atls-server):
+//
+//   - evidence that Validator accepts: the cluster's image, an AK certified by the platform;
+//   - an AK certified for ExpectedNode, the node the operator means (ErrWrongNode: a relay
+//     or a wrong address), as a control plane (ErrNotControlPlane: workers rejoin by
+//     themselves and have no recovery server);
+//   - PCR 15 zero (waiting) or carrying this cluster's marker (a bootstrapper that restarted
+//     after it had re-entered): another cluster's marker is ErrNotWaiting.
+//
+// These checks run inside the attested handshake, on every connection the client makes, so
+// a reconnect between the two calls is checked again before the keys go out.
+package recovery
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/openconstellation/constellation/api/recover/recoverpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/internal/untrusted"
+)
+
+// DefaultTimeout bounds a recovery whose context has no deadline: two calls, and on the node
+// a key check, an unlock and a kubelet restart.
+const DefaultTimeout = 2 * time.Minute
+
+// Why a recovery failed. Every error Recover returns after the configuration was accepted
+// wraps one of them.
+var (
+	// ErrEvidence: the node's evidence was refused (another image, an AK not certified by
+	// the platform, a forged quote); the error also wraps the attestation reason.
+	ErrEvidence = errors.New("the node's evidence was refused")
+	// ErrWrongNode: the evidence is genuine, but its AK is certified for another node than
+	// the one asked about, or for none.
+	ErrWrongNode = errors.New("evidence is not signed by the node asked about")
+	// ErrNotControlPlane: the node's AK is certified for another role than control plane.
+	ErrNotControlPlane = errors.New("the node is not certified as a control plane")
+	// ErrNotWaiting: no recovery server answers (the node is back in its cluster, is a
+	// worker, or is not up), or the node is committed to another cluster, or it says it is
+	// back in its cluster already.
+	ErrNotWaiting = errors.New("the node is not waiting for recovery")
+	// ErrWrongKey: the node's state disk does not open with the key derived from this master
+	// secret (a master secret of another cluster, or another disk in the node). The node
+	// changed nothing.
+	ErrWrongKey = errors.New("the node's state disk does not open with the derived disk key")
+	// ErrWrongCluster: the master secret and measurement salt do not give the expected
+	// cluster ID (checked before anything is sent), or the node reports another one.
+	ErrWrongCluster = errors.New("cluster ID mismatch")
+)
+
+// Config is one recovery of one control-plane node.
+type Config struct {
+	// Endpoint is the node's recovery server (host:port).
+	Endpoint string
+	// Dial, when set, makes the TCP connection (a platform's forwarding); default net.Dialer.
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// Validator checks the node's evidence: the cluster's reference values and the
+	// platform's AK roots (without roots no AK is tied to a node, and ErrWrongNode follows).
+	Validator attestation.Validator
+	// ExpectedNode is the node's name, as the platform certified its AK.
+	ExpectedNode string
+	// MasterSecret is the cluster's master secret (constellation-mastersecret.json); it
+	// stays here, only keys derived from it are sent.
+	MasterSecret kms.MasterSecret
+	// MeasurementSalt and ClusterID are the cluster's, from the state file.
+	MeasurementSalt []byte
+	ClusterID       []byte
+	// Timeout applies when ctx has no deadline (DefaultTimeout).
+	Timeout time.Duration
+	Log     *slog.Logger
+}
+
+// Recover hands the node at cfg.Endpoint its disk key and the measurement secret and salt,
+// once its evidence passed every check (see the package documentation), and returns the
+// cluster ID the node re-entered with (equal to cfg.ClusterID).
+func Recover(ctx context.Context, cfg Config) ([]byte, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("node", cfg.ExpectedNode, "endpoint", cfg.Endpoint)
+	measurementSecret, err := cfg.MasterSecret.MeasurementSecret()
+	if err != nil {
+		return nil, err
+	}
+	clusterID, err := kms.ClusterID(measurementSecret, cfg.MeasurementSalt)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(clusterID, cfg.ClusterID) {
+		return nil, fmt.Errorf("recover: %w: the master secret and measurement salt give cluster ID %x, the state file names %x: they belong to different clusters; nothing was sent",
+			ErrWrongCluster, clusterID, cfg.ClusterID)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		timeout := cfg.Timeout
+		if timeout <= 0 {
+			timeout = DefaultTimeout
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+
+	check := nodeCheck{Validator: cfg.Validator, node: cfg.ExpectedNode, clusterID: clusterID}
+	atlsCreds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{check}})
+	if err != nil {
+		return nil, err
+	}
+	creds := &recordingCreds{Credentials: atlsCreds}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if cfg.Dial != nil {
+		opts = append(opts, grpc.WithContextDialer(cfg.Dial))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+cfg.Endpoint, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("recover %s: %w", cfg.Endpoint, err)
+	}
+	defer conn.Close()
+	client := recoverpb.NewRecoverServiceClient(conn)
+
+	var p peer.Peer
+	hello, err := client.Hello(ctx, &recoverpb.HelloRequest{}, grpc.Peer(&p))
+	if err != nil {
+		return nil, cfg.callError("asking for the node's disk", creds, err)
+	}
+	// Fail closed should the connection not be the checked one.
+	if info, ok := p.AuthInfo.(atls.AuthInfo); !ok || info.Peer == nil {
+		return nil, fmt.Errorf("recover %s: %w: the connection is not attested", cfg.Endpoint, ErrEvidence)
+	}
+	diskUUID := hello.GetDiskUuid()
+	if !statedisk.ValidUUID(diskUUID) {
+		return nil, fmt.Errorf("recover %s: the node names its disk %s, not a lower-case UUID; nothing was sent", cfg.Endpoint, untrusted.Quote(diskUUID))
+	}
+	diskKey, err := cfg.MasterSecret.DeriveKey(diskUUID, statedisk.KeySize)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("node verified: sending its disk key and the measurement secret", "disk", diskUUID)
+	resp, err := client.Recover(ctx, &recoverpb.RecoverRequest{
+		StateDiskKey: diskKey, MeasurementSecret: measurementSecret, MeasurementSalt: cfg.MeasurementSalt,
+	})
+	if err != nil {
+		return nil, cfg.callError("recovering the node", creds, err)
+	}
+	if !bytes.Equal(resp.GetClusterId(), clusterID) {
+		return nil, fmt.Errorf("recover %s: %w: the node reports cluster ID %x, expected %x", cfg.Endpoint, ErrWrongCluster, resp.GetClusterId(), clusterID)
+	}
+	log.Info("node recovered", "clusterID", hex.EncodeToString(clusterID))
+	return clusterID, nil
+}
+
+func (cfg Config) validate() error {
+	var problems []error
+	if cfg.Endpoint == "" {
+		problems = append(problems, errors.New("no endpoint"))
+	}
+	if cfg.Validator == nil {
+		problems = append(problems, errors.New("no validator for the node's evidence"))
+	}
+	if cfg.ExpectedNode == "" {
+		problems = append(problems, errors.New("no node name to tie the evidence to"))
+	}
+	if err := cfg.MasterSecret.Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	if len(cfg.MeasurementSalt) != 32 {
+		problems = append(problems, fmt.Errorf("measurement salt has %d bytes, want 32", len(cfg.MeasurementSalt)))
+	}
+	if len(cfg.ClusterID) != 32 {
+		problems = append(problems, fmt.Errorf("cluster ID has %d bytes, want 32", len(cfg.ClusterID)))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("recover: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// callError names why a call failed: the attested handshake's failure if there was one (the
+// node check's refusal among them), otherwise the node's answer.
+func (cfg Config) callError(what string, creds *recordingCreds, err error) error {
+	if hsErr := creds.lastError(); hsErr != nil {
+		return fmt.Errorf("recover %s: %s: %w; nothing was sent", cfg.Endpoint, what, hsErr)
+	}
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.PermissionDenied:
+		return fmt.Errorf("recover %s: %w: %s", cfg.Endpoint, ErrWrongKey, st.Message())
+	case codes.FailedPrecondition:
+		return fmt.Errorf("recover %s: %w: %s", cfg.Endpoint, ErrNotWaiting, st.Message())
+	case codes.Unavailable:
+		return fmt.Errorf("recover %s: %w: no recovery server answers (a node back in its cluster, a worker, or one not up yet): %w", cfg.Endpoint, ErrNotWaiting, err)
+	}
+	return fmt.Errorf("recover %s: %s: %w", cfg.Endpoint, what, err)
+}
+
+// recordingCreds are the client's attested-channel credentials, remembering the last failed
+// handshake: gRPC reports it as Unavailable with its text only, and Recover names the reason
+// (errors.Is reaches the node check's and the validator's reasons through *atls.Error).
+type recordingCreds struct {
+	*atls.Credentials
+
+	mu   sync.Mutex
+	last error
+}
+
+func (c *recordingCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.Credentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		c.mu.Lock()
+		c.last = err
+		c.mu.Unlock()
+	}
+	return conn, info, err
+}
+
+func (c *recordingCreds) Clone() credentials.TransportCredentials { return c }
+
+func (c *recordingCreds) lastError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// nodeCheck is the validator the client's attested handshakes run: cfg.Validator's checks,
+// then the node's identity, role and state.
+type nodeCheck struct {
+	attestation.Validator
+	node      string
+	clusterID []byte
+}
+
+func (c nodeCheck) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
+	verified, err := c.Validator.Validate(ctx, evidence, purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrEvidence, err)
+	}
+	if !verified.SignerCertified {
+		return nil, fmt.Errorf("%w: the signing key carries no platform certificate, so nothing ties the evidence to node %q", ErrWrongNode, c.node)
+	}
+	if verified.SignerName != c.node {
+		return nil, fmt.Errorf("%w: evidence signed by a key the platform certified for %s, not %q (a relay, or a wrong address)", ErrWrongNode, untrusted.Quote(verified.SignerName), c.node)
+	}
+	if verified.SignerRole != metadata.ControlPlane {
+		return nil, fmt.Errorf("%w: node %q is certified as %s", ErrNotControlPlane, c.node, untrusted.Quote(string(verified.SignerRole)))
+	}
+	marker, ok := verified.Registers[kms.InitializedPCR]
+	if !ok {
+		return nil, fmt.Errorf("%w: the evidence does not cover PCR %d", ErrEvidence, kms.InitializedPCR)
+	}
+	if !bytes.Equal(marker, make([]byte, len(marker))) && !bytes.Equal(marker, kms.InitializedPCR15(c.clusterID)) {
+		return nil, fmt.Errorf("%w: node %q is committed to another cluster in this boot (PCR %d is %x)", ErrNotWaiting, c.node, kms.InitializedPCR, marker)
+	}
+	return verified, nil
+}
