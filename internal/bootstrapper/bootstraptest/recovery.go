@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
@@ -102,15 +103,21 @@ type RecoveryServerOptions struct {
 	// AttemptLimits, HandshakeLimits and Now are passed on (defaults: the server's).
 	AttemptLimits, HandshakeLimits handshakelimit.Limits
 	Now                            func() time.Time
+	// Issuer, when set, attests instead of the node's TPM (an impostor).
+	Issuer attestation.Issuer
 }
 
 // StartRecoveryServer serves n's recovery server on loopback until the test ends.
 func StartRecoveryServer(t testing.TB, n *Node, opts RecoveryServerOptions) *RecoveryServer {
 	t.Helper()
 	r := &RecoveryServer{Kubelet: &Kubelet{}, Calls: &CallRecorder{}}
+	var issuer attestation.Issuer = opts.Issuer
+	if issuer == nil {
+		issuer = n.Issuer(t)
+	}
 	var err error
 	r.Server, err = recoveryserver.New(recoveryserver.Config{
-		Node: n.Node, Issuer: n.Issuer(t), Kubelet: r.Kubelet,
+		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet,
 		AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
 	})
 	require.NoError(t, err)

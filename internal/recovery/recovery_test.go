@@ -1,0 +1,302 @@
+package recovery_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	"github.com/openconstellation/constellation/api/recover/recoverpb"
+	"github.com/openconstellation/constellation/internal/atls"
+	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/measurements"
+	"github.com/openconstellation/constellation/internal/attestation/qemu"
+	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
+	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/recovery"
+)
+
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs swtpm and gocryptfs")
+	}
+}
+
+func newCA(t *testing.T) *akca.CA {
+	t.Helper()
+	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	return ca
+}
+
+func config(t *testing.T, ca *akca.CA, keys bootstraptest.ClusterKeys, addr, node string) recovery.Config {
+	return recovery.Config{
+		Endpoint: addr, Validator: bootstraptest.Validator(t, ca), ExpectedNode: node,
+		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
+	}
+}
+
+func run(cfg recovery.Config) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return recovery.Recover(ctx, cfg)
+}
+
+// The node gets exactly its disk key and the measurement secret and salt: the request has
+// no field for anything else, and the master secret appears nowhere in it.
+func TestRecoverSendsOnlyDerivedKeys(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	keys := bootstraptest.NewClusterKeys(t)
+	n := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
+	keys.CommitAndReboot(t, n)
+	srv := bootstraptest.StartRecoveryServer(t, n, bootstraptest.RecoveryServerOptions{})
+
+	id, err := run(config(t, ca, keys, srv.Addr, "control-plane-0"))
+	require.NoError(t, err)
+	assert.Equal(t, keys.ClusterID, id)
+	assert.Equal(t, kms.InitializedPCR15(keys.ClusterID), n.PCR15(t))
+	assert.True(t, n.Unlocked(t))
+	assert.Equal(t, 1, srv.Kubelet.Restarts())
+
+	calls := srv.Calls.List()
+	require.Len(t, calls, 2)
+	assert.Equal(t, recoverpb.RecoverService_Hello_FullMethodName, calls[0].Method)
+	assert.Equal(t, recoverpb.RecoverService_Recover_FullMethodName, calls[1].Method)
+	req, ok := calls[1].Request.(*recoverpb.RecoverRequest)
+	require.True(t, ok)
+	assert.Equal(t, keys.DiskKey(t, n), req.StateDiskKey)
+	assert.Equal(t, keys.MeasurementSecret(t), req.MeasurementSecret)
+	assert.Equal(t, keys.MeasurementSalt, req.MeasurementSalt)
+
+	fields := req.ProtoReflect().Descriptor().Fields()
+	var names []string
+	for i := range fields.Len() {
+		names = append(names, string(fields.Get(i).Name()))
+	}
+	assert.Equal(t, []string{"state_disk_key", "measurement_secret", "measurement_salt"}, names, "the request can carry nothing else")
+	assert.Empty(t, req.ProtoReflect().GetUnknown(), "no unknown fields")
+	for _, part := range [][]byte{keys.Master.Key, keys.Master.Salt} {
+		for _, field := range [][]byte{req.StateDiskKey, req.MeasurementSecret, req.MeasurementSalt} {
+			assert.False(t, bytes.Contains(field, part), "a part of the master secret was sent")
+		}
+	}
+}
+
+// The client refuses, before it sends any key (the server sees no call at all), every node
+// that is not the control plane it means, of the cluster's image, waiting for recovery.
+func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	otherImage := []local.Component{
+		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("a bootstrapper the operator never released")),
+		local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
+	}
+	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+	})
+	require.NoError(t, err)
+	imagePCRs := map[uint32][]byte{}
+	for i, m := range local.ExpectedPCRs(bootstraptest.Image) {
+		imagePCRs[i] = m.Expected
+	}
+
+	for name, tc := range map[string]struct {
+		name       string // the node's certified name (default control-plane-0)
+		nodeOpts   bootstraptest.NodeOptions
+		ca         *akca.CA              // certifies the node (default ca)
+		validator  attestation.Validator // the CLI's (default the image's, roots ca)
+		expected   string                // the node the CLI means (default control-plane-0)
+		issuer     func(t *testing.T) attestation.Issuer
+		otherMark  bool
+		wantErr    error
+		wantReason error
+	}{
+		"node of another image": {
+			nodeOpts: bootstraptest.NodeOptions{Image: otherImage},
+			wantErr:  recovery.ErrEvidence, wantReason: attestation.ErrMeasurementPolicy,
+		},
+		"AK certified for another node": {
+			expected: "control-plane-1",
+			wantErr:  recovery.ErrWrongNode,
+		},
+		"AK certified by another platform's CA": {
+			ca:      newCA(t),
+			wantErr: recovery.ErrEvidence, wantReason: attestation.ErrUntrustedSigner,
+		},
+		"AK without certificate, CLI without AK roots": {
+			nodeOpts:  bootstraptest.NodeOptions{Uncertified: true},
+			validator: noRoots,
+			wantErr:   recovery.ErrWrongNode,
+		},
+		"a worker's AK": {
+			name: "worker-0", expected: "worker-0",
+			nodeOpts: bootstraptest.NodeOptions{Role: metadata.Worker},
+			wantErr:  recovery.ErrNotControlPlane,
+		},
+		"software key showing the image's PCRs": {
+			issuer:  func(t *testing.T) attestation.Issuer { return bootstraptest.NewSoftwareIssuer(t, imagePCRs) },
+			wantErr: recovery.ErrEvidence, wantReason: attestation.ErrUntrustedSigner,
+		},
+		"node committed to another cluster in this boot": {
+			otherMark: true,
+			wantErr:   recovery.ErrNotWaiting,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			nodeName := tc.name
+			if nodeName == "" {
+				nodeName = "control-plane-0"
+			}
+			nodeCA := ca
+			if tc.ca != nil {
+				nodeCA = tc.ca
+			}
+			keys := bootstraptest.NewClusterKeys(t)
+			n := bootstraptest.NewNodeWith(t, nodeName, nodeCA, tc.nodeOpts)
+			keys.CommitAndReboot(t, n)
+			if tc.otherMark {
+				other := sha256.Sum256([]byte("another cluster"))
+				require.NoError(t, n.TPM.ExtendPCR(kms.InitializedPCR, other[:]))
+			}
+			var opts bootstraptest.RecoveryServerOptions
+			if tc.issuer != nil {
+				opts.Issuer = tc.issuer(t)
+			}
+			srv := bootstraptest.StartRecoveryServer(t, n, opts)
+			pcr15 := n.PCR15(t)
+
+			expected := tc.expected
+			if expected == "" {
+				expected = "control-plane-0"
+			}
+			cfg := config(t, ca, keys, srv.Addr, expected)
+			if tc.validator != nil {
+				cfg.Validator = tc.validator
+			}
+			_, err := run(cfg)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, tc.wantErr)
+			if tc.wantReason != nil {
+				assert.ErrorIs(t, err, tc.wantReason)
+			}
+			assert.ErrorContains(t, err, "nothing was sent")
+			assert.Empty(t, srv.Calls.List(), "the node got no call, let alone a key")
+			assert.Equal(t, pcr15, n.PCR15(t), "PCR 15 unchanged")
+			assert.False(t, n.Unlocked(t))
+			assert.Zero(t, srv.Kubelet.Restarts())
+		})
+	}
+}
+
+// A master secret that does not belong to the cluster of the state file is noticed before
+// anything goes out.
+func TestRecoverRefusesOtherClustersMasterSecret(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	keys := bootstraptest.NewClusterKeys(t)
+	n := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
+	keys.CommitAndReboot(t, n)
+	srv := bootstraptest.StartRecoveryServer(t, n, bootstraptest.RecoveryServerOptions{})
+
+	cfg := config(t, ca, keys, srv.Addr, "control-plane-0")
+	cfg.MasterSecret = bootstraptest.NewClusterKeys(t).Master
+	_, err := run(cfg)
+	assert.ErrorIs(t, err, recovery.ErrWrongCluster)
+	assert.ErrorContains(t, err, "nothing was sent")
+	assert.Empty(t, srv.Calls.List())
+}
+
+// A port without a recovery server: a worker, or a node already back in its cluster.
+func TestRecoverNoServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	keys := bootstraptest.NewClusterKeys(t)
+	v, err := qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+	})
+	require.NoError(t, err)
+	_, err = run(recovery.Config{
+		Endpoint: addr, Validator: v, ExpectedNode: "worker-0",
+		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
+	})
+	assert.ErrorIs(t, err, recovery.ErrNotWaiting)
+	assert.ErrorContains(t, err, "no recovery server answers")
+}
+
+func TestConfigChecked(t *testing.T) {
+	_, err := recovery.Recover(context.Background(), recovery.Config{MeasurementSalt: []byte("x")})
+	for _, want := range []string{"no endpoint", "no validator", "no node name", "master secret: key has 0 bytes", "measurement salt has 1 bytes", "cluster ID has 0 bytes"} {
+		assert.ErrorContains(t, err, want)
+	}
+}
+
+// A node with genuine evidence that answers nonsense (a bug, or a compromised node): the
+// client refuses a disk name that is not a UUID before deriving anything, and a cluster ID
+// other than the expected one.
+func TestRecoverChecksTheNodesAnswers(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	keys := bootstraptest.NewClusterKeys(t)
+	n := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
+	for name, tc := range map[string]struct {
+		fake    *fakeNode
+		wantErr error
+		want    string
+		recover bool
+	}{
+		"disk name not a UUID": {fake: &fakeNode{uuid: "../../../etc/passwd"}, want: "not a lower-case UUID"},
+		"upper-case UUID":      {fake: &fakeNode{uuid: "3F2504E0-4F89-11D3-9A0C-0305E82C3301"}, want: "not a lower-case UUID"},
+		"another cluster ID": {
+			fake:    &fakeNode{uuid: "3f2504e0-4f89-11d3-9a0c-0305e82c3301", clusterID: bytes.Repeat([]byte{9}, 32)},
+			wantErr: recovery.ErrWrongCluster, recover: true,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			creds, err := atls.NewCredentials(atls.Config{Issuer: n.Issuer(t)})
+			require.NoError(t, err)
+			g := grpc.NewServer(grpc.Creds(creds))
+			recoverpb.RegisterRecoverServiceServer(g, tc.fake)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			go func() { _ = g.Serve(ln) }()
+			t.Cleanup(g.Stop)
+
+			_, err = run(config(t, ca, keys, ln.Addr().String(), "control-plane-0"))
+			require.Error(t, err)
+			if tc.wantErr != nil {
+				assert.ErrorIs(t, err, tc.wantErr)
+			}
+			assert.ErrorContains(t, err, tc.want)
+			assert.Equal(t, tc.recover, tc.fake.recovered, "Recover called")
+		})
+	}
+}
+
+type fakeNode struct {
+	recoverpb.UnimplementedRecoverServiceServer
+	uuid      string
+	clusterID []byte
+	recovered bool
+}
+
+func (f *fakeNode) Hello(context.Context, *recoverpb.HelloRequest) (*recoverpb.HelloResponse, error) {
+	return &recoverpb.HelloResponse{DiskUuid: f.uuid}, nil
+}
+
+func (f *fakeNode) Recover(context.Context, *recoverpb.RecoverRequest) (*recoverpb.RecoverResponse, error) {
+	f.recovered = true
+	return &recoverpb.RecoverResponse{ClusterId: f.clusterID}, nil
+}
