@@ -110,6 +110,33 @@ func (n Network) Delete(ctx context.Context, nodes []string) error {
 	return errors.Join(errs...)
 }
 
+// DeleteNode removes node's namespace (its veth goes with it); a missing one is not an error.
+func (n Network) DeleteNode(ctx context.Context, node string) error {
+	name := n.NodeNS(node)
+	if _, err := os.Stat(NSPath(name)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return run(ctx, "ip", "netns", "del", name)
+}
+
+// Route adds (add) or removes the route on node to the pod range of node index peer. A node
+// whose namespace does not exist (it is off) is skipped: it gets every route when it boots.
+func (n Network) Route(ctx context.Context, node string, peer int, add bool) error {
+	ns := n.NodeNS(node)
+	if _, err := os.Stat(NSPath(ns)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	verb := "replace"
+	if !add {
+		verb = "del"
+	}
+	err := run(ctx, "ip", "-n", ns, "route", verb, NodePodCIDR(peer).String(), "via", NodeAddr(peer).String())
+	if err != nil && !add && strings.Contains(err.Error(), "No such process") {
+		return nil
+	}
+	return err
+}
+
 // Leftovers lists the namespaces of this network that exist.
 func (n Network) Leftovers() []string {
 	entries, _ := os.ReadDir("/run/netns")
