@@ -43,7 +43,7 @@ func TestPlanScale(t *testing.T) {
 			wantAdd: []string{"worker-6", "worker-7"},
 		},
 		"remove the newest workers first": {nodes: base, cp: 1, workers: 0, wantRemove: []string{"worker-1", "worker-0"}},
-		"grow the control planes": {nodes: base, cp: 3, workers: 2, wantAdd: []string{"control-plane-1", "control-plane-2"}},
+		"grow the control planes":         {nodes: base, cp: 3, workers: 2, wantAdd: []string{"control-plane-1", "control-plane-2"}},
 		"shrink the control planes, never the first": {
 			nodes: append(append([]state.Node{}, base...), node("control-plane-1", metadata.ControlPlane, 4), node("control-plane-2", metadata.ControlPlane, 5)),
 			cp:    1, workers: 2, wantRemove: []string{"control-plane-2", "control-plane-1"},

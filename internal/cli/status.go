@@ -266,7 +266,6 @@ func kubernetesStatus(ctx context.Context, workspace string, byName map[string]*
 	return errs, services
 }
 
-
 func attestationStatusOf(ctx context.Context, workspace string, st *state.State, byName map[string]*nodeStatus, mu *sync.Mutex) error {
 	conf, err := config.Load(filepath.Join(workspace, config.FileName))
 	if err != nil {

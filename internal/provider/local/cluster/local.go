@@ -274,4 +274,3 @@ func tail(b []byte, n int) string {
 	}
 	return string(b)
 }
-
