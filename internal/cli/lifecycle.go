@@ -74,21 +74,21 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 	if err != nil {
 		return err
 	}
-	return waitBack(ctx, t, platform, client, names, start)
+	return waitBack(ctx, t, platform, client, names, start, start)
 }
 
-// waitBack waits until each named node is back in its cluster after start: the node's
-// bootstrapper reported it is in (rejoined or recovered), and its kubelet reported Ready
-// after start (a Node keeps showing Ready for a while after its kubelet died, so a Ready
-// without a fresh heartbeat proves nothing).
-func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, client kubernetes.Interface, names []string, start time.Time) error {
+// waitBack waits until each named node, booted after bootedAfter, is back in its cluster:
+// the node's bootstrapper reported it is in (rejoined or recovered), and its kubelet
+// reported Ready after heartbeatAfter (a Node keeps showing Ready for a while after its
+// kubelet died, so a Ready without a fresh heartbeat proves nothing).
+func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, client kubernetes.Interface, names []string, bootedAfter, heartbeatAfter time.Time) error {
 	back, ready := map[string]bool{}, map[string]bool{}
 	var last string
 	for {
 		nodes, err := platform.Nodes(ctx)
 		if err == nil {
 			for _, n := range nodes {
-				if slices.Contains(names, n.Name) && !back[n.Name] && n.BootedAt.After(start.Add(-time.Second)) && inCluster(n.Reported) {
+				if slices.Contains(names, n.Name) && !back[n.Name] && n.BootedAt.After(bootedAfter.Add(-time.Second)) && inCluster(n.Reported) {
 					back[n.Name] = true
 					t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
 				}
@@ -106,7 +106,7 @@ func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, cl
 				last = err.Error()
 				continue
 			}
-			if c := readyCondition(*node); c != nil && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(start) {
+			if c := readyCondition(*node); c != nil && c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Before(&metav1.Time{Time: heartbeatAfter.Truncate(time.Second)}) {
 				ready[name] = true
 				t.phase("ready", name+" (Ready, kubelet reported after the reboot)")
 			}
