@@ -261,6 +261,9 @@ func waitReady(ctx context.Context, t *phaseTimer, client kubernetes.Interface, 
 					}
 				}
 				for _, n := range nodes.Items {
+					if !want[n.Name] {
+						continue
+					}
 					if !joined[n.Name] {
 						// Workers often join while init still waits for the services: say
 						// when the node registered, not only when we saw it.

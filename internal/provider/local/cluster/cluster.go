@@ -393,7 +393,7 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 		}
 	}
 	// The node's network namespace is new at every boot, as a machine's network stack is.
-	if err := p.net.DeleteNode(ctx, name); err != nil {
+	if err := p.net.DeleteNode(ctx, name, i); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -555,7 +555,7 @@ func (p *Provider) powerOff(n *node) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := p.net.DeleteNode(ctx, n.spec.Name); err != nil {
+	if err := p.net.DeleteNode(ctx, n.spec.Name, n.spec.Index); err != nil {
 		errs = append(errs, err)
 	}
 	p.meta.ClearReport(n.spec.Name)
@@ -776,8 +776,12 @@ func (p *Provider) teardown(ctx context.Context) error {
 		n.ending = true
 		p.mu.Unlock()
 	}
-	if err := p.cgroup.Kill(ctx); err != nil && !strings.Contains(err.Error(), "did not exit") {
-		errs = append(errs, err)
+	// Node by node: the cluster's cgroup also holds the provider itself, which must not
+	// freeze or kill itself.
+	for _, n := range nodes {
+		if err := p.cgroup.Child(n.spec.Name).Kill(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, n := range nodes {
 		p.mu.Lock()

@@ -110,8 +110,15 @@ func (n Network) Delete(ctx context.Context, nodes []string) error {
 	return errors.Join(errs...)
 }
 
-// DeleteNode removes node's namespace (its veth goes with it); a missing one is not an error.
-func (n Network) DeleteNode(ctx context.Context, node string) error {
+// DeleteNode removes the veth and namespace of node i; missing ones are not an error. The
+// veth is deleted explicitly first: a deleted namespace's interfaces go away only when the
+// kernel gets around to freeing the namespace, and a boot that follows at once would find
+// the old veth's name taken.
+func (n Network) DeleteNode(ctx context.Context, node string, i int) error {
+	if out, err := exec.CommandContext(ctx, "ip", "-n", n.BridgeNS(), "link", "del", fmt.Sprintf("v%d", i)).CombinedOutput(); err != nil &&
+		!strings.Contains(string(out), "Cannot find device") && !strings.Contains(string(out), "No such file") {
+		return fmt.Errorf("deleting the veth of %s: %w: %s", node, err, strings.TrimSpace(string(out)))
+	}
 	name := n.NodeNS(node)
 	if _, err := os.Stat(NSPath(name)); errors.Is(err, os.ErrNotExist) {
 		return nil
