@@ -173,7 +173,9 @@ func TestDayTwo(t *testing.T) {
 		for _, e := range s.Nodes[i].Provider.Events {
 			events = append(events, e.Message)
 		}
-		assert.True(t, slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "bootstrapper exited") && strings.Contains(e, "rebooting") }), "events: %v", events)
+		assert.True(t, slices.ContainsFunc(events, func(e string) bool {
+			return strings.Contains(e, "bootstrapper exited") && strings.Contains(e, "rebooting")
+		}), "events: %v", events)
 		d.requireHealthy("control-plane-0", "worker-0", "worker-1")
 	})
 
