@@ -14,7 +14,7 @@ raw=$(mktemp); trap 'rm -f "$raw"' EXIT
     ./internal/attestation/qemu/ ./internal/atls/ ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
   if [ "${MINI:-1}" != 0 ]; then
-    go test -run '^$' -bench BenchmarkMiniUp -benchtime 1x -timeout 20m ./test/e2e/ 2>/dev/null || true
+    go test -run '^$' -bench 'BenchmarkMiniUp|BenchmarkDayTwo' -benchtime 1x -timeout 30m ./test/e2e/ 2>/dev/null || true
   fi
 } | tee "$raw" | grep -E '^(Benchmark|ok|FAIL)' >&2
 echo

@@ -107,11 +107,16 @@ func (d *dayTwo) requireHealthy(names ...string) statusJSON {
 // setCounts edits the workspace's configuration's node counts, as a user does.
 func (d *dayTwo) setCounts(controlPlanes, workers int) {
 	d.t.Helper()
-	path := filepath.Join(d.ws, config.FileName)
+	setCounts(d.t, d.ws, controlPlanes, workers)
+}
+
+func setCounts(t testing.TB, ws string, controlPlanes, workers int) {
+	t.Helper()
+	path := filepath.Join(ws, config.FileName)
 	conf, err := config.Load(path)
-	require.NoError(d.t, err)
+	require.NoError(t, err)
 	conf.Provider.Local.ControlPlanes, conf.Provider.Local.Workers = controlPlanes, workers
-	require.NoError(d.t, config.Write(path, conf, true))
+	require.NoError(t, config.Write(path, conf, true))
 }
 
 // TestDayTwo runs one local cluster through its second day: a workload and a ConfigMap,
