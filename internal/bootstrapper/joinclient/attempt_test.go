@@ -75,7 +75,7 @@ func serveAttested(t *testing.T, cfg atls.Config, st *status.Status) string {
 }
 
 // freeAddr returns a loopback address nothing listens on (for now).
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -118,13 +118,13 @@ func TestAttemptKinds(t *testing.T) {
 		wantHandshake *atls.Error
 	}{
 		"nothing listens (TCP connection refused)": {
-			endpoint:   freeAddr,
+			endpoint:   func(t *testing.T) string { return freeAddr(t) },
 			wantKind:   joinclient.Unreachable,
 			wantGRPC:   codes.Unavailable,
 			wantReason: "connection refused",
 		},
 		"nothing listens, through a dialer that passes the context on": {
-			endpoint: freeAddr,
+			endpoint: func(t *testing.T) string { return freeAddr(t) },
 			dial: func(t *testing.T) joinclient.Dialer {
 				inner := attested(t)
 				return func(ctx context.Context, ep string) (*grpc.ClientConn, error) { return inner(ctx, ep) }
@@ -133,7 +133,7 @@ func TestAttemptKinds(t *testing.T) {
 			wantReason: "connection refused",
 		},
 		"nothing listens, through a dialer that drops the observer: counted as refused (cautious)": {
-			endpoint: freeAddr,
+			endpoint: func(t *testing.T) string { return freeAddr(t) },
 			dial: func(t *testing.T) joinclient.Dialer {
 				inner := attested(t)
 				return func(_ context.Context, ep string) (*grpc.ClientConn, error) { return inner(context.Background(), ep) }
@@ -219,7 +219,9 @@ func TestAttemptKinds(t *testing.T) {
 			wantKind: joinclient.Refused, wantGRPC: codes.PermissionDenied, wantReason: "platform does not know this node",
 		},
 		"the service answers ResourceExhausted": {
-			endpoint: func(t *testing.T) string { return serveAttested(t, serviceCfg, status.New(codes.ResourceExhausted, "busy")) },
+			endpoint: func(t *testing.T) string {
+				return serveAttested(t, serviceCfg, status.New(codes.ResourceExhausted, "busy"))
+			},
 			wantKind: joinclient.Refused, wantGRPC: codes.ResourceExhausted,
 		},
 		"the service answers FailedPrecondition": {
