@@ -77,7 +77,12 @@ func (m countingMetadata) JoinEndpoints(ctx context.Context) ([]string, error) {
 	return m.Static.JoinEndpoints(ctx)
 }
 
+// newEnv starts a join service (swtpm, real kube-apiserver) and a node to join it; it skips
+// the test under -short.
 func newEnv(t testing.TB, role metadata.Role, opts bootstraptest.ClusterOptions) *env {
+	if testing.Short() {
+		t.Skip("starts swtpm, a join service and a kube-apiserver")
+	}
 	kube = shared.Get(t)
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
