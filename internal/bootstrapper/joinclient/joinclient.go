@@ -353,7 +353,8 @@ func attempt(ctx context.Context, dial Dialer, endpoint string, timeout time.Dur
 	obs := &connObserver{}
 	conn, err := dial(withObserver(ctx, obs), endpoint)
 	if err != nil {
-		// grpc.NewClient fails only on a target it cannot parse: nothing was contacted.
+		// Dial only builds the client (grpc.NewClient connects on the first RPC): no service
+		// was contacted.
 		return &AttemptError{Kind: Unreachable, Err: fmt.Errorf("dialing: %w", err)}
 	}
 	defer conn.Close()
