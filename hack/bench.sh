@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the benchmarks and prints a table. Results and their interpretation: docs/benchmarks.md.
 # BENCHTIME sets -benchtime for the micro-benchmarks; JOINS the number of joins per join
-# benchmark (each runs against a real kube-apiserver + etcd with fsync). MINI=0 skips the
+# benchmark (each runs against a real kube-apiserver + etcd with fsync); JOINWAITS the number
+# of nodes that wait for a join service to start (BenchmarkJoinAfterServiceStarts: swtpm and
+# gocryptfs per node, needs root). MINI=0 skips the
 # mini up benchmark (one control plane and two workers created and removed per run; needs
 # root, make build images).
 set -euo pipefail
@@ -13,8 +15,9 @@ raw=$(mktemp); trap 'rm -f "$raw"' EXIT
   go test -run '^$' -bench . -benchtime "$benchtime" \
     ./internal/attestation/qemu/ ./internal/atls/ ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
+  go test -run '^$' -bench BenchmarkJoinAfterServiceStarts -benchtime "${JOINWAITS:-20}x" ./internal/bootstrapper/joinclient/ 2>/dev/null || true
   if [ "${MINI:-1}" != 0 ]; then
-    go test -run '^$' -bench BenchmarkMiniUp -benchtime 1x -timeout 20m ./test/e2e/ 2>/dev/null || true
+    go test -run '^$' -bench 'BenchmarkMiniUp|BenchmarkDayTwo' -benchtime 1x -timeout 30m ./test/e2e/ 2>/dev/null || true
   fi
 } | tee "$raw" | grep -E '^(Benchmark|ok|FAIL)' >&2
 echo

@@ -31,8 +31,6 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/provider/local/cluster"
-	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -46,9 +44,9 @@ const (
 // until every node that should be admitted is Ready.
 func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State) error {
 	dir := filepath.Join(workspace, miniDir)
-	status, err := cluster.ReadStatus(dir)
+	platform, err := platformOf(workspace, st)
 	if err != nil {
-		return fmt.Errorf("the local cluster is not running (state %s, phase %s): %w", state.FileName, st.Phase, err)
+		return err
 	}
 	initSecret, err := os.ReadFile(filepath.Join(dir, initSecretFile))
 	if err != nil {
@@ -62,7 +60,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err != nil {
 		return err
 	}
-	first := status.Nodes[0]
+	first := st.Nodes[0]
 	master, err := kms.NewMasterSecret()
 	if err != nil {
 		return err
@@ -86,7 +84,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return fmt.Errorf("writing the master secret: %w", err)
 	}
 	fmt.Fprintf(out, "initializing %s over attested TLS (it must prove it boots the expected image)\n", first.Name)
-	success, err := callInit(ctx, out, net.JoinHostPort(first.IP, fmt.Sprint(cluster.InitPort)), validator, bridgeDialer(status), req)
+	success, err := callInit(ctx, out, st.InitEndpoint, validator, platform.Dialer(), req)
 	if err != nil {
 		return err
 	}
@@ -97,7 +95,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return fmt.Errorf("reading the admin kubeconfig: %w", err)
 	}
 	for _, c := range kubeconfig.Clusters {
-		c.Server = "https://" + status.APIServer
+		c.Server = "https://" + st.APIServerEndpoint
 	}
 	adminConf := filepath.Join(workspace, AdminConfFile)
 	// The admin kubeconfig holds a cluster-admin client key: written 0600 from the start
@@ -121,33 +119,42 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return err
 	}
 	want := map[string]bool{}
-	for _, n := range status.Nodes {
+	for _, n := range st.Nodes {
 		if !n.Unexpected {
 			want[n.Name] = true
 		}
 	}
-	if err := waitReady(ctx, t, client, want); err != nil {
-		// Say why: what the join service refused of the nodes that are missing.
-		for _, n := range status.Nodes {
-			if want[n.Name] {
-				if r := joinRejections(ctx, client, n.IP); r.count > 0 {
-					fmt.Fprintf(out, "%s (%s): %s\n", n.Name, n.IP, r)
-				}
-			}
-		}
+	if err := waitNodesReady(ctx, out, t, client, st.Nodes, want); err != nil {
 		return err
 	}
 	// Nodes that are not expected to join (tests: another image) are reported, once the join
 	// service has refused them: such a node may be in its join back-off when the others are
 	// ready, so wait for its next attempt (bounded by rejectionWait).
-	for _, n := range status.Nodes {
+	for _, n := range st.Nodes {
 		if n.Unexpected {
-			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IP, waitRejected(ctx, client, n.IP, rejectionWait))
+			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IPs[0], waitRejected(ctx, client, n.IPs[0].String(), rejectionWait))
 		}
 	}
 	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
 		adminConf, toolPath("kubectl"), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
 	return nil
+}
+
+// pointKubeconfig points the workspace's admin kubeconfig at apiServer (host:port).
+func pointKubeconfig(workspace, apiServer string) error {
+	path := filepath.Join(workspace, AdminConfFile)
+	kubeconfig, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return fmt.Errorf("reading the admin kubeconfig: %w", err)
+	}
+	for _, c := range kubeconfig.Clusters {
+		c.Server = "https://" + apiServer
+	}
+	data, err := clientcmd.Write(*kubeconfig)
+	if err != nil {
+		return fmt.Errorf("encoding the admin kubeconfig: %w", err)
+	}
+	return fileutil.WriteAtomic(path, data, 0o600)
 }
 
 // localAttestation is how a local cluster's nodes are checked, by the CLI at init and verify
@@ -175,15 +182,6 @@ func localAttestation(workspace string, conf *config.Config) (clusterrecord.Atte
 		return clusterrecord.Attestation{}, nil, err
 	}
 	return attest, validator, nil
-}
-
-// bridgeDialer dials addresses of the local cluster's private network (10.42.0.0/24) from
-// its bridge namespace: they exist nowhere else.
-func bridgeDialer(status cluster.Status) func(context.Context, string) (net.Conn, error) {
-	bridge := sandbox.NSPath(sandbox.Network{ID: status.NetworkID}.BridgeNS())
-	return func(ctx context.Context, addr string) (net.Conn, error) {
-		return sandbox.DialContext(ctx, bridge, "tcp", addr)
-	}
 }
 
 // callInit runs the Init RPC, printing progress lines, and returns the success message.
@@ -226,7 +224,24 @@ func callInit(ctx context.Context, out io.Writer, addr string, v attestation.Val
 	}
 }
 
-// waitReady waits until exactly the wanted nodes are Ready, printing each as it becomes so.
+// waitNodesReady is waitReady, and on failure says why: what the join service refused of the
+// nodes that are missing.
+func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, client kubernetes.Interface, nodes []state.Node, want map[string]bool) error {
+	err := waitReady(ctx, t, client, want)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		for _, n := range nodes {
+			if want[n.Name] {
+				if r := joinRejections(rctx, client, n.IPs[0].String()); r.count > 0 {
+					fmt.Fprintf(out, "%s (%s): %s\n", n.Name, n.IPs[0], r)
+				}
+			}
+		}
+	}
+	return err
+}
+
 // waitReady waits until every node in want joined (its Node object exists), is Ready, and
 // runs a ready verification service: a node counts as ready when it can be verified. Each
 // step is a phase line.
@@ -246,6 +261,9 @@ func waitReady(ctx context.Context, t *phaseTimer, client kubernetes.Interface, 
 					}
 				}
 				for _, n := range nodes.Items {
+					if !want[n.Name] {
+						continue
+					}
 					if !joined[n.Name] {
 						// Workers often join while init still waits for the services: say
 						// when the node registered, not only when we saw it.

@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +18,7 @@ import (
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -40,6 +38,8 @@ type createOptions struct {
 	// extraWorkerBootstrapper adds a worker "worker-other" whose image has this bootstrapper
 	// (tests: a node the join service must reject); kubeBin provides its kubelet and kubeadm.
 	extraWorkerBootstrapper, kubeBin string
+	// drainTimeout bounds the drain of each node apply removes.
+	drainTimeout time.Duration
 }
 
 func addImagesFlag(cmd *cobra.Command, dir *string) {
@@ -96,7 +96,13 @@ func newApplyCmd() *cobra.Command {
     Progress lines of the node stream to the terminal. Writes constellation-mastersecret.json
     (before the secret leaves this machine), constellation-admin.conf and the cluster ID into
     constellation-state.yaml, then waits until every node is Ready and verifiable;
-  - already initialized: nothing to do.`,
+  - initialized: bring the node counts to the configuration's. apply says what it changes
+    first. New nodes (names never used before in the cluster) join through the join service
+    after attestation; a new control plane grows etcd. Removed nodes (the newest of their
+    role first) are drained, respecting PodDisruptionBudgets within --drain-timeout; a
+    control plane's etcd member is removed first, and only if etcd keeps its quorum; then the
+    node is deleted from Kubernetes and the platform, and its name and disk are refused from
+    then on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := absWorkspace(cmd)
@@ -110,6 +116,7 @@ func newApplyCmd() *cobra.Command {
 	}
 	addImagesFlag(cmd, &o.imagesDir)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
+	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of a removed node may wait for its pods to be evicted (PodDisruptionBudgets)")
 	return cmd
 }
 
@@ -160,12 +167,11 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 	case err != nil:
 		return err
 	}
-	if st.Phase == state.Initialized {
-		fmt.Fprintf(out, "cluster %s is already initialized (ID %x, %s); nothing to apply\n", st.Name, []byte(st.ClusterID), st.InitializedAt.Format(time.RFC3339))
-		return nil
-	}
 	if st.Name != conf.Name {
 		return fmt.Errorf("%s names cluster %q, but %s describes %q: they are not the same cluster", state.FileName, st.Name, config.FileName, conf.Name)
+	}
+	if st.Phase == state.Initialized {
+		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout})
 	}
 	return initAndWait(ctx, out, t, workspace, conf, st)
 }
@@ -190,8 +196,8 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 			config.FileName, sandbox.PodCIDR, sandbox.ServiceCIDR, conf.Network.PodCIDR, conf.Network.ServiceCIDR)
 	}
 	dir := filepath.Join(workspace, miniDir)
-	if _, err := cluster.ReadStatus(dir); err == nil {
-		return nil, fmt.Errorf("%s has a running local cluster: remove it with 'constellation terminate' or 'constellation mini down'", dir)
+	if _, err := cluster.ReadSpec(dir); err == nil {
+		return nil, fmt.Errorf("%s has a local cluster: remove it with 'constellation terminate' or 'constellation mini down'", dir)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -237,10 +243,10 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 
 	spec := cluster.Spec{Dir: dir, Images: index.Files(o.imagesDir), InitSecretHash: string(hash), AKCACert: caPath, AKCAKey: caKeyPath}
 	for i := 0; i < lc.ControlPlanes; i++ {
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: string(metadata.ControlPlane), ImageDir: imageDir})
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{NodeSpec: provider.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: metadata.ControlPlane, Image: imageDir}})
 	}
 	for i := 0; i < lc.Workers; i++ {
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: fmt.Sprintf("worker-%d", i), Role: string(metadata.Worker), ImageDir: imageDir})
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{NodeSpec: provider.NodeSpec{Name: fmt.Sprintf("worker-%d", i), Role: metadata.Worker, Image: imageDir}})
 	}
 	if o.extraWorkerBootstrapper != "" {
 		data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
@@ -255,41 +261,40 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin, nodeConfig); err != nil {
 			return nil, err
 		}
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{Name: "worker-other", Role: string(metadata.Worker), ImageDir: other, Unexpected: true})
+		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{NodeSpec: provider.NodeSpec{Name: "worker-other", Role: metadata.Worker, Image: other, Unexpected: true}})
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	if err := startProvider(ctx, dir, exe, spec); err != nil {
+	platform, err := cluster.Launch(ctx, exe, spec)
+	if err != nil {
 		return nil, err
 	}
-	status, err := cluster.ReadStatus(dir)
+	nodes, err := platform.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	endpoints, err := platform.Endpoints(ctx)
 	if err != nil {
 		return nil, err
 	}
 	st := &state.State{
 		Version: state.Version1, Name: conf.Name, Provider: state.ProviderLocal, Phase: state.Created,
-		CreatedAt: time.Now().UTC(), InitEndpoint: net.JoinHostPort(status.Nodes[0].IP, fmt.Sprint(cluster.InitPort)),
-		APIServerEndpoint: status.APIServer,
+		CreatedAt: time.Now().UTC(), APIServerEndpoint: endpoints.APIServer,
 	}
-	for _, n := range status.Nodes {
-		ip, err := netip.ParseAddr(n.IP)
-		if err != nil {
-			return nil, fmt.Errorf("provider status: node %s: %w", n.Name, err)
-		}
-		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: metadata.Role(n.Role), IPs: []netip.Addr{ip}})
-	}
+	recordNodes(st, nodes)
+	st.InitEndpoint = nodeEndpoint(st.Nodes[0], provider.InitPort)
 	if err := state.Write(statePath, st); err != nil {
 		return nil, err
 	}
-	t.phase("create", fmt.Sprintf("%d nodes booting (provider pid %d)", len(spec.Nodes), status.PID))
+	t.phase("create", fmt.Sprintf("%d nodes booting", len(spec.Nodes)))
 	return st, nil
 }
 
-// terminate stops the local provider, removes what is left of the nodes, miniDir and the
-// files of the cluster; generatedConfigToo also removes a configuration mini up generated
-// (mini down).
+// terminate removes the cluster through its platform (every node, disk, process and network
+// of it), then the files of the cluster; generatedConfigToo also removes a configuration mini
+// up generated (mini down).
 func terminate(ctx context.Context, out io.Writer, workspace string, generatedConfigToo bool) error {
 	dir := filepath.Join(workspace, miniDir)
 	_, statErr := os.Stat(dir)
@@ -300,21 +305,18 @@ func terminate(ctx context.Context, out io.Writer, workspace string, generatedCo
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	var nodes []string
-	if status, err := cluster.ReadStatus(dir); err == nil {
-		for _, n := range status.Nodes {
-			nodes = append(nodes, n.Name)
-		}
-		// The provider removes its cluster when asked to stop; only then anything left over
-		// is removed directly.
-		if p, err := os.FindProcess(status.PID); err == nil && isProvider(status.PID, dir) {
-			_ = p.Signal(syscall.SIGTERM)
-			for isProvider(status.PID, dir) && ctx.Err() == nil {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
+	// A state file may be missing (create failed half-way) or unreadable: the local
+	// provider's folder alone says what to remove.
+	exe, err := os.Executable()
+	if err != nil {
+		return err
 	}
-	if err := cluster.Remove(ctx, dir, nodes); err != nil {
+	var platform provider.Provider = &cluster.Local{Dir: dir, Exe: exe}
+	nodes := 0
+	if spec, err := cluster.ReadSpec(dir); err == nil {
+		nodes = len(spec.Nodes)
+	}
+	if err := platform.Destroy(ctx); err != nil {
 		return fmt.Errorf("removing the cluster: %w", err)
 	}
 	// The cluster's files go with it: its state and keys protect nothing any more. A
@@ -331,6 +333,6 @@ func terminate(ctx context.Context, out io.Writer, workspace string, generatedCo
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "removed the cluster (%d nodes) and its files from %s\n", len(nodes), workspace)
+	fmt.Fprintf(out, "removed the cluster (%d nodes) and its files from %s\n", nodes, workspace)
 	return nil
 }

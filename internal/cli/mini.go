@@ -8,10 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -220,62 +218,12 @@ func copyFile(src, dst string, perm os.FileMode) error {
 	return outf.Close()
 }
 
-// startProvider starts the provider process of the cluster, detached so it outlives this
-// command, and waits until it created every node.
-func startProvider(ctx context.Context, dir, exe string, spec cluster.Spec) error {
-	specPath := filepath.Join(dir, "spec.json")
-	if err := writeJSON(specPath, spec); err != nil {
-		return err
-	}
-	logf, err := os.OpenFile(filepath.Join(dir, "provider.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(exe, "mini", "provider", specPath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting the provider: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	for {
-		if s, err := cluster.ReadStatus(dir); err == nil {
-			if s.Ready {
-				return nil
-			}
-		}
-		select {
-		case err := <-exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "provider.log"))
-			return fmt.Errorf("the provider exited (%v) before the cluster was created: %s", err, tail(log, 2000))
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the provider: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	workspace, err := filepath.Abs(workspace)
 	if err != nil {
 		return err
 	}
 	return terminate(ctx, out, workspace, true)
-}
-
-// isProvider reports whether pid is the provider process of dir (not a reused PID).
-func isProvider(pid int, dir string) bool {
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return false
-	}
-	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(string(stat[i+1:]), " Z") {
-		return false // a zombie has exited
-	}
-	return strings.Contains(string(cmdline), dir)
 }
 
 func tail(b []byte, n int) string {

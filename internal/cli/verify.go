@@ -17,7 +17,6 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
-	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/verify"
 )
@@ -194,13 +193,13 @@ func newVerifier(workspace string, conf *config.Config, st *state.State) (*verif
 	if err != nil {
 		return nil, err
 	}
-	// The nodes' addresses live in the cluster's private network: dial from its bridge
-	// namespace, as the CLI does for init.
-	status, err := cluster.ReadStatus(filepath.Join(workspace, miniDir))
+	// The nodes' addresses may live in the cluster's private network: dial through the
+	// platform, as the CLI does for init.
+	platform, err := platformOf(workspace, st)
 	if err != nil {
-		return nil, fmt.Errorf("the local cluster is not running: %w", err)
+		return nil, err
 	}
-	dialOpts := []grpc.DialOption{grpc.WithContextDialer(bridgeDialer(status))}
+	dialOpts := []grpc.DialOption{grpc.WithContextDialer(platform.Dialer())}
 	return &verify.Verifier{Validator: validator, ClusterID: st.ClusterID, DialOptions: dialOpts}, nil
 }
 

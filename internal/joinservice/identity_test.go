@@ -58,6 +58,12 @@ func TestDiskKeysFollowIdentity(t *testing.T) {
 	_, err = e.join(removed, false)
 	require.NoError(t, err)
 	e.removed.Store("worker-2", true)
+	// worker-9 joined, then the CLI removed it from the cluster (scaled down), but the
+	// platform lists its name again (a re-created machine, an autoscaler reusing names).
+	relisted := e.joiner("worker-9", "127.0.3.3")
+	_, err = e.join(relisted, false)
+	require.NoError(t, err)
+	require.NoError(t, diskowner.Store{Client: kube.Admin}.MarkRemoved(context.Background(), "worker-9", time.Now()))
 
 	testCases := map[string]struct {
 		node         string
@@ -99,6 +105,14 @@ func TestDiskKeysFollowIdentity(t *testing.T) {
 		"removed node asks a join ticket for its own disk": {
 			node: "worker-2", disk: removed.diskUUID,
 			wantCode: codes.PermissionDenied, wantReason: "unknown-node", wantMsg: "platform does not know this node",
+		},
+		"removed node the platform lists again rejoins its own disk": {
+			node: "worker-9", disk: relisted.diskUUID, rejoin: true,
+			wantCode: codes.PermissionDenied, wantReason: "removed-node", wantMsg: "was removed from the cluster",
+		},
+		"removed node the platform lists again asks a join ticket": {
+			node: "worker-9", disk: newDiskUUID(),
+			wantCode: codes.PermissionDenied, wantReason: "removed-node", wantMsg: "was removed from the cluster",
 		},
 		"same node retries its join": {node: "worker-0", disk: victim.diskUUID, wantCode: codes.OK},
 		"owner rejoins":              {node: "worker-0", disk: victim.diskUUID, rejoin: true, wantCode: codes.OK},

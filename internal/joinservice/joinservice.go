@@ -225,6 +225,15 @@ func (s *Service) admit(ctx context.Context) (*admitted, error) {
 		return a, deny(codes.PermissionDenied, "unknown-node", "platform does not know this node: %v", err)
 	}
 	a.node = node
+	// A node removed from the cluster stays refused, even if the platform lists its name
+	// again: neither a join nor a rejoin (and so none of its disks' keys).
+	removed, err := s.owners.Removed(ctx, node.Name)
+	if err != nil {
+		return a, deny(codes.Unavailable, "kubernetes-api", "checking whether node %q was removed: %v", node.Name, err)
+	}
+	if removed {
+		return a, deny(codes.PermissionDenied, "removed-node", "node %q was removed from the cluster: it is refused from then on", node.Name)
+	}
 	return a, nil
 }
 

@@ -181,6 +181,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		"worker-0":        {Name: "worker-0", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.10")}},
 		"worker-1":        {Name: "worker-1", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.11")}},
 		"worker-2":        {Name: "worker-2", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.12")}},
+		"worker-9":        {Name: "worker-9", Addresses: []netip.Addr{netip.MustParseAddr("10.42.0.19")}},
 	}
 	for i := range 256 {
 		name := fmt.Sprintf("node-%03d", i)

@@ -84,6 +84,17 @@ type State struct {
 	// MeasurementSalt is the salt sent at init (hex, 32 bytes). Not secret: with the master
 	// secret it determines the cluster ID. Set exactly when Phase is initialized.
 	MeasurementSalt HexBytes `json:"measurementSalt,omitempty"`
+	// Removed are the nodes removed from the cluster (scaled down). Their names are never
+	// given to a new node: the platform no longer lists them, and the join service refuses
+	// them from then on.
+	Removed []RemovedNode `json:"removed,omitempty"`
+}
+
+// RemovedNode is a node that was removed from the cluster.
+type RemovedNode struct {
+	Name      string        `json:"name"`
+	Role      metadata.Role `json:"role"`
+	RemovedAt time.Time     `json:"removedAt"`
 }
 
 // Node is one node of the cluster.
@@ -94,6 +105,9 @@ type Node struct {
 	Role metadata.Role `json:"role"`
 	// IPs are the node's addresses, the first being the one Kubernetes advertises.
 	IPs []netip.Addr `json:"ips"`
+	// Unexpected marks a node created for tests that is not expected to be admitted (it
+	// boots another image); it does not count towards the configured node counts.
+	Unexpected bool `json:"unexpected,omitempty"`
 }
 
 // HexBytes is binary data written as a hex string.
@@ -271,6 +285,20 @@ func (s *State) Validate() error {
 	}
 	if len(s.Nodes) > 0 && controlPlanes == 0 {
 		bad("nodes", "no control-plane node")
+	}
+	for i, r := range s.Removed {
+		p := fmt.Sprintf("removed[%d]", i)
+		if errs := validation.IsDNS1123Subdomain(r.Name); len(errs) > 0 {
+			bad(p+".name", "%q is not a DNS name: %v", r.Name, errs)
+		} else if j, dup := names[r.Name]; dup {
+			bad(p+".name", "%q is also the name of nodes[%d]: a removed node's name is never reused", r.Name, j)
+		}
+		if !r.Role.Valid() {
+			bad(p+".role", "%q is not a role (known: %s, %s)", r.Role, metadata.ControlPlane, metadata.Worker)
+		}
+		if r.RemovedAt.IsZero() {
+			bad(p+".removedAt", "missing")
+		}
 	}
 
 	switch s.Phase {

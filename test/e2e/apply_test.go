@@ -17,7 +17,7 @@ import (
 
 // TestCreateApplyTerminate walks the CLI's step-by-step flow on one control plane: generate
 // the configuration (default node image), create the nodes, apply (init), apply again
-// (nothing to do), verify, terminate.
+// (as configured: nothing to do), verify, terminate.
 func TestCreateApplyTerminate(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
@@ -78,7 +78,7 @@ func TestCreateApplyTerminate(t *testing.T) {
 
 	out, err = cli("apply", "--images", images)
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "already initialized")
+	assert.Contains(t, out, "as configured: nothing to apply")
 
 	out, err = cli("verify")
 	require.NoError(t, err, out)

@@ -210,10 +210,7 @@ func readyNodes(t *testing.T, kubeconfig string) []string {
 // helloPodsTalk runs the hello server on worker-0 and its client on worker-1.
 func helloPodsTalk(t *testing.T, kubeconfig, images string) {
 	t.Helper()
-	index, err := nodeimage.ReadIndex(images)
-	require.NoError(t, err)
-	hello, err := index.Find(nodeimage.HelloRepo)
-	require.NoError(t, err)
+	helloImage := helloRef(t, images)
 	server := fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: hello-server, namespace: default, labels: {app: hello}}
@@ -233,7 +230,7 @@ metadata: {name: hello, namespace: default}
 spec:
   selector: {app: hello}
   ports: [{port: 8080, targetPort: 8080}]
-`, hello.Ref)
+`, helloImage)
 	applyManifest(t, kubeconfig, server)
 	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
 	podIP := strings.TrimSpace(kubectl(t, kubeconfig, "get", "pod", "hello-server", "-o", "jsonpath={.status.podIP}"))
@@ -250,12 +247,22 @@ spec:
     image: %s
     imagePullPolicy: Never
     args: [get, "http://%s:8080/", "http://hello.default.svc.cluster.local:8080/"]
-`, hello.Ref, podIP)
+`, helloImage, podIP)
 	applyManifest(t, kubeconfig, client)
 	kubectl(t, kubeconfig, "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/hello-client", "--timeout=120s")
 	logs := kubectl(t, kubeconfig, "logs", "hello-client")
 	assert.Contains(t, logs, fmt.Sprintf("http://%s:8080/: hello from hello-server", podIP))
 	assert.Contains(t, logs, "http://hello.default.svc.cluster.local:8080/: hello from hello-server")
+}
+
+// helloRef is the image reference of the hello workload of the node images in images.
+func helloRef(t *testing.T, images string) string {
+	t.Helper()
+	index, err := nodeimage.ReadIndex(images)
+	require.NoError(t, err)
+	hello, err := index.Find(nodeimage.HelloRepo)
+	require.NoError(t, err)
+	return hello.Ref
 }
 
 func applyManifest(t *testing.T, kubeconfig, manifest string) {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"k8s.io/apimachinery/pkg/util/wait"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
@@ -51,18 +52,28 @@ const DefaultAttemptTimeout = 30 * time.Second
 // ErrInitWon is returned by Join when init took the node lock first.
 var ErrInitWon = errors.New("join stopped: this node was initialized by init instead")
 
-// Dialer connects to a join service over the mutually attested channel.
+// Dialer connects to a join service over the mutually attested channel. The context of a
+// call carries the attempt's connection observer (see AttestedDialer): a Dialer that wraps
+// AttestedDialer must pass it on. The connections of a Dialer that does not are not observed,
+// and every failure of theirs counts as a refusal (exponential back-off, never fast polling).
 type Dialer func(ctx context.Context, endpoint string) (*grpc.ClientConn, error)
 
 // AttestedDialer returns a Dialer whose connections attest the node with issuer and verify
 // the service with serviceValidator (joinservice.ServiceCheck: same image, initialized).
+// Each connection reports to the observer in the Dial context whether its TCP connection was
+// established and how the attested handshake ended, so a failed attempt is classified as
+// unreachable or refused (package documentation).
 func AttestedDialer(issuer attestation.Issuer, serviceValidator attestation.Validator) (Dialer, error) {
 	creds, err := atls.NewCredentials(atls.Config{Issuer: issuer, Validators: []attestation.Validator{serviceValidator}})
 	if err != nil {
 		return nil, err
 	}
-	return func(_ context.Context, endpoint string) (*grpc.ClientConn, error) {
-		return grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(creds))
+	return func(ctx context.Context, endpoint string) (*grpc.ClientConn, error) {
+		var tc credentials.TransportCredentials = creds
+		if obs := observerFrom(ctx); obs != nil {
+			tc = obs.watch(creds)
+		}
+		return grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(tc))
 	}, nil
 }
 
@@ -105,9 +116,12 @@ type Config struct {
 	// PKIDir is kubeadm's PKI directory (/etc/kubernetes/pki); KubeletPKIDir the kubelet's
 	// (/var/lib/kubelet/pki).
 	PKIDir, KubeletPKIDir string
-	// Clock and Backoff drive retries (defaults: real clock, NewBackoff).
-	Clock   clock.Clock
-	Backoff func() wait.Backoff
+	// Clock drives the waits between attempts (default: real clock). PollInterval is the
+	// wait while no join service answers (default PollInterval), Backoff the schedule after
+	// a service refused (default NewBackoff); see the package documentation.
+	Clock        clock.Clock
+	PollInterval time.Duration
+	Backoff      func() wait.Backoff
 	// AttemptTimeout bounds one call to one service (DefaultAttemptTimeout).
 	AttemptTimeout time.Duration
 	Log            *slog.Logger
@@ -134,6 +148,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = PollInterval
 	}
 	if cfg.Backoff == nil {
 		cfg.Backoff = NewBackoff
@@ -285,41 +302,60 @@ func (c *Client) self(ctx context.Context) (metadata.Instance, error) {
 // imply (joinservice.CheckClusterID); it fails closed if the channel was not attested.
 type call func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error
 
-// retry tries every endpoint metadata lists, on the backoff schedule, until call succeeds
-// on one of them.
+// errNoEndpoints: metadata lists no join service yet (no control plane is up).
+var errNoEndpoints = errors.New("metadata lists no join endpoint yet")
+
+// retry tries every endpoint metadata lists, on the schedule of the package documentation,
+// until call succeeds on one of them.
 func (c *Client) retry(ctx context.Context, do call) error {
-	attempt := 0
-	return Retry(ctx, c.cfg.Clock, c.cfg.Backoff(), func(ctx context.Context) (bool, error) {
-		attempt++
+	schedule := NewSchedule(c.cfg.PollInterval, c.cfg.Backoff)
+	return Retry(ctx, c.cfg.Clock, schedule, c.cfg.Log, func(ctx context.Context) error {
 		endpoints, err := c.cfg.Metadata.JoinEndpoints(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if err != nil {
-			c.cfg.Log.Warn("listing join endpoints", "attempt", attempt, "err", err)
-			return false, nil
+			return &AttemptError{Kind: Unreachable, Err: fmt.Errorf("listing join endpoints: %w", err)}
 		}
 		if len(endpoints) == 0 {
-			c.cfg.Log.Info("no join service yet", "attempt", attempt)
-			return false, nil
+			return &AttemptError{Kind: Unreachable, Err: errNoEndpoints}
 		}
+		kind := Unreachable
+		var failures []error
 		for _, ep := range endpoints {
+			failed := c.try(ctx, ep, do)
+			if failed == nil {
+				return nil
+			}
 			if ctx.Err() != nil {
-				return true, ctx.Err()
+				return ctx.Err()
 			}
-			err := c.try(ctx, ep, do)
-			if err == nil {
-				return true, nil
+			if failed.Kind == Refused {
+				kind = Refused
 			}
-			c.cfg.Log.Warn("join service attempt failed", "attempt", attempt, "endpoint", ep, "err", err)
+			failures = append(failures, fmt.Errorf("%s: %w", ep, failed.Err))
 		}
-		return false, nil
+		return &AttemptError{Kind: kind, Err: errors.Join(failures...)}
 	})
 }
 
-func (c *Client) try(ctx context.Context, endpoint string, do call) error {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+// try is one call to one endpoint over a fresh attested connection (attempt).
+func (c *Client) try(ctx context.Context, endpoint string, do call) *AttemptError {
+	return attempt(ctx, c.cfg.Dial, endpoint, c.cfg.AttemptTimeout, do)
+}
+
+// attempt is one call to one endpoint over a fresh connection from dial, closed after the
+// call and bounded by timeout. A failure is unreachable if the connection never reached a
+// service (the dialer's observer saw no TCP connection), refused otherwise.
+func attempt(ctx context.Context, dial Dialer, endpoint string, timeout time.Duration, do call) *AttemptError {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := c.cfg.Dial(ctx, endpoint)
+	obs := &connObserver{}
+	conn, err := dial(withObserver(ctx, obs), endpoint)
 	if err != nil {
-		return err
+		// Dial only builds the client (grpc.NewClient connects on the first RPC): no service
+		// was contacted.
+		return &AttemptError{Kind: Unreachable, Err: fmt.Errorf("dialing: %w", err)}
 	}
 	defer conn.Close()
 	var p peer.Peer
@@ -330,7 +366,10 @@ func (c *Client) try(ctx context.Context, endpoint string, do call) error {
 		}
 		return joinservice.CheckClusterID(info.Peer, measurementSecret, measurementSalt)
 	}
-	return do(ctx, joinpb.NewJoinServiceClient(conn), sameCluster, grpc.Peer(&p))
+	if err := do(ctx, joinpb.NewJoinServiceClient(conn), sameCluster, grpc.Peer(&p)); err != nil {
+		return obs.classify(err)
+	}
+	return nil
 }
 
 var (

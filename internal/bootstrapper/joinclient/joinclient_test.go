@@ -5,15 +5,20 @@ import (
 	"crypto"
 	"errors"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
@@ -42,7 +47,7 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	ca      *akca.CA
 	cluster *bootstraptest.Cluster
 	node    *bootstraptest.Node
@@ -54,9 +59,30 @@ type env struct {
 	pkiDir  string
 	kpkiDir string
 	logs    cmdutil.SyncBuffer
+	// clock drives the client's waits: nil for the real clock and the schedule at a
+	// hundredth of its delays, a fake clock for the real schedule.
+	clock clock.Clock
+	// attempts counts the client's attempts (each asks metadata for the endpoints once).
+	attempts atomic.Int32
 }
 
-func newEnv(t *testing.T, role metadata.Role, opts bootstraptest.ClusterOptions) *env {
+// countingMetadata counts the calls of JoinEndpoints: one per attempt.
+type countingMetadata struct {
+	*metadata.Static
+	calls *atomic.Int32
+}
+
+func (m countingMetadata) JoinEndpoints(ctx context.Context) ([]string, error) {
+	m.calls.Add(1)
+	return m.Static.JoinEndpoints(ctx)
+}
+
+// newEnv starts a join service (swtpm, real kube-apiserver) and a node to join it; it skips
+// the test under -short.
+func newEnv(t testing.TB, role metadata.Role, opts bootstraptest.ClusterOptions) *env {
+	if testing.Short() {
+		t.Skip("starts swtpm, a join service and a kube-apiserver")
+	}
 	kube = shared.Get(t)
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
@@ -83,20 +109,27 @@ func (e *env) newClient() {
 	require.NoError(t, err)
 	dial, err := joinclient.AttestedDialer(e.node.Issuer(t), check)
 	require.NoError(t, err)
+	poll, backoff := fastPoll, fastBackoff
+	if e.clock != nil {
+		poll, backoff = 0, nil // the defaults: the real schedule
+	}
 	e.client, err = joinclient.New(joinclient.Config{
-		Node: e.node.Node, Metadata: e.meta, Dial: dial,
+		Node: e.node.Node, Metadata: countingMetadata{e.meta, &e.attempts}, Dial: dial, Clock: e.clock,
 		Kubeadm: e.kubeadm, Kubelet: e.kubelet,
 		KubeadmConfig: func(p joinclient.JoinParams) ([]byte, error) {
 			e.params = append(e.params, p)
 			return joinclient.KubeadmConfig(kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true})(p)
 		},
 		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir,
-		Backoff: fastBackoff, Log: slog.New(slog.NewTextHandler(&e.logs, nil)),
+		PollInterval: poll, Backoff: backoff, Log: slog.New(slog.NewTextHandler(&e.logs, nil)),
 	})
 	require.NoError(t, err)
 }
 
-// fastBackoff keeps the schedule's shape at a hundredth of its delays.
+// fastPoll and fastBackoff keep the schedule's shape at a hundredth of its delays (tests on
+// a fake clock use the real schedule).
+const fastPoll = joinclient.PollInterval / 100
+
 func fastBackoff() wait.Backoff {
 	b := joinclient.NewBackoff()
 	b.Duration /= 100
@@ -238,6 +271,104 @@ func TestJoinRetriesUntilServiceAnswers(t *testing.T) {
 	e.meta.SetJoinEndpoints([]string{"127.0.0.1:1", e.cluster.Addr})
 	require.NoError(t, <-done)
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
+}
+
+// A node waiting for its cluster is admitted at its first poll after the join service starts
+// listening. The client runs on a fake clock and the real schedule: metadata first lists no
+// endpoint, then one where nothing listens yet (TCP connection refused); each wait is at most
+// one poll interval (0.6 s: stepping the clock by that much always releases the next
+// attempt). The service (the real fixture, swtpm on both sides) starts listening while the
+// node waits, and the very next attempt gets the ticket: no refusal, no back-off.
+func TestJoinAtFirstPollAfterServiceListens(t *testing.T) {
+	e := newEnv(t, metadata.Worker, bootstraptest.ClusterOptions{})
+	clk := clocktesting.NewFakeClock(time.Now())
+	e.clock = clk
+	e.newClient()
+	e.meta.SetJoinEndpoints(nil)
+	addr := freeAddr(t)
+
+	done := make(chan error, 1)
+	go func() { done <- e.join() }()
+	waitsAfter := func(attempt int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return int(e.attempts.Load()) == attempt && clk.HasWaiters() }, 30*time.Second, time.Millisecond,
+			"attempt %d did not happen within one poll interval; log:\n%s", attempt, e.logs.String())
+	}
+	poll := func() { clk.Step(pollWait.max) }
+
+	waitsAfter(1) // no endpoint listed
+	poll()
+	waitsAfter(2)
+	e.meta.SetJoinEndpoints([]string{addr})
+	poll()
+	waitsAfter(3) // nothing listens
+	poll()
+	waitsAfter(4)
+
+	// The service starts listening while the node waits for its next poll.
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err, "the reserved address was taken in the meantime")
+	go func() { _ = e.cluster.Server.Serve(ln) }()
+	poll()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "log:\n%s", e.logs.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("no ticket after the service listened; log:\n%s", e.logs.String())
+	}
+	assert.Equal(t, int32(5), e.attempts.Load(), "the ticket came with the first attempt after the service listened")
+	logs := e.logs.String()
+	assert.Contains(t, logs, `msg="ticket received" attempt=5 unreachableAttempts=4 refusedAttempts=0`)
+	assert.Contains(t, logs, `msg="waiting for a join service" kind=unreachable attempt=1 reason="metadata lists no join endpoint yet"`)
+	assert.Contains(t, logs, `msg="waiting for a join service" kind=unreachable attempt=3 reason="`+addr+`: `)
+	assert.Contains(t, logs, "connection refused")
+	assert.NotContains(t, logs, "refused attempt")
+	assert.NotContains(t, logs, "kind=refused")
+	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
+}
+
+// A service that answers and refuses is not polled: the client backs off exponentially. The
+// node refuses the real service of another cluster; on the fake clock, one poll interval
+// does not release the next attempt, the back-off's first wait (≤ 1 s) does, and the second
+// wait is longer again.
+func TestJoinBacksOffAfterRefusal(t *testing.T) {
+	e := newEnv(t, metadata.Worker, bootstraptest.ClusterOptions{WrongMarker: true})
+	clk := clocktesting.NewFakeClock(time.Now())
+	e.clock = clk
+	e.newClient()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.client.Join(ctx) }()
+	waitsAfter := func(attempt int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return int(e.attempts.Load()) == attempt && clk.HasWaiters() }, 30*time.Second, time.Millisecond,
+			"attempt %d; log:\n%s", attempt, e.logs.String())
+	}
+	// stillWaitingAfter asserts that the client still waits after attempt: a timer a step
+	// made due fires within Step, so HasWaiters is false right after the step if it did.
+	stillWaitingAfter := func(attempt int, msg string) {
+		t.Helper()
+		require.True(t, clk.HasWaiters(), "%s; log:\n%s", msg, e.logs.String())
+		require.Equal(t, int32(attempt), e.attempts.Load(), msg)
+	}
+
+	waitsAfter(1)
+	clk.Step(pollWait.max)
+	stillWaitingAfter(1, "the client polled after a refusal")
+	clk.Step(joinclient.FirstDelayMax - pollWait.max)
+	waitsAfter(2)
+	clk.Step(backoffWait(1).min - time.Millisecond)
+	stillWaitingAfter(2, "the back-off did not grow")
+	clk.Step(backoffWait(1).max - backoffWait(1).min + time.Millisecond)
+	waitsAfter(3)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+
+	logs := e.logs.String()
+	assert.Equal(t, 3, strings.Count(logs, `msg="join attempt refused" kind=refused`), "every refusal logged; log:\n%s", logs)
+	assert.Contains(t, logs, "join service belongs to another cluster")
+	assert.NotContains(t, logs, "kind=unreachable")
+	assert.Empty(t, e.kubeadm.CallList())
 }
 
 // When init wins the node lock, the join client stops promptly with ErrInitWon and changes

@@ -1,8 +1,21 @@
 // Package cluster is the local provider at work: it creates a cluster's sandbox nodes (network,
 // cgroup, swtpm, measured boot, certified AK, bootstrapper in fresh namespaces), serves their
-// metadata, forwards the API server to the host's loopback, and removes all of it again.
-// It runs in a long-lived provider process (`constellation mini provider`), the "cloud" of
-// the local cluster: swtpm processes are its children and die with it.
+// metadata, forwards the API server to the host's loopback, reboots, adds and deletes nodes,
+// and stops or removes all of it again. It runs in a long-lived provider process
+// (`constellation mini provider`), the "cloud" of the local cluster: swtpm processes are its
+// children and die with it. The CLI talks to it through Local (provider.Provider) over a unix
+// socket in the cluster's folder, as it would talk to a cloud's API.
+//
+// A node's boot is what a machine's boot is: a fresh swtpm power cycle (PCRs reset, NV kept),
+// the provider playing firmware (measure the image, certify the AKs, lock the platform
+// hierarchy), a fresh network namespace, and the bootstrapper in new mount and UTS
+// namespaces. Only the node's folder survives a reboot: its encrypted state, its TPM's NV and
+// its logs, as a disk, a TPM and a serial console do.
+//
+// The provider is also the machine's watchdog: a node whose bootstrapper exits (the
+// bootstrapper exits when the node's kubelet dies after the node joined, see nodeboot) is
+// rebooted, and the event is recorded and shown in the node's provider view. A node that fails
+// again and again right after booting is marked failed instead of being rebooted forever.
 package cluster
 
 import (
@@ -20,7 +33,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +43,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -37,25 +53,21 @@ import (
 // Ports (docs/local-provider.md).
 const (
 	MetadataPort  = 8080
-	InitPort      = 9000
+	InitPort      = provider.InitPort
 	APIServerPort = 6443
-	JoinPort      = 30090
+	JoinPort      = provider.JoinPort
 )
 
-// NodeSpec is one node to create.
+// NodeSpec is one node of the cluster with the provider's slot for it: its index fixes its
+// address and pod range, and is never given to another node.
 type NodeSpec struct {
-	Name string `json:"name"`
-	Role string `json:"role"` // metadata.ControlPlane or metadata.Worker
-	// ImageDir is the node image it boots (bootstrapper, kubelet, kubeadm, containerd.toml,
-	// node-config.json).
-	ImageDir string `json:"imageDir"`
-	// Unexpected marks a node that is not expected to be admitted (tests: a node booting an
-	// image that differs from the reference values); the CLI reports it instead of
-	// waiting for it.
-	Unexpected bool `json:"unexpected,omitempty"`
+	provider.NodeSpec
+	Index int `json:"index"`
 }
 
-// Spec is a cluster to create.
+// Spec is a cluster. The CLI writes it when it creates the cluster; from then on the
+// provider keeps it up to date (nodes added and deleted), so a stopped cluster starts again
+// with the nodes it had.
 type Spec struct {
 	// Dir is the folder the provider owns (workspace/mini).
 	Dir    string     `json:"dir"`
@@ -66,29 +78,66 @@ type Spec struct {
 	// AKCACert and AKCAKey (PEM files) certify the nodes' AKs.
 	AKCACert string `json:"akCACert"`
 	AKCAKey  string `json:"akCAKey"`
+	// APIServerPort is the host loopback port forwarding to the API servers: 0 picks one at
+	// creation, which is kept for later starts (the admin kubeconfig names it).
+	APIServerPort int `json:"apiServerPort,omitempty"`
+	// NextIndex is the next free node index: indexes (and names) are never reused.
+	NextIndex int `json:"nextIndex"`
 }
 
-// Status is what the provider publishes in Dir/provider.json for the CLI and `mini down`.
+// SpecFile is the spec's path below Spec.Dir.
+const SpecFile = "spec.json"
+
+// ReadSpec reads the spec of the cluster in dir.
+func ReadSpec(dir string) (Spec, error) {
+	var s Spec
+	data, err := os.ReadFile(filepath.Join(dir, SpecFile))
+	if err != nil {
+		return s, fmt.Errorf("reading the local cluster's spec: %w", err)
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("reading %s: %w", filepath.Join(dir, SpecFile), err)
+	}
+	return s, nil
+}
+
+func writeSpec(s Spec) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fileutil.WriteAtomic(filepath.Join(s.Dir, SpecFile), append(data, '\n'), 0o600)
+}
+
+// Status is what the provider publishes in Dir/provider.json for the CLI and `mini down`:
+// how to find the running provider process.
 type Status struct {
-	PID       int          `json:"pid"`
-	NetworkID string       `json:"networkID"`
-	Cgroup    string       `json:"cgroup"`
-	APIServer string       `json:"apiServer"` // host loopback address forwarding to the API server
-	Nodes     []NodeStatus `json:"nodes"`
-	Ready     bool         `json:"ready"` // every node booted its bootstrapper
+	PID       int    `json:"pid"`
+	NetworkID string `json:"networkID"`
+	Cgroup    string `json:"cgroup"`
+	APIServer string `json:"apiServer"` // host loopback address forwarding to the API server
+	// Nodes are the nodes as created (tests and diagnosis; the CLI asks Local.Nodes).
+	Nodes []NodeStatus `json:"nodes"`
+	Ready bool         `json:"ready"` // every node booted its bootstrapper
 }
 
 // NodeStatus is one created node.
 type NodeStatus struct {
-	NodeSpec
-	IP      string `json:"ip"`
-	NetNS   string `json:"netns"`
-	Cgroup  string `json:"cgroup"`
-	LogFile string `json:"logFile"`
+	Name       string `json:"name"`
+	Role       string `json:"role"`
+	ImageDir   string `json:"imageDir"`
+	Unexpected bool   `json:"unexpected,omitempty"`
+	IP         string `json:"ip"`
+	NetNS      string `json:"netns"`
+	Cgroup     string `json:"cgroup"`
+	LogFile    string `json:"logFile"`
 }
 
-// StatusFile is the status path below Spec.Dir.
-const StatusFile = "provider.json"
+// StatusFile is the status path below Spec.Dir; SocketFile the control API's socket.
+const (
+	StatusFile = "provider.json"
+	SocketFile = "provider.sock"
+)
 
 // ReadStatus reads the provider status of dir.
 func ReadStatus(dir string) (Status, error) {
@@ -110,17 +159,52 @@ func NetworkID(dir string) string {
 	return hex.EncodeToString(sum[:3])
 }
 
+// Watchdog limits: a node that fails within crashWindow of booting crashLimit times in a row
+// is marked failed and left off, instead of being rebooted in a loop.
+const (
+	crashWindow = 2 * time.Minute
+	crashLimit  = 5
+	maxEvents   = 20
+)
+
 // Provider runs one cluster.
 type Provider struct {
-	spec   Spec
 	log    *slog.Logger
 	net    sandbox.Network
 	cgroup sandbox.Cgroup
+	ca     *akca.CA
+	meta   *metaserver.Server
+	// ctx is the provider's lifetime; stop ends it keeping the nodes' folders.
+	ctx    context.Context
+	stop   context.CancelFunc
 	status Status
-	tpms   []*swtpm.Process
+
+	mu    sync.Mutex // guards spec, nodes and the status file
+	spec  Spec
+	nodes map[string]*node
 }
 
-// Serve creates the cluster and serves it until ctx ends, then removes it.
+// node is one node's machine.
+type node struct {
+	spec NodeSpec
+	// ops serializes boots, reboots and deletion of this node.
+	ops sync.Mutex
+
+	// guarded by Provider.mu:
+	tpm      *swtpm.Process
+	exited   chan struct{} // closed when this boot's bootstrapper exited
+	ending   bool          // the provider is ending this boot (reboot, delete, stop)
+	state    provider.NodeState
+	detail   string
+	boots    int
+	bootedAt time.Time
+	crashes  int // failures within crashWindow of boot, in a row
+	events   []provider.Event
+}
+
+// Serve creates the cluster's network and boots its nodes (new ones, or the nodes of a stopped
+// cluster with their kept state), and serves it until ctx ends or Stop is asked for; then it
+// turns everything off. Node folders are kept: `mini down` (Remove) deletes them.
 func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
 	id := NetworkID(spec.Dir)
 	cg, err := sandbox.NewCgroup("cmini-" + id)
@@ -132,9 +216,9 @@ func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("becoming the nodes' subreaper: %w", err)
 	}
-	go reapOrphans(ctx)
-	defer reapAll()
-	p := &Provider{spec: spec, log: log, net: sandbox.Network{ID: id}, cgroup: cg}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	p := &Provider{spec: spec, log: log, net: sandbox.Network{ID: id}, cgroup: cg, nodes: map[string]*node{}, ctx: ctx, stop: stop}
 	p.status = Status{PID: os.Getpid(), NetworkID: id, Cgroup: string(cg)}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -143,6 +227,7 @@ func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
 			log.Error("teardown", "err", err)
 			retErr = errors.Join(retErr, err)
 		}
+		reapAll()
 	}()
 	if err := p.create(ctx); err != nil {
 		p.writeStatus()
@@ -163,74 +248,171 @@ func (p *Provider) create(ctx context.Context) error {
 	if err := p.cgroup.Child("provider").Add(os.Getpid()); err != nil {
 		return err
 	}
-	if err := p.net.CreateBridge(ctx); err != nil {
+	go reapOrphans(ctx)
+	// A provider that died without tearing down leaves namespaces behind: start clean.
+	var names []string
+	for _, n := range p.spec.Nodes {
+		names = append(names, n.Name)
+	}
+	if err := p.net.Delete(ctx, names); err != nil {
 		return err
 	}
-	var all []int
-	for i := range p.spec.Nodes {
-		all = append(all, i)
-	}
-	var metaNodes []metaserver.Node
-	var joinEndpoints []string
-	for i, n := range p.spec.Nodes {
-		if err := p.net.AddNode(ctx, n.Name, i, all); err != nil {
-			return fmt.Errorf("network of %s: %w", n.Name, err)
-		}
-		ip := sandbox.NodeAddr(i)
-		p.status.Nodes = append(p.status.Nodes, NodeStatus{
-			NodeSpec: n, IP: ip.String(), NetNS: sandbox.NSPath(p.net.NodeNS(n.Name)),
-			Cgroup:  string(p.cgroup.Child(n.Name)),
-			LogFile: filepath.Join(p.spec.Dir, "nodes", n.Name, "logs", "bootstrapper.log"),
-		})
-		metaNodes = append(metaNodes, metaserver.Node{
-			Name: n.Name, Role: n.Role, IPs: []netip.Addr{ip}, PodCIDR: sandbox.NodePodCIDR(i),
-			CgroupRoot: string(p.cgroup.Child(n.Name).Child("pods")),
-		})
-		if n.Role == "control-plane" {
-			joinEndpoints = append(joinEndpoints, net.JoinHostPort(ip.String(), fmt.Sprint(JoinPort)))
-		}
-	}
-	meta := metaserver.New(metaNodes, joinEndpoints, []byte(p.spec.InitSecretHash))
-	ml, err := sandbox.Listen(sandbox.NSPath(p.net.BridgeNS()), "tcp", net.JoinHostPort(sandbox.BridgeAddr.String(), fmt.Sprint(MetadataPort)))
-	if err != nil {
-		return fmt.Errorf("metadata service: %w", err)
-	}
-	go func() { _ = (&http.Server{Handler: meta.Handler(), ReadHeaderTimeout: 5 * time.Second}).Serve(ml) }()
-
-	if err := p.forwardAPIServer(ctx); err != nil {
+	if err := p.net.CreateBridge(ctx); err != nil {
 		return err
 	}
 	ca, err := loadCA(p.spec.AKCACert, p.spec.AKCAKey)
 	if err != nil {
 		return err
 	}
-	for i, n := range p.spec.Nodes {
-		if err := p.startNode(ctx, i, n, ca); err != nil {
-			return fmt.Errorf("starting %s: %w", n.Name, err)
+	p.ca = ca
+	p.meta = metaserver.New(nil, nil, []byte(p.spec.InitSecretHash))
+	ml, err := sandbox.Listen(sandbox.NSPath(p.net.BridgeNS()), "tcp", net.JoinHostPort(sandbox.BridgeAddr.String(), fmt.Sprint(MetadataPort)))
+	if err != nil {
+		return fmt.Errorf("metadata service: %w", err)
+	}
+	go func() { _ = (&http.Server{Handler: p.meta.Handler(), ReadHeaderTimeout: 5 * time.Second}).Serve(ml) }()
+	go func() {
+		<-ctx.Done()
+		ml.Close()
+	}()
+	if err := p.forwardAPIServer(ctx); err != nil {
+		return err
+	}
+	for _, n := range p.spec.Nodes {
+		p.nodes[n.Name] = &node{spec: n, state: provider.Booting}
+	}
+	p.publish()
+	// Boot in parallel: each boot is mostly waiting for swtpm and process start-up.
+	errs := make(chan error, len(p.spec.Nodes))
+	for _, n := range p.spec.Nodes {
+		nd := p.nodes[n.Name]
+		go func() { errs <- p.boot(nd, "created") }()
+	}
+	var bootErrs []error
+	for range p.spec.Nodes {
+		if err := <-errs; err != nil {
+			bootErrs = append(bootErrs, err)
 		}
 	}
+	if err := errors.Join(bootErrs...); err != nil {
+		return err
+	}
+	if err := p.serveAPI(ctx); err != nil {
+		return err
+	}
+	p.mu.Lock()
 	p.status.Ready = true
 	p.writeStatus()
-	p.log.Info("cluster created", "nodes", len(p.spec.Nodes), "apiServer", p.status.APIServer)
+	p.mu.Unlock()
+	p.log.Info("cluster running", "nodes", len(p.spec.Nodes), "apiServer", p.status.APIServer)
 	return nil
 }
 
-// startNode plays firmware and hardware for node i: its swtpm, the measured boot of its
-// image, the certified AK, then its bootstrapper in new mount and UTS namespaces inside its
-// network namespace and cgroup.
-func (p *Provider) startNode(ctx context.Context, i int, n NodeSpec, ca *akca.CA) error {
-	dir := filepath.Join(p.spec.Dir, "nodes", n.Name)
+// publish gives the metadata service the current node list and join endpoints, and writes
+// the status file. Call with p.mu not held.
+func (p *Provider) publish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var metaNodes []metaserver.Node
+	var joinEndpoints []string
+	var st []NodeStatus
+	for _, n := range p.sortedLocked() {
+		ip := sandbox.NodeAddr(n.spec.Index)
+		metaNodes = append(metaNodes, metaserver.Node{
+			Name: n.spec.Name, Role: string(n.spec.Role), IPs: []netip.Addr{ip}, PodCIDR: sandbox.NodePodCIDR(n.spec.Index),
+			CgroupRoot: string(p.cgroup.Child(n.spec.Name).Child("pods")),
+		})
+		if n.spec.Role == metadata.ControlPlane {
+			joinEndpoints = append(joinEndpoints, net.JoinHostPort(ip.String(), fmt.Sprint(JoinPort)))
+		}
+		st = append(st, NodeStatus{
+			Name: n.spec.Name, Role: string(n.spec.Role), ImageDir: n.spec.Image, Unexpected: n.spec.Unexpected,
+			IP: ip.String(), NetNS: sandbox.NSPath(p.net.NodeNS(n.spec.Name)), Cgroup: string(p.cgroup.Child(n.spec.Name)),
+			LogFile: filepath.Join(p.nodeDir(n.spec.Name), "logs", "bootstrapper.log"),
+		})
+	}
+	p.meta.SetNodes(metaNodes, joinEndpoints)
+	p.status.Nodes = st
+	p.writeStatus()
+}
+
+func (p *Provider) sortedLocked() []*node {
+	out := make([]*node, 0, len(p.nodes))
+	for _, n := range p.nodes {
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b *node) int { return a.spec.Index - b.spec.Index })
+	return out
+}
+
+func (p *Provider) nodeDir(name string) string { return filepath.Join(p.spec.Dir, "nodes", name) }
+
+// event records something that happened to n, in its events and the provider's log.
+func (p *Provider) event(n *node, msg string) {
+	p.mu.Lock()
+	n.events = append(n.events, provider.Event{Time: time.Now().UTC(), Message: msg})
+	if len(n.events) > maxEvents {
+		n.events = n.events[len(n.events)-maxEvents:]
+	}
+	p.mu.Unlock()
+	p.log.Info("node event", "node", n.spec.Name, "event", msg)
+}
+
+func (p *Provider) setState(n *node, s provider.NodeState, detail string) {
+	p.mu.Lock()
+	n.state, n.detail = s, detail
+	p.mu.Unlock()
+}
+
+// boot powers node n on: network, swtpm power cycle, measured boot, certified AK, locked
+// platform hierarchy, then the bootstrapper in the node's namespaces and cgroup. why goes
+// into the node's events.
+func (p *Provider) boot(n *node, why string) error {
+	n.ops.Lock()
+	defer n.ops.Unlock()
+	return p.bootLocked(n, why)
+}
+
+func (p *Provider) bootLocked(n *node, why string) (retErr error) {
+	ctx := p.ctx
+	if ctx.Err() != nil {
+		return fmt.Errorf("booting %s: %w", n.spec.Name, provider.ErrNotRunning)
+	}
+	p.setState(n, provider.Booting, why)
+	defer func() {
+		if retErr != nil {
+			p.setState(n, provider.Failed, retErr.Error())
+			p.event(n, "boot failed: "+retErr.Error())
+		}
+	}()
+	i, name := n.spec.Index, n.spec.Name
+	dir := p.nodeDir(name)
 	for _, d := range []string{"tpm", "logs", "state"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
 	}
+	// The node's network namespace is new at every boot, as a machine's network stack is.
+	if err := p.net.DeleteNode(ctx, name, i); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	var peers []int
+	for _, o := range p.nodes {
+		peers = append(peers, o.spec.Index)
+	}
+	p.mu.Unlock()
+	if err := p.net.AddNode(ctx, name, i, peers); err != nil {
+		return fmt.Errorf("network of %s: %w", name, err)
+	}
 	tpmProc, err := swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(dir, "tpm")})
 	if err != nil {
 		return err
 	}
-	p.tpms = append(p.tpms, tpmProc)
-	image, err := local.ImageComponents(n.ImageDir)
+	p.mu.Lock()
+	n.tpm = tpmProc
+	p.mu.Unlock()
+	image, err := local.ImageComponents(n.spec.Image)
 	if err != nil {
 		return err
 	}
@@ -240,7 +422,7 @@ func (p *Provider) startNode(ctx context.Context, i int, n NodeSpec, ca *akca.CA
 	}
 	err = local.Measure(tpm, image)
 	if err == nil {
-		err = local.CertifyAK(tpm, ca, n.Name, metadata.Role(n.Role), time.Now())
+		err = local.CertifyAK(tpm, p.ca, name, n.spec.Role, time.Now())
 	}
 	if err == nil {
 		err = local.LockPlatform(tpm)
@@ -249,7 +431,7 @@ func (p *Provider) startNode(ctx context.Context, i int, n NodeSpec, ca *akca.CA
 	if err != nil {
 		return err
 	}
-	cg := p.cgroup.Child(n.Name)
+	cg := p.cgroup.Child(name)
 	if err := cg.Create(); err != nil {
 		return err
 	}
@@ -260,15 +442,15 @@ func (p *Provider) startNode(ctx context.Context, i int, n NodeSpec, ca *akca.CA
 	if err != nil {
 		return err
 	}
-	args := []string{"--node-dir", dir, "--image-dir", n.ImageDir}
+	args := []string{"--node-dir", dir, "--image-dir", n.spec.Image}
 	for _, img := range p.spec.Images {
 		args = append(args, "--image", img)
 	}
 	// The launcher puts itself into the node's cgroup before it execs into the node's
 	// namespaces, so nothing the node starts escapes the cgroup.
 	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`
-	cmdArgs := append([]string{"-c", script, "launch", "nsenter", "--net=" + sandbox.NSPath(p.net.NodeNS(n.Name)), "--",
-		"unshare", "--mount", "--uts", "--propagation", "private", "--", filepath.Join(n.ImageDir, "bootstrapper")}, args...)
+	cmdArgs := append([]string{"-c", script, "launch", "nsenter", "--net=" + sandbox.NSPath(p.net.NodeNS(name)), "--",
+		"unshare", "--mount", "--uts", "--propagation", "private", "--", filepath.Join(n.spec.Image, "bootstrapper")}, args...)
 	logf, err := os.OpenFile(filepath.Join(dir, "logs", "bootstrapper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -276,26 +458,253 @@ func (p *Provider) startNode(ctx context.Context, i int, n NodeSpec, ca *akca.CA
 	defer logf.Close()
 	cmd := exec.Command("sh", cmdArgs...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	p.meta.ClearReport(name)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	go func() { _ = cmd.Wait() }() // reap
-	p.log.Info("node started", "node", n.Name, "pid", cmd.Process.Pid, "ip", sandbox.NodeAddr(i))
+	exited := make(chan struct{})
+	p.mu.Lock()
+	n.exited, n.ending = exited, false
+	n.boots++
+	n.bootedAt = time.Now().UTC()
+	n.state, n.detail = provider.Running, ""
+	p.mu.Unlock()
+	p.event(n, "booted ("+why+")")
+	go p.watch(n, cmd, exited)
+	p.log.Info("node started", "node", name, "pid", cmd.Process.Pid, "ip", sandbox.NodeAddr(i))
 	return nil
 }
 
-// forwardAPIServer forwards a host loopback port to the control planes' API servers, so
-// kubectl on the host reaches the cluster.
-func (p *Provider) forwardAPIServer(ctx context.Context) error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// watch waits for a boot's bootstrapper to exit. An exit the provider did not cause is a
+// node failure: the node is rebooted, unless it keeps failing right after booting.
+func (p *Provider) watch(n *node, cmd *exec.Cmd, exited chan struct{}) {
+	err := cmd.Wait()
+	p.mu.Lock()
+	close(exited)
+	ending := n.ending
+	sinceBoot := time.Since(n.bootedAt)
+	if !ending {
+		if sinceBoot < crashWindow {
+			n.crashes++
+		} else {
+			n.crashes = 1
+		}
+	}
+	crashes := n.crashes
+	p.mu.Unlock()
+	if ending || p.ctx.Err() != nil {
+		return
+	}
+	why := "bootstrapper exited"
 	if err != nil {
-		return fmt.Errorf("API server forward: %w", err)
+		why += " (" + err.Error() + ")"
+	}
+	why += fmt.Sprintf(" after %s", sinceBoot.Round(time.Second))
+	if tail := lastLogLine(filepath.Join(p.nodeDir(n.spec.Name), "logs", "bootstrapper.log")); tail != "" {
+		why += ": " + tail
+	}
+	if crashes >= crashLimit {
+		p.event(n, why+fmt.Sprintf("; %d failures in a row within %s of booting: left off", crashes, crashWindow))
+		n.ops.Lock()
+		p.powerOff(n)
+		n.ops.Unlock()
+		p.setState(n, provider.Failed, why)
+		return
+	}
+	p.event(n, why+": rebooting")
+	if err := p.reboot(n, "watchdog: "+why); err != nil {
+		p.log.Error("reboot after failure", "node", n.spec.Name, "err", err)
+	}
+}
+
+// reboot powers n off and on again, keeping its folder.
+func (p *Provider) reboot(n *node, why string) error {
+	n.ops.Lock()
+	defer n.ops.Unlock()
+	p.setState(n, provider.Rebooting, why)
+	if err := p.powerOff(n); err != nil {
+		p.setState(n, provider.Failed, err.Error())
+		return err
+	}
+	return p.bootLocked(n, why)
+}
+
+// powerOff ends n's current boot: every process of the node, its swtpm and its network
+// namespace. Its folder (disk, TPM state, logs) stays. Call with n.ops held.
+func (p *Provider) powerOff(n *node) error {
+	p.mu.Lock()
+	n.ending = true
+	exited, tpm := n.exited, n.tpm
+	n.tpm = nil
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var errs []error
+	if err := p.cgroup.Child(n.spec.Name).Kill(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if exited != nil {
+		select {
+		case <-exited:
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("the bootstrapper of %s did not exit", n.spec.Name))
+		}
+	}
+	if tpm != nil {
+		if err := tpm.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := p.net.DeleteNode(ctx, n.spec.Name, n.spec.Index); err != nil {
+		errs = append(errs, err)
+	}
+	p.meta.ClearReport(n.spec.Name)
+	return errors.Join(errs...)
+}
+
+// addNodes creates and boots new nodes.
+func (p *Provider) addNodes(specs []provider.NodeSpec) ([]NodeSpec, error) {
+	p.mu.Lock()
+	var added []*node
+	var problems []error
+	for _, s := range specs {
+		if _, ok := p.nodes[s.Name]; ok || slices.ContainsFunc(p.spec.Nodes, func(n NodeSpec) bool { return n.Name == s.Name }) {
+			problems = append(problems, fmt.Errorf("node %s exists", s.Name))
+			continue
+		}
+		if !s.Role.Valid() {
+			problems = append(problems, fmt.Errorf("node %s: role %q", s.Name, s.Role))
+			continue
+		}
+		if p.spec.NextIndex >= sandbox.MaxNodes {
+			problems = append(problems, fmt.Errorf("node %s: the local provider has no address left (%d nodes were created)", s.Name, sandbox.MaxNodes))
+			continue
+		}
+		ns := NodeSpec{NodeSpec: s, Index: p.spec.NextIndex}
+		p.spec.NextIndex++
+		n := &node{spec: ns, state: provider.Booting}
+		p.nodes[s.Name] = n
+		p.spec.Nodes = append(p.spec.Nodes, ns)
+		added = append(added, n)
+	}
+	err := writeSpec(p.spec)
+	p.mu.Unlock()
+	if err := errors.Join(append(problems, err)...); err != nil {
+		return nil, err
+	}
+	// The other nodes route to the new nodes' pod ranges.
+	for _, n := range added {
+		if err := p.routeToAll(n.spec.Index, true); err != nil {
+			return nil, err
+		}
+	}
+	p.publish()
+	var out []NodeSpec
+	var errs []error
+	for _, n := range added {
+		if err := p.boot(n, "created"); err != nil {
+			errs = append(errs, fmt.Errorf("booting %s: %w", n.spec.Name, err))
+		}
+		out = append(out, n.spec)
+	}
+	return out, errors.Join(errs...)
+}
+
+// routeToAll adds (or removes) the route to node index i's pod range on every other node.
+func (p *Provider) routeToAll(i int, add bool) error {
+	p.mu.Lock()
+	var others []NodeSpec
+	for _, o := range p.nodes {
+		if o.spec.Index != i && o.exited != nil {
+			others = append(others, o.spec)
+		}
+	}
+	p.mu.Unlock()
+	var errs []error
+	for _, o := range others {
+		if err := p.net.Route(p.ctx, o.Name, i, add); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteNode powers a node off and removes it, its folder and its slot; the metadata service
+// stops listing it, so the join service refuses it from then on.
+func (p *Provider) deleteNode(name string) error {
+	p.mu.Lock()
+	n, ok := p.nodes[name]
+	p.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", provider.ErrNoNode, name)
+	}
+	n.ops.Lock()
+	defer n.ops.Unlock()
+	if err := p.powerOff(n); err != nil {
+		return err
+	}
+	if err := p.cgroup.Child(name).Remove(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	delete(p.nodes, name)
+	p.spec.Nodes = slices.DeleteFunc(p.spec.Nodes, func(s NodeSpec) bool { return s.Name == name })
+	err := writeSpec(p.spec)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	p.publish()
+	if err := p.routeToAll(n.spec.Index, false); err != nil {
+		p.log.Warn("removing routes to a deleted node", "node", name, "err", err)
+	}
+	// The disk goes with the machine.
+	if err := os.RemoveAll(p.nodeDir(name)); err != nil {
+		return fmt.Errorf("removing the disk of %s: %w", name, err)
+	}
+	p.log.Info("node deleted", "node", name)
+	return nil
+}
+
+// view is the provider.Node of n.
+func (p *Provider) view(n *node) provider.Node {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return provider.Node{
+		NodeSpec: n.spec.NodeSpec, IPs: []netip.Addr{sandbox.NodeAddr(n.spec.Index)},
+		State: n.state, Detail: n.detail, Reported: p.meta.Report(n.spec.Name),
+		Boots: n.boots, BootedAt: n.bootedAt, Events: slices.Clone(n.events),
+	}
+}
+
+func (p *Provider) views() []provider.Node {
+	p.mu.Lock()
+	nodes := p.sortedLocked()
+	p.mu.Unlock()
+	out := make([]provider.Node, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, p.view(n))
+	}
+	return out
+}
+
+// forwardAPIServer forwards a host loopback port to the control planes' API servers, so
+// kubectl on the host reaches the cluster. The port is kept across starts.
+func (p *Provider) forwardAPIServer(ctx context.Context) error {
+	addr := "127.0.0.1:0"
+	if p.spec.APIServerPort != 0 {
+		addr = net.JoinHostPort("127.0.0.1", fmt.Sprint(p.spec.APIServerPort))
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("API server forward on %s: %w", addr, err)
 	}
 	p.status.APIServer = l.Addr().String()
-	var targets []string
-	for _, n := range p.status.Nodes {
-		if n.Role == "control-plane" {
-			targets = append(targets, net.JoinHostPort(n.IP, fmt.Sprint(APIServerPort)))
+	if p.spec.APIServerPort == 0 {
+		p.spec.APIServerPort = l.Addr().(*net.TCPAddr).Port
+		if err := writeSpec(p.spec); err != nil {
+			l.Close()
+			return err
 		}
 	}
 	bridge := sandbox.NSPath(p.net.BridgeNS())
@@ -309,10 +718,23 @@ func (p *Provider) forwardAPIServer(ctx context.Context) error {
 			if err != nil {
 				return
 			}
-			go forward(ctx, c, bridge, targets)
+			go forward(ctx, c, bridge, p.controlPlaneAPIs())
 		}
 	}()
 	return nil
+}
+
+// controlPlaneAPIs lists the API server addresses of the running control planes.
+func (p *Provider) controlPlaneAPIs() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var targets []string
+	for _, n := range p.sortedLocked() {
+		if n.spec.Role == metadata.ControlPlane && n.state == provider.Running {
+			targets = append(targets, net.JoinHostPort(sandbox.NodeAddr(n.spec.Index).String(), fmt.Sprint(APIServerPort)))
+		}
+	}
+	return targets
 }
 
 func forward(ctx context.Context, c net.Conn, nsPath string, targets []string) {
@@ -333,6 +755,7 @@ func forward(ctx context.Context, c net.Conn, nsPath string, targets []string) {
 	}
 }
 
+// writeStatus writes the status file. Call with p.mu held.
 func (p *Provider) writeStatus() {
 	data, _ := json.MarshalIndent(p.status, "", "  ")
 	if err := fileutil.WriteAtomic(filepath.Join(p.spec.Dir, StatusFile), append(data, '\n'), 0o644); err != nil {
@@ -340,25 +763,43 @@ func (p *Provider) writeStatus() {
 	}
 }
 
+// teardown turns every node off and removes the network; node folders stay.
 func (p *Provider) teardown(ctx context.Context) error {
 	var errs []error
-	for _, n := range p.spec.Nodes {
-		if err := p.cgroup.Child(n.Name).Kill(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, t := range p.tpms {
-		if err := t.Stop(); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	p.mu.Lock()
+	nodes := p.sortedLocked()
+	p.mu.Unlock()
 	var names []string
-	for _, n := range p.spec.Nodes {
-		names = append(names, n.Name)
+	for _, n := range nodes {
+		names = append(names, n.spec.Name)
+		p.mu.Lock()
+		n.ending = true
+		p.mu.Unlock()
+	}
+	// Node by node: the cluster's cgroup also holds the provider itself, which must not
+	// freeze or kill itself.
+	for _, n := range nodes {
+		if err := p.cgroup.Child(n.spec.Name).Kill(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, n := range nodes {
+		p.mu.Lock()
+		tpm := n.tpm
+		n.tpm = nil
+		n.state = provider.Stopped
+		p.mu.Unlock()
+		if tpm != nil {
+			if err := tpm.Stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if err := p.net.Delete(ctx, names); err != nil {
 		errs = append(errs, err)
 	}
+	_ = os.Remove(filepath.Join(p.spec.Dir, SocketFile))
+	_ = os.Remove(filepath.Join(p.spec.Dir, StatusFile))
 	return errors.Join(errs...)
 }
 
@@ -394,6 +835,42 @@ func loadCA(certFile, keyFile string) (*akca.CA, error) {
 		return nil, fmt.Errorf("reading the AK CA: %w", err)
 	}
 	return akca.Load(cert, key)
+}
+
+// lastLogLine returns the message of the last line of a node's JSON log, for events.
+func lastLogLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	const window = 4096
+	off := max(info.Size()-window, 0)
+	buf := make([]byte, info.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(buf)), "\n")
+	last := lines[len(lines)-1]
+	var rec struct{ Msg, Err string }
+	if json.Unmarshal([]byte(last), &rec) == nil && rec.Msg != "" {
+		if rec.Err != "" {
+			return rec.Msg + ": " + truncate(rec.Err, 300)
+		}
+		return rec.Msg
+	}
+	return truncate(last, 300)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }
 
 // reapOrphans collects exited orphans while the cluster runs. Only processes that have

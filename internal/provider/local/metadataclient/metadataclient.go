@@ -8,6 +8,7 @@
 package metadataclient
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,7 @@ const (
 	PathInstances      = "/v1/instances"
 	PathJoinEndpoints  = "/v1/join-endpoints"
 	PathInitSecretHash = "/v1/init-secret-hash"
+	PathReport         = "/v1/self/report"
 )
 
 // Client reads the metadata service.
@@ -149,6 +151,34 @@ func (c *Client) InitSecretHash(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("metadata %s: %w", PathInitSecretHash, err)
 	}
 	return hash, nil
+}
+
+// Report tells the platform this node's bootstrapper phase (shown to the operator by the
+// provider, as a cloud shows guest attributes). Best effort for the caller: the platform
+// trusts it for nothing.
+func (c *Client) Report(ctx context.Context, phase string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	body, err := json.Marshal(map[string]string{"phase": phase})
+	if err != nil {
+		return err
+	}
+	u := c.base.JoinPath(PathReport)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("metadata %s: %w", PathReport, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("metadata %s: %w", PathReport, err)
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("metadata %s: %s: %s", PathReport, resp.Status, snippet(answer))
+	}
+	return nil
 }
 
 func (c *Client) get(ctx context.Context, path string) ([]byte, error) {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"sync"
 
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -33,11 +34,13 @@ type Server struct {
 	nodes     []Node
 	endpoints []string
 	hash      []byte
+	// reports are the phases nodes reported about themselves this boot, by node name.
+	reports map[string]string
 }
 
 // New returns a server for nodes, join endpoints and the init-secret hash.
 func New(nodes []Node, joinEndpoints []string, initSecretHash []byte) *Server {
-	return &Server{nodes: nodes, endpoints: joinEndpoints, hash: initSecretHash}
+	return &Server{nodes: nodes, endpoints: joinEndpoints, hash: initSecretHash, reports: map[string]string{}}
 }
 
 // SetNodes replaces the node list (nodes added or removed while serving).
@@ -62,7 +65,52 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/instances", s.nodesOnly(func() any { return s.nodes }))
 	mux.HandleFunc("GET /v1/join-endpoints", s.nodesOnly(func() any { return append([]string{}, s.endpoints...) }))
 	mux.HandleFunc("GET /v1/init-secret-hash", s.nodesOnly(func() any { return map[string]string{"hash": string(s.hash)} }))
+	// A node reports its bootstrapper's phase (as a cloud's guest attributes): diagnosis for
+	// the operator, never trusted for anything.
+	mux.HandleFunc("PUT /v1/self/report", func(w http.ResponseWriter, r *http.Request) {
+		n, ok := s.lookup(r.RemoteAddr)
+		if !ok {
+			http.Error(w, "unknown node: no instance has the address "+r.RemoteAddr, http.StatusForbidden)
+			return
+		}
+		var rep Report
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1024)).Decode(&rep); err != nil {
+			http.Error(w, "malformed report: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if !phasePattern.MatchString(rep.Phase) {
+			http.Error(w, "malformed report: phase must match "+phasePattern.String(), http.StatusBadRequest)
+			return
+		}
+		s.mu.Lock()
+		s.reports[n.Name] = rep.Phase
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return mux
+}
+
+// Report is what a node reports about itself.
+type Report struct {
+	// Phase is the bootstrapper's phase, such as waiting-for-recovery.
+	Phase string `json:"phase"`
+}
+
+// phasePattern bounds what a node may report: a short lower-case word list.
+var phasePattern = regexp.MustCompile(`\A[a-z][a-z-]{0,63}\z`)
+
+// Report returns the phase node last reported ("" if none this boot).
+func (s *Server) Report(node string) string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.reports[node]
+}
+
+// ClearReport forgets node's report (at its boot).
+func (s *Server) ClearReport(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.reports, node)
 }
 
 // nodesOnly answers known nodes with answer(), read under the lock.

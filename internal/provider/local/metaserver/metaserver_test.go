@@ -42,6 +42,18 @@ func TestServeNodeByAddress(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []byte(testHash), hash)
 
+	// The node reports its phase; the provider reads it by name, until it clears it at a
+	// boot. Malformed phases are refused.
+	require.NoError(t, c.Report(ctx, "waiting-for-recovery"))
+	assert.Equal(t, "waiting-for-recovery", srv.Report("worker-0"))
+	assert.Empty(t, srv.Report("control-plane-0"), "a report is the reporting node's own")
+	for _, bad := range []string{"", "Waiting", "a b", "x\n", string(make([]byte, 65))} {
+		assert.ErrorContains(t, c.Report(ctx, bad), "400", "%q", bad)
+	}
+	assert.Equal(t, "waiting-for-recovery", srv.Report("worker-0"), "a refused report changes nothing")
+	srv.ClearReport("worker-0")
+	assert.Empty(t, srv.Report("worker-0"))
+
 	// An address no node has gets nothing.
 	srv.SetNodes([]Node{other}, nil)
 	for name, call := range map[string]func() error{
@@ -49,6 +61,7 @@ func TestServeNodeByAddress(t *testing.T) {
 		"instances": func() error { _, err := c.Instances(ctx); return err },
 		"endpoints": func() error { _, err := c.JoinEndpoints(ctx); return err },
 		"hash":      func() error { _, err := c.InitSecretHash(ctx); return err },
+		"report":    func() error { return c.Report(ctx, "booting") },
 	} {
 		err := call()
 		require.Error(t, err, name)

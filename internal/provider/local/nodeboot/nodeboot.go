@@ -75,6 +75,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log = log.With("node", self.Name)
+	report(ctx, meta, log, "booting")
 	nodeConfigData, err := os.ReadFile(filepath.Join(o.ImageDir, local.NodeConfigFile))
 	if err != nil {
 		return fmt.Errorf("reading the image's node configuration: %w", err)
@@ -106,8 +107,39 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log.Info("node is in its cluster", "by", by)
-	<-ctx.Done()
-	return nil
+	report(ctx, meta, log, phaseOf(by))
+	// From now on the kubelet is the node's work: if it dies, the node is broken and the
+	// bootstrapper exits, so the platform's watchdog reboots the node (the reboot path then
+	// brings it back with a rejoin ticket).
+	kubelet.ExitIsFatal()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-kubelet.Failed():
+		report(context.WithoutCancel(ctx), meta, log, "kubelet-failed")
+		return fmt.Errorf("node failed: %w", err)
+	}
+}
+
+// phaseOf names the phase a node reports once it is in its cluster.
+func phaseOf(by string) string {
+	switch by {
+	case bootstrapper.ByInit:
+		return "initialized"
+	case bootstrapper.ByJoin:
+		return "joined"
+	case bootstrapper.ByRejoin:
+		return "rejoined"
+	}
+	return "in-cluster"
+}
+
+// report tells the platform the bootstrapper's phase (diagnosis for the operator, shown by
+// `constellation status`); failures are logged, never fatal.
+func report(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, phase string) {
+	if err := meta.Report(ctx, phase); err != nil {
+		log.Warn("reporting the node's phase to the platform", "phase", phase, "err", err)
+	}
 }
 
 func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {

@@ -13,6 +13,7 @@ package nodeos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -112,6 +113,11 @@ func (o *OS) MountState(dir, hostname string, ip netip.Addr) error {
 		if err := overlay(target, filepath.Join(dir, strings.ReplaceAll(strings.Trim(target, "/"), "/", "-"))); err != nil {
 			return err
 		}
+	}
+	// No container survives a boot: pod addresses the CNI plugin (host-local) recorded in an
+	// earlier boot, in the persistent /var/lib, are stale and would leak the pod range.
+	if err := os.RemoveAll("/var/lib/cni/networks"); err != nil {
+		return fmt.Errorf("clearing stale pod addresses: %w", err)
 	}
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost\n%s\t%s\n", ip, hostname)
 	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
@@ -223,6 +229,31 @@ type Supervisor struct {
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	started bool
+	// fatal: a kubelet exit is a node failure, reported on failed, not restarted.
+	fatal  bool
+	failed chan error
+	// restarting: the current exit was asked for by Restart.
+	restarting bool
+}
+
+// ExitIsFatal makes the next kubelet exit a node failure: the supervisor stops restarting it
+// and reports the exit on Failed. A node calls it once it is in its cluster: from then on a
+// dead kubelet means a broken node, which the platform's watchdog reboots (a restart within
+// the boot would hide it).
+func (s *Supervisor) ExitIsFatal() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fatal = true
+}
+
+// Failed reports the kubelet's exit once ExitIsFatal was called.
+func (s *Supervisor) Failed() <-chan error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed == nil {
+		s.failed = make(chan error, 1)
+	}
+	return s.failed
 }
 
 // Start begins supervising: the kubelet starts as soon as kubeadm wrote its configuration.
@@ -243,9 +274,19 @@ func (s *Supervisor) Restart(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil && s.cmd.Process != nil {
+		s.restarting = true
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	return nil
+}
+
+func (s *Supervisor) failedChan() chan error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed == nil {
+		s.failed = make(chan error, 1)
+	}
+	return s.failed
 }
 
 func (s *Supervisor) loop(ctx context.Context) {
@@ -283,8 +324,23 @@ func (s *Supervisor) loop(ctx context.Context) {
 		go func() { done <- cmd.Wait() }()
 		select {
 		case err = <-done:
-			s.log.Warn("kubelet exited; restarting", "err", err)
 			logf.Close()
+			s.mu.Lock()
+			fatal, restarting := s.fatal, s.restarting
+			s.restarting = false
+			s.mu.Unlock()
+			if fatal && !restarting {
+				s.log.Error("kubelet exited", "err", err)
+				if err == nil {
+					err = errors.New("exit status 0")
+				}
+				select {
+				case s.failedChan() <- fmt.Errorf("kubelet (pid %d) exited: %w", cmd.Process.Pid, err):
+				default:
+				}
+				return
+			}
+			s.log.Warn("kubelet exited; restarting", "err", err)
 			time.Sleep(time.Second)
 		case <-ctx.Done():
 			_ = cmd.Process.Signal(syscall.SIGTERM)

@@ -110,6 +110,40 @@ func (n Network) Delete(ctx context.Context, nodes []string) error {
 	return errors.Join(errs...)
 }
 
+// DeleteNode removes the veth and namespace of node i; missing ones are not an error. The
+// veth is deleted explicitly first: a deleted namespace's interfaces go away only when the
+// kernel gets around to freeing the namespace, and a boot that follows at once would find
+// the old veth's name taken.
+func (n Network) DeleteNode(ctx context.Context, node string, i int) error {
+	if out, err := exec.CommandContext(ctx, "ip", "-n", n.BridgeNS(), "link", "del", fmt.Sprintf("v%d", i)).CombinedOutput(); err != nil &&
+		!strings.Contains(string(out), "Cannot find device") && !strings.Contains(string(out), "No such file") {
+		return fmt.Errorf("deleting the veth of %s: %w: %s", node, err, strings.TrimSpace(string(out)))
+	}
+	name := n.NodeNS(node)
+	if _, err := os.Stat(NSPath(name)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return run(ctx, "ip", "netns", "del", name)
+}
+
+// Route adds (add) or removes the route on node to the pod range of node index peer. A node
+// whose namespace does not exist (it is off) is skipped: it gets every route when it boots.
+func (n Network) Route(ctx context.Context, node string, peer int, add bool) error {
+	ns := n.NodeNS(node)
+	if _, err := os.Stat(NSPath(ns)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	verb := "replace"
+	if !add {
+		verb = "del"
+	}
+	err := run(ctx, "ip", "-n", ns, "route", verb, NodePodCIDR(peer).String(), "via", NodeAddr(peer).String())
+	if err != nil && !add && strings.Contains(err.Error(), "No such process") {
+		return nil
+	}
+	return err
+}
+
 // Leftovers lists the namespaces of this network that exist.
 func (n Network) Leftovers() []string {
 	entries, _ := os.ReadDir("/run/netns")

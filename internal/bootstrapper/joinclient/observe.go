@@ -1,0 +1,87 @@
+package joinclient
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	"google.golang.org/grpc/credentials"
+)
+
+// connObserver watches the connection of one attempt, to tell "nothing answered" from "a
+// service answered". gRPC cannot tell us: a refused TCP connection and a failed attested
+// handshake both end the RPC with codes.Unavailable and the cause flattened into the message
+// (TestAttemptKinds). But gRPC calls the transport credentials' ClientHandshake only on an
+// established TCP connection, so wrapping the credentials observes exactly that, and keeps
+// the handshake's own error (an *atls.Error with its reason) for the log.
+type connObserver struct {
+	mu           sync.Mutex
+	watched      bool  // the dialer wrapped its credentials: the rest is meaningful
+	connected    bool  // a TCP connection was established
+	handshaking  int   // attested handshakes started and not yet ended
+	handshakeErr error // the first failed attested handshake
+}
+
+type observerKey struct{}
+
+func withObserver(ctx context.Context, obs *connObserver) context.Context {
+	return context.WithValue(ctx, observerKey{}, obs)
+}
+
+func observerFrom(ctx context.Context) *connObserver {
+	obs, _ := ctx.Value(observerKey{}).(*connObserver)
+	return obs
+}
+
+// watch returns creds reporting to obs.
+func (o *connObserver) watch(creds credentials.TransportCredentials) credentials.TransportCredentials {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.watched = true
+	return observedCredentials{TransportCredentials: creds, obs: o}
+}
+
+// classify turns the error of an attempt's call into its kind. Without observation every
+// failure is a refusal: the cautious schedule.
+func (o *connObserver) classify(err error) *AttemptError {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.watched && !o.connected:
+		return &AttemptError{Kind: Unreachable, Err: err}
+	case o.handshakeErr != nil:
+		return &AttemptError{Kind: Refused, Err: o.handshakeErr}
+	case o.handshaking > 0:
+		return &AttemptError{Kind: Refused, Err: fmt.Errorf("the service accepted the connection but did not complete the attested handshake: %w", err)}
+	default:
+		return &AttemptError{Kind: Refused, Err: err}
+	}
+}
+
+// observedCredentials are transport credentials that report each client handshake to obs.
+type observedCredentials struct {
+	credentials.TransportCredentials
+	obs *connObserver
+}
+
+// ClientHandshake implements credentials.TransportCredentials.
+func (c observedCredentials) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c.obs.mu.Lock()
+	c.obs.connected = true
+	c.obs.handshaking++
+	c.obs.mu.Unlock()
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	c.obs.mu.Lock()
+	c.obs.handshaking--
+	if err != nil && c.obs.handshakeErr == nil {
+		c.obs.handshakeErr = err
+	}
+	c.obs.mu.Unlock()
+	return conn, info, err
+}
+
+// Clone implements credentials.TransportCredentials; the clone reports to the same observer.
+func (c observedCredentials) Clone() credentials.TransportCredentials {
+	return observedCredentials{TransportCredentials: c.TransportCredentials.Clone(), obs: c.obs}
+}

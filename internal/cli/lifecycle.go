@@ -1,0 +1,235 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/state"
+)
+
+func newRebootCmd() *cobra.Command {
+	var timeout time.Duration
+	var noWait bool
+	cmd := &cobra.Command{
+		Use:   "reboot NODE...",
+		Short: "Reboot nodes, as a machine reboots, and wait until they are back",
+		Long: `Reboot nodes through the platform: the node's TPM resets, the platform measures its
+image again and its bootstrapper starts fresh. The node proves its image to the join service
+again, gets a rejoin ticket with its own disk key, unlocks its state and comes back with its
+pods (a control plane with its etcd data). The command waits until each node is Ready again
+(its kubelet reported after the reboot), unless --no-wait.
+
+A cluster whose only control plane reboots has no join service until that control plane is
+back: it waits for 'constellation recover'.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ws, err := absWorkspace(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			return rebootNodes(ctx, cmd.OutOrStdout(), ws, args, !noWait)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the platform rebooted the nodes")
+	return cmd
+}
+
+func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []string, wait bool) error {
+	st, platform, err := loadState(workspace)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if !slices.ContainsFunc(st.Nodes, func(n state.Node) bool { return n.Name == name }) {
+			return fmt.Errorf("no node %q in %s (nodes: %s)", name, state.FileName, nodeNames(st.Nodes))
+		}
+	}
+	t := newPhaseTimer(out)
+	start := time.Now()
+	for _, name := range names {
+		if err := platform.RebootNode(ctx, name); err != nil {
+			return err
+		}
+		t.phase("reboot", name+" rebooted by the platform")
+	}
+	if !wait {
+		return nil
+	}
+	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
+	if err != nil {
+		return err
+	}
+	return waitBack(ctx, t, platform, client, names, start, start)
+}
+
+// waitBack waits until each named node, booted after bootedAfter, is back in its cluster:
+// the node's bootstrapper reported it is in (rejoined or recovered), and its kubelet
+// reported Ready after heartbeatAfter (a Node keeps showing Ready for a while after its
+// kubelet died, so a Ready without a fresh heartbeat proves nothing).
+func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, client kubernetes.Interface, names []string, bootedAfter, heartbeatAfter time.Time) error {
+	back, ready := map[string]bool{}, map[string]bool{}
+	var last string
+	for {
+		nodes, err := platform.Nodes(ctx)
+		if err == nil {
+			for _, n := range nodes {
+				if slices.Contains(names, n.Name) && !back[n.Name] && n.BootedAt.After(bootedAfter.Add(-time.Second)) && inCluster(n.Reported) {
+					back[n.Name] = true
+					t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
+				}
+				if slices.Contains(names, n.Name) && !back[n.Name] {
+					last = fmt.Sprintf("%s: %s %s", n.Name, n.State, n.Reported)
+				}
+			}
+		}
+		for _, name := range names {
+			if !back[name] || ready[name] {
+				continue
+			}
+			node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				last = err.Error()
+				continue
+			}
+			if c := readyCondition(*node); c != nil && c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Before(&metav1.Time{Time: heartbeatAfter.Truncate(time.Second)}) {
+				ready[name] = true
+				t.phase("ready", name+" (Ready, kubelet reported after the reboot)")
+			}
+		}
+		if len(ready) == len(names) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			var missing []string
+			for _, n := range names {
+				if !ready[n] {
+					missing = append(missing, n)
+				}
+			}
+			return fmt.Errorf("not back in the cluster: %s (last: %s): %w", strings.Join(missing, ", "), last, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// inCluster reports whether a node's reported phase says its bootstrapper brought it in.
+func inCluster(phase string) bool {
+	switch phase {
+	case "initialized", "joined", "rejoined", "recovered", "in-cluster":
+		return true
+	}
+	return false
+}
+
+func readyCondition(n corev1.Node) *corev1.NodeCondition {
+	for i, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func newStopCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "stop",
+		Short: "Turn every node of the cluster off, keeping its encrypted state",
+		Long: `Turn every node off through the platform, as shutting down every machine of the
+cluster. Each node's encrypted state, TPM and logs are kept. 'constellation start' turns the
+nodes on again; since no join service runs while every control plane waits for its key,
+'constellation recover' then gives each control plane its key.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, err := absWorkspace(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			_, platform, err := loadState(ws)
+			if err != nil {
+				return err
+			}
+			if err := platform.Stop(ctx); err != nil {
+				return fmt.Errorf("stopping the cluster: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "stopped every node; their state is kept. Start again with: %s start -C %s\n", toolPath("constellation"), ws)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "give up after this long")
+	return cmd
+}
+
+func newStartCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "start",
+		Short: "Turn the nodes of a stopped cluster on again",
+		Long: `Turn every node of a stopped cluster on again. The nodes boot, find their state
+belongs to the cluster and ask for their keys: while no join service runs (every control plane
+waits too), they wait and say so ('constellation status'). Give the control planes their keys
+with 'constellation recover'; the other nodes then rejoin by themselves.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, err := absWorkspace(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			st, platform, err := loadState(ws)
+			if err != nil {
+				return err
+			}
+			if err := platform.Start(ctx); err != nil {
+				return fmt.Errorf("starting the cluster: %w", err)
+			}
+			if err := refreshEndpoints(ctx, ws, st, platform); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "started %d nodes. Once they wait for recovery, run: %s recover -C %s\n", len(st.Nodes), toolPath("constellation"), ws)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "give up after this long")
+	return cmd
+}
+
+// refreshEndpoints records the platform's endpoints in the state file when they changed.
+func refreshEndpoints(ctx context.Context, workspace string, st *state.State, platform provider.Provider) error {
+	e, err := platform.Endpoints(ctx)
+	if err != nil {
+		return err
+	}
+	if e.APIServer == st.APIServerEndpoint {
+		return nil
+	}
+	st.APIServerEndpoint = e.APIServer
+	return errors.Join(state.Write(filepath.Join(workspace, state.FileName), st), pointKubeconfig(workspace, e.APIServer))
+}
+
+func nodeNames(nodes []state.Node) string {
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,77 @@
+package cli
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/state"
+)
+
+func TestPlanScale(t *testing.T) {
+	node := func(name string, role metadata.Role, i byte) state.Node {
+		return state.Node{Name: name, Role: role, IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 42, 0, 10 + i})}}
+	}
+	base := []state.Node{
+		node("control-plane-0", metadata.ControlPlane, 0),
+		node("worker-0", metadata.Worker, 1),
+		node("worker-1", metadata.Worker, 2),
+	}
+	other := node("worker-other", metadata.Worker, 3)
+	other.Unexpected = true
+
+	testCases := map[string]struct {
+		nodes         []state.Node
+		removed       []state.RemovedNode
+		cp, workers   int
+		wantAdd       []string
+		wantRemove    []string
+		wantErrSubstr string
+	}{
+		"as configured": {nodes: base, cp: 1, workers: 2},
+		"unexpected nodes do not count": {
+			nodes: append(append([]state.Node{}, base...), other), cp: 1, workers: 2,
+		},
+		"add a worker": {nodes: base, cp: 1, workers: 3, wantAdd: []string{"worker-2"}},
+		"names of removed nodes are never reused": {
+			nodes: base, cp: 1, workers: 4,
+			removed: []state.RemovedNode{{Name: "worker-2", Role: metadata.Worker}, {Name: "worker-5", Role: metadata.Worker}},
+			wantAdd: []string{"worker-6", "worker-7"},
+		},
+		"remove the newest workers first": {nodes: base, cp: 1, workers: 0, wantRemove: []string{"worker-1", "worker-0"}},
+		"grow the control planes":         {nodes: base, cp: 3, workers: 2, wantAdd: []string{"control-plane-1", "control-plane-2"}},
+		"shrink the control planes, never the first": {
+			nodes: append(append([]state.Node{}, base...), node("control-plane-1", metadata.ControlPlane, 4), node("control-plane-2", metadata.ControlPlane, 5)),
+			cp:    1, workers: 2, wantRemove: []string{"control-plane-2", "control-plane-1"},
+		},
+		"both ways at once": {nodes: base, cp: 2, workers: 1, wantAdd: []string{"control-plane-1"}, wantRemove: []string{"worker-1"}},
+		"no control plane":  {nodes: base, cp: 0, workers: 2, wantErrSubstr: "at least one control plane"},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			conf := &config.Config{Provider: config.ProviderConfig{Local: &config.LocalConfig{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"}}}
+			st := &state.State{Nodes: tc.nodes, Removed: tc.removed}
+			plan, err := planScale(conf, st, "/image")
+			if tc.wantErrSubstr != "" {
+				require.ErrorContains(t, err, tc.wantErrSubstr)
+				return
+			}
+			require.NoError(t, err)
+			var add, remove []string
+			for _, a := range plan.add {
+				add = append(add, a.Name)
+				assert.Equal(t, "/image", a.Image)
+			}
+			for _, r := range plan.remove {
+				remove = append(remove, r.Name)
+			}
+			assert.Equal(t, tc.wantAdd, add)
+			assert.Equal(t, tc.wantRemove, remove)
+			assert.Equal(t, len(tc.wantAdd) == 0 && len(tc.wantRemove) == 0, plan.empty())
+		})
+	}
+}

@@ -1,0 +1,276 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+)
+
+// Local is the CLI's side of the local provider: provider.Provider for the cluster whose
+// provider process owns Dir. The provider process is started detached (it outlives the CLI
+// command that started it) by running Exe with `mini provider <spec>`.
+type Local struct {
+	// Dir is the cluster's folder (workspace/mini).
+	Dir string
+	// Exe is the constellation binary that runs the provider process.
+	Exe string
+}
+
+var _ provider.Provider = (*Local)(nil)
+
+// Launch creates a new local cluster: it writes spec and starts its provider process, and
+// returns once every node booted.
+func Launch(ctx context.Context, exe string, spec Spec) (*Local, error) {
+	if _, err := os.Stat(filepath.Join(spec.Dir, SpecFile)); err == nil {
+		return nil, fmt.Errorf("%s has a local cluster already", spec.Dir)
+	}
+	for i := range spec.Nodes {
+		spec.Nodes[i].Index = i
+	}
+	spec.NextIndex = len(spec.Nodes)
+	if err := writeSpec(spec); err != nil {
+		return nil, err
+	}
+	l := &Local{Dir: spec.Dir, Exe: exe}
+	return l, l.startProcess(ctx)
+}
+
+// Running reports whether the cluster's provider process runs.
+func (l *Local) Running() bool {
+	s, err := ReadStatus(l.Dir)
+	return err == nil && isProviderProcess(s.PID, l.Dir)
+}
+
+// startProcess starts the provider process and waits until it booted every node.
+func (l *Local) startProcess(ctx context.Context) error {
+	if l.Running() {
+		return nil
+	}
+	logf, err := os.OpenFile(filepath.Join(l.Dir, "provider.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	_ = os.Remove(filepath.Join(l.Dir, StatusFile))
+	cmd := exec.Command(l.Exe, "mini", "provider", filepath.Join(l.Dir, SpecFile))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the provider: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		if s, err := ReadStatus(l.Dir); err == nil && s.Ready {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(l.Dir, "provider.log"))
+			return fmt.Errorf("the provider exited (%v) before the cluster was running: %s", err, tail(log, 2000))
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the provider: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Start starts a stopped cluster: the provider boots every node again from its kept folder.
+func (l *Local) Start(ctx context.Context) error {
+	if _, err := ReadSpec(l.Dir); err != nil {
+		return err
+	}
+	return l.startProcess(ctx)
+}
+
+// Stop turns every node off, keeping their folders, and ends the provider process.
+func (l *Local) Stop(ctx context.Context) error {
+	s, err := ReadStatus(l.Dir)
+	if err != nil || !isProviderProcess(s.PID, l.Dir) {
+		return nil // already stopped
+	}
+	if err := l.call(ctx, http.MethodPost, "/v1/stop", nil, nil); err != nil {
+		return err
+	}
+	return waitGone(ctx, s.PID, l.Dir)
+}
+
+// Destroy ends the provider process (which turns the nodes off) and removes whatever is left
+// of the cluster: processes, namespaces, cgroups. The caller removes the folder.
+func (l *Local) Destroy(ctx context.Context) error {
+	var nodes []string
+	if spec, err := ReadSpec(l.Dir); err == nil {
+		for _, n := range spec.Nodes {
+			nodes = append(nodes, n.Name)
+		}
+	}
+	if s, err := ReadStatus(l.Dir); err == nil && isProviderProcess(s.PID, l.Dir) {
+		if p, err := os.FindProcess(s.PID); err == nil {
+			_ = p.Signal(syscall.SIGTERM)
+			_ = waitGone(ctx, s.PID, l.Dir)
+		}
+	}
+	return Remove(ctx, l.Dir, nodes)
+}
+
+// Nodes lists the nodes; a stopped cluster's nodes are listed from its spec as stopped.
+func (l *Local) Nodes(ctx context.Context) ([]provider.Node, error) {
+	if !l.Running() {
+		spec, err := ReadSpec(l.Dir)
+		if err != nil {
+			return nil, err
+		}
+		var out []provider.Node
+		for _, n := range spec.Nodes {
+			out = append(out, provider.Node{NodeSpec: n.NodeSpec, IPs: []netip.Addr{sandbox.NodeAddr(n.Index)}, State: provider.Stopped})
+		}
+		return out, nil
+	}
+	var nodes []provider.Node
+	if err := l.call(ctx, http.MethodGet, "/v1/nodes", nil, &nodes); err != nil {
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// CreateNodes creates and boots nodes in the running cluster.
+func (l *Local) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([]provider.Node, error) {
+	var nodes []provider.Node
+	if err := l.call(ctx, http.MethodPost, "/v1/nodes", specs, &nodes); err != nil {
+		return nil, fmt.Errorf("creating nodes: %w", err)
+	}
+	return nodes, nil
+}
+
+// RebootNode reboots a node.
+func (l *Local) RebootNode(ctx context.Context, name string) error {
+	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/reboot", nil, nil); err != nil {
+		return fmt.Errorf("rebooting %s: %w", name, err)
+	}
+	return nil
+}
+
+// DeleteNode deletes a node and its disk.
+func (l *Local) DeleteNode(ctx context.Context, name string) error {
+	if err := l.call(ctx, http.MethodDelete, "/v1/nodes/"+name, nil, nil); err != nil {
+		return fmt.Errorf("deleting %s: %w", name, err)
+	}
+	return nil
+}
+
+// Endpoints tells where the API server is forwarded on the host.
+func (l *Local) Endpoints(ctx context.Context) (provider.Endpoints, error) {
+	var e provider.Endpoints
+	err := l.call(ctx, http.MethodGet, "/v1/endpoints", nil, &e)
+	return e, err
+}
+
+// Dialer dials the cluster's private addresses from its bridge namespace: they exist nowhere
+// else.
+func (l *Local) Dialer() func(context.Context, string) (net.Conn, error) {
+	bridge := sandbox.NSPath(sandbox.Network{ID: NetworkID(l.Dir)}.BridgeNS())
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		return sandbox.DialContext(ctx, bridge, "tcp", addr)
+	}
+}
+
+// call makes one control API request; in and out are JSON (nil for none).
+func (l *Local) call(ctx context.Context, method, path string, in, out any) error {
+	if !l.Running() {
+		return fmt.Errorf("%w: the local provider of %s does not run (start the cluster with 'constellation start')", provider.ErrNotRunning, l.Dir)
+	}
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(data)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+	}
+	sock := filepath.Join(l.Dir, SocketFile)
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, method, "http://provider"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("local provider %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return fmt.Errorf("local provider %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		msg := strings.TrimSpace(string(data))
+		if resp.StatusCode == http.StatusNotFound {
+			return fmt.Errorf("%w: %s", provider.ErrNoNode, msg)
+		}
+		return fmt.Errorf("local provider %s %s: %s: %s", method, path, resp.Status, msg)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("local provider %s %s: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// isProviderProcess reports whether pid is the provider process of dir (not a reused PID, not
+// a zombie).
+func isProviderProcess(pid int, dir string) bool {
+	if pid <= 0 {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if i := bytes.LastIndexByte(stat, ')'); i > 0 && bytes.HasPrefix(stat[i+1:], []byte(" Z")) {
+		return false
+	}
+	return bytes.Contains(cmdline, []byte(dir))
+}
+
+func waitGone(ctx context.Context, pid int, dir string) error {
+	for isProviderProcess(pid, dir) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the provider (pid %d) to end: %w", pid, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

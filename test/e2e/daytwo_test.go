@@ -1,0 +1,338 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/state"
+)
+
+// statusJSON is what the tests read of `constellation status -o json`.
+type statusJSON struct {
+	Cluster  struct{ Name, Phase, ClusterID string }
+	Nodes    []nodeJSON
+	Removed  []struct{ Name, Admission string }
+	Services []struct {
+		Name           string
+		Desired, Ready int
+	}
+	Errors []string
+}
+
+type nodeJSON struct {
+	Name     string
+	Role     string
+	Provider *struct {
+		State, Reported, Detail string
+		Boots                   int
+		Events                  []struct{ Message string }
+	}
+	Kubernetes *struct {
+		Registered, Ready bool
+		Version           string
+	}
+	Attestation *struct {
+		Verified     bool
+		ReferenceSet string
+		Error        string
+	}
+}
+
+func (s statusJSON) node(name string) (int, bool) {
+	i := slices.IndexFunc(s.Nodes, func(n nodeJSON) bool { return n.Name == name })
+	return i, i >= 0
+}
+
+// dayTwo is a running cluster of the day-two tests.
+type dayTwo struct {
+	t          *testing.T
+	bin, ws    string
+	kubeconfig string
+}
+
+func (d *dayTwo) run(args ...string) string {
+	d.t.Helper()
+	out, err := exec.Command(d.bin, append(args, "-C", d.ws)...).CombinedOutput()
+	require.NoError(d.t, err, "constellation %s: %s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+func (d *dayTwo) status() statusJSON {
+	d.t.Helper()
+	var s statusJSON
+	out := d.run("status", "-o", "json")
+	require.NoError(d.t, json.Unmarshal([]byte(out), &s), "%s", out)
+	return s
+}
+
+// requireHealthy asserts every node of the status is running, Ready and verified, and that
+// the nodes are exactly names.
+func (d *dayTwo) requireHealthy(names ...string) statusJSON {
+	d.t.Helper()
+	s := d.status()
+	var got []string
+	for _, n := range s.Nodes {
+		got = append(got, n.Name)
+		require.NotNil(d.t, n.Provider, "%s: platform view", n.Name)
+		assert.Equal(d.t, "running", n.Provider.State, "%s", n.Name)
+		require.NotNil(d.t, n.Kubernetes, "%s: Kubernetes view (errors: %v)", n.Name, s.Errors)
+		assert.True(d.t, n.Kubernetes.Ready, "%s: Ready", n.Name)
+		require.NotNil(d.t, n.Attestation, "%s: attestation view (errors: %v)", n.Name, s.Errors)
+		assert.True(d.t, n.Attestation.Verified, "%s: verified: %s", n.Name, n.Attestation.Error)
+	}
+	assert.ElementsMatch(d.t, names, got)
+	for _, svc := range s.Services {
+		assert.Positive(d.t, svc.Ready, svc.Name)
+		assert.Equal(d.t, svc.Desired, svc.Ready, svc.Name)
+	}
+	return s
+}
+
+// setCounts edits the workspace's configuration's node counts, as a user does.
+func (d *dayTwo) setCounts(controlPlanes, workers int) {
+	d.t.Helper()
+	setCounts(d.t, d.ws, controlPlanes, workers)
+}
+
+func setCounts(t testing.TB, ws string, controlPlanes, workers int) {
+	t.Helper()
+	path := filepath.Join(ws, config.FileName)
+	conf, err := config.Load(path)
+	require.NoError(t, err)
+	conf.Provider.Local.ControlPlanes, conf.Provider.Local.Workers = controlPlanes, workers
+	require.NoError(t, config.Write(path, conf, true))
+}
+
+// TestDayTwo runs one local cluster through its second day: a workload and a ConfigMap,
+// reboots (a worker), a killed bootstrapper (the provider's watchdog), scaling workers
+// 2 → 3 → 1 and control planes 1 → 3 → 1, a removed node that cannot come back, a reboot of
+// the only control plane (recovered by `constellation recover`), a full stop, start and
+// recover with the data intact, and `status -o json` at every step; no leftovers after.
+func TestDayTwo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates a local cluster")
+	}
+	bin, _ := buildBinaries(t)
+	ws := t.TempDir()
+	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
+	images := filepath.Join(repoOutput(t), "images")
+	d := &dayTwo{t: t, bin: bin, ws: ws, kubeconfig: filepath.Join(ws, "constellation-admin.conf")}
+	var id string
+	t.Cleanup(func() {
+		out, err := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
+		assert.NoError(t, err, "%s", out)
+		if id != "" {
+			assertNoLeftovers(t, ws, id)
+		}
+	})
+	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Logf("mini up:\n%s", phases(out))
+	id = cluster.NetworkID(filepath.Join(ws, "mini"))
+	d.requireHealthy("control-plane-0", "worker-0", "worker-1")
+
+	// A workload on worker-0 and a ConfigMap: both must survive everything below.
+	helloPod(t, d.kubeconfig, images, "worker-0")
+	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
+
+	t.Run("reboot a worker", func(t *testing.T) {
+		out := d.run("reboot", "worker-0")
+		t.Logf("%s", out)
+		assert.Contains(t, out, "worker-0 (Ready, kubelet reported after the reboot)")
+		s := d.requireHealthy("control-plane-0", "worker-0", "worker-1")
+		i, _ := s.node("worker-0")
+		assert.Equal(t, 2, s.Nodes[i].Provider.Boots)
+		assert.Equal(t, "rejoined", s.Nodes[i].Provider.Reported)
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
+	})
+
+	t.Run("a killed bootstrapper: the provider reboots the node", func(t *testing.T) {
+		pid := bootstrapperPID(t, ws, "worker-1")
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		var s statusJSON
+		require.Eventually(t, func() bool {
+			s = d.status()
+			i, ok := s.node("worker-1")
+			return ok && s.Nodes[i].Provider != nil && s.Nodes[i].Provider.Boots == 2 && s.Nodes[i].Provider.Reported == "rejoined" &&
+				s.Nodes[i].Kubernetes != nil && s.Nodes[i].Kubernetes.Ready
+		}, 2*time.Minute, time.Second, "worker-1 is rebooted by the watchdog and rejoins")
+		i, _ := s.node("worker-1")
+		var events []string
+		for _, e := range s.Nodes[i].Provider.Events {
+			events = append(events, e.Message)
+		}
+		assert.True(t, slices.ContainsFunc(events, func(e string) bool {
+			return strings.Contains(e, "bootstrapper exited") && strings.Contains(e, "rebooting")
+		}), "events: %v", events)
+		d.requireHealthy("control-plane-0", "worker-0", "worker-1")
+	})
+
+	t.Run("scale workers 2 to 3 to 1", func(t *testing.T) {
+		d.setCounts(1, 3)
+		out := d.run("apply")
+		t.Logf("%s", out)
+		assert.Contains(t, out, "+ worker-2")
+		d.requireHealthy("control-plane-0", "worker-0", "worker-1", "worker-2")
+
+		d.setCounts(1, 1)
+		out = d.run("apply")
+		t.Logf("%s", out)
+		assert.Contains(t, out, "- worker-2")
+		assert.Contains(t, out, "- worker-1")
+		s := d.requireHealthy("control-plane-0", "worker-0")
+		var removed []string
+		for _, r := range s.Removed {
+			removed = append(removed, r.Name)
+		}
+		assert.ElementsMatch(t, []string{"worker-1", "worker-2"}, removed)
+		assert.NotContains(t, kubectl(t, d.kubeconfig, "get", "nodes"), "worker-1")
+		st, err := state.Load(filepath.Join(ws, state.FileName))
+		require.NoError(t, err)
+		assert.Len(t, st.Nodes, 2)
+		_, err = os.Stat(filepath.Join(ws, "mini", "nodes", "worker-1"))
+		assert.True(t, os.IsNotExist(err), "the removed node's disk is gone")
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=60s")
+	})
+
+	t.Run("a removed node cannot come back", func(t *testing.T) {
+		// The platform lists the removed name again (a re-created machine): the join
+		// service refuses it, by the record apply wrote when it removed the node.
+		platform := &cluster.Local{Dir: filepath.Join(ws, "mini"), Exe: bin}
+		_, err := platform.CreateNodes(t.Context(), []provider.NodeSpec{{Name: "worker-1", Role: metadata.Worker, Image: filepath.Join(ws, "mini", "image")}})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			logs := kubectl(t, d.kubeconfig, "-n", "kube-system", "logs", "-l", "app.kubernetes.io/name=constellation-join-service", "--tail=-1")
+			return strings.Contains(logs, `"node":"worker-1"`) && strings.Contains(logs, `"reason":"removed-node"`)
+		}, 2*time.Minute, time.Second, "the join service refuses the removed node")
+		assert.NotContains(t, readyNodes(t, d.kubeconfig), "worker-1")
+		require.NoError(t, platform.DeleteNode(t.Context(), "worker-1"))
+	})
+
+	t.Run("scale control planes 1 to 3 to 1", func(t *testing.T) {
+		d.setCounts(3, 1)
+		out := d.run("apply")
+		t.Logf("%s", out)
+		assert.Contains(t, out, "+ control-plane-1")
+		assert.Contains(t, out, "+ control-plane-2")
+		d.requireHealthy("control-plane-0", "control-plane-1", "control-plane-2", "worker-0")
+		assert.Len(t, etcdMembers(t, d.kubeconfig), 3)
+
+		d.setCounts(1, 1)
+		out = d.run("apply")
+		t.Logf("%s", out)
+		assert.Contains(t, out, "- control-plane-2")
+		d.requireHealthy("control-plane-0", "worker-0")
+		assert.Len(t, etcdMembers(t, d.kubeconfig), 1)
+		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
+	})
+
+	t.Run("reboot the only control plane, recover it", func(t *testing.T) {
+		out := d.run("reboot", "--no-wait", "control-plane-0")
+		t.Logf("%s", out)
+		require.Eventually(t, func() bool {
+			s := d.status()
+			i, ok := s.node("control-plane-0")
+			return ok && s.Nodes[i].Provider != nil && s.Nodes[i].Provider.Reported == "waiting-for-recovery"
+		}, 2*time.Minute, time.Second, "the control plane finds no join service and waits for recovery")
+		out = d.run("recover")
+		t.Logf("%s", out)
+		d.requireHealthy("control-plane-0", "worker-0")
+		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
+	})
+
+	t.Run("stop, start, recover", func(t *testing.T) {
+		kubectl(t, d.kubeconfig, "create", "configmap", "before-stop", "--from-literal=k=v")
+		d.run("stop")
+		s := d.status()
+		for _, n := range s.Nodes {
+			assert.Equal(t, "stopped", n.Provider.State, n.Name)
+		}
+		assert.Empty(t, processesMentioning(t, filepath.Join(ws, "mini", "nodes")), "no node process runs while stopped")
+		d.run("start")
+		require.Eventually(t, func() bool {
+			s := d.status()
+			i, ok := s.node("control-plane-0")
+			return ok && s.Nodes[i].Provider != nil && s.Nodes[i].Provider.Reported == "waiting-for-recovery"
+		}, 2*time.Minute, time.Second, "the control plane waits for recovery")
+		out := d.run("recover")
+		t.Logf("%s", out)
+		d.requireHealthy("control-plane-0", "worker-0")
+		assert.Equal(t, "v", kubectl(t, d.kubeconfig, "get", "configmap", "before-stop", "-o", "jsonpath={.data.k}"))
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+	})
+}
+
+// bootstrapperPID finds the bootstrapper process of node in the cluster of ws.
+func bootstrapperPID(t *testing.T, ws, node string) int {
+	t.Helper()
+	want := filepath.Join(ws, "mini", "nodes", node)
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) > 2 && strings.HasSuffix(args[0], "bootstrapper") && slices.Contains(args, want) {
+			pid, err := strconv.Atoi(e.Name())
+			require.NoError(t, err)
+			return pid
+		}
+	}
+	t.Fatalf("no bootstrapper process of %s", node)
+	return 0
+}
+
+// etcdMembers lists the etcd members through etcdctl in the etcd pod of control-plane-0.
+func etcdMembers(t *testing.T, kubeconfig string) []string {
+	t.Helper()
+	out := kubectl(t, kubeconfig, "-n", "kube-system", "exec", "etcd-control-plane-0", "--", "etcdctl",
+		"--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
+		"--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt", "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key",
+		"member", "list")
+	var members []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l != "" {
+			members = append(members, l)
+		}
+	}
+	return members
+}
+
+// helloPod runs the hello server on node (restarted by its kubelet after a reboot).
+func helloPod(t *testing.T, kubeconfig, images, node string) {
+	t.Helper()
+	ref := helloRef(t, images)
+	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: hello-server, namespace: default, labels: {app: hello}}
+spec:
+  nodeName: %s
+  containers:
+  - name: hello
+    image: %s
+    imagePullPolicy: Never
+    env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
+    ports: [{containerPort: 8080}]
+    readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
+`, node, ref))
+	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+}
