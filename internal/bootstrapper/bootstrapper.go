@@ -76,9 +76,10 @@ const (
 	PhaseRecovered   = "recovered"
 )
 
-// DefaultWaitingAfter is the join client's first attempt and its first wait (at most 1 s,
-// joinclient.FirstDelayMax), with room for an attempt that is merely slow: a rejoin that
-// has not taken the node lock by then found no join service answering.
+// DefaultWaitingAfter: by then the join client's first attempt has failed and it has waited
+// to try again (at most 0.6 s while nothing answers, 1 s after a refusal), with room for an
+// attempt that is merely slow. A rejoin that has not taken the node lock by then found no
+// join service answering.
 const DefaultWaitingAfter = 2 * time.Second
 
 // Run brings the node into its cluster and reports how (ByInit, ByJoin, ByRejoin,

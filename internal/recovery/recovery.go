@@ -60,10 +60,15 @@ var (
 	ErrWrongNode = errors.New("evidence is not signed by the node asked about")
 	// ErrNotControlPlane: the node's AK is certified for another role than control plane.
 	ErrNotControlPlane = errors.New("the node is not certified as a control plane")
-	// ErrNotWaiting: no recovery server answers (the node is back in its cluster, is a
-	// worker, or is not up), or the node is committed to another cluster, or it says it is
-	// back in its cluster already.
+	// ErrNotWaiting: the node is not waiting for recovery: it says it is back in its cluster
+	// already, or it is committed to another cluster, or no recovery server answers
+	// (ErrUnreachable).
 	ErrNotWaiting = errors.New("the node is not waiting for recovery")
+	// ErrUnreachable: no recovery server answers (the node is still booting, is back in its
+	// cluster, or is a worker). Retryable.
+	ErrUnreachable = fmt.Errorf("%w: no recovery server answers", ErrNotWaiting)
+	// ErrBusy: the node refused for now (its handshake or attempt limits). Retryable.
+	ErrBusy = errors.New("the node refused for now")
 	// ErrWrongKey: the node's state disk does not open with the key derived from this master
 	// secret (a master secret of another cluster, or another disk in the node). The node
 	// changed nothing.
@@ -177,6 +182,14 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	return clusterID, nil
 }
 
+// Retryable reports whether a recovery that failed with err may succeed later without
+// anything changing on the operator's side: the node was not up yet, or refused for now.
+// Security failures (ErrEvidence, ErrWrongNode, ErrNotControlPlane, ErrWrongCluster,
+// ErrWrongKey) and a node that is not waiting are not.
+func Retryable(err error) bool {
+	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrBusy)
+}
+
 func (cfg Config) validate() error {
 	var problems []error
 	if cfg.Endpoint == "" {
@@ -207,6 +220,12 @@ func (cfg Config) validate() error {
 // node check's refusal among them), otherwise the node's answer.
 func (cfg Config) callError(what string, creds *recordingCreds, err error) error {
 	if hsErr := creds.lastError(); hsErr != nil {
+		// The client does not attest, so the node aborts a handshake only when its limits
+		// refuse it.
+		var aErr *atls.Error
+		if errors.As(hsErr, &aErr) && !aErr.Local {
+			return fmt.Errorf("recover %s: %s: %w: %w; nothing was sent", cfg.Endpoint, what, ErrBusy, hsErr)
+		}
 		return fmt.Errorf("recover %s: %s: %w; nothing was sent", cfg.Endpoint, what, hsErr)
 	}
 	st := status.Convert(err)
@@ -215,8 +234,10 @@ func (cfg Config) callError(what string, creds *recordingCreds, err error) error
 		return fmt.Errorf("recover %s: %w: %s", cfg.Endpoint, ErrWrongKey, st.Message())
 	case codes.FailedPrecondition:
 		return fmt.Errorf("recover %s: %w: %s", cfg.Endpoint, ErrNotWaiting, st.Message())
+	case codes.ResourceExhausted:
+		return fmt.Errorf("recover %s: %s: %w: %s", cfg.Endpoint, what, ErrBusy, st.Message())
 	case codes.Unavailable:
-		return fmt.Errorf("recover %s: %w: no recovery server answers (a node back in its cluster, a worker, or one not up yet): %w", cfg.Endpoint, ErrNotWaiting, err)
+		return fmt.Errorf("recover %s: %w (a node still booting, back in its cluster, or a worker): %w", cfg.Endpoint, ErrUnreachable, err)
 	}
 	return fmt.Errorf("recover %s: %s: %w", cfg.Endpoint, what, err)
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
+	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
+	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -191,6 +193,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 				assert.ErrorIs(t, err, tc.wantReason)
 			}
 			assert.ErrorContains(t, err, "nothing was sent")
+			assert.False(t, recovery.Retryable(err), "a security failure is final")
 			assert.Empty(t, srv.Calls.List(), "the node got no call, let alone a key")
 			assert.Equal(t, pcr15, n.PCR15(t), "PCR 15 unchanged")
 			assert.False(t, n.Unlocked(t))
@@ -232,8 +235,30 @@ func TestRecoverNoServer(t *testing.T) {
 		Endpoint: addr, Validator: v, ExpectedNode: "worker-0",
 		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
 	})
+	assert.ErrorIs(t, err, recovery.ErrUnreachable)
 	assert.ErrorIs(t, err, recovery.ErrNotWaiting)
 	assert.ErrorContains(t, err, "no recovery server answers")
+	assert.True(t, recovery.Retryable(err))
+}
+
+// A node whose handshake limits refuse the client for now: retryable, nothing sent.
+func TestRecoverBusyNode(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	keys := bootstraptest.NewClusterKeys(t)
+	n := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
+	keys.CommitAndReboot(t, n)
+	now := time.Now()
+	srv := bootstraptest.StartRecoveryServer(t, n, bootstraptest.RecoveryServerOptions{Now: func() time.Time { return now }})
+	// Someone else at the client's address used up its handshakes.
+	for range recoveryserver.DefaultHandshakeLimits.Burst {
+		require.NoError(t, floodtest.Handshake(context.Background(), floodtest.Attacker(qemu.Variant), "127.0.0.1", srv.Addr))
+	}
+	_, err := run(config(t, ca, keys, srv.Addr, "control-plane-0"))
+	assert.ErrorIs(t, err, recovery.ErrBusy)
+	assert.ErrorContains(t, err, "rate limited")
+	assert.True(t, recovery.Retryable(err))
+	assert.Empty(t, srv.Calls.List())
 }
 
 func TestConfigChecked(t *testing.T) {
