@@ -107,7 +107,6 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log.Info("node is in its cluster", "by", by)
-	report(ctx, meta, log, phaseOf(by))
 	// From now on the kubelet is the node's work: if it dies, the node is broken and the
 	// bootstrapper exits, so the platform's watchdog reboots the node (the reboot path then
 	// brings it back with a rejoin ticket).
@@ -121,17 +120,27 @@ func Run(ctx context.Context, o Options) error {
 	}
 }
 
-// phaseOf names the phase a node reports once it is in its cluster.
-func phaseOf(by string) string {
-	switch by {
-	case bootstrapper.ByInit:
-		return "initialized"
-	case bootstrapper.ByJoin:
-		return "joined"
-	case bootstrapper.ByRejoin:
-		return "rejoined"
+// asyncReporter reports phases to the platform in order, without blocking the caller (the
+// bootstrapper's flow): a phase that finds the queue full is dropped and logged.
+func asyncReporter(ctx context.Context, meta *metadataclient.Client, log *slog.Logger) func(string) {
+	queue := make(chan string, 16)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case phase := <-queue:
+				report(ctx, meta, log, phase)
+			}
+		}
+	}()
+	return func(phase string) {
+		select {
+		case queue <- phase:
+		default:
+			log.Warn("phase report dropped: the platform's metadata service is slow", "phase", phase)
+		}
 	}
-	return "in-cluster"
 }
 
 // report tells the platform the bootstrapper's phase (diagnosis for the operator, shown by
@@ -185,7 +194,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	if err != nil {
 		return "", err
 	}
-	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log}
+	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: asyncReporter(ctx, meta, log)}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
 		rs, err := recoveryserver.New(recoveryserver.Config{Node: n, Issuer: issuer, Kubelet: kubelet, Log: log})
 		if err != nil {
