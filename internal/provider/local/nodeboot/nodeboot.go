@@ -189,14 +189,14 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	}
 	jc, err := joinclient.New(joinclient.Config{
 		Node: n, Metadata: meta, Dial: dial, Kubeadm: runner, KubeadmConfig: joinclient.KubeadmConfig(settings),
-		Kubelet: kubelet, PKIDir: "/etc/kubernetes/pki", KubeletPKIDir: "/var/lib/kubelet/pki", Log: log,
+		Kubelet: lifetimeKubelet{kubelet, ctx}, PKIDir: "/etc/kubernetes/pki", KubeletPKIDir: "/var/lib/kubelet/pki", Log: log,
 	})
 	if err != nil {
 		return "", err
 	}
 	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: asyncReporter(ctx, meta, log)}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
-		rs, err := recoveryserver.New(recoveryserver.Config{Node: n, Issuer: issuer, Kubelet: kubelet, Log: log})
+		rs, err := recoveryserver.New(recoveryserver.Config{Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log})
 		if err != nil {
 			return "", err
 		}
@@ -263,6 +263,16 @@ func (s *stateStorage) Unlock(ctx context.Context, key []byte) error {
 	}
 	return nil
 }
+
+// lifetimeKubelet restarts the kubelet under the bootstrapper's lifetime: the rejoin and the
+// recovery server call Restart with the context of their request, which ends long before the
+// kubelet should.
+type lifetimeKubelet struct {
+	*nodeos.Supervisor
+	ctx context.Context
+}
+
+func (k lifetimeKubelet) Restart(context.Context) error { return k.Supervisor.Restart(k.ctx) }
 
 // kubeletFirst starts the kubelet supervisor before kubeadm runs: kubeadm writes the
 // kubelet's configuration and then waits for it to become healthy, as with systemd.
