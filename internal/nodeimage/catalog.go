@@ -80,12 +80,12 @@ func Catalog(b Binaries) ([]Image, error) {
 	images = append(images,
 		proxy,
 		Image{Name: "etcd", Spec: Spec{
-			Ref:   EtcdRef,
+			Ref: EtcdRef,
 			Files: []File{
 				{Src: filepath.Join(b.KubeDir, "etcd"), Path: "/usr/local/bin/etcd"},
 				{Src: filepath.Join(b.KubeDir, "etcdctl"), Path: "/usr/local/bin/etcdctl"},
 			},
-			Dirs:  []string{"/var/lib/etcd"},
+			Dirs: []string{"/var/lib/etcd"},
 		}},
 		Pause(b.Pause),
 		Image{Name: "coredns", Spec: Spec{
