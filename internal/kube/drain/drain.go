@@ -138,7 +138,9 @@ func (s StuckPod) String() string {
 // TimeoutError is returned when pods are still on the node when the drain's time is up. It
 // names every such pod and what holds it. errors.Is(err, context.DeadlineExceeded) holds.
 type TimeoutError struct {
-	Node    string
+	Node string
+	// Timeout is the drain's time limit: Options.Timeout, or what was left until the caller's
+	// deadline when that came first.
 	Timeout time.Duration
 	Pods    []StuckPod
 	// Report is what the drain did before it gave up.
@@ -195,6 +197,11 @@ func PlanDrain(ctx context.Context, client kubernetes.Interface, node string) (P
 func Drain(ctx context.Context, client kubernetes.Interface, node string, opts Options) (Report, error) {
 	opts = opts.withDefaults()
 	start := time.Now()
+	// The timeout a TimeoutError reports: the caller's deadline when that comes first.
+	timeout := opts.Timeout
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < timeout {
+		timeout = time.Until(deadline).Round(time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 
@@ -208,13 +215,13 @@ func Drain(ctx context.Context, client kubernetes.Interface, node string, opts O
 		opts.Log.Info("cordoned node", "node", node)
 	}
 
-	d := drainer{client: client, node: node, opts: opts, seen: map[types.UID]*podState{}, skipped: map[types.UID]bool{}}
+	d := drainer{client: client, node: node, opts: opts, timeout: timeout, seen: map[types.UID]*podState{}, skipped: map[types.UID]bool{}}
 	for {
 		remaining, err := d.round(ctx, &report)
 		if err != nil {
 			report.Took = time.Since(start)
 			if ctx.Err() != nil {
-				return report, d.timeoutError(report)
+				return report, d.stopped(ctx, report)
 			}
 			return report, err
 		}
@@ -226,7 +233,7 @@ func Drain(ctx context.Context, client kubernetes.Interface, node string, opts O
 		select {
 		case <-ctx.Done():
 			report.Took = time.Since(start)
-			return report, d.timeoutError(report)
+			return report, d.stopped(ctx, report)
 		case <-time.After(opts.RetryInterval):
 		}
 	}
@@ -312,6 +319,7 @@ type drainer struct {
 	client  kubernetes.Interface
 	node    string
 	opts    Options
+	timeout time.Duration
 	seen    map[types.UID]*podState
 	skipped map[types.UID]bool
 }
@@ -468,13 +476,22 @@ func terminatingReason(p *corev1.Pod) string {
 		p.DeletionTimestamp.UTC().Format(time.RFC3339), grace)
 }
 
-func (d *drainer) timeoutError(report Report) error {
-	e := &TimeoutError{Node: d.node, Timeout: d.opts.Timeout, Report: report}
+// stopped is the error of a drain whose context ended: a *TimeoutError when its time was up,
+// the context's error (wrapped, naming the pods still there) when the caller canceled it.
+func (d *drainer) stopped(ctx context.Context, report Report) error {
+	e := &TimeoutError{Node: d.node, Timeout: d.timeout, Report: report}
 	for _, st := range d.seen {
 		e.Pods = append(e.Pods, StuckPod{Pod: st.ref, Budgets: st.budgets, Reason: st.reason})
 	}
 	sort.Slice(e.Pods, func(i, j int) bool { return e.Pods[i].Pod.String() < e.Pods[j].Pod.String() })
 	sortRefs(e.Report.Evicted)
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		pods := make([]string, len(e.Pods))
+		for i, p := range e.Pods {
+			pods[i] = p.String()
+		}
+		return fmt.Errorf("draining node %q: %w; pods still on the node: %s", d.node, ctx.Err(), strings.Join(pods, "; "))
+	}
 	return e
 }
 

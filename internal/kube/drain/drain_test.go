@@ -352,6 +352,31 @@ func TestDrainRespectsDisruptionBudget(t *testing.T) {
 	assert.Contains(t, err.Error(), "grace period 30s")
 }
 
+func TestDrainStopsWithTheCallersContext(t *testing.T) {
+	e := newEnv(t, "caller")
+	e.node("caller-w0")
+	e.pod("stays", "caller-w0") // no kubelet confirms its end: it stays terminating
+	opts := drain.Options{Timeout: time.Minute, RetryInterval: 100 * time.Millisecond}
+
+	// The caller's deadline comes first: a timeout, reported with the caller's limit.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := drain.Drain(ctx, e.client, "caller-w0", opts)
+	var timeout *drain.TimeoutError
+	require.ErrorAs(t, err, &timeout)
+	assert.LessOrEqual(t, timeout.Timeout, time.Second)
+	assert.Greater(t, timeout.Timeout, time.Duration(0))
+	assert.Equal(t, "stays", timeout.Pods[0].Pod.Name)
+
+	// The caller cancels: no timeout claimed, the pods still named.
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	_, err = drain.Drain(ctx, e.client, "caller-w0", opts)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.False(t, errors.As(err, &timeout))
+	assert.Contains(t, err.Error(), "pods still on the node: caller/stays: evicted, still terminating")
+}
+
 func TestDrainPermanentRefusalFailsFast(t *testing.T) {
 	kube := cluster(t)
 	e := newEnv(t, "forbidden")
