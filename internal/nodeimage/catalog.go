@@ -41,8 +41,8 @@ func KubeRef(component string) string {
 
 // Binaries are the inputs of the catalog, all built locally.
 type Binaries struct {
-	// KubeDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and etcd
-	// (hack/build-kube.sh), all static.
+	// KubeDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd
+	// and etcdctl (hack/build-kube.sh), all static.
 	KubeDir string
 	// Pause and CoreDNS are the static binaries of cmd/pause and tools/coredns.
 	Pause, CoreDNS string
@@ -62,7 +62,9 @@ type Image struct {
 //
 // Kubernetes binaries and etcd are in /usr/local/bin (on PATH: kubeadm's static pods run them by
 // name; its kube-proxy DaemonSet runs /usr/local/bin/kube-proxy), pause is /pause and CoreDNS
-// /coredns, both the entrypoint, as upstream's images have them.
+// /coredns, both the entrypoint, as upstream's images have them. The etcd image also has
+// etcdctl, as upstream's does: the CLI runs it in a control plane's etcd pod to remove the etcd
+// member of a control plane it scales down (internal/kube/etcdmember).
 func Catalog(b Binaries) ([]Image, error) {
 	var images []Image
 	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
@@ -78,9 +80,12 @@ func Catalog(b Binaries) ([]Image, error) {
 	images = append(images,
 		proxy,
 		Image{Name: "etcd", Spec: Spec{
-			Ref:   EtcdRef,
-			Files: []File{{Src: filepath.Join(b.KubeDir, "etcd"), Path: "/usr/local/bin/etcd"}},
-			Dirs:  []string{"/var/lib/etcd"},
+			Ref: EtcdRef,
+			Files: []File{
+				{Src: filepath.Join(b.KubeDir, "etcd"), Path: "/usr/local/bin/etcd"},
+				{Src: filepath.Join(b.KubeDir, "etcdctl"), Path: "/usr/local/bin/etcdctl"},
+			},
+			Dirs: []string{"/var/lib/etcd"},
 		}},
 		Pause(b.Pause),
 		Image{Name: "coredns", Spec: Spec{

@@ -82,7 +82,7 @@ func TestWithLibraries(t *testing.T) {
 
 func TestCatalog(t *testing.T) {
 	dir := t.TempDir()
-	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "pause", "coredns"} {
+	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "etcdctl", "pause", "coredns"} {
 		writeInput(t, dir, b, "binary "+b, 0o755)
 	}
 	sh, err := exec.LookPath("sh")
@@ -121,6 +121,7 @@ func TestCatalog(t *testing.T) {
 	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd"} {
 		assert.Equal(t, filepath.Join(dir, c), paths(specs[c])["/usr/local/bin/"+c], c)
 	}
+	assert.Equal(t, filepath.Join(dir, "etcdctl"), paths(specs["etcd"])["/usr/local/bin/etcdctl"], "etcdmember runs etcdctl in the etcd pod")
 	assert.Contains(t, paths(specs["kube-proxy"]), "/usr/sbin/nft", "kube-proxy's nftables mode runs nft")
 	assert.Greater(t, len(specs["kube-proxy"].Files), 2, "nft comes with its libraries")
 	assert.Equal(t, []string{"/pause"}, specs["pause"].Entrypoint)

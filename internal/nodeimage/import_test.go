@@ -372,16 +372,20 @@ func TestImportControlPlane(t *testing.T) {
 		assert.NotNil(t, c.criImage(t, ref), "CRI knows %s", ref)
 	}
 	// The binaries run inside their images (static, on PATH).
-	for ref, args := range map[string][]string{
-		KubeRef("kube-apiserver"): {"kube-apiserver", "--version"},
-		KubeRef("kube-proxy"):     {"kube-proxy", "--version"},
-		EtcdRef:                   {"etcd", "--version"},
-		CoreDNSRef:                {"/coredns", "-version"},
+	for _, run := range []struct {
+		ref  string
+		args []string
+	}{
+		{KubeRef("kube-apiserver"), []string{"kube-apiserver", "--version"}},
+		{KubeRef("kube-proxy"), []string{"kube-proxy", "--version"}},
+		{EtcdRef, []string{"etcd", "--version"}},
+		{EtcdRef, []string{"etcdctl", "version"}},
+		{CoreDNSRef, []string{"/coredns", "-version"}},
 	} {
-		out, err := c.run(context.Background(), append([]string{"run", "--rm", ref, containerID(t, "version")}, args...)...)
-		require.NoError(t, err)
-		assert.NotEmpty(t, out, ref)
-		t.Logf("%s: %s", ref, strings.SplitN(strings.TrimSpace(out), "\n", 2)[0])
+		out, err := c.run(context.Background(), append([]string{"run", "--rm", run.ref, containerID(t, "version")}, run.args...)...)
+		require.NoError(t, err, "%s %v", run.ref, run.args)
+		assert.NotEmpty(t, out, run.ref)
+		t.Logf("%s %s: %s", run.ref, run.args[0], strings.SplitN(strings.TrimSpace(out), "\n", 2)[0])
 	}
 }
 

@@ -1,6 +1,8 @@
 // Package kubetest starts a real Kubernetes control plane for tests: etcd and kube-apiserver,
 // built from the Go module proxy by hack/build-kube.sh, on loopback, with PKI in kubeadm's layout,
 // bootstrap-token authentication and Node,RBAC authorization, and gives tests an admin client.
+// On request it also runs kube-controller-manager with the controllers a test names (for example
+// the disruption controller, which computes PodDisruptionBudget status).
 //
 // Every test that talks to Kubernetes uses it; nothing is faked. A control plane takes about
 // 3 s to become ready, so a package with many tests shares one (TestMain + StartProcesses).
@@ -17,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -58,6 +61,10 @@ type Options struct {
 	// loss and run several times faster without it; benchmarks turn it on to measure what a
 	// real cluster does.
 	Fsync bool
+	// Controllers, when not empty, starts kube-controller-manager with only these controllers
+	// (its --controllers names, e.g. "disruption-controller"), authenticated as the admin. None
+	// by default: most tests want the objects they write to stay exactly as written.
+	Controllers []string
 }
 
 // BinDir returns the directory of the built Kubernetes binaries: $CONSTELLATION_KUBE_BIN, or
@@ -186,7 +193,30 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 	if err := c.waitReady(ctx, 60*time.Second); err != nil {
 		return nil, err
 	}
+	if len(opts.Controllers) > 0 {
+		if err := c.startControllerManager(opts.Controllers); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// startControllerManager runs kube-controller-manager with the given controllers against the
+// ready API server. It serves nothing itself (--secure-port=0) and does not elect a leader (one
+// instance); tests wait for the effects of its controllers, which is also how they learn that
+// it runs.
+func (c *Cluster) startControllerManager(controllers []string) error {
+	bin, err := Binary("kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	return c.start(bin, "kube-controller-manager",
+		"--kubeconfig="+c.Kubeconfig,
+		"--controllers="+strings.Join(controllers, ","),
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--v=1",
+	)
 }
 
 func (c *Cluster) writeLeaf(name string, l pki.Leaf) error {
@@ -326,6 +356,9 @@ func freePorts(n int) ([]int, error) {
 // binaries that run only fuzz targets or other tests never start it. Stop it from TestMain
 // after m.Run.
 type Shared struct {
+	// Options of the control plane; read on first use.
+	Options Options
+
 	once sync.Once
 	c    *Cluster
 	dir  string
@@ -339,7 +372,7 @@ func (s *Shared) Get(t testing.TB) *Cluster {
 		if s.dir, s.err = os.MkdirTemp("", "kubetest"); s.err != nil {
 			return
 		}
-		s.c, s.err = StartProcesses(context.Background(), s.dir, Options{})
+		s.c, s.err = StartProcesses(context.Background(), s.dir, s.Options)
 	})
 	if s.err != nil {
 		t.Fatalf("starting the shared Kubernetes control plane: %v", s.err)
