@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
@@ -328,12 +329,20 @@ func toolPath(name string) string {
 }
 
 func newKubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg, err := newKubeConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Timeout = 10 * time.Second
 	return kubernetes.NewForConfig(cfg)
+}
+
+func newKubeConfig(kubeconfig string) (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin kubeconfig: %w", err)
+	}
+	cfg.Timeout = 10 * time.Second
+	return cfg, nil
 }
 
 // rejections summarizes the join service's refusals of one peer address.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
@@ -130,7 +132,11 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err != nil {
 		return err
 	}
-	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
+	restConfig, err := newKubeConfig(filepath.Join(workspace, AdminConfFile))
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return err
 	}
@@ -157,7 +163,7 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 		}
 	}
 	for _, n := range plan.remove {
-		if err := removeNode(ctx, out, t, client, platform, st, n, o); err != nil {
+		if err := removeNode(ctx, out, t, client, restConfig, platform, n, o); err != nil {
 			return fmt.Errorf("removing %s: %w", n.Name, err)
 		}
 		st.Removed = append(st.Removed, state.RemovedNode{Name: n.Name, Role: n.Role, RemovedAt: time.Now().UTC()})
