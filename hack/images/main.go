@@ -16,7 +16,7 @@ import (
 func main() {
 	var b nodeimage.Binaries
 	out := flag.String("out", "_output/images", "directory of the archives and index.json")
-	flag.StringVar(&b.KubeDir, "kube-bin", "_output/kube/bin", "directory of the Kubernetes binaries and etcd")
+	flag.StringVar(&b.KubeDir, "kube-bin", "_output/kube/bin", "directory of the Kubernetes binaries, etcd and etcdctl")
 	flag.StringVar(&b.Pause, "pause", "", "static pause binary")
 	flag.StringVar(&b.CoreDNS, "coredns", "", "static CoreDNS binary")
 	flag.StringVar(&b.NFT, "nft", "/usr/sbin/nft", "nft binary for the kube-proxy image")
