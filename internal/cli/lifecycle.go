@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 )
@@ -77,22 +79,30 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 	return waitBack(ctx, t, platform, client, names, start, start)
 }
 
-// waitBack waits until each named node, booted after bootedAfter, is back in its cluster:
-// the node's bootstrapper reported it is in (rejoined or recovered), and its kubelet
-// reported Ready after heartbeatAfter (a Node keeps showing Ready for a while after its
-// kubelet died, so a Ready without a fresh heartbeat proves nothing).
+// waitBack waits until each named node, booted after bootedAfter, is back in its cluster and
+// serving: its bootstrapper reported it is in (rejoined, recovered, ...); its kubelet is alive
+// now and says Ready; and its verification service runs a container started in this boot.
+//
+// "Alive now" needs care: a Node object keeps its Ready condition for a while after its
+// kubelet died. A node that booted after heartbeatAfter must have posted its status (Ready's
+// heartbeat) since that boot: only its new kubelet can have. A node that kept running (the
+// workers during a control plane's recovery) must have renewed its lease since
+// heartbeatAfter (kubelets renew every 10 s; their status heartbeat may be minutes old).
 func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, client kubernetes.Interface, names []string, bootedAfter, heartbeatAfter time.Time) error {
 	back, ready := map[string]bool{}, map[string]bool{}
+	bootedAt := map[string]time.Time{}
 	var last string
 	for {
 		nodes, err := platform.Nodes(ctx)
 		if err == nil {
 			for _, n := range nodes {
-				if slices.Contains(names, n.Name) && !back[n.Name] && n.BootedAt.After(bootedAfter.Add(-time.Second)) && inCluster(n.Reported) {
-					back[n.Name] = true
-					t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
+				if !slices.Contains(names, n.Name) || back[n.Name] {
+					continue
 				}
-				if slices.Contains(names, n.Name) && !back[n.Name] {
+				if n.BootedAt.After(bootedAfter.Add(-time.Second)) && inCluster(n.Reported) {
+					back[n.Name], bootedAt[n.Name] = true, n.BootedAt
+					t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
+				} else {
 					last = fmt.Sprintf("%s: %s %s", n.Name, n.State, n.Reported)
 				}
 			}
@@ -101,15 +111,13 @@ func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, cl
 			if !back[name] || ready[name] {
 				continue
 			}
-			node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				last = err.Error()
+			ok, why := servingAgain(ctx, client, name, bootedAt[name], heartbeatAfter)
+			if !ok {
+				last = name + ": " + why
 				continue
 			}
-			if c := readyCondition(*node); c != nil && c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Before(&metav1.Time{Time: heartbeatAfter.Truncate(time.Second)}) {
-				ready[name] = true
-				t.phase("ready", name+" (Ready, kubelet reported after the reboot)")
-			}
+			ready[name] = true
+			t.phase("ready", name+" (Ready by a fresh kubelet heartbeat, verification service up)")
 		}
 		if len(ready) == len(names) {
 			return nil
@@ -126,6 +134,53 @@ func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, cl
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// servingAgain checks one node of waitBack, and says what is missing.
+func servingAgain(ctx context.Context, client kubernetes.Interface, name string, bootedAt, heartbeatAfter time.Time) (bool, string) {
+	node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return false, err.Error()
+	}
+	c := readyCondition(*node)
+	if c == nil || c.Status != corev1.ConditionTrue {
+		return false, "not Ready"
+	}
+	second := func(t time.Time) time.Time { return t.Truncate(time.Second) }
+	if bootedAt.After(heartbeatAfter) {
+		if c.LastHeartbeatTime.Time.Before(second(bootedAt)) {
+			return false, "no status from its kubelet since it booted"
+		}
+	} else {
+		lease, err := client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if lease.Spec.RenewTime == nil || lease.Spec.RenewTime.Time.Before(second(heartbeatAfter)) {
+			return false, "its kubelet has not renewed its lease yet"
+		}
+	}
+	pods, err := client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService, FieldSelector: "spec.nodeName=" + name,
+	})
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, p := range pods.Items {
+		if !podReady(p) {
+			continue
+		}
+		fresh := len(p.Status.ContainerStatuses) > 0
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Running == nil || cs.State.Running.StartedAt.Time.Before(second(bootedAt)) {
+				fresh = false
+			}
+		}
+		if fresh {
+			return true, ""
+		}
+	}
+	return false, "its verification service is not running again yet"
 }
 
 // inCluster reports whether a node's reported phase says its bootstrapper brought it in.

@@ -66,6 +66,13 @@ type dayTwo struct {
 	kubeconfig string
 }
 
+// on is d for subtest t (assertions must fail the test running them).
+func (d *dayTwo) on(t *testing.T) *dayTwo {
+	c := *d
+	c.t = t
+	return &c
+}
+
 func (d *dayTwo) run(args ...string) string {
 	d.t.Helper()
 	out, err := exec.Command(d.bin, append(args, "-C", d.ws)...).CombinedOutput()
@@ -81,27 +88,66 @@ func (d *dayTwo) status() statusJSON {
 	return s
 }
 
-// requireHealthy asserts every node of the status is running, Ready and verified, and that
-// the nodes are exactly names.
-func (d *dayTwo) requireHealthy(names ...string) statusJSON {
-	d.t.Helper()
-	s := d.status()
-	var got []string
+// problems lists why status s is not a healthy cluster of exactly names: every node
+// running, Ready and verified, every service's pods ready on every node it should run on.
+func (s statusJSON) problems(names ...string) []string {
+	var out, got []string
 	for _, n := range s.Nodes {
 		got = append(got, n.Name)
-		require.NotNil(d.t, n.Provider, "%s: platform view", n.Name)
-		assert.Equal(d.t, "running", n.Provider.State, "%s", n.Name)
-		require.NotNil(d.t, n.Kubernetes, "%s: Kubernetes view (errors: %v)", n.Name, s.Errors)
-		assert.True(d.t, n.Kubernetes.Ready, "%s: Ready", n.Name)
-		require.NotNil(d.t, n.Attestation, "%s: attestation view (errors: %v)", n.Name, s.Errors)
-		assert.True(d.t, n.Attestation.Verified, "%s: verified: %s", n.Name, n.Attestation.Error)
+		switch {
+		case n.Provider == nil:
+			out = append(out, n.Name+": no platform view")
+		case n.Provider.State != "running":
+			out = append(out, n.Name+": "+n.Provider.State)
+		}
+		switch {
+		case n.Kubernetes == nil:
+			out = append(out, n.Name+": no Kubernetes view")
+		case !n.Kubernetes.Ready:
+			out = append(out, n.Name+": not Ready")
+		}
+		switch {
+		case n.Attestation == nil:
+			out = append(out, n.Name+": no attestation view")
+		case !n.Attestation.Verified:
+			out = append(out, n.Name+": not verified: "+n.Attestation.Error)
+		}
 	}
-	assert.ElementsMatch(d.t, names, got)
+	slices.Sort(got)
+	want := slices.Clone(names)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		out = append(out, fmt.Sprintf("nodes %v, want %v", got, want))
+	}
+	if len(s.Services) != 3 {
+		out = append(out, fmt.Sprintf("services: %v", s.Services))
+	}
 	for _, svc := range s.Services {
-		assert.Positive(d.t, svc.Ready, svc.Name)
-		assert.Equal(d.t, svc.Desired, svc.Ready, svc.Name)
+		if svc.Ready == 0 || svc.Desired != svc.Ready {
+			out = append(out, fmt.Sprintf("%s: %d of %d ready", svc.Name, svc.Ready, svc.Desired))
+		}
 	}
-	return s
+	return append(out, s.Errors...)
+}
+
+// requireHealthy waits (polled, 2 minutes at most) until status shows a healthy cluster of
+// exactly names, and fails naming what is not. Status converges: a DaemonSet's counts follow
+// a node's addition or removal, a rebooted node's pods start again.
+func (d *dayTwo) requireHealthy(names ...string) statusJSON {
+	d.t.Helper()
+	var s statusJSON
+	var problems []string
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		s = d.status()
+		if problems = s.problems(names...); len(problems) == 0 {
+			return s
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("the cluster is not healthy: %s", strings.Join(problems, "; "))
+		}
+		time.Sleep(2 * time.Second)
+	}
 }
 
 // setCounts edits the workspace's configuration's node counts, as a user does.
@@ -152,9 +198,10 @@ func TestDayTwo(t *testing.T) {
 	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
 
 	t.Run("reboot a worker", func(t *testing.T) {
+		d := d.on(t)
 		out := d.run("reboot", "worker-0")
 		t.Logf("%s", out)
-		assert.Contains(t, out, "worker-0 (Ready, kubelet reported after the reboot)")
+		assert.Contains(t, out, "worker-0 (Ready by a fresh kubelet heartbeat, verification service up)")
 		s := d.requireHealthy("control-plane-0", "worker-0", "worker-1")
 		i, _ := s.node("worker-0")
 		assert.Equal(t, 2, s.Nodes[i].Provider.Boots)
@@ -164,6 +211,7 @@ func TestDayTwo(t *testing.T) {
 	})
 
 	t.Run("a killed bootstrapper: the provider reboots the node", func(t *testing.T) {
+		d := d.on(t)
 		pid := bootstrapperPID(t, ws, "worker-1")
 		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 		var s statusJSON
@@ -185,6 +233,7 @@ func TestDayTwo(t *testing.T) {
 	})
 
 	t.Run("scale workers 2 to 3 to 1", func(t *testing.T) {
+		d := d.on(t)
 		d.setCounts(1, 3)
 		out := d.run("apply")
 		t.Logf("%s", out)
@@ -212,6 +261,7 @@ func TestDayTwo(t *testing.T) {
 	})
 
 	t.Run("a removed node cannot come back", func(t *testing.T) {
+		d := d.on(t)
 		// The platform lists the removed name again (a re-created machine): the join
 		// service refuses it, by the record apply wrote when it removed the node.
 		platform := &cluster.Local{Dir: filepath.Join(ws, "mini"), Exe: bin}
@@ -226,6 +276,7 @@ func TestDayTwo(t *testing.T) {
 	})
 
 	t.Run("scale control planes 1 to 3 to 1", func(t *testing.T) {
+		d := d.on(t)
 		d.setCounts(3, 1)
 		out := d.run("apply")
 		t.Logf("%s", out)
@@ -244,6 +295,7 @@ func TestDayTwo(t *testing.T) {
 	})
 
 	t.Run("reboot the only control plane, recover it", func(t *testing.T) {
+		d := d.on(t)
 		out := d.run("reboot", "--no-wait", "control-plane-0")
 		t.Logf("%s", out)
 		require.Eventually(t, func() bool {
@@ -258,6 +310,7 @@ func TestDayTwo(t *testing.T) {
 	})
 
 	t.Run("stop, start, recover", func(t *testing.T) {
+		d := d.on(t)
 		kubectl(t, d.kubeconfig, "create", "configmap", "before-stop", "--from-literal=k=v")
 		d.run("stop")
 		s := d.status()
