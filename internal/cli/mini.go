@@ -233,14 +233,6 @@ func tail(b []byte, n int) string {
 	return string(b)
 }
 
-func writeJSON(path string, v any) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(data, '\n'), 0o644)
-}
-
 // phaseTimer prints phases with their wall time (the mini up benchmark reads them).
 type phaseTimer struct {
 	out   io.Writer

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -57,9 +56,4 @@ func recordNodes(st *state.State, nodes []provider.Node) {
 // nodeEndpoint is host:port of a node's service port.
 func nodeEndpoint(n state.Node, port int) string {
 	return net.JoinHostPort(n.IPs[0].String(), fmt.Sprint(port))
-}
-
-// dialerOf is the platform's dialer as a gRPC context dialer.
-func dialerOf(p provider.Provider) func(context.Context, string) (net.Conn, error) {
-	return p.Dialer()
 }
