@@ -246,3 +246,48 @@ func FuzzParse(f *testing.F) {
 		require.Equal(t, string(out), string(again))
 	})
 }
+
+func TestRemovedNodes(t *testing.T) {
+	base := func() *State {
+		return &State{
+			Version: Version1, Name: "demo", Provider: ProviderLocal, Phase: Created, CreatedAt: time.Now(),
+			InitEndpoint: "10.42.0.10:9000",
+			Nodes:        []Node{{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.10")}}},
+		}
+	}
+	testCases := map[string]struct {
+		removed []RemovedNode
+		wantErr []string
+	}{
+		"none": {},
+		"one":  {removed: []RemovedNode{{Name: "worker-1", Role: metadata.Worker, RemovedAt: time.Now()}}},
+		"name reused": {
+			removed: []RemovedNode{{Name: "control-plane-0", Role: metadata.ControlPlane, RemovedAt: time.Now()}},
+			wantErr: []string{"removed[0].name", "never reused"},
+		},
+		"malformed": {
+			removed: []RemovedNode{{Name: "Worker_1", Role: "boss"}},
+			wantErr: []string{"removed[0].name", "removed[0].role", "removed[0].removedAt"},
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			s := base()
+			s.Removed = tc.removed
+			err := s.Validate()
+			if len(tc.wantErr) == 0 {
+				require.NoError(t, err)
+				data, err := s.Marshal()
+				require.NoError(t, err)
+				back, err := Parse(data)
+				require.NoError(t, err)
+				assert.Equal(t, len(tc.removed), len(back.Removed), "round trip")
+				return
+			}
+			require.Error(t, err)
+			for _, w := range tc.wantErr {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
