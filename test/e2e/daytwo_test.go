@@ -240,11 +240,23 @@ func TestDayTwo(t *testing.T) {
 		assert.Contains(t, out, "+ worker-2")
 		d.requireHealthy("control-plane-0", "worker-0", "worker-1", "worker-2")
 
+		// A pod on worker-2: the drain evicts it through the Eviction API.
+		applyManifest(t, d.kubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: evictee, namespace: default}
+spec:
+  nodeName: worker-2
+  terminationGracePeriodSeconds: 1
+  containers: [{name: hello, image: %s, imagePullPolicy: Never}]
+`, helloRef(t, images)))
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/evictee", "--timeout=120s")
+
 		d.setCounts(1, 1)
 		out = d.run("apply")
 		t.Logf("%s", out)
 		assert.Contains(t, out, "- worker-2")
 		assert.Contains(t, out, "- worker-1")
+		assert.Contains(t, out, "worker-2: evicted default/evictee")
 		s := d.requireHealthy("control-plane-0", "worker-0")
 		var removed []string
 		for _, r := range s.Removed {
