@@ -21,6 +21,20 @@ import (
 	"github.com/openconstellation/constellation/internal/state"
 )
 
+// inWorkspace is the RunE of a command that works on the workspace within a timeout: it
+// resolves -C and bounds the context, then runs run.
+func inWorkspace(timeout *time.Duration, run func(ctx context.Context, out io.Writer, workspace string, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ws, err := absWorkspace(cmd)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), *timeout)
+		defer cancel()
+		return run(ctx, cmd.OutOrStdout(), ws, args)
+	}
+}
+
 func newRebootCmd() *cobra.Command {
 	var timeout time.Duration
 	var noWait bool
@@ -36,15 +50,9 @@ pods (a control plane with its etcd data). The command waits until each node is 
 A cluster whose only control plane reboots has no join service until that control plane is
 back: it waits for 'constellation recover'.`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ws, err := absWorkspace(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			return rebootNodes(ctx, cmd.OutOrStdout(), ws, args, !noWait)
-		},
+		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, args []string) error {
+			return rebootNodes(ctx, out, ws, args, !noWait)
+		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the platform rebooted the nodes")
@@ -211,13 +219,7 @@ cluster. Each node's encrypted state, TPM and logs are kept. 'constellation star
 nodes on again; since no join service runs while every control plane waits for its key,
 'constellation recover' then gives each control plane its key.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ws, err := absWorkspace(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
+		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
 			_, platform, err := loadState(ws)
 			if err != nil {
 				return err
@@ -225,9 +227,9 @@ nodes on again; since no join service runs while every control plane waits for i
 			if err := platform.Stop(ctx); err != nil {
 				return fmt.Errorf("stopping the cluster: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "stopped every node; their state is kept. Start again with: %s start -C %s\n", toolPath("constellation"), ws)
+			fmt.Fprintf(out, "stopped every node; their state is kept. Start again with: %s start -C %s\n", toolPath("constellation"), ws)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "give up after this long")
 	return cmd
@@ -243,13 +245,7 @@ belongs to the cluster and ask for their keys: while no join service runs (every
 waits too), they wait and say so ('constellation status'). Give the control planes their keys
 with 'constellation recover'; the other nodes then rejoin by themselves.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ws, err := absWorkspace(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
+		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
 			st, platform, err := loadState(ws)
 			if err != nil {
 				return err
@@ -260,9 +256,9 @@ with 'constellation recover'; the other nodes then rejoin by themselves.`,
 			if err := refreshEndpoints(ctx, ws, st, platform); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "started %d nodes. Once they wait for recovery, run: %s recover -C %s\n", len(st.Nodes), toolPath("constellation"), ws)
+			fmt.Fprintf(out, "started %d nodes. Once they wait for recovery, run: %s recover -C %s\n", len(st.Nodes), toolPath("constellation"), ws)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "give up after this long")
 	return cmd

@@ -36,15 +36,9 @@ node as a control plane, and PCR 15 zero (the node waits). recover repeats until
 control plane is back (etcd has its quorum again), then waits until every node is Ready: the
 workers rejoin by themselves once the join service runs again.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ws, err := absWorkspace(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			return recoverCluster(ctx, cmd.OutOrStdout(), ws)
-		},
+		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
+			return recoverCluster(ctx, out, ws)
+		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	return cmd

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/provider"
 )
@@ -53,4 +55,17 @@ func TestPrintStatus(t *testing.T) {
 		assert.Contains(t, out.String(), want)
 	}
 	assert.NotContains(t, out.String(), "more", "only the first line of an error")
+}
+
+// The day-two commands on a workspace without a cluster say so, and touch nothing.
+func TestDayTwoCommandsWithoutCluster(t *testing.T) {
+	for _, args := range [][]string{{"status"}, {"reboot", "worker-0"}, {"stop"}, {"start"}, {"recover"}} {
+		ws := t.TempDir()
+		out, err := run(t, append(args, "-C", ws)...)
+		require.Error(t, err, "%v", args)
+		assert.Contains(t, out, "no cluster was created in this workspace", "%v", args)
+		left, err := os.ReadDir(ws)
+		require.NoError(t, err)
+		assert.Empty(t, left, "%v", args)
+	}
 }
