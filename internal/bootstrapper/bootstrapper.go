@@ -30,6 +30,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
+	"github.com/openconstellation/constellation/internal/metadata"
 )
 
 // Config is what Run drives.
@@ -43,7 +44,7 @@ type Config struct {
 	RecoveryServer   *recoveryserver.Server
 	RecoveryListener net.Listener
 	JoinClient       *joinclient.Client
-	// Progress, when set, is told the node's phase as it changes (the Phase constants), so
+	// Progress, when set, is told the node's phase as it changes (metadata.Phase constants), so
 	// the platform can show it (for example "waiting-for-recovery" after a full-cluster
 	// shutdown). It must not block.
 	Progress func(phase string)
@@ -59,21 +60,6 @@ const (
 	ByJoin    = "join"
 	ByRejoin  = "rejoin"
 	ByRecover = "recover"
-)
-
-// Phases Config.Progress is told.
-const (
-	// PhaseWaitingForJoinService: a rebooted worker found no join service answering; its
-	// rejoin keeps retrying until the control planes are back.
-	PhaseWaitingForJoinService = "waiting-for-join-service"
-	// PhaseWaitingForRecovery: a rebooted control plane found no join service answering; it
-	// waits for a rejoin ticket or for `constellation recover`.
-	PhaseWaitingForRecovery = "waiting-for-recovery"
-	// The node is in its cluster, by init, join, rejoin or recovery.
-	PhaseInitialized = "initialized"
-	PhaseJoined      = "joined"
-	PhaseRejoined    = "rejoined"
-	PhaseRecovered   = "recovered"
 )
 
 // DefaultWaitingAfter: by then the join client's first attempt has failed and it has waited
@@ -98,7 +84,7 @@ func Run(ctx context.Context, cfg Config) (string, error) {
 	case node.Fresh:
 		by, err := commit(ctx, cfg)
 		if err == nil {
-			cfg.Progress(map[string]string{ByInit: PhaseInitialized, ByJoin: PhaseJoined}[by])
+			cfg.Progress(map[string]string{ByInit: metadata.PhaseInitialized, ByJoin: metadata.PhaseJoined}[by])
 		}
 		return by, err
 	default:
@@ -114,7 +100,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 	defer stopRejoin()
 	// Never closed on workers.
 	var committed, finished <-chan struct{}
-	waitingPhase := PhaseWaitingForJoinService
+	waitingPhase := metadata.PhaseWaitingForJoinService
 	waitingMsg := "no join service answers: waiting for the control planes to come back (the rejoin keeps retrying)"
 	if rs := cfg.RecoveryServer; rs != nil {
 		if cfg.RecoveryListener == nil {
@@ -137,7 +123,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 			}
 		}()
 		committed, finished = rs.Committed(), rs.Finished()
-		waitingPhase = PhaseWaitingForRecovery
+		waitingPhase = metadata.PhaseWaitingForRecovery
 		waitingMsg = "no join service answers: waiting for rejoin or for `constellation recover`"
 		log.Info("state storage belongs to a cluster: rejoining; serving recovery", "addr", cfg.RecoveryListener.Addr().String())
 	} else {
@@ -162,7 +148,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 			return "", fmt.Errorf("recover: %w", err)
 		}
 		log.Info("recovered into the cluster")
-		cfg.Progress(PhaseRecovered)
+		cfg.Progress(metadata.PhaseRecovered)
 		return ByRecover, nil
 	}
 	for {
@@ -170,7 +156,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 		case err := <-rejoinErr:
 			if err == nil {
 				log.Info("rejoined the cluster")
-				cfg.Progress(PhaseRejoined)
+				cfg.Progress(metadata.PhaseRejoined)
 				return ByRejoin, nil
 			}
 			// Lost the node lock to the recovery (or stopped because of it).

@@ -167,7 +167,7 @@ func TestRecoveryWithoutJoinService(t *testing.T) {
 	defer cancel()
 	done := r.run(ctx)
 
-	r.progress.waitFor(t, bootstrapper.PhaseWaitingForRecovery)
+	r.progress.waitFor(t, metadata.PhaseWaitingForRecovery)
 	assert.Contains(t, r.logs.String(), "no join service answers: waiting for rejoin or for `constellation recover`")
 	assert.Equal(t, make([]byte, 32), r.node.PCR15(t), "waiting: PCR 15 zero")
 	assert.False(t, r.node.Unlocked(t))
@@ -176,7 +176,7 @@ func TestRecoveryWithoutJoinService(t *testing.T) {
 	res := <-done
 	require.NoError(t, res.err)
 	assert.Equal(t, bootstrapper.ByRecover, res.by)
-	assert.Equal(t, []string{bootstrapper.PhaseWaitingForRecovery, bootstrapper.PhaseRecovered}, r.progress.list())
+	assert.Equal(t, []string{metadata.PhaseWaitingForRecovery, metadata.PhaseRecovered}, r.progress.list())
 	assert.Equal(t, kms.InitializedPCR15(r.keys.ClusterID), r.node.PCR15(t))
 	assert.True(t, r.node.Unlocked(t))
 	assert.Equal(t, 1, r.kubelet.Restarts(), "restarted once: by the recovery, not again by the rejoin")
@@ -196,7 +196,7 @@ func TestRebootedWorkerWaitsForJoinService(t *testing.T) {
 	require.Nil(t, r.cfg.RecoveryServer, "workers serve no recovery")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := r.run(ctx)
-	r.progress.waitFor(t, bootstrapper.PhaseWaitingForJoinService)
+	r.progress.waitFor(t, metadata.PhaseWaitingForJoinService)
 	assert.Contains(t, r.logs.String(), "no join service answers: waiting for the control planes to come back")
 	select {
 	case res := <-done:
@@ -206,7 +206,7 @@ func TestRebootedWorkerWaitsForJoinService(t *testing.T) {
 	cancel()
 	res := <-done
 	assert.ErrorIs(t, res.err, context.Canceled)
-	assert.Equal(t, []string{bootstrapper.PhaseWaitingForJoinService}, r.progress.list())
+	assert.Equal(t, []string{metadata.PhaseWaitingForJoinService}, r.progress.list())
 	assert.Equal(t, make([]byte, 32), r.node.PCR15(t))
 	assert.False(t, r.node.Unlocked(t))
 }
@@ -222,7 +222,7 @@ func TestRecoveryAfterBootstrapperRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := r.run(ctx)
-	r.progress.waitFor(t, bootstrapper.PhaseWaitingForRecovery)
+	r.progress.waitFor(t, metadata.PhaseWaitingForRecovery)
 	require.NoError(t, r.recover())
 	res := <-done
 	require.NoError(t, res.err)
@@ -263,7 +263,7 @@ func TestRejoinWinsOverRecovery(t *testing.T) {
 	res := <-r.run(ctx)
 	require.NoError(t, res.err)
 	assert.Equal(t, bootstrapper.ByRejoin, res.by)
-	assert.Equal(t, bootstrapper.PhaseRejoined, r.progress.list()[len(r.progress.list())-1])
+	assert.Equal(t, metadata.PhaseRejoined, r.progress.list()[len(r.progress.list())-1])
 	assert.Equal(t, node.HolderRejoin, r.node.Node.LockHolder())
 	assert.Equal(t, 1, r.kubelet.Restarts())
 

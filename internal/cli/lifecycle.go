@@ -17,6 +17,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 )
@@ -107,7 +108,7 @@ func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, cl
 				if !slices.Contains(names, n.Name) || back[n.Name] {
 					continue
 				}
-				if n.BootedAt.After(bootedAfter.Add(-time.Second)) && inCluster(n.Reported) {
+				if n.BootedAt.After(bootedAfter.Add(-time.Second)) && metadata.InCluster(n.Reported) {
 					back[n.Name], bootedAt[n.Name] = true, n.BootedAt
 					t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
 				} else {
@@ -189,15 +190,6 @@ func servingAgain(ctx context.Context, client kubernetes.Interface, name string,
 		}
 	}
 	return false, "its verification service is not running again yet"
-}
-
-// inCluster reports whether a node's reported phase says its bootstrapper brought it in.
-func inCluster(phase string) bool {
-	switch phase {
-	case "initialized", "joined", "rejoined", "recovered", "in-cluster":
-		return true
-	}
-	return false
 }
 
 func readyCondition(n corev1.Node) *corev1.NodeCondition {

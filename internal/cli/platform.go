@@ -43,13 +43,9 @@ func loadState(workspace string) (*state.State, provider.Provider, error) {
 // recordNodes makes the state's node list the platform's: the state file is the one record of
 // the cluster's nodes and endpoints the CLI works from.
 func recordNodes(st *state.State, nodes []provider.Node) {
-	unexpected := map[string]bool{}
-	for _, n := range st.Nodes {
-		unexpected[n.Name] = n.Unexpected
-	}
 	st.Nodes = st.Nodes[:0]
 	for _, n := range nodes {
-		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: n.Role, IPs: n.IPs, Unexpected: n.Unexpected || unexpected[n.Name]})
+		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: n.Role, IPs: n.IPs, Unexpected: n.Unexpected})
 	}
 }
 

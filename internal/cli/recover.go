@@ -90,12 +90,12 @@ func recoverCluster(ctx context.Context, out io.Writer, workspace string) error 
 			if done[n.Name] {
 				continue
 			}
-			if inCluster(reported[n.Name]) {
+			if metadata.InCluster(reported[n.Name]) {
 				done[n.Name] = true
 				t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported[n.Name]))
 				continue
 			}
-			if reported[n.Name] != "waiting-for-recovery" {
+			if reported[n.Name] != metadata.PhaseWaitingForRecovery {
 				last[n.Name] = "booting: " + reported[n.Name]
 				continue
 			}

@@ -33,11 +33,12 @@ func (p scalePlan) empty() bool { return len(p.add) == 0 && len(p.remove) == 0 }
 // were never used in the cluster (a removed node's identity stays refused); removal takes the
 // newest nodes of a role first, and never the first control plane (the cluster's
 // controlPlaneEndpoint names it).
-func planScale(conf *config.Config, st *state.State, image string) (scalePlan, error) {
+func planScale(conf *config.Config, st *state.State, workspace string) (scalePlan, error) {
 	lc := conf.Provider.Local
 	if lc == nil {
 		return scalePlan{}, fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
 	}
+	image := lc.ImagePath(workspace)
 	p := scalePlan{wantCP: lc.ControlPlanes, wantW: lc.Workers}
 	byRole := map[metadata.Role][]state.Node{}
 	for _, n := range st.Nodes {
@@ -116,10 +117,7 @@ type scaleOptions struct {
 // reconcile brings an initialized cluster's node counts to the configuration's: it says what
 // it changes, then adds nodes (they join through the join service) and removes nodes.
 func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State, o scaleOptions) error {
-	if conf.Provider.Local == nil {
-		return fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
-	}
-	plan, err := planScale(conf, st, conf.Provider.Local.ImagePath(workspace))
+	plan, err := planScale(conf, st, workspace)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func TestPlanScale(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			conf := &config.Config{Provider: config.ProviderConfig{Local: &config.LocalConfig{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"}}}
 			st := &state.State{Nodes: tc.nodes, Removed: tc.removed}
-			plan, err := planScale(conf, st, "/image")
+			plan, err := planScale(conf, st, "/workspace")
 			if tc.wantErrSubstr != "" {
 				require.ErrorContains(t, err, tc.wantErrSubstr)
 				return

@@ -139,15 +139,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	handshakes, err := handshakelimit.New(cfg.HandshakeLimits.Or(DefaultHandshakeLimits), cfg.Now)
-	if err != nil {
-		return nil, fmt.Errorf("recovery server: %w", err)
-	}
-	attempts, err := handshakelimit.New(cfg.AttemptLimits.Or(DefaultAttemptLimits), cfg.Now)
-	if err != nil {
-		return nil, fmt.Errorf("recovery server: %w", err)
-	}
-	creds, err := atls.NewCredentials(atls.Config{Issuer: cfg.Issuer, Admit: handshakes.Admit})
+	creds, attempts, err := handshakelimit.NewAttestingServer(cfg.Issuer, cfg.HandshakeLimits.Or(DefaultHandshakeLimits), cfg.AttemptLimits.Or(DefaultAttemptLimits), cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("recovery server: %w", err)
 	}

@@ -157,58 +157,55 @@ func (c *Client) InitSecretHash(ctx context.Context) ([]byte, error) {
 // provider, as a cloud shows guest attributes). Best effort for the caller: the platform
 // trusts it for nothing.
 func (c *Client) Report(ctx context.Context, phase string) error {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
 	body, err := json.Marshal(map[string]string{"phase": phase})
 	if err != nil {
 		return err
 	}
-	u := c.base.JoinPath(PathReport)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("metadata %s: %w", PathReport, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("metadata %s: %w", PathReport, err)
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("metadata %s: %s: %s", PathReport, resp.Status, snippet(answer))
-	}
-	return nil
+	_, err = c.do(ctx, http.MethodPut, PathReport, body, http.StatusNoContent)
+	return err
 }
 
 func (c *Client) get(ctx context.Context, path string) ([]byte, error) {
+	return c.do(ctx, http.MethodGet, path, nil, http.StatusOK)
+}
+
+// do makes one request with a JSON body (nil for none) and returns the answer's body, at
+// most maxBody bytes, if the status is want.
+func (c *Client) do(ctx context.Context, method, path string, body []byte, want int) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
 	u := c.base.JoinPath(path)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	var reqBody io.Reader
+	if body != nil {
+		reqBody = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), reqBody)
 	if err != nil {
 		return nil, fmt.Errorf("metadata %s: %w", path, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("metadata %s: %w", path, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("metadata %s: reading answer: %w", path, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metadata %s: %s: %s", path, resp.Status, snippet(body))
+	if resp.StatusCode != want {
+		return nil, fmt.Errorf("metadata %s: %s: %s", path, resp.Status, snippet(answer))
 	}
-	if len(body) > maxBody {
+	if len(answer) > maxBody {
 		return nil, fmt.Errorf("metadata %s: answer larger than %d bytes", path, maxBody)
 	}
-	return body, nil
+	return answer, nil
 }
 
 // snippet is the start of an error body, printable, for messages.

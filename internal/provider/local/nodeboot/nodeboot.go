@@ -75,7 +75,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log = log.With("node", self.Name)
-	report(ctx, meta, log, "booting")
+	report(ctx, meta, log, metadata.PhaseBooting)
 	nodeConfigData, err := os.ReadFile(filepath.Join(o.ImageDir, local.NodeConfigFile))
 	if err != nil {
 		return fmt.Errorf("reading the image's node configuration: %w", err)
@@ -115,7 +115,7 @@ func Run(ctx context.Context, o Options) error {
 	case <-ctx.Done():
 		return nil
 	case err := <-kubelet.Failed():
-		report(context.WithoutCancel(ctx), meta, log, "kubelet-failed")
+		report(context.WithoutCancel(ctx), meta, log, metadata.PhaseKubeletFailed)
 		return fmt.Errorf("node failed: %w", err)
 	}
 }

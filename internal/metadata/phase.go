@@ -1,0 +1,33 @@
+package metadata
+
+// Phases a node's bootstrapper reports to its platform as it goes (the local provider's
+// PUT /v1/self/report, a cloud's guest attributes), shown to the operator by `constellation
+// status` and waited on by `reboot` and `recover`. They are diagnosis: nothing trusts them
+// for security.
+const (
+	// PhaseBooting: the node's OS is booting; its bootstrapper has not decided yet.
+	PhaseBooting = "booting"
+	// PhaseWaitingForJoinService: a rebooted worker found no join service answering; its
+	// rejoin keeps retrying until the control planes are back.
+	PhaseWaitingForJoinService = "waiting-for-join-service"
+	// PhaseWaitingForRecovery: a rebooted control plane found no join service answering; it
+	// waits for a rejoin ticket or for `constellation recover`.
+	PhaseWaitingForRecovery = "waiting-for-recovery"
+	// The node is in its cluster, by init, join, rejoin or recovery.
+	PhaseInitialized = "initialized"
+	PhaseJoined      = "joined"
+	PhaseRejoined    = "rejoined"
+	PhaseRecovered   = "recovered"
+	// PhaseKubeletFailed: the node's kubelet died after the node was in its cluster; the
+	// bootstrapper exits and the platform's watchdog reboots the node.
+	PhaseKubeletFailed = "kubelet-failed"
+)
+
+// InCluster reports whether phase says the node's bootstrapper brought it into its cluster.
+func InCluster(phase string) bool {
+	switch phase {
+	case PhaseInitialized, PhaseJoined, PhaseRejoined, PhaseRecovered:
+		return true
+	}
+	return false
+}
