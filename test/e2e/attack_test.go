@@ -53,21 +53,9 @@ import (
 func TestAttacks(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
-	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
-	images := filepath.Join(repoOutput(t), "images")
-	var id string
-	t.Cleanup(func() {
-		out, err := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-		assert.NoError(t, err, "%s", out)
-		if id != "" {
-			assertNoLeftovers(t, ws, id)
-		}
-	})
-	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "1", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	miniUp(t, bin, ws, "--workers", "1")
 	st, err := cluster.ReadStatus(filepath.Join(ws, "mini"))
 	require.NoError(t, err)
-	id = st.NetworkID
 	cp, worker := st.Nodes[0], st.Nodes[1]
 	require.Equal(t, "control-plane-0", cp.Name)
 	require.Equal(t, "worker-0", worker.Name)
@@ -237,7 +225,7 @@ func TestAttacks(t *testing.T) {
 
 	// The cluster still works: both nodes Ready and verified.
 	assert.ElementsMatch(t, []string{cp.Name, worker.Name}, readyNodes(t, kubeconfig))
-	out, err = exec.Command(bin, "verify", "-C", ws, "-o", "json").CombinedOutput()
+	out, err := exec.Command(bin, "verify", "-C", ws, "-o", "json").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	var reports []struct{ Verified bool }
 	require.NoError(t, json.Unmarshal(out, &reports))

@@ -176,21 +176,10 @@ func TestDayTwo(t *testing.T) {
 	}
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
-	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
 	images := filepath.Join(repoOutput(t), "images")
 	d := &dayTwo{t: t, bin: bin, ws: ws, kubeconfig: filepath.Join(ws, "constellation-admin.conf")}
-	var id string
-	t.Cleanup(func() {
-		out, err := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-		assert.NoError(t, err, "%s", out)
-		if id != "" {
-			assertNoLeftovers(t, ws, id)
-		}
-	})
-	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	out := miniUp(t, bin, ws, "--workers", "2")
 	t.Logf("mini up:\n%s", phases(out))
-	id = cluster.NetworkID(filepath.Join(ws, "mini"))
 	d.requireHealthy("control-plane-0", "worker-0", "worker-1")
 
 	// A workload on worker-0 and a ConfigMap: both must survive everything below.

@@ -45,6 +45,30 @@ func buildBinaries(t testing.TB) (bin, bootstrapper string) {
 	return filepath.Join(dir, "constellation"), filepath.Join(dir, "bootstrapper")
 }
 
+// kubeBinDir is the Kubernetes binaries the tests' nodes use ($CONSTELLATION_KUBE_BIN or
+// _output/kube/bin).
+func kubeBinDir(t testing.TB) string {
+	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
+		return dir
+	}
+	return filepath.Join(repoOutput(t), "kube", "bin")
+}
+
+// miniUp runs `constellation mini up` in ws with args, fails the test if it fails, and
+// removes the cluster when the test ends, checking that nothing of it is left.
+func miniUp(t *testing.T, bin, ws string, args ...string) []byte {
+	t.Helper()
+	t.Cleanup(func() {
+		out, err := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
+		assert.NoError(t, err, "%s", out)
+		assertNoLeftovers(t, ws, cluster.NetworkID(filepath.Join(ws, "mini")))
+	})
+	args = append([]string{"mini", "up", "-C", ws, "--kube-bin", kubeBinDir(t), "--images", filepath.Join(repoOutput(t), "images")}, args...)
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return out
+}
+
 func kubectl(t *testing.T, kubeconfig string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(filepath.Join(repoOutput(t), "kube", "bin", "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
@@ -57,10 +81,7 @@ func kubectl(t *testing.T, kubeconfig string, args ...string) string {
 func TestMiniUp(t *testing.T) {
 	bin, bootstrapper := buildBinaries(t)
 	ws := t.TempDir()
-	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
-	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
-		kubeBin = dir
-	}
+	kubeBin := kubeBinDir(t)
 	images := filepath.Join(repoOutput(t), "images")
 	// The other node's bootstrapper differs from the image's by a few bytes: it still runs,
 	// but it measures differently (PCR 11).
@@ -74,22 +95,10 @@ func TestMiniUp(t *testing.T) {
 		assert.NoError(t, err, "%s", out)
 		return out
 	}
-	var id string
-	t.Cleanup(func() {
-		down()
-		if id != "" {
-			assertNoLeftovers(t, ws, id)
-		}
-	})
-
 	start := time.Now()
-	out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--extra-worker-bootstrapper", other,
-		"--kube-bin", kubeBin, "--images", images).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	out := miniUp(t, bin, ws, "--workers", "2", "--extra-worker-bootstrapper", other)
 	t.Logf("mini up took %s:\n%s", time.Since(start), phases(out))
-	status, err := cluster.ReadStatus(filepath.Join(ws, "mini"))
-	require.NoError(t, err)
-	id = status.NetworkID
+	id := cluster.NetworkID(filepath.Join(ws, "mini"))
 	assert.Contains(t, string(out), "over attested TLS")
 	assert.Contains(t, string(out), "kubeadm init done")
 	assert.Contains(t, string(out), "join, key and verification services ready")
@@ -211,28 +220,14 @@ func readyNodes(t *testing.T, kubeconfig string) []string {
 func helloPodsTalk(t *testing.T, kubeconfig, images string) {
 	t.Helper()
 	helloImage := helloRef(t, images)
-	server := fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: hello-server, namespace: default, labels: {app: hello}}
-spec:
-  nodeName: worker-0
-  containers:
-  - name: hello
-    image: %s
-    imagePullPolicy: Never
-    env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
-    ports: [{containerPort: 8080}]
-    readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
----
-apiVersion: v1
+	helloPod(t, kubeconfig, images, "worker-0")
+	applyManifest(t, kubeconfig, `apiVersion: v1
 kind: Service
 metadata: {name: hello, namespace: default}
 spec:
   selector: {app: hello}
   ports: [{port: 8080, targetPort: 8080}]
-`, helloImage)
-	applyManifest(t, kubeconfig, server)
-	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+`)
 	podIP := strings.TrimSpace(kubectl(t, kubeconfig, "get", "pod", "hello-server", "-o", "jsonpath={.status.podIP}"))
 	require.Regexp(t, `^10\.244\.`, podIP, "the server has an address of worker-0's pod range")
 
