@@ -13,7 +13,7 @@ joins=${JOINS:-600}
 raw=$(mktemp); trap 'rm -f "$raw"' EXIT
 {
   go test -run '^$' -bench . -benchtime "$benchtime" \
-    ./internal/attestation/qemu/ ./internal/atls/ ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
+    ./pkg/attestation/qemu/ ./pkg/atls/ ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoinAfterServiceStarts -benchtime "${JOINWAITS:-20}x" ./internal/bootstrapper/joinclient/ 2>/dev/null || true
   if [ "${MINI:-1}" != 0 ]; then

@@ -36,15 +36,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 func main() {

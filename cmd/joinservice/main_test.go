@@ -25,11 +25,6 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/cmdutil"
@@ -42,6 +37,11 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
 var image = []local.Component{

@@ -18,10 +18,10 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 
-	"github.com/openconstellation/constellation/internal/attestation/variant"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/cmdutil"
-	"github.com/openconstellation/constellation/internal/verify"
+	"github.com/openconstellation/constellation/internal/verifyservice"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 func main() {
@@ -41,10 +41,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	tpmAddr := fs.String("tpm", "unix:/run/constellation/tpm.sock", "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per request")
 	akName := fs.String("ak", "rsa", "attestation key: rsa (the node's AK) or ecc")
 	variantName := fs.String("variant", "qemu-vtpm", "attestation variant written into the evidence")
-	maxWaiting := fs.Int("max-waiting", verify.DefaultMaxWaiting, "requests in progress at once, across callers; more are refused (503)")
-	peerRate := fs.Float64("peer-rate", float64(verify.DefaultPeerRate), "requests per second per caller address; more are refused (429)")
-	peerBurst := fs.Int("peer-burst", verify.DefaultPeerBurst, "requests a caller address may make at once after idling")
-	maxPerPeer := fs.Int("max-per-peer", verify.DefaultMaxPerPeer, "requests in progress per caller address")
+	maxWaiting := fs.Int("max-waiting", verifyservice.DefaultMaxWaiting, "requests in progress at once, across callers; more are refused (503)")
+	peerRate := fs.Float64("peer-rate", float64(verifyservice.DefaultPeerRate), "requests per second per caller address; more are refused (429)")
+	peerBurst := fs.Int("peer-burst", verifyservice.DefaultPeerBurst, "requests a caller address may make at once after idling")
+	maxPerPeer := fs.Int("max-per-peer", verifyservice.DefaultMaxPerPeer, "requests in progress per caller address")
 	metricsAddr := fs.String("metrics-listen", "", "Prometheus metrics listen address (empty: none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("TPM: %w", err)
 	}
 	reg := cmdutil.Registry()
-	srv, err := verify.New(verify.Config{
+	srv, err := verifyservice.New(verifyservice.Config{
 		Issuer: issuer, Log: log, Registerer: reg, MaxWaiting: *maxWaiting,
 		PeerRate: rate.Limit(*peerRate), PeerBurst: *peerBurst, MaxPerPeer: *maxPerPeer,
 	})

@@ -6,7 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"io"
 	"net"
 	"net/http"
@@ -16,12 +16,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/cmdutil"
-	"github.com/openconstellation/constellation/internal/verify"
+	"github.com/openconstellation/constellation/internal/verifyservice"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
+	"github.com/openconstellation/constellation/pkg/verify"
 )
 
 // The service starts from flags and environment, answers over HTTP and gRPC with evidence of
@@ -49,7 +50,7 @@ func TestRun(t *testing.T) {
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: measurementstest.Image(qemu.Variant, nil)}}})
 	require.NoError(t, err)
 	nonce := bytes.Repeat([]byte{7}, 16)
-	var body verify.HTTPResponse
+	var body verifyservice.HTTPResponse
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + httpAddr + "/v1/attest?nonce=" + hex.EncodeToString(nonce))
 		if err != nil {

@@ -10,9 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 func newConfigCmd() *cobra.Command {

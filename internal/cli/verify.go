@@ -18,7 +18,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/state"
-	"github.com/openconstellation/constellation/internal/verify"
+	"github.com/openconstellation/constellation/pkg/verify"
 )
 
 // verifyOptions are the flags of verify.

@@ -27,11 +27,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/strictyaml"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // FileName is the name of the configuration file in a workspace.
@@ -120,7 +120,7 @@ type AttestationConfig struct {
 
 // QEMUVTPMConfig configures the qemu-vtpm variant.
 type QEMUVTPMConfig struct {
-	// Measurements are the reference-value sets (internal/attestation/measurements); a node is
+	// Measurements are the reference-value sets (pkg/attestation/measurements); a node is
 	// admitted if its PCRs match any set. At least one set; names are unique. PCR 15 carries
 	// the cluster-ID marker and is checked against the cluster ID, so it must not be an
 	// enforced register here. Required.

@@ -22,14 +22,14 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // One real kube-apiserver + etcd for the package, started by the first test that needs it.

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // NewAttestingServer builds what a node's server that attests to anonymous callers needs (the

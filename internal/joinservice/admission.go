@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/openconstellation/constellation/internal/atls"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
+	"github.com/openconstellation/constellation/pkg/atls"
 )
 
 // observedCredentials logs and counts every handshake the join service refuses: a refused

@@ -40,9 +40,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
@@ -50,6 +47,9 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/untrusted"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 // Keys derives keys; the key service client implements it.

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/untrusted"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // Node is what the platform says about an attested peer.

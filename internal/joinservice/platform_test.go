@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 type lister struct {

@@ -14,6 +14,8 @@ import (
 	"os"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
+
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // Sizes of the master secret parts and of derived secrets.
@@ -87,11 +89,7 @@ const InitializedPCR = 15
 
 // InitializedPCR15 is the SHA-256 PCR 15 value of a node that extended the cluster ID once
 // into a reset PCR: SHA256(0^32 || SHA256(clusterID)).
-func InitializedPCR15(clusterID []byte) []byte {
-	digest := sha256.Sum256(clusterID)
-	v := sha256.Sum256(append(make([]byte, 32), digest[:]...))
-	return v[:]
-}
+func InitializedPCR15(clusterID []byte) []byte { return attestation.ClusterIDMarker(clusterID) }
 
 func derive(ikm, salt []byte, info string, length int) ([]byte, error) {
 	if length <= 0 || length > MaxDerivedSize {

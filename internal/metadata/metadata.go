@@ -15,19 +15,19 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
-// Role is a node's role in the cluster.
-type Role string
+// Role is a node's role in the cluster. It is defined with the evidence it is certified in
+// (pkg/attestation), so verifiers outside this module can name it.
+type Role = attestation.Role
 
 // Roles.
 const (
-	ControlPlane Role = "control-plane"
-	Worker       Role = "worker"
+	ControlPlane = attestation.RoleControlPlane
+	Worker       = attestation.RoleWorker
 )
-
-// Valid reports whether r is a known role.
-func (r Role) Valid() bool { return r == ControlPlane || r == Worker }
 
 // Instance describes one node.
 type Instance struct {

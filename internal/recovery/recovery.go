@@ -6,7 +6,7 @@
 // What a node gets is exactly what a rejoin ticket would have given it: the key of its own
 // state disk and the measurement secret and salt. The master secret never leaves the CLI.
 // Before any key is sent, the node must have shown, on the attested channel the keys travel
-// over (internal/atls, the node attesting, purpose atls-server):
+// over (pkg/atls, the node attesting, purpose atls-server):
 //
 //   - evidence that Validator accepts: the cluster's image, an AK certified by the platform;
 //   - an AK certified for ExpectedNode, the node the operator means (ErrWrongNode: a relay
@@ -37,12 +37,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/untrusted"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // DefaultTimeout bounds a recovery whose context has no deadline: two calls, and on the node

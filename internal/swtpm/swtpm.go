@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // Options configures one swtpm.

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 )
 
 func shortTempDir(t *testing.T) string {

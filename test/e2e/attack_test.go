@@ -30,12 +30,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/api/verify/verifypb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -43,6 +38,11 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // TestAttacks attacks a running local cluster (one control plane, one worker) from the

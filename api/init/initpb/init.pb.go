@@ -6,7 +6,7 @@
 
 // The init service runs on every fresh control-plane node until the node is initialized or
 // has joined a cluster (docs/init.md). The CLI calls Init once, on one node, to create the
-// cluster. It is served over the attested channel with the node attesting (internal/atls):
+// cluster. It is served over the attested channel with the node attesting (pkg/atls):
 // the CLI has verified the node's evidence before it sends the master secret. The CLI itself
 // is authenticated by the init secret, whose bcrypt hash the node learns from its platform.
 

@@ -5,7 +5,7 @@
 // source: api/join/joinpb/join.proto
 
 // The join service admits attested nodes into the cluster (docs/joinservice.md). It is served
-// over the attested channel only (internal/atls, mutual attestation): by the time a method runs
+// over the attested channel only (pkg/atls, mutual attestation): by the time a method runs
 // the node's evidence has been verified, and the node has verified the service's.
 
 package joinpb

@@ -7,7 +7,7 @@
 // The recovery service runs on a rebooted control-plane node that waits for its keys
 // (docs/node-lifecycle.md, "Recovery"). After a full-cluster shutdown no join service runs
 // to issue rejoin tickets, so `constellation recover` hands each control plane, over the
-// attested channel with the node attesting (internal/atls), exactly the keys it needs to
+// attested channel with the node attesting (pkg/atls), exactly the keys it needs to
 // re-enter its cluster: the key of its own state disk and the measurement secret and salt.
 // Never the master secret. The CLI verifies the node's evidence (image, AK certified for the
 // node it means, as a control plane) before it calls either method.

@@ -11,9 +11,9 @@ import (
 
 	"github.com/google/go-tpm/legacy/tpm2"
 
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // CA signs AK certificates. Its key is ECDSA P-256: cheap to sign with, and validators cache

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // InitSecret is the init secret test CLIs use; InitSecretHash its bcrypt hash for metadata.

@@ -14,10 +14,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
-	"github.com/openconstellation/constellation/internal/attestation"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // SoftwareIssuer issues what an attacker without a TPM can: a TPM2_Quote structure over PCR

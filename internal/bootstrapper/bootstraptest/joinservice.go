@@ -12,16 +12,16 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/rand"
 
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // Cluster is a running join service of an initialized cluster: its control-plane node (a

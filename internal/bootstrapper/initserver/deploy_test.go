@@ -13,8 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
@@ -22,6 +20,8 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // After kubeadm init and the records, the init server deploys the services with the admin

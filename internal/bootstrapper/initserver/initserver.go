@@ -66,8 +66,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
@@ -79,6 +77,8 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // Names of what init records in the cluster (internal/clusterrecord).

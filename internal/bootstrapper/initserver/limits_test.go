@@ -18,13 +18,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 )
 
 // A caller without the init secret gets the same answer from a fresh node, a node that

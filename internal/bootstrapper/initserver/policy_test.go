@@ -9,12 +9,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // looseReferenceSets are sets that admit more than the image, each with the register the

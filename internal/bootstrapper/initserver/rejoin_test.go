@@ -19,10 +19,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
-	"github.com/openconstellation/constellation/internal/atls"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/atls"
 )
 
 // The init node never asks for a join ticket, so init records its disk: after init, the

@@ -11,9 +11,9 @@ import (
 
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/api/join/joinpb"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/measurements/measurementstest"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // TestParseRequestRefusesLooseReferenceSets: the init request's attestation configuration

@@ -27,8 +27,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/joinservice"
@@ -37,6 +35,8 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // Files the join client writes for the kubelet: its serving certificate, signed by the

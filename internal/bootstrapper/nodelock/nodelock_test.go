@@ -8,9 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
 // Init and join race on one node with a real (swtpm) TPM: exactly one wins, and PCR 15 is

@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/atls"
-	"github.com/openconstellation/constellation/internal/attestation"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // Issuer counts the Issue calls of the wrapped issuer. While Hold is open (not closed), calls

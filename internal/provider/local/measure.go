@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/attestation/measurements"
-	"github.com/openconstellation/constellation/internal/attestation/variant"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // PCR map of a local node image (docs/attestation.md). PCRs 0-10 stay zero: there is no

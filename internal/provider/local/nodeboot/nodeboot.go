@@ -27,8 +27,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/attestation/qemu"
-	"github.com/openconstellation/constellation/internal/attestation/vtpm"
 	"github.com/openconstellation/constellation/internal/bootstrapper"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
@@ -45,6 +43,8 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // Options are the bootstrapper's flags.

@@ -1,0 +1,391 @@
+// Package atls implements Constellation's attested channel: TLS 1.3 connections whose peer
+// has proved, by remote attestation evidence bound to that very connection, what it booted.
+//
+// The protocol (docs/atls.md) runs a plain TLS 1.3 handshake, then exchanges attestation
+// frames inside the encrypted channel before any application data. Evidence is bound to
+// SHA-256(label || role || TLS exporter), a value that is fresh for every connection (it
+// depends on both sides' randoms and the ephemeral key exchange) and that a man in the middle
+// cannot make equal on its two connections. So evidence cannot be replayed on another
+// connection, relayed through a proxy, or reflected back to its issuer, by construction: no
+// nonces in SNI, no special certificates.
+//
+// Modes follow from the configuration of each side: a side with an Issuer can attest, a side
+// with Validators requires its peer to attest. Server-attested, client-attested and mutual
+// are the three useful combinations. Credentials implements gRPC's TransportCredentials.
+package atls
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/openconstellation/constellation/api/atls/atlspb"
+	"github.com/openconstellation/constellation/pkg/attestation"
+)
+
+const (
+	// ALPN is the application protocol both sides must negotiate; a plain TLS peer fails the
+	// TLS handshake instead of hanging in the attestation exchange.
+	ALPN = "constellation-atls/1"
+	// protocolVersion is carried in Hello.
+	protocolVersion = 1
+	// exporterLabel is the RFC 8446 exporter label for the evidence binding.
+	exporterLabel = "EXPORTER-constellation-atls-v1"
+	// DefaultHandshakeTimeout bounds TLS handshake plus attestation when the context has no
+	// deadline.
+	DefaultHandshakeTimeout = 20 * time.Second
+)
+
+// Role is the TLS role of a side.
+type Role string
+
+// Roles.
+const (
+	RoleClient Role = "client"
+	RoleServer Role = "server"
+)
+
+// purpose is the purpose of evidence a side in role issues: the role is part of the binding,
+// so a peer cannot reflect the other side's evidence back as its own.
+func (r Role) purpose() attestation.Purpose {
+	if r == RoleClient {
+		return attestation.PurposeATLSClient
+	}
+	return attestation.PurposeATLSServer
+}
+
+func (r Role) peer() Role {
+	if r == RoleClient {
+		return RoleServer
+	}
+	return RoleClient
+}
+
+// Config is one side's attestation configuration.
+type Config struct {
+	// Issuer attests this side; nil if this side does not attest.
+	Issuer attestation.Issuer
+	// Validators are the variants accepted from the peer; none if the peer need not attest.
+	Validators []attestation.Validator
+	// MaxEvidenceSize caps the peer's evidence (default attestation.DefaultMaxEvidenceSize).
+	MaxEvidenceSize int
+	// HandshakeTimeout applies when the context has no deadline (default 20 s).
+	HandshakeTimeout time.Duration
+	// Admit, when set, is asked on every connection right after the TLS handshake, before
+	// any attestation frame is exchanged and so before any evidence is issued or validated.
+	// An error refuses the connection: the handshake fails with reason "refused" and the
+	// error's text is sent to the peer in the Abort. On success, release is called once the
+	// attested handshake has ended, whether it succeeded or not. Servers bound concurrent
+	// handshakes and their rate per peer with it (internal/handshakelimit), so a refused peer
+	// costs no TPM quote and no verification. It runs after the TLS handshake so that the
+	// refused peer learns why over the encrypted channel; a TLS handshake costs one Ed25519
+	// signature and one X25519 exchange, a small fraction of a quote.
+	Admit func(ctx context.Context, remote net.Addr) (release func(), err error)
+}
+
+// Credentials makes attested connections with one configuration, in either role.
+type Credentials struct {
+	cfg  Config
+	cert tls.Certificate
+}
+
+// NewCredentials checks cfg and creates the TLS certificate used in the server role. The
+// certificate is ephemeral and self-signed: it is never trusted as such, authentication comes
+// from the evidence bound to each connection. Ed25519 because it is the cheapest signature to
+// make and check per handshake.
+func NewCredentials(cfg Config) (*Credentials, error) {
+	if cfg.Issuer == nil && len(cfg.Validators) == 0 {
+		return nil, errors.New("atls: neither issuer nor validators: use plain TLS instead")
+	}
+	seen := map[string]bool{}
+	for _, v := range cfg.Validators {
+		if seen[v.Variant().String()] {
+			return nil, fmt.Errorf("atls: two validators for variant %s", v.Variant())
+		}
+		seen[v.Variant().String()] = true
+	}
+	if cfg.MaxEvidenceSize <= 0 {
+		cfg.MaxEvidenceSize = attestation.DefaultMaxEvidenceSize
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	cert, err := ephemeralCert()
+	if err != nil {
+		return nil, fmt.Errorf("atls: creating TLS certificate: %w", err)
+	}
+	return &Credentials{cfg: cfg, cert: cert}, nil
+}
+
+// Conn is an established attested connection.
+type Conn struct {
+	*tls.Conn
+	peer *attestation.Verified
+}
+
+// Peer returns the verified evidence of the peer, or nil if this side did not require it.
+func (c *Conn) Peer() *attestation.Verified { return c.peer }
+
+// Dial connects to addr and runs the client side of the handshake.
+func (c *Credentials) Dial(ctx context.Context, network, addr string) (*Conn, error) {
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("atls: dialing %s: %w", addr, err)
+	}
+	return c.Client(ctx, raw)
+}
+
+// Client runs the client side over raw. On error raw is closed.
+func (c *Credentials) Client(ctx context.Context, raw net.Conn) (*Conn, error) {
+	tlsConn := tls.Client(raw, &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		NextProtos:             []string{ALPN},
+		ServerName:             "atls",
+		SessionTicketsDisabled: true,
+		// The server's certificate is ephemeral and proves nothing on its own; the peer is
+		// authenticated by evidence bound to this connection's exporter (see package doc).
+		InsecureSkipVerify: true,
+	})
+	return c.handshake(ctx, tlsConn, RoleClient)
+}
+
+// Server runs the server side over raw. On error raw is closed.
+func (c *Credentials) Server(ctx context.Context, raw net.Conn) (*Conn, error) {
+	tlsConn := tls.Server(raw, &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		NextProtos:             []string{ALPN},
+		Certificates:           []tls.Certificate{c.cert},
+		SessionTicketsDisabled: true,
+	})
+	return c.handshake(ctx, tlsConn, RoleServer)
+}
+
+// Error is a failed attested handshake.
+type Error struct {
+	// Local is true when this side rejected the connection, false when the peer aborted.
+	Local bool
+	// Reason is the failure reason label (attestation.Reason) when evidence was rejected,
+	// "incompatible" when no common variant exists, "refused" when Config.Admit refused the
+	// peer, "peer-abort" when the peer aborted, "protocol" otherwise.
+	Reason string
+	Err    error
+}
+
+func (e *Error) Error() string {
+	if e.Local {
+		return "attested handshake: " + e.Err.Error()
+	}
+	return "attested handshake: peer aborted: " + e.Err.Error()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func (c *Credentials) handshake(ctx context.Context, conn *tls.Conn, role Role) (*Conn, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.HandshakeTimeout)
+		defer cancel()
+	}
+	deadline, _ := ctx.Deadline()
+	if err := conn.SetDeadline(deadline); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	peer, err := c.exchange(ctx, conn, role)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := conn.SetDeadline(time.Time{}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &Conn{Conn: conn, peer: peer}, nil
+}
+
+func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (*attestation.Verified, error) {
+	if err := conn.HandshakeContext(ctx); err != nil {
+		return nil, &Error{Local: true, Reason: "protocol", Err: fmt.Errorf("TLS: %w", err)}
+	}
+	state := conn.ConnectionState()
+	if state.Version != tls.VersionTLS13 || state.NegotiatedProtocol != ALPN {
+		return nil, &Error{Local: true, Reason: "protocol", Err: fmt.Errorf("peer does not speak %s", ALPN)}
+	}
+	exporter, err := state.ExportKeyingMaterial(exporterLabel, nil, 32)
+	if err != nil {
+		return nil, &Error{Local: true, Reason: "protocol", Err: err}
+	}
+
+	w := newAsyncWriter(conn)
+	verified, err := c.admitAndRun(ctx, conn, w, role, exporter)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && e.Local {
+			w.send(&atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: e.Err.Error()}}})
+		}
+		_ = w.finish()
+		return nil, err
+	}
+	if err := w.finish(); err != nil {
+		return nil, &Error{Local: true, Reason: "protocol", Err: fmt.Errorf("writing: %w", err)}
+	}
+	return verified, nil
+}
+
+// admitAndRun asks Config.Admit, then runs the attestation exchange; the admission is
+// released when the exchange ends.
+func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
+	if c.cfg.Admit != nil {
+		release, err := c.cfg.Admit(ctx, conn.RemoteAddr())
+		if err != nil {
+			return nil, &Error{Local: true, Reason: "refused", Err: err}
+		}
+		defer release()
+	}
+	return c.run(ctx, conn, w, role, exporter)
+}
+
+func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
+	local := func(reason string, format string, args ...any) error {
+		return &Error{Local: true, Reason: reason, Err: fmt.Errorf(format, args...)}
+	}
+	hello := &atlspb.Hello{Version: protocolVersion}
+	if c.cfg.Issuer != nil {
+		hello.IssuerVariant = c.cfg.Issuer.Variant().String()
+	}
+	for _, v := range c.cfg.Validators {
+		hello.AcceptedVariants = append(hello.AcceptedVariants, v.Variant().String())
+	}
+	w.send(&atlspb.Frame{Kind: &atlspb.Frame_Hello{Hello: hello}})
+
+	f, err := c.read(conn, maxHelloFrame)
+	if err != nil {
+		return nil, err
+	}
+	peerHello := f.GetHello()
+	if peerHello == nil {
+		return nil, local("protocol", "expected Hello, got %T", f.Kind)
+	}
+	if peerHello.Version != protocolVersion {
+		return nil, local("protocol", "peer speaks protocol version %d, we speak %d", peerHello.Version, protocolVersion)
+	}
+
+	// Decide both directions before doing any expensive work.
+	var validator attestation.Validator
+	if len(c.cfg.Validators) > 0 {
+		if peerHello.IssuerVariant == "" {
+			return nil, local("incompatible", "no compatible evidence: peer does not attest; we require one of [%s]", strings.Join(hello.AcceptedVariants, ", "))
+		}
+		for _, v := range c.cfg.Validators {
+			if v.Variant().String() == peerHello.IssuerVariant {
+				validator = v
+			}
+		}
+		if validator == nil {
+			return nil, local("incompatible", "no compatible evidence: peer offers %s; we accept [%s]", peerHello.IssuerVariant, strings.Join(hello.AcceptedVariants, ", "))
+		}
+	}
+	mustAttest := len(peerHello.AcceptedVariants) > 0
+	if mustAttest {
+		if c.cfg.Issuer == nil {
+			return nil, local("incompatible", "no compatible evidence: peer requires one of [%s]; we do not attest", strings.Join(peerHello.AcceptedVariants, ", "))
+		}
+		if !slices.Contains(peerHello.AcceptedVariants, hello.IssuerVariant) {
+			return nil, local("incompatible", "no compatible evidence: we offer %s; peer accepts [%s]", hello.IssuerVariant, strings.Join(peerHello.AcceptedVariants, ", "))
+		}
+		evidence, err := c.cfg.Issuer.Issue(ctx, role.purpose(), exporter)
+		if err != nil {
+			return nil, local("issue", "issuing evidence: %w", err)
+		}
+		w.send(&atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: hello.IssuerVariant, Evidence: evidence}}})
+	}
+
+	var verified *attestation.Verified
+	if validator != nil {
+		f, err := c.read(conn, c.cfg.MaxEvidenceSize+frameOverhead)
+		if errors.Is(err, errFrameTooLarge) {
+			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrTooLarge), Err: fmt.Errorf("%w: %w", attestation.ErrTooLarge, errors.Unwrap(err))}
+		}
+		if err != nil {
+			return nil, err
+		}
+		ev := f.GetEvidence()
+		if ev == nil {
+			return nil, local("protocol", "expected Evidence, got %T", f.Kind)
+		}
+		if ev.Variant != peerHello.IssuerVariant {
+			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, peerHello.IssuerVariant, ev.Variant)}
+		}
+		verified, err = validator.Validate(ctx, ev.Evidence, role.peer().purpose(), exporter)
+		if err != nil {
+			return nil, &Error{Local: true, Reason: attestation.Reason(err), Err: err}
+		}
+		w.send(&atlspb.Frame{Kind: &atlspb.Frame_Verdict{Verdict: &atlspb.Verdict{Accepted: true}}})
+	}
+
+	if mustAttest {
+		f, err := c.read(conn, maxHelloFrame)
+		if err != nil {
+			return nil, err
+		}
+		if v := f.GetVerdict(); v == nil || !v.Accepted {
+			return nil, local("protocol", "expected an accepting Verdict, got %v", f)
+		}
+	}
+	return verified, nil
+}
+
+// read reads a frame and turns a peer's Abort into an error.
+func (c *Credentials) read(conn *tls.Conn, limit int) (*atlspb.Frame, error) {
+	f, err := readFrame(conn, limit)
+	if err != nil {
+		return nil, &Error{Local: true, Reason: "protocol", Err: err}
+	}
+	if a := f.GetAbort(); a != nil {
+		return nil, &Error{Local: false, Reason: "peer-abort", Err: errors.New(a.Reason)}
+	}
+	return f, nil
+}
+
+// Binding returns the report data that evidence issued by a side in role must bind on a
+// connection with the given exporter value: attestation.ReportData of the role's purpose
+// over the exporter (docs/atls.md).
+func Binding(role Role, exporter []byte) ([]byte, error) {
+	return attestation.ReportData(role.purpose(), exporter)
+}
+
+func ephemeralCert() (tls.Certificate, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "constellation-atls"},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, priv)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: priv}, nil
+}

@@ -1,0 +1,193 @@
+// Package attestation defines how evidence is issued and validated: the Issuer and Validator
+// interfaces every attestation variant implements, the verified result a validator returns,
+// and the failure reasons callers can branch on (and count in metrics).
+//
+// Every Validator works in three visibly separate steps, as go-sev-guest does:
+//  1. parse: decode the evidence, with size limits, rejecting malformed input;
+//  2. verify: check signatures, key trust and the binding to the caller's nonce;
+//  3. validate policy: compare the now-authentic measurements with the reference sets.
+//
+// It returns a Verified only after all three passed.
+package attestation
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// DefaultMaxEvidenceSize caps evidence a validator accepts unless configured otherwise. A TPM
+// quote document without event log is about 1.5 KiB; 256 KiB leaves room for event logs and
+// certificate chains while bounding what an unauthenticated peer can make us parse.
+const DefaultMaxEvidenceSize = 256 << 10
+
+// Nonce sizes a caller may bind evidence to.
+const (
+	MinNonceSize = 16
+	MaxNonceSize = 64
+)
+
+// Purpose says what evidence is for. A node's attestation key signs evidence for several
+// interfaces (the attested channel in either role, the verification service); evidence made
+// for one must never be valid for another, or a caller of the interface that signs
+// caller-chosen data (the verification service) could have the node sign the binding of
+// the caller's own attested connection and present it as the node (a confused deputy).
+//
+// So issuers never sign caller data as it is: they sign ReportData(purpose, data), and
+// validators recompute it for the purpose they expect. Purpose has no exported constructor:
+// the values below are the only ones, so no code can issue evidence outside them, and two
+// purposes never share a report data value (short of a SHA-256 collision). See
+// docs/attestation.md, "One key, one meaning".
+type Purpose struct{ label string }
+
+// The purposes of evidence. A new interface that attests gets a purpose of its own.
+var (
+	// PurposeATLSServer: evidence of the TLS server of an attested channel; data is the
+	// connection's TLS exporter value.
+	PurposeATLSServer = Purpose{"atls-server"}
+	// PurposeATLSClient: evidence of the TLS client of an attested channel; data is the
+	// connection's TLS exporter value.
+	PurposeATLSClient = Purpose{"atls-client"}
+	// PurposeVerify: the verification service's answer to a caller's nonce.
+	PurposeVerify = Purpose{"verify"}
+)
+
+// String returns the purpose's label.
+func (p Purpose) String() string {
+	if p.label == "" {
+		return "no purpose"
+	}
+	return p.label
+}
+
+// reportDataLabel prefixes every report data value, naming this encoding's version.
+const reportDataLabel = "constellation-evidence-v1"
+
+// ReportDataSize is the size of ReportData's result: what a TPM quote carries as qualifying
+// data (and what hardware reports carry in their report data field).
+const ReportDataSize = sha256.Size
+
+// ReportData returns the value evidence for purpose over data must carry in its nonce field
+// (a TPM quote's qualifying data, a hardware report's report data):
+//
+//	SHA-256("constellation-evidence-v1" || 0x00 || purpose || 0x00 || data)
+//
+// Labels contain no zero byte, so the encoding is unambiguous. data must be
+// MinNonceSize..MaxNonceSize bytes: enough to be unpredictable, bounded so a caller cannot make
+// the issuer hash much.
+func ReportData(p Purpose, data []byte) ([]byte, error) {
+	if p.label == "" {
+		return nil, errors.New("evidence without a purpose")
+	}
+	if len(data) < MinNonceSize || len(data) > MaxNonceSize {
+		return nil, fmt.Errorf("%s data of %d bytes: want %d..%d", p, len(data), MinNonceSize, MaxNonceSize)
+	}
+	h := sha256.New()
+	h.Write([]byte(reportDataLabel))
+	h.Write([]byte{0})
+	h.Write([]byte(p.label))
+	h.Write([]byte{0})
+	h.Write(data)
+	return h.Sum(nil), nil
+}
+
+// Role is a node's role in the cluster, as the platform certifies it with the node's signing
+// key (Verified.SignerRole).
+type Role string
+
+// Roles.
+const (
+	RoleControlPlane Role = "control-plane"
+	RoleWorker       Role = "worker"
+)
+
+// Valid reports whether r is a known role.
+func (r Role) Valid() bool { return r == RoleControlPlane || r == RoleWorker }
+
+// ClusterIDMarker is the value of the cluster-ID register (PCR 15 of a TPM variant) of a
+// node that extended the cluster ID once into the reset register:
+// SHA256(0^32 || SHA256(clusterID)). A verifier compares it with the register to learn
+// whether a node belongs to a given cluster (docs/attestation.md).
+func ClusterIDMarker(clusterID []byte) []byte {
+	digest := sha256.Sum256(clusterID)
+	v := sha256.Sum256(append(make([]byte, 32), digest[:]...))
+	return v[:]
+}
+
+// Issuer produces evidence of the platform it runs on, bound to a purpose and caller data.
+type Issuer interface {
+	Variant() variant.Variant
+	// Issue returns evidence that binds ReportData(purpose, data): an issuer never binds data
+	// as it is.
+	Issue(ctx context.Context, purpose Purpose, data []byte) ([]byte, error)
+}
+
+// Validator checks evidence of one variant.
+type Validator interface {
+	Variant() variant.Variant
+	// Validate returns the verified claims of evidence that binds ReportData(purpose, data),
+	// or an error wrapping one of the Err* reasons of this package. Evidence made for another
+	// purpose fails with ErrNonceMismatch.
+	Validate(ctx context.Context, evidence []byte, purpose Purpose, data []byte) (*Verified, error)
+}
+
+// Verified is what a validator returns after every check passed.
+type Verified struct {
+	Variant variant.Variant
+	// Registers holds every measured register the evidence covered, by index.
+	Registers map[uint32][]byte
+	// ReferenceSet names the reference-value set the registers matched.
+	ReferenceSet string
+	// Warnings lists mismatches of warn-only registers in the matched set.
+	Warnings []string
+	// SignerID identifies the key that signed the evidence (for a TPM: SHA-256 of the AK's
+	// public area, hex), so logs can tell nodes apart.
+	SignerID string
+	// SignerCertified reports whether the signing key was checked against a configured root.
+	SignerCertified bool
+	// SignerName is the subject common name of the signer's certificate when SignerCertified:
+	// the platform's name for the node (the local provider certifies each AK for its node
+	// name), so services can bind what a node asks for to who the platform says it is.
+	SignerName string
+	// SignerRole is the node's role as the signer's certificate states it when
+	// SignerCertified ("" if it states none): the platform's word, bound to the signing key,
+	// so a node can require that the join service it takes keys from runs on a control plane.
+	SignerRole Role
+}
+
+// Failure reasons. Validators wrap exactly one of them, so callers can tell what went wrong
+// (errors.Is) without parsing messages, and metrics can count rejections by reason.
+var (
+	ErrMalformed         = errors.New("malformed evidence")
+	ErrTooLarge          = errors.New("evidence too large")
+	ErrWrongVariant      = errors.New("evidence of another variant")
+	ErrBadSignature      = errors.New("evidence signature invalid")
+	ErrNonceMismatch     = errors.New("evidence not bound to this nonce")
+	ErrUntrustedSigner   = errors.New("evidence signer not trusted")
+	ErrMeasurementPolicy = errors.New("measurements do not match any reference set")
+)
+
+// Reason returns a short stable label for the failure reason of err ("malformed",
+// "measurement-mismatch", ...), or "other". Used as a metrics label.
+func Reason(err error) string {
+	for _, r := range []struct {
+		err   error
+		label string
+	}{
+		{ErrMalformed, "malformed"},
+		{ErrTooLarge, "too-large"},
+		{ErrWrongVariant, "wrong-variant"},
+		{ErrBadSignature, "bad-signature"},
+		{ErrNonceMismatch, "nonce-mismatch"},
+		{ErrUntrustedSigner, "untrusted-signer"},
+		{ErrMeasurementPolicy, "measurement-mismatch"},
+	} {
+		if errors.Is(err, r.err) {
+			return r.label
+		}
+	}
+	return "other"
+}

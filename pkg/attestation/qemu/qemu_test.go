@@ -1,0 +1,457 @@
+package qemu_test
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
+)
+
+var (
+	nonce      = bytes.Repeat([]byte{0x11}, 32)
+	otherNonce = bytes.Repeat([]byte{0x22}, 32)
+	testNow    = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+)
+
+// bootNode extends the PCRs a provider would measure and returns the reference set that the
+// node's current PCR values satisfy (PCRs 0-15 enforced).
+func bootNode(t testing.TB, tpm *vtpm.TPM) measurements.M {
+	t.Helper()
+	for pcr, component := range map[int]string{4: "bootstrapper", 9: "kubelet", 11: "node-config"} {
+		d := sha256.Sum256([]byte(component))
+		require.NoError(t, tpm.ExtendPCR(pcr, d[:]))
+	}
+	pcrs, err := tpm.ReadPCRs()
+	require.NoError(t, err)
+	return measurementstest.FromRegisters(qemu.Variant, pcrs)
+}
+
+// bootAndIssue boots a node on tpm and returns its reference values, its issuer and one
+// genuine evidence over nonce.
+func bootAndIssue(t testing.TB, tpm *vtpm.TPM) (measurements.M, *vtpm.Issuer, []byte) {
+	t.Helper()
+	ref := bootNode(t, tpm)
+	iss, err := qemu.NewIssuer(tpm, nil, nil)
+	require.NoError(t, err)
+	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	return ref, iss, ev
+}
+
+func decode(t testing.TB, ev []byte) *vtpmpb.Evidence {
+	t.Helper()
+	out := &vtpmpb.Evidence{}
+	require.NoError(t, proto.Unmarshal(ev, out))
+	return out
+}
+
+func encode(t *testing.T, ev *vtpmpb.Evidence) []byte {
+	t.Helper()
+	b, err := proto.Marshal(ev)
+	require.NoError(t, err)
+	return b
+}
+
+func flip(b []byte, i int) []byte {
+	out := bytes.Clone(b)
+	out[i%len(out)] ^= 0x01
+	return out
+}
+
+func TestRoundTrip(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) *vtpm.TPM{
+		"simulator": func(t *testing.T) *vtpm.TPM { return vtpmtest.Simulator(t) },
+		"swtpm":     func(t *testing.T) *vtpm.TPM { tpm, _ := vtpmtest.Swtpm(t); return tpm },
+	} {
+		t.Run(name, func(t *testing.T) {
+			tpm := open(t)
+			ref := bootNode(t, tpm)
+			iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return []byte("event log"), nil })
+			require.NoError(t, err)
+			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}})
+			require.NoError(t, err)
+
+			ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+			require.NoError(t, err)
+			assert.Equal(t, []byte("event log"), decode(t, ev).EventLog)
+
+			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
+			require.NoError(t, err)
+			assert.Equal(t, variant.QEMUVTPM, got.Variant)
+			assert.Equal(t, "image-v1", got.ReferenceSet)
+			assert.Len(t, got.Registers, vtpm.NumPCRs)
+			assert.Equal(t, ref[4].Expected, got.Registers[4])
+			assert.False(t, got.SignerCertified)
+			assert.Empty(t, got.SignerName)
+			akHash := sha256.Sum256(iss.AKPublic())
+			assert.Equal(t, hex.EncodeToString(akHash[:]), got.SignerID)
+		})
+	}
+}
+
+// TestRejections covers every way evidence must fail, against one genuine evidence.
+func TestRejections(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	ref, iss, ev := bootAndIssue(t, tpm)
+
+	// Evidence of another TPM variant from the same TPM.
+	otherIss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.AWSNitroTPM})
+	require.NoError(t, err)
+	otherVariant, err := otherIss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+
+	// The same node's evidence over the same nonce, for another purpose (one key, one
+	// meaning: evidence of the attested channel is not an answer of the verification service).
+	otherPurpose, err := iss.Issue(context.Background(), attestation.PurposeATLSClient, nonce)
+	require.NoError(t, err)
+	reportData := func(n []byte) []byte {
+		rd, err := attestation.ReportData(attestation.PurposeVerify, n)
+		require.NoError(t, err)
+		return rd
+	}
+
+	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, MaxEvidenceSize: 8 << 10})
+	require.NoError(t, err)
+
+	testCases := map[string]struct {
+		evidence []byte
+		nonce    []byte
+		wantErr  error
+		wantMsg  string
+	}{
+		"wrong nonce": {evidence: ev, nonce: otherNonce, wantErr: attestation.ErrNonceMismatch},
+		"tampered quote": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Quote = flip(e.Quote, len(e.Quote)-3) }),
+			nonce:    nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"evidence for another purpose": {evidence: otherPurpose, nonce: nonce, wantErr: attestation.ErrNonceMismatch, wantMsg: "another purpose"},
+		"tampered nonce inside quote": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) {
+				e.Quote = bytes.Replace(e.Quote, reportData(nonce), reportData(otherNonce), 1)
+			}),
+			nonce: otherNonce, wantErr: attestation.ErrBadSignature,
+		},
+		"tampered signature": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Signature = flip(e.Signature, 40) }),
+			nonce:    nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"tampered PCR value": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[4] = flip(e.Pcrs[4], 0) }),
+			nonce:    nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"PCR removed from evidence": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = e.Pcrs[:23] }),
+			nonce:    nonce, wantErr: attestation.ErrMalformed, wantMsg: "23 PCR values, want 24",
+		},
+		"PCRs swapped": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[4], e.Pcrs[0] = e.Pcrs[0], e.Pcrs[4] }),
+			nonce:    nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"AK replaced": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = softwareAK(t, mustRSAKey(t)) }),
+			nonce:    nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"unrestricted AK": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) {
+				pub, err := tpm2.DecodePublic(e.AkPublic)
+				require.NoError(t, err)
+				pub.Attributes &^= tpm2.FlagRestricted
+				e.AkPublic, err = pub.Encode()
+				require.NoError(t, err)
+			}),
+			nonce: nonce, wantErr: attestation.ErrUntrustedSigner, wantMsg: "not a TPM-resident restricted signing key",
+		},
+		"other variant":  {evidence: otherVariant, nonce: nonce, wantErr: attestation.ErrWrongVariant, wantMsg: `got "aws-nitro-tpm", want "qemu-vtpm"`},
+		"oversized":      {evidence: append(bytes.Clone(ev), make([]byte, 8<<10)...), nonce: nonce, wantErr: attestation.ErrTooLarge},
+		"truncated":      {evidence: ev[:len(ev)/2], nonce: nonce, wantErr: attestation.ErrMalformed},
+		"garbage":        {evidence: []byte("\xff\xfe not a protobuf"), nonce: nonce, wantErr: attestation.ErrMalformed},
+		"empty":          {evidence: nil, nonce: nonce, wantErr: attestation.ErrWrongVariant},
+		"no quote":       {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Quote = nil }), nonce: nonce, wantErr: attestation.ErrMalformed, wantMsg: "quote missing"},
+		"25 PCRs":        {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = append(e.Pcrs, e.Pcrs[0]) }), nonce: nonce, wantErr: attestation.ErrMalformed},
+		"short PCR":      {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[3] = e.Pcrs[3][:20] }), nonce: nonce, wantErr: attestation.ErrMalformed},
+		"AK not decoded": {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = e.AkPublic[:10] }), nonce: nonce, wantErr: attestation.ErrMalformed},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			got, err := val.Validate(context.Background(), tc.evidence, attestation.PurposeVerify, tc.nonce)
+			require.ErrorIs(t, err, tc.wantErr)
+			assert.Nil(t, got, "no verified data on failure")
+			if tc.wantMsg != "" {
+				assert.ErrorContains(t, err, tc.wantMsg)
+			}
+		})
+	}
+}
+
+func mutate(t *testing.T, ev []byte, fn func(*vtpmpb.Evidence)) []byte {
+	t.Helper()
+	e := decode(t, ev)
+	fn(e)
+	return encode(t, e)
+}
+
+func mustRSAKey(t *testing.T) *rsa.PrivateKey {
+	t.Helper()
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	return k
+}
+
+// softwareAK encodes key as a TPMT_PUBLIC that claims every AK attribute: what an attacker
+// without a TPM would send.
+func softwareAK(t *testing.T, key *rsa.PrivateKey) []byte {
+	t.Helper()
+	pub := tpm2.Public{
+		Type:       tpm2.AlgRSA,
+		NameAlg:    tpm2.AlgSHA256,
+		Attributes: tpm2.FlagSignerDefault,
+		RSAParameters: &tpm2.RSAParams{
+			Sign:        &tpm2.SigScheme{Alg: tpm2.AlgRSASSA, Hash: tpm2.AlgSHA256},
+			KeyBits:     2048,
+			ExponentRaw: uint32(key.E),
+			ModulusRaw:  key.N.Bytes(),
+		},
+	}
+	b, err := pub.Encode()
+	require.NoError(t, err)
+	return b
+}
+
+// forge builds evidence with the PCR values an attacker wants, signed by a software key.
+func forge(t *testing.T, genuine []byte, key *rsa.PrivateKey, certDER []byte) []byte {
+	t.Helper()
+	e := decode(t, genuine)
+	att, err := tpm2.DecodeAttestationData(e.Quote)
+	require.NoError(t, err)
+	quoted, err := att.Encode()
+	require.NoError(t, err)
+	h := sha256.Sum256(quoted)
+	sig, err := rsa.SignPKCS1v15(rand.Reader, key, crypto.SHA256, h[:])
+	require.NoError(t, err)
+	rawSig, err := tpm2.Signature{Alg: tpm2.AlgRSASSA, RSA: &tpm2.SignatureRSA{HashAlg: tpm2.AlgSHA256, Signature: sig}}.Encode()
+	require.NoError(t, err)
+	e.AkPublic, e.Quote, e.Signature, e.AkCert = softwareAK(t, key), quoted, rawSig, certDER
+	return encode(t, e)
+}
+
+// TestAKCertificate: with AK roots configured, an AK is trusted only through a certificate
+// from those roots; without, a forged quote from a software key passes, which is exactly why
+// the local provider certifies AKs.
+func TestAKCertificate(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	ref := bootNode(t, tpm)
+	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
+
+	ca, err := akca.New("test AK CA", testNow, 24*time.Hour)
+	require.NoError(t, err)
+	otherCA, err := akca.New("someone else", testNow, 24*time.Hour)
+	require.NoError(t, err)
+
+	uncertified, err := qemu.NewIssuer(tpm, nil, nil)
+	require.NoError(t, err)
+	akPub := uncertified.AKPublic()
+	genuineNoCert, err := uncertified.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+
+	goodCert, err := ca.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, goodCert), "the provider stores the AK certificate in NV")
+	certified, err := qemu.NewIssuer(tpm, nil, nil)
+	require.NoError(t, err, "issuer picks the certificate up from NV")
+	genuine, err := certified.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	require.Equal(t, goodCert, decode(t, genuine).AkCert)
+
+	foreignCert, err := otherCA.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
+	require.NoError(t, err)
+	attacker := mustRSAKey(t)
+	attackerCert, err := otherCA.CertifyAK(softwareAK(t, attacker), "evil", metadata.ControlPlane, testNow, time.Hour)
+	require.NoError(t, err)
+
+	_, err = qemu.NewIssuer(tpm, attackerCert, nil)
+	assert.ErrorContains(t, err, "certificate does not match key", "issuer refuses a certificate for another key")
+	_, err = ca.CertifyAK(mutate(t, genuine, func(*vtpmpb.Evidence) {})[:0], "x", metadata.Worker, testNow, time.Hour)
+	assert.Error(t, err)
+
+	withRoots := func(now time.Time) *vtpm.Validator {
+		v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool(), Now: func() time.Time { return now }})
+		require.NoError(t, err)
+		return v
+	}
+	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets})
+	require.NoError(t, err)
+
+	t.Run("certified AK accepted", func(t *testing.T) {
+		v := withRoots(testNow)
+		for range 2 { // second run takes the certificate cache path
+			got, err := v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
+			require.NoError(t, err)
+			assert.True(t, got.SignerCertified)
+			assert.Equal(t, "node-0", got.SignerName, "the certified name of the node")
+		}
+	})
+	t.Run("forged quote passes without roots", func(t *testing.T) {
+		_, err := noRoots.Validate(context.Background(), forge(t, genuine, attacker, nil), attestation.PurposeVerify, nonce)
+		require.NoError(t, err)
+	})
+	rejected := map[string]struct {
+		evidence []byte
+		now      time.Time
+		wantMsg  string
+	}{
+		"no certificate":              {evidence: genuineNoCert, now: testNow, wantMsg: "no AK certificate"},
+		"certificate of another CA":   {evidence: mutate(t, genuine, func(e *vtpmpb.Evidence) { e.AkCert = foreignCert }), now: testNow, wantMsg: "unknown authority"},
+		"forged, self-made cert":      {evidence: forge(t, genuine, attacker, attackerCert), now: testNow, wantMsg: "unknown authority"},
+		"forged, genuine node's cert": {evidence: forge(t, genuine, attacker, goodCert), now: testNow, wantMsg: "another key"},
+		"expired certificate":         {evidence: genuine, now: testNow.Add(2 * time.Hour), wantMsg: "expired"},
+		"garbage certificate":         {evidence: mutate(t, genuine, func(e *vtpmpb.Evidence) { e.AkCert = []byte("junk") }), now: testNow, wantMsg: "AK certificate"},
+	}
+	for name, tc := range rejected {
+		t.Run(name, func(t *testing.T) {
+			_, err := withRoots(tc.now).Validate(context.Background(), tc.evidence, attestation.PurposeVerify, nonce)
+			require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+			assert.ErrorContains(t, err, tc.wantMsg)
+		})
+	}
+	t.Run("expiry is checked on cache hits", func(t *testing.T) {
+		now := testNow
+		v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool(), Now: func() time.Time { return now }})
+		require.NoError(t, err)
+		_, err = v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
+		require.NoError(t, err)
+		now = testNow.Add(2 * time.Hour)
+		_, err = v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
+		require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	})
+}
+
+func TestPolicy(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	ref, _, ev := bootAndIssue(t, tpm)
+
+	wrong := bytes.Repeat([]byte{0xab}, 32)
+	with := func(changes map[uint32]measurements.Measurement) measurements.M {
+		m := measurements.M{}
+		for k, v := range ref {
+			m[k] = v
+		}
+		for k, v := range changes {
+			m[k] = v
+		}
+		return m
+	}
+	testCases := map[string]struct {
+		sets         measurements.ReferenceSets
+		wantSet      string
+		wantWarnings []string
+		wantErrMsgs  []string
+	}{
+		"enforced mismatch names every register": {
+			sets:        measurements.ReferenceSets{{Name: "v1", Measurements: with(map[uint32]measurements.Measurement{4: {Expected: wrong}, 9: {Expected: wrong}})}},
+			wantErrMsgs: []string{`closest is "v1" with 2 mismatching register(s)`, "PCR 4: expected abab", "PCR 9: expected abab", "got " + hex.EncodeToString(ref[4].Expected)},
+		},
+		"second set matches during an upgrade": {
+			sets: measurements.ReferenceSets{
+				{Name: "v1", Measurements: with(map[uint32]measurements.Measurement{4: {Expected: wrong}})},
+				{Name: "v2", Measurements: ref},
+			},
+			wantSet: "v2",
+		},
+		"closest of several sets reported": {
+			sets: measurements.ReferenceSets{
+				{Name: "far", Measurements: with(map[uint32]measurements.Measurement{4: {Expected: wrong}, 9: {Expected: wrong}, 11: {Expected: wrong}})},
+				{Name: "near", Measurements: with(map[uint32]measurements.Measurement{11: {Expected: wrong}})},
+			},
+			wantErrMsgs: []string{"none of 2 reference set(s)", `closest is "near" with 1 mismatching`, "PCR 11: expected"},
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: tc.sets})
+			require.NoError(t, err)
+			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
+			if len(tc.wantErrMsgs) > 0 {
+				require.ErrorIs(t, err, attestation.ErrMeasurementPolicy)
+				var mm *measurements.MismatchError
+				require.True(t, errors.As(err, &mm))
+				for _, msg := range tc.wantErrMsgs {
+					assert.ErrorContains(t, err, msg)
+				}
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantSet, got.ReferenceSet)
+			require.Len(t, got.Warnings, len(tc.wantWarnings))
+			for i, w := range tc.wantWarnings {
+				assert.Contains(t, got.Warnings[i], w)
+			}
+		})
+	}
+}
+
+func TestIssuerNonceSize(t *testing.T) {
+	iss, err := qemu.NewIssuer(vtpmtest.Simulator(t), nil, nil)
+	require.NoError(t, err)
+	for _, n := range [][]byte{nil, make([]byte, 15), make([]byte, 65)} {
+		_, err := iss.Issue(context.Background(), attestation.PurposeVerify, n)
+		assert.ErrorContains(t, err, "data of")
+	}
+}
+
+func FuzzValidate(f *testing.F) {
+	tpm := vtpmtest.SimulatorFixedSeed(f, 42)
+	ref, iss, ev := bootAndIssue(f, tpm)
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}})
+	require.NoError(f, err)
+	f.Add(ev)
+	f.Add(ev[:len(ev)/2])
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := val.Validate(context.Background(), data, attestation.PurposeVerify, nonce)
+		if err == nil {
+			// Only a quote signed by our TPM's AK may pass: nothing else can sign for it.
+			require.NotNil(t, got)
+			e := &vtpmpb.Evidence{}
+			require.NoError(t, proto.Unmarshal(data, e))
+			require.Equal(t, iss.AKPublic(), e.AkPublic)
+			return
+		}
+		require.Nil(t, got)
+		require.NotEqual(t, "other", attestation.Reason(err), "every failure has a reason: %v", err)
+	})
+}
+
+// TestValidatorRefusesLooseSets: the validator the CLI and the join service build refuses
+// reference sets that admit more than the image, naming the register, so no path can
+// validate evidence against them.
+func TestValidatorRefusesLooseSets(t *testing.T) {
+	full := measurementstest.Image(qemu.Variant, nil)
+	for name, tc := range measurementstest.LooseSets(full) {
+		_, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}}})
+		require.Error(t, err, name)
+		assert.ErrorContains(t, err, `reference set "loose": `+tc.Want, name)
+	}
+}

@@ -1,0 +1,253 @@
+package vtpm
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	pb "github.com/google/go-tpm-tools/proto/tpm"
+	"github.com/google/go-tpm-tools/quote"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// ValidatorConfig configures a TPM-quote validator.
+type ValidatorConfig struct {
+	Variant       variant.Variant
+	ReferenceSets measurements.ReferenceSets
+	// Active, when set, replaces ReferenceSets: the validator reads the sets from it on every
+	// validation, so a watcher can swap them without a restart (measurements.Active).
+	Active *measurements.Active
+	// AKRoots, when set, must have issued the certificate the evidence carries for its AK.
+	// Without roots the AK is trusted because the evidence says so: the quote then proves
+	// only that some holder of that key signed these PCR values, which suffices for tests and
+	// for platforms with no way to certify keys, and nothing more.
+	AKRoots *x509.CertPool
+	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
+	MaxEvidenceSize int
+	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
+	Now func() time.Time
+	Log *slog.Logger
+}
+
+// Validator checks TPM-quote evidence.
+type Validator struct {
+	cfg     ValidatorConfig
+	akCerts *certCache
+}
+
+// NewValidator checks cfg and returns a validator.
+func NewValidator(cfg ValidatorConfig) (*Validator, error) {
+	if cfg.Variant.IsZero() {
+		return nil, errors.New("validator: no variant")
+	}
+	if cfg.Active == nil {
+		active, err := measurements.NewActive(cfg.Variant, cfg.ReferenceSets)
+		if err != nil {
+			return nil, fmt.Errorf("validator %s: %w", cfg.Variant, err)
+		}
+		cfg.Active = active
+	} else if len(cfg.ReferenceSets) > 0 {
+		return nil, fmt.Errorf("validator %s: both static and active reference sets configured", cfg.Variant)
+	} else if cfg.Active.Variant().String() != cfg.Variant.String() {
+		return nil, fmt.Errorf("validator %s: active reference sets are for variant %s", cfg.Variant, cfg.Active.Variant())
+	}
+	if cfg.MaxEvidenceSize <= 0 {
+		cfg.MaxEvidenceSize = attestation.DefaultMaxEvidenceSize
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.AKRoots == nil {
+		cfg.Log.Warn("attestation keys are not checked against a certificate root", "variant", cfg.Variant.String())
+	}
+	return &Validator{cfg: cfg, akCerts: newCertCache(1024)}, nil
+}
+
+// Variant returns the variant this validator accepts.
+func (v *Validator) Variant() variant.Variant { return v.cfg.Variant }
+
+// parsed is evidence after step 1: well-formed, nothing checked yet.
+type parsed struct {
+	ev    *vtpmpb.Evidence
+	akPub tpm2.Public
+	pcrs  map[uint32][]byte
+}
+
+// Validate parses, verifies and evaluates evidence, in that order. The quote must bind
+// attestation.ReportData(purpose, data).
+func (v *Validator) Validate(_ context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
+	nonce, err := attestation.ReportData(purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrNonceMismatch, err)
+	}
+	p, err := v.parse(evidence)
+	if err != nil {
+		return nil, err
+	}
+	signer, err := v.verify(p, nonce)
+	if err != nil {
+		return nil, err
+	}
+	match, err := v.cfg.Active.Load().Match(v.cfg.Variant, p.pcrs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurementPolicy, err)
+	}
+	akHash := sha256.Sum256(p.ev.AkPublic)
+	out := &attestation.Verified{
+		Variant:         v.cfg.Variant,
+		Registers:       p.pcrs,
+		ReferenceSet:    match.Set,
+		SignerID:        hex.EncodeToString(akHash[:]),
+		SignerCertified: signer != nil,
+	}
+	if signer != nil {
+		out.SignerName = signer.Subject.CommonName
+		out.SignerRole = AKCertRole(signer)
+	}
+	for _, w := range match.Warnings {
+		out.Warnings = append(out.Warnings, w.Describe(v.cfg.Variant))
+	}
+	return out, nil
+}
+
+// parse decodes the evidence and checks its shape.
+func (v *Validator) parse(evidence []byte) (*parsed, error) {
+	if len(evidence) > v.cfg.MaxEvidenceSize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", attestation.ErrTooLarge, len(evidence), v.cfg.MaxEvidenceSize)
+	}
+	ev := &vtpmpb.Evidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMalformed, err)
+	}
+	if ev.Variant != v.cfg.Variant.String() {
+		return nil, fmt.Errorf("%w: got %q, want %q", attestation.ErrWrongVariant, ev.Variant, v.cfg.Variant)
+	}
+	for _, f := range []struct {
+		name string
+		val  []byte
+	}{{"AK public key", ev.AkPublic}, {"quote", ev.Quote}, {"signature", ev.Signature}} {
+		if len(f.val) == 0 {
+			return nil, fmt.Errorf("%w: %s missing", attestation.ErrMalformed, f.name)
+		}
+	}
+	if len(ev.Pcrs) != NumPCRs {
+		return nil, fmt.Errorf("%w: %d PCR values, want %d", attestation.ErrMalformed, len(ev.Pcrs), NumPCRs)
+	}
+	pcrs := make(map[uint32][]byte, NumPCRs)
+	for idx, val := range ev.Pcrs {
+		if len(val) != sha256.Size {
+			return nil, fmt.Errorf("%w: PCR %d value of %d bytes", attestation.ErrMalformed, idx, len(val))
+		}
+		pcrs[uint32(idx)] = val
+	}
+	akPub, err := tpm2.DecodePublic(ev.AkPublic)
+	if err != nil {
+		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
+	}
+	return &parsed{ev: ev, akPub: akPub, pcrs: pcrs}, nil
+}
+
+// CheckAKAttributes checks that pub describes an acceptable attestation key: a TPM-resident
+// restricted signing key (only such a key cannot sign a TPMS_ATTEST the TPM did not produce),
+// RSA of at least 2048 bits or ECC P-256/P-384. It returns the decoded public key.
+func CheckAKAttributes(pub tpm2.Public) (crypto.PublicKey, error) {
+	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
+		return nil, fmt.Errorf("AK is not a TPM-resident restricted signing key (attributes %#x)", uint32(pub.Attributes))
+	}
+	key, err := pub.Key()
+	if err != nil {
+		return nil, fmt.Errorf("AK public key: %w", err)
+	}
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return nil, fmt.Errorf("RSA AK of %d bits", k.N.BitLen())
+		}
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
+			return nil, fmt.Errorf("ECC AK on curve %s", k.Curve.Params().Name)
+		}
+	default:
+		return nil, fmt.Errorf("AK of type %T", k)
+	}
+	return key, nil
+}
+
+// requiredAKAttributes make a key a TPM-resident restricted signing key: only such a key
+// cannot sign a TPMS_ATTEST structure that the TPM did not produce itself.
+const requiredAKAttributes = tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin | tpm2.FlagRestricted | tpm2.FlagSign
+
+// verify establishes trust in the AK (when roots are configured) and checks the quote: its
+// signature by the AK, its binding to nonce, and that the PCR values are the quoted ones. It
+// returns the verified AK certificate, or nil when no roots are configured.
+func (v *Validator) verify(p *parsed, nonce []byte) (*x509.Certificate, error) {
+	key, err := CheckAKAttributes(p.akPub)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrUntrustedSigner, err)
+	}
+	var cert *x509.Certificate
+	if v.cfg.AKRoots != nil {
+		if cert, err = v.verifyAKCert(p, key); err != nil {
+			return nil, err
+		}
+	}
+
+	q := &pb.Quote{Quote: p.ev.Quote, RawSig: p.ev.Signature, Pcrs: &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: p.pcrs}}
+	if err := quote.Verify(q, key, nonce); err != nil {
+		return nil, classifyQuoteError(q, key, nonce, err)
+	}
+	return cert, nil
+}
+
+// classifyQuoteError names why go-tpm-tools rejected a quote. The library's verdict stands;
+// this only picks the reason reported to the caller.
+func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err error) error {
+	// With a correct nonce, does the quote verify? Then the nonce was the problem.
+	if att, decErr := tpm2.DecodeAttestationData(q.GetQuote()); decErr == nil && !bytes.Equal(att.ExtraData, nonce) {
+		if quote.Verify(q, key, att.ExtraData) == nil {
+			return fmt.Errorf("%w: quote was made for another purpose or nonce (replayed, for another connection, or signed for another interface of the node)", attestation.ErrNonceMismatch)
+		}
+	}
+	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)
+}
+
+func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) (*x509.Certificate, error) {
+	if len(p.ev.AkCert) == 0 {
+		return nil, fmt.Errorf("%w: no AK certificate, and AK roots are configured", attestation.ErrUntrustedSigner)
+	}
+	now := v.cfg.Now()
+	cert, err := v.akCerts.verify(p.ev.AkCert, now, func(cert *x509.Certificate) ([][]*x509.Certificate, error) {
+		return cert.Verify(x509.VerifyOptions{
+			Roots:       v.cfg.AKRoots,
+			CurrentTime: now,
+			KeyUsages:   []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedSigner, err)
+	}
+	certKey, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !certKey.Equal(key) {
+		return nil, fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedSigner)
+	}
+	return cert, nil
+}

@@ -1,0 +1,141 @@
+// Package vtpmtest provides TPMs for tests: the go-tpm-tools simulator (in-process, fast, one
+// per process at a time) and real swtpm processes. Only tests import it, so the cgo simulator
+// never ends up in a production binary.
+package vtpmtest
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-tpm-tools/simulator"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+)
+
+// Simulator returns a fresh simulator TPM, closed when the test ends. The simulator is a
+// process-wide singleton: tests using it must not run in parallel.
+func Simulator(t testing.TB) *vtpm.TPM {
+	t.Helper()
+	sim, err := simulator.Get()
+	require.NoError(t, err)
+	tpm := vtpm.New(sim, "simulator")
+	t.Cleanup(func() { _ = tpm.Close() })
+	return tpm
+}
+
+// SimulatorFixedSeed returns a simulator whose seeds, and so whose attestation key, are the
+// same in every process: fuzz workers (separate processes) then share the AK of the seed
+// corpus. Insecure by design; tests only.
+func SimulatorFixedSeed(t testing.TB, seed int64) *vtpm.TPM {
+	t.Helper()
+	sim, err := simulator.GetWithFixedSeedInsecure(seed)
+	require.NoError(t, err)
+	tpm := vtpm.New(sim, "simulator")
+	t.Cleanup(func() { _ = tpm.Close() })
+	return tpm
+}
+
+// Swtpm starts a swtpm process and returns an open connection to it; both end with the test.
+func Swtpm(t testing.TB) (*vtpm.TPM, *swtpm.Process) {
+	t.Helper()
+	proc := SwtpmProcess(t)
+	tpm, err := proc.Open(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tpm.Close() })
+	return tpm, proc
+}
+
+// SwtpmProcess starts a swtpm process, stopped when the test ends, without connecting to it:
+// for code that opens the TPM per use (swtpm serves one connection at a time).
+func SwtpmProcess(t testing.TB) *swtpm.Process {
+	t.Helper()
+	// os.MkdirTemp, not t.TempDir: test names can push a socket path past 107 bytes.
+	dir, err := os.MkdirTemp("", "swtpm")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: dir})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proc.Stop() })
+	return proc
+}
+
+// tpmCCQuote is the command code of TPM2_Quote (TPM 2.0 Part 2, 6.5.2).
+const tpmCCQuote = 0x00000158
+
+// QuoteCounter forwards TPM connections to a TPM server and counts the TPM2_Quote commands
+// that pass: the quotes a process made the real TPM sign.
+type QuoteCounter struct {
+	ln     net.Listener
+	quotes atomic.Int32
+}
+
+// CountQuotes listens on a unix socket in front of the TPM server at addr ("unix:PATH") and
+// returns the counter; Addr is what the code under test opens instead. It stops with t.
+func CountQuotes(t testing.TB, addr string) *QuoteCounter {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tpmcount")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, "tpm.sock"))
+	require.NoError(t, err)
+	q := &QuoteCounter{ln: ln}
+	t.Cleanup(func() { _ = ln.Close() })
+	upstream := strings.TrimPrefix(addr, "unix:")
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go q.forward(client, upstream)
+		}
+	}()
+	return q
+}
+
+// Addr is the counter's address, for vtpm.Open.
+func (q *QuoteCounter) Addr() string { return "unix:" + q.ln.Addr().String() }
+
+// Quotes is the number of TPM2_Quote commands forwarded so far.
+func (q *QuoteCounter) Quotes() int { return int(q.quotes.Load()) }
+
+func (q *QuoteCounter) forward(client net.Conn, upstream string) {
+	defer client.Close()
+	server, err := net.Dial("unix", upstream)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	go func() { _, _ = io.Copy(client, server) }()
+	// Commands: tag (2 bytes), size (4, including the header), command code (4).
+	for {
+		var hdr [10]byte
+		if _, err := io.ReadFull(client, hdr[:]); err != nil {
+			return
+		}
+		size := binary.BigEndian.Uint32(hdr[2:6])
+		if size < 10 || size > 1<<16 {
+			return
+		}
+		if binary.BigEndian.Uint32(hdr[6:10]) == tpmCCQuote {
+			q.quotes.Add(1)
+		}
+		cmd := make([]byte, size)
+		copy(cmd, hdr[:])
+		if _, err := io.ReadFull(client, cmd[10:]); err != nil {
+			return
+		}
+		if _, err := server.Write(cmd); err != nil {
+			return
+		}
+	}
+}
