@@ -11,6 +11,7 @@
 package vtpmpb
 
 import (
+	hardwarepb "github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -44,7 +45,11 @@ type Evidence struct {
 	Pcrs [][]byte `protobuf:"bytes,6,rep,name=pcrs,proto3" json:"pcrs,omitempty"`
 	// Measurement event log, when the platform keeps one. Carried for diagnostics; its content
 	// is bound to the PCR values only where a verifier replays it.
-	EventLog      []byte `protobuf:"bytes,7,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
+	EventLog []byte `protobuf:"bytes,7,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
+	// Hardware evidence of the confidential VM the vTPM runs in, for the SEV-SNP and TDX vTPM
+	// variants; absent for TPM-only variants (qemu-vtpm, azure-trustedlaunch, gcp-sev-es,
+	// aws-nitro-tpm).
+	Hardware      *hardwarepb.Hardware `protobuf:"bytes,8,opt,name=hardware,proto3" json:"hardware,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -128,11 +133,18 @@ func (x *Evidence) GetEventLog() []byte {
 	return nil
 }
 
+func (x *Evidence) GetHardware() *hardwarepb.Hardware {
+	if x != nil {
+		return x.Hardware
+	}
+	return nil
+}
+
 var File_api_attestation_vtpmpb_vtpm_proto protoreflect.FileDescriptor
 
 const file_api_attestation_vtpmpb_vtpm_proto_rawDesc = "" +
 	"\n" +
-	"!api/attestation/vtpmpb/vtpm.proto\x12!constellation.attestation.vtpm.v1\"\xbf\x01\n" +
+	"!api/attestation/vtpmpb/vtpm.proto\x12!constellation.attestation.vtpm.v1\x1a)api/attestation/hardwarepb/hardware.proto\"\x8c\x02\n" +
 	"\bEvidence\x12\x18\n" +
 	"\avariant\x18\x01 \x01(\tR\avariant\x12\x1b\n" +
 	"\tak_public\x18\x02 \x01(\fR\bakPublic\x12\x17\n" +
@@ -140,7 +152,8 @@ const file_api_attestation_vtpmpb_vtpm_proto_rawDesc = "" +
 	"\x05quote\x18\x04 \x01(\fR\x05quote\x12\x1c\n" +
 	"\tsignature\x18\x05 \x01(\fR\tsignature\x12\x12\n" +
 	"\x04pcrs\x18\x06 \x03(\fR\x04pcrs\x12\x1b\n" +
-	"\tevent_log\x18\a \x01(\fR\beventLogBCZAgithub.com/openconstellation/constellation/api/attestation/vtpmpbb\x06proto3"
+	"\tevent_log\x18\a \x01(\fR\beventLog\x12K\n" +
+	"\bhardware\x18\b \x01(\v2/.constellation.attestation.hardware.v1.HardwareR\bhardwareBCZAgithub.com/openconstellation/constellation/api/attestation/vtpmpbb\x06proto3"
 
 var (
 	file_api_attestation_vtpmpb_vtpm_proto_rawDescOnce sync.Once
@@ -156,14 +169,16 @@ func file_api_attestation_vtpmpb_vtpm_proto_rawDescGZIP() []byte {
 
 var file_api_attestation_vtpmpb_vtpm_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_api_attestation_vtpmpb_vtpm_proto_goTypes = []any{
-	(*Evidence)(nil), // 0: constellation.attestation.vtpm.v1.Evidence
+	(*Evidence)(nil),            // 0: constellation.attestation.vtpm.v1.Evidence
+	(*hardwarepb.Hardware)(nil), // 1: constellation.attestation.hardware.v1.Hardware
 }
 var file_api_attestation_vtpmpb_vtpm_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: constellation.attestation.vtpm.v1.Evidence.hardware:type_name -> constellation.attestation.hardware.v1.Hardware
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_api_attestation_vtpmpb_vtpm_proto_init() }
