@@ -156,6 +156,31 @@ type Verified struct {
 	// SignerCertified ("" if it states none): the platform's word, bound to the signing key,
 	// so a node can require that the join service it takes keys from runs on a control plane.
 	SignerRole Role
+	// Hardware is what the confidential-VM hardware report established, for variants that
+	// carry one (SEV-SNP, TDX); nil for TPM-only variants.
+	Hardware *Hardware
+}
+
+// Hardware is what a hardware report (an SEV-SNP attestation report, a TDX quote)
+// established after its signature chain, collateral, binding and policy checks all passed.
+type Hardware struct {
+	// Technology is "SEV-SNP" or "TDX".
+	Technology string
+	// Product is the processor line the report was verified for ("Milan", "Genoa", "Turin"
+	// for SEV-SNP; "TDX" platforms name their PCK's FMSPC, "fmspc 00906ED50000").
+	Product string
+	// Signer names the key that signed the report ("VCEK", "VLEK", "PCK").
+	Signer string
+	// TCB describes the trusted computing base the report was checked at, for humans.
+	TCB string
+	// Reference names the hardware reference block the report matched.
+	Reference string
+	// Measurements are the report's launch measurements by name ("MEASUREMENT", "MRTD",
+	// "RTMR0", ...), for output and logs.
+	Measurements map[string][]byte
+	// Warnings lists policy mismatches the reference made warn-only (ID-key digests, for
+	// example).
+	Warnings []string
 }
 
 // Failure reasons. Validators wrap exactly one of them, so callers can tell what went wrong

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -29,6 +30,15 @@ type IssuerConfig struct {
 	AKCert []byte
 	// EventLog, if set, returns the measurement event log to include in each evidence.
 	EventLog func() ([]byte, error)
+	// Hardware, if set, returns the confidential-VM evidence to include (the SEV-SNP and TDX
+	// vTPM variants). It gets the AK's TPMT_PUBLIC and the quote's nonce, so the hardware
+	// report can bind either.
+	Hardware HardwareSource
+}
+
+// HardwareSource produces the hardware part of vTPM evidence (see IssuerConfig.Hardware).
+type HardwareSource interface {
+	Hardware(ctx context.Context, akPublic []byte, nonce []byte) (*hardwarepb.Hardware, error)
 }
 
 // AKAlgorithm selects which of the TPM's two attestation keys an issuer quotes with.
@@ -91,6 +101,7 @@ type Issuer struct {
 	akPublic []byte
 	akCert   []byte
 	eventLog func() ([]byte, error)
+	hardware HardwareSource
 }
 
 // NewIssuer loads (or creates) the attestation key on tpm.
@@ -98,7 +109,7 @@ func NewIssuer(tpm *TPM, cfg IssuerConfig) (*Issuer, error) {
 	if cfg.Variant.IsZero() {
 		return nil, errors.New("issuer: no variant")
 	}
-	iss := &Issuer{tpm: tpm, variant: cfg.Variant, eventLog: cfg.EventLog}
+	iss := &Issuer{tpm: tpm, variant: cfg.Variant, eventLog: cfg.EventLog, hardware: cfg.Hardware}
 	err := tpm.With(func(rw io.ReadWriter) error {
 		ak, err := cfg.AK.load(rw)
 		if err != nil {
@@ -179,6 +190,13 @@ func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []
 			return nil, fmt.Errorf("reading event log: %w", err)
 		}
 		ev.EventLog = log
+	}
+	if i.hardware != nil {
+		hw, err := i.hardware.Hardware(ctx, i.akPublic, nonce)
+		if err != nil {
+			return nil, fmt.Errorf("hardware evidence: %w", err)
+		}
+		ev.Hardware = hw
 	}
 	return proto.Marshal(ev)
 }

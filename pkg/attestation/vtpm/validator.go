@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -38,11 +39,24 @@ type ValidatorConfig struct {
 	// only that some holder of that key signed these PCR values, which suffices for tests and
 	// for platforms with no way to certify keys, and nothing more.
 	AKRoots *x509.CertPool
+	// Hardware, when set, checks the confidential-VM part of the evidence (Evidence.hardware):
+	// the variants on SEV-SNP and TDX set it, and their evidence is refused without it. It
+	// runs after the quote verified, with the quote's AK, so it can require that the
+	// hardware report binds that key (or the nonce).
+	Hardware HardwareCheck
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
 	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
 	Now func() time.Time
 	Log *slog.Logger
+}
+
+// HardwareCheck checks the hardware evidence of a vTPM variant on a confidential VM. It must
+// parse, verify (signatures to pinned roots, collateral) and validate (policy, and that the
+// report binds ak or nonce) the hardware part, and return claims only when all passed; its
+// errors wrap one of attestation's Err* reasons.
+type HardwareCheck interface {
+	Check(ctx context.Context, hw *hardwarepb.Hardware, ak crypto.PublicKey, akPublic []byte, nonce []byte) (*attestation.Hardware, error)
 }
 
 // Validator checks TPM-quote evidence.
@@ -94,7 +108,7 @@ type parsed struct {
 
 // Validate parses, verifies and evaluates evidence, in that order. The quote must bind
 // attestation.ReportData(purpose, data).
-func (v *Validator) Validate(_ context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
+func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	nonce, err := attestation.ReportData(purpose, data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrNonceMismatch, err)
@@ -103,9 +117,23 @@ func (v *Validator) Validate(_ context.Context, evidence []byte, purpose attesta
 	if err != nil {
 		return nil, err
 	}
-	signer, err := v.verify(p, nonce)
+	signer, key, err := v.verify(p, nonce)
 	if err != nil {
 		return nil, err
+	}
+	var hw *attestation.Hardware
+	switch {
+	case v.cfg.Hardware != nil:
+		if p.ev.Hardware == nil {
+			return nil, fmt.Errorf("%w: no hardware evidence, and variant %s requires it", attestation.ErrMalformed, v.cfg.Variant)
+		}
+		if hw, err = v.cfg.Hardware.Check(ctx, p.ev.Hardware, key, p.ev.AkPublic, nonce); err != nil {
+			return nil, err
+		}
+	case p.ev.Hardware != nil:
+		// Evidence claiming hardware this validator does not check must not pass as if it
+		// had been checked.
+		return nil, fmt.Errorf("%w: hardware evidence for variant %s, which has none", attestation.ErrMalformed, v.cfg.Variant)
 	}
 	match, err := v.cfg.Active.Load().Match(v.cfg.Variant, p.pcrs)
 	if err != nil {
@@ -118,6 +146,7 @@ func (v *Validator) Validate(_ context.Context, evidence []byte, purpose attesta
 		ReferenceSet:    match.Set,
 		SignerID:        hex.EncodeToString(akHash[:]),
 		SignerCertified: signer != nil,
+		Hardware:        hw,
 	}
 	if signer != nil {
 		out.SignerName = signer.Subject.CommonName
@@ -198,24 +227,24 @@ const requiredAKAttributes = tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.Fla
 
 // verify establishes trust in the AK (when roots are configured) and checks the quote: its
 // signature by the AK, its binding to nonce, and that the PCR values are the quoted ones. It
-// returns the verified AK certificate, or nil when no roots are configured.
-func (v *Validator) verify(p *parsed, nonce []byte) (*x509.Certificate, error) {
+// returns the verified AK certificate (nil when no roots are configured) and the AK.
+func (v *Validator) verify(p *parsed, nonce []byte) (*x509.Certificate, crypto.PublicKey, error) {
 	key, err := CheckAKAttributes(p.akPub)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", attestation.ErrUntrustedSigner, err)
+		return nil, nil, fmt.Errorf("%w: %w", attestation.ErrUntrustedSigner, err)
 	}
 	var cert *x509.Certificate
 	if v.cfg.AKRoots != nil {
 		if cert, err = v.verifyAKCert(p, key); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 
 	q := &pb.Quote{Quote: p.ev.Quote, RawSig: p.ev.Signature, Pcrs: &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: p.pcrs}}
 	if err := quote.Verify(q, key, nonce); err != nil {
-		return nil, classifyQuoteError(q, key, nonce, err)
+		return nil, nil, classifyQuoteError(q, key, nonce, err)
 	}
-	return cert, nil
+	return cert, key, nil
 }
 
 // classifyQuoteError names why go-tpm-tools rejected a quote. The library's verdict stands;
