@@ -42,8 +42,8 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
-	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
@@ -106,24 +106,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	if att.Variant.String() != qemu.Variant.String() {
-		return fmt.Errorf("attestation variant %s: the join service implements only %s", att.Variant, qemu.Variant)
-	}
-	roots, err := clusterrecord.ParseAKRoots(att.AKRootsPEM)
-	if err != nil {
-		return err
-	}
 	active, err := measurements.NewActive(att.Variant, att.ReferenceSets)
 	if err != nil {
 		return err
 	}
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: active, AKRoots: roots, Log: log})
+	// The reference sets come from active (hot-reloaded); the rest of the record as it is.
+	ref := att.Reference()
+	ref.Measurements = nil
+	validator, err := choose.NewValidator(ref, choose.Options{Active: active, Log: log})
 	if err != nil {
-		return err
+		return fmt.Errorf("attestation: %w", err)
 	}
 	// The service quotes once per join, on the join's critical path: the ECC AK is the
 	// cheaper one to quote with (vtpm.AKAlgorithm).
-	issuer, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(f.tpm), vtpm.IssuerConfig{Variant: att.Variant, AK: vtpm.AKECC})
+	issuer, err := choose.NewIssuer(ctx, att.Variant, choose.IssuerEnv{TPM: vtpm.OpenAddr(f.tpm), AK: vtpm.AKECC})
 	if err != nil {
 		return fmt.Errorf("TPM: %w", err)
 	}

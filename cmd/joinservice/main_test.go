@@ -157,7 +157,7 @@ func TestRun(t *testing.T) {
 	t.Cleanup(func() { workerRW.Close() })
 	issuer, err := qemu.NewIssuer(workerRW, nil, nil)
 	require.NoError(t, err)
-	serviceValidator, err := joinservice.ServiceCheck{}.Validator(workerRW)
+	serviceValidator, err := joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(workerRW)
 	require.NoError(t, err)
 	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
 	require.NoError(t, err)

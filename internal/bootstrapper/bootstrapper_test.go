@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // One real kube-apiserver + etcd for the package, started by the first test that needs it
@@ -101,7 +102,7 @@ func (e *env) build() {
 		PKIDir:          filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
 	})
 	require.NoError(t, err)
-	check, err := joinservice.ServiceCheck{}.Validator(e.node.TPM)
+	check, err := joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(e.node.TPM)
 	require.NoError(t, err)
 	attested, err := joinclient.AttestedDialer(issuer, check)
 	require.NoError(t, err)

@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/recovery"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 func newCA(t *testing.T) *akca.CA {
@@ -106,7 +107,7 @@ func newRebooted(t *testing.T, name string, role metadata.Role, ca *akca.CA, key
 func (r *rebooted) build() {
 	t := r.t
 	issuer := r.node.Issuer(t)
-	check, err := joinservice.ServiceCheck{}.Validator(r.node.TPM)
+	check, err := joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(r.node.TPM)
 	require.NoError(t, err)
 	attested, err := joinclient.AttestedDialer(issuer, check)
 	require.NoError(t, err)

@@ -28,11 +28,11 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
-	"github.com/openconstellation/constellation/pkg/attestation/qemu"
-	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 )
 
 // Files the CLI writes into the workspace.
@@ -53,7 +53,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err != nil {
 		return fmt.Errorf("the init secret of the local cluster: %w", err)
 	}
-	attest, validator, err := localAttestation(workspace, conf)
+	attest, validator, err := clusterAttestation(ctx, platform, conf)
 	if err != nil {
 		return err
 	}
@@ -158,30 +158,29 @@ func pointKubeconfig(workspace, apiServer string) error {
 	return fileutil.WriteAtomic(path, data, 0o600)
 }
 
-// localAttestation is how a local cluster's nodes are checked, by the CLI at init and verify
-// and by the join service (it is sent with init): the configured reference values, and AKs
-// certified by the provider's AK CA or a root the configuration adds.
-func localAttestation(workspace string, conf *config.Config) (clusterrecord.Attestation, attestation.Validator, error) {
-	if conf.Attestation.QEMUVTPM == nil {
-		return clusterrecord.Attestation{}, nil, fmt.Errorf("%s: attestation.qemuVTPM: the local provider's nodes attest with qemu-vtpm", config.FileName)
-	}
-	caCert, err := os.ReadFile(filepath.Join(workspace, miniDir, akCAFile))
-	if err != nil {
-		return clusterrecord.Attestation{}, nil, fmt.Errorf("the local provider's AK CA: %w", err)
-	}
-	attest := clusterrecord.Attestation{
-		Variant:       variant.QEMUVTPM,
-		ReferenceSets: conf.Attestation.QEMUVTPM.Measurements,
-		AKRootsPEM:    append(caCert, conf.Attestation.QEMUVTPM.AKRoots...),
-	}
-	roots, err := clusterrecord.ParseAKRoots(attest.AKRootsPEM)
+// clusterAttestation is how a cluster's nodes are checked, by the CLI at init, verify,
+// status and recover, and by the join service (it is sent with init): the configured
+// variant's reference values, with the AK roots the platform certifies its nodes' keys with
+// added to any the configuration names. The configured variant must be the platform's.
+func clusterAttestation(ctx context.Context, platform provider.Provider, conf *config.Config) (clusterrecord.Attestation, attestation.Validator, error) {
+	ref, err := conf.Attestation.Reference()
 	if err != nil {
 		return clusterrecord.Attestation{}, nil, err
 	}
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: attest.ReferenceSets, AKRoots: roots})
+	pa, err := platform.Attestation(ctx)
 	if err != nil {
 		return clusterrecord.Attestation{}, nil, err
 	}
+	if pa.Variant != ref.Variant {
+		return clusterrecord.Attestation{}, nil, fmt.Errorf("%s: attestation.%s: the platform's nodes attest with %s (attestation.%s)",
+			config.FileName, config.FieldName(ref.Variant), pa.Variant, config.FieldName(pa.Variant))
+	}
+	ref.AKRoots = string(pa.AKRootsPEM) + ref.AKRoots
+	validator, err := choose.NewValidator(ref, choose.Options{})
+	if err != nil {
+		return clusterrecord.Attestation{}, nil, fmt.Errorf("attestation: %w", err)
+	}
+	attest := clusterrecord.Attestation{Variant: ref.Variant, ReferenceSets: ref.Measurements, AKRootsPEM: []byte(ref.AKRoots)}
 	return attest, validator, nil
 }
 

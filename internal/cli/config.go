@@ -115,7 +115,7 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 		Workers:       o.workers,
 		Image:         imagePathFor(workspace, imageDir),
 	}
-	c.Attestation.QEMUVTPM = &config.QEMUVTPMConfig{
+	c.Attestation.QEMUVTPM = &config.VariantConfig{
 		Measurements: measurements.ReferenceSets{{Name: setName, Measurements: expected}},
 	}
 	if err := c.Validate(); err != nil {

@@ -187,8 +187,8 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 	if lc == nil {
 		return nil, fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
 	}
-	if conf.Attestation.QEMUVTPM == nil {
-		return nil, fmt.Errorf("%s: attestation.qemuVTPM: the local provider's nodes attest with qemu-vtpm", config.FileName)
+	if v := conf.Attestation.Variant(); v != local.Variant {
+		return nil, fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, config.FieldName(local.Variant))
 	}
 	// The sandbox network assigns fixed ranges (docs/local-provider.md).
 	if conf.Network.PodCIDR != sandbox.PodCIDR.String() || conf.Network.ServiceCIDR != sandbox.ServiceCIDR.String() {

@@ -108,9 +108,8 @@ const miniDir = "mini"
 // generatedConfigMarker in miniDir records that mini up wrote the workspace's configuration.
 const generatedConfigMarker = "generated-config"
 
-// akCAFile in miniDir is the certificate of the provider's AK CA: the root of the local
-// nodes' AK certificates, which init and verify check.
-const akCAFile = "ak-ca.pem"
+// akCAFile in miniDir is the certificate of the provider's AK CA (cluster.AKCAFile).
+const akCAFile = cluster.AKCAFile
 
 func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions) (retErr error) {
 	if o.controlPlanes < 1 || o.workers < 0 || o.controlPlanes+o.workers > 50 {

@@ -60,7 +60,7 @@ func recoverCluster(ctx context.Context, out io.Writer, workspace string) error 
 	if err != nil {
 		return fmt.Errorf("the master secret (recovery needs it): %w", err)
 	}
-	_, validator, err := localAttestation(workspace, conf)
+	_, validator, err := clusterAttestation(ctx, platform, conf)
 	if err != nil {
 		return err
 	}

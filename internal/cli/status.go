@@ -271,7 +271,7 @@ func attestationStatusOf(ctx context.Context, workspace string, st *state.State,
 	if err != nil {
 		return err
 	}
-	verifier, err := newVerifier(workspace, conf, st)
+	verifier, err := newVerifier(ctx, workspace, conf, st)
 	if err != nil {
 		return err
 	}

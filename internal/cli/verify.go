@@ -94,7 +94,7 @@ func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOpt
 	if err != nil {
 		return err
 	}
-	verifier, err := newVerifier(workspace, conf, st)
+	verifier, err := newVerifier(ctx, workspace, conf, st)
 	if err != nil {
 		return err
 	}
@@ -186,16 +186,16 @@ func verifyTargets(st *state.State, o verifyOptions) ([]verifyTarget, error) {
 	return targets, nil
 }
 
-// newVerifier builds the verifier from the workspace: the local attestation policy
-// (localAttestation), the state's cluster ID, and the way to reach the nodes.
-func newVerifier(workspace string, conf *config.Config, st *state.State) (*verify.Verifier, error) {
-	_, validator, err := localAttestation(workspace, conf)
-	if err != nil {
-		return nil, err
-	}
+// newVerifier builds the verifier from the workspace: the cluster's attestation policy
+// (clusterAttestation), the state's cluster ID, and the way to reach the nodes.
+func newVerifier(ctx context.Context, workspace string, conf *config.Config, st *state.State) (*verify.Verifier, error) {
 	// The nodes' addresses may live in the cluster's private network: dial through the
 	// platform, as the CLI does for init.
 	platform, err := platformOf(workspace, st)
+	if err != nil {
+		return nil, err
+	}
+	_, validator, err := clusterAttestation(ctx, platform, conf)
 	if err != nil {
 		return nil, err
 	}

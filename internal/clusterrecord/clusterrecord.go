@@ -26,6 +26,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
@@ -150,6 +151,11 @@ type Attestation struct {
 	ReferenceSets measurements.ReferenceSets
 	// AKRootsPEM are the certificates of the platform's AK CA(s).
 	AKRootsPEM []byte
+}
+
+// Reference returns what evidence is checked against (choose.NewValidator).
+func (a Attestation) Reference() choose.Reference {
+	return choose.Reference{Variant: a.Variant, Values: choose.Values{Measurements: a.ReferenceSets, AKRoots: string(a.AKRootsPEM)}}
 }
 
 // Validate checks the variant, the reference sets for it, and the AK roots.

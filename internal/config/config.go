@@ -29,7 +29,9 @@ import (
 
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/pki"
+	localprovider "github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/strictyaml"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
@@ -111,24 +113,91 @@ type LocalConfig struct {
 	Image string `json:"image"`
 }
 
-// AttestationConfig has one field per attestation variant; exactly one is set.
+// AttestationConfig has one field per attestation variant; exactly one is set. Every block
+// has the same shape (VariantConfig); which of its fields a variant uses, and requires, is
+// the variant's (pkg/attestation/choose), and Validate refuses a field the variant would
+// ignore.
 type AttestationConfig struct {
 	// QEMUVTPM is the qemu-vtpm variant: a TPM quote of the node's (virtual) TPM. The local
 	// provider's nodes attest with it.
-	QEMUVTPM *QEMUVTPMConfig `json:"qemuVTPM,omitempty"`
+	QEMUVTPM *VariantConfig `json:"qemuVTPM,omitempty"`
+	// QEMUTDX is qemu-tdx: an Intel TD quote (MRTD and RTMRs as registers), no vTPM.
+	QEMUTDX *VariantConfig `json:"qemuTDX,omitempty"`
+	// AWSSEVSNP is aws-sev-snp: a NitroTPM quote, and an SEV-SNP report (VLEK-signed) that
+	// binds its AK.
+	AWSSEVSNP *VariantConfig `json:"awsSEVSNP,omitempty"`
+	// AWSNitroTPM is aws-nitro-tpm: a NitroTPM quote whose AK nothing authenticates.
+	AWSNitroTPM *VariantConfig `json:"awsNitroTPM,omitempty"`
+	// AzureSEVSNP is azure-sev-snp: a vTPM quote and Azure's HCL report (SEV-SNP) binding
+	// its AK.
+	AzureSEVSNP *VariantConfig `json:"azureSEVSNP,omitempty"`
+	// AzureTDX is azure-tdx: a vTPM quote, Azure's HCL report (TDREPORT) binding its AK, and
+	// the TD quote of that report.
+	AzureTDX *VariantConfig `json:"azureTDX,omitempty"`
+	// AzureTrustedLaunch is azure-trustedlaunch: a vTPM quote with an AK certified by Azure.
+	AzureTrustedLaunch *VariantConfig `json:"azureTrustedLaunch,omitempty"`
+	// GCPSEVES is gcp-sev-es: a vTPM quote and the firmware's event log, replayed.
+	GCPSEVES *VariantConfig `json:"gcpSEVES,omitempty"`
+	// GCPSEVSNP is gcp-sev-snp: a vTPM quote with an AK certified by Google, and an SEV-SNP
+	// report binding the AK and the nonce.
+	GCPSEVSNP *VariantConfig `json:"gcpSEVSNP,omitempty"`
 }
 
-// QEMUVTPMConfig configures the qemu-vtpm variant.
-type QEMUVTPMConfig struct {
-	// Measurements are the reference-value sets (pkg/attestation/measurements); a node is
-	// admitted if its PCRs match any set. At least one set; names are unique. PCR 15 carries
-	// the cluster-ID marker and is checked against the cluster ID, so it must not be an
-	// enforced register here. Required.
-	Measurements measurements.ReferenceSets `json:"measurements"`
-	// AKRoots are PEM certificates of CAs that certify nodes' attestation keys. When set, a
-	// node's AK must carry a certificate chaining to one of them. Optional: the local
-	// provider certifies its nodes' AKs with a CA it creates with the cluster.
-	AKRoots string `json:"akRoots,omitempty"`
+// VariantConfig is one variant's reference values (choose.Values): measurements (reference
+// sets of the variant's registers), AK roots, and the variant's hardware block.
+type VariantConfig = choose.Values
+
+// variantBlock is one field of AttestationConfig.
+type variantBlock struct {
+	field   string // YAML key under attestation
+	variant variant.Variant
+	values  *VariantConfig
+}
+
+// blocks lists the fields of a, set or not, in declaration order.
+func (a AttestationConfig) blocks() []variantBlock {
+	return []variantBlock{
+		{"qemuVTPM", variant.QEMUVTPM, a.QEMUVTPM},
+		{"qemuTDX", variant.QEMUTDX, a.QEMUTDX},
+		{"awsSEVSNP", variant.AWSSEVSNP, a.AWSSEVSNP},
+		{"awsNitroTPM", variant.AWSNitroTPM, a.AWSNitroTPM},
+		{"azureSEVSNP", variant.AzureSEVSNP, a.AzureSEVSNP},
+		{"azureTDX", variant.AzureTDX, a.AzureTDX},
+		{"azureTrustedLaunch", variant.AzureTrustedLaunch, a.AzureTrustedLaunch},
+		{"gcpSEVES", variant.GCPSEVES, a.GCPSEVES},
+		{"gcpSEVSNP", variant.GCPSEVSNP, a.GCPSEVSNP},
+	}
+}
+
+// set returns the blocks that are set.
+func (a AttestationConfig) set() []variantBlock {
+	var out []variantBlock
+	for _, b := range a.blocks() {
+		if b.values != nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// FieldName returns the YAML key of variant v's block ("qemuVTPM"), for messages.
+func FieldName(v variant.Variant) string {
+	for _, b := range (AttestationConfig{}).blocks() {
+		if b.variant == v {
+			return b.field
+		}
+	}
+	return v.String()
+}
+
+// Reference returns the configured variant with its values, or an error naming the field if
+// not exactly one variant is configured.
+func (a AttestationConfig) Reference() (choose.Reference, error) {
+	set := a.set()
+	if len(set) != 1 {
+		return choose.Reference{}, fmt.Errorf("%s: attestation: %d variants configured, want exactly one", FileName, len(set))
+	}
+	return choose.Reference{Variant: set[0].variant, Values: *set[0].values}, nil
 }
 
 // NetworkConfig holds the cluster's networks (IPv4 CIDRs, without host bits). The pod,
@@ -246,10 +315,11 @@ func (l *LocalConfig) ImagePath(dir string) string {
 	return filepath.Join(dir, l.Image)
 }
 
-// Variant returns the attestation variant configured, or the zero Variant.
+// Variant returns the attestation variant configured, or the zero Variant if none or
+// several are.
 func (a AttestationConfig) Variant() variant.Variant {
-	if a.QEMUVTPM != nil {
-		return variant.QEMUVTPM
+	if set := a.set(); len(set) == 1 {
+		return set[0].variant
 	}
 	return variant.Variant{}
 }
@@ -295,21 +365,7 @@ func (c *Config) Validate() error {
 		c.validateLocal(v, local)
 	}
 
-	want := variant.QEMUVTPM // the variant of the only provider
-	switch got := c.Attestation.Variant(); {
-	case got.IsZero():
-		v.bad("attestation", "no attestation variant configured (the local provider's nodes attest with qemuVTPM)")
-	case got.String() != want.String():
-		v.bad("attestation", "variant %s does not match the provider's nodes, which attest with %s", got, want)
-	}
-	if q := c.Attestation.QEMUVTPM; q != nil {
-		validateReferenceSets(v, "attestation.qemuVTPM.measurements", q.Measurements, variant.QEMUVTPM)
-		if q.AKRoots != "" {
-			if _, err := ParseAKRoots(q.AKRoots); err != nil {
-				v.add("attestation.qemuVTPM.akRoots", err)
-			}
-		}
-	}
+	c.validateAttestation(v, localprovider.Variant) // the variant of the only provider
 
 	pod := v.prefix("network.podCIDR", c.Network.PodCIDR)
 	svc := v.prefix("network.serviceCIDR", c.Network.ServiceCIDR)
@@ -351,6 +407,31 @@ func (c *Config) validateLocal(v *validator, l *LocalConfig) {
 	}
 	if l.Image == "" {
 		v.bad("provider.local.image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
+	}
+}
+
+// validateAttestation checks that exactly one variant is configured, that it is the one the
+// provider's nodes attest with, and each configured block by its variant's rules.
+func (c *Config) validateAttestation(v *validator, want variant.Variant) {
+	set := c.Attestation.set()
+	switch {
+	case len(set) == 0:
+		v.bad("attestation", "no attestation variant configured (the local provider's nodes attest with %s)", FieldName(want))
+	case len(set) > 1:
+		fields := make([]string, len(set))
+		for i, b := range set {
+			fields[i] = b.field
+		}
+		v.bad("attestation", "%s are configured: configure exactly one variant", strings.Join(fields, " and "))
+	case set[0].variant != want:
+		v.bad("attestation."+set[0].field, "variant %s does not match the provider's nodes, which attest with %s (attestation.%s)", set[0].variant, want, FieldName(want))
+	}
+	for _, b := range set {
+		path := "attestation." + b.field
+		validateReferenceSets(v, path+".measurements", b.values.Measurements, b.variant)
+		for _, fe := range choose.ValidateValues(b.variant, *b.values) {
+			v.add(path+"."+fe.Field, fe.Err)
+		}
 	}
 }
 

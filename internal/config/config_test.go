@@ -76,7 +76,7 @@ func validConfig() *Config {
 	return &Config{
 		Version: "v1", Name: "demo", KubernetesVersion: "v1.34.4",
 		Provider: ProviderConfig{Local: &LocalConfig{ControlPlanes: 3, Workers: 2, Image: "image"}},
-		Attestation: AttestationConfig{QEMUVTPM: &QEMUVTPMConfig{Measurements: measurements.ReferenceSets{{
+		Attestation: AttestationConfig{QEMUVTPM: &VariantConfig{Measurements: measurements.ReferenceSets{{
 			Name: "local-1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0xab), 12: digest(0x11)}),
 		}}}},
 		Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"},

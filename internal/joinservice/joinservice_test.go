@@ -53,6 +53,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
@@ -303,7 +304,7 @@ func (e *env) prepare(j *joiner) *atls.Credentials {
 // serviceValidator is the joiner's check of the service, as a node builds it from its TPM:
 // by default, the same boot measurements as its own TPM's.
 func (e *env) serviceValidator(j *joiner) attestation.Validator {
-	var check joinservice.ServiceCheck
+	check := joinservice.ServiceCheck{Variant: variant.QEMUVTPM}
 	if j.check != nil {
 		check = *j.check
 	}
@@ -567,7 +568,7 @@ func TestRejections(t *testing.T) {
 				tpm, _ := vtpmtest.Swtpm(t)
 				require.NoError(t, local.Measure(tpm, imageV1))
 				provisionRoot(t, tpm, other)
-				j.serviceValidator, err = joinservice.ServiceCheck{}.Validator(tpm)
+				j.serviceValidator, err = joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(tpm)
 				require.NoError(t, err)
 			},
 			wantCode: codes.Unavailable, wantMsg: "AK certificate", wantReason: "peer-abort", wantStage: "handshake",
@@ -716,7 +717,7 @@ func TestReferenceSetSwap(t *testing.T) {
 				if isV2 {
 					j.tpm = v2TPM
 					// The v2 node accepts the v1 service (an upgrade in progress).
-					j.check = &joinservice.ServiceCheck{ReferenceSets: measurements.ReferenceSets{setV1}}
+					j.check = &joinservice.ServiceCheck{Variant: variant.QEMUVTPM, ReferenceSets: measurements.ReferenceSets{setV1}}
 				}
 				startedAfterRetire := retired.Load()
 				_, err := e.join(j, false)
@@ -863,7 +864,7 @@ func TestServiceCheckRefusesPinnedClusterID(t *testing.T) {
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	provisionRoot(t, tpm, ca)
-	_, err = joinservice.ServiceCheck{ReferenceSets: measurements.ReferenceSets{{Name: "pinned", Measurements: pinned}}}.Validator(tpm)
+	_, err = joinservice.ServiceCheck{Variant: variant.QEMUVTPM, ReferenceSets: measurements.ReferenceSets{{Name: "pinned", Measurements: pinned}}}.Validator(tpm)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "PCR 15 must not be in a reference set")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +13,8 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
-	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
@@ -35,6 +37,9 @@ const ClusterIDRegister = kms.InitializedPCR
 // The node builds it only through Validator, from its TPM: there is no way to hand it roots
 // or own measurements that did not come from the node's TPM.
 type ServiceCheck struct {
+	// Variant is the node's attestation variant, which its platform names: the service runs
+	// on a node of the same platform. Required.
+	Variant variant.Variant
 	// ReferenceSets are accepted besides the node's own image, for example the previous
 	// image during an upgrade. Most nodes have none.
 	ReferenceSets measurements.ReferenceSets
@@ -60,7 +65,10 @@ func (c ServiceCheck) Validator(tpm NodeTPM) (attestation.Validator, error) {
 	}
 	// The registers the image measures, by the variant's register map (the rule every
 	// reference set follows).
-	image := qemu.Variant.ImageRegisters()
+	image := c.Variant.ImageRegisters()
+	if len(image) == 0 {
+		return nil, fmt.Errorf("service check: variant %q has no register map", c.Variant)
+	}
 	idx := make([]int, len(image))
 	for i, r := range image {
 		idx[i] = int(r)
@@ -78,29 +86,27 @@ func (c ServiceCheck) Validator(tpm NodeTPM) (attestation.Validator, error) {
 		m[r] = measurements.Measurement{Expected: val}
 	}
 	sets := append(measurements.ReferenceSets{{Name: ownImageSet, Measurements: m}}, c.ReferenceSets...)
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: roots, Log: c.Log})
+	val, err := choose.NewValidator(choose.Reference{Variant: c.Variant, Values: choose.Values{Measurements: sets, AKRoots: roots}}, choose.Options{Log: c.Log})
 	if err != nil {
 		return nil, fmt.Errorf("service check: %w", err)
 	}
 	return serviceValidator{val}, nil
 }
 
-// akRoots reads the platform's AK CA certificate from the node's TPM.
-func akRoots(tpm NodeTPM) (*x509.CertPool, error) {
+// akRoots reads the platform's AK CA certificate from the node's TPM and returns it as PEM.
+func akRoots(tpm NodeTPM) (string, error) {
 	der, err := tpm.ReadPlatformNV(vtpm.AKRootsNVIndex)
 	if err != nil {
-		return nil, fmt.Errorf("service check: no trustworthy AK root from the platform, so no join service can be trusted: %w", err)
+		return "", fmt.Errorf("service check: no trustworthy AK root from the platform, so no join service can be trusted: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("service check: the platform's AK root: %w", err)
+		return "", fmt.Errorf("service check: the platform's AK root: %w", err)
 	}
 	if !cert.BasicConstraintsValid || !cert.IsCA {
-		return nil, fmt.Errorf("service check: the platform's AK root %q is not a CA certificate", cert.Subject.CommonName)
+		return "", fmt.Errorf("service check: the platform's AK root %q is not a CA certificate", cert.Subject.CommonName)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return pool, nil
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})), nil
 }
 
 // serviceValidator adds what a join service must be beyond authentic evidence of an

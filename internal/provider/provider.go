@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // NodeSpec is a node to create.
@@ -113,6 +114,18 @@ type Provider interface {
 	Dialer() func(ctx context.Context, addr string) (net.Conn, error)
 	// Destroy removes the cluster: every node, disk, process and network of it.
 	Destroy(ctx context.Context) error
+	// Attestation says how the platform's nodes attest: the variant their images issue, and
+	// the roots that certify their attestation keys. The CLI adds the configured reference
+	// values and records the result in the cluster (pkg/attestation/choose.Reference).
+	Attestation(ctx context.Context) (Attestation, error)
+}
+
+// Attestation is what a platform states about its nodes' evidence.
+type Attestation struct {
+	Variant variant.Variant
+	// AKRootsPEM are the CA certificates that certify the nodes' attestation keys; empty if
+	// the platform certifies none (the variant then authenticates keys another way, or not).
+	AKRootsPEM []byte
 }
 
 // ErrNotRunning is wrapped by a Provider's errors when the cluster is stopped (or its

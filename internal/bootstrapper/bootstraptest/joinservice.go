@@ -19,6 +19,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -98,7 +99,10 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 	}
 	active, err := measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}})
 	require.NoError(t, err)
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: active, AKRoots: ca.Pool()})
+	// Built as cmd/joinservice builds it: through the variant registry.
+	caPEM, _, err := ca.PEM()
+	require.NoError(t, err)
+	validator, err := choose.NewValidator(choose.Reference{Variant: qemu.Variant, Values: choose.Values{AKRoots: string(caPEM)}}, choose.Options{Active: active})
 	require.NoError(t, err)
 	svc, err := joinservice.New(joinservice.Config{
 		Issuer: issuer, Validator: validator, Active: active,

@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // One real kube-apiserver + etcd for the package, started by the first test that needs it
@@ -105,7 +106,7 @@ func newEnv(t testing.TB, role metadata.Role, opts bootstraptest.ClusterOptions)
 func (e *env) newClient() {
 	t := e.t
 	// The node's check of the service, built from its TPM as nodeboot builds it.
-	check, err := joinservice.ServiceCheck{}.Validator(e.node.TPM)
+	check, err := joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(e.node.TPM)
 	require.NoError(t, err)
 	dial, err := joinclient.AttestedDialer(e.node.Issuer(t), check)
 	require.NoError(t, err)

@@ -20,6 +20,11 @@ import (
 // PCR map of a local node image (docs/attestation.md). PCRs 0-10 stay zero: there is no
 // firmware or kernel in a sandbox. PCR 15 is reserved for the cluster-ID marker, set at
 // init/join, and is not part of the image's reference values.
+// Variant is the attestation variant the local provider's nodes attest with: a quote of their
+// swtpm, whose AK the provider certifies. The CLI, the join service and the nodes learn it
+// from here (or from the cluster record), never by naming it themselves.
+var Variant = variant.QEMUVTPM
+
 const (
 	PCRBootstrapper = 11 // SHA-256 of the bootstrapper binary
 	PCRNodeConfig   = 12 // SHA-256 of the node image configuration
@@ -84,8 +89,8 @@ func ExpectedPCRs(image []Component) measurements.M {
 // instead (docs/local-provider.md, "TPM NV indices").
 func CertifyAK(tpm *vtpm.TPM, ca *akca.CA, nodeName string, role metadata.Role, now time.Time) error {
 	for _, alg := range vtpm.AKAlgorithms {
-		// Local nodes attest with qemu-vtpm; the variant only labels evidence, the AK is the same.
-		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, AK: alg})
+		// The variant only labels evidence; the AK is the same.
+		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant, AK: alg})
 		if err != nil {
 			return fmt.Errorf("loading %s AK of %s: %w", alg, nodeName, err)
 		}

@@ -8,13 +8,16 @@ import (
 	"encoding/asn1"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 )
 
-// Variant identifies one kind of attestation evidence.
+// Variant identifies one kind of attestation evidence. Variants are comparable values (==,
+// map keys): every field is.
 type Variant struct {
 	name string
-	oid  asn1.ObjectIdentifier
+	// oid is the dotted object identifier (a string, so that Variant stays comparable).
+	oid string
 	// registerLen is the byte length of one measurement register of this variant
 	// (32 for the SHA-256 PCR bank of a TPM, 48 for SNP/TDX registers).
 	registerLen int
@@ -28,15 +31,15 @@ type Variant struct {
 // used; the others are registered so configs naming them get a precise "not implemented" error
 // rather than "unknown variant".
 var (
-	QEMUVTPM           = Variant{"qemu-vtpm", asn1.ObjectIdentifier{1, 3, 9900, 5, 1}, 32, 24, "PCR"}
-	QEMUTDX            = Variant{"qemu-tdx", asn1.ObjectIdentifier{1, 3, 9900, 5, 99}, 48, 5, "RTMR"}
-	AWSNitroTPM        = Variant{"aws-nitro-tpm", asn1.ObjectIdentifier{1, 3, 9900, 1, 1}, 32, 24, "PCR"}
-	AWSSEVSNP          = Variant{"aws-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 1, 2}, 32, 24, "PCR"}
-	GCPSEVES           = Variant{"gcp-sev-es", asn1.ObjectIdentifier{1, 3, 9900, 2, 1}, 32, 24, "PCR"}
-	GCPSEVSNP          = Variant{"gcp-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 2, 2}, 32, 24, "PCR"}
-	AzureSEVSNP        = Variant{"azure-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 4, 1}, 32, 24, "PCR"}
-	AzureTrustedLaunch = Variant{"azure-trustedlaunch", asn1.ObjectIdentifier{1, 3, 9900, 4, 2}, 32, 24, "PCR"}
-	AzureTDX           = Variant{"azure-tdx", asn1.ObjectIdentifier{1, 3, 9900, 4, 3}, 32, 24, "PCR"}
+	QEMUVTPM           = Variant{"qemu-vtpm", "1.3.9900.5.1", 32, 24, "PCR"}
+	QEMUTDX            = Variant{"qemu-tdx", "1.3.9900.5.99", 48, 5, "RTMR"}
+	AWSNitroTPM        = Variant{"aws-nitro-tpm", "1.3.9900.1.1", 32, 24, "PCR"}
+	AWSSEVSNP          = Variant{"aws-sev-snp", "1.3.9900.1.2", 32, 24, "PCR"}
+	GCPSEVES           = Variant{"gcp-sev-es", "1.3.9900.2.1", 32, 24, "PCR"}
+	GCPSEVSNP          = Variant{"gcp-sev-snp", "1.3.9900.2.2", 32, 24, "PCR"}
+	AzureSEVSNP        = Variant{"azure-sev-snp", "1.3.9900.4.1", 32, 24, "PCR"}
+	AzureTrustedLaunch = Variant{"azure-trustedlaunch", "1.3.9900.4.2", 32, 24, "PCR"}
+	AzureTDX           = Variant{"azure-tdx", "1.3.9900.4.3", 32, 24, "PCR"}
 )
 
 var all = []Variant{QEMUVTPM, QEMUTDX, AWSNitroTPM, AWSSEVSNP, GCPSEVES, GCPSEVSNP, AzureSEVSNP, AzureTrustedLaunch, AzureTDX}
@@ -65,7 +68,7 @@ func FromString(name string) (Variant, error) {
 // FromOID returns the variant with the given OID.
 func FromOID(oid asn1.ObjectIdentifier) (Variant, error) {
 	for _, v := range all {
-		if v.oid.Equal(oid) {
+		if v.oid == oid.String() {
 			return v, nil
 		}
 	}
@@ -76,7 +79,17 @@ func FromOID(oid asn1.ObjectIdentifier) (Variant, error) {
 func (v Variant) String() string { return v.name }
 
 // OID returns the variant's object identifier.
-func (v Variant) OID() asn1.ObjectIdentifier { return append(asn1.ObjectIdentifier(nil), v.oid...) }
+func (v Variant) OID() asn1.ObjectIdentifier {
+	var oid asn1.ObjectIdentifier
+	for part := range strings.SplitSeq(v.oid, ".") {
+		n, err := strconv.Atoi(part)
+		if err != nil {
+			return nil // unreachable: the registered OIDs are constants
+		}
+		oid = append(oid, n)
+	}
+	return oid
+}
 
 // IsZero reports whether v is the zero Variant (no variant).
 func (v Variant) IsZero() bool { return v.name == "" }

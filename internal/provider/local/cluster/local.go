@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 )
 
@@ -31,6 +32,21 @@ type Local struct {
 }
 
 var _ provider.Provider = (*Local)(nil)
+
+// AKCAFile in the cluster's folder is the certificate of the provider's AK CA, which
+// certifies every node's attestation keys (written at create, kept until the cluster is
+// removed).
+const AKCAFile = "ak-ca.pem"
+
+// Attestation implements provider.Provider: local nodes attest with local.Variant, their AKs
+// certified by the cluster's AK CA.
+func (l *Local) Attestation(context.Context) (provider.Attestation, error) {
+	ca, err := os.ReadFile(filepath.Join(l.Dir, AKCAFile))
+	if err != nil {
+		return provider.Attestation{}, fmt.Errorf("the local provider's AK CA: %w", err)
+	}
+	return provider.Attestation{Variant: local.Variant, AKRootsPEM: ca}, nil
+}
 
 // Launch creates a new local cluster: it writes spec and starts its provider process, and
 // returns once every node booted.

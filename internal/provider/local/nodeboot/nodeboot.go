@@ -43,7 +43,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
 	"github.com/openconstellation/constellation/internal/statedisk"
-	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
@@ -154,14 +154,14 @@ func report(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, 
 func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
 	open := vtpm.OpenAddr("unix:" + nodeos.TPMSocket)
 	tpm := vtpm.PerUseTPM{Open: open}
-	issuer, err := vtpm.NewPerUseIssuer(ctx, open, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKRSA})
+	issuer, err := choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: open, AK: vtpm.AKRSA})
 	if err != nil {
 		return "", fmt.Errorf("loading the node's attestation key: %w", err)
 	}
 	// Before anything touches the network: the join service must be a certified control
 	// plane of this node's image (or a configured set), initialized; the AK root comes from
 	// the node's own TPM (joinservice.ServiceCheck).
-	serviceValidator, err := joinservice.ServiceCheck{Log: log}.Validator(tpm)
+	serviceValidator, err := joinservice.ServiceCheck{Variant: local.Variant, Log: log}.Validator(tpm)
 	if err != nil {
 		return "", err
 	}

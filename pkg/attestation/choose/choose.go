@@ -1,0 +1,232 @@
+// Package choose is the registry of attestation implementations: given a variant, it builds
+// the Validator (from a Reference) or the Issuer (from a node's devices). Nothing else names a
+// variant to pick code: the configuration, the init request, the join service, a node's check
+// of the join service and `constellation verify` all come here with the variant they were
+// given.
+//
+// A third party verifies a node with this package and pkg/verify:
+//
+//	ref := choose.Reference{Variant: variant.AzureSEVSNP, Measurements: sets, SNP: &snpRef}
+//	v, err := choose.NewValidator(ref, choose.Options{})
+//	res, err := verify.Verify(ctx, "node-0", "10.0.0.5:30081", v, clusterID)
+//
+// See the package example.
+package choose
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+)
+
+// Reference is everything evidence of one variant is checked against: what a cluster records
+// (kube-system/constellation-attestation), what the configuration file holds, and what a
+// verifier outside the cluster needs. The JSON form is the one in the cluster record.
+type Reference struct {
+	Variant variant.Variant `json:"variant"`
+	Values
+}
+
+// Values are the reference values of one variant: the configuration file's block for the
+// variant (attestation.<variant> in constellation-conf.yaml). Which fields a variant uses is
+// the variant's business: Reference.Validate refuses fields it would ignore.
+type Values struct {
+	// Measurements are the accepted reference-value sets of the variant's registers.
+	Measurements measurements.ReferenceSets `json:"measurements"`
+	// AKRoots are PEM certificates of the CAs that certify nodes' attestation keys (the
+	// platform's AK CA). Required by variants whose AK is trusted through a certificate.
+	AKRoots string `json:"akRoots,omitempty"`
+}
+
+// Options are how validators run (not what they accept).
+type Options struct {
+	// Active, when set, replaces Reference.Measurements with hot-reloaded sets (the join
+	// service's watcher).
+	Active *measurements.Active
+	// Collateral is the cache of hardware collateral (VCEKs, CRLs, TCB info). Nil: a cache
+	// that fetches over HTTPS. Tests and offline verifiers pass one without a fetcher.
+	Collateral *collateral.Cache
+	// Now defaults to time.Now.
+	Now func() time.Time
+	Log *slog.Logger
+	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
+	MaxEvidenceSize int
+}
+
+// IssuerEnv is what a node offers an issuer: its TPM and the hardware devices of its
+// confidential VM.
+type IssuerEnv struct {
+	// TPM opens the node's TPM for each use.
+	TPM vtpm.Opener
+	// AK selects the TPM attestation key (vtpm.AKAlgorithm).
+	AK vtpm.AKAlgorithm
+	// EventLog reads the TPM's measurement event log, if the platform keeps one.
+	EventLog func() ([]byte, error)
+}
+
+// entry is one implemented variant.
+type entry struct {
+	validator func(ref Reference, opts Options) (attestation.Validator, error)
+	issuer    func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error)
+}
+
+// registry maps each implemented variant to its constructors.
+var registry = map[variant.Variant]entry{
+	variant.QEMUVTPM: {validator: newQEMUVTPMValidator, issuer: newVTPMIssuer},
+}
+
+// ErrNotImplemented is wrapped when a variant is known but has no implementation.
+var ErrNotImplemented = errors.New("attestation variant not implemented")
+
+// Implemented lists the variants this build can issue and validate, sorted by name.
+func Implemented() []variant.Variant {
+	var out []variant.Variant
+	for _, v := range variant.All() {
+		if _, ok := registry[v]; ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func lookup(v variant.Variant) (entry, error) {
+	if v.IsZero() {
+		return entry{}, errors.New("no attestation variant")
+	}
+	e, ok := registry[v]
+	if !ok {
+		names := make([]string, 0, len(registry))
+		for _, v := range Implemented() {
+			names = append(names, v.String())
+		}
+		return entry{}, fmt.Errorf("%w: %s (implemented: %v)", ErrNotImplemented, v, names)
+	}
+	return e, nil
+}
+
+// NewValidator returns the validator of ref.Variant, checking evidence against ref. It fails
+// if ref does not satisfy what the variant requires (Validate).
+func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	e, err := lookup(ref.Variant)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Active != nil && len(ref.Measurements) > 0 {
+		return nil, errors.New("both reference sets and active reference sets given")
+	}
+	if opts.Active == nil {
+		if err := ref.Measurements.Validate(ref.Variant); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Collateral == nil {
+		opts.Collateral = defaultCollateral
+	}
+	return e.validator(ref, opts)
+}
+
+// defaultCollateral is shared by validators built without a cache: documents are per URL,
+// so sharing them is what makes a warm cache.
+var defaultCollateral = collateral.New(collateral.Config{Fetcher: collateral.NewHTTPFetcher(nil)})
+
+// NewIssuer returns the issuer of variant v on the node's devices.
+func NewIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	e, err := lookup(v)
+	if err != nil {
+		return nil, err
+	}
+	return e.issuer(ctx, v, env)
+}
+
+// FieldError is a problem with one field of Values, named by its JSON key path
+// ("akRoots", "snp.minimumTCB.microcode").
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Validate checks ref for its variant: the variant is implemented, the measurements are
+// reference sets of its registers, and every other field is one the variant uses, well
+// formed. Problems are *FieldError, joined.
+func (r Reference) Validate() error {
+	if _, err := lookup(r.Variant); err != nil {
+		return err
+	}
+	var errs []error
+	if len(r.Measurements) == 0 {
+		errs = append(errs, &FieldError{"measurements", errors.New("at least one reference-value set is required")})
+	} else if err := r.Measurements.Validate(r.Variant); err != nil {
+		errs = append(errs, &FieldError{"measurements", err})
+	}
+	for _, fe := range ValidateValues(r.Variant, r.Values) {
+		errs = append(errs, fe)
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateValues checks the fields of vals other than measurements for variant v (the
+// configuration file checks measurements itself, set by set).
+func ValidateValues(v variant.Variant, vals Values) []*FieldError {
+	var errs []*FieldError
+	if _, err := ParseAKRoots(vals.AKRoots); err != nil {
+		errs = append(errs, &FieldError{"akRoots", err})
+	}
+	return errs
+}
+
+// ParseAKRoots parses PEM CA certificates into a pool: every PEM block a CA certificate,
+// nothing else but whitespace. Empty input gives nil (no roots).
+func ParseAKRoots(pemData string) (*x509.CertPool, error) {
+	if strings.TrimSpace(pemData) == "" {
+		return nil, nil
+	}
+	pool, _, err := pki.ParseCAPool([]byte(pemData))
+	if err != nil {
+		return nil, err
+	}
+	return pool, nil
+}
+
+// vtpmValidator builds the TPM-quote validator shared by the vTPM variants.
+func vtpmValidator(ref Reference, opts Options, cfg vtpm.ValidatorConfig) (attestation.Validator, error) {
+	roots, err := ParseAKRoots(ref.AKRoots)
+	if err != nil {
+		return nil, fmt.Errorf("akRoots: %w", err)
+	}
+	cfg.Variant = ref.Variant
+	cfg.AKRoots = roots
+	cfg.ReferenceSets = ref.Measurements
+	cfg.Active = opts.Active
+	cfg.MaxEvidenceSize = opts.MaxEvidenceSize
+	cfg.Now = opts.Now
+	cfg.Log = opts.Log
+	return vtpm.NewValidator(cfg)
+}
+
+// qemu-vtpm: a TPM quote; the AK is trusted through the platform's AK CA when roots are
+// given (the local provider always gives its own).
+func newQEMUVTPMValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	return vtpmValidator(ref, opts, vtpm.ValidatorConfig{})
+}
+
+// newVTPMIssuer is the issuer of the TPM-only variants: a quote of the whole SHA-256 bank.
+func newVTPMIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	if env.TPM == nil {
+		return nil, fmt.Errorf("issuer %s: no TPM", v)
+	}
+	return vtpm.NewPerUseIssuer(ctx, env.TPM, vtpm.IssuerConfig{Variant: v, AK: env.AK, EventLog: env.EventLog})
+}
