@@ -36,8 +36,9 @@ const (
 	// MaxCertificates bounds the certificates a report may come with (VCEK or VLEK, and the
 	// chain the host sends along, which is ignored).
 	MaxCertificates = 8
-	// MaxCertificateSize bounds one certificate (AMD's are below 2 KiB).
-	MaxCertificateSize = 16 << 10
+	// MaxCertificatesSize bounds one entry of the certificates (AMD's certificates are below
+	// 2 KiB each; an entry may be a PEM bundle).
+	MaxCertificatesSize = 32 << 10
 )
 
 // Config configures a Validator.
@@ -145,7 +146,8 @@ type parsed struct {
 func (p *parsed) signerName() string { return p.signer.String() }
 
 // Check verifies an SEV-SNP report (exactly abi.ReportSize bytes) with the certificates that
-// came with it (the VCEK or VLEK, DER or PEM; others are ignored) and the collateral the
+// came with it (DER or PEM, bundles allowed; only the VCEK or VLEK is used, the chain the
+// host sends along is ignored) and the collateral the
 // evidence carried, and validates it against the Reference. REPORT_DATA must equal
 // reportData, zero-padded to 64 bytes. Errors wrap exactly one attestation.Err* reason.
 func (v *Validator) Check(ctx context.Context, report []byte, certs [][]byte, carried []*hardwarepb.Collateral, reportData []byte) (*attestation.Hardware, error) {
@@ -200,15 +202,19 @@ func parseReport(report []byte, certs [][]byte) (*parsed, error) {
 		return nil, untrusted("report SIGNING_KEY is %v, want VCEK or VLEK", p.signer)
 	}
 
-	if len(certs) > MaxCertificates {
-		return nil, malformed("%d certificates, limit %d", len(certs), MaxCertificates)
-	}
-	wantCN := "SEV-" + p.signerName()
+	var all []*x509.Certificate
 	for i, c := range certs {
-		cert, err := parseCertificate(c)
+		parsed, err := parseCertificates(c)
 		if err != nil {
 			return nil, malformed("certificate %d: %v", i, err)
 		}
+		all = append(all, parsed...)
+		if len(all) > MaxCertificates {
+			return nil, malformed("more than %d certificates", MaxCertificates)
+		}
+	}
+	wantCN := "SEV-" + p.signerName()
+	for _, cert := range all {
 		if cert.Subject.CommonName != wantCN {
 			// The ARK, ASK and ASVK the host sends along are never trusted; a key of the
 			// other kind is not the one that signed.
@@ -253,17 +259,34 @@ func parseReport(report []byte, certs [][]byte) (*parsed, error) {
 	return p, nil
 }
 
-func parseCertificate(b []byte) (*x509.Certificate, error) {
-	if len(b) > MaxCertificateSize {
-		return nil, fmt.Errorf("%d bytes, limit %d", len(b), MaxCertificateSize)
+// parseCertificates parses one DER certificate or PEM certificates (a bundle, as cloud
+// services hand out a VCEK with its chain).
+func parseCertificates(b []byte) ([]*x509.Certificate, error) {
+	if len(b) > MaxCertificatesSize {
+		return nil, fmt.Errorf("%d bytes, limit %d", len(b), MaxCertificatesSize)
 	}
-	if block, rest := pem.Decode(b); block != nil {
-		if block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) != 0 {
-			return nil, errors.New("want one PEM CERTIFICATE block")
+	if !bytes.HasPrefix(bytes.TrimSpace(b), []byte("-----BEGIN")) {
+		c, err := x509.ParseCertificate(b)
+		if err != nil {
+			return nil, err
 		}
-		b = block.Bytes
+		return []*x509.Certificate{c}, nil
 	}
-	return x509.ParseCertificate(b)
+	var out []*x509.Certificate
+	rest := b
+	for len(bytes.TrimSpace(rest)) > 0 {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil || block.Type != "CERTIFICATE" {
+			return nil, errors.New("want PEM CERTIFICATE blocks only")
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
 }
 
 // --- Step 2: verify --------------------------------------------------------------------
@@ -293,9 +316,11 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		if err != nil {
 			return fmt.Errorf("%w: SEV-SNP VCEK: %w", attestation.ErrUntrustedSigner, err)
 		}
-		if p.key, err = parseCertificate(der); err != nil {
-			return untrusted("VCEK from %s: %v", url, err)
+		fetched, err := parseCertificates(der)
+		if err != nil || len(fetched) != 1 {
+			return untrusted("VCEK from %s: not one certificate (%v)", url, err)
 		}
+		p.key = fetched[0]
 		exts, err := kds.CertificateExtensions(p.key, p.signer)
 		if err != nil {
 			return untrusted("VCEK from %s: extensions: %v", url, err)
@@ -448,9 +473,9 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 		name string
 		tcb  TCB
 	}{
-		{"committed", tcbFromVersion(p.product, r.GetCommittedTcb())},
-		{"launch", tcbFromVersion(p.product, r.GetLaunchTcb())},
-		{"reported", tcbFromVersion(p.product, r.GetReportedTcb())},
+		{"committed", TCBFromVersion(p.product, r.GetCommittedTcb())},
+		{"launch", TCBFromVersion(p.product, r.GetLaunchTcb())},
+		{"reported", TCBFromVersion(p.product, r.GetReportedTcb())},
 	}
 	for _, t := range tcbs {
 		if c, got, want := t.tcb.below(minimum); c != "" {
@@ -504,8 +529,8 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 		},
 		ReportData:                wantData,
 		VMPL:                      &vmpl,
-		MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(minimum.version(p.product))),
-		MinimumLaunchTCB:          kds.DecomposeTCBVersion(kds.TCBVersion(minimum.version(p.product))),
+		MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(minimum.Version(p.product))),
+		MinimumLaunchTCB:          kds.DecomposeTCBVersion(kds.TCBVersion(minimum.Version(p.product))),
 		PermitProvisionalFirmware: true,
 	}
 	if len(ref.IDKeyDigests) > 0 && ref.IDKeyEnforcement == EnforceEqual {
