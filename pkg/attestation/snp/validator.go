@@ -6,6 +6,7 @@ package snp
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
@@ -14,6 +15,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-sev-guest/abi"
@@ -106,6 +108,12 @@ type Validator struct {
 	now   func() time.Time
 	log   *slog.Logger
 
+	// crls memoizes CRLs whose signature by a pinned ARK was checked, by product line and
+	// SHA-256 of their DER: an RSA-4096 check per validation is most of a check's time, and
+	// a CRL is reused for days. Only AMD-signed CRLs get in, so it stays small.
+	crlMu sync.Mutex
+	crls  map[crlKey]*x509.RevocationList
+
 	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
 	// by AMD's real ARK is available offline (see testdata/README.md).
 	skipRevocation bool
@@ -119,7 +127,7 @@ func NewValidator(cfg Config) (*Validator, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("SEV-SNP validator: no collateral cache (revocation is always checked)")
 	}
-	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log}
+	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log, crls: map[crlKey]*x509.RevocationList{}}
 	if v.roots == nil {
 		v.roots = PinnedRoots()
 	}
@@ -336,7 +344,7 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		intermediate, intermediateName = roots.ASVK, "ASVK"
 	}
 	if !v.skipRevocation {
-		if err := checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
+		if err := v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
 			return err
 		}
 	}
@@ -384,7 +392,7 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 // checks it is AMD's (signed by the pinned ARK), current at now, and revokes neither the
 // intermediate nor the signer's key. go-sev-guest checks the signature and the intermediate
 // too, but not whether the CRL is past its next update.
-func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) error {
+func (v *Validator) checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) error {
 	if len(intermediate.CRLDistributionPoints) != 1 {
 		return untrusted("%s has %d CRL distribution points, want 1", name, len(intermediate.CRLDistributionPoints))
 	}
@@ -396,12 +404,9 @@ func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots Pro
 	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
 		body = block.Bytes
 	}
-	crl, err := x509.ParseRevocationList(body)
+	crl, err := v.verifiedCRL(roots, body)
 	if err != nil {
 		return untrusted("CRL of the %s from %s: %v", name, url, err)
-	}
-	if err := crl.CheckSignatureFrom(roots.ARK); err != nil {
-		return untrusted("CRL of the %s from %s not signed by the ARK of %s: %v", name, url, roots.Product, err)
 	}
 	if crl.NextUpdate.IsZero() || !now.Before(crl.NextUpdate) {
 		return untrusted("CRL of the %s is stale: next update %s, now %s", name, crl.NextUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
@@ -418,6 +423,39 @@ func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots Pro
 		}
 	}
 	return nil
+}
+
+type crlKey struct {
+	product string
+	digest  [sha256.Size]byte
+}
+
+// maxCRLs bounds the memo of checked CRLs (AMD publishes two per product line).
+const maxCRLs = 64
+
+// verifiedCRL parses a CRL and checks it is signed by the ARK of roots.
+func (v *Validator) verifiedCRL(roots ProductRoots, der []byte) (*x509.RevocationList, error) {
+	key := crlKey{product: roots.Product, digest: sha256.Sum256(der)}
+	v.crlMu.Lock()
+	crl, ok := v.crls[key]
+	v.crlMu.Unlock()
+	if ok {
+		return crl, nil
+	}
+	crl, err := x509.ParseRevocationList(der)
+	if err != nil {
+		return nil, err
+	}
+	if err := crl.CheckSignatureFrom(roots.ARK); err != nil {
+		return nil, fmt.Errorf("not signed by the ARK of %s: %w", roots.Product, err)
+	}
+	v.crlMu.Lock()
+	if len(v.crls) >= maxCRLs {
+		clear(v.crls)
+	}
+	v.crls[key] = crl
+	v.crlMu.Unlock()
+	return crl, nil
 }
 
 func isZero(b []byte) bool {
