@@ -819,3 +819,32 @@ func TestTCBLayout(t *testing.T) {
 	assert.Equal(t, uint64(0x0500000004030201), turin.Version(snp.Turin))
 	assert.Equal(t, turin, snp.TCBFromVersion(snp.Turin, turin.Version(snp.Turin)))
 }
+
+// TestCheckConcurrent: one validator serves many checks at once (run with -race).
+func TestCheckConcurrent(t *testing.T) {
+	s := newSynth(t, snp.Genoa)
+	v := s.validator(t, s.reference(), now)
+	good := s.amd.Sign(t, snptest.DefaultReport())
+	r := snptest.DefaultReport()
+	r.Policy.Debug = true
+	bad := s.amd.Sign(t, r)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() {
+			raw := good
+			if i%2 == 1 {
+				raw = bad
+			}
+			_, errs[i] = v.Check(context.Background(), raw, s.amd.Certs("VCEK"), nil, reportData())
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if i%2 == 0 {
+			assert.NoError(t, err)
+		} else {
+			assert.ErrorIs(t, err, attestation.ErrMeasurementPolicy)
+		}
+	}
+}
