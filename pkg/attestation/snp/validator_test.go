@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -805,6 +806,12 @@ func TestReferenceJSON(t *testing.T) {
 	assert.Equal(t, uint8(217), r.MinimumTCB[snp.Milan].Microcode)
 	assert.True(t, r.PlatformInfo.RequireTSME)
 	assert.Equal(t, "1.55", r.MinimumFirmware.String())
+
+	out, err := json.Marshal(r)
+	require.NoError(t, err)
+	var back snp.Reference
+	require.NoError(t, jsonUnmarshalStrict(out, &back))
+	assert.Equal(t, r, back, "marshal round trip: %s", out)
 
 	var bad snp.Reference
 	assert.Error(t, jsonUnmarshalStrict([]byte(`{"measurement":"zz"}`), &bad))
