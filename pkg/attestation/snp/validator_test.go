@@ -855,3 +855,38 @@ func TestCheckConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckWarm: once a VCEK was accepted, its chain is not checked again, but expiry,
+// revocation and the report signature still are on every check.
+func TestCheckWarm(t *testing.T) {
+	s := newSynth(t, snp.Milan)
+	clock := now
+	cache := collateral.New(collateral.Config{Fetcher: s.fetcher, Now: func() time.Time { return clock }})
+	v, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: cache, Now: func() time.Time { return clock }, Roots: s.amd.Roots})
+	require.NoError(t, err)
+	raw, certs := s.amd.Sign(t, snptest.DefaultReport()), s.amd.Certs("VCEK")
+	check := func(raw []byte, certs [][]byte, carried []*hardwarepb.Collateral) error {
+		_, err := v.Check(context.Background(), raw, certs, carried, reportData())
+		return err
+	}
+	require.NoError(t, check(raw, certs, nil))
+	require.NoError(t, check(raw, certs, nil))
+
+	err = check(flip(raw, 0x90), certs, nil)
+	assertOneReason(t, err, attestation.ErrBadSignature)
+
+	vcek := flip(certs[0], len(certs[0])-5)
+	err = check(raw, [][]byte{vcek}, nil)
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+
+	revoked := s.amd.CRL(t, now.Add(-time.Hour), now.Add(time.Hour), s.amd.Signer.Ask.SerialNumber)
+	err = check(raw, certs, []*hardwarepb.Collateral{{Url: s.amd.CRLURL("VCEK"), Body: revoked}})
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	assert.Contains(t, err.Error(), "ASK of Milan revoked")
+
+	clock = s.amd.Signer.Vcek.NotAfter.Add(time.Hour)
+	fresh := s.amd.CRL(t, clock.Add(-time.Hour), clock.Add(time.Hour))
+	err = check(raw, certs, []*hardwarepb.Collateral{{Url: s.amd.CRLURL("VCEK"), Body: fresh}})
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	assert.Contains(t, err.Error(), "expired")
+}
