@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/sha512"
 	"crypto/subtle"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -85,6 +86,8 @@ type Validator struct {
 	// production (NewValidator); the package's tests replace it to drive the canned Intel
 	// quote, whose REPORTDATA is fixed, through the rest of Validate.
 	expectReportData func(attestation.Purpose, []byte) ([64]byte, error)
+	// roots is nil in production (the pinned Intel root); see VerifyOptions.roots.
+	roots *x509.CertPool
 }
 
 var _ attestation.Validator = (*Validator)(nil)
@@ -155,7 +158,7 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attes
 
 	// 2. Verify: the quote's signatures and collateral (VerifyQuote parses the quote itself),
 	// then the binding to this purpose and data.
-	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now})
+	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, roots: v.roots})
 	if err != nil {
 		return nil, err
 	}
