@@ -82,10 +82,6 @@ type ValidatorConfig struct {
 // Validator checks qemu-tdx evidence: a hardwarepb.TDX message holding a TD quote.
 type Validator struct {
 	cfg ValidatorConfig
-	// expectReportData computes the REPORTDATA the quote must carry. Always ReportDataFor in
-	// production (NewValidator); the package's tests replace it to drive the canned Intel
-	// quote, whose REPORTDATA is fixed, through the rest of Validate.
-	expectReportData func(attestation.Purpose, []byte) ([64]byte, error)
 	// roots is nil in production (the pinned Intel root); see VerifyOptions.roots.
 	roots *x509.CertPool
 }
@@ -121,7 +117,7 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Validator{cfg: cfg, expectReportData: ReportDataFor}, nil
+	return &Validator{cfg: cfg}, nil
 }
 
 // Variant implements attestation.Validator.
@@ -139,7 +135,7 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 
 func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	// The expected binding first: a caller error is no fault of the evidence.
-	want, err := v.expectReportData(purpose, data)
+	want, err := ReportDataFor(purpose, data)
 	if err != nil {
 		return nil, fmt.Errorf("report data: %w", err)
 	}
