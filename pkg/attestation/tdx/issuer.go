@@ -96,11 +96,5 @@ func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []
 // signedEnd returns the length of the signed part of a version 4 quote: header, TD quote
 // body, the signed-data size field and the signed data.
 func signedEnd(q *pb.QuoteV4) int {
-	return quoteHeaderSize + quoteBodySize + 4 + int(q.GetSignedDataSize())
+	return signedDataOffset + int(q.GetSignedDataSize())
 }
-
-// Sizes of the version 4 quote layout (Intel TDX DCAP quote format).
-const (
-	quoteHeaderSize = 48
-	quoteBodySize   = 584
-)

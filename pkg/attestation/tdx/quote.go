@@ -114,6 +114,9 @@ func parseQuote(raw []byte) (*pb.QuoteV4, error) {
 	if v := binary.LittleEndian.Uint16(raw); v != QuoteVersion {
 		return nil, fmt.Errorf("TD quote: version %d, only %d is supported: %w", v, QuoteVersion, attestation.ErrMalformed)
 	}
+	if err := checkLayout(raw); err != nil {
+		return nil, fmt.Errorf("TD quote: %w: %w", err, attestation.ErrMalformed)
+	}
 	parsed, err := abi.QuoteToProto(raw)
 	if err != nil {
 		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrMalformed)
@@ -129,6 +132,47 @@ func parseQuote(raw []byte) (*pb.QuoteV4, error) {
 	// signed by nothing: they are dropped here, so nothing can ever read them.
 	quote.ExtraBytes = nil
 	return quote, nil
+}
+
+// Layout of a version 4 quote's signed data (Intel TDX DCAP quote format): the size fields
+// go-tdx-guest slices by, checked before it does (it misses some: FuzzParseQuote).
+const (
+	quoteHeaderSize   = 48
+	quoteBodySize     = 584
+	signedSizeOffset  = quoteHeaderSize + quoteBodySize
+	signedDataOffset  = signedSizeOffset + 4
+	sigAndKeySize     = 64 + 64 // quote signature, attestation key
+	certHeaderSize    = 2 + 4   // certification data type, size
+	qeReportAndSigLen = 384 + 64
+	qeAuthSizeLen     = 2
+)
+
+// checkLayout checks that every size field of the signed data stays inside the quote.
+func checkLayout(raw []byte) error {
+	if len(raw) < signedDataOffset {
+		return fmt.Errorf("%d bytes, shorter than header and body", len(raw))
+	}
+	signedSize := uint64(binary.LittleEndian.Uint32(raw[signedSizeOffset:]))
+	if signedSize > uint64(len(raw)-signedDataOffset) {
+		return fmt.Errorf("signed data size %d exceeds the %d bytes that follow", signedSize, len(raw)-signedDataOffset)
+	}
+	signed := raw[signedDataOffset : signedDataOffset+int(signedSize)]
+	if len(signed) < sigAndKeySize+certHeaderSize {
+		return fmt.Errorf("signed data of %d bytes, too short for signature, key and certification data", len(signed))
+	}
+	certSize := uint64(binary.LittleEndian.Uint32(signed[sigAndKeySize+2:]))
+	cert := signed[sigAndKeySize+certHeaderSize:]
+	if certSize != uint64(len(cert)) {
+		return fmt.Errorf("certification data size %d, but %d bytes follow", certSize, len(cert))
+	}
+	if len(cert) < qeReportAndSigLen+qeAuthSizeLen {
+		return fmt.Errorf("certification data of %d bytes, too short for the QE report", len(cert))
+	}
+	authSize := int(binary.LittleEndian.Uint16(cert[qeReportAndSigLen:]))
+	if rest := len(cert) - qeReportAndSigLen - qeAuthSizeLen; authSize+certHeaderSize > rest {
+		return fmt.Errorf("QE auth data size %d leaves no room for the PCK chain in %d bytes", authSize, rest)
+	}
+	return nil
 }
 
 // VerifyQuote parses and verifies a TD quote: the quote's ECDSA signature over header and
