@@ -86,7 +86,7 @@ func (f *fakePCS) count(url string) int {
 	return f.fetches[url]
 }
 
-// fixedClock is a clock tests can move.
+// fixedClock is a fixed clock.
 type fixedClock struct {
 	mu sync.Mutex
 	t  time.Time
@@ -96,12 +96,6 @@ func (c *fixedClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.t
-}
-
-func (c *fixedClock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
 }
 
 func newCache(clock *fixedClock, fetcher collateral.Fetcher) *collateral.Cache {
