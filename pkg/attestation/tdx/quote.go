@@ -51,12 +51,22 @@ type Quote struct {
 	TeeTcbSvn []byte
 	// MrSeam measures the TDX module (48 bytes).
 	MrSeam []byte
+	// MrSignerSeam and SeamAttributes describe the TDX module's signer and attributes (Intel
+	// TCB info pins them for Intel's modules; verification checks that).
+	MrSignerSeam   []byte
+	SeamAttributes []byte
 	// TdAttributes are the TD's attributes (8 bytes, little-endian; bit 0 is DEBUG).
 	TdAttributes []byte
 	// Xfam are the TD's extended CPU features (8 bytes, little-endian).
 	Xfam []byte
 	// MrTd measures the TD's initial memory (the virtual firmware), 48 bytes.
 	MrTd []byte
+	// MrConfigID, MrOwner and MrOwnerConfig are set by the host at TD creation (48 bytes
+	// each); qemu-tdx does not use them, a variant comparing a TDREPORT with the quote
+	// compares them too.
+	MrConfigID    []byte
+	MrOwner       []byte
+	MrOwnerConfig []byte
 	// Rtmrs are the run-time measurement registers RTMR0..3, 48 bytes each.
 	Rtmrs [4][]byte
 	// ReportData is the 64 bytes the TD put into its report.
@@ -226,6 +236,11 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 	q := &Quote{
 		TeeTcbSvn:      bytes.Clone(body.GetTeeTcbSvn()),
 		MrSeam:         bytes.Clone(body.GetMrSeam()),
+		MrSignerSeam:   bytes.Clone(body.GetMrSignerSeam()),
+		SeamAttributes: bytes.Clone(body.GetSeamAttributes()),
+		MrConfigID:     bytes.Clone(body.GetMrConfigId()),
+		MrOwner:        bytes.Clone(body.GetMrOwner()),
+		MrOwnerConfig:  bytes.Clone(body.GetMrOwnerConfig()),
 		TdAttributes:   bytes.Clone(body.GetTdAttributes()),
 		Xfam:           bytes.Clone(body.GetXfam()),
 		MrTd:           bytes.Clone(body.GetMrTd()),

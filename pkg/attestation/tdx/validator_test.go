@@ -3,6 +3,8 @@ package tdx
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 
 	pb "github.com/google/go-tdx-guest/proto/tdx"
@@ -223,4 +225,31 @@ func TestClusterIDMarker(t *testing.T) {
 	m := ClusterIDMarker([]byte("a"))
 	assert.Len(t, m, 48)
 	assert.NotEqual(t, m, ClusterIDMarker([]byte("b")))
+}
+
+// TestValidatorConcurrent: one validator (and its collateral cache) serves many
+// validations at once, as in the join service.
+func TestValidatorConcurrent(t *testing.T) {
+	intel := newFakeIntel(t)
+	v := newTestValidator(t, intel, cannedReference(t))
+	good := evidence(t, intel.quote(t, boundReportData(t, attestation.PurposeVerify, testNonce), nil))
+	bad := evidence(t, intel.quote(t, boundReportData(t, attestation.PurposeATLSServer, testNonce), nil))
+	errs := make(chan error, 16)
+	for i := range 16 {
+		go func() {
+			ev, want := good, error(nil)
+			if i%2 == 1 {
+				ev, want = bad, attestation.ErrNonceMismatch
+			}
+			_, err := v.Validate(context.Background(), ev, attestation.PurposeVerify, testNonce)
+			if want == nil && err != nil || want != nil && !errors.Is(err, want) {
+				errs <- fmt.Errorf("validation %d: %v", i, err)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 16 {
+		assert.NoError(t, <-errs)
+	}
 }
