@@ -15,9 +15,11 @@ func FuzzParseQuote(f *testing.F) {
 	f.Add(testdata.RawQuote)
 	f.Add(testdata.RawQuote[:1000])
 	// Real quote from a COS TDX VM (zero-padded to the provider's buffer).
-	if b, err := os.ReadFile(filepath.Join("testdata", "cos-113-tdx-quote.dat")); err == nil {
-		f.Add(b)
+	cos, err := os.ReadFile(filepath.Join("testdata", "cos-113-tdx-quote.dat"))
+	if err != nil {
+		f.Fatal(err)
 	}
+	f.Add(cos)
 	lying := append([]byte(nil), testdata.RawQuote...)
 	binary.LittleEndian.PutUint32(lying[632:], 0xffffffff) // signed data size
 	f.Add(lying)

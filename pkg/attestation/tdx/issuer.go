@@ -8,10 +8,12 @@ import (
 
 	"github.com/google/go-tdx-guest/client"
 	pb "github.com/google/go-tdx-guest/proto/tdx"
+	"github.com/google/go-tdx-guest/verify"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -30,16 +32,19 @@ func NewConfigFSQuoteProvider() (QuoteProvider, error) {
 // attestation.ReportData(purpose, data) || 0^32, in a hardwarepb.TDX message.
 type Issuer struct {
 	provider QuoteProvider
+	cache    *collateral.Cache
 }
 
 var _ attestation.Issuer = (*Issuer)(nil)
 
-// NewIssuer returns an issuer getting quotes from provider.
-func NewIssuer(provider QuoteProvider) (*Issuer, error) {
+// NewIssuer returns an issuer getting quotes from provider. With a collateral cache, the
+// evidence also carries the collateral its verification needs (TCB info, QE identity,
+// CRLs), so that a verifier without network can check it; nil attaches none.
+func NewIssuer(provider QuoteProvider, cache *collateral.Cache) (*Issuer, error) {
 	if provider == nil {
 		return nil, errors.New("TDX issuer: no quote provider")
 	}
-	return &Issuer{provider: provider}, nil
+	return &Issuer{provider: provider, cache: cache}, nil
 }
 
 // Variant implements attestation.Issuer.
@@ -86,7 +91,11 @@ func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []
 	if end := signedEnd(quote); end <= len(raw) {
 		raw = raw[:end]
 	}
-	evidence, err := proto.Marshal(&hardwarepb.TDX{Variant: Variant.String(), Quote: raw})
+	msg := &hardwarepb.TDX{Variant: Variant.String(), Quote: raw}
+	if i.cache != nil {
+		msg.Collateral = i.collateral(ctx, quote)
+	}
+	evidence, err := proto.Marshal(msg)
 	if err != nil {
 		return nil, fmt.Errorf("TDX issuer: encoding evidence: %w", err)
 	}
@@ -97,4 +106,45 @@ func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []
 // body, the signed-data size field and the signed data.
 func signedEnd(q *pb.QuoteV4) int {
 	return signedDataOffset + int(q.GetSignedDataSize())
+}
+
+// collateral returns the documents a verifier of quote fetches. Rather than repeat
+// go-tdx-guest's choice of URLs, it runs the library's verification with a getter that
+// keeps what it fetched; the verification's outcome is the verifier's business, and a
+// document that could not be fetched is simply not attached (the verifier fetches it).
+func (i *Issuer) collateral(ctx context.Context, quote *pb.QuoteV4) []*hardwarepb.Collateral {
+	g := &keepingGetter{g: collateral.TDXGetter{S: i.cache.Session(ctx, nil)}}
+	now := i.cache.Now()
+	_ = verify.TdxQuoteContext(ctx, quote, &verify.Options{
+		TrustedRoots:     trustedRoots(),
+		GetCollateral:    true,
+		CheckRevocations: true,
+		Getter:           g,
+		Now:              &verify.TimeSet{PckCertChain: now, TcbInfo: now, QeIdentity: now, PckCrl: now, RootCaCrl: now},
+	})
+	return g.docs
+}
+
+// keepingGetter keeps every document it returned.
+type keepingGetter struct {
+	g    collateral.TDXGetter
+	docs []*hardwarepb.Collateral
+}
+
+func (k *keepingGetter) Get(url string) (map[string][]string, []byte, error) {
+	header, body, err := k.g.Get(url)
+	if err == nil {
+		doc := &hardwarepb.Collateral{Url: url, Body: body, Headers: map[string]string{}}
+		for name, values := range header {
+			if len(values) == 1 {
+				doc.Headers[name] = values[0]
+			}
+		}
+		k.docs = append(k.docs, doc)
+	}
+	return header, body, err
+}
+
+func (k *keepingGetter) GetContext(_ context.Context, url string) (map[string][]string, []byte, error) {
+	return k.Get(url)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 )
 
 // fakeQuoteProvider stands in for configfs-tsm: it records the report data it was asked
@@ -51,7 +52,7 @@ func (p *fakeQuoteProvider) GetRawQuote(reportData [64]byte) ([]byte, error) {
 func TestIssuerToValidator(t *testing.T) {
 	intel := newFakeIntel(t)
 	provider := &fakeQuoteProvider{t: t, intel: intel, padding: 3000}
-	issuer, err := NewIssuer(provider)
+	issuer, err := NewIssuer(provider, nil)
 	require.NoError(t, err)
 	assert.Equal(t, Variant.String(), issuer.Variant().String())
 
@@ -81,23 +82,23 @@ func TestIssuerToValidator(t *testing.T) {
 func TestIssuerErrors(t *testing.T) {
 	intel := newFakeIntel(t)
 	t.Run("no provider", func(t *testing.T) {
-		_, err := NewIssuer(nil)
+		_, err := NewIssuer(nil, nil)
 		require.Error(t, err)
 	})
 	t.Run("quote over other report data", func(t *testing.T) {
-		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel, answer: make([]byte, 64)})
+		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel, answer: make([]byte, 64)}, nil)
 		require.NoError(t, err)
 		_, err = issuer.Issue(context.Background(), attestation.PurposeVerify, testNonce)
 		assert.ErrorContains(t, err, "REPORTDATA")
 	})
 	t.Run("provider fails", func(t *testing.T) {
-		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel, err: errors.New("no quoting enclave")})
+		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel, err: errors.New("no quoting enclave")}, nil)
 		require.NoError(t, err)
 		_, err = issuer.Issue(context.Background(), attestation.PurposeVerify, testNonce)
 		assert.ErrorContains(t, err, "no quoting enclave")
 	})
 	t.Run("nonce too short", func(t *testing.T) {
-		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel})
+		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel}, nil)
 		require.NoError(t, err)
 		_, err = issuer.Issue(context.Background(), attestation.PurposeVerify, []byte("short"))
 		assert.Error(t, err)
@@ -105,11 +106,40 @@ func TestIssuerErrors(t *testing.T) {
 	t.Run("context ends while the provider blocks", func(t *testing.T) {
 		block := make(chan struct{})
 		t.Cleanup(func() { close(block) })
-		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel, block: block})
+		issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel, block: block}, nil)
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		_, err = issuer.Issue(ctx, attestation.PurposeVerify, testNonce)
 		assert.ErrorIs(t, err, context.Canceled)
 	})
+}
+
+// TestIssuerCarriesCollateral: evidence from an issuer with a collateral cache verifies on
+// a verifier that has no network and nothing cached (`constellation verify` offline).
+func TestIssuerCarriesCollateral(t *testing.T) {
+	intel := newFakeIntel(t)
+	pcs := intel.pcs()
+	issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel}, newCache(&fixedClock{t: cannedNow}, pcs))
+	require.NoError(t, err)
+	ev, err := issuer.Issue(context.Background(), attestation.PurposeVerify, testNonce)
+	require.NoError(t, err)
+
+	var msg hardwarepb.TDX
+	require.NoError(t, proto.Unmarshal(ev, &msg))
+	var urls []string
+	for _, c := range msg.GetCollateral() {
+		urls = append(urls, c.GetUrl())
+	}
+	assert.ElementsMatch(t, []string{urlTCBInfo, urlQEIdentity, urlPCKCRL, fakeRootCRLURL}, urls)
+
+	v, err := NewValidator(ValidatorConfig{
+		ReferenceSets: cannedSets(t),
+		Reference:     cannedReference(t),
+		Collateral:    collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now}),
+	})
+	require.NoError(t, err)
+	v.roots = intel.roots()
+	_, err = v.Validate(context.Background(), ev, attestation.PurposeVerify, testNonce)
+	require.NoError(t, err)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -50,13 +51,14 @@ func TestParseQuote(t *testing.T) {
 		wantErr error
 		msg     string
 	}{
-		"canned":           {raw: canned},
-		"empty":            {raw: nil, wantErr: attestation.ErrMalformed},
-		"version 3":        {raw: v3, wantErr: attestation.ErrMalformed, msg: "version 3"},
-		"not TDX":          {raw: notTDX, wantErr: attestation.ErrMalformed, msg: "TEE type"},
-		"truncated header": {raw: canned[:40], wantErr: attestation.ErrMalformed},
-		"truncated":        {raw: canned[:len(canned)-100], wantErr: attestation.ErrMalformed},
-		"too large":        {raw: append(cannedQuote(), make([]byte, MaxQuoteSize)...), wantErr: attestation.ErrTooLarge},
+		"canned":            {raw: canned},
+		"padded real quote": {raw: mustRead(t, "testdata/cos-113-tdx-quote.dat")},
+		"empty":             {raw: nil, wantErr: attestation.ErrMalformed},
+		"version 3":         {raw: v3, wantErr: attestation.ErrMalformed, msg: "version 3"},
+		"not TDX":           {raw: notTDX, wantErr: attestation.ErrMalformed, msg: "TEE type"},
+		"truncated header":  {raw: canned[:40], wantErr: attestation.ErrMalformed},
+		"truncated":         {raw: canned[:len(canned)-100], wantErr: attestation.ErrMalformed},
+		"too large":         {raw: append(cannedQuote(), make([]byte, MaxQuoteSize)...), wantErr: attestation.ErrTooLarge},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -334,4 +336,11 @@ func TestVerifyFakeIntelQuote(t *testing.T) {
 	_, err = VerifyQuote(context.Background(), raw, nil, VerifyOptions{Collateral: cache})
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	assert.ErrorContains(t, err, "unknown authority")
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
 }
