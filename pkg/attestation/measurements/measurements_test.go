@@ -217,8 +217,8 @@ func TestValidate(t *testing.T) {
 
 // A variant without a known register map has no set that can be checked: fail closed.
 func TestValidateUnknownRegisterMap(t *testing.T) {
-	err := M{0: {Expected: make([]byte, 48)}}.Validate(variant.QEMUTDX)
-	require.ErrorContains(t, err, "reference values for qemu-tdx cannot be checked")
+	err := M{0: {Expected: make([]byte, 32)}}.Validate(variant.GCPSEVES)
+	require.ErrorContains(t, err, "reference values for gcp-sev-es cannot be checked")
 }
 
 func TestReferenceSetsMatch(t *testing.T) {

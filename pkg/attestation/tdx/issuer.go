@@ -1,0 +1,150 @@
+package tdx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/go-tdx-guest/client"
+	pb "github.com/google/go-tdx-guest/proto/tdx"
+	"github.com/google/go-tdx-guest/verify"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// QuoteProvider gets a TD quote over 64 bytes of report data: go-tdx-guest's quote
+// provider interface. In a TD it is configfs-tsm (NewConfigFSQuoteProvider); tests use fakes.
+type QuoteProvider = client.QuoteProvider
+
+// NewConfigFSQuoteProvider returns the quote provider of a Linux TD: the kernel's
+// configfs-tsm report interface (/sys/kernel/config/tsm/report), through
+// github.com/google/go-configfs-tsm.
+func NewConfigFSQuoteProvider() (QuoteProvider, error) {
+	return client.GetQuoteProvider()
+}
+
+// Issuer issues qemu-tdx evidence: a TD quote whose REPORTDATA is
+// attestation.ReportData(purpose, data) || 0^32, in a hardwarepb.TDX message.
+type Issuer struct {
+	provider QuoteProvider
+	cache    *collateral.Cache
+}
+
+var _ attestation.Issuer = (*Issuer)(nil)
+
+// NewIssuer returns an issuer getting quotes from provider. With a collateral cache, the
+// evidence also carries the collateral its verification needs (TCB info, QE identity,
+// CRLs), so that a verifier without network can check it; nil attaches none.
+func NewIssuer(provider QuoteProvider, cache *collateral.Cache) (*Issuer, error) {
+	if provider == nil {
+		return nil, errors.New("TDX issuer: no quote provider")
+	}
+	return &Issuer{provider: provider, cache: cache}, nil
+}
+
+// Variant implements attestation.Issuer.
+func (i *Issuer) Variant() variant.Variant { return Variant }
+
+// Issue implements attestation.Issuer.
+func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+	reportData, err := ReportDataFor(purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("TDX issuer: %w", err)
+	}
+	// Getting a quote goes through the host's quoting enclave and can take long; the
+	// provider takes no context, so the call runs aside and the caller's context bounds
+	// the wait.
+	type result struct {
+		quote []byte
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		quote, err := client.GetRawQuote(i.provider, reportData)
+		done <- result{quote, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("TDX issuer: getting a quote: %w", ctx.Err())
+	}
+	if res.err != nil {
+		return nil, fmt.Errorf("TDX issuer: getting a quote: %w", res.err)
+	}
+	// Check what the provider returned before sending it: a quote over other report data
+	// (a stale or misrouted one) would only fail at the verifier, with a less useful error.
+	quote, err := ParseQuote(res.quote)
+	if err != nil {
+		return nil, fmt.Errorf("TDX issuer: quote provider returned: %w", err)
+	}
+	if got := quote.GetTdQuoteBody().GetReportData(); !bytes.Equal(got, reportData[:]) {
+		return nil, fmt.Errorf("TDX issuer: quote provider returned a quote over REPORTDATA %x, asked for %x", got, reportData)
+	}
+	// Send the signed part only: providers may pad the quote to their buffer size.
+	raw := res.quote
+	if end := signedEnd(quote); end <= len(raw) {
+		raw = raw[:end]
+	}
+	msg := &hardwarepb.TDX{Variant: Variant.String(), Quote: raw}
+	if i.cache != nil {
+		msg.Collateral = i.collateral(ctx, quote)
+	}
+	evidence, err := proto.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("TDX issuer: encoding evidence: %w", err)
+	}
+	return evidence, nil
+}
+
+// signedEnd returns the length of the signed part of a version 4 quote: header, TD quote
+// body, the signed-data size field and the signed data.
+func signedEnd(q *pb.QuoteV4) int {
+	return signedDataOffset + int(q.GetSignedDataSize())
+}
+
+// collateral returns the documents a verifier of quote fetches. Rather than repeat
+// go-tdx-guest's choice of URLs, it runs the library's verification with a getter that
+// keeps what it fetched; the verification's outcome is the verifier's business, and a
+// document that could not be fetched is simply not attached (the verifier fetches it).
+func (i *Issuer) collateral(ctx context.Context, quote *pb.QuoteV4) []*hardwarepb.Collateral {
+	g := &keepingGetter{g: collateral.TDXGetter{S: i.cache.Session(ctx, nil)}}
+	now := i.cache.Now()
+	_ = verify.TdxQuoteContext(ctx, quote, &verify.Options{
+		TrustedRoots:     trustedRoots(),
+		GetCollateral:    true,
+		CheckRevocations: true,
+		Getter:           g,
+		Now:              &verify.TimeSet{PckCertChain: now, TcbInfo: now, QeIdentity: now, PckCrl: now, RootCaCrl: now},
+	})
+	return g.docs
+}
+
+// keepingGetter keeps every document it returned.
+type keepingGetter struct {
+	g    collateral.TDXGetter
+	docs []*hardwarepb.Collateral
+}
+
+func (k *keepingGetter) Get(url string) (map[string][]string, []byte, error) {
+	header, body, err := k.g.Get(url)
+	if err == nil {
+		doc := &hardwarepb.Collateral{Url: url, Body: body, Headers: map[string]string{}}
+		for name, values := range header {
+			if len(values) == 1 {
+				doc.Headers[name] = values[0]
+			}
+		}
+		k.docs = append(k.docs, doc)
+	}
+	return header, body, err
+}
+
+func (k *keepingGetter) GetContext(_ context.Context, url string) (map[string][]string, []byte, error) {
+	return k.Get(url)
+}
