@@ -3,6 +3,8 @@ package azure
 import (
 	"fmt"
 
+	"github.com/google/go-tpm/legacy/tpm2"
+
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
@@ -23,4 +25,27 @@ func ReadHCLReport(tpm *vtpm.TPM, want ReportType) ([]byte, *HCLReport, error) {
 		return nil, nil, fmt.Errorf("the HCL report holds a %s report, want %s", r.Type, want)
 	}
 	return raw, r, nil
+}
+
+// CheckOwnAK checks, on the issuer, that the HCL report's runtime data names the AK the
+// issuer quotes with (akPublic, its TPMT_PUBLIC): otherwise every validator refuses the
+// evidence, and only here is the cause plain (the issuer quotes with another key than the
+// HCL's AK).
+func CheckOwnAK(hcl *HCLReport, akPublic []byte) error {
+	runtime, err := ParseRuntimeData(hcl.RuntimeData)
+	if err != nil {
+		return err
+	}
+	pub, err := tpm2.DecodePublic(akPublic)
+	if err != nil {
+		return fmt.Errorf("issuer's AK: %w", err)
+	}
+	key, err := pub.Key()
+	if err != nil {
+		return fmt.Errorf("issuer's AK: %w", err)
+	}
+	if err := runtime.CheckAK(key); err != nil {
+		return fmt.Errorf("the issuer quotes with another key than the HCL report's AK: %w", err)
+	}
+	return nil
 }

@@ -62,39 +62,54 @@ func ParseTDReport(b []byte) (*tdxpb.TDQuoteBody, error) {
 	return body, nil
 }
 
+// quoteField is one field a TD quote's body repeats from the TDREPORT.
+type quoteField struct {
+	name string
+	get  func(*tdxpb.TDQuoteBody) []byte
+}
+
+// allFields are every field of a TD quote's body but the RTMRs.
+var allFields = []quoteField{
+	{"TEE_TCB_SVN", (*tdxpb.TDQuoteBody).GetTeeTcbSvn},
+	{"MRSEAM", (*tdxpb.TDQuoteBody).GetMrSeam},
+	{"MRSIGNERSEAM", (*tdxpb.TDQuoteBody).GetMrSignerSeam},
+	{"SEAMATTRIBUTES", (*tdxpb.TDQuoteBody).GetSeamAttributes},
+	{"TDATTRIBUTES", (*tdxpb.TDQuoteBody).GetTdAttributes},
+	{"XFAM", (*tdxpb.TDQuoteBody).GetXfam},
+	{"MRTD", (*tdxpb.TDQuoteBody).GetMrTd},
+	{"MRCONFIGID", (*tdxpb.TDQuoteBody).GetMrConfigId},
+	{"MROWNER", (*tdxpb.TDQuoteBody).GetMrOwner},
+	{"MROWNERCONFIG", (*tdxpb.TDQuoteBody).GetMrOwnerConfig},
+	{"REPORTDATA", (*tdxpb.TDQuoteBody).GetReportData},
+}
+
+// exposedFields are the fields tdx.Quote exposes of a verified quote's body.
+var exposedFields = []quoteField{allFields[0], allFields[1], allFields[4], allFields[5], allFields[6], allFields[10]}
+
 // CheckQuoteBody checks that a verified TD quote's body repeats every field of the TDREPORT:
 // only then does the quote's signature cover the TDREPORT, and with it the runtime data the
 // TDREPORT's REPORTDATA binds. The first differing field is named. Errors wrap
 // attestation.ErrBadSignature.
 func CheckQuoteBody(report, quoted *tdxpb.TDQuoteBody) error {
-	fields := []struct {
-		name      string
-		rep, quot []byte
-	}{
-		{"TEE_TCB_SVN", report.GetTeeTcbSvn(), quoted.GetTeeTcbSvn()},
-		{"MRSEAM", report.GetMrSeam(), quoted.GetMrSeam()},
-		{"MRSIGNERSEAM", report.GetMrSignerSeam(), quoted.GetMrSignerSeam()},
-		{"SEAMATTRIBUTES", report.GetSeamAttributes(), quoted.GetSeamAttributes()},
-		{"TDATTRIBUTES", report.GetTdAttributes(), quoted.GetTdAttributes()},
-		{"XFAM", report.GetXfam(), quoted.GetXfam()},
-		{"MRTD", report.GetMrTd(), quoted.GetMrTd()},
-		{"MRCONFIGID", report.GetMrConfigId(), quoted.GetMrConfigId()},
-		{"MROWNER", report.GetMrOwner(), quoted.GetMrOwner()},
-		{"MROWNERCONFIG", report.GetMrOwnerConfig(), quoted.GetMrOwnerConfig()},
-		{"REPORTDATA", report.GetReportData(), quoted.GetReportData()},
-	}
+	return compareFields(report, quoted, allFields)
+}
+
+// compareFields compares fields and all RTMRs of report and quoted.
+func compareFields(report, quoted *tdxpb.TDQuoteBody, fields []quoteField) error {
 	if len(report.GetRtmrs()) != len(quoted.GetRtmrs()) {
 		return fmt.Errorf("%w: the TD quote has %d RTMRs, the TDREPORT %d: the quote is of another TD report", attestation.ErrBadSignature, len(quoted.GetRtmrs()), len(report.GetRtmrs()))
 	}
-	for i := range report.GetRtmrs() {
-		fields = append(fields, struct {
-			name      string
-			rep, quot []byte
-		}{fmt.Sprintf("RTMR%d", i), report.GetRtmrs()[i], quoted.GetRtmrs()[i]})
+	differs := func(name string, rep, quot []byte) error {
+		return fmt.Errorf("%w: the TD quote's %s %x differs from the TDREPORT's %x: the quote is of another TD report", attestation.ErrBadSignature, name, quot, rep)
 	}
 	for _, f := range fields {
-		if !bytes.Equal(f.rep, f.quot) {
-			return fmt.Errorf("%w: the TD quote's %s %x differs from the TDREPORT's %x: the quote is of another TD report", attestation.ErrBadSignature, f.name, f.quot, f.rep)
+		if rep, quot := f.get(report), f.get(quoted); !bytes.Equal(rep, quot) {
+			return differs(f.name, rep, quot)
+		}
+	}
+	for i := range report.GetRtmrs() {
+		if rep, quot := report.GetRtmrs()[i], quoted.GetRtmrs()[i]; !bytes.Equal(rep, quot) {
+			return differs(fmt.Sprintf("RTMR%d", i), rep, quot)
 		}
 	}
 	return nil

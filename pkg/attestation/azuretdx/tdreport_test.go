@@ -74,7 +74,11 @@ func TestCheckQuoteBodyNamesTheDifferingField(t *testing.T) {
 		"REPORTDATA":     flip(func(b *tdxpb.TDQuoteBody) []byte { return b.ReportData }),
 		"RTMR0":          flip(func(b *tdxpb.TDQuoteBody) []byte { return b.Rtmrs[0] }),
 		"RTMR3":          flip(func(b *tdxpb.TDQuoteBody) []byte { return b.Rtmrs[3] }),
-		"RTMR":           func() *tdxpb.TDQuoteBody { b := proto.Clone(report).(*tdxpb.TDQuoteBody); b.Rtmrs = b.Rtmrs[:3]; return b }(),
+		"RTMR": func() *tdxpb.TDQuoteBody {
+			b := proto.Clone(report).(*tdxpb.TDQuoteBody)
+			b.Rtmrs = b.Rtmrs[:3]
+			return b
+		}(),
 	}
 	for field, quoted := range tests {
 		t.Run(field, func(t *testing.T) {
