@@ -29,7 +29,7 @@ type Variant struct {
 // rather than "unknown variant".
 var (
 	QEMUVTPM           = Variant{"qemu-vtpm", asn1.ObjectIdentifier{1, 3, 9900, 5, 1}, 32, 24, "PCR"}
-	QEMUTDX            = Variant{"qemu-tdx", asn1.ObjectIdentifier{1, 3, 9900, 5, 99}, 48, 5, "RTMR"}
+	QEMUTDX            = Variant{"qemu-tdx", asn1.ObjectIdentifier{1, 3, 9900, 5, 99}, 48, 5, "TDX register"}
 	AWSNitroTPM        = Variant{"aws-nitro-tpm", asn1.ObjectIdentifier{1, 3, 9900, 1, 1}, 32, 24, "PCR"}
 	AWSSEVSNP          = Variant{"aws-sev-snp", asn1.ObjectIdentifier{1, 3, 9900, 1, 2}, 32, 24, "PCR"}
 	GCPSEVES           = Variant{"gcp-sev-es", asn1.ObjectIdentifier{1, 3, 9900, 2, 1}, 32, 24, "PCR"}
@@ -116,6 +116,12 @@ var registerMaps = map[string]registerMap{
 	// PCR 15 the cluster-ID marker.
 	AzureSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
 	AzureTDX.name:    {image: registerRange(0, 15), clusterID: 15},
+	// qemu-tdx (pkg/attestation/tdx): register 0 is MRTD (the TD's initial memory: the
+	// virtual firmware), registers 1..3 are RTMR0..2 (firmware configuration, then the
+	// kernel and boot loader, then the kernel command line and initrd, as TDVF and the
+	// kernel extend them). Register 4 is RTMR3, which no firmware or kernel extends: it
+	// carries the cluster-ID marker.
+	QEMUTDX.name: {image: registerRange(0, 4), clusterID: 4},
 }
 
 func registerRange(from, to uint32) []uint32 {

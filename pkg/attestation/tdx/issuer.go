@@ -1,0 +1,88 @@
+package tdx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/go-tdx-guest/client"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// QuoteProvider gets a TD quote over 64 bytes of report data: go-tdx-guest's quote
+// provider interface. In a TD it is configfs-tsm (NewConfigFSQuoteProvider); tests use fakes.
+type QuoteProvider = client.QuoteProvider
+
+// NewConfigFSQuoteProvider returns the quote provider of a Linux TD: the kernel's
+// configfs-tsm report interface (/sys/kernel/config/tsm/report), through
+// github.com/google/go-configfs-tsm.
+func NewConfigFSQuoteProvider() (QuoteProvider, error) {
+	return client.GetQuoteProvider()
+}
+
+// Issuer issues qemu-tdx evidence: a TD quote whose REPORTDATA is
+// attestation.ReportData(purpose, data) || 0^32, in a hardwarepb.TDX message.
+type Issuer struct {
+	provider QuoteProvider
+}
+
+var _ attestation.Issuer = (*Issuer)(nil)
+
+// NewIssuer returns an issuer getting quotes from provider.
+func NewIssuer(provider QuoteProvider) (*Issuer, error) {
+	if provider == nil {
+		return nil, errors.New("TDX issuer: no quote provider")
+	}
+	return &Issuer{provider: provider}, nil
+}
+
+// Variant implements attestation.Issuer.
+func (i *Issuer) Variant() variant.Variant { return Variant }
+
+// Issue implements attestation.Issuer.
+func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+	reportData, err := ReportDataFor(purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("TDX issuer: %w", err)
+	}
+	// Getting a quote goes through the host's quoting enclave and can take long; the
+	// provider takes no context, so the call runs aside and the caller's context bounds
+	// the wait.
+	type result struct {
+		quote []byte
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		quote, err := client.GetRawQuote(i.provider, reportData)
+		done <- result{quote, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("TDX issuer: getting a quote: %w", ctx.Err())
+	}
+	if res.err != nil {
+		return nil, fmt.Errorf("TDX issuer: getting a quote: %w", res.err)
+	}
+	// Check what the provider returned before sending it: a quote over other report data
+	// (a stale or misrouted one) would only fail at the verifier, with a less useful error.
+	quote, err := ParseQuote(res.quote)
+	if err != nil {
+		return nil, fmt.Errorf("TDX issuer: quote provider returned: %w", err)
+	}
+	if got := quote.GetTdQuoteBody().GetReportData(); !bytes.Equal(got, reportData[:]) {
+		return nil, fmt.Errorf("TDX issuer: quote provider returned a quote over REPORTDATA %x, asked for %x", got, reportData)
+	}
+	evidence, err := proto.Marshal(&hardwarepb.TDX{Variant: Variant.String(), Quote: res.quote})
+	if err != nil {
+		return nil, fmt.Errorf("TDX issuer: encoding evidence: %w", err)
+	}
+	return evidence, nil
+}
