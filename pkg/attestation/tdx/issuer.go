@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/google/go-tdx-guest/client"
+	pb "github.com/google/go-tdx-guest/proto/tdx"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
@@ -80,9 +81,26 @@ func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []
 	if got := quote.GetTdQuoteBody().GetReportData(); !bytes.Equal(got, reportData[:]) {
 		return nil, fmt.Errorf("TDX issuer: quote provider returned a quote over REPORTDATA %x, asked for %x", got, reportData)
 	}
-	evidence, err := proto.Marshal(&hardwarepb.TDX{Variant: Variant.String(), Quote: res.quote})
+	// Send the signed part only: providers may pad the quote to their buffer size.
+	raw := res.quote
+	if end := signedEnd(quote); end <= len(raw) {
+		raw = raw[:end]
+	}
+	evidence, err := proto.Marshal(&hardwarepb.TDX{Variant: Variant.String(), Quote: raw})
 	if err != nil {
 		return nil, fmt.Errorf("TDX issuer: encoding evidence: %w", err)
 	}
 	return evidence, nil
 }
+
+// signedEnd returns the length of the signed part of a version 4 quote: header, TD quote
+// body, the signed-data size field and the signed data.
+func signedEnd(q *pb.QuoteV4) int {
+	return quoteHeaderSize + quoteBodySize + 4 + int(q.GetSignedDataSize())
+}
+
+// Sizes of the version 4 quote layout (Intel TDX DCAP quote format).
+const (
+	quoteHeaderSize = 48
+	quoteBodySize   = 584
+)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/sha512"
 	"crypto/subtle"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -81,10 +82,8 @@ type ValidatorConfig struct {
 // Validator checks qemu-tdx evidence: a hardwarepb.TDX message holding a TD quote.
 type Validator struct {
 	cfg ValidatorConfig
-	// expectReportData computes the REPORTDATA the quote must carry. Always ReportDataFor in
-	// production (NewValidator); the package's tests replace it to drive the canned Intel
-	// quote, whose REPORTDATA is fixed, through the rest of Validate.
-	expectReportData func(attestation.Purpose, []byte) ([64]byte, error)
+	// roots is nil in production (the pinned Intel root); see VerifyOptions.roots.
+	roots *x509.CertPool
 }
 
 var _ attestation.Validator = (*Validator)(nil)
@@ -118,7 +117,7 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Validator{cfg: cfg, expectReportData: ReportDataFor}, nil
+	return &Validator{cfg: cfg}, nil
 }
 
 // Variant implements attestation.Validator.
@@ -136,7 +135,7 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 
 func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	// The expected binding first: a caller error is no fault of the evidence.
-	want, err := v.expectReportData(purpose, data)
+	want, err := ReportDataFor(purpose, data)
 	if err != nil {
 		return nil, fmt.Errorf("report data: %w", err)
 	}
@@ -155,7 +154,7 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attes
 
 	// 2. Verify: the quote's signatures and collateral (VerifyQuote parses the quote itself),
 	// then the binding to this purpose and data.
-	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now})
+	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, roots: v.roots})
 	if err != nil {
 		return nil, err
 	}
