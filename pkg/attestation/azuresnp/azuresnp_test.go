@@ -409,6 +409,20 @@ func TestIssuerRefusesAnotherVMsHCLReport(t *testing.T) {
 	assert.ErrorContains(t, err, "another key than the HCL report's AK")
 }
 
+// TestIssuerWithoutHCLReport: a TPM without the HCL's NV index (not an Azure confidential VM)
+// issues no evidence.
+func TestIssuerWithoutHCLReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts swtpm")
+	}
+	tpm, _ := vtpmtest.Swtpm(t)
+	iss, err := azuresnp.NewIssuer(tpm, newFakeAMD(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = iss.Close() })
+	_, err = iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.ErrorIs(t, err, vtpm.ErrNVNotDefined)
+}
+
 func TestTHIM(t *testing.T) {
 	amd := newFakeAMD(t)
 	pemOf := func(certs ...*x509.Certificate) string {
