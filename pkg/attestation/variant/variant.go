@@ -124,6 +124,11 @@ var registerMaps = map[string]registerMap{
 	// cluster-ID marker. PCRs 16..23 are resettable or extendable by software at run time
 	// and measure nothing of the image.
 	QEMUVTPM.name: {image: registerRange(0, 15), clusterID: 15},
+	// Azure's confidential VMs boot the same image layout on the HCL's vTPM: PCRs 0..14
+	// (firmware and boot chain as Azure's firmware measures them, then the image's own),
+	// PCR 15 the cluster-ID marker.
+	AzureSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
+	AzureTDX.name:    {image: registerRange(0, 15), clusterID: 15},
 	// qemu-tdx (pkg/attestation/tdx): register 0 is MRTD (the TD's initial memory: the
 	// virtual firmware), registers 1..3 are RTMR0..2 (firmware configuration, then the
 	// kernel and boot loader, then the kernel command line and initrd, as TDVF and the

@@ -1,0 +1,159 @@
+package azuretdx
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"time"
+
+	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
+
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/azure"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/tdx"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+)
+
+// Variant is the variant this package implements.
+var Variant = variant.AzureTDX
+
+// ValidatorConfig configures an azure-tdx validator.
+type ValidatorConfig struct {
+	ReferenceSets measurements.ReferenceSets
+	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
+	Active *measurements.Active
+	// AKRoots: see vtpm.ValidatorConfig.
+	AKRoots *x509.CertPool
+	// Hardware is what the TD quote must show (tdx.Reference.Validate must accept it).
+	Hardware tdx.Reference
+	// Collateral is the cache Intel's TCB info, QE identity and CRLs come from. Required.
+	Collateral      *collateral.Cache
+	MaxEvidenceSize int
+	Now             func() time.Time
+	Log             *slog.Logger
+}
+
+// NewValidator returns a validator for azure-tdx evidence.
+func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
+	check, err := NewHardwareCheck(cfg.Hardware, cfg.Collateral, cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant:         Variant,
+		ReferenceSets:   cfg.ReferenceSets,
+		Active:          cfg.Active,
+		AKRoots:         cfg.AKRoots,
+		Hardware:        check,
+		MaxEvidenceSize: cfg.MaxEvidenceSize,
+		Now:             cfg.Now,
+		Log:             cfg.Log,
+	})
+}
+
+// HardwareCheck checks the hardware part of azure-tdx evidence (a vtpm.HardwareCheck).
+type HardwareCheck struct {
+	ref tdx.Reference
+	// verifyQuote and validateQuote are tdx.VerifyQuote and (*tdx.Quote).Validate. Only this
+	// package's tests replace them: a TD quote that verifies must be signed by Intel's
+	// hardware, which no test can make.
+	verifyQuote   func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error)
+	validateQuote func(q *tdx.Quote) error
+}
+
+// NewHardwareCheck returns the check NewValidator installs.
+func NewHardwareCheck(ref tdx.Reference, cache *collateral.Cache, now func() time.Time) (*HardwareCheck, error) {
+	if cache == nil {
+		return nil, fmt.Errorf("%s validator: no collateral cache", Variant)
+	}
+	if err := ref.Validate(); err != nil {
+		return nil, fmt.Errorf("%s validator: %w", Variant, err)
+	}
+	opts := tdx.VerifyOptions{Collateral: cache, Now: now}
+	return &HardwareCheck{
+		ref: ref,
+		verifyQuote: func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error) {
+			return tdx.VerifyQuote(ctx, raw, carried, opts)
+		},
+		validateQuote: func(q *tdx.Quote) error { return q.Validate(ref) },
+	}, nil
+}
+
+// Check parses the HCL report and its TDREPORT, verifies the TD quote, requires the quote's
+// body to repeat the TDREPORT, the quote's REPORTDATA to bind the runtime data and the
+// runtime data's AK to be ak, and validates the quote against the reference. nonce is not
+// used: the TDREPORT is made at boot and binds the AK, and the TPM quote binds the nonce.
+func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak crypto.PublicKey, _ []byte, _ []byte) (*attestation.Hardware, error) {
+	// 1. Parse.
+	if len(hw.GetSnpReport()) != 0 || len(hw.GetSnpCertificates()) != 0 {
+		return nil, fmt.Errorf("%w: %s evidence carries SEV-SNP evidence", attestation.ErrMalformed, Variant)
+	}
+	if len(hw.GetTdQuote()) == 0 {
+		return nil, fmt.Errorf("%w: %s evidence without a TD quote: a TDREPORT alone cannot be verified", attestation.ErrMalformed, Variant)
+	}
+	hcl, err := azure.ParseHCLReport(hw.GetHclReport())
+	if err != nil {
+		return nil, err
+	}
+	if hcl.Type != azure.ReportTypeTDX {
+		return nil, fmt.Errorf("%w: the HCL report holds a %s report, %s needs TDX", attestation.ErrMalformed, hcl.Type, Variant)
+	}
+	report, err := ParseTDReport(hcl.HardwareReport)
+	if err != nil {
+		return nil, err
+	}
+	runtime, err := azure.ParseRuntimeData(hcl.RuntimeData)
+	if err != nil {
+		return nil, err
+	}
+
+	// 2. Verify: the quote is Intel-signed, it is of this TDREPORT, and the TDREPORT (its
+	// REPORTDATA now authentic) binds the runtime data, whose AK signed the TPM quote.
+	quote, err := c.verifyQuote(ctx, hw.GetTdQuote(), hw.GetCollateral())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkQuote(report, quote); err != nil {
+		return nil, err
+	}
+	if err := azure.CheckBinding(quote.ReportData, hcl.RuntimeData); err != nil {
+		return nil, err
+	}
+	if err := runtime.CheckAK(ak); err != nil {
+		return nil, err
+	}
+
+	// 3. Validate against the reference.
+	if err := c.validateQuote(quote); err != nil {
+		return nil, err
+	}
+	return &attestation.Hardware{
+		Technology:   "TDX",
+		Product:      "fmspc " + quote.FMSPC,
+		Signer:       "PCK",
+		TCB:          quote.TCB(),
+		Reference:    c.ref.Name,
+		Measurements: quote.Measurements(),
+	}, nil
+}
+
+// checkQuote compares the TDREPORT with the fields of the verified quote that tdx.Quote
+// exposes.
+func checkQuote(report *tdxpb.TDQuoteBody, q *tdx.Quote) error {
+	quoted := &tdxpb.TDQuoteBody{
+		TeeTcbSvn:    q.TeeTcbSvn,
+		MrSeam:       q.MrSeam,
+		TdAttributes: q.TdAttributes,
+		Xfam:         q.Xfam,
+		MrTd:         q.MrTd,
+		Rtmrs:        q.Rtmrs[:],
+		ReportData:   q.ReportData,
+	}
+	return compareFields(report, quoted, exposedFields)
+}
