@@ -63,6 +63,10 @@ type Document struct {
 	Fetched time.Time
 	// NextUpdate is when the document must no longer be used.
 	NextUpdate time.Time
+	// Immutable is set for certificates: what a URL serves never changes until it expires,
+	// so a copy from anywhere is as good as a fetch. CRLs and signed TCB documents change
+	// (a newer one may revoke), so where they come from matters (Session.Get).
+	Immutable bool
 }
 
 // Fetcher fetches a document. Real verifiers use NewHTTPFetcher; tests use fakes.
@@ -136,6 +140,11 @@ func (c *Cache) document(url string, header map[string][]string, body []byte) (D
 	}
 	now := c.cfg.Now()
 	doc := Document{URL: url, Header: header, Body: body, Fetched: now, NextUpdate: NextUpdate(body, now.Add(c.cfg.MaxAge))}
+	if _, ok := crlNextUpdate(body); !ok {
+		if _, ok := jsonNextUpdate(body); !ok {
+			_, doc.Immutable = certsNotAfter(body)
+		}
+	}
 	if !now.Before(doc.NextUpdate) {
 		return Document{}, fmt.Errorf("%w: %s: next update was %s", ErrStale, url, doc.NextUpdate.UTC().Format(time.RFC3339))
 	}
@@ -252,11 +261,28 @@ func (c *Cache) Session(ctx context.Context, carried []*hardwarepb.Collateral) *
 const MaxCarried = 16
 
 // Get returns the document for url.
+//
+// A certificate the evidence carried is used as it is. A document that changes over time (a
+// CRL, signed TCB info) is taken from the shared cache, or fetched, first: evidence could
+// carry an old CRL, still within its validity, from before a revocation. The carried copy is
+// used only when the cache has none and cannot fetch one (a verifier without network), or
+// when it is newer than the cached one.
 func (s *Session) Get(url string) (Document, error) {
-	if doc, ok := s.carried[url]; ok {
+	carried, ok := s.carried[url]
+	if ok && carried.Immutable {
+		return carried, nil
+	}
+	doc, err := s.cache.Get(s.ctx, url)
+	switch {
+	case !ok:
+		return doc, err
+	case err != nil:
+		return carried, nil
+	case carried.NextUpdate.After(doc.NextUpdate):
+		return carried, nil
+	default:
 		return doc, nil
 	}
-	return s.cache.Get(s.ctx, url)
 }
 
 // Carried returns the documents this session used from the evidence, for diagnostics.

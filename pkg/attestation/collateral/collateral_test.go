@@ -234,3 +234,36 @@ func TestTooLarge(t *testing.T) {
 	c := New(Config{})
 	assert.ErrorContains(t, c.Put("x", nil, make([]byte, MaxDocumentSize+1)), "limit")
 }
+
+// TestCarriedCRLNeverRollsBack: evidence carrying an older CRL (from before a revocation,
+// still within its validity) must not displace the newer one the cache holds or can fetch.
+func TestCarriedCRLNeverRollsBack(t *testing.T) {
+	clk := newClock()
+	older := testCRL(t, clk.Now().Add(time.Hour))
+	newer := testCRL(t, clk.Now().Add(2*time.Hour))
+	f := &fakeFetcher{docs: map[string][]byte{"https://kds/crl": newer}}
+	online := New(Config{Fetcher: f, Now: clk.Now})
+	body, err := SNPGetter{online.Session(ctx(t), []*hardwarepb.Collateral{{Url: "https://kds/crl", Body: older}})}.Get("https://kds/crl")
+	require.NoError(t, err)
+	assert.Equal(t, newer, body, "online: the fetched CRL wins")
+
+	offline := New(Config{Now: clk.Now})
+	require.NoError(t, offline.Put("https://kds/crl", nil, newer))
+	body, err = SNPGetter{offline.Session(ctx(t), []*hardwarepb.Collateral{{Url: "https://kds/crl", Body: older}})}.Get("https://kds/crl")
+	require.NoError(t, err)
+	assert.Equal(t, newer, body, "offline: the newer cached CRL wins")
+
+	// A newer carried CRL is used, and a carried one when nothing else is available.
+	f.set("https://kds/crl", older)
+	online2 := New(Config{Fetcher: f, Now: clk.Now})
+	body, err = SNPGetter{online2.Session(ctx(t), []*hardwarepb.Collateral{{Url: "https://kds/crl", Body: newer}})}.Get("https://kds/crl")
+	require.NoError(t, err)
+	assert.Equal(t, newer, body)
+	f.mu.Lock()
+	f.fail = errors.New("no network")
+	f.mu.Unlock()
+	online3 := New(Config{Fetcher: f, Now: clk.Now})
+	body, err = SNPGetter{online3.Session(ctx(t), []*hardwarepb.Collateral{{Url: "https://kds/crl", Body: older}})}.Get("https://kds/crl")
+	require.NoError(t, err)
+	assert.Equal(t, older, body)
+}
