@@ -111,6 +111,11 @@ var registerMaps = map[string]registerMap{
 	// cluster-ID marker. PCRs 16..23 are resettable or extendable by software at run time
 	// and measure nothing of the image.
 	QEMUVTPM.name: {image: registerRange(0, 15), clusterID: 15},
+	// The SEV-SNP vTPM variants boot the same image layout on the cloud's vTPM: PCRs 0..14
+	// (firmware and boot chain as the cloud's firmware measures them, then the image's own),
+	// PCR 15 the cluster-ID marker.
+	AWSSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
+	GCPSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
 }
 
 func registerRange(from, to uint32) []uint32 {
