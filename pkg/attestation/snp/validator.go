@@ -1,0 +1,544 @@
+// Package snp checks AMD SEV-SNP attestation reports: the hardware core every SEV-SNP
+// attestation variant (AWS, GCP, Azure's HCL report) builds on. See Validator for what it
+// checks and why.
+package snp
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/go-sev-guest/abi"
+	"github.com/google/go-sev-guest/kds"
+	spb "github.com/google/go-sev-guest/proto/sevsnp"
+	"github.com/google/go-sev-guest/validate"
+	"github.com/google/go-sev-guest/verify"
+	"github.com/google/go-sev-guest/verify/trust"
+
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+)
+
+// Technology is the attestation.Hardware technology of SEV-SNP results.
+const Technology = "SEV-SNP"
+
+// Limits on the certificates that come with a report.
+const (
+	// MaxCertificates bounds the certificates a report may come with (VCEK or VLEK, and the
+	// chain the host sends along, which is ignored).
+	MaxCertificates = 8
+	// MaxCertificateSize bounds one certificate (AMD's are below 2 KiB).
+	MaxCertificateSize = 16 << 10
+)
+
+// Config configures a Validator.
+type Config struct {
+	// Reference is what reports must show; it must pass Reference.Validate.
+	Reference Reference
+	// Collateral is the cache VCEK certificates and AMD's CRLs are taken from (and fetched
+	// through, if it has a fetcher). Required.
+	Collateral *collateral.Cache
+	// Now is the time certificates and CRLs are checked at; default time.Now.
+	Now func() time.Time
+	// Log receives warnings (warn-only mismatches); default discards.
+	Log *slog.Logger
+	// Roots are the trusted AMD chains; nil means PinnedRoots (what every verifier uses).
+	Roots *Roots
+}
+
+// Validator checks SEV-SNP attestation reports against one Reference. It is safe for
+// concurrent use and holds no lock while it checks.
+//
+// Threat model: the host, the hypervisor and the cloud provider's software are the attacker.
+// They choose every byte of the evidence (report, certificates, carried collateral) and
+// can replay old evidence; they cannot forge the signature of a VCEK or VLEK of firmware
+// that is not vulnerable, and cannot read or change the guest's memory while debugging and
+// migration are off. Each check defends against one of their moves:
+//
+//   - Exact report size and a strict parse (abi.ReportToProto: reserved bits zero, known
+//     version): no trailing or shifted data is ever interpreted.
+//   - Pinned roots (PinnedRoots, embedded and checked against SHA-256 fingerprints at init):
+//     the ARK, ASK and ASVK sent with the evidence are ignored, so a host cannot bring its own
+//     root. Only the product lines the Reference accepts are trusted.
+//   - Product line from the report's CPUID (version 3) and from the VCEK/VLEK's product
+//     extension, which must agree: a key of one product line cannot vouch for a report that
+//     claims another, and nothing is assumed to be Milan.
+//   - VCEK taken from the evidence or fetched from AMD's KDS by chip ID and reported TCB
+//     (through the collateral cache); VLEK only from the evidence (AMD does not publish
+//     them). Either must chain to the pinned ASK or ASVK at Now: an expired or foreign key is
+//     refused.
+//   - Revocation: AMD's CRL for the ASK (VCEK) or ASVK (VLEK), through the same cache, must
+//     be signed by the pinned ARK, current at Now (a CRL past its next update is refused,
+//     never used "for now") and must not list the intermediate. A missing CRL fails closed:
+//     a verifier that cannot learn of a revocation must not accept.
+//   - Report signature (ECDSA P-384 over the report) with that key.
+//   - REPORT_DATA equal to the caller's data: binds the report to the caller's nonce or
+//     key, so a recorded report cannot be replayed.
+//   - Guest policy: debug never (the host could read the guest), migration agent only if
+//     allowed, minimum ABI, SMT if forbidden. VMPL equal to the Reference's: a report from a
+//     less privileged level could come from software the launch measurement does not cover.
+//   - Minimum TCB on COMMITTED_TCB (no rollback below it), LAUNCH_TCB (not launched on old
+//     firmware) and REPORTED_TCB (the signing key is not one that vulnerable firmware could
+//     derive); minimum firmware API version on the committed version. Provisional firmware
+//     (CURRENT_TCB above COMMITTED_TCB) is accepted.
+//   - MEASUREMENT among the accepted values: the launched firmware and kernel are the
+//     expected ones. ID key (or author key) digest among the accepted ones, enforced or
+//     warn-only: the launch was signed by the expected party.
+//   - Platform info (TSME required, SMT forbidden) when the Reference asks.
+//   - go-sev-guest's own validation afterwards (reported TCB equal to the key's TCB, CHIP_ID
+//     equal to the VCEK's HWID, committed not above current), as a second opinion.
+//
+// Claims (attestation.Hardware) are returned only after all of these passed.
+type Validator struct {
+	ref   Reference
+	roots *Roots
+	cache *collateral.Cache
+	now   func() time.Time
+	log   *slog.Logger
+
+	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
+	// by AMD's real ARK is available offline (see testdata/README.md).
+	skipRevocation bool
+}
+
+// NewValidator returns a validator for cfg.
+func NewValidator(cfg Config) (*Validator, error) {
+	if err := cfg.Reference.Validate(); err != nil {
+		return nil, fmt.Errorf("SEV-SNP reference: %w", err)
+	}
+	if cfg.Collateral == nil {
+		return nil, errors.New("SEV-SNP validator: no collateral cache (revocation is always checked)")
+	}
+	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log}
+	if v.roots == nil {
+		v.roots = PinnedRoots()
+	}
+	if v.now == nil {
+		v.now = time.Now
+	}
+	if v.log == nil {
+		v.log = slog.New(slog.DiscardHandler)
+	}
+	return v, nil
+}
+
+// parsed is the result of the parse step.
+type parsed struct {
+	raw     []byte
+	report  *spb.Report
+	signer  abi.ReportSigner
+	product string
+	// key is the VCEK or VLEK certificate from the evidence (nil if a VCEK must be fetched).
+	key *x509.Certificate
+}
+
+// signerName returns "VCEK" or "VLEK".
+func (p *parsed) signerName() string { return p.signer.String() }
+
+// Check verifies an SEV-SNP report (exactly abi.ReportSize bytes) with the certificates that
+// came with it (the VCEK or VLEK, DER or PEM; others are ignored) and the collateral the
+// evidence carried, and validates it against the Reference. REPORT_DATA must equal
+// reportData, zero-padded to 64 bytes. Errors wrap exactly one attestation.Err* reason.
+func (v *Validator) Check(ctx context.Context, report []byte, certs [][]byte, carried []*hardwarepb.Collateral, reportData []byte) (*attestation.Hardware, error) {
+	p, err := parseReport(report, certs)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.verify(ctx, p, carried); err != nil {
+		return nil, err
+	}
+	return v.validate(p, reportData)
+}
+
+// --- Step 1: parse ---------------------------------------------------------------------
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: SEV-SNP %s", attestation.ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+func untrusted(format string, args ...any) error {
+	return fmt.Errorf("%w: SEV-SNP %s", attestation.ErrUntrustedSigner, fmt.Sprintf(format, args...))
+}
+
+func policy(format string, args ...any) error {
+	return fmt.Errorf("%w: SEV-SNP %s", attestation.ErrMeasurementPolicy, fmt.Sprintf(format, args...))
+}
+
+// parseReport decodes the report and the signer's certificate and determines the product
+// line. Nothing here is trusted yet.
+func parseReport(report []byte, certs [][]byte) (*parsed, error) {
+	if len(report) != abi.ReportSize {
+		return nil, malformed("report of %d bytes, want %d", len(report), abi.ReportSize)
+	}
+	if err := abi.ValidateReportFormat(report); err != nil {
+		return nil, malformed("report: %v", err)
+	}
+	r, err := abi.ReportToProto(report)
+	if err != nil {
+		return nil, malformed("report: %v", err)
+	}
+	if r.GetSignatureAlgo() != abi.SignEcdsaP384Sha384 {
+		return nil, malformed("report SIGNATURE_ALGO %d, want %d (ECDSA P-384 with SHA-384)", r.GetSignatureAlgo(), abi.SignEcdsaP384Sha384)
+	}
+	info, err := abi.ParseSignerInfo(r.GetSignerInfo())
+	if err != nil {
+		return nil, malformed("report SIGNING_KEY: %v", err)
+	}
+	p := &parsed{raw: report, report: r, signer: info.SigningKey}
+	switch p.signer {
+	case abi.VcekReportSigner, abi.VlekReportSigner:
+	default:
+		return nil, untrusted("report SIGNING_KEY is %v, want VCEK or VLEK", p.signer)
+	}
+
+	if len(certs) > MaxCertificates {
+		return nil, malformed("%d certificates, limit %d", len(certs), MaxCertificates)
+	}
+	wantCN := "SEV-" + p.signerName()
+	for i, c := range certs {
+		cert, err := parseCertificate(c)
+		if err != nil {
+			return nil, malformed("certificate %d: %v", i, err)
+		}
+		if cert.Subject.CommonName != wantCN {
+			// The ARK, ASK and ASVK the host sends along are never trusted; a key of the
+			// other kind is not the one that signed.
+			continue
+		}
+		if p.key != nil {
+			return nil, malformed("two %s certificates", p.signerName())
+		}
+		p.key = cert
+	}
+
+	// The product line: from the report's CPUID (version 3 and later) and from the key's
+	// certificate; if both are there they must agree.
+	var fromReport, fromKey string
+	if fms := r.GetCpuid1EaxFms(); fms != 0 {
+		fromReport = kds.ProductLineFromFms(fms)
+		if !slices.Contains(ProductLines, fromReport) {
+			return nil, untrusted("report CPUID family/model 0x%08x is no known SEV-SNP product line", fms)
+		}
+	}
+	if p.key != nil {
+		exts, err := kds.CertificateExtensions(p.key, p.signer)
+		if err != nil {
+			return nil, malformed("%s certificate extensions: %v", p.signerName(), err)
+		}
+		// VCEKs name "Milan-B0"; Genoa VCEKs and VLEKs name only the line.
+		fromKey = kds.ProductLineOfProductName(exts.ProductName)
+		if !slices.Contains(ProductLines, fromKey) {
+			return nil, untrusted("%s certificate product name %q is no known SEV-SNP product line", p.signerName(), exts.ProductName)
+		}
+	}
+	switch {
+	case fromReport != "" && fromKey != "" && fromReport != fromKey:
+		return nil, untrusted("product line: report CPUID says %s, %s certificate says %s", fromReport, p.signerName(), fromKey)
+	case fromReport != "":
+		p.product = fromReport
+	case fromKey != "":
+		p.product = fromKey
+	default:
+		return nil, malformed("product line unknown: a version %d report (no CPUID) without its %s certificate", r.GetVersion(), p.signerName())
+	}
+	return p, nil
+}
+
+func parseCertificate(b []byte) (*x509.Certificate, error) {
+	if len(b) > MaxCertificateSize {
+		return nil, fmt.Errorf("%d bytes, limit %d", len(b), MaxCertificateSize)
+	}
+	if block, rest := pem.Decode(b); block != nil {
+		if block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) != 0 {
+			return nil, errors.New("want one PEM CERTIFICATE block")
+		}
+		b = block.Bytes
+	}
+	return x509.ParseCertificate(b)
+}
+
+// --- Step 2: verify --------------------------------------------------------------------
+
+// verify establishes that the report was signed by a VCEK or VLEK that chains to the pinned
+// roots of its product line, with no intermediate revoked.
+func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb.Collateral) error {
+	if !slices.Contains(v.ref.Products, p.product) {
+		return untrusted("product line %s is not accepted by reference %q (products %s)", p.product, v.ref.Name, strings.Join(v.ref.Products, ", "))
+	}
+	roots, ok := v.roots.Product(p.product)
+	if !ok {
+		return untrusted("no pinned roots for product line %s", p.product)
+	}
+	now := v.now()
+	getter := collateral.SNPGetter{S: v.cache.Session(ctx, carried)}
+
+	if p.key == nil {
+		if p.signer == abi.VlekReportSigner {
+			return untrusted("VLEK-signed report without its VLEK certificate (AMD does not publish VLEKs)")
+		}
+		if isZero(p.report.GetChipId()) {
+			return untrusted("VCEK missing, and the report's CHIP_ID is masked: the VCEK cannot be fetched")
+		}
+		url := kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb()))
+		der, err := getter.GetContext(ctx, url)
+		if err != nil {
+			return fmt.Errorf("%w: SEV-SNP VCEK: %w", attestation.ErrUntrustedSigner, err)
+		}
+		if p.key, err = parseCertificate(der); err != nil {
+			return untrusted("VCEK from %s: %v", url, err)
+		}
+		exts, err := kds.CertificateExtensions(p.key, p.signer)
+		if err != nil {
+			return untrusted("VCEK from %s: extensions: %v", url, err)
+		}
+		if got := kds.ProductLineOfProductName(exts.ProductName); got != p.product {
+			return untrusted("product line: report says %s, VCEK certificate says %s", p.product, got)
+		}
+	}
+
+	// The intermediate that certifies the signer: ASK for a VCEK, ASVK for a VLEK.
+	intermediate, intermediateName := roots.ASK, "ASK"
+	if p.signer == abi.VlekReportSigner {
+		intermediate, intermediateName = roots.ASVK, "ASVK"
+	}
+	if !v.skipRevocation {
+		if err := checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
+			return err
+		}
+	}
+
+	// go-sev-guest checks the key's certificate (fields AMD's KDS sets, chain to our roots
+	// at now), the CRL once more and the report signature. A fresh AMDRootCerts per check:
+	// the library caches a CRL inside it and holds its lock while fetching, neither of
+	// which may outlive one check. Its revocation check reads the CRL of ProductCerts.Ask
+	// and looks for Ask's serial; for a VLEK the intermediate is the ASVK, so it goes there.
+	chain := &spb.CertificateChain{AskCert: roots.ASK.Raw, ArkCert: roots.ARK.Raw, Extras: map[string][]byte{}}
+	if p.signer == abi.VcekReportSigner {
+		chain.VcekCert = p.key.Raw
+	} else {
+		chain.VlekCert = p.key.Raw
+		chain.AskCert = roots.ASVK.Raw
+	}
+	product, err := kds.ParseProductLine(p.product)
+	if err != nil {
+		return untrusted("product line: %v", err)
+	}
+	opts := &verify.Options{
+		CheckRevocations:    !v.skipRevocation,
+		DisableCertFetching: true,
+		Getter:              getter,
+		Now:                 now,
+		Product:             product,
+		TrustedRoots: map[string][]*trust.AMDRootCerts{p.product: {{
+			ProductLine:  p.product,
+			ProductCerts: &trust.ProductCerts{Ark: roots.ARK, Ask: intermediate, Asvk: roots.ASVK},
+		}}},
+	}
+	att := &spb.Attestation{Report: p.report, CertificateChain: chain}
+	if err := verify.SnpAttestationContext(ctx, att, opts); err != nil {
+		// Tell a bad signature from an untrusted signer: if the key's signature over the
+		// report does not verify, that is the reason, whatever else is wrong.
+		if sigErr := verify.SnpReportSignature(p.raw, p.key); sigErr != nil {
+			return fmt.Errorf("%w: SEV-SNP report signature does not verify with the %s: %v", attestation.ErrBadSignature, p.signerName(), sigErr)
+		}
+		return untrusted("%s certificate: %v", p.signerName(), err)
+	}
+	return nil
+}
+
+// checkRevocation fetches the CRL of the intermediate through the collateral session and
+// checks it is AMD's (signed by the pinned ARK), current at now, and revokes neither the
+// intermediate nor the signer's key. go-sev-guest checks the signature and the intermediate
+// too, but not whether the CRL is past its next update.
+func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) error {
+	if len(intermediate.CRLDistributionPoints) != 1 {
+		return untrusted("%s has %d CRL distribution points, want 1", name, len(intermediate.CRLDistributionPoints))
+	}
+	url := intermediate.CRLDistributionPoints[0]
+	body, err := getter.GetContext(ctx, url)
+	if err != nil {
+		return fmt.Errorf("%w: SEV-SNP CRL of the %s: %w", attestation.ErrUntrustedSigner, name, err)
+	}
+	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
+		body = block.Bytes
+	}
+	crl, err := x509.ParseRevocationList(body)
+	if err != nil {
+		return untrusted("CRL of the %s from %s: %v", name, url, err)
+	}
+	if err := crl.CheckSignatureFrom(roots.ARK); err != nil {
+		return untrusted("CRL of the %s from %s not signed by the ARK of %s: %v", name, url, roots.Product, err)
+	}
+	if crl.NextUpdate.IsZero() || !now.Before(crl.NextUpdate) {
+		return untrusted("CRL of the %s is stale: next update %s, now %s", name, crl.NextUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	if now.Before(crl.ThisUpdate) {
+		return untrusted("CRL of the %s is not yet valid: this update %s, now %s", name, crl.ThisUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	for _, e := range crl.RevokedCertificateEntries {
+		switch {
+		case e.SerialNumber.Cmp(intermediate.SerialNumber) == 0:
+			return untrusted("%s of %s revoked at %s", name, roots.Product, e.RevocationTime.UTC().Format(time.RFC3339))
+		case p.key != nil && e.SerialNumber.Cmp(p.key.SerialNumber) == 0 && bytes.Equal(p.key.RawIssuer, intermediate.RawSubject):
+			return untrusted("%s revoked at %s", p.signerName(), e.RevocationTime.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
+}
+
+func isZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// --- Step 3: validate ------------------------------------------------------------------
+
+// validate compares the authentic report with the caller's data and the Reference.
+func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardware, error) {
+	r := p.report
+	ref := v.ref
+
+	// REPORT_DATA binds the report to the caller's nonce or key.
+	if len(reportData) == 0 || len(reportData) > abi.ReportDataSize {
+		return nil, fmt.Errorf("%w: SEV-SNP expected report data of %d bytes, want 1..%d", attestation.ErrNonceMismatch, len(reportData), abi.ReportDataSize)
+	}
+	wantData := make([]byte, abi.ReportDataSize)
+	copy(wantData, reportData)
+	if !bytes.Equal(r.GetReportData(), wantData) {
+		return nil, fmt.Errorf("%w: SEV-SNP REPORT_DATA %s, want %s", attestation.ErrNonceMismatch, hex.EncodeToString(r.GetReportData()), hex.EncodeToString(wantData))
+	}
+
+	// Guest policy.
+	pol, err := abi.ParseSnpPolicy(r.GetPolicy())
+	if err != nil {
+		return nil, malformed("POLICY: %v", err)
+	}
+	if pol.Debug {
+		return nil, policy("POLICY allows debugging (the host can read and write guest memory)")
+	}
+	if pol.MigrateMA && !ref.GuestPolicy.AllowMigrationAgent {
+		return nil, policy("POLICY allows a migration agent, reference %q does not", ref.Name)
+	}
+	if pol.SMT && ref.GuestPolicy.ForbidSMT {
+		return nil, policy("POLICY allows SMT, reference %q forbids it", ref.Name)
+	}
+	if got, want := uint16(pol.ABIMajor)<<8|uint16(pol.ABIMinor), uint16(ref.GuestPolicy.MinimumABIMajor)<<8|uint16(ref.GuestPolicy.MinimumABIMinor); got < want {
+		return nil, policy("POLICY ABI %d.%d below minimum %d.%d", pol.ABIMajor, pol.ABIMinor, ref.GuestPolicy.MinimumABIMajor, ref.GuestPolicy.MinimumABIMinor)
+	}
+	if r.GetVmpl() != ref.VMPL {
+		return nil, policy("VMPL %d, want %d", r.GetVmpl(), ref.VMPL)
+	}
+
+	// Firmware.
+	minimum := ref.MinimumTCB[p.product]
+	tcbs := []struct {
+		name string
+		tcb  TCB
+	}{
+		{"committed", tcbFromVersion(p.product, r.GetCommittedTcb())},
+		{"launch", tcbFromVersion(p.product, r.GetLaunchTcb())},
+		{"reported", tcbFromVersion(p.product, r.GetReportedTcb())},
+	}
+	for _, t := range tcbs {
+		if c, got, want := t.tcb.below(minimum); c != "" {
+			return nil, policy("%s TCB %s %d below minimum %d", t.name, c, got, want)
+		}
+	}
+	if m := ref.MinimumFirmware; m != nil {
+		got := FirmwareVersion{Major: uint8(r.GetCommittedMajor()), Minor: uint8(r.GetCommittedMinor())}
+		if uint16(got.Major)<<8|uint16(got.Minor) < uint16(m.Major)<<8|uint16(m.Minor) {
+			return nil, policy("committed firmware API version %s below minimum %s", got, m)
+		}
+	}
+
+	// Platform.
+	info, _ := abi.ParseSnpPlatformInfo(r.GetPlatformInfo()) // unknown bits are new features, not failures
+	if ref.PlatformInfo.RequireTSME && !info.TSMEEnabled {
+		return nil, policy("PLATFORM_INFO: TSME not enabled, reference %q requires it", ref.Name)
+	}
+	if ref.PlatformInfo.ForbidSMT && info.SMTEnabled {
+		return nil, policy("PLATFORM_INFO: SMT enabled, reference %q forbids it", ref.Name)
+	}
+
+	// Launch.
+	var warnings []string
+	if len(ref.Measurements) > 0 && !ref.Measurements.contains(r.GetMeasurement()) {
+		return nil, policy("MEASUREMENT %s is not accepted by reference %q", hex.EncodeToString(r.GetMeasurement()), ref.Name)
+	}
+	if len(ref.IDKeyDigests) > 0 {
+		signer, _ := abi.ParseSignerInfo(r.GetSignerInfo())
+		trusted := ref.IDKeyDigests.contains(r.GetIdKeyDigest()) ||
+			(signer.AuthorKeyEn && ref.IDKeyDigests.contains(r.GetAuthorKeyDigest()))
+		if !trusted {
+			msg := fmt.Sprintf("ID_KEY_DIGEST %s (AUTHOR_KEY_DIGEST %s) is not accepted by reference %q",
+				hex.EncodeToString(r.GetIdKeyDigest()), hex.EncodeToString(r.GetAuthorKeyDigest()), ref.Name)
+			if ref.IDKeyEnforcement != EnforceWarnOnly {
+				return nil, policy("%s", msg)
+			}
+			warnings = append(warnings, msg)
+			v.log.Warn("SEV-SNP ID key not accepted (warn-only)", "reference", ref.Name, "idKeyDigest", hex.EncodeToString(r.GetIdKeyDigest()))
+		}
+	}
+
+	// A second opinion from go-sev-guest, with the same requirements where it has them.
+	vmpl := int(ref.VMPL)
+	opts := &validate.Options{
+		GuestPolicy: abi.SnpPolicy{
+			ABIMajor:  ref.GuestPolicy.MinimumABIMajor,
+			ABIMinor:  ref.GuestPolicy.MinimumABIMinor,
+			SMT:       !ref.GuestPolicy.ForbidSMT,
+			MigrateMA: ref.GuestPolicy.AllowMigrationAgent,
+		},
+		ReportData:                wantData,
+		VMPL:                      &vmpl,
+		MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(minimum.version(p.product))),
+		MinimumLaunchTCB:          kds.DecomposeTCBVersion(kds.TCBVersion(minimum.version(p.product))),
+		PermitProvisionalFirmware: true,
+	}
+	if len(ref.IDKeyDigests) > 0 && ref.IDKeyEnforcement == EnforceEqual {
+		opts.RequireIDBlock = true
+		opts.TrustedIDKeyHashes = ref.IDKeyDigests
+		opts.TrustedAuthorKeyHashes = ref.IDKeyDigests
+	}
+	chain := &spb.CertificateChain{}
+	if p.signer == abi.VcekReportSigner {
+		chain.VcekCert = p.key.Raw
+	} else {
+		chain.VlekCert = p.key.Raw
+	}
+	if err := validate.SnpAttestation(&spb.Attestation{Report: r, CertificateChain: chain}, opts); err != nil {
+		return nil, policy("report: %v", err)
+	}
+
+	return &attestation.Hardware{
+		Technology: Technology,
+		Product:    p.product,
+		Signer:     p.signerName(),
+		TCB: fmt.Sprintf("committed %s; launch %s; reported %s; firmware %d.%d build %d",
+			tcbs[0].tcb, tcbs[1].tcb, tcbs[2].tcb, r.GetCommittedMajor(), r.GetCommittedMinor(), r.GetCommittedBuild()),
+		Reference: ref.Name,
+		Measurements: map[string][]byte{
+			"MEASUREMENT":       r.GetMeasurement(),
+			"HOST_DATA":         r.GetHostData(),
+			"ID_KEY_DIGEST":     r.GetIdKeyDigest(),
+			"AUTHOR_KEY_DIGEST": r.GetAuthorKeyDigest(),
+			"FAMILY_ID":         r.GetFamilyId(),
+			"IMAGE_ID":          r.GetImageId(),
+			"REPORT_ID":         r.GetReportId(),
+		},
+		Warnings: warnings,
+	}, nil
+}
