@@ -40,6 +40,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/snpissuer"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -143,9 +144,46 @@ func (c *HardwareCheck) check(ctx context.Context, hw *hardwarepb.Hardware, repo
 	return out, nil
 }
 
-// keep imports used until the validator constructor lands.
-var (
-	_ = slog.Default
-	_ = time.Now
-	_ measurements.ReferenceSets
-)
+// ValidatorConfig configures an aws-sev-snp validator.
+type ValidatorConfig struct {
+	// ReferenceSets are the accepted PCR values; Active replaces them with hot-reloaded sets
+	// (see vtpm.ValidatorConfig).
+	ReferenceSets measurements.ReferenceSets
+	Active        *measurements.Active
+	// Hardware is what the SEV-SNP report must show (launch measurement, minimum TCB,
+	// policy).
+	Hardware snp.Reference
+	// Collateral is the cache AMD's CRLs come from (and are fetched through). Required.
+	Collateral *collateral.Cache
+	// SNPRoots are the trusted AMD chains; nil means snp.PinnedRoots. Tests set fake roots.
+	SNPRoots        *snp.Roots
+	MaxEvidenceSize int
+	Now             func() time.Time
+	Log             *slog.Logger
+}
+
+// NewValidator returns a validator for aws-sev-snp evidence.
+func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
+	check, err := NewHardwareCheck(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant:         Variant,
+		ReferenceSets:   cfg.ReferenceSets,
+		Active:          cfg.Active,
+		Hardware:        check,
+		MaxEvidenceSize: cfg.MaxEvidenceSize,
+		Now:             cfg.Now,
+		Log:             cfg.Log,
+	})
+}
+
+// NewHardwareCheck returns the SEV-SNP part of the validator alone.
+func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
+	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Now: cfg.Now, Log: cfg.Log, Roots: cfg.SNPRoots})
+	if err != nil {
+		return nil, fmt.Errorf("aws-sev-snp validator: %w", err)
+	}
+	return &HardwareCheck{snp: v}, nil
+}

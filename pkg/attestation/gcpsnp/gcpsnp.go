@@ -37,6 +37,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/client"
@@ -44,6 +46,8 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/snpissuer"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -146,4 +150,57 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 		return nil, err
 	}
 	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant, AKCert: cfg.AKCert, EventLog: cfg.EventLog, Hardware: src})
+}
+
+// ValidatorConfig configures a gcp-sev-snp validator.
+type ValidatorConfig struct {
+	// ReferenceSets are the accepted PCR values; Active replaces them with hot-reloaded sets
+	// (see vtpm.ValidatorConfig).
+	ReferenceSets measurements.ReferenceSets
+	Active        *measurements.Active
+	// AKRoots must have issued the AK certificate; nil means GoogleAKRoots. Never optional:
+	// without it the quote's key could be anyone's.
+	AKRoots *x509.CertPool
+	// Hardware is what the SEV-SNP report must show (launch measurement, minimum TCB,
+	// policy).
+	Hardware snp.Reference
+	// Collateral is the cache VCEKs and AMD's CRLs come from (and are fetched through).
+	// Required.
+	Collateral *collateral.Cache
+	// SNPRoots are the trusted AMD chains; nil means snp.PinnedRoots. Tests set fake roots.
+	SNPRoots        *snp.Roots
+	MaxEvidenceSize int
+	Now             func() time.Time
+	Log             *slog.Logger
+}
+
+// NewValidator returns a validator for gcp-sev-snp evidence.
+func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
+	check, err := NewHardwareCheck(cfg)
+	if err != nil {
+		return nil, err
+	}
+	roots := cfg.AKRoots
+	if roots == nil {
+		roots = GoogleAKRoots()
+	}
+	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant:         Variant,
+		ReferenceSets:   cfg.ReferenceSets,
+		Active:          cfg.Active,
+		AKRoots:         roots,
+		Hardware:        check,
+		MaxEvidenceSize: cfg.MaxEvidenceSize,
+		Now:             cfg.Now,
+		Log:             cfg.Log,
+	})
+}
+
+// NewHardwareCheck returns the SEV-SNP part of the validator alone.
+func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
+	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Now: cfg.Now, Log: cfg.Log, Roots: cfg.SNPRoots})
+	if err != nil {
+		return nil, fmt.Errorf("gcp-sev-snp validator: %w", err)
+	}
+	return &HardwareCheck{snp: v}, nil
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-sev-guest/kds"
 	spb "github.com/google/go-sev-guest/proto/sevsnp"
 	sevtest "github.com/google/go-sev-guest/testing"
+
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
 )
 
 // Options describe one fake platform (one chip, one guest).
@@ -287,4 +289,9 @@ func (Failing) Product() *spb.SevProduct { return abi.DefaultSevProduct() }
 // GetRawQuote implements client.QuoteProvider.
 func (Failing) GetRawQuote([abi.ReportDataSize]byte) ([]byte, error) {
 	return nil, errors.New("input/output error")
+}
+
+// Roots returns the fake AMD chain of the platform's product line, for snp.Config.Roots.
+func (p *Platform) Roots() snp.ProductRoots {
+	return snp.ProductRoots{Product: p.ProductLine, ARK: p.Signer.Ark, ASK: p.Signer.Ask, ASVK: p.Signer.Asvk}
 }
