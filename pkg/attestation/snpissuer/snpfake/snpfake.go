@@ -51,6 +51,9 @@ type Options struct {
 // DefaultTCB is a realistic TCB (Milan firmware of 2024).
 var DefaultTCB = kds.TCBParts{BlSpl: 4, TeeSpl: 0, SnpSpl: 22, UcodeSpl: 213}
 
+// TurinFMC is the FMC security patch level of fake Turin platforms.
+const TurinFMC = 1
+
 // Policy is the guest policy of the fake's reports: SMT allowed, no debug, no migration agent
 // (what AWS and GCP launch).
 var Policy = abi.SnpPolicyToBytes(abi.SnpPolicy{SMT: true})
@@ -90,7 +93,14 @@ func New(opts Options) (*Platform, error) {
 	if err != nil {
 		return nil, err
 	}
-	tcb, err := kds.ComposeTCBParts(opts.TCB)
+	parts := opts.TCB
+	if kds.ProductLine(product) == "Turin" {
+		// Turin moved the TCB fields to make room for FMC (byte 0): bootloader, TEE and SNP
+		// in bytes 1..3, microcode in byte 7. go-sev-guest composes the certificate's TCB in
+		// the older layout, so place the Turin fields where its bytes land.
+		parts = kds.TCBParts{BlSpl: TurinFMC, TeeSpl: opts.TCB.BlSpl, Spl4: opts.TCB.TeeSpl, Spl5: opts.TCB.SnpSpl, UcodeSpl: opts.TCB.UcodeSpl}
+	}
+	tcb, err := kds.ComposeTCBParts(parts)
 	if err != nil {
 		return nil, err
 	}
@@ -118,8 +128,8 @@ func New(opts Options) (*Platform, error) {
 		TCB:              tcb,
 		// The builder's endorsement certificates carry TCB 0 unless told: give them the
 		// platform's, as AMD's do.
-		VcekCustom: sevtest.CertOverride{Extensions: sevtest.CustomExtensions(opts.TCB, p.ChipID[:], "", opts.ProductName)},
-		VlekCustom: sevtest.CertOverride{Extensions: sevtest.CustomExtensions(opts.TCB, nil, "fake-cloud", opts.ProductName)},
+		VcekCustom: sevtest.CertOverride{Extensions: sevtest.CustomExtensions(parts, p.ChipID[:], "", opts.ProductName)},
+		VlekCustom: sevtest.CertOverride{Extensions: sevtest.CustomExtensions(parts, nil, "fake-cloud", opts.ProductName)},
 	}
 	signer, err := b.TestOnlyCertChain()
 	if err != nil {
