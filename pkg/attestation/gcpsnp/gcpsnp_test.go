@@ -3,6 +3,7 @@ package gcpsnp_test
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -27,6 +29,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
+	"github.com/openconstellation/constellation/pkg/attestation/snpissuer"
 	"github.com/openconstellation/constellation/pkg/attestation/snpissuer/snpfake"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
@@ -400,4 +403,66 @@ func TestGoogleAKRoots(t *testing.T) {
 	want.AddCert(root)
 	want.AddCert(intermediate)
 	assert.True(t, want.Equal(gcpsnp.GoogleAKRoots()))
+}
+
+// nonceOnly is the archived upstream's gcp-sev-snp binding: REPORT_DATA = the quote's nonce.
+type nonceOnly struct{ snp *snp.Validator }
+
+func (c nonceOnly) Check(ctx context.Context, hw *hardwarepb.Hardware, _ crypto.PublicKey, _, nonce []byte) (*attestation.Hardware, error) {
+	return c.snp.Check(ctx, hw.GetSnpReport(), hw.GetSnpCertificates(), hw.GetCollateral(), nonce)
+}
+
+// TestRelayedReportAttackControl shows the relay of TestRelayedReportAttack succeeds against
+// a nonce-only binding: the attack is real, and only the AK in the binding stops it.
+func TestRelayedReportAttackControl(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts swtpm")
+	}
+	tpmA := boot(t, vtpmtest.Simulator(t))
+	tpmB, _ := vtpmtest.Swtpm(t)
+	boot(t, tpmB)
+	pA, err := snpfake.New(snpfake.Options{ProductName: "Milan-B0", Chip: 1, Now: start, Measurement: measurement})
+	require.NoError(t, err)
+	upstreamIssuer := func(tpm *vtpm.TPM) *vtpm.Issuer {
+		src, err := snpissuer.New(snpissuer.Config{QuoteProvider: pA.QuoteProvider(), ReportData: func(_, n []byte) ([64]byte, error) {
+			var rd [64]byte
+			copy(rd[:], n)
+			return rd, nil
+		}})
+		require.NoError(t, err)
+		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: gcpsnp.Variant, Hardware: src})
+		require.NoError(t, err)
+		cert, err := google().CertifyAK(iss.AKPublic(), "gce-instance", metadata.Worker, start, 90*24*time.Hour)
+		require.NoError(t, err)
+		iss, err = vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: gcpsnp.Variant, AKCert: cert, Hardware: src})
+		require.NoError(t, err)
+		return iss
+	}
+	a, b := upstreamIssuer(tpmA), upstreamIssuer(tpmB)
+	roots, err := snp.NewRoots(pA.Roots())
+	require.NoError(t, err)
+	c := &clock{now: start}
+	sv, err := snp.NewValidator(snp.Config{Reference: reference("Milan"), Collateral: collateral.New(collateral.Config{Fetcher: serve(t, pA), Now: c.Now}), Roots: roots, Now: c.Now})
+	require.NoError(t, err)
+	pcrs, err := tpmB.ReadPCRs()
+	require.NoError(t, err)
+	v, err := vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant:       gcpsnp.Variant,
+		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: measurementstest.FromRegisters(gcpsnp.Variant, pcrs)}},
+		AKRoots:       google().Pool(),
+		Hardware:      nonceOnly{sv},
+		Now:           c.Now,
+	})
+	require.NoError(t, err)
+
+	evA, err := a.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	evB, err := b.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	relayed := decode(t, evB)
+	relayed.Hardware = decode(t, evA).Hardware
+	got, err := v.Validate(context.Background(), encode(t, relayed), attestation.PurposeVerify, nonce)
+	require.NoError(t, err, "a nonce-only binding accepts B's quote with A's report")
+	assert.Equal(t, decode(t, evB).AkPublic, relayed.AkPublic)
+	assert.NotNil(t, got.Hardware)
 }
