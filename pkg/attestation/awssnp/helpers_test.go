@@ -9,9 +9,9 @@ import (
 	"io"
 	"testing"
 
+	sevtest "github.com/google/go-sev-guest/testing"
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
-	sevtest "github.com/google/go-sev-guest/testing"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"

@@ -149,3 +149,39 @@ func TestRealSampleRefusals(t *testing.T) {
 		})
 	}
 }
+
+// FuzzHardwareCheck feeds arbitrary reports and certificates to the aws-sev-snp hardware
+// check: it must never panic, and every refusal must name one attestation reason.
+func FuzzHardwareCheck(f *testing.F) {
+	b64, err := os.ReadFile("testdata/aws-snp-vlek-report.b64")
+	require.NoError(f, err)
+	report, err := base64.StdEncoding.DecodeString(string(b64))
+	require.NoError(f, err)
+	vlekPEM, err := os.ReadFile("testdata/aws-snp-vlek.pem")
+	require.NoError(f, err)
+	block, _ := pem.Decode(vlekPEM)
+	f.Add(report[:abi.ReportSize], block.Bytes)
+	f.Add(report, vlekPEM)
+	f.Add([]byte{}, []byte{})
+	ref := snp.DefaultReference("fuzz")
+	ref.Products = []string{snp.Milan}
+	ref.MinimumTCB[snp.Milan] = snp.TCB{}
+	ref.Measurements = snp.Digests{make([]byte, 48)}
+	check, err := NewHardwareCheck(ValidatorConfig{
+		Hardware:   ref,
+		Collateral: collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
+		Now:        func() time.Time { return sampleTime },
+	})
+	require.NoError(f, err)
+	want, err := hex.DecodeString(sampleReportData)
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, report, cert []byte) {
+		_, err := check.check(context.Background(), &hardwarepb.Hardware{SnpReport: report, SnpCertificates: [][]byte{cert}}, want)
+		if err == nil {
+			t.Fatal("accepted without a CRL")
+		}
+		if attestation.Reason(err) == "other" {
+			t.Fatalf("refusal without a reason: %v", err)
+		}
+	})
+}
