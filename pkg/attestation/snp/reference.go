@@ -242,10 +242,10 @@ func (t TCB) check() error {
 	return nil
 }
 
-// tcbFromVersion decomposes a TCB_VERSION of a product line. Turin moved the fields to make
+// TCBFromVersion decomposes a TCB_VERSION of a product line. Turin moved the fields to make
 // room for FMC: Milan and Genoa have bootloader, TEE, SNP and microcode in bytes 0, 1, 6 and
 // 7; Turin has FMC, bootloader, TEE and SNP in bytes 0..3 and microcode in byte 7.
-func tcbFromVersion(product string, v uint64) TCB {
+func TCBFromVersion(product string, v uint64) TCB {
 	b := func(i int) uint8 { return uint8(v >> (8 * i)) }
 	if product == Turin {
 		return TCB{FMC: b(0), Bootloader: b(1), TEE: b(2), SNP: b(3), Microcode: b(7)}
@@ -253,8 +253,8 @@ func tcbFromVersion(product string, v uint64) TCB {
 	return TCB{Bootloader: b(0), TEE: b(1), SNP: b(6), Microcode: b(7)}
 }
 
-// version composes the TCB_VERSION of a product line.
-func (t TCB) version(product string) uint64 {
+// Version composes the TCB_VERSION of a product line.
+func (t TCB) Version(product string) uint64 {
 	if product == Turin {
 		return uint64(t.FMC) | uint64(t.Bootloader)<<8 | uint64(t.TEE)<<16 | uint64(t.SNP)<<24 | uint64(t.Microcode)<<56
 	}

@@ -6,6 +6,7 @@ package snp
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
@@ -14,6 +15,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-sev-guest/abi"
@@ -36,8 +38,9 @@ const (
 	// MaxCertificates bounds the certificates a report may come with (VCEK or VLEK, and the
 	// chain the host sends along, which is ignored).
 	MaxCertificates = 8
-	// MaxCertificateSize bounds one certificate (AMD's are below 2 KiB).
-	MaxCertificateSize = 16 << 10
+	// MaxCertificatesSize bounds one entry of the certificates (AMD's certificates are below
+	// 2 KiB each; an entry may be a PEM bundle).
+	MaxCertificatesSize = 32 << 10
 )
 
 // Config configures a Validator.
@@ -105,6 +108,12 @@ type Validator struct {
 	now   func() time.Time
 	log   *slog.Logger
 
+	// crls memoizes CRLs whose signature by a pinned ARK was checked, by product line and
+	// SHA-256 of their DER: an RSA-4096 check per validation is most of a check's time, and
+	// a CRL is reused for days. Only AMD-signed CRLs get in, so it stays small.
+	crlMu sync.Mutex
+	crls  map[crlKey]*x509.RevocationList
+
 	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
 	// by AMD's real ARK is available offline (see testdata/README.md).
 	skipRevocation bool
@@ -118,7 +127,7 @@ func NewValidator(cfg Config) (*Validator, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("SEV-SNP validator: no collateral cache (revocation is always checked)")
 	}
-	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log}
+	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log, crls: map[crlKey]*x509.RevocationList{}}
 	if v.roots == nil {
 		v.roots = PinnedRoots()
 	}
@@ -145,7 +154,8 @@ type parsed struct {
 func (p *parsed) signerName() string { return p.signer.String() }
 
 // Check verifies an SEV-SNP report (exactly abi.ReportSize bytes) with the certificates that
-// came with it (the VCEK or VLEK, DER or PEM; others are ignored) and the collateral the
+// came with it (DER or PEM, bundles allowed; only the VCEK or VLEK is used, the chain the
+// host sends along is ignored) and the collateral the
 // evidence carried, and validates it against the Reference. REPORT_DATA must equal
 // reportData, zero-padded to 64 bytes. Errors wrap exactly one attestation.Err* reason.
 func (v *Validator) Check(ctx context.Context, report []byte, certs [][]byte, carried []*hardwarepb.Collateral, reportData []byte) (*attestation.Hardware, error) {
@@ -200,15 +210,19 @@ func parseReport(report []byte, certs [][]byte) (*parsed, error) {
 		return nil, untrusted("report SIGNING_KEY is %v, want VCEK or VLEK", p.signer)
 	}
 
-	if len(certs) > MaxCertificates {
-		return nil, malformed("%d certificates, limit %d", len(certs), MaxCertificates)
-	}
-	wantCN := "SEV-" + p.signerName()
+	var all []*x509.Certificate
 	for i, c := range certs {
-		cert, err := parseCertificate(c)
+		parsed, err := parseCertificates(c)
 		if err != nil {
 			return nil, malformed("certificate %d: %v", i, err)
 		}
+		all = append(all, parsed...)
+		if len(all) > MaxCertificates {
+			return nil, malformed("more than %d certificates", MaxCertificates)
+		}
+	}
+	wantCN := "SEV-" + p.signerName()
+	for _, cert := range all {
 		if cert.Subject.CommonName != wantCN {
 			// The ARK, ASK and ASVK the host sends along are never trusted; a key of the
 			// other kind is not the one that signed.
@@ -253,17 +267,34 @@ func parseReport(report []byte, certs [][]byte) (*parsed, error) {
 	return p, nil
 }
 
-func parseCertificate(b []byte) (*x509.Certificate, error) {
-	if len(b) > MaxCertificateSize {
-		return nil, fmt.Errorf("%d bytes, limit %d", len(b), MaxCertificateSize)
+// parseCertificates parses one DER certificate or PEM certificates (a bundle, as cloud
+// services hand out a VCEK with its chain).
+func parseCertificates(b []byte) ([]*x509.Certificate, error) {
+	if len(b) > MaxCertificatesSize {
+		return nil, fmt.Errorf("%d bytes, limit %d", len(b), MaxCertificatesSize)
 	}
-	if block, rest := pem.Decode(b); block != nil {
-		if block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) != 0 {
-			return nil, errors.New("want one PEM CERTIFICATE block")
+	if !bytes.HasPrefix(bytes.TrimSpace(b), []byte("-----BEGIN")) {
+		c, err := x509.ParseCertificate(b)
+		if err != nil {
+			return nil, err
 		}
-		b = block.Bytes
+		return []*x509.Certificate{c}, nil
 	}
-	return x509.ParseCertificate(b)
+	var out []*x509.Certificate
+	rest := b
+	for len(bytes.TrimSpace(rest)) > 0 {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil || block.Type != "CERTIFICATE" {
+			return nil, errors.New("want PEM CERTIFICATE blocks only")
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
 }
 
 // --- Step 2: verify --------------------------------------------------------------------
@@ -293,9 +324,11 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		if err != nil {
 			return fmt.Errorf("%w: SEV-SNP VCEK: %w", attestation.ErrUntrustedSigner, err)
 		}
-		if p.key, err = parseCertificate(der); err != nil {
-			return untrusted("VCEK from %s: %v", url, err)
+		fetched, err := parseCertificates(der)
+		if err != nil || len(fetched) != 1 {
+			return untrusted("VCEK from %s: not one certificate (%v)", url, err)
 		}
+		p.key = fetched[0]
 		exts, err := kds.CertificateExtensions(p.key, p.signer)
 		if err != nil {
 			return untrusted("VCEK from %s: extensions: %v", url, err)
@@ -311,7 +344,7 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		intermediate, intermediateName = roots.ASVK, "ASVK"
 	}
 	if !v.skipRevocation {
-		if err := checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
+		if err := v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
 			return err
 		}
 	}
@@ -359,7 +392,7 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 // checks it is AMD's (signed by the pinned ARK), current at now, and revokes neither the
 // intermediate nor the signer's key. go-sev-guest checks the signature and the intermediate
 // too, but not whether the CRL is past its next update.
-func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) error {
+func (v *Validator) checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) error {
 	if len(intermediate.CRLDistributionPoints) != 1 {
 		return untrusted("%s has %d CRL distribution points, want 1", name, len(intermediate.CRLDistributionPoints))
 	}
@@ -371,12 +404,9 @@ func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots Pro
 	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
 		body = block.Bytes
 	}
-	crl, err := x509.ParseRevocationList(body)
+	crl, err := v.verifiedCRL(roots, body)
 	if err != nil {
 		return untrusted("CRL of the %s from %s: %v", name, url, err)
-	}
-	if err := crl.CheckSignatureFrom(roots.ARK); err != nil {
-		return untrusted("CRL of the %s from %s not signed by the ARK of %s: %v", name, url, roots.Product, err)
 	}
 	if crl.NextUpdate.IsZero() || !now.Before(crl.NextUpdate) {
 		return untrusted("CRL of the %s is stale: next update %s, now %s", name, crl.NextUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
@@ -393,6 +423,39 @@ func checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots Pro
 		}
 	}
 	return nil
+}
+
+type crlKey struct {
+	product string
+	digest  [sha256.Size]byte
+}
+
+// maxCRLs bounds the memo of checked CRLs (AMD publishes two per product line).
+const maxCRLs = 64
+
+// verifiedCRL parses a CRL and checks it is signed by the ARK of roots.
+func (v *Validator) verifiedCRL(roots ProductRoots, der []byte) (*x509.RevocationList, error) {
+	key := crlKey{product: roots.Product, digest: sha256.Sum256(der)}
+	v.crlMu.Lock()
+	crl, ok := v.crls[key]
+	v.crlMu.Unlock()
+	if ok {
+		return crl, nil
+	}
+	crl, err := x509.ParseRevocationList(der)
+	if err != nil {
+		return nil, err
+	}
+	if err := crl.CheckSignatureFrom(roots.ARK); err != nil {
+		return nil, fmt.Errorf("not signed by the ARK of %s: %w", roots.Product, err)
+	}
+	v.crlMu.Lock()
+	if len(v.crls) >= maxCRLs {
+		clear(v.crls)
+	}
+	v.crls[key] = crl
+	v.crlMu.Unlock()
+	return crl, nil
 }
 
 func isZero(b []byte) bool {
@@ -448,9 +511,9 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 		name string
 		tcb  TCB
 	}{
-		{"committed", tcbFromVersion(p.product, r.GetCommittedTcb())},
-		{"launch", tcbFromVersion(p.product, r.GetLaunchTcb())},
-		{"reported", tcbFromVersion(p.product, r.GetReportedTcb())},
+		{"committed", TCBFromVersion(p.product, r.GetCommittedTcb())},
+		{"launch", TCBFromVersion(p.product, r.GetLaunchTcb())},
+		{"reported", TCBFromVersion(p.product, r.GetReportedTcb())},
 	}
 	for _, t := range tcbs {
 		if c, got, want := t.tcb.below(minimum); c != "" {
@@ -504,8 +567,8 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 		},
 		ReportData:                wantData,
 		VMPL:                      &vmpl,
-		MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(minimum.version(p.product))),
-		MinimumLaunchTCB:          kds.DecomposeTCBVersion(kds.TCBVersion(minimum.version(p.product))),
+		MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(minimum.Version(p.product))),
+		MinimumLaunchTCB:          kds.DecomposeTCBVersion(kds.TCBVersion(minimum.Version(p.product))),
 		PermitProvisionalFirmware: true,
 	}
 	if len(ref.IDKeyDigests) > 0 && ref.IDKeyEnforcement == EnforceEqual {
