@@ -466,3 +466,24 @@ func TestRelayedReportAttackControl(t *testing.T) {
 	assert.Equal(t, decode(t, evB).AkPublic, relayed.AkPublic)
 	assert.NotNil(t, got.Hardware)
 }
+
+// TestDefaultAKRootsAreGoogles: a validator configured without AK roots trusts Google's CA
+// only, so an AK certified by anyone else (here the tests' CA) is refused.
+func TestDefaultAKRootsAreGoogles(t *testing.T) {
+	tpm := boot(t, vtpmtest.Simulator(t))
+	node := newVM(t, tpm, snpfake.Options{ProductName: "Milan-B0", Chip: 1}, google(), nil)
+	roots, err := snp.NewRoots(node.platform.Roots())
+	require.NoError(t, err)
+	c := &clock{now: start}
+	v, err := gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
+		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: node.pcrs}},
+		Hardware:      reference("Milan"),
+		Collateral:    collateral.New(collateral.Config{Fetcher: serve(t, node.platform), Now: c.Now}),
+		SNPRoots:      roots,
+		Now:           c.Now,
+	})
+	require.NoError(t, err)
+	_, err = v.Validate(context.Background(), node.issue(t, nonce), attestation.PurposeVerify, nonce)
+	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	assert.ErrorContains(t, err, "AK certificate")
+}
