@@ -354,3 +354,29 @@ func TestStaleCRL(t *testing.T) {
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	assert.ErrorContains(t, err, "revoked")
 }
+
+// TestOfflineVerifier: with a collateral cache the issuer carries the VLEK CRL, and a
+// verifier without network checks the evidence with it; without it, it fails closed.
+func TestOfflineVerifier(t *testing.T) {
+	tpm := boot(t, vtpmtest.Simulator(t))
+	node := newVM(t, tpm, snpfake.Options{ProductName: "Milan-B1", Chip: 1})
+	crl, err := node.platform.CRL(start.Add(-time.Hour), start.Add(7*24*time.Hour))
+	require.NoError(t, err)
+	issuerCache := collateral.New(collateral.Config{Fetcher: &amd{docs: map[string][]byte{node.platform.CRLURL(): crl}}, Now: func() time.Time { return start }})
+	iss, err := awssnp.NewIssuer(tpm, awssnp.IssuerConfig{QuoteProvider: node.platform.QuoteProvider(), Collateral: issuerCache})
+	require.NoError(t, err)
+	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	require.Len(t, decode(t, ev).Hardware.Collateral, 1)
+
+	ver := newVerifier(t, reference("Milan"), node.pcrs, node.platform)
+	ver.amd.offline = true
+	_, err = ver.v.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+
+	bare := decode(t, ev)
+	bare.Hardware.Collateral = nil
+	_, err = ver.v.Validate(context.Background(), encode(t, bare), attestation.PurposeVerify, nonce)
+	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	assert.ErrorContains(t, err, "connection refused")
+}
