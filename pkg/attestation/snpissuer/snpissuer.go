@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/client"
@@ -48,9 +49,13 @@ type Config struct {
 	Collateral *collateral.Cache
 }
 
-// Source is a vtpm.HardwareSource backed by the SEV-SNP guest device.
+// Source is a vtpm.HardwareSource backed by the SEV-SNP guest device. It is safe for
+// concurrent use.
 type Source struct {
 	cfg Config
+
+	mu sync.Mutex // guards provider
+	qp client.QuoteProvider
 }
 
 // New returns a source.
@@ -58,18 +63,22 @@ func New(cfg Config) (*Source, error) {
 	if cfg.ReportData == nil {
 		return nil, errors.New("SEV-SNP hardware source: no report data binding")
 	}
-	return &Source{cfg: cfg}, nil
+	return &Source{cfg: cfg, qp: cfg.QuoteProvider}, nil
 }
 
+// provider returns the quote provider, finding the platform's on first use (so a Source can
+// be built where no guest device exists, and fails only when asked for a report).
 func (s *Source) provider() (client.QuoteProvider, error) {
-	if s.cfg.QuoteProvider != nil {
-		return s.cfg.QuoteProvider, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.qp != nil {
+		return s.qp, nil
 	}
 	qp, err := client.GetQuoteProvider()
 	if err != nil {
 		return nil, fmt.Errorf("no SEV-SNP guest device (configfs-tsm or /dev/sev-guest): %w", err)
 	}
-	s.cfg.QuoteProvider = qp
+	s.qp = qp
 	return qp, nil
 }
 

@@ -1,11 +1,14 @@
 package snpissuer_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -247,4 +250,45 @@ func FuzzSplit(f *testing.F) {
 			t.Fatalf("report of %d bytes", len(ext.Raw))
 		}
 	})
+}
+
+// TestNoGuestDevice: on a machine that is no SEV-SNP guest, the source says so when asked for
+// a report (building it succeeds, so a node can decide later what it runs on).
+func TestNoGuestDevice(t *testing.T) {
+	for _, dev := range []string{"/dev/sev-guest", "/sys/kernel/config/tsm/report"} {
+		if _, err := os.Stat(dev); err == nil {
+			t.Skipf("this machine has %s", dev)
+		}
+	}
+	src, err := snpissuer.New(snpissuer.Config{ReportData: echoBinding})
+	require.NoError(t, err)
+	_, err = src.Hardware(context.Background(), nil, []byte("a nonce of thirty-two bytes....."))
+	require.ErrorContains(t, err, "no SEV-SNP guest device")
+}
+
+// TestConcurrent: one source serves concurrent evidence (run with -race).
+func TestConcurrent(t *testing.T) {
+	p, err := snpfake.New(snpfake.Options{Now: now})
+	require.NoError(t, err)
+	src, err := snpissuer.New(snpissuer.Config{QuoteProvider: p.QuoteProvider(), ReportData: echoBinding})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := bytes.Repeat([]byte{byte(i)}, 32)
+			hw, err := src.Hardware(context.Background(), nil, n)
+			if err == nil && !bytes.Equal(hw.SnpReport[0x50:0x70], n) {
+				err = fmt.Errorf("report %d binds other data", i)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
 }
