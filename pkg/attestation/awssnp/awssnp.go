@@ -21,6 +21,14 @@
 // AMD's ASVK), never a VCEK, and AMD serves VLEK certificates only to AWS: the evidence must
 // carry the VLEK certificate, and a report signed any other way is refused. NitroTPM AKs have
 // no certificate: the AK is trusted because the hardware-signed report names it.
+//
+// # Limits
+//
+// The NitroTPM is AWS's, not part of the confidential VM: the report proves that a VM with
+// the reference's launch MEASUREMENT (its firmware) asked for a report naming this AK, and
+// the quote proves the AK's TPM saw these PCRs. That the TPM reports honestly rests on the
+// Nitro hypervisor, as it does for every vTPM outside the guest's trust boundary; the launch
+// MEASUREMENT is what the hardware itself vouches for, so a reference should pin it.
 package awssnp
 
 import (
