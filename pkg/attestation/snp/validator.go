@@ -101,6 +101,12 @@ type Config struct {
 //     equal to the VCEK's HWID, committed not above current), as a second opinion.
 //
 // Claims (attestation.Hardware) are returned only after all of these passed.
+//
+// A key certificate go-sev-guest once accepted is remembered (by the SHA-256 of its DER,
+// with its chain's validity window): later checks of reports it signed repeat the validity
+// window, the CRL and the report signature, but not the chain's RSA signatures, which cannot
+// change for the same bytes under the same roots. That keeps a warm check near the cost of
+// the report's ECDSA signature.
 type Validator struct {
 	ref   Reference
 	roots *Roots
@@ -113,6 +119,11 @@ type Validator struct {
 	// a CRL is reused for days. Only AMD-signed CRLs get in, so it stays small.
 	crlMu sync.Mutex
 	crls  map[crlKey]*x509.RevocationList
+
+	// keys memoizes VCEK and VLEK certificates go-sev-guest accepted (keyMemoKey), so a
+	// warm check does not repeat the chain's RSA-4096 signatures.
+	keysMu sync.Mutex
+	keys   map[keyMemoKey]validity
 
 	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
 	// by AMD's real ARK is available offline (see testdata/README.md).
@@ -127,7 +138,7 @@ func NewValidator(cfg Config) (*Validator, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("SEV-SNP validator: no collateral cache (revocation is always checked)")
 	}
-	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log, crls: map[crlKey]*x509.RevocationList{}}
+	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log, crls: map[crlKey]*x509.RevocationList{}, keys: map[keyMemoKey]validity{}}
 	if v.roots == nil {
 		v.roots = PinnedRoots()
 	}
@@ -349,6 +360,20 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		}
 	}
 
+	// A key whose certificate go-sev-guest already accepted needs only its validity at now
+	// and the report signature checked (the CRL was checked above, every time).
+	memo := keyMemoKey{product: p.product, signer: p.signer, digest: sha256.Sum256(p.key.Raw)}
+	if w, ok := v.verifiedKey(memo); ok {
+		if now.Before(w.notBefore) || now.After(w.notAfter) {
+			return untrusted("%s certificate: chain not valid at %s (valid %s to %s): expired or not yet valid", p.signerName(),
+				now.UTC().Format(time.RFC3339), w.notBefore.UTC().Format(time.RFC3339), w.notAfter.UTC().Format(time.RFC3339))
+		}
+		if err := verify.SnpReportSignature(p.raw, p.key); err != nil {
+			return fmt.Errorf("%w: SEV-SNP report signature does not verify with the %s: %v", attestation.ErrBadSignature, p.signerName(), err)
+		}
+		return nil
+	}
+
 	// go-sev-guest checks the key's certificate (fields AMD's KDS sets, chain to our roots
 	// at now), the CRL once more and the report signature. A fresh AMDRootCerts per check:
 	// the library caches a CRL inside it and holds its lock while fetching, neither of
@@ -385,7 +410,50 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		}
 		return untrusted("%s certificate: %v", p.signerName(), err)
 	}
+	v.rememberKey(memo, p.key, intermediate, roots.ARK)
 	return nil
+}
+
+// keyMemoKey names a VCEK or VLEK certificate (by the SHA-256 of its DER) of a product line.
+type keyMemoKey struct {
+	product string
+	signer  abi.ReportSigner
+	digest  [sha256.Size]byte
+}
+
+// validity is when every certificate of a key's chain is valid.
+type validity struct{ notBefore, notAfter time.Time }
+
+// maxKeys bounds the memo of accepted keys (one per chip and TCB, or per VLEK).
+const maxKeys = 4096
+
+// verifiedKey returns the chain validity of a key go-sev-guest accepted before.
+func (v *Validator) verifiedKey(k keyMemoKey) (validity, bool) {
+	v.keysMu.Lock()
+	defer v.keysMu.Unlock()
+	w, ok := v.keys[k]
+	return w, ok
+}
+
+// rememberKey records that go-sev-guest accepted the certificate of a key under the pinned
+// roots. What it checked depends only on the certificate's bytes, the product line and the
+// roots (fixed per validator), except the time, which is kept as the chain's validity.
+func (v *Validator) rememberKey(k keyMemoKey, chain ...*x509.Certificate) {
+	w := validity{notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
+	for _, c := range chain[1:] {
+		if c.NotBefore.After(w.notBefore) {
+			w.notBefore = c.NotBefore
+		}
+		if c.NotAfter.Before(w.notAfter) {
+			w.notAfter = c.NotAfter
+		}
+	}
+	v.keysMu.Lock()
+	defer v.keysMu.Unlock()
+	if len(v.keys) >= maxKeys {
+		clear(v.keys)
+	}
+	v.keys[k] = w
 }
 
 // checkRevocation fetches the CRL of the intermediate through the collateral session and

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -806,6 +807,12 @@ func TestReferenceJSON(t *testing.T) {
 	assert.True(t, r.PlatformInfo.RequireTSME)
 	assert.Equal(t, "1.55", r.MinimumFirmware.String())
 
+	out, err := json.Marshal(r)
+	require.NoError(t, err)
+	var back snp.Reference
+	require.NoError(t, jsonUnmarshalStrict(out, &back))
+	assert.Equal(t, r, back, "marshal round trip: %s", out)
+
 	var bad snp.Reference
 	assert.Error(t, jsonUnmarshalStrict([]byte(`{"measurement":"zz"}`), &bad))
 	assert.Error(t, jsonUnmarshalStrict([]byte(`{"measurement":5}`), &bad))
@@ -818,4 +825,68 @@ func TestTCBLayout(t *testing.T) {
 	turin := snp.TCB{FMC: 1, Bootloader: 2, TEE: 3, SNP: 4, Microcode: 5}
 	assert.Equal(t, uint64(0x0500000004030201), turin.Version(snp.Turin))
 	assert.Equal(t, turin, snp.TCBFromVersion(snp.Turin, turin.Version(snp.Turin)))
+}
+
+// TestCheckConcurrent: one validator serves many checks at once (run with -race).
+func TestCheckConcurrent(t *testing.T) {
+	s := newSynth(t, snp.Genoa)
+	v := s.validator(t, s.reference(), now)
+	good := s.amd.Sign(t, snptest.DefaultReport())
+	r := snptest.DefaultReport()
+	r.Policy.Debug = true
+	bad := s.amd.Sign(t, r)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() {
+			raw := good
+			if i%2 == 1 {
+				raw = bad
+			}
+			_, errs[i] = v.Check(context.Background(), raw, s.amd.Certs("VCEK"), nil, reportData())
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if i%2 == 0 {
+			assert.NoError(t, err)
+		} else {
+			assert.ErrorIs(t, err, attestation.ErrMeasurementPolicy)
+		}
+	}
+}
+
+// TestCheckWarm: once a VCEK was accepted, its chain is not checked again, but expiry,
+// revocation and the report signature still are on every check.
+func TestCheckWarm(t *testing.T) {
+	s := newSynth(t, snp.Milan)
+	clock := now
+	cache := collateral.New(collateral.Config{Fetcher: s.fetcher, Now: func() time.Time { return clock }})
+	v, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: cache, Now: func() time.Time { return clock }, Roots: s.amd.Roots})
+	require.NoError(t, err)
+	raw, certs := s.amd.Sign(t, snptest.DefaultReport()), s.amd.Certs("VCEK")
+	check := func(raw []byte, certs [][]byte, carried []*hardwarepb.Collateral) error {
+		_, err := v.Check(context.Background(), raw, certs, carried, reportData())
+		return err
+	}
+	require.NoError(t, check(raw, certs, nil))
+	require.NoError(t, check(raw, certs, nil))
+
+	err = check(flip(raw, 0x90), certs, nil)
+	assertOneReason(t, err, attestation.ErrBadSignature)
+
+	vcek := flip(certs[0], len(certs[0])-5)
+	err = check(raw, [][]byte{vcek}, nil)
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+
+	revoked := s.amd.CRL(t, now.Add(-time.Hour), now.Add(time.Hour), s.amd.Signer.Ask.SerialNumber)
+	err = check(raw, certs, []*hardwarepb.Collateral{{Url: s.amd.CRLURL("VCEK"), Body: revoked}})
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	assert.Contains(t, err.Error(), "ASK of Milan revoked")
+
+	clock = s.amd.Signer.Vcek.NotAfter.Add(time.Hour)
+	fresh := s.amd.CRL(t, clock.Add(-time.Hour), clock.Add(time.Hour))
+	err = check(raw, certs, []*hardwarepb.Collateral{{Url: s.amd.CRLURL("VCEK"), Body: fresh}})
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	assert.Contains(t, err.Error(), "expired")
 }
