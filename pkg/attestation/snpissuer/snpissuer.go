@@ -156,23 +156,31 @@ func Split(raw []byte) (*Extended, error) {
 			return nil, fmt.Errorf("SEV-SNP certificate table: %w", err)
 		}
 	}
-	chain := table.Proto()
+	// Entries by GUID (not CertTable.Proto, which logs a warning for every table without an
+	// endorsement key: normal where the verifier fetches the VCEK).
+	entry := func(guid string) []byte {
+		b, err := table.GetByGUIDString(guid)
+		if err != nil {
+			return nil
+		}
+		return b
+	}
 	var endorsement, intermediate []byte
 	switch info.SigningKey {
 	case abi.VcekReportSigner:
-		endorsement, intermediate = chain.GetVcekCert(), chain.GetAskCert()
+		endorsement, intermediate = entry(abi.VcekGUID), entry(abi.AskGUID)
 	case abi.VlekReportSigner:
-		endorsement = chain.GetVlekCert()
+		endorsement = entry(abi.VlekGUID)
 		// Hosts put the ASVK under the ASK's GUID (the GHCB specification has none for it);
 		// some tables carry it under the zero GUID as well.
-		intermediate = chain.GetExtras()[abi.AsvkGUID]
-		if intermediate == nil && isASVK(chain.GetAskCert()) {
-			intermediate = chain.GetAskCert()
+		intermediate = entry(abi.AsvkGUID)
+		if intermediate == nil && isASVK(entry(abi.AskGUID)) {
+			intermediate = entry(abi.AskGUID)
 		}
 	default:
 		return nil, fmt.Errorf("SEV-SNP report signed by %s, want VCEK or VLEK", info.SigningKey)
 	}
-	for _, c := range [][]byte{endorsement, intermediate, chain.GetArkCert()} {
+	for _, c := range [][]byte{endorsement, intermediate, entry(abi.ArkGUID)} {
 		if len(c) == 0 {
 			if len(ext.Certificates) == 0 {
 				// No endorsement certificate: the verifier must fetch the VCEK; the
@@ -183,7 +191,7 @@ func Split(raw []byte) (*Extended, error) {
 		}
 		ext.Certificates = append(ext.Certificates, c)
 	}
-	ext.ProductLine = productLine(report, chain, endorsement, info.SigningKey)
+	ext.ProductLine = productLine(report, entry(abi.ExtraPlatformInfoGUID), endorsement, info.SigningKey)
 	return ext, nil
 }
 
@@ -193,15 +201,15 @@ func isASVK(der []byte) bool {
 }
 
 // productLine names the processor line, from the most to the least direct source.
-func productLine(report *spb.Report, chain *spb.CertificateChain, endorsement []byte, signer abi.ReportSigner) string {
+func productLine(report *spb.Report, platformInfo, endorsement []byte, signer abi.ReportSigner) string {
 	known := func(line string) bool { _, err := kds.ParseProductLine(line); return err == nil }
 	if report.GetVersion() >= abi.ReportVersion3 {
 		if line := kds.ProductLineFromFms(report.GetCpuid1EaxFms()); known(line) {
 			return line
 		}
 	}
-	if extra, ok := chain.GetExtras()[abi.ExtraPlatformInfoGUID]; ok {
-		if info, err := abi.ParseExtraPlatformInfo(extra); err == nil {
+	if platformInfo != nil {
+		if info, err := abi.ParseExtraPlatformInfo(platformInfo); err == nil {
 			if line := kds.ProductLineFromFms(info.Cpuid1Eax); known(line) {
 				return line
 			}
