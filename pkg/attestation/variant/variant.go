@@ -135,6 +135,11 @@ var registerMaps = map[string]registerMap{
 	// kernel extend them). Register 4 is RTMR3, which no firmware or kernel extends: it
 	// carries the cluster-ID marker.
 	QEMUTDX.name: {image: registerRange(0, 4), clusterID: 4},
+	// The SEV-SNP vTPM variants boot the same image layout on the cloud's vTPM: PCRs 0..14
+	// (firmware and boot chain as the cloud's firmware measures them, then the image's own),
+	// PCR 15 the cluster-ID marker.
+	AWSSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
+	GCPSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
 }
 
 func registerRange(from, to uint32) []uint32 {
