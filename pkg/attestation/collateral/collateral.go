@@ -63,6 +63,9 @@ type Document struct {
 	Fetched time.Time
 	// NextUpdate is when the document must no longer be used.
 	NextUpdate time.Time
+	// Issued is when the document was issued (a CRL's thisUpdate, the issueDate of Intel's
+	// signed JSON), or zero if it does not say.
+	Issued time.Time
 	// Immutable is set for certificates: what a URL serves never changes until it expires,
 	// so a copy from anywhere is as good as a fetch. CRLs and signed TCB documents change
 	// (a newer one may revoke), so where they come from matters (Session.Get).
@@ -140,10 +143,12 @@ func (c *Cache) document(url string, header map[string][]string, body []byte) (D
 	}
 	now := c.cfg.Now()
 	doc := Document{URL: url, Header: header, Body: body, Fetched: now, NextUpdate: NextUpdate(body, now.Add(c.cfg.MaxAge))}
-	if _, ok := crlNextUpdate(body); !ok {
-		if _, ok := jsonNextUpdate(body); !ok {
-			_, doc.Immutable = certsNotAfter(body)
-		}
+	if _, ok := crlNextUpdate(body); ok {
+		doc.Issued = crlThisUpdate(body)
+	} else if _, ok := jsonNextUpdate(body); ok {
+		doc.Issued = jsonIssueDate(body)
+	} else {
+		_, doc.Immutable = certsNotAfter(body)
 	}
 	if !now.Before(doc.NextUpdate) {
 		return Document{}, fmt.Errorf("%w: %s: next update was %s", ErrStale, url, doc.NextUpdate.UTC().Format(time.RFC3339))
@@ -266,7 +271,7 @@ const MaxCarried = 16
 // CRL, signed TCB info) is taken from the shared cache, or fetched, first: evidence could
 // carry an old CRL, still within its validity, from before a revocation. The carried copy is
 // used only when the cache has none and cannot fetch one (a verifier without network), or
-// when it is newer than the cached one.
+// when it was issued after the cached one.
 func (s *Session) Get(url string) (Document, error) {
 	carried, ok := s.carried[url]
 	if ok && carried.Immutable {
@@ -278,7 +283,7 @@ func (s *Session) Get(url string) (Document, error) {
 		return doc, err
 	case err != nil:
 		return carried, nil
-	case carried.NextUpdate.After(doc.NextUpdate):
+	case carried.Issued.After(doc.Issued):
 		return carried, nil
 	default:
 		return doc, nil
@@ -342,6 +347,36 @@ func crlNextUpdate(body []byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return crl.NextUpdate, true
+}
+
+func crlThisUpdate(body []byte) time.Time {
+	der := body
+	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
+		der = block.Bytes
+	}
+	crl, err := x509.ParseRevocationList(der)
+	if err != nil {
+		return time.Time{}
+	}
+	return crl.ThisUpdate
+}
+
+func jsonIssueDate(body []byte) time.Time {
+	var doc struct {
+		TCBInfo struct {
+			IssueDate time.Time `json:"issueDate"`
+		} `json:"tcbInfo"`
+		EnclaveIdentity struct {
+			IssueDate time.Time `json:"issueDate"`
+		} `json:"enclaveIdentity"`
+	}
+	if json.Unmarshal(body, &doc) != nil {
+		return time.Time{}
+	}
+	if !doc.TCBInfo.IssueDate.IsZero() {
+		return doc.TCBInfo.IssueDate
+	}
+	return doc.EnclaveIdentity.IssueDate
 }
 
 func jsonNextUpdate(body []byte) (time.Time, bool) {

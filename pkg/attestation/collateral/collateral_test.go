@@ -57,6 +57,7 @@ func testCRL(t *testing.T, next time.Time) []byte {
 	require.NoError(t, err)
 	ca, err := x509.ParseCertificate(der)
 	require.NoError(t, err)
+	// Issued a day before its next update: a later next update means a later issue.
 	crl, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1), ThisUpdate: next.Add(-24 * time.Hour), NextUpdate: next}, ca, key)
 	require.NoError(t, err)
 	return crl
