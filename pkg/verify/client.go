@@ -49,6 +49,22 @@ type Result struct {
 	Registers []Register     `json:"registers"`
 	Signer    Signer         `json:"signer"`
 	ClusterID ClusterIDCheck `json:"clusterID"`
+	// Hardware is what the confidential VM's hardware report established (SEV-SNP, TDX
+	// variants); absent for TPM-only variants.
+	Hardware *Hardware `json:"hardware,omitempty"`
+}
+
+// Hardware is the verified hardware report of a node, for humans and `-o json`.
+type Hardware struct {
+	Technology string `json:"technology"` // "SEV-SNP", "TDX"
+	Product    string `json:"product"`    // "Milan", "Genoa", "Turin"; TDX: the platform's FMSPC
+	Signer     string `json:"signer"`     // "VCEK", "VLEK", "PCK"
+	TCB        string `json:"tcb"`
+	// Reference names the hardware reference the report matched.
+	Reference string `json:"reference"`
+	// Measurements are the report's launch measurements by name (hex).
+	Measurements map[string]string `json:"measurements,omitempty"`
+	Warnings     []string          `json:"warnings,omitempty"`
 }
 
 // Register is one verified measurement register.
@@ -196,6 +212,15 @@ func newResult(endpoint string, nonce []byte, v *attestation.Verified) *Result {
 		ReferenceSet: v.ReferenceSet,
 		Warnings:     v.Warnings,
 		Signer:       Signer{ID: v.SignerID, Certified: v.SignerCertified, Name: v.SignerName},
+	}
+	if hw := v.Hardware; hw != nil {
+		res.Hardware = &Hardware{Technology: hw.Technology, Product: hw.Product, Signer: hw.Signer, TCB: hw.TCB, Reference: hw.Reference, Warnings: hw.Warnings}
+		if len(hw.Measurements) > 0 {
+			res.Hardware.Measurements = map[string]string{}
+			for name, val := range hw.Measurements {
+				res.Hardware.Measurements[name] = hex.EncodeToString(val)
+			}
+		}
 	}
 	idx := make([]uint32, 0, len(v.Registers))
 	for i := range v.Registers {

@@ -22,10 +22,18 @@ import (
 	"strings"
 	"time"
 
+	snpclient "github.com/google/go-sev-guest/client"
+
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/awssnp"
+	"github.com/openconstellation/constellation/pkg/attestation/azuresnp"
+	"github.com/openconstellation/constellation/pkg/attestation/azuretdx"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/gcpsnp"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
+	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -45,8 +53,16 @@ type Values struct {
 	// Measurements are the accepted reference-value sets of the variant's registers.
 	Measurements measurements.ReferenceSets `json:"measurements"`
 	// AKRoots are PEM certificates of the CAs that certify nodes' attestation keys (the
-	// platform's AK CA). Required by variants whose AK is trusted through a certificate.
+	// platform's AK CA). gcp-sev-snp defaults to Google's pinned roots; qemu-vtpm's local
+	// provider adds its own CA.
 	AKRoots string `json:"akRoots,omitempty"`
+	// SNP is the SEV-SNP hardware reference (product lines, minimum TCB, guest policy,
+	// VMPL, measurement, ID-key digests): required by azure-sev-snp, aws-sev-snp and
+	// gcp-sev-snp, refused by the others.
+	SNP *snp.Reference `json:"snp,omitempty"`
+	// TDX is the TDX hardware reference (MRSEAM, TD attributes, XFAM, minimum TEE TCB SVN):
+	// required by qemu-tdx and azure-tdx, refused by the others.
+	TDX *tdx.Reference `json:"tdx,omitempty"`
 }
 
 // Options are how validators run (not what they accept).
@@ -73,18 +89,47 @@ type IssuerEnv struct {
 	AK vtpm.AKAlgorithm
 	// EventLog reads the TPM's measurement event log, if the platform keeps one.
 	EventLog func() ([]byte, error)
+	// SNP is the SEV-SNP guest device (go-sev-guest's quote provider: configfs-tsm or
+	// /dev/sev-guest), for aws-sev-snp and gcp-sev-snp.
+	SNP snpclient.QuoteProvider
+	// TDX is the TDX guest's quote provider, for qemu-tdx.
+	TDX tdx.QuoteProvider
+	// AzureCertificates fetches the VCEK of the VM's chip (Azure's THIM), for azure-sev-snp.
+	AzureCertificates azuresnp.CertificateSource
+	// AzureQuotes turns a TDREPORT into a TD quote (Azure's IMDS), for azure-tdx.
+	AzureQuotes azuretdx.QuoteProvider
+	// AKCert overrides the AK certificate read from the TPM (gcp-sev-snp: Google's).
+	AKCert []byte
+	// Collateral, if set, makes issuers carry the collateral their evidence is checked
+	// with, so verifiers without network can check it.
+	Collateral *collateral.Cache
 }
 
 // entry is one implemented variant.
 type entry struct {
 	validator func(ref Reference, opts Options) (attestation.Validator, error)
 	issuer    func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error)
+	hardware  hardwareKind
 }
 
 // registry maps each implemented variant to its constructors.
 var registry = map[variant.Variant]entry{
-	variant.QEMUVTPM: {validator: newQEMUVTPMValidator, issuer: newVTPMIssuer},
+	variant.QEMUVTPM:    {validator: newQEMUVTPMValidator, issuer: newVTPMIssuer, hardware: hardwareNone},
+	variant.QEMUTDX:     {validator: newQEMUTDXValidator, issuer: newQEMUTDXIssuer, hardware: hardwareTDX},
+	variant.AWSSEVSNP:   {validator: newAWSSEVSNPValidator, issuer: newAWSSEVSNPIssuer, hardware: hardwareSNP},
+	variant.GCPSEVSNP:   {validator: newGCPSEVSNPValidator, issuer: newGCPSEVSNPIssuer, hardware: hardwareSNP},
+	variant.AzureSEVSNP: {validator: newAzureSEVSNPValidator, issuer: newAzureSEVSNPIssuer, hardware: hardwareSNP},
+	variant.AzureTDX:    {validator: newAzureTDXValidator, issuer: newAzureTDXIssuer, hardware: hardwareTDX},
 }
+
+// hardwareKind is which hardware block a variant requires.
+type hardwareKind int
+
+const (
+	hardwareNone hardwareKind = iota
+	hardwareSNP
+	hardwareTDX
+)
 
 // ErrNotImplemented is wrapped when a variant is known but has no implementation.
 var ErrNotImplemented = errors.New("attestation variant not implemented")
@@ -130,8 +175,15 @@ func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
 			return nil, err
 		}
 	}
+	for _, fe := range ValidateValues(ref.Variant, ref.Values) {
+		return nil, fe
+	}
 	if opts.Collateral == nil {
 		opts.Collateral = defaultCollateral
+		if opts.Now != nil {
+			// The cache must judge freshness at the validator's time.
+			opts.Collateral = collateral.New(collateral.Config{Fetcher: collateral.NewHTTPFetcher(nil), Now: opts.Now})
+		}
 	}
 	return e.validator(ref, opts)
 }
@@ -179,11 +231,33 @@ func (r Reference) Validate() error {
 }
 
 // ValidateValues checks the fields of vals other than measurements for variant v (the
-// configuration file checks measurements itself, set by set).
+// configuration file checks measurements itself, set by set): AK roots parse, and the
+// variant's hardware block is present, valid, and the only one.
 func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 	var errs []*FieldError
 	if _, err := ParseAKRoots(vals.AKRoots); err != nil {
 		errs = append(errs, &FieldError{"akRoots", err})
+	}
+	kind := registry[v].hardware
+	switch {
+	case kind == hardwareSNP && vals.SNP == nil:
+		errs = append(errs, &FieldError{"snp", fmt.Errorf("required: %s evidence carries an SEV-SNP report", v)})
+	case kind == hardwareSNP:
+		if err := vals.SNP.Validate(); err != nil {
+			errs = append(errs, &FieldError{"snp", err})
+		}
+	case vals.SNP != nil:
+		errs = append(errs, &FieldError{"snp", fmt.Errorf("%s evidence has no SEV-SNP report", v)})
+	}
+	switch {
+	case kind == hardwareTDX && vals.TDX == nil:
+		errs = append(errs, &FieldError{"tdx", fmt.Errorf("required: %s evidence carries a TD quote", v)})
+	case kind == hardwareTDX:
+		if err := vals.TDX.Validate(); err != nil {
+			errs = append(errs, &FieldError{"tdx", err})
+		}
+	case vals.TDX != nil:
+		errs = append(errs, &FieldError{"tdx", fmt.Errorf("%s evidence has no TD quote", v)})
 	}
 	return errs
 }
@@ -229,4 +303,103 @@ func newVTPMIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attes
 		return nil, fmt.Errorf("issuer %s: no TPM", v)
 	}
 	return vtpm.NewPerUseIssuer(ctx, env.TPM, vtpm.IssuerConfig{Variant: v, AK: env.AK, EventLog: env.EventLog})
+}
+
+func newQEMUTDXValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	return tdx.NewValidator(tdx.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, Reference: *ref.TDX, Collateral: opts.Collateral,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+func newQEMUTDXIssuer(_ context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	if env.TDX == nil {
+		return nil, fmt.Errorf("issuer %s: no TDX quote provider", v)
+	}
+	return tdx.NewIssuer(env.TDX, env.Collateral)
+}
+
+func newAWSSEVSNPValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	return awssnp.NewValidator(awssnp.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, Hardware: *ref.SNP, Collateral: opts.Collateral,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+func newGCPSEVSNPValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	roots, err := ParseAKRoots(ref.AKRoots)
+	if err != nil {
+		return nil, fmt.Errorf("akRoots: %w", err)
+	}
+	return gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+func newAzureSEVSNPValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	roots, err := ParseAKRoots(ref.AKRoots)
+	if err != nil {
+		return nil, fmt.Errorf("akRoots: %w", err)
+	}
+	return azuresnp.NewValidator(azuresnp.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+func newAzureTDXValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	roots, err := ParseAKRoots(ref.AKRoots)
+	if err != nil {
+		return nil, fmt.Errorf("akRoots: %w", err)
+	}
+	return azuretdx.NewValidator(azuretdx.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.TDX, Collateral: opts.Collateral,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+// The hardware vTPM issuers open the TPM once and keep it: the SNP and TDX devices are the
+// node's own, and these issuers run on cloud VMs whose TPM is a device, not a per-use socket.
+func openTPM(ctx context.Context, v variant.Variant, env IssuerEnv) (*vtpm.TPM, error) {
+	if env.TPM == nil {
+		return nil, fmt.Errorf("issuer %s: no TPM", v)
+	}
+	tpm, err := env.TPM(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("issuer %s: opening the TPM: %w", v, err)
+	}
+	return tpm, nil
+}
+
+func newAWSSEVSNPIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	tpm, err := openTPM(ctx, v, env)
+	if err != nil {
+		return nil, err
+	}
+	return awssnp.NewIssuer(tpm, awssnp.IssuerConfig{EventLog: env.EventLog, QuoteProvider: env.SNP, Collateral: env.Collateral})
+}
+
+func newGCPSEVSNPIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	tpm, err := openTPM(ctx, v, env)
+	if err != nil {
+		return nil, err
+	}
+	return gcpsnp.NewIssuer(tpm, gcpsnp.IssuerConfig{AKCert: env.AKCert, EventLog: env.EventLog, QuoteProvider: env.SNP, Collateral: env.Collateral})
+}
+
+func newAzureSEVSNPIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	tpm, err := openTPM(ctx, v, env)
+	if err != nil {
+		return nil, err
+	}
+	return azuresnp.NewIssuer(tpm, env.AzureCertificates)
+}
+
+func newAzureTDXIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	tpm, err := openTPM(ctx, v, env)
+	if err != nil {
+		return nil, err
+	}
+	return azuretdx.NewIssuer(tpm, env.AzureQuotes)
 }

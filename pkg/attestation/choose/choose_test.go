@@ -1,0 +1,130 @@
+package choose
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
+	"github.com/openconstellation/constellation/pkg/attestation/tdx"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// pcrSets is a valid reference set for the vTPM variants (PCRs 0..14 enforced).
+func pcrSets() measurements.ReferenceSets {
+	m := measurements.M{}
+	for i := range uint32(15) {
+		m[i] = measurements.Measurement{Expected: bytes.Repeat([]byte{byte(i)}, 32)}
+	}
+	return measurements.ReferenceSets{{Name: "v1", Measurements: m}}
+}
+
+func tdxSets() measurements.ReferenceSets {
+	m := measurements.M{}
+	for _, i := range variant.QEMUTDX.ImageRegisters() {
+		m[i] = measurements.Measurement{Expected: bytes.Repeat([]byte{byte(i)}, 48)}
+	}
+	return measurements.ReferenceSets{{Name: "v1", Measurements: m}}
+}
+
+func snpReference() *snp.Reference {
+	ref := snp.DefaultReference("milan-2025")
+	ref.Products = []string{"Milan"}
+	ref.MinimumTCB = map[string]snp.TCB{"Milan": {Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115}}
+	ref.Measurements = snp.Digests{bytes.Repeat([]byte{1}, 48)}
+	return &ref
+}
+
+func tdxReference() *tdx.Reference {
+	return &tdx.Reference{
+		Name:             "tdx-1.5",
+		MrSeam:           []tdx.HexBytes{bytes.Repeat([]byte{2}, 48)},
+		TdAttributes:     make(tdx.HexBytes, 8),
+		Xfam:             tdx.HexBytes{0xe7, 0x18, 0x06, 0, 0, 0, 0, 0},
+		MinimumTeeTcbSvn: make(tdx.HexBytes, 16),
+	}
+}
+
+// references returns a valid Reference for every implemented variant.
+func references() map[variant.Variant]Reference {
+	return map[variant.Variant]Reference{
+		variant.QEMUVTPM:    {Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets()}},
+		variant.QEMUTDX:     {Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets(), TDX: tdxReference()}},
+		variant.AWSSEVSNP:   {Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
+		variant.GCPSEVSNP:   {Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
+		variant.AzureSEVSNP: {Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
+		variant.AzureTDX:    {Variant: variant.AzureTDX, Values: Values{Measurements: pcrSets(), TDX: tdxReference()}},
+	}
+}
+
+func TestEveryImplementedVariantBuildsItsValidator(t *testing.T) {
+	refs := references()
+	offline := Options{Collateral: collateral.New(collateral.Config{})}
+	for _, v := range Implemented() {
+		ref, ok := refs[v]
+		require.True(t, ok, "test has no reference for %s", v)
+		require.NoError(t, ref.Validate(), v.String())
+		val, err := NewValidator(ref, offline)
+		require.NoError(t, err, v.String())
+		assert.Equal(t, v, val.Variant(), "the registry built another variant's validator")
+
+		// Evidence of no kind is refused as malformed, never accepted.
+		_, err = val.Validate(context.Background(), []byte("not evidence"), attestation.PurposeVerify, bytes.Repeat([]byte{1}, 32))
+		assert.ErrorIs(t, err, attestation.ErrMalformed, v.String())
+	}
+}
+
+func TestNotImplementedVariantsSaySo(t *testing.T) {
+	implemented := map[variant.Variant]bool{}
+	for _, v := range Implemented() {
+		implemented[v] = true
+	}
+	for _, v := range variant.All() {
+		if implemented[v] {
+			continue
+		}
+		_, err := NewValidator(Reference{Variant: v, Values: Values{Measurements: pcrSets()}}, Options{})
+		assert.ErrorIs(t, err, ErrNotImplemented, v.String())
+		_, err = NewIssuer(context.Background(), v, IssuerEnv{})
+		assert.ErrorIs(t, err, ErrNotImplemented, v.String())
+	}
+	_, err := NewValidator(Reference{}, Options{})
+	assert.ErrorContains(t, err, "no attestation variant")
+}
+
+func TestHardwareBlocksBelongToTheirVariants(t *testing.T) {
+	for name, tc := range map[string]struct {
+		ref       Reference
+		wantField string
+	}{
+		"snp variant without snp":        {Reference{Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets()}}, "snp"},
+		"tdx variant without tdx":        {Reference{Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets()}}, "tdx"},
+		"snp block on a tpm variant":     {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), SNP: snpReference()}}, "snp"},
+		"tdx block on an snp variant":    {Reference{Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference(), TDX: tdxReference()}}, "tdx"},
+		"invalid snp block":              {Reference{Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), SNP: &snp.Reference{}}}, "snp"},
+		"malformed ak roots":             {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), AKRoots: "not pem"}}, "akRoots"},
+		"no measurements":                {Reference{Variant: variant.QEMUVTPM}, "measurements"},
+		"tdx registers on a tpm variant": {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: tdxSets()}}, "measurements"},
+	} {
+		err := tc.ref.Validate()
+		var fe *FieldError
+		require.True(t, errors.As(err, &fe), "%s: %v", name, err)
+		assert.Equal(t, tc.wantField, fe.Field, name)
+		_, err = NewValidator(tc.ref, Options{Collateral: collateral.New(collateral.Config{})})
+		assert.Error(t, err, name)
+	}
+}
+
+func TestIssuerNeedsItsDevices(t *testing.T) {
+	for _, v := range Implemented() {
+		_, err := NewIssuer(context.Background(), v, IssuerEnv{})
+		assert.Error(t, err, "%s: an issuer without devices must not be built", v)
+	}
+}

@@ -1,0 +1,104 @@
+package verify_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/google/go-tpm-tools/simulator"
+	"google.golang.org/grpc"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/verifyservice"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/verify"
+)
+
+// A third party verifies a node of a cluster with three values it trusts (from the cluster's
+// operator, or read from kube-system/constellation-attestation and checked): the reference
+// values of the node image, the platform's AK roots, and the cluster ID. Nothing else the node
+// or the network says is trusted.
+func Example() {
+	node := startNode() // a node of a cluster, serving its verification service on loopback
+	defer node.stop()
+
+	ref := choose.Reference{
+		Variant: variant.QEMUVTPM,
+		Values: choose.Values{
+			Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: node.image}},
+			AKRoots:      node.akRoots,
+		},
+	}
+	validator, err := choose.NewValidator(ref, choose.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := verify.Verify(ctx, "worker-0", node.endpoint, validator, node.clusterID)
+	if err != nil {
+		fmt.Println("not verified:", err)
+		return
+	}
+	fmt.Println("variant:", res.Variant)
+	fmt.Println("reference set:", res.ReferenceSet)
+	fmt.Println("signed by:", res.Signer.Name, "certified:", res.Signer.Certified)
+	fmt.Println("member of the cluster:", res.ClusterID.Match)
+	// Output:
+	// variant: qemu-vtpm
+	// reference set: image-v1
+	// signed by: worker-0 certified: true
+	// member of the cluster: true
+}
+
+// exampleNode is what the example verifies: a simulated TPM measured like a local node, its
+// AK certified by a platform CA, initialized for a cluster, behind a verification service.
+type exampleNode struct {
+	endpoint  string
+	akRoots   string
+	image     measurements.M
+	clusterID []byte
+	stop      func()
+}
+
+func startNode() *exampleNode {
+	must := func(err error) {
+		if err != nil {
+			panic(err)
+		}
+	}
+	sim, err := simulator.Get()
+	must(err)
+	tpm := vtpm.New(sim, "simulator")
+	image := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1"))}
+	must(local.Measure(tpm, image))
+	ca, err := akca.New("example platform AK CA", time.Now(), time.Hour)
+	must(err)
+	must(local.CertifyAK(tpm, ca, "worker-0", metadata.Worker, time.Now()))
+	clusterID := []byte("example cluster id, 32 bytes....")
+	digest := sha256.Sum256(clusterID)
+	must(tpm.ExtendPCR(15, digest[:]))
+	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM})
+	must(err)
+	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss})
+	must(err)
+	g := grpc.NewServer()
+	srv.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	go func() { _ = g.Serve(ln) }()
+	caPEM, _, err := ca.PEM()
+	must(err)
+	return &exampleNode{
+		endpoint: ln.Addr().String(), akRoots: string(caPEM), image: local.ExpectedPCRs(image), clusterID: clusterID,
+		stop: func() { g.Stop(); _ = tpm.Close() },
+	}
+}
