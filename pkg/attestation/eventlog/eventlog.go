@@ -21,8 +21,8 @@ import (
 	"slices"
 	"sort"
 
-	pb "github.com/google/go-eventlog/proto/state"
 	"github.com/google/go-eventlog/extract"
+	pb "github.com/google/go-eventlog/proto/state"
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
 

@@ -260,7 +260,7 @@ func TestReplayRejectsMalformed(t *testing.T) {
 			wantErr: "names PCR 24",
 		},
 		"SHA-1 only log": {
-			build: func() ([]byte, map[uint32][]byte) { return eltestdata.Debian10EventLog, zero() },
+			build:   func() ([]byte, map[uint32][]byte) { return eltestdata.Debian10EventLog, zero() },
 			wantErr: "no SHA-256 digests",
 		},
 	}
