@@ -25,6 +25,10 @@ type IssuerConfig struct {
 	Variant variant.Variant
 	// AK selects the attestation key; the zero value is AKRSA.
 	AK AKAlgorithm
+	// LoadAK, when set, loads a platform-provisioned attestation key instead of AK (a
+	// cloud's AK at its persistent handle, or created from its template in NV). AKCert must
+	// then be given: the AK's certificate NV index is the platform's.
+	LoadAK func(rw io.ReadWriter) (*client.Key, error)
 	// AKCert is the DER certificate of the AK. When nil, the issuer reads it from the AK's
 	// NV index (AK.CertNVIndex) if the platform stored one there.
 	AKCert []byte
@@ -110,10 +114,17 @@ func NewIssuer(tpm *TPM, cfg IssuerConfig) (*Issuer, error) {
 		return nil, errors.New("issuer: no variant")
 	}
 	iss := &Issuer{tpm: tpm, variant: cfg.Variant, eventLog: cfg.EventLog, hardware: cfg.Hardware}
+	if cfg.LoadAK != nil && cfg.AKCert == nil {
+		return nil, errors.New("issuer: a platform AK without its certificate")
+	}
 	err := tpm.With(func(rw io.ReadWriter) error {
-		ak, err := cfg.AK.load(rw)
+		load, name := cfg.AK.load, cfg.AK.String()
+		if cfg.LoadAK != nil {
+			load, name = cfg.LoadAK, "platform"
+		}
+		ak, err := load(rw)
 		if err != nil {
-			return fmt.Errorf("loading %s attestation key: %w", cfg.AK, err)
+			return fmt.Errorf("loading %s attestation key: %w", name, err)
 		}
 		pub, err := ak.PublicArea().Encode()
 		if err != nil {
