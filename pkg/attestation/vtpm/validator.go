@@ -9,10 +9,12 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	pb "github.com/google/go-tpm-tools/proto/tpm"
@@ -332,12 +334,21 @@ func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err err
 	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)
 }
 
+// oidSubjectAltName is the X.509 subject alternative name extension.
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
 func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) (*x509.Certificate, error) {
 	if len(p.ev.AkCert) == 0 {
 		return nil, fmt.Errorf("%w: no AK certificate, and AK roots are configured", attestation.ErrUntrustedSigner)
 	}
 	now := v.cfg.Now()
 	cert, err := v.akCerts.verify(p.ev.AkCert, now, func(cert *x509.Certificate) ([][]*x509.Certificate, error) {
+		// Clouds (GCE) mark the subject alternative name of AK certificates critical, with
+		// name forms Go does not parse, so Go lists it as unhandled and refuses the chain.
+		// Nothing here reads the SAN; the chain is what matters (as go-tpm-tools does).
+		cert.UnhandledCriticalExtensions = slices.DeleteFunc(cert.UnhandledCriticalExtensions, func(oid asn1.ObjectIdentifier) bool {
+			return oid.Equal(oidSubjectAltName)
+		})
 		return cert.Verify(x509.VerifyOptions{
 			Roots:         v.cfg.AKRoots,
 			Intermediates: v.cfg.AKIntermediates,
