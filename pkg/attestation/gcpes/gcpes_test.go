@@ -119,7 +119,10 @@ func gceBoot(nonHost []byte, afterSeparator bool) []eventlogtest.Measurement {
 // gceVM provisions a simulator as GCE does (AK template and certificate in NV), boots it
 // and returns evidence from the production issuer and the matching validator config.
 func gceVM(t *testing.T, boot []eventlogtest.Measurement) ([]byte, gcpes.ValidatorConfig) {
-	tpm := vtpmtest.Simulator(t)
+	return gceVMOn(t, vtpmtest.Simulator(t), boot)
+}
+
+func gceVMOn(t *testing.T, tpm *vtpm.TPM, boot []eventlogtest.Measurement) ([]byte, gcpes.ValidatorConfig) {
 	root := vtpmtest.NewCA(t, "test Google EK/AK root", nil)
 	inter := vtpmtest.NewCA(t, "test Google EK/AK intermediate", root)
 	tmpl, err := client.AKTemplateRSA().Encode()
@@ -257,4 +260,18 @@ func TestPinnedGoogleCertificates(t *testing.T) {
 		_, err := c.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: testNow, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 		assert.NoError(t, err, c.Subject.CommonName)
 	}
+}
+
+// TestGCPSEVESSwtpm runs the issuer against a real swtpm process.
+func TestGCPSEVESSwtpm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts swtpm")
+	}
+	tpm, _ := vtpmtest.Swtpm(t)
+	ev, cfg := gceVMOn(t, tpm, gceBoot(nonHostInfo(2), false))
+	v, err := gcpes.NewValidator(cfg)
+	require.NoError(t, err)
+	got, err := v.Validate(context.Background(), ev, attestation.PurposeVerify, data)
+	require.NoError(t, err)
+	assert.True(t, got.SignerCertified)
 }

@@ -207,3 +207,22 @@ func TestPinnedRoot(t *testing.T) {
 		assert.NoError(t, err, inter.Subject.CommonName)
 	}
 }
+
+// TestTrustedLaunchSwtpm runs the issuer against a real swtpm process.
+func TestTrustedLaunchSwtpm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts swtpm")
+	}
+	tpm, _ := vtpmtest.Swtpm(t)
+	vm := newAzureVM(t, tpm)
+	iss, err := trustedlaunch.NewIssuer(vm.tpm, trustedlaunch.IssuerConfig{EventLog: vtpm.ReadEventLog(vm.logFile)})
+	require.NoError(t, err)
+	t.Cleanup(func() { iss.Close() })
+	ev, err := iss.Issue(context.Background(), attestation.PurposeATLSServer, data)
+	require.NoError(t, err)
+	got, err := vm.validator(t, nil).Validate(context.Background(), ev, attestation.PurposeATLSServer, data)
+	require.NoError(t, err)
+	assert.True(t, got.SignerCertified)
+	_, err = vm.validator(t, nil).Validate(context.Background(), ev, attestation.PurposeVerify, data)
+	assert.ErrorIs(t, err, attestation.ErrNonceMismatch)
+}
