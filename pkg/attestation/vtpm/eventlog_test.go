@@ -80,6 +80,19 @@ func TestEventLogPolicy(t *testing.T) {
 		}},
 		"required, check rejects": {policy: vtpm.EventLogRequired, evidence: withLog, check: func(*eventlog.Log) error { return errNotSEV }, wantErr: attestation.ErrMeasurementPolicy, wantMsg: "not what the platform check wants"},
 	}
+	// One validator sees genuine evidence, then the same quote with a lying log: the replay
+	// it remembers from the genuine log must not admit the other.
+	t.Run("remembered replay does not admit another log", func(t *testing.T) {
+		v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: sets, EventLog: vtpm.EventLogRequired})
+		require.NoError(t, err)
+		for range 2 {
+			_, err = v.Validate(context.Background(), withLog, attestation.PurposeVerify, data)
+			require.NoError(t, err)
+		}
+		_, err = v.Validate(context.Background(), with(lie.Bytes()), attestation.PurposeVerify, data)
+		require.ErrorIs(t, err, attestation.ErrMalformed)
+		assert.ErrorContains(t, err, "quoted value of PCR 4")
+	})
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
 			v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: sets, EventLog: tc.policy, EventLogCheck: tc.check})

@@ -51,7 +51,8 @@ type ValidatorConfig struct {
 	// EventLogCheck, when set, examines the replayed event log after every other check of the
 	// quote passed: variants whose only evidence of a property is a firmware event (GCE's
 	// confidential technology) require it here. It needs EventLog to be EventLogRequired, and
-	// its errors wrap one of attestation's Err* reasons.
+	// its errors wrap one of attestation's Err* reasons. The log is shared with later
+	// validations of the same log (replays are remembered): read it, never modify it.
 	EventLogCheck func(*eventlog.Log) error
 	// Hardware, when set, checks the confidential-VM part of the evidence (Evidence.hardware):
 	// the variants on SEV-SNP and TDX set it, and their evidence is refused without it. It
@@ -105,6 +106,7 @@ type HardwareCheck interface {
 type Validator struct {
 	cfg     ValidatorConfig
 	akCerts *certCache
+	replays *replayCache
 }
 
 // NewValidator checks cfg and returns a validator.
@@ -144,7 +146,7 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.AKRoots == nil {
 		cfg.Log.Warn("attestation keys are not checked against a certificate root", "variant", cfg.Variant.String())
 	}
-	return &Validator{cfg: cfg, akCerts: newCertCache(1024)}, nil
+	return &Validator{cfg: cfg, akCerts: newCertCache(1024), replays: newReplayCache(1024)}, nil
 }
 
 // Variant returns the variant this validator accepts.
@@ -319,7 +321,7 @@ func (v *Validator) replayEventLog(p *parsed) (*eventlog.Log, error) {
 	case len(p.ev.EventLog) == 0:
 		return nil, nil
 	}
-	return eventlog.Replay(p.ev.EventLog, p.pcrs)
+	return v.replays.replay(p.ev.EventLog, p.pcrs)
 }
 
 // classifyQuoteError names why go-tpm-tools rejected a quote. The library's verdict stands;
