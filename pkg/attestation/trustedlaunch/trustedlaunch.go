@@ -3,14 +3,15 @@
 // with the firmware's event log.
 //
 // What is checked: the AK certificate chains to Microsoft's "Azure Virtual TPM Root
-// Certificate Authority 2023" (pinned in this package; intermediates from the evidence's
-// platform's known set), is valid now and is for the quoting AK; the quote's signature and its
-// binding to the caller's nonce and purpose; the event log, which is required, replays to the
-// quoted PCRs; the image PCRs match a reference set. What is not: Trusted Launch is not a
-// confidential VM. Its memory is readable by Azure's hypervisor and host; the vTPM is
-// Azure's software, so the AK certificate proves only that Azure's vTPM made the quote, and
-// the measurements are as trustworthy as Azure's host. Secure Boot state and the firmware
-// PCRs (0-3, 5-7) are replayed but not compared with reference values.
+// Certificate Authority 2023" (pinned here, through Azure's intermediate CAs: the known ones
+// pinned here plus ValidatorConfig.AKIntermediates), is valid now and is for the quoting AK;
+// the quote's signature and its binding to the caller's nonce and purpose; the event log,
+// which is required, replays to the quoted PCRs; the image PCRs match a reference set. What
+// is not: Trusted Launch is not a confidential VM. Its memory is open to Azure's hypervisor
+// and host, and the vTPM is Azure's software, so the certificate proves only that Azure's
+// vTPM made the quote, and the measurements are as trustworthy as Azure's host. The firmware
+// PCRs (0-3, 5-7, including Secure Boot state) are bound to the log by replay but not
+// compared with reference values.
 package trustedlaunch
 
 import (
