@@ -6,7 +6,7 @@
 // with Google's intermediates), is valid now and is for the quoting AK; the quote's signature
 // and its binding to the caller's nonce and purpose; the event log, which is required,
 // replays to the quoted PCRs, and its "GCE NonHostInfo" event (PCR 0, before the separator,
-// data bound to its digest) claims AMD SEV-ES; the image PCRs match a reference set. What is
+// data bound to its digest) claims AMD SEV-ES; PCRs 0..14 match a reference set. What is
 // not: SEV-ES has no attestation report. The only evidence of SEV-ES is that claim, measured
 // by Google's firmware into Google's vTPM, so trusting it means trusting Google's host: the
 // claim is as good as Google's vTPM and firmware, not AMD-signed. Use gcp-sev-snp where

@@ -6,12 +6,10 @@
 // Certificate Authority 2023" (pinned here, through Azure's intermediate CAs: the known ones
 // pinned here plus ValidatorConfig.AKIntermediates), is valid now and is for the quoting AK;
 // the quote's signature and its binding to the caller's nonce and purpose; the event log,
-// which is required, replays to the quoted PCRs; the image PCRs match a reference set. What
-// is not: Trusted Launch is not a confidential VM. Its memory is open to Azure's hypervisor
-// and host, and the vTPM is Azure's software, so the certificate proves only that Azure's
-// vTPM made the quote, and the measurements are as trustworthy as Azure's host. The firmware
-// PCRs (0-3, 5-7, including Secure Boot state) are bound to the log by replay but not
-// compared with reference values.
+// which is required, replays to the quoted PCRs; PCRs 0..14 match a reference set. What is
+// not: Trusted Launch is not a confidential VM. Its memory is open to Azure's hypervisor and
+// host, and the vTPM is Azure's software, so the certificate proves only that Azure's vTPM
+// made the quote, and the measurements are as trustworthy as Azure's host.
 package trustedlaunch
 
 import (

@@ -111,19 +111,13 @@ var registerMaps = map[string]registerMap{
 	// cluster-ID marker. PCRs 16..23 are resettable or extendable by software at run time
 	// and measure nothing of the image.
 	QEMUVTPM.name: {image: registerRange(0, 15), clusterID: 15},
-	// The cloud TPM-only variants boot the image through the cloud's UEFI firmware: PCR 4
-	// the boot loader and unified kernel image, 8 and 9 the kernel command line and initrd,
-	// 11 to 13 what the unified kernel image measures (kernel, command line, system
-	// extensions). PCRs 0-3 and 5-7 measure the cloud's firmware and its configuration,
-	// which the cloud changes without a new image; the event log replay binds them to the
-	// quote instead. PCR 15 the cluster-ID marker.
-	AzureTrustedLaunch.name: {image: cloudImageRegisters, clusterID: 15},
-	GCPSEVES.name:           {image: cloudImageRegisters, clusterID: 15},
-	AWSNitroTPM.name:        {image: cloudImageRegisters, clusterID: 15},
+	// The cloud TPM-only variants boot the same image layout on the cloud's vTPM: PCRs
+	// 0..14 (firmware and boot chain as the cloud's firmware measures them, then the image's
+	// own), PCR 15 the cluster-ID marker.
+	AzureTrustedLaunch.name: {image: registerRange(0, 15), clusterID: 15},
+	GCPSEVES.name:           {image: registerRange(0, 15), clusterID: 15},
+	AWSNitroTPM.name:        {image: registerRange(0, 15), clusterID: 15},
 }
-
-// cloudImageRegisters are the PCRs a node image measures on a cloud's UEFI firmware.
-var cloudImageRegisters = []uint32{4, 8, 9, 11, 12, 13}
 
 func registerRange(from, to uint32) []uint32 {
 	out := make([]uint32, 0, to-from)
