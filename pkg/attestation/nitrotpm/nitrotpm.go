@@ -3,7 +3,7 @@
 //
 // What is checked: the quote's signature by the AK in the evidence and its binding to the
 // caller's nonce and purpose; the event log, which is required, replays to the quoted PCRs;
-// the image PCRs match a reference set. What is not: the AK. AWS issues no certificate for
+// PCRs 0..14 match a reference set. What is not: the AK. AWS issues no certificate for
 // NitroTPM keys, so nothing ties the AK to a NitroTPM, an EC2 instance or AWS at all: anyone
 // who can run a TPM (swtpm on a laptop) and extend it with the published image measurements
 // can produce evidence that passes. The validator is refused unless the caller opts in
