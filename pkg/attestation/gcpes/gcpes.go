@@ -79,22 +79,33 @@ type IssuerConfig struct {
 	EventLog func() ([]byte, error)
 }
 
-// NewIssuer returns an issuer that quotes with GCE's RSA AK and ships its certificate and the
+// VTPMIssuerConfig returns the vtpm issuer configuration of this variant, for vtpm.NewIssuer
+// or vtpm.NewPerUseIssuer: GCE's AK and its certificate from the platform's NV index, and the
 // firmware event log.
-func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
-	cert, err := tpm.ReadNV(AKCertNVIndex)
-	if err != nil {
-		return nil, fmt.Errorf("%s issuer: reading GCE's AK certificate: %w", Variant, err)
-	}
+func VTPMIssuerConfig(cfg IssuerConfig) vtpm.IssuerConfig {
 	if cfg.EventLog == nil {
 		cfg.EventLog = vtpm.ReadEventLog(vtpm.DefaultEventLogPath)
 	}
-	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{
-		Variant:  Variant,
-		LoadAK:   client.GceAttestationKeyRSA,
-		AKCert:   cert,
-		EventLog: cfg.EventLog,
-	})
+	return vtpm.IssuerConfig{
+		Variant:       Variant,
+		LoadAK:        client.GceAttestationKeyRSA,
+		AKCertNVIndex: uint32(AKCertNVIndex),
+		EventLog:      cfg.EventLog,
+	}
+}
+
+// NewIssuer returns an issuer of this variant on tpm. It fails when the platform stored no
+// AK certificate: validators of this variant refuse evidence without one.
+func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
+	iss, err := vtpm.NewIssuer(tpm, VTPMIssuerConfig(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("%s issuer: %w", Variant, err)
+	}
+	if iss.AKCert() == nil {
+		iss.Close()
+		return nil, fmt.Errorf("%s issuer: no AK certificate at NV index %#x", Variant, AKCertNVIndex)
+	}
+	return iss, nil
 }
 
 // ValidatorConfig configures a gcp-sev-es validator.

@@ -36,13 +36,19 @@ type IssuerConfig struct {
 	EventLog func() ([]byte, error)
 }
 
-// NewIssuer returns an issuer that quotes with the TPM's RSA AK (created on first use; AWS
-// provisions none) and ships the firmware event log.
-func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
+// VTPMIssuerConfig returns the vtpm issuer configuration of this variant, for vtpm.NewIssuer
+// or vtpm.NewPerUseIssuer: the TPM's RSA AK (created on first use; AWS provisions none) and
+// the firmware event log.
+func VTPMIssuerConfig(cfg IssuerConfig) vtpm.IssuerConfig {
 	if cfg.EventLog == nil {
 		cfg.EventLog = vtpm.ReadEventLog(vtpm.DefaultEventLogPath)
 	}
-	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant, EventLog: cfg.EventLog})
+	return vtpm.IssuerConfig{Variant: Variant, EventLog: cfg.EventLog}
+}
+
+// NewIssuer returns an issuer of this variant on tpm.
+func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
+	return vtpm.NewIssuer(tpm, VTPMIssuerConfig(cfg))
 }
 
 // ValidatorConfig configures an aws-nitro-tpm validator.

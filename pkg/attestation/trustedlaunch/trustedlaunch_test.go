@@ -187,7 +187,17 @@ func (extendNowhere) ExtendPCR(int, []byte) error { return nil }
 func TestIssuerNeedsAzureAK(t *testing.T) {
 	tpm := vtpmtest.Simulator(t)
 	_, err := trustedlaunch.NewIssuer(tpm, trustedlaunch.IssuerConfig{})
-	assert.ErrorContains(t, err, "reading Azure's AK certificate")
+	assert.ErrorContains(t, err, "loading platform attestation key", "no AK at Azure's handle")
+
+	require.NoError(t, tpm.With(func(rw io.ReadWriter) error {
+		ak, err := client.NewCachedKey(rw, tpm2.HandleOwner, client.AKTemplateRSA(), trustedlaunch.AKHandle)
+		if err == nil {
+			ak.Close()
+		}
+		return err
+	}))
+	_, err = trustedlaunch.NewIssuer(tpm, trustedlaunch.IssuerConfig{})
+	assert.ErrorContains(t, err, "no AK certificate at NV index 0x1c101d0")
 }
 
 func TestPinnedRoot(t *testing.T) {
@@ -208,21 +218,26 @@ func TestPinnedRoot(t *testing.T) {
 	}
 }
 
-// TestTrustedLaunchSwtpm runs the issuer against a real swtpm process.
+// TestTrustedLaunchSwtpm runs the variant's issuer configuration as a per-use issuer (how
+// nodes issue) against a real swtpm process.
 func TestTrustedLaunchSwtpm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts swtpm")
 	}
-	tpm, _ := vtpmtest.Swtpm(t)
+	ctx := context.Background()
+	proc := vtpmtest.SwtpmProcess(t)
+	tpm, err := proc.Open(ctx)
+	require.NoError(t, err)
 	vm := newAzureVM(t, tpm)
-	iss, err := trustedlaunch.NewIssuer(vm.tpm, trustedlaunch.IssuerConfig{EventLog: vtpm.ReadEventLog(vm.logFile)})
+	require.NoError(t, tpm.Close())
+
+	iss, err := vtpm.NewPerUseIssuer(ctx, proc.Open, trustedlaunch.VTPMIssuerConfig(trustedlaunch.IssuerConfig{EventLog: vtpm.ReadEventLog(vm.logFile)}))
 	require.NoError(t, err)
-	t.Cleanup(func() { iss.Close() })
-	ev, err := iss.Issue(context.Background(), attestation.PurposeATLSServer, data)
+	ev, err := iss.Issue(ctx, attestation.PurposeATLSServer, data)
 	require.NoError(t, err)
-	got, err := vm.validator(t, nil).Validate(context.Background(), ev, attestation.PurposeATLSServer, data)
+	got, err := vm.validator(t, nil).Validate(ctx, ev, attestation.PurposeATLSServer, data)
 	require.NoError(t, err)
 	assert.True(t, got.SignerCertified)
-	_, err = vm.validator(t, nil).Validate(context.Background(), ev, attestation.PurposeVerify, data)
+	_, err = vm.validator(t, nil).Validate(ctx, ev, attestation.PurposeVerify, data)
 	assert.ErrorIs(t, err, attestation.ErrNonceMismatch)
 }
