@@ -174,6 +174,8 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 	if err != nil {
 		return nil, err
 	}
+	// Still verifying: only now are the PCR values authentic, so only now can the event log
+	// be replayed against them.
 	log, err := v.replayEventLog(p)
 	if err != nil {
 		return nil, err
