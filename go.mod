@@ -40,6 +40,7 @@ replace (
 
 require (
 	github.com/fsnotify/fsnotify v1.10.1
+	github.com/google/go-eventlog v0.0.3-0.20260617163629-883cc5652c69
 	github.com/google/go-sev-guest v0.14.0
 	github.com/google/go-tpm v0.9.8
 	github.com/google/go-tpm-tools v0.4.10

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,6 +22,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -88,14 +90,21 @@ func TestRoundTrip(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tpm := open(t)
 			ref := bootNode(t, tpm)
-			iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return []byte("event log"), nil })
+			// The event log bootNode's measurements would have: qemu-vtpm replays a log
+			// that is present (vtpm.EventLogReplayIfPresent).
+			b := eventlog.NewBuilder()
+			for pcr, component := range map[uint32]string{4: "bootstrapper", 9: "kubelet", 11: "node-config"} {
+				b.Add(pcr, tcg.Ipl, []byte(component))
+			}
+			log := b.Bytes()
+			iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log, nil })
 			require.NoError(t, err)
 			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}})
 			require.NoError(t, err)
 
 			ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
-			assert.Equal(t, []byte("event log"), decode(t, ev).EventLog)
+			assert.Equal(t, log, decode(t, ev).EventLog)
 
 			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			require.NoError(t, err)

@@ -140,6 +140,12 @@ var registerMaps = map[string]registerMap{
 	// PCR 15 the cluster-ID marker.
 	AWSSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
 	GCPSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
+	// The cloud TPM-only variants boot the same image layout on the cloud's vTPM: PCRs
+	// 0..14 (firmware and boot chain as the cloud's firmware measures them, then the image's
+	// own), PCR 15 the cluster-ID marker.
+	AzureTrustedLaunch.name: {image: registerRange(0, 15), clusterID: 15},
+	GCPSEVES.name:           {image: registerRange(0, 15), clusterID: 15},
+	AWSNitroTPM.name:        {image: registerRange(0, 15), clusterID: 15},
 }
 
 func registerRange(from, to uint32) []uint32 {

@@ -25,6 +25,12 @@ type IssuerConfig struct {
 	Variant variant.Variant
 	// AK selects the attestation key; the zero value is AKRSA.
 	AK AKAlgorithm
+	// LoadAK, when set, loads a platform-provisioned attestation key instead of AK (a
+	// cloud's AK at its persistent handle, or created from its template in NV).
+	LoadAK func(rw io.ReadWriter) (*client.Key, error)
+	// AKCertNVIndex, when nonzero, is where the platform stores the AK's certificate (a
+	// cloud's index); zero means AK.CertNVIndex().
+	AKCertNVIndex uint32
 	// AKCert is the DER certificate of the AK. When nil, the issuer reads it from the AK's
 	// NV index (AK.CertNVIndex) if the platform stored one there.
 	AKCert []byte
@@ -111,9 +117,13 @@ func NewIssuer(tpm *TPM, cfg IssuerConfig) (*Issuer, error) {
 	}
 	iss := &Issuer{tpm: tpm, variant: cfg.Variant, eventLog: cfg.EventLog, hardware: cfg.Hardware}
 	err := tpm.With(func(rw io.ReadWriter) error {
-		ak, err := cfg.AK.load(rw)
+		load, name := cfg.AK.load, cfg.AK.String()
+		if cfg.LoadAK != nil {
+			load, name = cfg.LoadAK, "platform"
+		}
+		ak, err := load(rw)
 		if err != nil {
-			return fmt.Errorf("loading %s attestation key: %w", cfg.AK, err)
+			return fmt.Errorf("loading %s attestation key: %w", name, err)
 		}
 		pub, err := ak.PublicArea().Encode()
 		if err != nil {
@@ -128,7 +138,11 @@ func NewIssuer(tpm *TPM, cfg IssuerConfig) (*Issuer, error) {
 	}
 	cert := cfg.AKCert
 	if cert == nil {
-		stored, err := tpm.ReadNV(cfg.AK.CertNVIndex())
+		idx := cfg.AK.CertNVIndex()
+		if cfg.AKCertNVIndex != 0 {
+			idx = cfg.AKCertNVIndex
+		}
+		stored, err := tpm.ReadNV(idx)
 		switch {
 		case errors.Is(err, ErrNVNotDefined):
 		case err != nil:

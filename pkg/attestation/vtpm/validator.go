@@ -9,10 +9,12 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	pb "github.com/google/go-tpm-tools/proto/tpm"
@@ -23,6 +25,7 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
@@ -39,6 +42,18 @@ type ValidatorConfig struct {
 	// only that some holder of that key signed these PCR values, which suffices for tests and
 	// for platforms with no way to certify keys, and nothing more.
 	AKRoots *x509.CertPool
+	// AKIntermediates are certificates that may link an AK certificate to AKRoots (a cloud's
+	// intermediate CAs). They are not trusted themselves.
+	AKIntermediates *x509.CertPool
+	// EventLog says what to do with the evidence's measurement event log; the zero value
+	// replays a log that is present and accepts evidence without one.
+	EventLog EventLogPolicy
+	// EventLogCheck, when set, examines the replayed event log after every other check of the
+	// quote passed: variants whose only evidence of a property is a firmware event (GCE's
+	// confidential technology) require it here. It needs EventLog to be EventLogRequired, and
+	// its errors wrap one of attestation's Err* reasons. The log is shared with later
+	// validations of the same log (replays are remembered): read it, never modify it.
+	EventLogCheck func(*eventlog.Log) error
 	// Hardware, when set, checks the confidential-VM part of the evidence (Evidence.hardware):
 	// the variants on SEV-SNP and TDX set it, and their evidence is refused without it. It
 	// runs after the quote verified, with the quote's AK, so it can require that the
@@ -49,6 +64,34 @@ type ValidatorConfig struct {
 	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
 	Now func() time.Time
 	Log *slog.Logger
+}
+
+// EventLogPolicy says what a validator does with the measurement event log of evidence.
+type EventLogPolicy int
+
+const (
+	// EventLogReplayIfPresent: a log that is present must replay to the quoted PCRs, or the
+	// evidence is rejected; evidence without a log passes (its PCRs are still checked
+	// against the reference sets). For platforms that may or may not keep a log.
+	EventLogReplayIfPresent EventLogPolicy = iota
+	// EventLogRequired: evidence must carry a log, and it must replay to the quoted PCRs.
+	// The cloud variants, whose firmware always keeps one.
+	EventLogRequired
+	// EventLogIgnore: the log is neither read nor checked. Its content must then never be
+	// used: nothing binds it to the quote.
+	EventLogIgnore
+)
+
+func (p EventLogPolicy) String() string {
+	switch p {
+	case EventLogReplayIfPresent:
+		return "replay-if-present"
+	case EventLogRequired:
+		return "required"
+	case EventLogIgnore:
+		return "ignore"
+	}
+	return fmt.Sprintf("EventLogPolicy(%d)", int(p))
 }
 
 // HardwareCheck checks the hardware evidence of a vTPM variant on a confidential VM. It must
@@ -63,6 +106,7 @@ type HardwareCheck interface {
 type Validator struct {
 	cfg     ValidatorConfig
 	akCerts *certCache
+	replays *replayCache
 }
 
 // NewValidator checks cfg and returns a validator.
@@ -81,6 +125,15 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	} else if cfg.Active.Variant().String() != cfg.Variant.String() {
 		return nil, fmt.Errorf("validator %s: active reference sets are for variant %s", cfg.Variant, cfg.Active.Variant())
 	}
+	switch cfg.EventLog {
+	case EventLogReplayIfPresent, EventLogIgnore:
+		if cfg.EventLogCheck != nil {
+			return nil, fmt.Errorf("validator %s: an event log check needs the event log policy %s, not %s", cfg.Variant, EventLogRequired, cfg.EventLog)
+		}
+	case EventLogRequired:
+	default:
+		return nil, fmt.Errorf("validator %s: unknown event log policy %d", cfg.Variant, int(cfg.EventLog))
+	}
 	if cfg.MaxEvidenceSize <= 0 {
 		cfg.MaxEvidenceSize = attestation.DefaultMaxEvidenceSize
 	}
@@ -93,7 +146,7 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.AKRoots == nil {
 		cfg.Log.Warn("attestation keys are not checked against a certificate root", "variant", cfg.Variant.String())
 	}
-	return &Validator{cfg: cfg, akCerts: newCertCache(1024)}, nil
+	return &Validator{cfg: cfg, akCerts: newCertCache(1024), replays: newReplayCache(1024)}, nil
 }
 
 // Variant returns the variant this validator accepts.
@@ -121,6 +174,12 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 	if err != nil {
 		return nil, err
 	}
+	// Still verifying: only now are the PCR values authentic, so only now can the event log
+	// be replayed against them.
+	log, err := v.replayEventLog(p)
+	if err != nil {
+		return nil, err
+	}
 	var hw *attestation.Hardware
 	switch {
 	case v.cfg.Hardware != nil:
@@ -134,6 +193,11 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 		// Evidence claiming hardware this validator does not check must not pass as if it
 		// had been checked.
 		return nil, fmt.Errorf("%w: hardware evidence for variant %s, which has none", attestation.ErrMalformed, v.cfg.Variant)
+	}
+	if v.cfg.EventLogCheck != nil {
+		if err := v.cfg.EventLogCheck(log); err != nil {
+			return nil, err
+		}
 	}
 	match, err := v.cfg.Active.Load().Match(v.cfg.Variant, p.pcrs)
 	if err != nil {
@@ -247,6 +311,21 @@ func (v *Validator) verify(p *parsed, nonce []byte) (*x509.Certificate, crypto.P
 	return cert, key, nil
 }
 
+// replayEventLog replays the evidence's event log against the quoted (verified) PCR values,
+// as the event log policy says. It returns the replayed log, or nil when there is none or
+// the policy ignores it.
+func (v *Validator) replayEventLog(p *parsed) (*eventlog.Log, error) {
+	switch {
+	case v.cfg.EventLog == EventLogIgnore:
+		return nil, nil
+	case len(p.ev.EventLog) == 0 && v.cfg.EventLog == EventLogRequired:
+		return nil, fmt.Errorf("%w: no event log, and variant %s requires one", attestation.ErrMalformed, v.cfg.Variant)
+	case len(p.ev.EventLog) == 0:
+		return nil, nil
+	}
+	return v.replays.replay(p.ev.EventLog, p.pcrs)
+}
+
 // classifyQuoteError names why go-tpm-tools rejected a quote. The library's verdict stands;
 // this only picks the reason reported to the caller.
 func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err error) error {
@@ -259,16 +338,26 @@ func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err err
 	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)
 }
 
+// oidSubjectAltName is the X.509 subject alternative name extension.
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
 func (v *Validator) verifyAKCert(p *parsed, key crypto.PublicKey) (*x509.Certificate, error) {
 	if len(p.ev.AkCert) == 0 {
 		return nil, fmt.Errorf("%w: no AK certificate, and AK roots are configured", attestation.ErrUntrustedSigner)
 	}
 	now := v.cfg.Now()
 	cert, err := v.akCerts.verify(p.ev.AkCert, now, func(cert *x509.Certificate) ([][]*x509.Certificate, error) {
+		// Clouds (GCE) mark the subject alternative name of AK certificates critical, with
+		// name forms Go does not parse, so Go lists it as unhandled and refuses the chain.
+		// Nothing here reads the SAN; the chain is what matters (as go-tpm-tools does).
+		cert.UnhandledCriticalExtensions = slices.DeleteFunc(cert.UnhandledCriticalExtensions, func(oid asn1.ObjectIdentifier) bool {
+			return oid.Equal(oidSubjectAltName)
+		})
 		return cert.Verify(x509.VerifyOptions{
-			Roots:       v.cfg.AKRoots,
-			CurrentTime: now,
-			KeyUsages:   []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+			Roots:         v.cfg.AKRoots,
+			Intermediates: v.cfg.AKIntermediates,
+			CurrentTime:   now,
+			KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 		})
 	})
 	if err != nil {

@@ -1,0 +1,171 @@
+// Package gcpes implements the gcp-sev-es attestation variant: a TPM 2.0 quote by the AK
+// Google provisions in a GCE Confidential VM's vTPM, over the SHA-256 PCR bank, with the
+// firmware's event log.
+//
+// What is checked: the AK certificate chains to Google's EK/AK roots (pinned in this package,
+// with Google's intermediates), is valid now and is for the quoting AK; the quote's signature
+// and its binding to the caller's nonce and purpose; the event log, which is required,
+// replays to the quoted PCRs, and its "GCE NonHostInfo" event (PCR 0, before the separator,
+// data bound to its digest) claims AMD SEV-ES; PCRs 0..14 match a reference set. What is
+// not: SEV-ES has no attestation report. The only evidence of SEV-ES is that claim, measured
+// by Google's firmware into Google's vTPM, so trusting it means trusting Google's host: the
+// claim is as good as Google's vTPM and firmware, not AMD-signed. Use gcp-sev-snp where
+// hardware evidence matters.
+package gcpes
+
+import (
+	"crypto/x509"
+	"embed"
+	"encoding/pem"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"strings"
+	"time"
+
+	pb "github.com/google/go-eventlog/proto/state"
+	"github.com/google/go-tpm-tools/client"
+
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+)
+
+// Variant is the variant this package implements.
+var Variant = variant.GCPSEVES
+
+// AKCertNVIndex is where GCE stores the certificate of the RSA AK (whose template is at
+// client.GceAKTemplateNVIndexRSA).
+var AKCertNVIndex = client.GceAKCertNVIndexRSA
+
+// Google's certificates (CERTIFICATES.md).
+//
+//go:embed *.pem
+var certFiles embed.FS
+
+// Roots returns Google's pinned EK/AK root CAs.
+func Roots() []*x509.Certificate { return load("tpm_ek_root_1.pem", "gcp_ek_ak_ca_root.pem") }
+
+// Intermediates returns Google's EK/AK intermediate CAs.
+func Intermediates() []*x509.Certificate {
+	return load("tpm_ek_intermediate_2.pem", "tpm_ek_intermediate_3.pem", "gcp_ek_ak_ca_intermediate_v3.pem")
+}
+
+func load(names ...string) []*x509.Certificate {
+	out := make([]*x509.Certificate, 0, len(names))
+	for _, n := range names {
+		b, err := fs.ReadFile(certFiles, n)
+		if err != nil {
+			panic(err)
+		}
+		block, _ := pem.Decode(b)
+		if block == nil {
+			panic("pinned Google certificate " + n + " is not PEM")
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			panic(fmt.Sprintf("pinned Google certificate %s: %v", n, err))
+		}
+		out = append(out, cert)
+	}
+	return out
+}
+
+// IssuerConfig configures a gcp-sev-es issuer.
+type IssuerConfig struct {
+	// EventLog returns the firmware event log; nil reads vtpm.DefaultEventLogPath.
+	EventLog func() ([]byte, error)
+}
+
+// VTPMIssuerConfig returns the vtpm issuer configuration of this variant, for vtpm.NewIssuer
+// or vtpm.NewPerUseIssuer: GCE's AK and its certificate from the platform's NV index, and the
+// firmware event log.
+func VTPMIssuerConfig(cfg IssuerConfig) vtpm.IssuerConfig {
+	if cfg.EventLog == nil {
+		cfg.EventLog = vtpm.ReadEventLog(vtpm.DefaultEventLogPath)
+	}
+	return vtpm.IssuerConfig{
+		Variant:       Variant,
+		LoadAK:        client.GceAttestationKeyRSA,
+		AKCertNVIndex: uint32(AKCertNVIndex),
+		EventLog:      cfg.EventLog,
+	}
+}
+
+// NewIssuer returns an issuer of this variant on tpm. It fails when the platform stored no
+// AK certificate: validators of this variant refuse evidence without one.
+func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
+	iss, err := vtpm.NewIssuer(tpm, VTPMIssuerConfig(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("%s issuer: %w", Variant, err)
+	}
+	if iss.AKCert() == nil {
+		iss.Close()
+		return nil, fmt.Errorf("%s issuer: no AK certificate at NV index %#x", Variant, AKCertNVIndex)
+	}
+	return iss, nil
+}
+
+// ValidatorConfig configures a gcp-sev-es validator.
+type ValidatorConfig struct {
+	ReferenceSets measurements.ReferenceSets
+	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
+	Active *measurements.Active
+	// AKRoots replaces Google's pinned roots: for tests. Nil (production) means the pinned
+	// roots.
+	AKRoots *x509.CertPool
+	// AKIntermediates are added to Google's pinned intermediates.
+	AKIntermediates []*x509.Certificate
+	MaxEvidenceSize int
+	Now             func() time.Time
+	Log             *slog.Logger
+}
+
+// NewValidator returns a validator for gcp-sev-es evidence.
+func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
+	roots := cfg.AKRoots
+	if roots == nil {
+		roots = x509.NewCertPool()
+		for _, c := range Roots() {
+			roots.AddCert(c)
+		}
+	}
+	inter := x509.NewCertPool()
+	for _, c := range append(Intermediates(), cfg.AKIntermediates...) {
+		inter.AddCert(c)
+	}
+	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant:         Variant,
+		ReferenceSets:   cfg.ReferenceSets,
+		Active:          cfg.Active,
+		AKRoots:         roots,
+		AKIntermediates: inter,
+		EventLog:        vtpm.EventLogRequired,
+		EventLogCheck:   CheckSEVES,
+		MaxEvidenceSize: cfg.MaxEvidenceSize,
+		Now:             cfg.Now,
+		Log:             cfg.Log,
+	})
+}
+
+// CheckSEVES requires the replayed event log's GCE NonHostInfo claim to be AMD SEV-ES.
+func CheckSEVES(log *eventlog.Log) error {
+	platform, err := log.Platform()
+	if err != nil {
+		return err
+	}
+	if got := platform.GetTechnology(); got != pb.GCEConfidentialTechnology_AMD_SEV_ES {
+		return fmt.Errorf("%w: event log's GCE NonHostInfo event (PCR 0) claims confidential technology %s, want %s",
+			attestation.ErrMeasurementPolicy, techName(got), techName(pb.GCEConfidentialTechnology_AMD_SEV_ES))
+	}
+	return nil
+}
+
+func techName(t pb.GCEConfidentialTechnology) string {
+	if t == pb.GCEConfidentialTechnology_NONE {
+		return "NONE (or no NonHostInfo event)"
+	}
+	return strings.ReplaceAll(t.String(), "_", "-")
+}
