@@ -30,10 +30,13 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/azuresnp"
 	"github.com/openconstellation/constellation/pkg/attestation/azuretdx"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/gcpes"
 	"github.com/openconstellation/constellation/pkg/attestation/gcpsnp"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/nitrotpm"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/tdx"
+	"github.com/openconstellation/constellation/pkg/attestation/trustedlaunch"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -63,6 +66,10 @@ type Values struct {
 	// TDX is the TDX hardware reference (MRSEAM, TD attributes, XFAM, minimum TEE TCB SVN):
 	// required by qemu-tdx and azure-tdx, refused by the others.
 	TDX *tdx.Reference `json:"tdx,omitempty"`
+	// AcceptUnauthenticatedAK must be true for aws-nitro-tpm, whose attestation key nothing
+	// certifies: anyone who can run a TPM can produce evidence that passes. Refused by the
+	// other variants.
+	AcceptUnauthenticatedAK bool `json:"acceptUnauthenticatedAK,omitempty"`
 }
 
 // Options are how validators run (not what they accept).
@@ -120,6 +127,15 @@ var registry = map[variant.Variant]entry{
 	variant.GCPSEVSNP:   {validator: newGCPSEVSNPValidator, issuer: newGCPSEVSNPIssuer, hardware: hardwareSNP},
 	variant.AzureSEVSNP: {validator: newAzureSEVSNPValidator, issuer: newAzureSEVSNPIssuer, hardware: hardwareSNP},
 	variant.AzureTDX:    {validator: newAzureTDXValidator, issuer: newAzureTDXIssuer, hardware: hardwareTDX},
+	variant.AzureTrustedLaunch: {validator: newTrustedLaunchValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+		return perUseIssuer(ctx, v, env, trustedlaunch.VTPMIssuerConfig(trustedlaunch.IssuerConfig{EventLog: env.EventLog}))
+	}},
+	variant.GCPSEVES: {validator: newGCPSEVESValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+		return perUseIssuer(ctx, v, env, gcpes.VTPMIssuerConfig(gcpes.IssuerConfig{EventLog: env.EventLog}))
+	}},
+	variant.AWSNitroTPM: {validator: newNitroTPMValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+		return perUseIssuer(ctx, v, env, nitrotpm.VTPMIssuerConfig(nitrotpm.IssuerConfig{EventLog: env.EventLog}))
+	}},
 }
 
 // hardwareKind is which hardware block a variant requires.
@@ -258,6 +274,12 @@ func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 		}
 	case vals.TDX != nil:
 		errs = append(errs, &FieldError{"tdx", fmt.Errorf("%s evidence has no TD quote", v)})
+	}
+	if vals.AcceptUnauthenticatedAK && v != variant.AWSNitroTPM {
+		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s authenticates its attestation key; this opt-in is for aws-nitro-tpm only", v)})
+	}
+	if !vals.AcceptUnauthenticatedAK && v == variant.AWSNitroTPM {
+		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", errors.New("required: nothing authenticates an aws-nitro-tpm attestation key, so anyone who can run a TPM can produce passing evidence; set it to true to accept that")})
 	}
 	return errs
 }
@@ -402,4 +424,50 @@ func newAzureTDXIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (a
 		return nil, err
 	}
 	return azuretdx.NewIssuer(tpm, env.AzureQuotes)
+}
+
+func perUseIssuer(ctx context.Context, v variant.Variant, env IssuerEnv, cfg vtpm.IssuerConfig) (attestation.Issuer, error) {
+	if env.TPM == nil {
+		return nil, fmt.Errorf("issuer %s: no TPM", v)
+	}
+	return vtpm.NewPerUseIssuer(ctx, env.TPM, cfg)
+}
+
+// configuredRoots parses the configured AK roots; none gives nil, which the variant
+// packages read as "the platform's pinned roots".
+func configuredRoots(ref Reference) (*x509.CertPool, error) {
+	roots, err := ParseAKRoots(ref.AKRoots)
+	if err != nil {
+		return nil, fmt.Errorf("akRoots: %w", err)
+	}
+	return roots, nil
+}
+
+func newTrustedLaunchValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	roots, err := configuredRoots(ref)
+	if err != nil {
+		return nil, err
+	}
+	return trustedlaunch.NewValidator(trustedlaunch.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+func newGCPSEVESValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	roots, err := configuredRoots(ref)
+	if err != nil {
+		return nil, err
+	}
+	return gcpes.NewValidator(gcpes.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
+}
+
+func newNitroTPMValidator(ref Reference, opts Options) (attestation.Validator, error) {
+	return nitrotpm.NewValidator(nitrotpm.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
 }

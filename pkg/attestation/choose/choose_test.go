@@ -55,12 +55,15 @@ func tdxReference() *tdx.Reference {
 // references returns a valid Reference for every implemented variant.
 func references() map[variant.Variant]Reference {
 	return map[variant.Variant]Reference{
-		variant.QEMUVTPM:    {Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets()}},
-		variant.QEMUTDX:     {Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets(), TDX: tdxReference()}},
-		variant.AWSSEVSNP:   {Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
-		variant.GCPSEVSNP:   {Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
-		variant.AzureSEVSNP: {Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
-		variant.AzureTDX:    {Variant: variant.AzureTDX, Values: Values{Measurements: pcrSets(), TDX: tdxReference()}},
+		variant.QEMUVTPM:           {Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets()}},
+		variant.QEMUTDX:            {Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets(), TDX: tdxReference()}},
+		variant.AWSSEVSNP:          {Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
+		variant.GCPSEVSNP:          {Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
+		variant.AzureSEVSNP:        {Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
+		variant.AzureTDX:           {Variant: variant.AzureTDX, Values: Values{Measurements: pcrSets(), TDX: tdxReference()}},
+		variant.AzureTrustedLaunch: {Variant: variant.AzureTrustedLaunch, Values: Values{Measurements: pcrSets()}},
+		variant.GCPSEVES:           {Variant: variant.GCPSEVES, Values: Values{Measurements: pcrSets()}},
+		variant.AWSNitroTPM:        {Variant: variant.AWSNitroTPM, Values: Values{Measurements: pcrSets(), AcceptUnauthenticatedAK: true}},
 	}
 }
 
