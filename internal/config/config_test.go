@@ -518,3 +518,87 @@ func TestDocumentedExample(t *testing.T) {
 	require.NoError(t, c.Validate())
 	assert.Equal(t, "demo", c.Name)
 }
+
+// snpBlock is a valid SEV-SNP reference in YAML.
+const snpBlock = `    snp:
+      name: milan-2025
+      products: [Milan]
+      minimumTCB:
+        Milan: {bootloader: 3, tee: 0, snp: 8, microcode: 115}
+      vmpl: 0
+      measurement: ["` + "%s" + `"]
+`
+
+func TestHardwareVariantBlocks(t *testing.T) {
+	pcrs := fullSetYAML(nil)
+	measurement := strings.Repeat("ab", 48)
+	for name, tc := range map[string]struct {
+		yaml string
+		// wantParse is a fragment of the parse error; wantFields the field paths Validate reports.
+		wantParse  string
+		wantFields []string
+	}{
+		"azure sev-snp block is well formed but not the local provider's": {
+			yaml:       "attestation:\n  azureSEVSNP:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n" + fmt.Sprintf(snpBlock, measurement),
+			wantFields: []string{"attestation.azureSEVSNP"},
+		},
+		"snp block with an unknown field": {
+			yaml:      "attestation:\n  azureSEVSNP:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n" + fmt.Sprintf(snpBlock, measurement) + "      debugAllowed: true\n",
+			wantParse: "debugAllowed",
+		},
+		"snp block without a minimum TCB for its product": {
+			yaml:       "attestation:\n  awsSEVSNP:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n    snp: {name: x, products: [Genoa], measurement: [\"" + measurement + "\"]}\n",
+			wantFields: []string{"attestation.awsSEVSNP", "attestation.awsSEVSNP.snp"},
+		},
+		"snp variant without its block": {
+			yaml:       "attestation:\n  gcpSEVSNP:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n",
+			wantFields: []string{"attestation.gcpSEVSNP", "attestation.gcpSEVSNP.snp"},
+		},
+		"tdx block on the vtpm variant": {
+			yaml:       "attestation:\n  qemuVTPM:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n    tdx: {name: t, mrSeam: [\"" + measurement + "\"], tdAttributes: \"0000000000000000\", xfam: \"e718060000000000\", minimumTeeTcbSvn: \"00000000000000000000000000000000\"}\n",
+			wantFields: []string{"attestation.qemuVTPM.tdx"},
+		},
+		"nitro without the opt-in": {
+			yaml:       "attestation:\n  awsNitroTPM:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n",
+			wantFields: []string{"attestation.awsNitroTPM", "attestation.awsNitroTPM.acceptUnauthenticatedAK"},
+		},
+		"two variants": {
+			yaml:       "attestation:\n  qemuVTPM:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n  gcpSEVES:\n    measurements: [{name: a, measurements: " + pcrs + "}]\n",
+			wantFields: []string{"attestation"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			doc := withAttestation(t, tc.yaml)
+			c, err := Parse([]byte(doc))
+			if tc.wantParse != "" {
+				require.Error(t, err)
+				assert.ErrorContains(t, err, tc.wantParse)
+				return
+			}
+			require.NoError(t, err)
+			got := problems(t, c.Validate())
+			fields := make([]string, 0, len(got))
+			for f := range got {
+				fields = append(fields, f)
+			}
+			assert.ElementsMatch(t, tc.wantFields, fields, "%v", got)
+		})
+	}
+}
+
+// withAttestation replaces the attestation section of validYAML.
+func withAttestation(t *testing.T, attestation string) string {
+	t.Helper()
+	before, after, ok := strings.Cut(validYAML, "attestation:\n")
+	require.True(t, ok)
+	// The attestation section runs until the next top-level key.
+	rest := after
+	for {
+		line, tail, found := strings.Cut(rest, "\n")
+		if !found || (line != "" && line[0] != ' ' && line[0] != '-') {
+			break
+		}
+		rest = tail
+	}
+	return before + attestation + rest
+}
