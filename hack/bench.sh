@@ -14,6 +14,10 @@ raw=$(mktemp); trap 'rm -f "$raw"' EXIT
 {
   go test -run '^$' -bench . -benchtime "$benchtime" \
     ./pkg/attestation/qemu/ ./pkg/atls/ ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
+  # Validation of every hardware variant with warm collateral, and event-log replay.
+  go test -run '^$' -bench 'BenchmarkCheck$|BenchmarkValidate|BenchmarkValidator|BenchmarkVerifyQuote|BenchmarkReplay' -benchtime "$benchtime" \
+    ./pkg/attestation/snp/ ./pkg/attestation/awssnp/ ./pkg/attestation/gcpsnp/ ./pkg/attestation/azuresnp/ \
+    ./pkg/attestation/tdx/ ./pkg/attestation/eventlog/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoinAfterServiceStarts -benchtime "${JOINWAITS:-20}x" ./internal/bootstrapper/joinclient/ 2>/dev/null || true
   if [ "${MINI:-1}" != 0 ]; then

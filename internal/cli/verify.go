@@ -222,6 +222,12 @@ func printVerifyReport(out io.Writer, r verifyReport) {
 	}
 	fmt.Fprintf(out, "OK    %s (%s): %s evidence, reference set %q, %s, %s carries cluster %s\n",
 		name, r.Endpoint, res.Variant, res.ReferenceSet, signer, res.ClusterID.Register, res.ClusterID.ClusterID)
+	if hw := res.Hardware; hw != nil {
+		fmt.Fprintf(out, "      hardware: %s on %s, signed by %s, TCB %s, matched %q\n", hw.Technology, hw.Product, hw.Signer, hw.TCB, hw.Reference)
+		for _, w := range hw.Warnings {
+			fmt.Fprintf(out, "      warning: %s\n", w)
+		}
+	}
 	for _, w := range res.Warnings {
 		fmt.Fprintf(out, "      warning: %s\n", w)
 	}

@@ -2,12 +2,14 @@ package cli
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/pkg/verify"
 )
 
 // Every target names the node whose evidence it must return, so verify can refuse another
@@ -43,5 +45,31 @@ func TestVerifyTargets(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
 		})
+	}
+}
+
+// verify's output names the hardware the report was checked on, the reference it matched,
+// and every warning (an unauthenticated AK among them).
+func TestPrintVerifyReport(t *testing.T) {
+	var out strings.Builder
+	printVerifyReport(&out, verifyReport{
+		verifyTarget: verifyTarget{Node: "worker-0", Endpoint: "10.0.0.5:30081"},
+		Verified:     true,
+		Result: &verify.Result{
+			Variant: "aws-sev-snp", ReferenceSet: "image-v2",
+			Signer:    verify.Signer{Certified: false},
+			ClusterID: verify.ClusterIDCheck{Register: "PCR 15", ClusterID: "c1"},
+			Warnings:  []string{"AK not authenticated: anyone who can run a TPM can produce this evidence"},
+			Hardware: &verify.Hardware{Technology: "SEV-SNP", Product: "Genoa", Signer: "VLEK", TCB: "committed 3/0/8/115", Reference: "genoa-2025",
+				Warnings: []string{"ID key digest not accepted (warn-only)"}},
+		},
+	})
+	for _, want := range []string{
+		`OK    worker-0 (10.0.0.5:30081): aws-sev-snp evidence, reference set "image-v2", AK not certified`,
+		`hardware: SEV-SNP on Genoa, signed by VLEK, TCB committed 3/0/8/115, matched "genoa-2025"`,
+		"warning: ID key digest not accepted (warn-only)",
+		"warning: AK not authenticated",
+	} {
+		assert.Contains(t, out.String(), want)
 	}
 }
