@@ -125,6 +125,13 @@ type Validator struct {
 	keysMu sync.Mutex
 	keys   map[keyMemoKey]validity
 
+	// signed memoizes reports whose signature verified, by the SHA-256 of the report and
+	// the key's memo entry. Reports made at boot (azure-sev-snp, aws-sev-snp) come back with
+	// every evidence of a node: their ECDSA P-384 check, most of a warm check's time, is done
+	// once. Nothing else is skipped: validity window, CRL and policy are checked every time.
+	signedMu sync.Mutex
+	signed   map[signedKey]struct{}
+
 	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
 	// by AMD's real ARK is available offline (see testdata/README.md).
 	skipRevocation bool
@@ -368,9 +375,14 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 			return untrusted("%s certificate: chain not valid at %s (valid %s to %s): expired or not yet valid", p.signerName(),
 				now.UTC().Format(time.RFC3339), w.notBefore.UTC().Format(time.RFC3339), w.notAfter.UTC().Format(time.RFC3339))
 		}
+		sk := signedKey{key: memo, report: sha256.Sum256(p.raw)}
+		if v.signedBefore(sk) {
+			return nil
+		}
 		if err := verify.SnpReportSignature(p.raw, p.key); err != nil {
 			return fmt.Errorf("%w: SEV-SNP report signature does not verify with the %s: %v", attestation.ErrBadSignature, p.signerName(), err)
 		}
+		v.rememberSigned(sk)
 		return nil
 	}
 
@@ -454,6 +466,31 @@ func (v *Validator) rememberKey(k keyMemoKey, chain ...*x509.Certificate) {
 		clear(v.keys)
 	}
 	v.keys[k] = w
+}
+
+// signedKey names a report (the SHA-256 of its signed bytes and signature) signed by a key.
+type signedKey struct {
+	key    keyMemoKey
+	report [sha256.Size]byte
+}
+
+// maxSigned bounds the memo of verified report signatures (one per node boot).
+const maxSigned = 8192
+
+func (v *Validator) signedBefore(k signedKey) bool {
+	v.signedMu.Lock()
+	defer v.signedMu.Unlock()
+	_, ok := v.signed[k]
+	return ok
+}
+
+func (v *Validator) rememberSigned(k signedKey) {
+	v.signedMu.Lock()
+	defer v.signedMu.Unlock()
+	if v.signed == nil || len(v.signed) >= maxSigned {
+		v.signed = map[signedKey]struct{}{}
+	}
+	v.signed[k] = struct{}{}
 }
 
 // checkRevocation fetches the CRL of the intermediate through the collateral session and
