@@ -165,7 +165,7 @@ func TestApply(t *testing.T) {
 	t.Run("attestation ConfigMap", func(t *testing.T) {
 		cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
 		require.NoError(t, err)
-		got, err := clusterrecord.ParseAttestation([]byte(cm.Data[clusterrecord.VariantKey]), []byte(cm.Data[clusterrecord.ReferenceSetsKey]), []byte(cm.Data[clusterrecord.AKRootsKey]))
+		got, err := clusterrecord.ParseAttestation([]byte(cm.Data[clusterrecord.VariantKey]), []byte(cm.Data[clusterrecord.ReferenceSetsKey]), []byte(cm.Data[clusterrecord.AKRootsKey]), []byte(cm.Data[clusterrecord.HardwareKey]))
 		require.NoError(t, err)
 		assert.Equal(t, cfg.Attestation, got)
 		assert.Equal(t, "constellation", cm.ManagedFields[0].Manager)
