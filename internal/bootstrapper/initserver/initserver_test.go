@@ -406,8 +406,11 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 			code:   codes.InvalidArgument, want: []string{"(got variant false, reference sets false, AK roots false, hardware true)"},
 		},
 		"hardware reference malformed": {
-			mutate: func(r *initpb.InitRequest) { withAttestation(t, e, r); r.Hardware = []byte(`{"snp":{},"measurements":[]}`) },
-			code:   codes.InvalidArgument, want: []string{`attestation configuration: hardware.json: "measurements" is not a hardware value`},
+			mutate: func(r *initpb.InitRequest) {
+				withAttestation(t, e, r)
+				r.Hardware = []byte(`{"snp":{},"measurements":[]}`)
+			},
+			code: codes.InvalidArgument, want: []string{`attestation configuration: hardware.json: "measurements" is not a hardware value`},
 		},
 		"attestation configuration malformed": {
 			mutate: func(r *initpb.InitRequest) {
