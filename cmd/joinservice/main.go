@@ -3,8 +3,9 @@
 //
 // Inputs, as the DaemonSet mounts them (docs/services.md):
 //   - --config-dir: cluster.json (ConfigMap constellation-cluster: measurement salt,
-//     Kubernetes version and components) and variant, reference-sets.json, ak-roots.pem
-//     (ConfigMap constellation-attestation); reference-sets.json is reloaded when it changes;
+//     Kubernetes version and components) and variant, reference-sets.json, ak-roots.pem,
+//     hardware.json (ConfigMap constellation-attestation); reference-sets.json is reloaded
+//     when it changes, the others are read at start;
 //   - --pki-dir: the node's /etc/kubernetes/pki (cluster CA, control-plane files);
 //   - --tpm: the node's TPM, opened per use, quoting with its ECC AK;
 //   - --key-service-tls-dir: ca.crt, joinservice.crt/.key (Secret constellation-keyservice-tls)
@@ -23,6 +24,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -42,6 +45,7 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -110,12 +114,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	// The reference sets come from active (hot-reloaded); the rest of the record as it is.
-	ref := att.Reference()
-	ref.Measurements = nil
-	validator, err := choose.NewValidator(ref, choose.Options{Active: active, Log: log})
+	validator, err := newValidator(att, active, log)
 	if err != nil {
-		return fmt.Errorf("attestation: %w", err)
+		return err
 	}
 	// The service quotes once per join, on the join's critical path: the ECC AK is the
 	// cheaper one to quote with (vtpm.AKAlgorithm).
@@ -187,7 +188,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return err
 }
 
-// readConfig reads and checks the mounted cluster record and attestation configuration.
+// newValidator builds the validator nodes are admitted by from the whole reference the
+// cluster recorded. Only the reference sets are hot-reloaded (through active, by the
+// watcher of reference-sets.json); the variant, the AK roots and the hardware block
+// (hardware.json) are read once at start: a change to them restarts the service (an upgrade
+// rolls the DaemonSet).
+func newValidator(att clusterrecord.Attestation, active *measurements.Active, log *slog.Logger) (attestation.Validator, error) {
+	ref := att.Reference()
+	ref.Measurements = nil
+	validator, err := choose.NewValidator(ref, choose.Options{Active: active, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("attestation: %w", err)
+	}
+	return validator, nil
+}
+
+// readConfig reads and checks the mounted cluster record and attestation configuration. A
+// missing hardware.json is no hardware block (the record of an older init, whose variant
+// had none).
 func readConfig(dir string) (clusterrecord.Cluster, clusterrecord.Attestation, error) {
 	read := func(name string) ([]byte, error) {
 		p := filepath.Join(dir, name)
@@ -200,9 +218,12 @@ func readConfig(dir string) (clusterrecord.Cluster, clusterrecord.Attestation, e
 		}
 		return os.ReadFile(p)
 	}
-	var files [4][]byte
-	for i, name := range []string{clusterrecord.ClusterKey, clusterrecord.VariantKey, clusterrecord.ReferenceSetsKey, clusterrecord.AKRootsKey} {
+	var files [5][]byte
+	for i, name := range []string{clusterrecord.ClusterKey, clusterrecord.VariantKey, clusterrecord.ReferenceSetsKey, clusterrecord.AKRootsKey, clusterrecord.HardwareKey} {
 		data, err := read(name)
+		if name == clusterrecord.HardwareKey && errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("configuration: %w", err)
 		}
@@ -212,7 +233,7 @@ func readConfig(dir string) (clusterrecord.Cluster, clusterrecord.Attestation, e
 	if err != nil {
 		return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("%s: %w", filepath.Join(dir, clusterrecord.ClusterKey), err)
 	}
-	att, err := clusterrecord.ParseAttestation(files[1], files[2], files[3])
+	att, err := clusterrecord.ParseAttestation(files[1], files[2], files[3], files[4])
 	if err != nil {
 		return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("attestation configuration in %s: %w", dir, err)
 	}

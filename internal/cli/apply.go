@@ -78,6 +78,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		AttestationVariant: attestData[clusterrecord.VariantKey],
 		ReferenceSets:      []byte(attestData[clusterrecord.ReferenceSetsKey]),
 		AkRoots:            attest.AKRootsPEM,
+		Hardware:           []byte(attestData[clusterrecord.HardwareKey]),
 	}
 	// The master secret is written before it leaves this machine: a lost answer must not
 	// lose the key to the cluster's state.
@@ -180,7 +181,12 @@ func clusterAttestation(ctx context.Context, platform provider.Provider, conf *c
 	if err != nil {
 		return clusterrecord.Attestation{}, nil, fmt.Errorf("attestation: %w", err)
 	}
-	attest := clusterrecord.Attestation{Variant: ref.Variant, ReferenceSets: ref.Measurements, AKRootsPEM: []byte(ref.AKRoots)}
+	// The whole reference goes to the join service, so it admits nodes by what this CLI
+	// verified the first node with.
+	attest := clusterrecord.Attestation{
+		Variant: ref.Variant, ReferenceSets: ref.Measurements, AKRootsPEM: []byte(ref.AKRoots),
+		Hardware: clusterrecord.Hardware{SNP: ref.SNP, TDX: ref.TDX, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK},
+	}
 	return attest, validator, nil
 }
 

@@ -7,6 +7,7 @@
 //	ConfigMap constellation-attestation    variant              "qemu-vtpm"                   deploy, updated on upgrades
 //	                                       reference-sets.json  measurements.ReferenceSets
 //	                                       ak-roots.pem         PEM certificates of the platform's AK CA(s)
+//	                                       hardware.json        Hardware (JSON): the variant's snp/tdx block
 //	Secret    constellation-keyservice-tls ca.crt, keyservice.{crt,key}, joinservice.{crt,key}   deploy, created once
 //
 // The first two never change: the cluster ID and the master secret are fixed at init. The
@@ -28,6 +29,8 @@ import (
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
+	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -52,6 +55,7 @@ const (
 	VariantKey               = "variant"
 	ReferenceSetsKey         = "reference-sets.json"
 	AKRootsKey               = "ak-roots.pem"
+	HardwareKey              = "hardware.json"
 )
 
 // The key service's mutual TLS: a CA made for it alone (its private key is discarded once the
@@ -145,29 +149,94 @@ func (c Cluster) ID() []byte {
 	return id
 }
 
-// Attestation is the content of ConfigMap constellation-attestation.
+// Attestation is the content of ConfigMap constellation-attestation: the whole
+// choose.Reference of the cluster's variant, one part per key.
 type Attestation struct {
 	Variant       variant.Variant
 	ReferenceSets measurements.ReferenceSets
 	// AKRootsPEM are the certificates of the platform's AK CA(s).
 	AKRootsPEM []byte
+	// Hardware is the variant's hardware reference (which SEV-SNP or TDX reports it accepts).
+	Hardware Hardware
+}
+
+// Hardware is the part of choose.Values that is neither measurements nor AK roots: the
+// hardware block of the variant, if it has one. Its JSON form is the record's hardware.json
+// and the init request's hardware field; the keys are the configuration file's.
+type Hardware struct {
+	SNP                     *snp.Reference `json:"snp,omitempty"`
+	TDX                     *tdx.Reference `json:"tdx,omitempty"`
+	AcceptUnauthenticatedAK bool           `json:"acceptUnauthenticatedAK,omitempty"`
+}
+
+// IsZero reports whether h holds nothing (a variant without a hardware block).
+func (h Hardware) IsZero() bool { return h == Hardware{} }
+
+// ParseHardware decodes hardware.json strictly: an unknown field is an error, so a
+// misspelled or misplaced setting (measurements and AK roots have keys of their own) is not
+// silently dropped from what nodes are checked against. Empty input is no hardware block
+// (records written before the key existed). The block is checked against its variant by
+// Attestation.Validate.
+func ParseHardware(data []byte) (Hardware, error) {
+	if len(data) > MaxSize {
+		return Hardware{}, fmt.Errorf("%s: %d bytes, limit %d", HardwareKey, len(data), MaxSize)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return Hardware{}, nil
+	}
+	// One object and nothing after it (json.Unmarshal refuses trailing data).
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return Hardware{}, fmt.Errorf("%s: %w", HardwareKey, err)
+	}
+	for key, home := range map[string]string{"measurements": ReferenceSetsKey, "akRoots": AKRootsKey} {
+		if _, ok := keys[key]; ok {
+			return Hardware{}, fmt.Errorf("%s: %q is not a hardware value (it has its own key, %s)", HardwareKey, key, home)
+		}
+	}
+	var h Hardware
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		return Hardware{}, fmt.Errorf("%s: %w", HardwareKey, err)
+	}
+	return h, nil
 }
 
 // Reference returns what evidence is checked against (choose.NewValidator).
 func (a Attestation) Reference() choose.Reference {
-	return choose.Reference{Variant: a.Variant, Values: choose.Values{Measurements: a.ReferenceSets, AKRoots: string(a.AKRootsPEM)}}
+	return choose.Reference{Variant: a.Variant, Values: choose.Values{
+		Measurements: a.ReferenceSets, AKRoots: string(a.AKRootsPEM),
+		SNP: a.Hardware.SNP, TDX: a.Hardware.TDX, AcceptUnauthenticatedAK: a.Hardware.AcceptUnauthenticatedAK,
+	}}
 }
 
-// Validate checks the variant, the reference sets for it, and the AK roots.
+// akRootsRequired reports whether variant v trusts a node's attestation key only through
+// the configured AK roots: without them, any key could sign its evidence. The other variants
+// pin their cloud's roots (used when none are configured), bind the key through the hardware
+// report, have no TPM, or opt out explicitly (aws-nitro-tpm, acceptUnauthenticatedAK).
+func akRootsRequired(v variant.Variant) bool { return v == variant.QEMUVTPM }
+
+// Validate checks the record as choose.Reference.Validate does for its variant (the variant
+// is implemented, the reference sets are of its registers, its hardware block is present and
+// valid, no other variant's block is), and the AK roots: required where the variant needs
+// them, and wherever given, nothing but CA certificates.
 func (a Attestation) Validate() error {
 	var problems []error
 	if a.Variant.IsZero() {
 		problems = append(problems, errors.New("no attestation variant"))
-	} else if err := a.ReferenceSets.Validate(a.Variant); err != nil {
-		problems = append(problems, err)
+	} else {
+		// The AK roots are checked below, by the stricter rules of the record.
+		ref := a.Reference()
+		ref.AKRoots = ""
+		if err := ref.Validate(); err != nil {
+			problems = append(problems, err)
+		}
 	}
-	if _, err := ParseAKRoots(a.AKRootsPEM); err != nil {
-		problems = append(problems, err)
+	if akRootsRequired(a.Variant) || len(bytes.TrimSpace(a.AKRootsPEM)) > 0 {
+		if _, err := ParseAKRoots(a.AKRootsPEM); err != nil {
+			problems = append(problems, err)
+		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("invalid attestation configuration: %w", errors.Join(problems...))
@@ -175,7 +244,8 @@ func (a Attestation) Validate() error {
 	return nil
 }
 
-// Data returns the ConfigMap data of a.
+// Data returns the ConfigMap data of a. hardware.json is written for every variant ("{}"
+// without a block), so the join service's projection of the keys finds it.
 func (a Attestation) Data() (map[string]string, error) {
 	if err := a.Validate(); err != nil {
 		return nil, err
@@ -184,15 +254,22 @@ func (a Attestation) Data() (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding reference sets: %w", err)
 	}
+	hw, err := json.MarshalIndent(a.Hardware, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding the hardware reference: %w", err)
+	}
 	return map[string]string{
 		VariantKey:       a.Variant.String(),
 		ReferenceSetsKey: string(sets) + "\n",
 		AKRootsKey:       string(a.AKRootsPEM),
+		HardwareKey:      string(hw) + "\n",
 	}, nil
 }
 
-// ParseAttestation decodes and checks the three values of the attestation ConfigMap.
-func ParseAttestation(variantName, referenceSets, akRoots []byte) (Attestation, error) {
+// ParseAttestation decodes and checks the values of the attestation ConfigMap. hardware may
+// be nil: a record written before hardware.json existed has no hardware block, which only
+// variants without one accept.
+func ParseAttestation(variantName, referenceSets, akRoots, hardware []byte) (Attestation, error) {
 	v, err := variant.FromString(string(bytes.TrimSpace(variantName)))
 	if err != nil {
 		return Attestation{}, err
@@ -204,7 +281,14 @@ func ParseAttestation(variantName, referenceSets, akRoots []byte) (Attestation, 
 	if err != nil {
 		return Attestation{}, err
 	}
-	a := Attestation{Variant: v, ReferenceSets: sets, AKRootsPEM: akRoots}
+	hw, err := ParseHardware(hardware)
+	if err != nil {
+		return Attestation{}, err
+	}
+	if len(akRoots) == 0 {
+		akRoots = nil // an empty ConfigMap value is no roots
+	}
+	a := Attestation{Variant: v, ReferenceSets: sets, AKRootsPEM: akRoots, Hardware: hw}
 	if err := a.Validate(); err != nil {
 		return Attestation{}, err
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
+	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -90,7 +92,12 @@ func TestAttestation(t *testing.T) {
 	data, err := a.Data()
 	require.NoError(t, err)
 	assert.Equal(t, "qemu-vtpm", data[clusterrecord.VariantKey])
-	got, err := clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]+"\n"), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]))
+	assert.JSONEq(t, "{}", data[clusterrecord.HardwareKey])
+	got, err := clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]+"\n"), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]), []byte(data[clusterrecord.HardwareKey]))
+	require.NoError(t, err)
+	assert.Equal(t, a, got)
+	// A record written before hardware.json existed.
+	got, err = clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]), nil)
 	require.NoError(t, err)
 	assert.Equal(t, a, got)
 
@@ -103,11 +110,32 @@ func TestAttestation(t *testing.T) {
 		a    clusterrecord.Attestation
 		want []string
 	}{
-		"no variant, no roots":  {a: clusterrecord.Attestation{ReferenceSets: sets}, want: []string{"no attestation variant", "AK roots: no certificate"}},
-		"no sets":               {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, AKRootsPEM: rootPEM}, want: []string{"no reference-value set"}},
-		"root is a leaf":        {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: pki.EncodeCert(notCA)}, want: []string{"is not a CA certificate"}},
-		"a key among the roots": {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: append(pki.EncodeCert(leaf), keyPEM...)}, want: []string{"PEM block 2 is a"}},
-		"garbage after roots":   {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: append(bytes.Clone(rootPEM), "junk"...)}, want: []string{"not PEM after certificate 1"}},
+		"no variant":              {a: clusterrecord.Attestation{ReferenceSets: sets, AKRootsPEM: rootPEM}, want: []string{"no attestation variant"}},
+		"no sets":                 {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, AKRootsPEM: rootPEM}, want: []string{"measurements: at least one reference-value set is required"}},
+		"root is a leaf":          {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: pki.EncodeCert(notCA)}, want: []string{"is not a CA certificate"}},
+		"a key among the roots":   {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: append(pki.EncodeCert(leaf), keyPEM...)}, want: []string{"PEM block 2 is a"}},
+		"garbage after roots":     {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: append(bytes.Clone(rootPEM), "junk"...)}, want: []string{"not PEM after certificate 1"}},
+		"qemu-vtpm without roots": {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets}, want: []string{"AK roots: no certificate"}},
+		"hardware block on qemu-vtpm": {
+			a:    clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: rootPEM, Hardware: clusterrecord.Hardware{SNP: snpReference()}},
+			want: []string{"snp: qemu-vtpm evidence has no SEV-SNP report"},
+		},
+		"opt-in on qemu-vtpm": {
+			a:    clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: rootPEM, Hardware: clusterrecord.Hardware{AcceptUnauthenticatedAK: true}},
+			want: []string{"acceptUnauthenticatedAK"},
+		},
+		"snp variant without its block": {
+			a:    clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: snpSets()},
+			want: []string{"snp: required"},
+		},
+		"tdx block on an snp variant": {
+			a:    clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: snpSets(), Hardware: clusterrecord.Hardware{SNP: snpReference(), TDX: tdxReference()}},
+			want: []string{"tdx: aws-sev-snp evidence has no TD quote"},
+		},
+		"bad roots on a variant that needs none": {
+			a:    clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: snpSets(), AKRootsPEM: []byte("junk"), Hardware: clusterrecord.Hardware{SNP: snpReference()}},
+			want: []string{"AK roots"},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := tc.a.Data()
@@ -116,10 +144,95 @@ func TestAttestation(t *testing.T) {
 			}
 		})
 	}
-	_, err = clusterrecord.ParseAttestation([]byte("tpm-9000"), []byte(data[clusterrecord.ReferenceSetsKey]), rootPEM)
+	_, err = clusterrecord.ParseAttestation([]byte("tpm-9000"), []byte(data[clusterrecord.ReferenceSetsKey]), rootPEM, nil)
 	assert.ErrorContains(t, err, `unknown attestation variant "tpm-9000"`)
-	_, err = clusterrecord.ParseAttestation([]byte("qemu-vtpm"), []byte(`[{"name":"x","measurements":{"99":{"expected":"00"}}}]`), rootPEM)
+	_, err = clusterrecord.ParseAttestation([]byte("qemu-vtpm"), []byte(`[{"name":"x","measurements":{"99":{"expected":"00"}}}]`), rootPEM, nil)
 	assert.Error(t, err)
+}
+
+func snpSets() measurements.ReferenceSets {
+	return measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSSEVSNP, map[uint32][]byte{4: bytes.Repeat([]byte{4}, 32)})}}
+}
+
+func tdxSets() measurements.ReferenceSets {
+	return measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUTDX, nil)}}
+}
+
+// snpReference and tdxReference are valid hardware blocks, as pkg/attestation/choose's
+// tests build them.
+func snpReference() *snp.Reference {
+	ref := snp.DefaultReference("milan-2025")
+	ref.Products = []string{"Milan"}
+	ref.MinimumTCB = map[string]snp.TCB{"Milan": {Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115}}
+	ref.Measurements = snp.Digests{bytes.Repeat([]byte{1}, 48)}
+	return &ref
+}
+
+func tdxReference() *tdx.Reference {
+	return &tdx.Reference{
+		Name:             "tdx-1.5",
+		MrSeam:           []tdx.HexBytes{bytes.Repeat([]byte{2}, 48)},
+		TdAttributes:     make(tdx.HexBytes, 8),
+		Xfam:             tdx.HexBytes{0xe7, 0x18, 0x06, 0, 0, 0, 0, 0},
+		MinimumTeeTcbSvn: make(tdx.HexBytes, 16),
+	}
+}
+
+// The whole reference of a hardware variant survives the ConfigMap: what the join service
+// builds its validator from is what the CLI verified the first node with.
+func TestAttestationHardwareRoundTrip(t *testing.T) {
+	for name, a := range map[string]clusterrecord.Attestation{
+		"aws-sev-snp": {Variant: variant.AWSSEVSNP, ReferenceSets: snpSets(), Hardware: clusterrecord.Hardware{SNP: snpReference()}},
+		"qemu-tdx":    {Variant: variant.QEMUTDX, ReferenceSets: tdxSets(), Hardware: clusterrecord.Hardware{TDX: tdxReference()}},
+		"aws-nitro-tpm": {Variant: variant.AWSNitroTPM, ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSNitroTPM, nil)}},
+			Hardware: clusterrecord.Hardware{AcceptUnauthenticatedAK: true}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			data, err := a.Data()
+			require.NoError(t, err)
+			got, err := clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]), []byte(data[clusterrecord.HardwareKey]))
+			require.NoError(t, err)
+			assert.Equal(t, a, got)
+			assert.Equal(t, a.Reference(), got.Reference())
+			require.NoError(t, got.Reference().Validate())
+
+			// Without its hardware.json (a record of an older init) the variant is refused.
+			_, err = clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]), nil)
+			assert.Error(t, err)
+		})
+	}
+}
+
+func TestParseHardwareRefuses(t *testing.T) {
+	snpJSON, err := json.Marshal(snpReference())
+	require.NoError(t, err)
+	sets, err := json.Marshal(snpSets())
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		data string
+		want string
+	}{
+		"not JSON":             {data: `snp`, want: "hardware.json: invalid character"},
+		"not an object":        {data: `[]`, want: "hardware.json: json: cannot unmarshal array"},
+		"unknown field":        {data: `{"sev":{}}`, want: `hardware.json: json: unknown field "sev"`},
+		"unknown field in snp": {data: `{"snp":{"minimumTCBs":{}}}`, want: `hardware.json: json: unknown field "minimumTCBs"`},
+		"unknown field in tdx": {data: `{"tdx":{"mrSeams":[]}}`, want: "hardware.json"},
+		"measurements":         {data: `{"snp":` + string(snpJSON) + `,"measurements":[]}`, want: `hardware.json: "measurements" is not a hardware value (it has its own key, reference-sets.json)`},
+		"AK roots":             {data: `{"akRoots":""}`, want: `hardware.json: "akRoots" is not a hardware value (it has its own key, ak-roots.pem)`},
+		"two objects":          {data: `{} {}`, want: "hardware.json: invalid character '{' after top-level value"},
+		"oversized":            {data: strings.Repeat(" ", clusterrecord.MaxSize+1), want: "hardware.json: 1048577 bytes, limit"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := clusterrecord.ParseHardware([]byte(tc.data))
+			assert.ErrorContains(t, err, tc.want)
+			// The same through the record: the error names the key.
+			_, err = clusterrecord.ParseAttestation([]byte("aws-sev-snp"), sets, nil, []byte(tc.data))
+			assert.ErrorContains(t, err, "hardware.json")
+		})
+	}
+	h, err := clusterrecord.ParseHardware([]byte(" \n"))
+	require.NoError(t, err)
+	assert.True(t, h.IsZero())
 }
 
 func mustCA(t *testing.T) *pki.CA {
@@ -145,5 +258,32 @@ func FuzzParseRecords(f *testing.F) {
 		if pool, err := clusterrecord.ParseAKRoots(roots); err == nil {
 			assert.NotNil(t, pool)
 		}
+	})
+}
+
+func FuzzParseHardware(f *testing.F) {
+	snpJSON, err := json.Marshal(clusterrecord.Hardware{SNP: snpReference()})
+	require.NoError(f, err)
+	tdxJSON, err := json.Marshal(clusterrecord.Hardware{TDX: tdxReference()})
+	require.NoError(f, err)
+	f.Add(snpJSON)
+	f.Add(tdxJSON)
+	f.Add([]byte(`{"acceptUnauthenticatedAK":true}`))
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"measurements":[]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := clusterrecord.ParseHardware(data)
+		if err != nil {
+			return
+		}
+		// What parses re-encodes to what parses and encodes the same (Data writes what
+		// ParseAttestation reads).
+		again, err := json.Marshal(h)
+		require.NoError(t, err)
+		h2, err := clusterrecord.ParseHardware(again)
+		require.NoError(t, err)
+		twice, err := json.Marshal(h2)
+		require.NoError(t, err)
+		assert.Equal(t, string(again), string(twice))
 	})
 }

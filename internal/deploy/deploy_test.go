@@ -165,7 +165,7 @@ func TestApply(t *testing.T) {
 	t.Run("attestation ConfigMap", func(t *testing.T) {
 		cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
 		require.NoError(t, err)
-		got, err := clusterrecord.ParseAttestation([]byte(cm.Data[clusterrecord.VariantKey]), []byte(cm.Data[clusterrecord.ReferenceSetsKey]), []byte(cm.Data[clusterrecord.AKRootsKey]))
+		got, err := clusterrecord.ParseAttestation([]byte(cm.Data[clusterrecord.VariantKey]), []byte(cm.Data[clusterrecord.ReferenceSetsKey]), []byte(cm.Data[clusterrecord.AKRootsKey]), []byte(cm.Data[clusterrecord.HardwareKey]))
 		require.NoError(t, err)
 		assert.Equal(t, cfg.Attestation, got)
 		assert.Equal(t, "constellation", cm.ManagedFields[0].Manager)
@@ -351,7 +351,7 @@ func TestApply(t *testing.T) {
 		}
 		assert.ElementsMatch(t, []string{"ca.crt", "joinservice.crt", "joinservice.key"}, items)
 		assert.ElementsMatch(t, []string{"constellation-cluster/cluster.json", "constellation-attestation/variant",
-			"constellation-attestation/reference-sets.json", "constellation-attestation/ak-roots.pem"}, projected)
+			"constellation-attestation/reference-sets.json", "constellation-attestation/ak-roots.pem", "constellation-attestation/hardware.json"}, projected)
 	})
 
 	// Applying again changes nothing: not one resource version moves, the TLS pair stays.
@@ -446,7 +446,7 @@ func TestApplyRefused(t *testing.T) {
 		cfg.LogLevel = "trace"
 		cfg.MetadataURL = "ftp://10.42.0.1"
 		err := deploy.Apply(ctx, nil, cfg, nil) // no client: nothing may be sent
-		for _, want := range []string{`image "constellation/services"`, "no reference-value set", "AK roots: no certificate", `log level "trace"`, "ftp://10.42.0.1"} {
+		for _, want := range []string{`image "constellation/services"`, "at least one reference-value set is required", "AK roots: no certificate", `log level "trace"`, "ftp://10.42.0.1"} {
 			assert.ErrorContains(t, err, want)
 		}
 	})

@@ -252,6 +252,7 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 						corev1ac.KeyToPath().WithKey(clusterrecord.VariantKey).WithPath(clusterrecord.VariantKey),
 						corev1ac.KeyToPath().WithKey(clusterrecord.ReferenceSetsKey).WithPath(clusterrecord.ReferenceSetsKey),
 						corev1ac.KeyToPath().WithKey(clusterrecord.AKRootsKey).WithPath(clusterrecord.AKRootsKey),
+						corev1ac.KeyToPath().WithKey(clusterrecord.HardwareKey).WithPath(clusterrecord.HardwareKey),
 					)),
 			)),
 			keyServiceTLSVolume(clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey),

@@ -1,7 +1,9 @@
 package initserver_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -108,9 +111,22 @@ func withAttestation(t *testing.T, e *env, req *initpb.InitRequest) clusterrecor
 	req.AttestationVariant = data[clusterrecord.VariantKey]
 	req.ReferenceSets = []byte(data[clusterrecord.ReferenceSetsKey])
 	req.AkRoots = a.AKRootsPEM
-	parsed, err := clusterrecord.ParseAttestation([]byte(req.AttestationVariant), req.ReferenceSets, req.AkRoots)
+	req.Hardware = []byte(data[clusterrecord.HardwareKey])
+	parsed, err := clusterrecord.ParseAttestation([]byte(req.AttestationVariant), req.ReferenceSets, req.AkRoots, req.Hardware)
 	require.NoError(t, err)
 	return parsed
+}
+
+// snpHardware is a valid hardware reference of the SEV-SNP variants (built as
+// pkg/attestation/choose's tests do), as the init request carries it.
+func snpHardware(t *testing.T) []byte {
+	ref := snp.DefaultReference("milan-2025")
+	ref.Products = []string{"Milan"}
+	ref.MinimumTCB = map[string]snp.TCB{"Milan": {Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115}}
+	ref.Measurements = snp.Digests{bytes.Repeat([]byte{1}, 48)}
+	data, err := json.Marshal(clusterrecord.Hardware{SNP: &ref})
+	require.NoError(t, err)
+	return data
 }
 
 // forgetDeployment removes what a deployment created in the shared API server.

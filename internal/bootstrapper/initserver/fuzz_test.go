@@ -61,6 +61,15 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		f.Add(seed)
 	}
+	// A hardware reference: refused on qemu-vtpm, required by the SEV-SNP variants.
+	for _, v := range []string{"qemu-vtpm", "aws-sev-snp"} {
+		att := proto.Clone(good).(*initpb.InitRequest)
+		att.AttestationVariant, att.ReferenceSets, att.Hardware = v, []byte(full("")), []byte(`{"snp":{"name":"milan","products":["Milan"]}}`)
+		if seed, err = proto.Marshal(att); err != nil {
+			f.Fatal(err)
+		}
+		f.Add(seed)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req initpb.InitRequest
 		if proto.Unmarshal(data, &req) != nil {

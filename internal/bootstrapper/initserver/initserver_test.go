@@ -393,7 +393,24 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 		},
 		"attestation configuration incomplete": {
 			mutate: func(r *initpb.InitRequest) { r.AttestationVariant = "qemu-vtpm" },
-			code:   codes.InvalidArgument, want: []string{"variant, reference sets and AK roots go together (got variant true, reference sets false, AK roots false)"},
+			code:   codes.InvalidArgument, want: []string{"variant and reference sets go together, AK roots and hardware reference need them (got variant true, reference sets false, AK roots false, hardware false)"},
+		},
+		// The hardware block must be the variant's: a record the join service could not build
+		// its validator from is never committed.
+		"hardware block for the wrong variant": {
+			mutate: func(r *initpb.InitRequest) { withAttestation(t, e, r); r.Hardware = snpHardware(t) },
+			code:   codes.InvalidArgument, want: []string{"attestation configuration: invalid attestation configuration: snp: qemu-vtpm evidence has no SEV-SNP report"},
+		},
+		"hardware block without a variant": {
+			mutate: func(r *initpb.InitRequest) { r.Hardware = snpHardware(t) },
+			code:   codes.InvalidArgument, want: []string{"(got variant false, reference sets false, AK roots false, hardware true)"},
+		},
+		"hardware reference malformed": {
+			mutate: func(r *initpb.InitRequest) {
+				withAttestation(t, e, r)
+				r.Hardware = []byte(`{"snp":{},"measurements":[]}`)
+			},
+			code: codes.InvalidArgument, want: []string{`attestation configuration: hardware.json: "measurements" is not a hardware value`},
 		},
 		"attestation configuration malformed": {
 			mutate: func(r *initpb.InitRequest) {

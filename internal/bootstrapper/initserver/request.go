@@ -94,13 +94,15 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 	if r.serviceCIDR.IsValid() && r.podCIDR.IsValid() && r.serviceCIDR.Overlaps(r.podCIDR) {
 		bad("service CIDR %s and pod CIDR %s overlap", r.serviceCIDR, r.podCIDR)
 	}
-	v, sets, roots := req.GetAttestationVariant(), req.GetReferenceSets(), req.GetAkRoots()
+	// The whole reference of the variant, checked by the record's rules (which AK roots and
+	// which hardware block the variant needs) before anything is committed.
+	v, sets, roots, hw := req.GetAttestationVariant(), req.GetReferenceSets(), req.GetAkRoots(), req.GetHardware()
 	switch {
-	case v == "" && len(sets) == 0 && len(roots) == 0:
-	case v == "" || len(sets) == 0 || len(roots) == 0:
-		bad("attestation configuration: variant, reference sets and AK roots go together (got variant %t, reference sets %t, AK roots %t)", v != "", len(sets) > 0, len(roots) > 0)
+	case v == "" && len(sets) == 0 && len(roots) == 0 && len(hw) == 0:
+	case v == "" || len(sets) == 0:
+		bad("attestation configuration: variant and reference sets go together, AK roots and hardware reference need them (got variant %t, reference sets %t, AK roots %t, hardware %t)", v != "", len(sets) > 0, len(roots) > 0, len(hw) > 0)
 	default:
-		a, err := clusterrecord.ParseAttestation([]byte(v), sets, roots)
+		a, err := clusterrecord.ParseAttestation([]byte(v), sets, roots, hw)
 		if err != nil {
 			bad("attestation configuration: %w", err)
 		} else {
