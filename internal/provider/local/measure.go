@@ -69,15 +69,27 @@ func Measure(tpm *vtpm.TPM, image []Component) error {
 // resets the PCRs, so the log of one boot is the whole log: the provider rewrites it at
 // every boot. Verifiers replay it against the quoted PCRs; it is no more trusted than that.
 func MeasureLogged(tpm *vtpm.TPM, image []Component) ([]byte, error) {
+	log, err := ImageEventLog(image)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range image {
+		if err := tpm.ExtendPCR(c.PCR, c.Digest[:]); err != nil {
+			return nil, fmt.Errorf("measuring %s: %w", c.Name, err)
+		}
+	}
+	return log, nil
+}
+
+// ImageEventLog computes offline the event log MeasureLogged writes for image, as
+// ExpectedPCRs computes the PCRs: what a node booting image sends with its evidence.
+func ImageEventLog(image []Component) ([]byte, error) {
 	log := eventlog.NewBuilder()
 	for _, c := range image {
 		if c.PCR < 0 || c.PCR >= eventlog.NumPCRs {
 			return nil, fmt.Errorf("measuring %s: PCR %d out of range", c.Name, c.PCR)
 		}
 		log.AddDigest(uint32(c.PCR), tcg.Ipl, c.Digest, []byte(c.Name))
-		if err := tpm.ExtendPCR(c.PCR, c.Digest[:]); err != nil {
-			return nil, fmt.Errorf("measuring %s: %w", c.Name, err)
-		}
 	}
 	return log.Bytes(), nil
 }

@@ -35,12 +35,10 @@ func logImage() []local.Component {
 
 // buildLog writes the log MeasureLogged would write for image, without a TPM: the forger's
 // tool.
-func buildLog(image []local.Component) []byte {
-	b := eventlog.NewBuilder()
-	for _, c := range image {
-		b.AddDigest(uint32(c.PCR), tcg.Ipl, c.Digest, []byte(c.Name))
-	}
-	return b.Bytes()
+func buildLog(t *testing.T, image []local.Component) []byte {
+	log, err := local.ImageEventLog(image)
+	require.NoError(t, err)
+	return log
 }
 
 // TestMeasuredBootLogReplays: the log of a measured boot replays against the PCRs the boot
@@ -57,6 +55,7 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 	pcrs, err := tpm.ReadPCRs()
 	require.NoError(t, err)
 
+	assert.Equal(t, buildLog(t, image), raw, "the offline log is the measured one")
 	log, err := eventlog.Replay(raw, pcrs)
 	require.NoError(t, err)
 	var got []string
@@ -74,13 +73,13 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 		return out
 	}
 	with := func(change func(image []local.Component) []local.Component) []byte {
-		return buildLog(change(logImage()))
+		return buildLog(t, change(logImage()))
 	}
 	testCases := map[string]struct {
 		log     []byte
 		wantMsg string // empty: replays
 	}{
-		"the log as written": {log: raw},
+		"the log as written":                 {log: raw},
 		"a byte of the first digest flipped": {log: flipDigest(0), wantMsg: "PCR 11"},
 		"a byte of the last digest flipped":  {log: flipDigest(2), wantMsg: "PCR 12"},
 		"another bootstrapper claimed": {log: with(func(im []local.Component) []local.Component {
@@ -97,6 +96,11 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 			im[0], im[1] = im[1], im[0]
 			return im
 		}), wantMsg: "PCR 11"},
+		"a component moved to PCR 24": {log: func() []byte {
+			b := eventlog.NewBuilder()
+			b.AddDigest(24, tcg.Ipl, image[0].Digest, []byte("out of range"))
+			return b.Bytes()
+		}(), wantMsg: "PCR 24"},
 		"a component moved to another PCR": {log: with(func(im []local.Component) []local.Component {
 			im[2].PCR = 13
 			return im
@@ -192,4 +196,13 @@ func TestWriteEventLog(t *testing.T) {
 	entries, err := os.ReadDir(filepath.Dir(path))
 	require.NoError(t, err)
 	assert.Len(t, entries, 1, "no temporary file left behind")
+}
+
+// TestImageEventLogRange: a component for a PCR the TPM does not have is refused before
+// anything is measured.
+func TestImageEventLogRange(t *testing.T) {
+	for _, pcr := range []int{-1, eventlog.NumPCRs} {
+		_, err := local.ImageEventLog([]local.Component{{Name: "x", PCR: pcr}})
+		assert.ErrorContains(t, err, "out of range")
+	}
 }
