@@ -127,7 +127,7 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 
 // TestMeasuredBootLogInEvidence: a node's evidence, issued as nodeboot issues it (choose, the
 // event log read from the file the provider wrote), passes the qemu-vtpm validator the
-// cluster uses, and the same quote with one event of its log changed does not.
+// cluster uses; evidence without the log, or with one event of it changed, does not.
 func TestMeasuredBootLogInEvidence(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs swtpm")
@@ -168,6 +168,14 @@ func TestMeasuredBootLogInEvidence(t *testing.T) {
 		ev := issue(t, vtpm.ReadEventLog(path))
 		_, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 		assert.NoError(t, err)
+	})
+	// Every producer of qemu-vtpm evidence sends the log (nodeboot, the join and verification
+	// services), so the validator requires it: evidence without it hides what was measured.
+	t.Run("no log", func(t *testing.T) {
+		ev := issue(t, nil)
+		_, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
+		assert.ErrorIs(t, err, attestation.ErrMalformed)
+		assert.ErrorContains(t, err, "no event log")
 	})
 	t.Run("one event changed", func(t *testing.T) {
 		bad := bytes.Clone(raw)
