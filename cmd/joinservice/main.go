@@ -8,6 +8,7 @@
 //     when it changes, the others are read at start;
 //   - --pki-dir: the node's /etc/kubernetes/pki (cluster CA, control-plane files);
 //   - --tpm: the node's TPM, opened per use, quoting with its ECC AK;
+//   - --event-log: the node's measured-boot event log, sent with the service's evidence;
 //   - --key-service-tls-dir: ca.crt, joinservice.crt/.key (Secret constellation-keyservice-tls)
 //     for the key service at --key-service;
 //   - the Kubernetes API: in-cluster (service account; KUBERNETES_SERVICE_HOST/PORT set to the
@@ -61,9 +62,9 @@ func main() {
 }
 
 type flags struct {
-	listen, configDir, pkiDir, tpm, metadataURL, keyService, keyServiceTLSDir string
-	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                      string
-	tokenTTL                                                                  time.Duration
+	listen, configDir, pkiDir, tpm, eventLog, metadataURL, keyService, keyServiceTLSDir string
+	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                                string
+	tokenTTL                                                                            time.Duration
 	// Handshake admission (internal/handshakelimit); 0: the service's defaults.
 	rateLimit                               float64
 	rateBurst, perPeer, concurrent, waiting int
@@ -77,6 +78,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	fs.StringVar(&f.configDir, "config-dir", "/etc/constellation/config", "directory of cluster.json, variant, reference-sets.json and ak-roots.pem")
 	fs.StringVar(&f.pkiDir, "pki-dir", deploy.PKIDir, "the control plane's PKI directory (kubeadm layout)")
 	fs.StringVar(&f.tpm, "tpm", "unix:"+deploy.TPMSocket, "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per use")
+	fs.StringVar(&f.eventLog, "event-log", "", "the node's TCG event log, sent with every evidence (empty: none)")
 	fs.StringVar(&f.metadataURL, "metadata-url", metadataclient.DefaultURL, "the platform's metadata service")
 	fs.StringVar(&f.keyService, "key-service", fmt.Sprintf("127.0.0.1:%d", deploy.KeyServicePort), "key service address")
 	fs.StringVar(&f.keyServiceTLSDir, "key-service-tls-dir", "/etc/constellation/keyservice-tls", "directory of ca.crt, joinservice.crt and joinservice.key")
@@ -120,7 +122,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	// The service quotes once per join, on the join's critical path: the ECC AK is the
 	// cheaper one to quote with (vtpm.AKAlgorithm).
-	issuer, err := choose.NewIssuer(ctx, att.Variant, choose.IssuerEnv{TPM: vtpm.OpenAddr(f.tpm), AK: vtpm.AKECC})
+	env := choose.IssuerEnv{TPM: vtpm.OpenAddr(f.tpm), AK: vtpm.AKECC}
+	if f.eventLog != "" {
+		env.EventLog = vtpm.ReadEventLog(f.eventLog)
+	}
+	issuer, err := choose.NewIssuer(ctx, att.Variant, env)
 	if err != nil {
 		return fmt.Errorf("TPM: %w", err)
 	}

@@ -50,23 +50,25 @@ var image = []local.Component{
 }
 
 // node boots a swtpm from image and certifies its AKs; marker, if set, is extended into PCR
-// 15. It returns the swtpm's address (released: used per use) and the node's PCRs.
-func node(t *testing.T, ca *akca.CA, name string, role metadata.Role, marker []byte) (string, map[uint32][]byte) {
+// 15. It returns the swtpm's address (released: used per use) and the file of the boot's
+// event log, as the local provider writes it.
+func node(t *testing.T, ca *akca.CA, name string, role metadata.Role, marker []byte) (string, string) {
 	t.Helper()
 	proc := vtpmtest.SwtpmProcess(t)
 	tpm, err := proc.Open(context.Background())
 	require.NoError(t, err)
 	defer tpm.Close()
-	require.NoError(t, local.Measure(tpm, image))
+	bootLog, err := local.MeasureLogged(tpm, image)
+	require.NoError(t, err)
+	logPath := filepath.Join(t.TempDir(), local.EventLogFile)
+	require.NoError(t, local.WriteEventLog(logPath, bootLog))
 	require.NoError(t, local.CertifyAK(tpm, ca, name, role, time.Now()))
 	require.NoError(t, local.LockPlatform(tpm))
 	if marker != nil {
 		d := sha256.Sum256(marker)
 		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, d[:]))
 	}
-	pcrs, err := tpm.ReadPCRs()
-	require.NoError(t, err)
-	return proc.Addr(), pcrs
+	return proc.Addr(), logPath
 }
 
 // The join service as its DaemonSet runs it: configuration from mounted files, its node's
@@ -85,8 +87,8 @@ func TestRun(t *testing.T) {
 	clusterID, err := kms.ClusterID(ms, salt)
 	require.NoError(t, err)
 
-	serviceTPM, _ := node(t, ca, "control-plane-0", metadata.ControlPlane, clusterID)
-	workerTPM, _ := node(t, ca, "worker-0", metadata.Worker, nil)
+	serviceTPM, serviceLog := node(t, ca, "control-plane-0", metadata.ControlPlane, clusterID)
+	workerTPM, workerLog := node(t, ca, "worker-0", metadata.Worker, nil)
 
 	// What the DaemonSet mounts.
 	dir := t.TempDir()
@@ -134,7 +136,7 @@ func TestRun(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	args := []string{
-		"--listen=" + addr, "--config-dir=" + configDir, "--pki-dir=" + pkiDir, "--tpm=" + serviceTPM,
+		"--listen=" + addr, "--config-dir=" + configDir, "--pki-dir=" + pkiDir, "--tpm=" + serviceTPM, "--event-log=" + serviceLog,
 		"--metadata-url=" + metadataURL, "--key-service=" + keyServiceAddr, "--key-service-tls-dir=" + tlsDir,
 		"--kubeconfig=" + kubeconfig, "--log-level=debug",
 	}
@@ -155,7 +157,7 @@ func TestRun(t *testing.T) {
 	workerRW, err := vtpm.Open(ctx, workerTPM)
 	require.NoError(t, err)
 	t.Cleanup(func() { workerRW.Close() })
-	issuer, err := qemu.NewIssuer(workerRW, nil, nil)
+	issuer, err := qemu.NewIssuer(workerRW, nil, vtpm.ReadEventLog(workerLog))
 	require.NoError(t, err)
 	serviceValidator, err := joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(workerRW)
 	require.NoError(t, err)

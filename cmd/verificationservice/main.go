@@ -1,6 +1,7 @@
 // Command verificationservice answers nonces with fresh evidence of its node, over gRPC and
 // HTTP (internal/verify). It runs on every node of a cluster (DaemonSet
-// constellation-verification-service, host network) and opens the node's TPM per request.
+// constellation-verification-service, host network) and opens the node's TPM per request,
+// sending the node's measured-boot event log (--event-log) with each evidence.
 //
 // Every flag can also be set by the environment variable CONSTELLATION_<FLAG> (upper case,
 // '-' as '_'); the command line wins.
@@ -39,6 +40,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	grpcAddr := fs.String("grpc-listen", ":30081", "gRPC listen address")
 	httpAddr := fs.String("http-listen", ":30080", "HTTP listen address (GET /v1/attest?nonce=<hex>)")
 	tpmAddr := fs.String("tpm", "unix:/run/constellation/tpm.sock", "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per request")
+	eventLogPath := fs.String("event-log", "", "the node's TCG event log, sent with every evidence (empty: none)")
 	akName := fs.String("ak", "rsa", "attestation key: rsa (the node's AK) or ecc")
 	variantName := fs.String("variant", "qemu-vtpm", "attestation variant written into the evidence")
 	maxWaiting := fs.Int("max-waiting", verifyservice.DefaultMaxWaiting, "requests in progress at once, across callers; more are refused (503)")
@@ -73,7 +75,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("--ak %q: want rsa or ecc", *akName)
 	}
 
-	issuer, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(*tpmAddr), vtpm.IssuerConfig{Variant: v, AK: ak})
+	cfg := vtpm.IssuerConfig{Variant: v, AK: ak}
+	if *eventLogPath != "" {
+		cfg.EventLog = vtpm.ReadEventLog(*eventLogPath)
+	}
+	issuer, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(*tpmAddr), cfg)
 	if err != nil {
 		return fmt.Errorf("TPM: %w", err)
 	}

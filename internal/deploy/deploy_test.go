@@ -261,16 +261,16 @@ func TestApply(t *testing.T) {
 		},
 		deploy.JoinService: {
 			controlPlanes: true,
-			args: []string{"--listen=:30090", "--tpm=unix:/run/constellation/tpm.sock", "--pki-dir=/etc/kubernetes/pki", "--key-service=127.0.0.1:9001",
+			args: []string{"--listen=:30090", "--tpm=unix:/run/constellation/tpm.sock", "--event-log=/run/constellation/eventlog", "--pki-dir=/etc/kubernetes/pki", "--key-service=127.0.0.1:9001",
 				"--metadata-url=http://10.42.0.1:8080", "--api-server-endpoint=$(HOST_IP):6443", "--config-dir=/etc/constellation/config"},
 			env:       map[string]string{"KUBERNETES_SERVICE_HOST": "<status.hostIP>", "KUBERNETES_SERVICE_PORT": "6443", "HOST_IP": "<status.hostIP>", "NODE_NAME": "<spec.nodeName>"},
-			hostPaths: map[string]corev1.HostPathType{"/etc/kubernetes/pki": corev1.HostPathDirectory, "/run/constellation/tpm.sock": corev1.HostPathSocket},
+			hostPaths: map[string]corev1.HostPathType{"/etc/kubernetes/pki": corev1.HostPathDirectory, "/run/constellation/tpm.sock": corev1.HostPathSocket, "/run/constellation/eventlog": corev1.HostPathFile},
 			secrets:   []string{clusterrecord.KeyServiceTLSSecretName},
 			root:      true,
 		},
 		deploy.VerificationService: {
-			args:      []string{"--grpc-listen=:30081", "--http-listen=:30080", "--tpm=unix:/run/constellation/tpm.sock", "--variant=qemu-vtpm"},
-			hostPaths: map[string]corev1.HostPathType{"/run/constellation/tpm.sock": corev1.HostPathSocket},
+			args:      []string{"--grpc-listen=:30081", "--http-listen=:30080", "--tpm=unix:/run/constellation/tpm.sock", "--event-log=/run/constellation/eventlog", "--variant=qemu-vtpm"},
+			hostPaths: map[string]corev1.HostPathType{"/run/constellation/tpm.sock": corev1.HostPathSocket, "/run/constellation/eventlog": corev1.HostPathFile},
 			root:      true,
 		},
 	} {

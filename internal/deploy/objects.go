@@ -37,7 +37,10 @@ const (
 	VerificationHTTPPort = 30080
 	APIServerPort        = 6443
 	TPMSocket            = "/run/constellation/tpm.sock"
-	PKIDir               = "/etc/kubernetes/pki"
+	// EventLog is the TCG event log of the node's measured boot, which the services send
+	// with their evidence (verifiers replay it against the quoted PCRs).
+	EventLog = "/run/constellation/eventlog"
+	PKIDir   = "/etc/kubernetes/pki"
 )
 
 // BinDir is where the services image holds the three binaries (joinservice, keyservice,
@@ -172,6 +175,14 @@ func tpmMount() *corev1ac.VolumeMountApplyConfiguration {
 	return corev1ac.VolumeMount().WithName("tpm").WithMountPath(TPMSocket)
 }
 
+func eventLogVolume() *corev1ac.VolumeApplyConfiguration {
+	return corev1ac.Volume().WithName("eventlog").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(EventLog).WithType(corev1.HostPathFile))
+}
+
+func eventLogMount() *corev1ac.VolumeMountApplyConfiguration {
+	return corev1ac.VolumeMount().WithName("eventlog").WithMountPath(EventLog).WithReadOnly(true)
+}
+
 func keyServiceTLSVolume(cert, key string) *corev1ac.VolumeApplyConfiguration {
 	return corev1ac.Volume().WithName("keyservice-tls").WithSecret(corev1ac.SecretVolumeSource().
 		WithSecretName(clusterrecord.KeyServiceTLSSecretName).WithDefaultMode(0o440).
@@ -221,6 +232,7 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 		"--config-dir="+configDir,
 		"--pki-dir="+PKIDir,
 		"--tpm=unix:"+TPMSocket,
+		"--event-log="+EventLog,
 		"--metadata-url="+p.metadataURL,
 		fmt.Sprintf("--key-service=127.0.0.1:%d", KeyServicePort),
 		"--key-service-tls-dir="+keyServiceTLSDir,
@@ -239,6 +251,7 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 			corev1ac.VolumeMount().WithName("keyservice-tls").WithMountPath(keyServiceTLSDir).WithReadOnly(true),
 			corev1ac.VolumeMount().WithName("pki").WithMountPath(PKIDir).WithReadOnly(true),
 			tpmMount(),
+			eventLogMount(),
 		)
 	pod := onControlPlanes(corev1ac.PodSpec()).
 		WithAutomountServiceAccountToken(true).
@@ -258,6 +271,7 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 			keyServiceTLSVolume(clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey),
 			corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(PKIDir).WithType(corev1.HostPathDirectory)),
 			tpmVolume(),
+			eventLogVolume(),
 		)
 	return daemonSet(JoinService, pod)
 }
@@ -269,15 +283,16 @@ func verificationServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguratio
 		fmt.Sprintf("--grpc-listen=:%d", VerificationGRPCPort),
 		fmt.Sprintf("--http-listen=:%d", VerificationHTTPPort),
 		"--tpm=unix:"+TPMSocket,
+		"--event-log="+EventLog,
 		"--variant="+p.variant,
 		"--log-level="+p.logLevel,
 	).WithSecurityContext(restricted(0)).
 		WithReadinessProbe(tcpProbe("", VerificationGRPCPort)).
-		WithVolumeMounts(tpmMount())
+		WithVolumeMounts(tpmMount(), eventLogMount())
 	pod := corev1ac.PodSpec().
 		WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
 		WithAutomountServiceAccountToken(false).
 		WithContainers(c).
-		WithVolumes(tpmVolume())
+		WithVolumes(tpmVolume(), eventLogVolume())
 	return daemonSet(VerificationService, pod)
 }

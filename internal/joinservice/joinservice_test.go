@@ -149,7 +149,8 @@ func newEnv(t testing.TB, opts envOptions) *env {
 
 	// The service's node: booted from the image, AK certified, initialized (PCR 15).
 	serviceTPM, _ := vtpmtest.Swtpm(t)
-	require.NoError(t, local.Measure(serviceTPM, opts.serviceImg))
+	serviceLog, err := local.MeasureLogged(serviceTPM, opts.serviceImg)
+	require.NoError(t, err)
 	require.NoError(t, local.CertifyAK(serviceTPM, e.akCA, "control-plane-0", metadata.ControlPlane, time.Now()))
 	if !opts.noClusterID {
 		ms, err := e.secret.MeasurementSecret()
@@ -161,7 +162,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	}
 	// The service quotes with its ECC AK (vtpm.AKAlgorithm): its quote is on every join's path.
 	var issuer attestation.Issuer
-	issuer, err = vtpm.NewIssuer(serviceTPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
+	issuer, err = vtpm.NewIssuer(serviceTPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC, EventLog: func() ([]byte, error) { return serviceLog, nil }})
 	require.NoError(t, err)
 	if opts.wrapIssuer != nil {
 		issuer = opts.wrapIssuer(issuer)

@@ -73,7 +73,7 @@ func TestAttacks(t *testing.T) {
 	// The compromised worker quotes with its own TPM and the AK certified for worker-0.
 	workerIssuer := func(t *testing.T) attestation.Issuer {
 		iss, err := vtpm.NewPerUseIssuer(context.Background(), vtpm.OpenAddr("unix:"+filepath.Join(nodeDir(worker.Name), "tpm", "tpm.sock")),
-			vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKRSA})
+			vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(filepath.Join(nodeDir(worker.Name), "tpm", local.EventLogFile))})
 		require.NoError(t, err)
 		return iss
 	}
@@ -166,11 +166,12 @@ func TestAttacks(t *testing.T) {
 		require.NoError(t, err)
 		image, err := local.ImageComponents(worker.ImageDir)
 		require.NoError(t, err)
-		require.NoError(t, local.Measure(tpm, image))
+		bootLog, err := local.MeasureLogged(tpm, image)
+		require.NoError(t, err)
 		otherCA, err := akca.New("another cluster's AK CA", time.Now(), time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, local.CertifyAK(tpm, otherCA, worker.Name, metadata.Worker, time.Now()))
-		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM})
+		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, EventLog: func() ([]byte, error) { return bootLog, nil }})
 		require.NoError(t, err)
 		_, err = outside.joinTicket(t, joinService, iss, &joinpb.IssueJoinTicketRequest{
 			DiskUuid: uuid.NewString(), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),

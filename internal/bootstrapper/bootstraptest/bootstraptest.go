@@ -46,6 +46,9 @@ type Node struct {
 	Node    *node.Node
 	// StateDir is where the unlocked storage is visible.
 	StateDir string
+	// EventLog is the event log of the node's current boot (local.MeasureLogged), which its
+	// issuers send as the node's do.
+	EventLog []byte
 }
 
 // NodeOptions describe a test node's platform: what the provider measures and certifies.
@@ -104,7 +107,8 @@ func (n *Node) powerOn(t testing.TB, certify func()) {
 	require.NoError(t, err)
 	n.TPM, err = n.swtpm.Open(context.Background())
 	require.NoError(t, err)
-	require.NoError(t, local.Measure(n.TPM, n.opts.Image))
+	n.EventLog, err = local.MeasureLogged(n.TPM, n.opts.Image)
+	require.NoError(t, err)
 	certify()
 	require.NoError(t, local.LockPlatform(n.TPM))
 }
@@ -152,14 +156,18 @@ func (n *Node) PCR15(t testing.TB) []byte {
 	return pcrs[nodelock.Register]
 }
 
-// Issuer returns the node's evidence issuer (qemu-vtpm, certified RSA AK).
+// Issuer returns the node's evidence issuer (qemu-vtpm, certified RSA AK), sending the event
+// log of the node's current boot.
 func (n *Node) Issuer(t testing.TB) *vtpm.Issuer {
 	t.Helper()
-	iss, err := qemu.NewIssuer(n.TPM, nil, nil)
+	iss, err := qemu.NewIssuer(n.TPM, nil, n.ReadEventLog)
 	require.NoError(t, err)
 	t.Cleanup(func() { iss.Close() })
 	return iss
 }
+
+// ReadEventLog returns the event log of the node's current boot: an issuer's EventLog.
+func (n *Node) ReadEventLog() ([]byte, error) { return n.EventLog, nil }
 
 // Validator accepts nodes booted from Image with AKs certified by ca.
 func Validator(t testing.TB, ca *akca.CA) *vtpm.Validator {

@@ -30,6 +30,9 @@ type SoftwareIssuer struct {
 	pcrs    [][]byte
 	digest  []byte
 	variant variant.Variant
+	// EventLog is sent with the evidence: a log the attacker forged to match the PCRs it
+	// shows, as it can (the log is no more trusted than the quote).
+	EventLog []byte
 }
 
 // NewSoftwareIssuer returns an issuer showing pcrs (missing registers read zero).
@@ -91,5 +94,5 @@ func (s *SoftwareIssuer) Issue(_ context.Context, purpose attestation.Purpose, d
 	if err != nil {
 		return nil, err
 	}
-	return proto.Marshal(&vtpmpb.Evidence{Variant: s.variant.String(), AkPublic: s.akPub, Quote: quoted, Signature: rawSig, Pcrs: s.pcrs})
+	return proto.Marshal(&vtpmpb.Evidence{Variant: s.variant.String(), AkPublic: s.akPub, Quote: quoted, Signature: rawSig, Pcrs: s.pcrs, EventLog: s.EventLog})
 }

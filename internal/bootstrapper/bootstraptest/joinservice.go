@@ -90,9 +90,12 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 			pcrs[i] = m.Expected
 		}
 		pcrs[joinservice.ClusterIDRegister] = kms.InitializedPCR15(c.ClusterID)
-		issuer = NewSoftwareIssuer(t, pcrs)
+		soft := NewSoftwareIssuer(t, pcrs)
+		soft.EventLog, err = local.ImageEventLog(Image)
+		require.NoError(t, err)
+		issuer = soft
 	} else {
-		tpmIssuer, err := vtpm.NewIssuer(service.TPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC})
+		tpmIssuer, err := vtpm.NewIssuer(service.TPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC, EventLog: service.ReadEventLog})
 		require.NoError(t, err)
 		t.Cleanup(func() { tpmIssuer.Close() })
 		issuer = tpmIssuer

@@ -8,10 +8,14 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
+
+	"github.com/google/go-eventlog/tcg"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -53,11 +57,69 @@ func BytesComponent(name string, pcr int, data []byte) Component {
 }
 
 // Measure extends each component into the node's TPM, in order, as firmware would at boot.
+// It keeps no event log; MeasureLogged is the measured boot of a node.
 func Measure(tpm *vtpm.TPM, image []Component) error {
+	_, err := MeasureLogged(tpm, image)
+	return err
+}
+
+// MeasureLogged extends each component into the node's TPM, in order, and returns the TCG
+// event log of these extensions (crypto-agile, SHA-256): one EV_IPL event per component,
+// carrying its name, recorded before the extension as firmware records it. A TPM startup
+// resets the PCRs, so the log of one boot is the whole log: the provider rewrites it at
+// every boot. Verifiers replay it against the quoted PCRs; it is no more trusted than that.
+func MeasureLogged(tpm *vtpm.TPM, image []Component) ([]byte, error) {
+	log, err := ImageEventLog(image)
+	if err != nil {
+		return nil, err
+	}
 	for _, c := range image {
 		if err := tpm.ExtendPCR(c.PCR, c.Digest[:]); err != nil {
-			return fmt.Errorf("measuring %s: %w", c.Name, err)
+			return nil, fmt.Errorf("measuring %s: %w", c.Name, err)
 		}
+	}
+	return log, nil
+}
+
+// ImageEventLog computes offline the event log MeasureLogged writes for image, as
+// ExpectedPCRs computes the PCRs: what a node booting image sends with its evidence.
+func ImageEventLog(image []Component) ([]byte, error) {
+	log := eventlog.NewBuilder()
+	for _, c := range image {
+		if c.PCR < 0 || c.PCR >= eventlog.NumPCRs {
+			return nil, fmt.Errorf("measuring %s: PCR %d out of range", c.Name, c.PCR)
+		}
+		log.AddDigest(uint32(c.PCR), tcg.Ipl, c.Digest, []byte(c.Name))
+	}
+	return log.Bytes(), nil
+}
+
+// EventLogFile is the name of the event log in a node's TPM folder, next to the swtpm's
+// state and socket: written by the provider at every boot, read by the node (nodeos binds
+// it read-only into the node's /run).
+const EventLogFile = "eventlog"
+
+// WriteEventLog replaces the event log file at path with log, atomically: a node that reads
+// it while the provider writes sees the old or the new log, never half of one.
+func WriteEventLog(path string, log []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("writing the event log: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(log); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing the event log: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing the event log: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("writing the event log: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("writing the event log: %w", err)
 	}
 	return nil
 }

@@ -316,7 +316,7 @@ func vtpmValidator(ref Reference, opts Options, cfg vtpm.ValidatorConfig) (attes
 // qemu-vtpm: a TPM quote; the AK is trusted through the platform's AK CA when roots are
 // given (the local provider always gives its own).
 func newQEMUVTPMValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	return vtpmValidator(ref, opts, vtpm.ValidatorConfig{})
+	return vtpmValidator(ref, opts, vtpm.ValidatorConfig{EventLog: vtpm.EventLogRequired})
 }
 
 // newVTPMIssuer is the issuer of the TPM-only variants: a quote of the whole SHA-256 bank.

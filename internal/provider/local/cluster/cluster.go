@@ -420,7 +420,12 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 	if err != nil {
 		return err
 	}
-	err = local.Measure(tpm, image)
+	// The firmware's event log of this boot replaces the last boot's (the power cycle reset
+	// the PCRs); it is written before the node starts, which reads it (nodeos).
+	bootLog, err := local.MeasureLogged(tpm, image)
+	if err == nil {
+		err = local.WriteEventLog(filepath.Join(dir, "tpm", local.EventLogFile), bootLog)
+	}
 	if err == nil {
 		err = local.CertifyAK(tpm, p.ca, name, n.spec.Role, time.Now())
 	}

@@ -154,7 +154,7 @@ func report(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, 
 func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
 	open := vtpm.OpenAddr("unix:" + nodeos.TPMSocket)
 	tpm := vtpm.PerUseTPM{Open: open}
-	issuer, err := choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: open, AK: vtpm.AKRSA})
+	issuer, err := choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: open, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(nodeos.EventLog)})
 	if err != nil {
 		return "", fmt.Errorf("loading the node's attestation key: %w", err)
 	}

@@ -27,12 +27,16 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/internal/provider/local"
 )
 
 // Paths inside a node (docs/local-provider.md).
 const (
-	RunDir            = "/run/constellation"
-	TPMSocket         = RunDir + "/tpm.sock"
+	RunDir    = "/run/constellation"
+	TPMSocket = RunDir + "/tpm.sock"
+	// EventLog is the TCG event log of the node's measured boot, the provider's (the
+	// sandbox's binary_bios_measurements), bound read-only.
+	EventLog          = RunDir + "/eventlog"
 	StateMount        = RunDir + "/state"
 	CNIConfDir        = RunDir + "/cni"
 	ContainerdSocket  = "/run/containerd/containerd.sock"
@@ -92,6 +96,9 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 	}
 	if err := bindFile(filepath.Join(cfg.NodeDir, "tpm", "tpm.sock"), TPMSocket); err != nil {
 		return nil, fmt.Errorf("attaching the vTPM: %w", err)
+	}
+	if err := bindFileReadOnly(filepath.Join(cfg.NodeDir, "tpm", local.EventLogFile), EventLog); err != nil {
+		return nil, fmt.Errorf("attaching the boot's event log: %w", err)
 	}
 	if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log")); err != nil {
 		return nil, err
@@ -395,6 +402,18 @@ func overlay(target, dir string) error {
 	opts := fmt.Sprintf("userxattr,lowerdir=%s,upperdir=%s,workdir=%s", target, upper, work)
 	if err := syscall.Mount("overlay", target, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mounting overlay on %s: %w", target, err)
+	}
+	return nil
+}
+
+// bindFileReadOnly binds src on dst and makes the mount read-only (a bind mount takes the
+// flag only on a remount): what the node's software reads there, it cannot change for others.
+func bindFileReadOnly(src, dst string) error {
+	if err := bindFile(src, dst); err != nil {
+		return err
+	}
+	if err := syscall.Mount("", dst, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("making %s read-only: %w", dst, err)
 	}
 	return nil
 }
