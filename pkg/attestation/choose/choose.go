@@ -314,7 +314,9 @@ func vtpmValidator(ref Reference, opts Options, cfg vtpm.ValidatorConfig) (attes
 }
 
 // qemu-vtpm: a TPM quote; the AK is trusted through the platform's AK CA when roots are
-// given (the local provider always gives its own).
+// given (the local provider always gives its own). Every producer of qemu-vtpm evidence (the
+// nodes, the join service, the verification service) sends the event log of the node's
+// measured boot, so the log is required and replayed against the quoted PCRs.
 func newQEMUVTPMValidator(ref Reference, opts Options) (attestation.Validator, error) {
 	return vtpmValidator(ref, opts, vtpm.ValidatorConfig{EventLog: vtpm.EventLogRequired})
 }
