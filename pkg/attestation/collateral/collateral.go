@@ -337,28 +337,32 @@ func NextUpdate(body []byte, fallback time.Time) time.Time {
 	return fallback
 }
 
-func crlNextUpdate(body []byte) (time.Time, bool) {
-	der := body
-	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
-		der = block.Bytes
-	}
-	crl, err := x509.ParseRevocationList(der)
-	if err != nil || crl.NextUpdate.IsZero() {
-		return time.Time{}, false
-	}
-	return crl.NextUpdate, true
-}
-
-func crlThisUpdate(body []byte) time.Time {
+// parseCRL parses a DER or PEM CRL, or returns nil.
+func parseCRL(body []byte) *x509.RevocationList {
 	der := body
 	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
 		der = block.Bytes
 	}
 	crl, err := x509.ParseRevocationList(der)
 	if err != nil {
-		return time.Time{}
+		return nil
 	}
-	return crl.ThisUpdate
+	return crl
+}
+
+func crlNextUpdate(body []byte) (time.Time, bool) {
+	crl := parseCRL(body)
+	if crl == nil || crl.NextUpdate.IsZero() {
+		return time.Time{}, false
+	}
+	return crl.NextUpdate, true
+}
+
+func crlThisUpdate(body []byte) time.Time {
+	if crl := parseCRL(body); crl != nil {
+		return crl.ThisUpdate
+	}
+	return time.Time{}
 }
 
 func jsonIssueDate(body []byte) time.Time {
