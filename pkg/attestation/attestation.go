@@ -13,6 +13,7 @@ package attestation
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/sha512"
 	"errors"
 	"fmt"
 
@@ -115,6 +116,21 @@ func ClusterIDMarker(clusterID []byte) []byte {
 	digest := sha256.Sum256(clusterID)
 	v := sha256.Sum256(append(make([]byte, 32), digest[:]...))
 	return v[:]
+}
+
+// ClusterIDMarkerOf returns the cluster-ID marker of a register of registerLen bytes: a
+// SHA-256 PCR (32, ClusterIDMarker) or a SHA-384 TDX RTMR (48:
+// SHA384(0^48 || SHA384(clusterID))). Nil for any other size: no marker can match.
+func ClusterIDMarkerOf(registerLen int, clusterID []byte) []byte {
+	switch registerLen {
+	case sha256.Size:
+		return ClusterIDMarker(clusterID)
+	case sha512.Size384:
+		digest := sha512.Sum384(clusterID)
+		v := sha512.Sum384(append(make([]byte, sha512.Size384), digest[:]...))
+		return v[:]
+	}
+	return nil
 }
 
 // Issuer produces evidence of the platform it runs on, bound to a purpose and caller data.

@@ -43,9 +43,7 @@ const (
 // starts at zero, so the marker is SHA-384(0^48 || SHA-384(clusterID)). It is the TDX
 // counterpart of attestation.ClusterIDMarker (SHA-256, for PCR 15).
 func ClusterIDMarker(clusterID []byte) []byte {
-	digest := sha512.Sum384(clusterID)
-	v := sha512.Sum384(append(make([]byte, sha512.Size384), digest[:]...))
-	return v[:]
+	return attestation.ClusterIDMarkerOf(sha512.Size384, clusterID)
 }
 
 // ReportDataFor returns the REPORTDATA a TD quote for purpose over data must carry:
