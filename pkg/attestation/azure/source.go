@@ -2,11 +2,25 @@ package azure
 
 import (
 	"fmt"
+	"io"
 
+	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
 
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
+
+// AKHandle is the persistent handle of the attestation key Azure's HCL provisions in the
+// vTPM: the key its runtime data names (HCLAkPub), so the key an Azure issuer must quote with.
+const AKHandle = tpmutil.Handle(0x81000003)
+
+// LoadAK loads the HCL's attestation key (for vtpm.IssuerConfig.LoadAK). It fails if the
+// platform provisioned none: go-tpm-tools' default AK would be another key, which no
+// runtime data names.
+func LoadAK(rw io.ReadWriter) (*client.Key, error) {
+	return client.LoadCachedKey(rw, AKHandle, client.NullSession{})
+}
 
 // ReadHCLReport reads the HCL report from the vTPM's NV index HCLReportNVIndex, checks that it
 // parses and holds a hardware report of type want, and returns it as read (the validator

@@ -21,7 +21,6 @@ import (
 	"github.com/google/go-sev-guest/kds"
 	sevtest "github.com/google/go-sev-guest/testing"
 	"github.com/google/go-sev-guest/verify"
-	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -237,14 +236,8 @@ func bootNode(t *testing.T, amd *fakeAMD) *node {
 	}
 	tpm, _ := vtpmtest.Swtpm(t)
 	// The AK is persistent: a plain issuer loads (or creates) the same key NewIssuer uses.
-	plain, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: azuresnp.Variant})
-	require.NoError(t, err)
-	pub, err := tpm2.DecodePublic(plain.AKPublic())
-	require.NoError(t, err)
-	key, err := pub.Key()
-	require.NoError(t, err)
-	require.NoError(t, plain.Close())
-	ak := key.(*rsa.PublicKey)
+	// The HCL's AK at its handle, as Azure provisions it; the issuer quotes with it.
+	ak := azuretest.ProvisionAK(t, tpm)
 
 	require.NoError(t, tpm.WriteNV(azure.HCLReportNVIndex, amd.hclReport(t, ak)))
 	iss, err := azuresnp.NewIssuer(tpm, amd)
@@ -416,6 +409,7 @@ func TestIssuerWithoutHCLReport(t *testing.T) {
 		t.Skip("starts swtpm")
 	}
 	tpm, _ := vtpmtest.Swtpm(t)
+	azuretest.ProvisionAK(t, tpm)
 	iss, err := azuresnp.NewIssuer(tpm, newFakeAMD(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = iss.Close() })
@@ -474,13 +468,7 @@ func BenchmarkValidate(b *testing.B) {
 	}
 	amd := newFakeAMD(b)
 	tpm, _ := vtpmtest.Swtpm(b)
-	plain, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: azuresnp.Variant})
-	require.NoError(b, err)
-	pub, err := tpm2.DecodePublic(plain.AKPublic())
-	require.NoError(b, err)
-	key, err := pub.Key()
-	require.NoError(b, err)
-	require.NoError(b, tpm.WriteNV(azure.HCLReportNVIndex, amd.hclReport(b, key.(*rsa.PublicKey))))
+	require.NoError(b, tpm.WriteNV(azure.HCLReportNVIndex, amd.hclReport(b, azuretest.ProvisionAK(b, tpm))))
 	iss, err := azuresnp.NewIssuer(tpm, amd)
 	require.NoError(b, err)
 	pcrs, err := tpm.ReadPCRs()
@@ -526,4 +514,17 @@ func encode(t testing.TB, ev *vtpmpb.Evidence) []byte {
 	b, err := proto.Marshal(ev)
 	require.NoError(t, err)
 	return b
+}
+
+// The issuer quotes only with the HCL's AK (azure.AKHandle): on a vTPM without it, it
+// refuses to be built rather than quote with go-tpm-tools' default AK, which no runtime data
+// names.
+func TestIssuerNeedsTheHCLAK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts swtpm")
+	}
+	tpm, _ := vtpmtest.Swtpm(t)
+	_, err := azuresnp.NewIssuer(tpm, newFakeAMD(t))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "platform")
 }

@@ -176,5 +176,6 @@ func NewIssuer(tpm *vtpm.TPM, certs CertificateSource) (*vtpm.Issuer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant, Hardware: src})
+	// The HCL's AK, which the runtime data names (azure.AKHandle).
+	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant, Hardware: src, LoadAK: azure.LoadAK})
 }

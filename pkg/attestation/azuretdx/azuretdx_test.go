@@ -17,7 +17,6 @@ import (
 	"github.com/google/go-tdx-guest/abi"
 	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
 	"github.com/google/go-tdx-guest/testing/testdata"
-	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -173,14 +172,8 @@ func bootNode(t *testing.T) *node {
 		t.Skip("starts swtpm")
 	}
 	tpm, _ := vtpmtest.Swtpm(t)
-	plain, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant})
-	require.NoError(t, err)
-	pub, err := tpm2.DecodePublic(plain.AKPublic())
-	require.NoError(t, err)
-	key, err := pub.Key()
-	require.NoError(t, err)
-	require.NoError(t, plain.Close())
-	ak := key.(*rsa.PublicKey)
+	// The HCL's AK at its handle, as Azure provisions it; the issuer quotes with it.
+	ak := azuretest.ProvisionAK(t, tpm)
 
 	require.NoError(t, tpm.WriteNV(azure.HCLReportNVIndex, hclReport(t, ak)))
 	intel := &fakeIntel{}

@@ -6,9 +6,35 @@ import (
 	"crypto/rsa"
 	"encoding/binary"
 	"encoding/json"
+	"io"
+	"testing"
+
+	"github.com/google/go-tpm-tools/client"
+	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
+
+// ProvisionAK creates the HCL's attestation key at azure.AKHandle in tpm, as Azure's HCL
+// does at boot, and returns its public key (what runtime data names).
+func ProvisionAK(t testing.TB, tpm *vtpm.TPM) *rsa.PublicKey {
+	t.Helper()
+	var pub *rsa.PublicKey
+	err := tpm.With(func(rw io.ReadWriter) error {
+		ak, err := client.NewCachedKey(rw, tpm2.HandleOwner, client.AKTemplateRSA(), azure.AKHandle)
+		if err != nil {
+			return err
+		}
+		defer ak.Close()
+		pub = ak.PublicKey().(*rsa.PublicKey)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("provisioning the HCL AK: %v", err)
+	}
+	return pub
+}
 
 // RuntimeData returns runtime data naming ak (and ek, if not nil) as the HCL does.
 func RuntimeData(ak, ek *rsa.PublicKey) []byte {
