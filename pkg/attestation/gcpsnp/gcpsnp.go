@@ -40,6 +40,8 @@ import (
 	"log/slog"
 	"time"
 
+	tpmclient "github.com/google/go-tpm-tools/client"
+
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/client"
 
@@ -139,7 +141,10 @@ type IssuerConfig struct {
 }
 
 // NewIssuer returns a gcp-sev-snp issuer on tpm: each evidence gets a fresh SEV-SNP report
-// bound to its nonce and the AK.
+// bound to its nonce and the AK. It quotes with GCE's AK (the key of the template GCE stores
+// at NV index 0x01c10001, whose certificate it stores at 0x01c10000), the one Google
+// certifies; on a vTPM without that template it fails rather than use another key. The key
+// is loaded when the issuer is built and held until Close.
 func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 	src, err := snpissuer.New(snpissuer.Config{
 		QuoteProvider: cfg.QuoteProvider,
@@ -149,7 +154,10 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: Variant, AKCert: cfg.AKCert, EventLog: cfg.EventLog, Hardware: src})
+	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{
+		Variant: Variant, LoadAK: tpmclient.GceAttestationKeyRSA, AKCertNVIndex: uint32(tpmclient.GceAKCertNVIndexRSA),
+		AKCert: cfg.AKCert, EventLog: cfg.EventLog, Hardware: src,
+	})
 }
 
 // ValidatorConfig configures a gcp-sev-snp validator.

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	tpmclient "github.com/google/go-tpm-tools/client"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -111,15 +113,42 @@ func newVM(t testing.TB, tpm *vtpm.TPM, opts snpfake.Options, ca *akca.CA, carry
 	require.NoError(t, err)
 	pcrs, err := tpm.ReadPCRs()
 	require.NoError(t, err)
+	provisionGCEAK(t, tpm)
 	iss, err := gcpsnp.NewIssuer(tpm, gcpsnp.IssuerConfig{QuoteProvider: p.QuoteProvider(), Collateral: carry})
 	require.NoError(t, err)
 	if ca != nil {
 		cert, err := ca.CertifyAK(iss.AKPublic(), "gce-instance", metadata.Worker, start, 90*24*time.Hour)
 		require.NoError(t, err)
+		// GCE's AK is a transient key the issuer holds: release it before loading it again.
+		require.NoError(t, iss.Close())
 		iss, err = gcpsnp.NewIssuer(tpm, gcpsnp.IssuerConfig{AKCert: cert, QuoteProvider: p.QuoteProvider(), Collateral: carry})
 		require.NoError(t, err)
 	}
+	t.Cleanup(func() { _ = iss.Close() })
 	return &vm{platform: p, issuer: iss, pcrs: measurementstest.FromRegisters(gcpsnp.Variant, pcrs)}
+}
+
+// provisionGCEAK stores GCE's AK template in the vTPM, as GCE does, once per TPM.
+func provisionGCEAK(t testing.TB, tpm *vtpm.TPM) {
+	t.Helper()
+	if _, err := tpm.ReadNV(tpmclient.GceAKTemplateNVIndexRSA); err == nil {
+		return
+	} else if !errors.Is(err, vtpm.ErrNVNotDefined) {
+		require.NoError(t, err)
+	}
+	tmpl, err := tpmclient.AKTemplateRSA().Encode()
+	require.NoError(t, err)
+	require.NoError(t, tpm.WriteNV(tpmclient.GceAKTemplateNVIndexRSA, tmpl))
+}
+
+// The issuer quotes only with GCE's AK: without its template in the vTPM it refuses to be
+// built rather than quote with a key Google never certified.
+func TestIssuerNeedsGCEAK(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	p, err := snpfake.New(snpfake.Options{ProductName: "Milan-B0", Chip: 1, Now: start, Measurement: measurement})
+	require.NoError(t, err)
+	_, err = gcpsnp.NewIssuer(tpm, gcpsnp.IssuerConfig{QuoteProvider: p.QuoteProvider()})
+	require.Error(t, err)
 }
 
 func (v *vm) issue(t testing.TB, data []byte) []byte {
