@@ -56,6 +56,8 @@ type Source struct {
 
 	mu sync.Mutex // guards provider
 	qp client.QuoteProvider
+	// find looks up the platform's quote provider (client.GetQuoteProvider).
+	find func() (client.QuoteProvider, error)
 }
 
 // New returns a source.
@@ -63,7 +65,7 @@ func New(cfg Config) (*Source, error) {
 	if cfg.ReportData == nil {
 		return nil, errors.New("SEV-SNP hardware source: no report data binding")
 	}
-	return &Source{cfg: cfg, qp: cfg.QuoteProvider}, nil
+	return &Source{cfg: cfg, qp: cfg.QuoteProvider, find: client.GetQuoteProvider}, nil
 }
 
 // provider returns the quote provider, finding the platform's on first use (so a Source can
@@ -74,7 +76,7 @@ func (s *Source) provider() (client.QuoteProvider, error) {
 	if s.qp != nil {
 		return s.qp, nil
 	}
-	qp, err := client.GetQuoteProvider()
+	qp, err := s.find()
 	if err != nil {
 		return nil, fmt.Errorf("no SEV-SNP guest device (configfs-tsm or /dev/sev-guest): %w", err)
 	}
