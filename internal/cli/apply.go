@@ -185,7 +185,7 @@ func clusterAttestation(ctx context.Context, platform provider.Provider, conf *c
 	// verified the first node with.
 	attest := clusterrecord.Attestation{
 		Variant: ref.Variant, ReferenceSets: ref.Measurements, AKRootsPEM: []byte(ref.AKRoots),
-		Hardware: clusterrecord.Hardware{SNP: ref.SNP, TDX: ref.TDX, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK},
+		Hardware: ref.HardwareValues,
 	}
 	return attest, validator, nil
 }

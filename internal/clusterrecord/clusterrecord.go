@@ -29,8 +29,6 @@ import (
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
-	"github.com/openconstellation/constellation/pkg/attestation/snp"
-	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -160,17 +158,10 @@ type Attestation struct {
 	Hardware Hardware
 }
 
-// Hardware is the part of choose.Values that is neither measurements nor AK roots: the
-// hardware block of the variant, if it has one. Its JSON form is the record's hardware.json
-// and the init request's hardware field; the keys are the configuration file's.
-type Hardware struct {
-	SNP                     *snp.Reference `json:"snp,omitempty"`
-	TDX                     *tdx.Reference `json:"tdx,omitempty"`
-	AcceptUnauthenticatedAK bool           `json:"acceptUnauthenticatedAK,omitempty"`
-}
-
-// IsZero reports whether h holds nothing (a variant without a hardware block).
-func (h Hardware) IsZero() bool { return h == Hardware{} }
+// Hardware is the variant's hardware block (choose.HardwareValues). Its JSON form is the
+// record's hardware.json and the init request's hardware field; the keys are the
+// configuration file's.
+type Hardware = choose.HardwareValues
 
 // ParseHardware decodes hardware.json strictly: an unknown field is an error, so a
 // misspelled or misplaced setting (measurements and AK roots have keys of their own) is not
@@ -206,8 +197,7 @@ func ParseHardware(data []byte) (Hardware, error) {
 // Reference returns what evidence is checked against (choose.NewValidator).
 func (a Attestation) Reference() choose.Reference {
 	return choose.Reference{Variant: a.Variant, Values: choose.Values{
-		Measurements: a.ReferenceSets, AKRoots: string(a.AKRootsPEM),
-		SNP: a.Hardware.SNP, TDX: a.Hardware.TDX, AcceptUnauthenticatedAK: a.Hardware.AcceptUnauthenticatedAK,
+		Measurements: a.ReferenceSets, AKRoots: string(a.AKRootsPEM), HardwareValues: a.Hardware,
 	}}
 }
 

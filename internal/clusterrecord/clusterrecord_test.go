@@ -232,7 +232,7 @@ func TestParseHardwareRefuses(t *testing.T) {
 	}
 	h, err := clusterrecord.ParseHardware([]byte(" \n"))
 	require.NoError(t, err)
-	assert.True(t, h.IsZero())
+	assert.Equal(t, clusterrecord.Hardware{}, h)
 }
 
 func mustCA(t *testing.T) *pki.CA {

@@ -14,7 +14,6 @@ package config
 
 import (
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -28,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
-	"github.com/openconstellation/constellation/internal/pki"
 	localprovider "github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -463,19 +461,6 @@ func validateReferenceSets(v *validator, path string, sets measurements.Referenc
 			}
 		}
 	}
-}
-
-// ParseAKRoots parses PEM CA certificates: at least one, only CERTIFICATE blocks, each a CA,
-// nothing else in the text.
-func ParseAKRoots(text string) (*x509.CertPool, error) {
-	pool, n, err := pki.ParseCAPool([]byte(text))
-	if err != nil {
-		return nil, err
-	}
-	if n == 0 {
-		return nil, errors.New("no PEM certificate found")
-	}
-	return pool, nil
 }
 
 // validator collects field problems.

@@ -59,6 +59,15 @@ type Values struct {
 	// platform's AK CA). gcp-sev-snp defaults to Google's pinned roots; qemu-vtpm's local
 	// provider adds its own CA.
 	AKRoots string `json:"akRoots,omitempty"`
+	// HardwareValues (inline: snp, tdx, acceptUnauthenticatedAK) are the variant's hardware
+	// block.
+	HardwareValues
+}
+
+// HardwareValues are the part of Values that is neither measurements nor AK roots: what a
+// variant requires of the hardware report beside the registers, or its explicit opt-in. The
+// cluster records them as their own document (hardware.json).
+type HardwareValues struct {
 	// SNP is the SEV-SNP hardware reference (product lines, minimum TCB, guest policy,
 	// VMPL, measurement, ID-key digests): required by azure-sev-snp, aws-sev-snp and
 	// gcp-sev-snp, refused by the others.
@@ -114,16 +123,21 @@ type IssuerEnv struct {
 
 // entry is one implemented variant.
 type entry struct {
-	validator func(ref Reference, opts Options) (attestation.Validator, error)
+	// validator builds the variant's validator from a checked ref and its parsed AK roots
+	// (nil if none are configured).
+	validator func(ref Reference, akRoots *x509.CertPool, opts Options) (attestation.Validator, error)
 	issuer    func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error)
 	hardware  hardwareKind
+	// noAKRoots marks variants whose AK no certificate vouches for (the hardware report
+	// names it, or nothing does): configured AK roots would be ignored, so they are refused.
+	noAKRoots bool
 }
 
 // registry maps each implemented variant to its constructors.
 var registry = map[variant.Variant]entry{
 	variant.QEMUVTPM:    {validator: newQEMUVTPMValidator, issuer: newVTPMIssuer, hardware: hardwareNone},
-	variant.QEMUTDX:     {validator: newQEMUTDXValidator, issuer: newQEMUTDXIssuer, hardware: hardwareTDX},
-	variant.AWSSEVSNP:   {validator: newAWSSEVSNPValidator, issuer: newAWSSEVSNPIssuer, hardware: hardwareSNP},
+	variant.QEMUTDX:     {validator: newQEMUTDXValidator, issuer: newQEMUTDXIssuer, hardware: hardwareTDX, noAKRoots: true},
+	variant.AWSSEVSNP:   {validator: newAWSSEVSNPValidator, issuer: newAWSSEVSNPIssuer, hardware: hardwareSNP, noAKRoots: true},
 	variant.GCPSEVSNP:   {validator: newGCPSEVSNPValidator, issuer: newGCPSEVSNPIssuer, hardware: hardwareSNP},
 	variant.AzureSEVSNP: {validator: newAzureSEVSNPValidator, issuer: newAzureSEVSNPIssuer, hardware: hardwareSNP},
 	variant.AzureTDX:    {validator: newAzureTDXValidator, issuer: newAzureTDXIssuer, hardware: hardwareTDX},
@@ -133,7 +147,7 @@ var registry = map[variant.Variant]entry{
 	variant.GCPSEVES: {validator: newGCPSEVESValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
 		return perUseIssuer(ctx, v, env, gcpes.VTPMIssuerConfig(gcpes.IssuerConfig{EventLog: env.EventLog}))
 	}},
-	variant.AWSNitroTPM: {validator: newNitroTPMValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	variant.AWSNitroTPM: {validator: newNitroTPMValidator, noAKRoots: true, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
 		return perUseIssuer(ctx, v, env, nitrotpm.VTPMIssuerConfig(nitrotpm.IssuerConfig{EventLog: env.EventLog}))
 	}},
 }
@@ -194,6 +208,10 @@ func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
 	for _, fe := range ValidateValues(ref.Variant, ref.Values) {
 		return nil, fe
 	}
+	roots, err := ParseAKRoots(ref.AKRoots)
+	if err != nil {
+		return nil, &FieldError{"akRoots", err}
+	}
 	if opts.Collateral == nil {
 		opts.Collateral = defaultCollateral
 		if opts.Now != nil {
@@ -201,7 +219,7 @@ func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
 			opts.Collateral = collateral.New(collateral.Config{Fetcher: collateral.NewHTTPFetcher(nil), Now: opts.Now})
 		}
 	}
-	return e.validator(ref, opts)
+	return e.validator(ref, roots, opts)
 }
 
 // defaultCollateral is shared by validators built without a cache: documents are per URL,
@@ -253,6 +271,8 @@ func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 	var errs []*FieldError
 	if _, err := ParseAKRoots(vals.AKRoots); err != nil {
 		errs = append(errs, &FieldError{"akRoots", err})
+	} else if registry[v].noAKRoots && strings.TrimSpace(vals.AKRoots) != "" {
+		errs = append(errs, &FieldError{"akRoots", fmt.Errorf("%s does not trust its attestation key through a certificate, so AK roots would be ignored", v)})
 	}
 	kind := registry[v].hardware
 	switch {
@@ -298,11 +318,7 @@ func ParseAKRoots(pemData string) (*x509.CertPool, error) {
 }
 
 // vtpmValidator builds the TPM-quote validator shared by the vTPM variants.
-func vtpmValidator(ref Reference, opts Options, cfg vtpm.ValidatorConfig) (attestation.Validator, error) {
-	roots, err := ParseAKRoots(ref.AKRoots)
-	if err != nil {
-		return nil, fmt.Errorf("akRoots: %w", err)
-	}
+func vtpmValidator(ref Reference, roots *x509.CertPool, opts Options, cfg vtpm.ValidatorConfig) (attestation.Validator, error) {
 	cfg.Variant = ref.Variant
 	cfg.AKRoots = roots
 	cfg.ReferenceSets = ref.Measurements
@@ -317,19 +333,16 @@ func vtpmValidator(ref Reference, opts Options, cfg vtpm.ValidatorConfig) (attes
 // given (the local provider always gives its own). Every producer of qemu-vtpm evidence (the
 // nodes, the join service, the verification service) sends the event log of the node's
 // measured boot, so the log is required and replayed against the quoted PCRs.
-func newQEMUVTPMValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	return vtpmValidator(ref, opts, vtpm.ValidatorConfig{EventLog: vtpm.EventLogRequired})
+func newQEMUVTPMValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
+	return vtpmValidator(ref, roots, opts, vtpm.ValidatorConfig{EventLog: vtpm.EventLogRequired})
 }
 
 // newVTPMIssuer is the issuer of the TPM-only variants: a quote of the whole SHA-256 bank.
 func newVTPMIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-	if env.TPM == nil {
-		return nil, fmt.Errorf("issuer %s: no TPM", v)
-	}
-	return vtpm.NewPerUseIssuer(ctx, env.TPM, vtpm.IssuerConfig{Variant: v, AK: env.AK, EventLog: env.EventLog})
+	return perUseIssuer(ctx, v, env, vtpm.IssuerConfig{Variant: v, AK: env.AK, EventLog: env.EventLog})
 }
 
-func newQEMUTDXValidator(ref Reference, opts Options) (attestation.Validator, error) {
+func newQEMUTDXValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return tdx.NewValidator(tdx.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, Reference: *ref.TDX, Collateral: opts.Collateral,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
@@ -343,40 +356,28 @@ func newQEMUTDXIssuer(_ context.Context, v variant.Variant, env IssuerEnv) (atte
 	return tdx.NewIssuer(env.TDX, env.Collateral)
 }
 
-func newAWSSEVSNPValidator(ref Reference, opts Options) (attestation.Validator, error) {
+func newAWSSEVSNPValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return awssnp.NewValidator(awssnp.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, Hardware: *ref.SNP, Collateral: opts.Collateral,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
 	})
 }
 
-func newGCPSEVSNPValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	roots, err := ParseAKRoots(ref.AKRoots)
-	if err != nil {
-		return nil, fmt.Errorf("akRoots: %w", err)
-	}
+func newGCPSEVSNPValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
 	})
 }
 
-func newAzureSEVSNPValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	roots, err := ParseAKRoots(ref.AKRoots)
-	if err != nil {
-		return nil, fmt.Errorf("akRoots: %w", err)
-	}
+func newAzureSEVSNPValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return azuresnp.NewValidator(azuresnp.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
 	})
 }
 
-func newAzureTDXValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	roots, err := ParseAKRoots(ref.AKRoots)
-	if err != nil {
-		return nil, fmt.Errorf("akRoots: %w", err)
-	}
+func newAzureTDXValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return azuretdx.NewValidator(azuretdx.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.TDX, Collateral: opts.Collateral,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
@@ -435,39 +436,21 @@ func perUseIssuer(ctx context.Context, v variant.Variant, env IssuerEnv, cfg vtp
 	return vtpm.NewPerUseIssuer(ctx, env.TPM, cfg)
 }
 
-// configuredRoots parses the configured AK roots; none gives nil, which the variant
-// packages read as "the platform's pinned roots".
-func configuredRoots(ref Reference) (*x509.CertPool, error) {
-	roots, err := ParseAKRoots(ref.AKRoots)
-	if err != nil {
-		return nil, fmt.Errorf("akRoots: %w", err)
-	}
-	return roots, nil
-}
-
-func newTrustedLaunchValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	roots, err := configuredRoots(ref)
-	if err != nil {
-		return nil, err
-	}
+func newTrustedLaunchValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return trustedlaunch.NewValidator(trustedlaunch.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
 	})
 }
 
-func newGCPSEVESValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	roots, err := configuredRoots(ref)
-	if err != nil {
-		return nil, err
-	}
+func newGCPSEVESValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return gcpes.NewValidator(gcpes.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
 	})
 }
 
-func newNitroTPMValidator(ref Reference, opts Options) (attestation.Validator, error) {
+func newNitroTPMValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return nitrotpm.NewValidator(nitrotpm.ValidatorConfig{
 		ReferenceSets: ref.Measurements, Active: opts.Active, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
 		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,

@@ -3,8 +3,16 @@ package choose
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,14 +64,14 @@ func tdxReference() *tdx.Reference {
 func references() map[variant.Variant]Reference {
 	return map[variant.Variant]Reference{
 		variant.QEMUVTPM:           {Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets()}},
-		variant.QEMUTDX:            {Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets(), TDX: tdxReference()}},
-		variant.AWSSEVSNP:          {Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
-		variant.GCPSEVSNP:          {Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
-		variant.AzureSEVSNP:        {Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference()}},
-		variant.AzureTDX:           {Variant: variant.AzureTDX, Values: Values{Measurements: pcrSets(), TDX: tdxReference()}},
+		variant.QEMUTDX:            {Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets(), HardwareValues: HardwareValues{TDX: tdxReference()}}},
+		variant.AWSSEVSNP:          {Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference()}}},
+		variant.GCPSEVSNP:          {Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference()}}},
+		variant.AzureSEVSNP:        {Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference()}}},
+		variant.AzureTDX:           {Variant: variant.AzureTDX, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{TDX: tdxReference()}}},
 		variant.AzureTrustedLaunch: {Variant: variant.AzureTrustedLaunch, Values: Values{Measurements: pcrSets()}},
 		variant.GCPSEVES:           {Variant: variant.GCPSEVES, Values: Values{Measurements: pcrSets()}},
-		variant.AWSNitroTPM:        {Variant: variant.AWSNitroTPM, Values: Values{Measurements: pcrSets(), AcceptUnauthenticatedAK: true}},
+		variant.AWSNitroTPM:        {Variant: variant.AWSNitroTPM, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{AcceptUnauthenticatedAK: true}}},
 	}
 }
 
@@ -107,14 +115,15 @@ func TestHardwareBlocksBelongToTheirVariants(t *testing.T) {
 		ref       Reference
 		wantField string
 	}{
-		"snp variant without snp":        {Reference{Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets()}}, "snp"},
-		"tdx variant without tdx":        {Reference{Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets()}}, "tdx"},
-		"snp block on a tpm variant":     {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), SNP: snpReference()}}, "snp"},
-		"tdx block on an snp variant":    {Reference{Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), SNP: snpReference(), TDX: tdxReference()}}, "tdx"},
-		"invalid snp block":              {Reference{Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), SNP: &snp.Reference{}}}, "snp"},
-		"malformed ak roots":             {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), AKRoots: "not pem"}}, "akRoots"},
-		"no measurements":                {Reference{Variant: variant.QEMUVTPM}, "measurements"},
-		"tdx registers on a tpm variant": {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: tdxSets()}}, "measurements"},
+		"snp variant without snp":                 {Reference{Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets()}}, "snp"},
+		"tdx variant without tdx":                 {Reference{Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets()}}, "tdx"},
+		"snp block on a tpm variant":              {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference()}}}, "snp"},
+		"tdx block on an snp variant":             {Reference{Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference(), TDX: tdxReference()}}}, "tdx"},
+		"invalid snp block":                       {Reference{Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: &snp.Reference{}}}}, "snp"},
+		"ak roots on a variant that ignores them": {Reference{Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), AKRoots: testCAPEM, HardwareValues: HardwareValues{SNP: snpReference()}}}, "akRoots"},
+		"malformed ak roots":                      {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), AKRoots: "not pem"}}, "akRoots"},
+		"no measurements":                         {Reference{Variant: variant.QEMUVTPM}, "measurements"},
+		"tdx registers on a tpm variant":          {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: tdxSets()}}, "measurements"},
 	} {
 		err := tc.ref.Validate()
 		var fe *FieldError
@@ -124,6 +133,21 @@ func TestHardwareBlocksBelongToTheirVariants(t *testing.T) {
 		assert.Error(t, err, name)
 	}
 }
+
+// testCAPEM is a self-signed CA certificate.
+var testCAPEM = func() string {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		panic(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}()
 
 func TestIssuerNeedsItsDevices(t *testing.T) {
 	for _, v := range Implemented() {

@@ -3,7 +3,7 @@
 // firmware's event log.
 //
 // What is checked: the AK certificate chains to Google's EK/AK roots (pinned in this package,
-// with Google's intermediates), is valid now and is for the quoting AK; the quote's signature
+// with Google's intermediates: pkg/attestation/gce), is valid now and is for the quoting AK; the quote's signature
 // and its binding to the caller's nonce and purpose; the event log, which is required,
 // replays to the quoted PCRs, and its "GCE NonHostInfo" event (PCR 0, before the separator,
 // data bound to its digest) claims AMD SEV-ES; PCRs 0..14 match a reference set. What is
@@ -15,19 +15,16 @@ package gcpes
 
 import (
 	"crypto/x509"
-	"embed"
-	"encoding/pem"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"strings"
 	"time"
 
 	pb "github.com/google/go-eventlog/proto/state"
-	"github.com/google/go-tpm-tools/client"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
+	"github.com/openconstellation/constellation/pkg/attestation/gce"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -35,43 +32,6 @@ import (
 
 // Variant is the variant this package implements.
 var Variant = variant.GCPSEVES
-
-// AKCertNVIndex is where GCE stores the certificate of the RSA AK (whose template is at
-// client.GceAKTemplateNVIndexRSA).
-var AKCertNVIndex = client.GceAKCertNVIndexRSA
-
-// Google's certificates (CERTIFICATES.md).
-//
-//go:embed *.pem
-var certFiles embed.FS
-
-// Roots returns Google's pinned EK/AK root CAs.
-func Roots() []*x509.Certificate { return load("tpm_ek_root_1.pem", "gcp_ek_ak_ca_root.pem") }
-
-// Intermediates returns Google's EK/AK intermediate CAs.
-func Intermediates() []*x509.Certificate {
-	return load("tpm_ek_intermediate_2.pem", "tpm_ek_intermediate_3.pem", "gcp_ek_ak_ca_intermediate_v3.pem")
-}
-
-func load(names ...string) []*x509.Certificate {
-	out := make([]*x509.Certificate, 0, len(names))
-	for _, n := range names {
-		b, err := fs.ReadFile(certFiles, n)
-		if err != nil {
-			panic(err)
-		}
-		block, _ := pem.Decode(b)
-		if block == nil {
-			panic("pinned Google certificate " + n + " is not PEM")
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			panic(fmt.Sprintf("pinned Google certificate %s: %v", n, err))
-		}
-		out = append(out, cert)
-	}
-	return out
-}
 
 // IssuerConfig configures a gcp-sev-es issuer.
 type IssuerConfig struct {
@@ -88,8 +48,8 @@ func VTPMIssuerConfig(cfg IssuerConfig) vtpm.IssuerConfig {
 	}
 	return vtpm.IssuerConfig{
 		Variant:       Variant,
-		LoadAK:        client.GceAttestationKeyRSA,
-		AKCertNVIndex: uint32(AKCertNVIndex),
+		LoadAK:        gce.LoadAK,
+		AKCertNVIndex: gce.AKCertNVIndex,
 		EventLog:      cfg.EventLog,
 	}
 }
@@ -103,7 +63,7 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 	}
 	if iss.AKCert() == nil {
 		iss.Close()
-		return nil, fmt.Errorf("%s issuer: no AK certificate at NV index %#x", Variant, AKCertNVIndex)
+		return nil, fmt.Errorf("%s issuer: no AK certificate at NV index %#x", Variant, gce.AKCertNVIndex)
 	}
 	return iss, nil
 }
@@ -127,15 +87,9 @@ type ValidatorConfig struct {
 func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 	roots := cfg.AKRoots
 	if roots == nil {
-		roots = x509.NewCertPool()
-		for _, c := range Roots() {
-			roots.AddCert(c)
-		}
+		roots = gce.RootPool()
 	}
-	inter := x509.NewCertPool()
-	for _, c := range append(Intermediates(), cfg.AKIntermediates...) {
-		inter.AddCert(c)
-	}
+	inter := gce.IntermediatePool(cfg.AKIntermediates...)
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
 		Variant:         Variant,
 		ReferenceSets:   cfg.ReferenceSets,

@@ -6,7 +6,6 @@ import (
 	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"io"
 	"os"
 	"testing"
@@ -24,6 +23,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
+	"github.com/openconstellation/constellation/pkg/attestation/gce"
 	"github.com/openconstellation/constellation/pkg/attestation/gcpes"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
@@ -138,7 +138,7 @@ func gceVMOn(t *testing.T, tpm *vtpm.TPM, boot []eventlogtest.Measurement) ([]by
 		akKey = ak.PublicKey()
 		return nil
 	}))
-	require.NoError(t, tpm.WriteNV(gcpes.AKCertNVIndex, inter.CertifyAK(t, akKey, "projects/p/zones/z/instances/node-0")))
+	require.NoError(t, tpm.WriteNV(gce.AKCertNVIndex, inter.CertifyAK(t, akKey, "projects/p/zones/z/instances/node-0")))
 
 	log := eventlogtest.Boot(t, tpm, boot)
 	iss, err := gcpes.NewIssuer(tpm, gcpes.IssuerConfig{EventLog: func() ([]byte, error) { return log, nil }})
@@ -235,30 +235,6 @@ func TestGCPSEVES(t *testing.T) {
 			require.ErrorIs(t, err, tc.wantErr)
 			assert.ErrorContains(t, err, tc.wantMsg)
 		})
-	}
-}
-
-func TestPinnedGoogleCertificates(t *testing.T) {
-	want := map[string]string{
-		"9bd5285f8fb18502a7947e621ffd470266f49fcd3b73e19a190f690ad32a7caf": "root",
-		"594759594b9b61524f6c8ef668f7177f7b9066bc0674f2f49fe9e052be78beb2": "root",
-		"5d8dbcf8c8053dd8ffad711b6219355032b7122c34cac0f90ccb49def69ec504": "intermediate",
-		"7132b6ea71101f6c51bb58f98c3798c19b65be510eca0344318900510b593178": "intermediate",
-		"c84de8116dfaf5a908f21e810487791f5437e206d00ad8025050cca6bd2ff627": "intermediate",
-	}
-	roots := x509.NewCertPool()
-	for _, c := range gcpes.Roots() {
-		fp := sha256.Sum256(c.Raw)
-		assert.Equal(t, "root", want[hex.EncodeToString(fp[:])], c.Subject.CommonName)
-		assert.True(t, c.IsCA)
-		assert.NoError(t, c.CheckSignatureFrom(c), "self-signed")
-		roots.AddCert(c)
-	}
-	for _, c := range gcpes.Intermediates() {
-		fp := sha256.Sum256(c.Raw)
-		assert.Equal(t, "intermediate", want[hex.EncodeToString(fp[:])], c.Subject.CommonName)
-		_, err := c.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: testNow, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-		assert.NoError(t, err, c.Subject.CommonName)
 	}
 }
 

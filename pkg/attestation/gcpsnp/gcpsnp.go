@@ -4,9 +4,9 @@
 //
 // # Trust
 //
-// The vTPM's AK must carry a certificate that chains to Google's EK/AK CA (pinned in roots/,
-// or configured): on GCE the vTPM is Google's software, so only Google can say that a key
-// is a vTPM's AK. The SNP report, signed by the chip's VCEK (chain to the pinned AMD root),
+// The vTPM's AK must carry a certificate that chains to Google's EK/AK CA (pinned in
+// pkg/attestation/gce, or configured): on GCE the vTPM is Google's software, so only Google
+// can say that a key is a vTPM's AK. The SNP report, signed by the chip's VCEK (chain to the pinned AMD root),
 // says which confidential VM the report comes from and what it launched.
 //
 // # Binding
@@ -34,13 +34,10 @@ import (
 	"crypto"
 	"crypto/sha512"
 	"crypto/x509"
-	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
-
-	tpmclient "github.com/google/go-tpm-tools/client"
 
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/client"
@@ -48,6 +45,7 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/gce"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/snpissuer"
@@ -78,25 +76,6 @@ func ReportData(nonce, akPublic []byte) ([abi.ReportDataSize]byte, error) {
 	var out [abi.ReportDataSize]byte
 	copy(out[:], h.Sum(nil))
 	return out, nil
-}
-
-var (
-	//go:embed roots/gcp_ek_ak_ca_root.pem
-	googleRootPEM []byte
-	//go:embed roots/gcp_ek_ak_ca_intermediate_v3.pem
-	googleIntermediatePEM []byte
-)
-
-// GoogleAKRoots returns Google's EK/AK CA (root and intermediate; see roots/README.md): what
-// the AK certificate of a GCE vTPM chains to.
-func GoogleAKRoots() *x509.CertPool {
-	pool := x509.NewCertPool()
-	for _, pem := range [][]byte{googleRootPEM, googleIntermediatePEM} {
-		if !pool.AppendCertsFromPEM(pem) {
-			panic("gcpsnp: embedded Google EK/AK CA certificate does not parse")
-		}
-	}
-	return pool
 }
 
 // reportChecker is what the hardware check needs of snp.Validator.
@@ -155,7 +134,7 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 		return nil, err
 	}
 	return vtpm.NewIssuer(tpm, vtpm.IssuerConfig{
-		Variant: Variant, LoadAK: tpmclient.GceAttestationKeyRSA, AKCertNVIndex: uint32(tpmclient.GceAKCertNVIndexRSA),
+		Variant: Variant, LoadAK: gce.LoadAK, AKCertNVIndex: gce.AKCertNVIndex,
 		AKCert: cfg.AKCert, EventLog: cfg.EventLog, Hardware: src,
 	})
 }
@@ -166,8 +145,8 @@ type ValidatorConfig struct {
 	// (see vtpm.ValidatorConfig).
 	ReferenceSets measurements.ReferenceSets
 	Active        *measurements.Active
-	// AKRoots must have issued the AK certificate; nil means GoogleAKRoots. Never optional:
-	// without it the quote's key could be anyone's.
+	// AKRoots must have issued the AK certificate; nil means Google's pinned roots
+	// (gce.RootPool). Never optional: without it the quote's key could be anyone's.
 	AKRoots *x509.CertPool
 	// Hardware is what the SEV-SNP report must show (launch measurement, minimum TCB,
 	// policy).
@@ -190,13 +169,14 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 	}
 	roots := cfg.AKRoots
 	if roots == nil {
-		roots = GoogleAKRoots()
+		roots = gce.RootPool()
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
 		Variant:         Variant,
 		ReferenceSets:   cfg.ReferenceSets,
 		Active:          cfg.Active,
 		AKRoots:         roots,
+		AKIntermediates: gce.IntermediatePool(),
 		Hardware:        check,
 		MaxEvidenceSize: cfg.MaxEvidenceSize,
 		Now:             cfg.Now,

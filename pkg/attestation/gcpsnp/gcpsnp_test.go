@@ -5,12 +5,9 @@ import (
 	"context"
 	"crypto"
 	"crypto/sha256"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -412,26 +409,6 @@ func TestReportData(t *testing.T) {
 	assert.Error(t, err, "a nonce of another length would make the encoding ambiguous")
 	_, err = gcpsnp.ReportData(n, nil)
 	assert.Error(t, err)
-}
-
-// TestGoogleAKRoots: the pinned pool is the root and the intermediate it signed.
-func TestGoogleAKRoots(t *testing.T) {
-	load := func(name string) *x509.Certificate {
-		b, err := os.ReadFile("roots/" + name)
-		require.NoError(t, err)
-		block, _ := pem.Decode(b)
-		require.NotNil(t, block)
-		cert, err := x509.ParseCertificate(block.Bytes)
-		require.NoError(t, err)
-		return cert
-	}
-	root, intermediate := load("gcp_ek_ak_ca_root.pem"), load("gcp_ek_ak_ca_intermediate_v3.pem")
-	require.NoError(t, intermediate.CheckSignatureFrom(root))
-	assert.Equal(t, "EK/AK CA Root", root.Subject.CommonName)
-	want := x509.NewCertPool()
-	want.AddCert(root)
-	want.AddCert(intermediate)
-	assert.True(t, want.Equal(gcpsnp.GoogleAKRoots()))
 }
 
 // nonceOnly is the archived upstream's gcp-sev-snp binding: REPORT_DATA = the quote's nonce.

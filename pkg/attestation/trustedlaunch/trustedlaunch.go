@@ -17,13 +17,10 @@ import (
 	_ "embed"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
-	"github.com/google/go-tpm-tools/client"
-	"github.com/google/go-tpm/tpmutil"
-
+	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -32,9 +29,10 @@ import (
 // Variant is the variant this package implements.
 var Variant = variant.AzureTrustedLaunch
 
-// Where Azure provisions the AK of a Trusted Launch VM's vTPM and its certificate.
+// Where Azure provisions the AK of a Trusted Launch VM's vTPM (the same key its
+// confidential VMs' HCL names: azure.AKHandle) and its certificate.
 const (
-	AKHandle      = tpmutil.Handle(0x81000003)
+	AKHandle      = azure.AKHandle
 	AKCertNVIndex = 0x01C101D0
 )
 
@@ -89,10 +87,8 @@ func VTPMIssuerConfig(cfg IssuerConfig) vtpm.IssuerConfig {
 		cfg.EventLog = vtpm.ReadEventLog(vtpm.DefaultEventLogPath)
 	}
 	return vtpm.IssuerConfig{
-		Variant: Variant,
-		LoadAK: func(rw io.ReadWriter) (*client.Key, error) {
-			return client.LoadCachedKey(rw, AKHandle, client.NullSession{})
-		},
+		Variant:       Variant,
+		LoadAK:        azure.LoadAK,
 		AKCertNVIndex: uint32(AKCertNVIndex),
 		EventLog:      cfg.EventLog,
 	}
