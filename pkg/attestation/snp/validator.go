@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/go-sev-guest/abi"
@@ -28,6 +27,7 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/attestation/internal/memo"
 )
 
 // Technology is the attestation.Hardware technology of SEV-SNP results.
@@ -117,20 +117,17 @@ type Validator struct {
 	// crls memoizes CRLs whose signature by a pinned ARK was checked, by product line and
 	// SHA-256 of their DER: an RSA-4096 check per validation is most of a check's time, and
 	// a CRL is reused for days. Only AMD-signed CRLs get in, so it stays small.
-	crlMu sync.Mutex
-	crls  map[crlKey]*x509.RevocationList
+	crls *memo.Memo[crlKey, *x509.RevocationList]
 
-	// keys memoizes VCEK and VLEK certificates go-sev-guest accepted (keyMemoKey), so a
-	// warm check does not repeat the chain's RSA-4096 signatures.
-	keysMu sync.Mutex
-	keys   map[keyMemoKey]validity
+	// keys memoizes VCEK and VLEK certificates go-sev-guest accepted (keyMemoKey), with their
+	// chain's validity, so a warm check does not repeat the chain's RSA-4096 signatures.
+	keys *memo.Memo[keyMemoKey, validity]
 
 	// signed memoizes reports whose signature verified, by the SHA-256 of the report and
 	// the key's memo entry. Reports made at boot (azure-sev-snp, aws-sev-snp) come back with
 	// every evidence of a node: their ECDSA P-384 check, most of a warm check's time, is done
 	// once. Nothing else is skipped: validity window, CRL and policy are checked every time.
-	signedMu sync.Mutex
-	signed   map[signedKey]struct{}
+	signed *memo.Memo[signedKey, struct{}]
 
 	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
 	// by AMD's real ARK is available offline (see testdata/README.md).
@@ -145,7 +142,12 @@ func NewValidator(cfg Config) (*Validator, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("SEV-SNP validator: no collateral cache (revocation is always checked)")
 	}
-	v := &Validator{ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log, crls: map[crlKey]*x509.RevocationList{}, keys: map[keyMemoKey]validity{}}
+	v := &Validator{
+		ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log,
+		crls:   memo.New[crlKey, *x509.RevocationList](maxCRLs),
+		keys:   memo.New[keyMemoKey, validity](maxKeys),
+		signed: memo.New[signedKey, struct{}](maxSigned),
+	}
 	if v.roots == nil {
 		v.roots = PinnedRoots()
 	}
@@ -369,20 +371,20 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 
 	// A key whose certificate go-sev-guest already accepted needs only its validity at now
 	// and the report signature checked (the CRL was checked above, every time).
-	memo := keyMemoKey{product: p.product, signer: p.signer, digest: sha256.Sum256(p.key.Raw)}
-	if w, ok := v.verifiedKey(memo); ok {
+	keyID := keyMemoKey{product: p.product, signer: p.signer, digest: sha256.Sum256(p.key.Raw)}
+	if w, ok := v.keys.Get(keyID); ok {
 		if now.Before(w.notBefore) || now.After(w.notAfter) {
 			return untrusted("%s certificate: chain not valid at %s (valid %s to %s): expired or not yet valid", p.signerName(),
 				now.UTC().Format(time.RFC3339), w.notBefore.UTC().Format(time.RFC3339), w.notAfter.UTC().Format(time.RFC3339))
 		}
-		sk := signedKey{key: memo, report: sha256.Sum256(p.raw)}
-		if v.signedBefore(sk) {
+		sk := signedKey{key: keyID, report: sha256.Sum256(p.raw)}
+		if _, ok := v.signed.Get(sk); ok {
 			return nil
 		}
 		if err := verify.SnpReportSignature(p.raw, p.key); err != nil {
 			return fmt.Errorf("%w: SEV-SNP report signature does not verify with the %s: %v", attestation.ErrBadSignature, p.signerName(), err)
 		}
-		v.rememberSigned(sk)
+		v.signed.Put(sk, struct{}{})
 		return nil
 	}
 
@@ -422,7 +424,11 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		}
 		return untrusted("%s certificate: %v", p.signerName(), err)
 	}
-	v.rememberKey(memo, p.key, intermediate, roots.ARK)
+	// What go-sev-guest checked depends only on the certificate's bytes, the product line and
+	// the roots (fixed per validator), except the time, which is kept as the chain's validity.
+	var w validity
+	w.notBefore, w.notAfter = memo.ValidityOf([]*x509.Certificate{p.key, intermediate, roots.ARK})
+	v.keys.Put(keyID, w)
 	return nil
 }
 
@@ -439,35 +445,6 @@ type validity struct{ notBefore, notAfter time.Time }
 // maxKeys bounds the memo of accepted keys (one per chip and TCB, or per VLEK).
 const maxKeys = 4096
 
-// verifiedKey returns the chain validity of a key go-sev-guest accepted before.
-func (v *Validator) verifiedKey(k keyMemoKey) (validity, bool) {
-	v.keysMu.Lock()
-	defer v.keysMu.Unlock()
-	w, ok := v.keys[k]
-	return w, ok
-}
-
-// rememberKey records that go-sev-guest accepted the certificate of a key under the pinned
-// roots. What it checked depends only on the certificate's bytes, the product line and the
-// roots (fixed per validator), except the time, which is kept as the chain's validity.
-func (v *Validator) rememberKey(k keyMemoKey, chain ...*x509.Certificate) {
-	w := validity{notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
-	for _, c := range chain[1:] {
-		if c.NotBefore.After(w.notBefore) {
-			w.notBefore = c.NotBefore
-		}
-		if c.NotAfter.Before(w.notAfter) {
-			w.notAfter = c.NotAfter
-		}
-	}
-	v.keysMu.Lock()
-	defer v.keysMu.Unlock()
-	if len(v.keys) >= maxKeys {
-		clear(v.keys)
-	}
-	v.keys[k] = w
-}
-
 // signedKey names a report (the SHA-256 of its signed bytes and signature) signed by a key.
 type signedKey struct {
 	key    keyMemoKey
@@ -476,22 +453,6 @@ type signedKey struct {
 
 // maxSigned bounds the memo of verified report signatures (one per node boot).
 const maxSigned = 8192
-
-func (v *Validator) signedBefore(k signedKey) bool {
-	v.signedMu.Lock()
-	defer v.signedMu.Unlock()
-	_, ok := v.signed[k]
-	return ok
-}
-
-func (v *Validator) rememberSigned(k signedKey) {
-	v.signedMu.Lock()
-	defer v.signedMu.Unlock()
-	if v.signed == nil || len(v.signed) >= maxSigned {
-		v.signed = map[signedKey]struct{}{}
-	}
-	v.signed[k] = struct{}{}
-}
 
 // checkRevocation fetches the CRL of the intermediate through the collateral session and
 // checks it is AMD's (signed by the pinned ARK), current at now, and revokes neither the
@@ -541,10 +502,7 @@ const maxCRLs = 64
 // verifiedCRL parses a CRL and checks it is signed by the ARK of roots.
 func (v *Validator) verifiedCRL(roots ProductRoots, der []byte) (*x509.RevocationList, error) {
 	key := crlKey{product: roots.Product, digest: sha256.Sum256(der)}
-	v.crlMu.Lock()
-	crl, ok := v.crls[key]
-	v.crlMu.Unlock()
-	if ok {
+	if crl, ok := v.crls.Get(key); ok {
 		return crl, nil
 	}
 	crl, err := x509.ParseRevocationList(der)
@@ -554,12 +512,7 @@ func (v *Validator) verifiedCRL(roots ProductRoots, der []byte) (*x509.Revocatio
 	if err := crl.CheckSignatureFrom(roots.ARK); err != nil {
 		return nil, fmt.Errorf("not signed by the ARK of %s: %w", roots.Product, err)
 	}
-	v.crlMu.Lock()
-	if len(v.crls) >= maxCRLs {
-		clear(v.crls)
-	}
-	v.crls[key] = crl
-	v.crlMu.Unlock()
+	v.crls.Put(key, crl)
 	return crl, nil
 }
 

@@ -5,8 +5,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
+
+	"github.com/openconstellation/constellation/pkg/attestation/internal/memo"
 )
 
 // certCache remembers certificates whose chain verified, so that the chain's signature checks
@@ -15,9 +16,7 @@ import (
 // whole chain against the current time. Keyed by SHA-256 of the DER, so a modified
 // certificate is a miss. Bounded: when full it is cleared, which costs only re-verification.
 type certCache struct {
-	mu      sync.Mutex
-	max     int
-	entries map[[32]byte]certEntry
+	memo *memo.Memo[[32]byte, certEntry]
 }
 
 type certEntry struct {
@@ -26,16 +25,13 @@ type certEntry struct {
 }
 
 func newCertCache(max int) *certCache {
-	return &certCache{max: max, entries: map[[32]byte]certEntry{}}
+	return &certCache{memo: memo.New[[32]byte, certEntry](max)}
 }
 
 // verify returns the parsed leaf of der after verifyChain accepted it (now or earlier).
 func (c *certCache) verify(der []byte, now time.Time, verifyChain func(*x509.Certificate) ([][]*x509.Certificate, error)) (*x509.Certificate, error) {
 	key := sha256.Sum256(der)
-	c.mu.Lock()
-	e, ok := c.entries[key]
-	c.mu.Unlock()
-	if ok {
+	if e, ok := c.memo.Get(key); ok {
 		if now.Before(e.notBefore) || now.After(e.notAfter) {
 			return nil, fmt.Errorf("certificate chain not valid at %s (valid %s to %s)", now.UTC().Format(time.RFC3339), e.notBefore.UTC().Format(time.RFC3339), e.notAfter.UTC().Format(time.RFC3339))
 		}
@@ -52,20 +48,8 @@ func (c *certCache) verify(der []byte, now time.Time, verifyChain func(*x509.Cer
 	if len(chains) == 0 {
 		return nil, errors.New("no verified chain")
 	}
-	e = certEntry{cert: cert, notBefore: cert.NotBefore, notAfter: cert.NotAfter}
-	for _, c := range chains[0] {
-		if c.NotBefore.After(e.notBefore) {
-			e.notBefore = c.NotBefore
-		}
-		if c.NotAfter.Before(e.notAfter) {
-			e.notAfter = c.NotAfter
-		}
-	}
-	c.mu.Lock()
-	if len(c.entries) >= c.max {
-		clear(c.entries)
-	}
-	c.entries[key] = e
-	c.mu.Unlock()
+	e := certEntry{cert: cert}
+	e.notBefore, e.notAfter = memo.ValidityOf(chains[0])
+	c.memo.Put(key, e)
 	return cert, nil
 }

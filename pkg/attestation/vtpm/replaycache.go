@@ -3,9 +3,9 @@ package vtpm
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"sync"
 
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
+	"github.com/openconstellation/constellation/pkg/attestation/internal/memo"
 )
 
 // replayCache remembers event logs that replayed to a set of PCR values. A node sends the
@@ -15,13 +15,11 @@ import (
 // all PCRs, so any change is a miss; only successful replays are stored. Bounded: when full
 // it is cleared, which costs only re-replaying.
 type replayCache struct {
-	mu      sync.Mutex
-	max     int
-	entries map[[32]byte]*eventlog.Log
+	memo *memo.Memo[[32]byte, *eventlog.Log]
 }
 
 func newReplayCache(max int) *replayCache {
-	return &replayCache{max: max, entries: map[[32]byte]*eventlog.Log{}}
+	return &replayCache{memo: memo.New[[32]byte, *eventlog.Log](max)}
 }
 
 // replay returns eventlog.Replay(raw, pcrs), from the cache when this log replayed to these
@@ -38,21 +36,13 @@ func (c *replayCache) replay(raw []byte, pcrs map[uint32][]byte) (*eventlog.Log,
 	var key [32]byte
 	h.Sum(key[:0])
 
-	c.mu.Lock()
-	log, ok := c.entries[key]
-	c.mu.Unlock()
-	if ok {
+	if log, ok := c.memo.Get(key); ok {
 		return log, nil
 	}
 	log, err := eventlog.Replay(raw, pcrs)
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	if len(c.entries) >= c.max {
-		clear(c.entries)
-	}
-	c.entries[key] = log
-	c.mu.Unlock()
+	c.memo.Put(key, log)
 	return log, nil
 }
