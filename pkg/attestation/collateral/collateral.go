@@ -142,13 +142,10 @@ func (c *Cache) document(url string, header map[string][]string, body []byte) (D
 		return Document{}, fmt.Errorf("collateral %s: %d bytes, limit %d", url, len(body), MaxDocumentSize)
 	}
 	now := c.cfg.Now()
-	doc := Document{URL: url, Header: header, Body: body, Fetched: now, NextUpdate: NextUpdate(body, now.Add(c.cfg.MaxAge))}
-	if _, ok := crlNextUpdate(body); ok {
-		doc.Issued = crlThisUpdate(body)
-	} else if _, ok := jsonNextUpdate(body); ok {
-		doc.Issued = jsonIssueDate(body)
-	} else {
-		_, doc.Immutable = certsNotAfter(body)
+	doc := Document{URL: url, Header: header, Body: body, Fetched: now}
+	var ok bool
+	if doc.Issued, doc.NextUpdate, doc.Immutable, ok = dates(body); !ok {
+		doc.NextUpdate = now.Add(c.cfg.MaxAge)
 	}
 	if !now.Before(doc.NextUpdate) {
 		return Document{}, fmt.Errorf("%w: %s: next update was %s", ErrStale, url, doc.NextUpdate.UTC().Format(time.RFC3339))
@@ -323,18 +320,27 @@ func (g TDXGetter) GetContext(_ context.Context, url string) (map[string][]strin
 // PEM) or of Intel's signed JSON (tcbInfo, enclaveIdentity), the earliest notAfter of
 // certificates (DER or PEM), or fallback for anything else.
 func NextUpdate(body []byte, fallback time.Time) time.Time {
-	if t, ok := crlNextUpdate(body); ok {
-		return t
-	}
-	if t, ok := jsonNextUpdate(body); ok {
-		return t
-	}
-	if t, ok := certsNotAfter(body); ok {
-		// A certificate at a URL never changes (AMD's VCEK URLs name the chip and TCB):
-		// it is kept until it expires.
-		return t
+	if _, next, _, ok := dates(body); ok {
+		return next
 	}
 	return fallback
+}
+
+// dates reads, parsing body once, what a document says of its own freshness: when it was
+// issued (zero if it does not say), when it must no longer be used, and whether it is a
+// certificate, which never changes at its URL (AMD's VCEK URLs name the chip and TCB) and is
+// kept until it expires. ok is false for a document that says nothing of either.
+func dates(body []byte) (issued, next time.Time, immutable, ok bool) {
+	if crl := parseCRL(body); crl != nil && !crl.NextUpdate.IsZero() {
+		return crl.ThisUpdate, crl.NextUpdate, false, true
+	}
+	if issued, next, ok := intelDates(body); ok {
+		return issued, next, false, true
+	}
+	if notAfter, ok := certsNotAfter(body); ok {
+		return time.Time{}, notAfter, true, true
+	}
+	return time.Time{}, time.Time{}, false, false
 }
 
 // parseCRL parses a DER or PEM CRL, or returns nil.
@@ -350,61 +356,29 @@ func parseCRL(body []byte) *x509.RevocationList {
 	return crl
 }
 
-func crlNextUpdate(body []byte) (time.Time, bool) {
-	crl := parseCRL(body)
-	if crl == nil || crl.NextUpdate.IsZero() {
-		return time.Time{}, false
-	}
-	return crl.NextUpdate, true
-}
-
-func crlThisUpdate(body []byte) time.Time {
-	if crl := parseCRL(body); crl != nil {
-		return crl.ThisUpdate
-	}
-	return time.Time{}
-}
-
-func jsonIssueDate(body []byte) time.Time {
-	var doc struct {
-		TCBInfo struct {
-			IssueDate time.Time `json:"issueDate"`
-		} `json:"tcbInfo"`
-		EnclaveIdentity struct {
-			IssueDate time.Time `json:"issueDate"`
-		} `json:"enclaveIdentity"`
-	}
-	if json.Unmarshal(body, &doc) != nil {
-		return time.Time{}
-	}
-	if !doc.TCBInfo.IssueDate.IsZero() {
-		return doc.TCBInfo.IssueDate
-	}
-	return doc.EnclaveIdentity.IssueDate
-}
-
-func jsonNextUpdate(body []byte) (time.Time, bool) {
+// intelDates reads issueDate and nextUpdate of Intel's signed JSON (TCB info, QE identity).
+func intelDates(body []byte) (issued, next time.Time, ok bool) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
-		return time.Time{}, false
+		return time.Time{}, time.Time{}, false
+	}
+	type section struct {
+		IssueDate  time.Time `json:"issueDate"`
+		NextUpdate time.Time `json:"nextUpdate"`
 	}
 	var doc struct {
-		TCBInfo struct {
-			NextUpdate time.Time `json:"nextUpdate"`
-		} `json:"tcbInfo"`
-		EnclaveIdentity struct {
-			NextUpdate time.Time `json:"nextUpdate"`
-		} `json:"enclaveIdentity"`
+		TCBInfo         section `json:"tcbInfo"`
+		EnclaveIdentity section `json:"enclaveIdentity"`
 	}
 	if json.Unmarshal(body, &doc) != nil {
-		return time.Time{}, false
+		return time.Time{}, time.Time{}, false
 	}
-	for _, t := range []time.Time{doc.TCBInfo.NextUpdate, doc.EnclaveIdentity.NextUpdate} {
-		if !t.IsZero() {
-			return t, true
+	for _, sec := range []section{doc.TCBInfo, doc.EnclaveIdentity} {
+		if !sec.NextUpdate.IsZero() {
+			return sec.IssueDate, sec.NextUpdate, true
 		}
 	}
-	return time.Time{}, false
+	return time.Time{}, time.Time{}, false
 }
 
 func certsNotAfter(body []byte) (time.Time, bool) {

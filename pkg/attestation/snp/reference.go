@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -197,7 +198,8 @@ func (r Reference) Validate() error {
 			return fmt.Errorf("minimumTCB.%s.%w", p, err)
 		}
 	}
-	for p := range r.MinimumTCB {
+	// In order, so the first problem named is always the same one.
+	for _, p := range slices.Sorted(maps.Keys(r.MinimumTCB)) {
 		if !seen[p] {
 			return fmt.Errorf("minimumTCB.%s: product line not accepted by products", p)
 		}
