@@ -21,6 +21,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/verifyservice"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -75,11 +76,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("--ak %q: want rsa or ecc", *akName)
 	}
 
-	cfg := vtpm.IssuerConfig{Variant: v, AK: ak}
+	// Through the registry, as every issuer: the variant decides what the evidence holds.
+	env := choose.IssuerEnv{TPM: vtpm.OpenAddr(*tpmAddr), AK: ak}
 	if *eventLogPath != "" {
-		cfg.EventLog = vtpm.ReadEventLog(*eventLogPath)
+		env.EventLog = vtpm.ReadEventLog(*eventLogPath)
 	}
-	issuer, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(*tpmAddr), cfg)
+	issuer, err := choose.NewIssuer(ctx, v, env)
 	if err != nil {
 		return fmt.Errorf("TPM: %w", err)
 	}
