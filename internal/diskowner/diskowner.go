@@ -36,7 +36,12 @@ const Namespace = "constellation-disks"
 // NodeKey is the ConfigMap key holding the owner's node name.
 const NodeKey = "node"
 
-// ComponentLabel marks the records (app.kubernetes.io/component).
+// RecordKindLabel tells the kinds of records in Namespace apart: ComponentLabel (disk
+// owners) or RemovedLabel (removed nodes). The admission policy that refuses removed nodes
+// selects its parameters by it (internal/deploy).
+const RecordKindLabel = "app.kubernetes.io/component"
+
+// ComponentLabel marks the disk-owner records (RecordKindLabel).
 const ComponentLabel = "disk-owner"
 
 var uuidPattern = regexp.MustCompile(`\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z`)
@@ -84,7 +89,7 @@ func (s Store) Claim(ctx context.Context, uuid, node string) (owner string, err 
 	immutable := true
 	_, err = s.Client.CoreV1().ConfigMaps(Namespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{
-			"app.kubernetes.io/component": ComponentLabel, "app.kubernetes.io/part-of": "constellation",
+			RecordKindLabel: ComponentLabel, "app.kubernetes.io/part-of": "constellation",
 		}},
 		Data:      map[string]string{NodeKey: node},
 		Immutable: &immutable,

@@ -117,7 +117,7 @@ func StartRecoveryServer(t testing.TB, n *Node, opts RecoveryServerOptions) *Rec
 	}
 	var err error
 	r.Server, err = recoveryserver.New(recoveryserver.Config{
-		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet,
+		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet, RenewKubeletCredential: r.Kubelet.RenewCredential,
 		AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
 	})
 	require.NoError(t, err)
