@@ -89,7 +89,7 @@ func TestRecords(t *testing.T) {
 	for name, data := range map[string]map[string]string{
 		"disk-" + strings.Repeat("a", 8) + "-0000-0000-0000-000000000000": {"node": "Not_A_Node"},
 		"disk-3F2504E0-4F89-11D3-9A0C-0305E82C3302":                       {"node": "worker-0"},
-		"planted":                                                          {"node": "worker-0"},
+		"planted": {"node": "worker-0"},
 	} {
 		_, err := client.CoreV1().ConfigMaps(diskowner.Namespace).Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: label}, Data: data,

@@ -88,6 +88,22 @@ var (
 	ErrWrongDisk = errors.New("the node names a disk that is not recorded as its own")
 )
 
+// DiskError is ErrWrongDisk: the node named a disk other than its recorded one.
+type DiskError struct {
+	Endpoint string
+	// Node is the node asked about; Named the disk it named (a lower-case UUID); Recorded
+	// the disk recorded for it.
+	Node, Named, Recorded string
+}
+
+func (e *DiskError) Error() string {
+	return fmt.Sprintf("recover %s: %v: node %q names disk %s, but its recorded disk is %s; no key was derived, nothing was sent",
+		e.Endpoint, ErrWrongDisk, e.Node, e.Named, e.Recorded)
+}
+
+// Unwrap makes errors.Is(err, ErrWrongDisk) hold.
+func (e *DiskError) Unwrap() error { return ErrWrongDisk }
+
 // Config is one recovery of one control-plane node.
 type Config struct {
 	// Endpoint is the node's recovery server (host:port).
@@ -180,8 +196,7 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	// Keys follow identity: only the key of the disk recorded for this node, never the key
 	// of whatever disk it names.
 	if diskUUID != cfg.Disk {
-		return nil, fmt.Errorf("recover %s: %w: node %q names disk %s, but its recorded disk is %s; no key was derived, nothing was sent",
-			cfg.Endpoint, ErrWrongDisk, cfg.ExpectedNode, diskUUID, cfg.Disk)
+		return nil, &DiskError{Endpoint: cfg.Endpoint, Node: cfg.ExpectedNode, Named: diskUUID, Recorded: cfg.Disk}
 	}
 	diskKey, err := cfg.MasterSecret.DeriveKey(cfg.Disk, statedisk.KeySize)
 	if err != nil {
