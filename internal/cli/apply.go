@@ -122,10 +122,11 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	}
 	// The init node's disk, recorded by the init server before it answered: recorded here at
 	// once, so that a power cut while the other nodes join still leaves it recoverable.
+	// The other nodes have not joined yet: only what was recorded is worth saying.
 	if report, err := refreshDisks(ctx, workspace, st, client); err != nil {
 		fmt.Fprintf(out, "WARNING: could not read the disk records yet (read again once every node is Ready): %v\n", err)
 	} else {
-		printDiskReport(out, report)
+		printDiskReport(out, state.DiskReport{Recorded: report.Recorded})
 	}
 	want := map[string]bool{}
 	for _, n := range st.Nodes {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -76,11 +78,16 @@ func printDiskReport(out io.Writer, r state.DiskReport) {
 // refreshDisksBeforeShutdown is refreshDisks for commands that take nodes down (stop,
 // reboot): the last chance to record disks before recover needs them. It does not stop the
 // command: a cluster that is being shut down may be unhealthy. It says which control planes
-// recover will refuse.
-func refreshDisksBeforeShutdown(ctx context.Context, out io.Writer, workspace string, st *state.State) {
+// recover will refuse. A cluster none of whose nodes runs is not asked.
+func refreshDisksBeforeShutdown(ctx context.Context, out io.Writer, workspace string, st *state.State, platform provider.Provider) {
+	if st.Phase != state.Initialized {
+		return
+	}
 	path := filepath.Join(workspace, AdminConfFile)
 	var err error
-	if _, err = os.Stat(path); err == nil && st.Phase == state.Initialized {
+	if _, serr := os.Stat(path); serr != nil {
+		err = fmt.Errorf("no admin kubeconfig (%s): %w", AdminConfFile, serr)
+	} else if anyRunning(ctx, platform) {
 		var client kubernetes.Interface
 		if client, err = newKubeClient(path); err == nil {
 			var report state.DiskReport
@@ -94,6 +101,16 @@ func refreshDisksBeforeShutdown(ctx context.Context, out io.Writer, workspace st
 	if missing := controlPlanesWithoutDisk(st); len(missing) > 0 {
 		fmt.Fprintf(out, "WARNING: no disk recorded for %s: recover will refuse them unless told their disks (--disk NODE=UUID)\n", strings.Join(missing, ", "))
 	}
+}
+
+// anyRunning reports whether the platform says a node runs (unknown counts as running: the
+// refresh then finds out).
+func anyRunning(ctx context.Context, platform provider.Provider) bool {
+	nodes, err := platform.Nodes(ctx)
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(nodes, func(n provider.Node) bool { return n.State == provider.Running })
 }
 
 func controlPlanesWithoutDisk(st *state.State) []string {

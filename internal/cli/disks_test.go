@@ -93,3 +93,29 @@ func TestRecordNodesKeepsDisks(t *testing.T) {
 	assert.Equal(t, diskOfWorker, st.Nodes[1].Disk)
 	assert.Empty(t, st.Nodes[2].Disk, "a new node has no disk until the cluster records one")
 }
+
+// stop and reboot say which control planes recover will refuse, even when the records cannot
+// be read (here: no node runs, no admin kubeconfig).
+func TestRefreshBeforeShutdownWarns(t *testing.T) {
+	keys := bootstraptest.NewClusterKeys(t)
+	ws := t.TempDir()
+	st := recoveryState(keys, [2]string{"control-plane-0", ""}, [2]string{"control-plane-1", diskOfCP1})
+	require.NoError(t, state.Write(filepath.Join(ws, state.FileName), st))
+	stopped := recoveringPlatform{nodes: []provider.Node{{NodeSpec: provider.NodeSpec{Name: "control-plane-0"}, State: provider.Stopped}}}
+	var out bytes.Buffer
+	refreshDisksBeforeShutdown(context.Background(), &out, ws, st, stopped)
+	assert.Contains(t, out.String(), "WARNING: could not refresh the disk records from the cluster: no admin kubeconfig (constellation-admin.conf)")
+	assert.Contains(t, out.String(), "WARNING: no disk recorded for control-plane-0: recover will refuse them unless told their disks (--disk NODE=UUID)\n")
+	assert.NotContains(t, out.String(), "control-plane-1", "its disk is recorded")
+
+	// With the admin kubeconfig, but no node running: the cluster is not asked.
+	require.NoError(t, os.WriteFile(filepath.Join(ws, AdminConfFile), []byte("not even a kubeconfig"), 0o600))
+	out.Reset()
+	refreshDisksBeforeShutdown(context.Background(), &out, ws, st, stopped)
+	assert.Equal(t, "WARNING: no disk recorded for control-plane-0: recover will refuse them unless told their disks (--disk NODE=UUID)\n", out.String())
+
+	out.Reset()
+	st.Phase, st.ClusterID, st.MeasurementSalt = state.Created, nil, nil
+	refreshDisksBeforeShutdown(context.Background(), &out, ws, st, stopped)
+	assert.Empty(t, out.String(), "nothing to recover in a cluster that was never initialized")
+}

@@ -71,7 +71,7 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 		}
 	}
 	// A rebooted control plane may need recover (the only one does): its disk must be known.
-	refreshDisksBeforeShutdown(ctx, out, workspace, st)
+	refreshDisksBeforeShutdown(ctx, out, workspace, st, platform)
 	t := newPhaseTimer(out)
 	start := time.Now()
 	for _, name := range names {
@@ -219,7 +219,7 @@ nodes on again; since no join service runs while every control plane waits for i
 				return err
 			}
 			// The last chance to record the disks recover will need.
-			refreshDisksBeforeShutdown(ctx, out, ws, st)
+			refreshDisksBeforeShutdown(ctx, out, ws, st, platform)
 			if err := platform.Stop(ctx); err != nil {
 				return fmt.Errorf("stopping the cluster: %w", err)
 			}
