@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,11 +39,18 @@ import (
 const diskRefreshTimeout = 15 * time.Second
 
 // refreshDisks copies the cluster's disk-owner records into st (state.RecordDisks: a
-// recorded disk is never silently replaced) and writes the state file if it changed.
+// recorded disk is never silently replaced) and writes the state file if it changed, unless
+// another command wrote the file since st was read: status now writes the state file too,
+// and must not undo, say, an apply's new nodes with its older copy.
 func refreshDisks(ctx context.Context, workspace string, st *state.State, client kubernetes.Interface) (state.DiskReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, diskRefreshTimeout)
 	defer cancel()
 	records, invalid, err := diskowner.Store{Client: client}.Records(ctx)
+	if err != nil {
+		return state.DiskReport{}, err
+	}
+	path := filepath.Join(workspace, state.FileName)
+	before, err := st.Marshal()
 	if err != nil {
 		return state.DiskReport{}, err
 	}
@@ -54,12 +62,24 @@ func refreshDisks(ctx context.Context, workspace string, st *state.State, client
 	for _, err := range invalid {
 		report.Problems = append(report.Problems, err.Error()+": ignored (it gives nobody a key)")
 	}
-	if report.Changed() {
-		if err := state.Write(filepath.Join(workspace, state.FileName), st); err != nil {
-			return report, err
-		}
+	if !report.Changed() {
+		return report, nil
 	}
-	return report, nil
+	// Compared as this CLI writes it, so that a file written another way still counts as
+	// unchanged. Another command can still write between this read and the rename below;
+	// the window is the write's, not the command's.
+	onDisk, err := state.Load(path)
+	if err != nil {
+		return report, err
+	}
+	current, err := onDisk.Marshal()
+	if err != nil {
+		return report, err
+	}
+	if !bytes.Equal(current, before) {
+		return report, fmt.Errorf("%s changed while this command ran (another command wrote it): the disk records were not written; the next apply or status records them", state.FileName)
+	}
+	return report, state.Write(path, st)
 }
 
 // printDiskReport prints what refreshDisks changed and what it refused to.

@@ -119,3 +119,39 @@ func TestRefreshBeforeShutdownWarns(t *testing.T) {
 	refreshDisksBeforeShutdown(context.Background(), &out, ws, st, stopped)
 	assert.Empty(t, out.String(), "nothing to recover in a cluster that was never initialized")
 }
+
+// status writes the state file now: a refresh must not replace what another command wrote
+// since this one read the file (an apply's new node, here).
+func TestRefreshDisksDoesNotUndoAnotherCommand(t *testing.T) {
+	ctx := context.Background()
+	keys := bootstraptest.NewClusterKeys(t)
+	ws := t.TempDir()
+	path := filepath.Join(ws, state.FileName)
+	st := recoveryState(keys, [2]string{"control-plane-0", ""})
+	require.NoError(t, state.Write(path, st))
+	client := fake.NewClientset()
+	_, err := diskowner.Store{Client: client}.Claim(ctx, someDisk, "control-plane-0")
+	require.NoError(t, err)
+
+	// Meanwhile apply added worker-1.
+	applied, err := state.Load(path)
+	require.NoError(t, err)
+	applied.Nodes = append(applied.Nodes, state.Node{Name: "worker-1", Role: metadata.Worker, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.51")}})
+	require.NoError(t, state.Write(path, applied))
+
+	report, err := refreshDisks(ctx, ws, st, client)
+	require.ErrorContains(t, err, "changed while this command ran")
+	assert.True(t, report.Changed())
+	loaded, err := state.Load(path)
+	require.NoError(t, err)
+	assert.Len(t, loaded.Nodes, 3, "apply's node is still there")
+	assert.Empty(t, loaded.Nodes[0].Disk)
+
+	// The next command, reading the file afresh, records the disk.
+	_, err = refreshDisks(ctx, ws, loaded, client)
+	require.NoError(t, err)
+	loaded, err = state.Load(path)
+	require.NoError(t, err)
+	assert.Equal(t, someDisk, loaded.Nodes[0].Disk)
+	assert.Len(t, loaded.Nodes, 3)
+}

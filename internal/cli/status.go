@@ -43,13 +43,11 @@ type clusterStatus struct {
 }
 
 type nodeStatus struct {
-	Name       string `json:"name"`
-	Role       string `json:"role"`
-	IP         string `json:"ip"`
-	Unexpected bool   `json:"unexpected,omitempty"`
-	// Disk is the node's state disk as recorded in the state file: the one disk whose key
-	// recover sends it.
-	Disk        string             `json:"disk,omitempty"`
+	Name        string             `json:"name"`
+	Role        string             `json:"role"`
+	IP          string             `json:"ip"`
+	Unexpected  bool               `json:"unexpected,omitempty"`
+	Disk        string             `json:"disk,omitempty"` // as recorded in the state file: the one disk whose key recover sends
 	Provider    *providerView      `json:"provider,omitempty"`
 	Kubernetes  *kubernetesView    `json:"kubernetes,omitempty"`
 	Attestation *attestationStatus `json:"attestation,omitempty"`
