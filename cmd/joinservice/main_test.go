@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -33,6 +36,7 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -168,13 +172,21 @@ func TestRun(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	client := joinpb.NewJoinServiceClient(conn)
 
+	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	clientCSR, err := kubeletcsr.ClientRequest("worker-0", clientKey)
+	require.NoError(t, err)
 	var ticket *joinpb.IssueRejoinTicketResponse
+	var rejoinErr error
 	require.Eventually(t, func() bool {
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		defer ccancel()
-		ticket, err = client.IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid})
-		return err == nil
-	}, 20*time.Second, 100*time.Millisecond, "rejoin: %v", err)
+		ticket, rejoinErr = client.IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid, ClientCertificateRequest: clientCSR})
+		return rejoinErr == nil
+	}, 20*time.Second, 100*time.Millisecond, "rejoin never succeeded")
+	cert, err := pki.ParseCert(ticket.KubeletClientCert)
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:worker-0", cert.Subject.CommonName, "the binary signs the node's own client certificate")
 	wantDisk, err := master.DeriveKey(uuid, joinservice.StateDiskKeySize)
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, ticket.StateDiskKey)

@@ -27,12 +27,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/api/verify/verifypb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -96,7 +98,7 @@ func TestAttacks(t *testing.T) {
 			return resp.Evidence, nil
 		}}
 		_, err = outside.joinTicket(t, joinService, relay, &joinpb.IssueJoinTicketRequest{
-			DiskUuid: uuid.NewString(), IsControlPlane: true, CertificateRequest: kubeletCSR(t, cp.Name, cp.IP),
+			DiskUuid: uuid.NewString(), IsControlPlane: true, CertificateRequest: kubeletCSR(t, cp.Name, cp.IP), ClientCertificateRequest: clientCSR(t, cp.Name),
 		})
 		require.Error(t, err, "no ticket for relayed evidence")
 		assert.Equal(t, 1, relayed, "the verification service did quote for the attacker")
@@ -124,14 +126,14 @@ func TestAttacks(t *testing.T) {
 	})
 
 	t.Run("compromised worker: rejoin ticket for the control plane's disk", func(t *testing.T) {
-		resp, err := onWorker.rejoinTicket(t, joinService, workerIssuer(t), diskUUID(cp.Name))
+		resp, err := onWorker.rejoinTicket(t, joinService, workerIssuer(t), diskUUID(cp.Name), worker.Name)
 		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 		assert.Nil(t, resp, "no disk key")
 	})
 
 	t.Run("compromised worker: join ticket for the control plane's disk", func(t *testing.T) {
 		resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), &joinpb.IssueJoinTicketRequest{
-			DiskUuid: diskUUID(cp.Name), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),
+			DiskUuid: diskUUID(cp.Name), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP), ClientCertificateRequest: clientCSR(t, worker.Name),
 		})
 		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 		assert.Nil(t, resp, "no disk key")
@@ -139,7 +141,7 @@ func TestAttacks(t *testing.T) {
 
 	t.Run("compromised worker: join ticket as a control plane", func(t *testing.T) {
 		resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), &joinpb.IssueJoinTicketRequest{
-			DiskUuid: uuid.NewString(), IsControlPlane: true, CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),
+			DiskUuid: uuid.NewString(), IsControlPlane: true, CertificateRequest: kubeletCSR(t, worker.Name, worker.IP), ClientCertificateRequest: clientCSR(t, worker.Name),
 		})
 		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 		assert.Contains(t, err.Error(), "worker")
@@ -147,11 +149,50 @@ func TestAttacks(t *testing.T) {
 	})
 
 	t.Run("compromised worker: kubelet certificate for another node", func(t *testing.T) {
+		for what, req := range map[string]*joinpb.IssueJoinTicketRequest{
+			"serving": {DiskUuid: diskUUID(worker.Name), CertificateRequest: kubeletCSR(t, cp.Name, cp.IP), ClientCertificateRequest: clientCSR(t, worker.Name)},
+			"client":  {DiskUuid: diskUUID(worker.Name), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP), ClientCertificateRequest: clientCSR(t, cp.Name)},
+		} {
+			resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), req)
+			require.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", what, err)
+			assert.Contains(t, err.Error(), `common name "system:node:control-plane-0", want "system:node:worker-0"`, what)
+			assert.Nil(t, resp, what)
+		}
+	})
+
+	t.Run("compromised worker: its own ticket's credentials get no other name approved", func(t *testing.T) {
+		// The worker asks for its own join ticket again (allowed: its own disk). The ticket
+		// names worker-0 alone and carries no bootstrap token; none exists in the cluster.
+		// With the ticket's client certificate, and with the kubelet's current one read from
+		// the node, it asks kube-controller-manager for other identities: nothing is ever
+		// approved, while its request for its own name is (so the approver runs).
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+			Subject: pkix.Name{CommonName: "system:node:" + worker.Name, Organization: []string{"system:nodes"}},
+		}, key)
+		require.NoError(t, err)
 		resp, err := onWorker.joinTicket(t, joinService, workerIssuer(t), &joinpb.IssueJoinTicketRequest{
-			DiskUuid: uuid.NewString(), CertificateRequest: kubeletCSR(t, cp.Name, cp.IP),
+			DiskUuid: diskUUID(worker.Name), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP), ClientCertificateRequest: der,
 		})
-		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
-		assert.Nil(t, resp)
+		require.NoError(t, err)
+		keyPEM, err := pki.EncodeKey(key)
+		require.NoError(t, err)
+		admin := adminClient(t, kubeconfig)
+		tokens, err := admin.CoreV1().Secrets("kube-system").List(t.Context(), metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+		require.NoError(t, err)
+		assert.Empty(t, tokens.Items, "a bootstrap token exists in the cluster")
+
+		for name, creds := range map[string]nodeCredential{
+			"the ticket's client certificate":       {cert: resp.KubeletClientCert, key: keyPEM},
+			"the kubelet's current client certificate": kubeletCredential(t, ws, worker.Name),
+		} {
+			t.Run(name, func(t *testing.T) {
+				asWorker := creds.client(t, kubeconfig)
+				assert.Equal(t, "system:node:"+worker.Name, whoami(t, asWorker))
+				assertNoOtherIdentity(t, admin, asWorker, worker.Name, cp.Name)
+			})
+		}
 	})
 
 	t.Run("node of another cluster: same image, AK certified by another provider", func(t *testing.T) {
@@ -174,7 +215,7 @@ func TestAttacks(t *testing.T) {
 		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, EventLog: func() ([]byte, error) { return bootLog, nil }})
 		require.NoError(t, err)
 		_, err = outside.joinTicket(t, joinService, iss, &joinpb.IssueJoinTicketRequest{
-			DiskUuid: uuid.NewString(), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP),
+			DiskUuid: uuid.NewString(), CertificateRequest: kubeletCSR(t, worker.Name, worker.IP), ClientCertificateRequest: clientCSR(t, worker.Name),
 		})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "evidence signer not trusted")
@@ -208,7 +249,7 @@ func TestAttacks(t *testing.T) {
 				}
 			}()
 		}
-		resp, err := onWorker.rejoinTicket(t, joinService, workerIssuer(t), diskUUID(worker.Name))
+		resp, err := onWorker.rejoinTicket(t, joinService, workerIssuer(t), diskUUID(worker.Name), worker.Name)
 		wg.Wait()
 		require.NoError(t, err, "the genuine worker rejoins during the flood")
 		assert.Len(t, resp.StateDiskKey, 32)
@@ -261,11 +302,11 @@ func (p attackerPosition) joinTicket(t *testing.T, addr string, iss attestation.
 	})
 }
 
-func (p attackerPosition) rejoinTicket(t *testing.T, addr string, iss attestation.Issuer, disk string) (*joinpb.IssueRejoinTicketResponse, error) {
+func (p attackerPosition) rejoinTicket(t *testing.T, addr string, iss attestation.Issuer, disk, worker string) (*joinpb.IssueRejoinTicketResponse, error) {
 	return withinRateLimit(t, func(ctx context.Context) (*joinpb.IssueRejoinTicketResponse, error) {
 		client, done := p.joinClient(t, addr, iss)
 		defer done()
-		return client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: disk})
+		return client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: disk, ClientCertificateRequest: clientCSR(t, worker)})
 	})
 }
 
@@ -299,6 +340,19 @@ func (r relayIssuer) Issue(ctx context.Context, _ attestation.Purpose, data []by
 	return r.fn(ctx, data)
 }
 
+// clientCSR is a kubelet client certificate request for node, with a fresh key.
+func clientCSR(t *testing.T, node string) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}},
+	}, key)
+	require.NoError(t, err)
+	return der
+}
+
+// kubeletCSR is a kubelet serving certificate request for node at ip, with a fresh key.
 func kubeletCSR(t *testing.T, node, ip string) []byte {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -250,11 +250,15 @@ spec:
 `, helloRef(t, images)))
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/evictee", "--timeout=120s")
 
+		// Root on worker-1 keeps its kubelet's credential: once apply has removed the node,
+		// that credential can write nothing, at once.
+		stolen := kubeletCredential(t, ws, "worker-1")
 		d.setCounts(1, 1)
 		out = d.run("apply")
 		t.Logf("%s", out)
 		assert.Contains(t, out, "- worker-2")
 		assert.Contains(t, out, "- worker-1")
+		assertRevoked(t, stolen.client(t, d.kubeconfig), "worker-1")
 		assert.Contains(t, out, "worker-2: evicted default/evictee")
 		s := d.requireHealthy("control-plane-0", "worker-0")
 		var removed []string

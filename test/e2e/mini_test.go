@@ -34,9 +34,13 @@ func repoOutput(t testing.TB) string {
 }
 
 // buildBinaries builds constellation and the bootstrapper side by side, as `make build`
-// lays them out.
+// lays them out. Every test of this package starts with it: under -short they are skipped
+// (they create clusters, need root and _output).
 func buildBinaries(t testing.TB) (bin, bootstrapper string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end: builds the binaries and creates a local cluster")
+	}
 	dir := t.TempDir()
 	out, err := exec.Command("go", "build", "-o", dir+"/",
 		"github.com/openconstellation/constellation/cmd/constellation",
