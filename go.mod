@@ -58,7 +58,6 @@ require (
 	k8s.io/api v0.34.4
 	k8s.io/apimachinery v0.34.4
 	k8s.io/client-go v0.34.4
-	k8s.io/cluster-bootstrap v0.34.4
 	k8s.io/cri-api v0.34.4
 	k8s.io/kube-proxy v0.0.0
 	k8s.io/kubelet v0.34.4
@@ -66,6 +65,8 @@ require (
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397
 	sigs.k8s.io/yaml v1.6.0
 )
+
+require k8s.io/cluster-bootstrap v0.34.4 // indirect
 
 require (
 	github.com/GoogleCloudPlatform/confidential-space/server v0.0.0-20260915221818-a6c0685fb9fc // indirect

@@ -184,7 +184,7 @@ func TestAttacks(t *testing.T) {
 		assert.Empty(t, tokens.Items, "a bootstrap token exists in the cluster")
 
 		for name, creds := range map[string]nodeCredential{
-			"the ticket's client certificate":       {cert: resp.KubeletClientCert, key: keyPEM},
+			"the ticket's client certificate":          {cert: resp.KubeletClientCert, key: keyPEM},
 			"the kubelet's current client certificate": kubeletCredential(t, ws, worker.Name),
 		} {
 			t.Run(name, func(t *testing.T) {
