@@ -40,9 +40,9 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/statedisk"
-	"github.com/openconstellation/constellation/internal/untrusted"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // DefaultTimeout bounds a recovery whose context has no deadline: two calls, and on the node
