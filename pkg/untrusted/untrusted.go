@@ -108,15 +108,12 @@ func escape(b *strings.Builder, s string, limit int) {
 
 // Status returns err, the error of a gRPC call, with the status's message made safe (Text):
 // the message of a status a server returned is the server's text. The code is kept, so
-// status.Code still tells what happened; details are dropped. An error without a status is
-// returned as Text of its message.
+// status.Code still tells what happened; details are dropped. An error that carries no gRPC
+// status is not a server's (the caller's own checks of an answer) and is returned as it is.
 func Status(err error) error {
-	if err == nil {
-		return nil
-	}
 	st, ok := status.FromError(err)
-	if !ok {
-		return fmt.Errorf("%s", Text(err.Error()))
+	if err == nil || !ok {
+		return err
 	}
 	return status.Error(st.Code(), Text(st.Message()))
 }

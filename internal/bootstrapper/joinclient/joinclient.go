@@ -37,6 +37,7 @@ import (
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Files the join client writes for the kubelet: its serving certificate, signed by the
@@ -242,7 +243,7 @@ func (c *Client) Join(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("generating the kubeadm join configuration: %w", err)
 	}
-	c.cfg.Log.Info("running kubeadm join", "apiServer", ticket.ApiServerEndpoint, "controlPlane", req.IsControlPlane)
+	c.cfg.Log.Info("running kubeadm join", "apiServer", untrusted.Quote(ticket.ApiServerEndpoint), "controlPlane", req.IsControlPlane)
 	if err := c.cfg.Kubeadm.Join(ctx, config, logWriter{c.cfg.Log}); err != nil {
 		return err
 	}
@@ -408,11 +409,11 @@ func checkTicketFields(t *joinpb.IssueJoinTicketResponse, self metadata.Instance
 		bad("bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}")
 	}
 	if !hashPattern.MatchString(t.DiscoveryTokenCaCertHash) {
-		bad("CA discovery hash %q is not sha256:<64 hex digits>", t.DiscoveryTokenCaCertHash)
+		bad("CA discovery hash %s is not sha256:<64 hex digits>", untrusted.Quote(t.DiscoveryTokenCaCertHash))
 	}
 	for _, f := range t.ControlPlaneFiles {
 		if !slices.Contains(controlPlaneFiles, f.Name) {
-			bad("control-plane file %q is not one of %v", f.Name, controlPlaneFiles)
+			bad("control-plane file %s is not one of %v", untrusted.Quote(f.Name), controlPlaneFiles)
 		}
 	}
 	if self.Role != metadata.ControlPlane && len(t.ControlPlaneFiles) > 0 {
@@ -431,7 +432,7 @@ func checkTicketCerts(t *joinpb.IssueJoinTicketResponse, self metadata.Instance,
 	var problems []error
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
 	if got := pki.DiscoveryHash(ca); got != t.DiscoveryTokenCaCertHash {
-		bad("CA discovery hash %s does not match the cluster CA (%s)", t.DiscoveryTokenCaCertHash, got)
+		bad("CA discovery hash %s does not match the cluster CA (%s)", untrusted.Quote(t.DiscoveryTokenCaCertHash), got)
 	}
 	cert, err := pki.ParseCert(t.KubeletCert)
 	if err != nil {
@@ -446,7 +447,7 @@ func checkTicketCerts(t *joinpb.IssueJoinTicketResponse, self metadata.Instance,
 		bad("kubelet certificate is not for this node's key")
 	}
 	if cert.Subject.CommonName != "system:node:"+self.Name {
-		bad("kubelet certificate is for %q, not system:node:%s", cert.Subject.CommonName, self.Name)
+		bad("kubelet certificate is for %s, not system:node:%s", untrusted.Quote(cert.Subject.CommonName), self.Name)
 	}
 	return errors.Join(problems...)
 }
