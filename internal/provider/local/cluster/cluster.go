@@ -874,7 +874,6 @@ func lastLogLine(path string) string {
 	return untrusted.Text(last)
 }
 
-
 // reapOrphans collects exited orphans while the cluster runs. Only processes that have
 // exited are collected; a child started with os/exec whose status is taken here sees
 // ECHILD from Wait, which the provider treats as exited.

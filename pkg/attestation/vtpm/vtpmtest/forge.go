@@ -1,10 +1,12 @@
 package vtpmtest
 
 import (
+	"context"
 	"crypto"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/sha256"
+	"fmt"
 	"testing"
 
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -18,6 +20,92 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
+// SoftwareIssuer issues what an attacker without a TPM can: a TPM2_Quote structure over PCR
+// values of its choice, signed by a software RSA key whose public area claims every
+// attribute of a TPM-resident restricted AK (SoftwareAK). Without AK roots a validator cannot
+// tell it from a TPM's quote (that is the attack); with roots it has no certificate to show.
+type SoftwareIssuer struct {
+	key     *rsa.PrivateKey
+	akPub   []byte
+	pcrs    [][]byte
+	digest  []byte
+	variant variant.Variant
+	// EventLog is sent with the evidence: a log the attacker forged to match the PCRs it
+	// shows, as it can (the log is no more trusted than the quote).
+	EventLog []byte
+}
+
+// NewSoftwareIssuer returns an issuer of variant v showing pcrs (missing registers read
+// zero), signing with key (a fresh RSA-2048 key if nil).
+func NewSoftwareIssuer(t testing.TB, v variant.Variant, key *rsa.PrivateKey, pcrs map[uint32][]byte) *SoftwareIssuer {
+	t.Helper()
+	if key == nil {
+		var err error
+		key, err = rsa.GenerateKey(rand.Reader, 2048)
+		require.NoError(t, err)
+	}
+	s := &SoftwareIssuer{key: key, akPub: SoftwareAK(t, key), variant: v}
+	h := sha256.New()
+	for i := range uint32(vtpm.NumPCRs) {
+		val := pcrs[i]
+		if val == nil {
+			val = make([]byte, sha256.Size)
+		}
+		s.pcrs = append(s.pcrs, val)
+		h.Write(val)
+	}
+	s.digest = h.Sum(nil)
+	return s
+}
+
+// Variant implements attestation.Issuer.
+func (s *SoftwareIssuer) Variant() variant.Variant { return s.variant }
+
+// Issue implements attestation.Issuer: it binds ReportData(purpose, data) like a genuine
+// issuer, so everything but the key's origin is right.
+func (s *SoftwareIssuer) Issue(_ context.Context, purpose attestation.Purpose, data []byte) ([]byte, error) {
+	nonce, err := attestation.ReportData(purpose, data)
+	if err != nil {
+		return nil, err
+	}
+	sel := tpm2.PCRSelection{Hash: tpm2.AlgSHA256}
+	for i := range vtpm.NumPCRs {
+		sel.PCRs = append(sel.PCRs, i)
+	}
+	quoted, err := tpm2.AttestationData{
+		Magic:             0xff544347, // TPM_GENERATED_VALUE: a claim like any other
+		Type:              tpm2.TagAttestQuote,
+		QualifiedSigner:   tpm2.Name{Digest: &tpm2.HashValue{Alg: tpm2.AlgSHA256, Value: make([]byte, sha256.Size)}},
+		ExtraData:         nonce,
+		AttestedQuoteInfo: &tpm2.QuoteInfo{PCRSelection: sel, PCRDigest: s.digest},
+	}.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("encoding the forged quote: %w", err)
+	}
+	h := sha256.Sum256(quoted)
+	sig, err := rsa.SignPKCS1v15(rand.Reader, s.key, crypto.SHA256, h[:])
+	if err != nil {
+		return nil, err
+	}
+	rawSig, err := tpm2.Signature{Alg: tpm2.AlgRSASSA, RSA: &tpm2.SignatureRSA{HashAlg: tpm2.AlgSHA256, Signature: sig}}.Encode()
+	if err != nil {
+		return nil, err
+	}
+	return proto.Marshal(&vtpmpb.Evidence{Variant: s.variant.String(), AkPublic: s.akPub, Quote: quoted, Signature: rawSig, Pcrs: s.pcrs, EventLog: s.EventLog})
+}
+
+// SoftwareBoot computes, without a TPM, the SHA-256 PCR values a TPM would hold after boot
+// (an image, as eventlogtest.Image) and the genuine event log that records them.
+func SoftwareBoot(t testing.TB, boot []eventlogtest.Measurement) (map[uint32][]byte, []byte) {
+	t.Helper()
+	bank := softwarePCRs{}
+	for i := range uint32(vtpm.NumPCRs) {
+		bank[i] = make([]byte, sha256.Size)
+	}
+	log := eventlogtest.Boot(t, bank, boot)
+	return bank, log
+}
+
 // Forgery is evidence made without any TPM, and what it claims.
 type Forgery struct {
 	// Evidence is the TPM-quote evidence (vtpmpb.Evidence), marshalled.
@@ -28,50 +116,19 @@ type Forgery struct {
 	EventLog []byte
 }
 
-// Forge makes the evidence an attacker without a TPM sends for variant v: PCR values computed
-// in software by extending the measurements of boot (an image, as eventlogtest.Image), the
-// genuine event log that records them, and a TPM2_Quote over those PCRs and
-// attestation.ReportData(purpose, data), signed by key. The AK is key's public part encoded as
-// a TPMT_PUBLIC that claims every attribute of a TPM-resident restricted signing key: those
-// attributes are claims, nothing in the evidence proves them. Such evidence passes a validator
-// that trusts an AK because the evidence says so; only AK roots (or a hardware report naming
-// the AK) tell it apart.
+// Forge makes the evidence an attacker without a TPM sends for variant v: the PCR values and
+// event log of boot computed in software (SoftwareBoot), quoted over
+// attestation.ReportData(purpose, data) and signed by key (SoftwareIssuer). Such evidence
+// passes a validator that trusts an AK because the evidence says so; only AK roots (or a
+// hardware report naming the AK) tell it apart.
 func Forge(t testing.TB, v variant.Variant, key *rsa.PrivateKey, boot []eventlogtest.Measurement, purpose attestation.Purpose, data []byte) Forgery {
 	t.Helper()
-	bank := softwarePCRs{}
-	for i := range vtpm.NumPCRs {
-		bank[uint32(i)] = make([]byte, sha256.Size)
-	}
-	log := eventlogtest.Boot(t, bank, boot)
-
-	nonce, err := attestation.ReportData(purpose, data)
+	pcrs, log := SoftwareBoot(t, boot)
+	iss := NewSoftwareIssuer(t, v, key, pcrs)
+	iss.EventLog = log
+	ev, err := iss.Issue(context.Background(), purpose, data)
 	require.NoError(t, err)
-	selection := tpm2.PCRSelection{Hash: tpm2.AlgSHA256}
-	digest := sha256.New()
-	values := make([][]byte, vtpm.NumPCRs)
-	for i := range vtpm.NumPCRs {
-		selection.PCRs = append(selection.PCRs, i)
-		digest.Write(bank[uint32(i)])
-		values[i] = bank[uint32(i)]
-	}
-	quoted, err := tpm2.AttestationData{
-		Magic:             0xff544347, // TPM_GENERATED_VALUE: a claim like any other
-		Type:              tpm2.TagAttestQuote,
-		ExtraData:         nonce,
-		AttestedQuoteInfo: &tpm2.QuoteInfo{PCRSelection: selection, PCRDigest: digest.Sum(nil)},
-	}.Encode()
-	require.NoError(t, err)
-	h := sha256.Sum256(quoted)
-	sig, err := rsa.SignPKCS1v15(rand.Reader, key, crypto.SHA256, h[:])
-	require.NoError(t, err)
-	rawSig, err := tpm2.Signature{Alg: tpm2.AlgRSASSA, RSA: &tpm2.SignatureRSA{HashAlg: tpm2.AlgSHA256, Signature: sig}}.Encode()
-	require.NoError(t, err)
-
-	ev, err := proto.Marshal(&vtpmpb.Evidence{
-		Variant: v.String(), AkPublic: SoftwareAK(t, key), Quote: quoted, Signature: rawSig, Pcrs: values, EventLog: log,
-	})
-	require.NoError(t, err)
-	return Forgery{Evidence: ev, PCRs: bank, EventLog: log}
+	return Forgery{Evidence: ev, PCRs: pcrs, EventLog: log}
 }
 
 // SoftwareAK encodes key as a TPMT_PUBLIC that claims every attribute of a TPM-resident AK
