@@ -149,3 +149,17 @@ func TestInitRefusedNodeNamesTheMismatch(t *testing.T) {
 	assert.ErrorIs(t, err, attestation.ErrMeasurementPolicy)
 	assert.Contains(t, err.Error(), `closest is "expected" with 1 mismatching register(s): PCR 11: expected`)
 }
+
+// apply reads the join service's log (JSON lines) to say why a node was not admitted: the
+// reason and error fields decode to whatever bytes the line escaped, peer strings among
+// them; they are printed escaped and bounded.
+func TestRejectionsPrintSafely(t *testing.T) {
+	r := rejections{count: 3, reason: hostile(4 << 10), last: hostile(256 << 10)}
+	got := r.String()
+	assert.Contains(t, got, "the join service rejected it 3 time(s), last: ")
+	assert.Contains(t, got, `\x1b[2J`)
+	for _, c := range []string{"\x1b", "\x07", "\r", "\n"} {
+		assert.NotContains(t, got, c)
+	}
+	assert.LessOrEqual(t, len(got), 2*(untrusted.MaxTextBytes+32)+64)
+}
