@@ -128,7 +128,7 @@ func (r *rebooted) build() {
 	require.NoError(t, err)
 	r.cfg = bootstrapper.Config{Node: r.node.Node, JoinClient: join, Progress: r.progress.report, WaitingAfter: 100 * time.Millisecond, Log: log}
 	if r.meta.Instance.Role == metadata.ControlPlane && r.node.Node.State() == node.Rebooted {
-		rs, err := recoveryserver.New(recoveryserver.Config{Node: r.node.Node, Issuer: issuer, Kubelet: r.kubelet, Log: log})
+		rs, err := recoveryserver.New(recoveryserver.Config{Node: r.node.Node, Issuer: issuer, Kubelet: r.kubelet, RenewKubeletCredential: r.kubelet.RenewCredential, Log: log})
 		require.NoError(t, err)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
