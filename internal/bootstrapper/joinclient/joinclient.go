@@ -304,7 +304,7 @@ func (c *Client) Rejoin(ctx context.Context) error {
 		if len(resp.StateDiskKey) != statedisk.KeySize || len(resp.MeasurementSecret) != kms.DerivedKeySize || len(resp.MeasurementSalt) == 0 {
 			return errors.New("invalid rejoin ticket: wrong key sizes")
 		}
-		if _, err := checkClientCert(resp.KubeletClientCert, nil, self.Name, clientKey.Public()); err != nil {
+		if err := checkClientCert(resp.KubeletClientCert, nil, self.Name, clientKey.Public()); err != nil {
 			return fmt.Errorf("invalid rejoin ticket: %w", err)
 		}
 		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
@@ -323,19 +323,9 @@ func (c *Client) Rejoin(ctx context.Context) error {
 	if err := c.cfg.Node.Reenter(ctx, clusterID, ticket.StateDiskKey); err != nil {
 		return err
 	}
-	// The CA is the node's own copy (on the state storage just unlocked): a ticket whose
-	// certificate another CA signed is refused before the kubelet sees it.
-	caPEM, err := os.ReadFile(filepath.Join(c.cfg.PKIDir, pki.CACert))
-	if err != nil {
-		return fmt.Errorf("reading the cluster CA: %w", err)
-	}
-	ca, err := pki.ParseCert(caPEM)
-	if err != nil {
-		return fmt.Errorf("the cluster CA: %w", err)
-	}
-	if _, err := checkClientCert(ticket.KubeletClientCert, ca, self.Name, clientKey.Public()); err != nil {
-		return fmt.Errorf("invalid rejoin ticket: %w", err)
-	}
+	// The certificate was checked before the commit for this node's name, key and use; its
+	// signer is the attested service's cluster CA (a wrong one would make the kubelet fail,
+	// and the node would reboot and ask again).
 	keyPEM, err := pki.EncodeKey(clientKey)
 	if err != nil {
 		return err
@@ -482,24 +472,23 @@ func checkTicketCerts(t *joinpb.IssueJoinTicketResponse, self metadata.Instance,
 	if err := checkCert(t.KubeletCert, ca, self.Name, servingPub, x509.ExtKeyUsageServerAuth); err != nil {
 		problems = append(problems, fmt.Errorf("kubelet serving certificate: %w", err))
 	}
-	if _, err := checkClientCert(t.KubeletClientCert, ca, self.Name, clientPub); err != nil {
+	if err := checkClientCert(t.KubeletClientCert, ca, self.Name, clientPub); err != nil {
 		problems = append(problems, err)
 	}
 	return errors.Join(problems...)
 }
 
-// checkClientCert checks a kubelet client certificate (PEM) like checkCert, and returns it.
-// A nil ca skips the signature check (the rejoin checks it once the node's own CA is
-// readable).
-func checkClientCert(certPEM []byte, ca *x509.Certificate, name string, pub crypto.PublicKey) (*x509.Certificate, error) {
+// checkClientCert checks a kubelet client certificate (PEM) like checkCert. A nil ca skips
+// the signature check: a rejoin ticket carries no CA.
+func checkClientCert(certPEM []byte, ca *x509.Certificate, name string, pub crypto.PublicKey) error {
 	if err := checkCert(certPEM, ca, name, pub, x509.ExtKeyUsageClientAuth); err != nil {
-		return nil, fmt.Errorf("kubelet client certificate: %w", err)
+		return fmt.Errorf("kubelet client certificate: %w", err)
 	}
-	return pki.ParseCert(certPEM)
+	return nil
 }
 
-// checkCert checks that certPEM is signed by ca (unless nil) for usage, for key pub, and names
-// the node.
+// checkCert checks that certPEM is for usage (and signed by ca, unless nil), for key pub, and
+// names the node.
 func checkCert(certPEM []byte, ca *x509.Certificate, name string, pub crypto.PublicKey, usage x509.ExtKeyUsage) error {
 	cert, err := pki.ParseCert(certPEM)
 	if err != nil {
@@ -513,6 +502,8 @@ func checkCert(certPEM []byte, ca *x509.Certificate, name string, pub crypto.Pub
 		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 			bad("not signed by the cluster CA for this use: %w", err)
 		}
+	} else if !slices.Equal(cert.ExtKeyUsage, []x509.ExtKeyUsage{usage}) {
+		bad("extended key usages %v, want only %v", cert.ExtKeyUsage, usage)
 	}
 	if p, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !p.Equal(pub) {
 		bad("not for this node's key")

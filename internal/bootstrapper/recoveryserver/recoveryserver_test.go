@@ -62,7 +62,7 @@ func (e *env) recover() ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return recovery.Recover(ctx, recovery.Config{
-		Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(e.t, e.ca), ExpectedNode: "control-plane-0",
+		Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(e.t, e.ca), ExpectedNode: "control-plane-0", Disk: e.node.DiskUUID(e.t),
 		MasterSecret: e.keys.Master, MeasurementSalt: e.keys.MeasurementSalt, ClusterID: e.keys.ClusterID,
 	})
 }
@@ -163,7 +163,7 @@ func TestWrongKeyChangesNothing(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_, err := recovery.Recover(ctx, recovery.Config{
-			Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(t, e.ca), ExpectedNode: "control-plane-0",
+			Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(t, e.ca), ExpectedNode: "control-plane-0", Disk: e.node.DiskUUID(t),
 			MasterSecret: other.Master, MeasurementSalt: other.MeasurementSalt, ClusterID: other.ClusterID,
 		})
 		assert.ErrorIs(t, err, recovery.ErrWrongKey)
