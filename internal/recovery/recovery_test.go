@@ -143,7 +143,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 			ca:      newCA(t),
 			wantErr: recovery.ErrEvidence, wantReason: attestation.ErrUntrustedSigner,
 		},
-		"AK without certificate, CLI accepting unauthenticated AKs": {
+		"AK without certificate, CLI without AK roots": {
 			nodeOpts:  bootstraptest.NodeOptions{Uncertified: true},
 			validator: noRoots,
 			wantErr:   recovery.ErrWrongNode,
