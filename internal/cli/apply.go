@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -33,6 +35,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Files the CLI writes into the workspace.
@@ -205,11 +208,15 @@ func clusterAttestation(ctx context.Context, platform provider.Provider, conf *c
 }
 
 // callInit runs the Init RPC, printing progress lines, and returns the success message.
+// Everything the node sends is its text: progress messages, the log it streams on failure
+// and its error status reach the terminal as bounded lines with control characters escaped
+// (pkg/untrusted), so a node cannot clear the operator's screen or forge output.
 func callInit(ctx context.Context, out io.Writer, addr string, v attestation.Validator, dial func(context.Context, string) (net.Conn, error), req *initpb.InitRequest) (*initpb.InitSuccess, error) {
-	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
+	atlsCreds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
 	if err != nil {
 		return nil, err
 	}
+	creds := atlsCreds.Recording()
 	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithContextDialer(dial))
 	if err != nil {
 		return nil, err
@@ -219,29 +226,47 @@ func callInit(ctx context.Context, out io.Writer, addr string, v attestation.Val
 	// (within ctx) instead of failing on the first refused connection.
 	stream, err := initpb.NewInitServiceClient(conn).Init(ctx, req, grpc.WaitForReady(true))
 	if err != nil {
-		return nil, fmt.Errorf("init: %w", err)
+		return nil, initError(creds, err, false)
 	}
-	var logs strings.Builder
+	var logs untrusted.Log
+	answered := false
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("init: the node ended the stream without a result")
 		}
 		if err != nil {
-			if logs.Len() > 0 {
-				fmt.Fprintf(out, "--- node logs ---\n%s\n", tail([]byte(logs.String()), 8000))
+			if lines := logs.Lines(); len(lines) > 0 {
+				fmt.Fprintln(out, "--- node logs ---")
+				for _, l := range lines {
+					fmt.Fprintln(out, l)
+				}
 			}
-			return nil, fmt.Errorf("init: %w", err)
+			return nil, initError(creds, err, answered)
 		}
+		answered = true
 		switch k := msg.Kind.(type) {
 		case *initpb.InitResponse_Progress:
-			fmt.Fprintf(out, "  %s\n", k.Progress.Message)
+			fmt.Fprintf(out, "  %s\n", untrusted.Text(k.Progress.Message))
 		case *initpb.InitResponse_Log:
-			logs.Write(k.Log.Data)
+			_, _ = logs.Write(k.Log.Data)
 		case *initpb.InitResponse_Success:
 			return k.Success, nil
 		}
 	}
+}
+
+// initError says why the Init call failed. Before the node answered, a failed attested
+// handshake is the likely cause, and gRPC reports it flattened into a status (Unavailable, or
+// DeadlineExceeded for a call that waited): the handshake's own error is reported then, whole
+// (every mismatching register). Otherwise the status is the node's, its message the node's
+// text.
+func initError(creds *atls.RecordingCredentials, err error, answered bool) error {
+	code := status.Code(err)
+	if hsErr := creds.LastError(); hsErr != nil && !answered && (code == codes.Unavailable || code == codes.DeadlineExceeded) {
+		return fmt.Errorf("init: %s: %w", code, hsErr)
+	}
+	return fmt.Errorf("init: %w", untrusted.Status(err))
 }
 
 // waitNodesReady is waitReady, and on failure says why: what the join service refused of the
@@ -374,7 +399,9 @@ func (r rejections) String() string {
 	if r.count == 0 {
 		return "the join service has no record of it (it did not reach the join service, or is still booting)"
 	}
-	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, r.reason, r.last)
+	// The join service's log line: its reason label and error text (which quote the peer)
+	// are printed as one escaped, bounded line each.
+	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, untrusted.Text(r.reason), untrusted.Text(r.last))
 }
 
 // rejectionWait bounds the wait for the join service's refusal of a node that is not

@@ -225,13 +225,6 @@ func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	return terminate(ctx, out, workspace, true)
 }
 
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
 // phaseTimer prints phases with their wall time (the mini up benchmark reads them).
 type phaseTimer struct {
 	out   io.Writer

@@ -20,6 +20,7 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // statusReport is `constellation status -o json`. Each view is gathered on its own: a view
@@ -257,7 +258,7 @@ func kubernetesStatus(ctx context.Context, workspace string, byName map[string]*
 	defer cancel()
 	nodes, err := client.CoreV1().Nodes().List(kctx, metav1.ListOptions{})
 	if err != nil {
-		return []string{"kubernetes: listing nodes: " + err.Error()}, nil
+		return []string{"kubernetes: listing nodes: " + untrusted.Text(err.Error())}, nil
 	}
 	var errs []string
 	mu.Lock()
@@ -270,11 +271,12 @@ func kubernetesStatus(ctx context.Context, workspace string, byName map[string]*
 			errs = append(errs, fmt.Sprintf("kubernetes: node %s is not in %s", n.Name, state.FileName))
 			continue
 		}
-		v := &kubernetesView{Registered: true, Version: n.Status.NodeInfo.KubeletVersion}
+		// A node's kubelet writes its Node's status: version and reason are the node's text.
+		v := &kubernetesView{Registered: true, Version: untrusted.Text(n.Status.NodeInfo.KubeletVersion)}
 		if c := readyCondition(n); c != nil {
 			v.Ready = c.Status == "True"
 			if !v.Ready {
-				v.Reason = c.Reason
+				v.Reason = untrusted.Text(c.Reason)
 			}
 		}
 		ns.Kubernetes = v
@@ -283,7 +285,7 @@ func kubernetesStatus(ctx context.Context, workspace string, byName map[string]*
 	var services []serviceStatus
 	ds, err := client.AppsV1().DaemonSets(clusterrecord.Namespace).List(kctx, metav1.ListOptions{})
 	if err != nil {
-		return append(errs, "kubernetes: listing the services: "+err.Error()), nil
+		return append(errs, "kubernetes: listing the services: "+untrusted.Text(err.Error())), nil
 	}
 	for _, name := range []string{deploy.JoinService, deploy.KeyService, deploy.VerificationService} {
 		s := serviceStatus{Name: name}

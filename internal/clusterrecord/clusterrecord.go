@@ -228,6 +228,11 @@ func (a Attestation) Validate() error {
 			problems = append(problems, err)
 		}
 	}
+	if akRootsRequired(a.Variant) && a.Hardware.AcceptUnauthenticatedAK {
+		// choose accepts the opt-in for qemu-vtpm instead of roots (tests); a cluster
+		// trusts its nodes' keys through the platform's roots only.
+		problems = append(problems, fmt.Errorf("acceptUnauthenticatedAK: a %s cluster trusts its nodes' attestation keys through the platform's AK roots only", a.Variant))
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("invalid attestation configuration: %w", errors.Join(problems...))
 	}

@@ -208,6 +208,15 @@ func TestValidate(t *testing.T) {
 		"valid":                 {edit: func(*Config) {}},
 		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + caPEM }},
 		"valid without workers": {edit: func(c *Config) { c.Provider.Local.Workers = 0 }},
+		// Valid as a file: the local provider adds its AK CA at apply, which then refuses
+		// the opt-in beside roots (choose.NewValidator).
+		"valid with the opt-in to unauthenticated AKs": {edit: func(c *Config) { c.Attestation.QEMUVTPM.AcceptUnauthenticatedAK = true }},
+		"opt-in beside AK roots": {
+			edit: func(c *Config) {
+				c.Attestation.QEMUVTPM.AKRoots, c.Attestation.QEMUVTPM.AcceptUnauthenticatedAK = caPEM, true
+			},
+			want: map[string]string{"attestation.qemuVTPM.acceptUnauthenticatedAK": "the opt-in would be ignored"},
+		},
 		"valid with several sets": {edit: func(c *Config) {
 			c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "local-2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(2)})})
 		}},

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/openconstellation/constellation/internal/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // RemovedLabel marks the records of removed nodes (RecordKindLabel).

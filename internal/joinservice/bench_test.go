@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
@@ -43,7 +40,7 @@ func BenchmarkJoin(b *testing.B) {
 		b.Run(run.name, func(b *testing.B) {
 			e := newEnv(b, envOptions{})
 			nodes := vtpmtest.Simulator(b)
-			require.NoError(b, local.Measure(nodes, imageV1))
+			measure(b, nodes, imageV1)
 			provisionRoot(b, nodes, e.akCA)
 			// Prepare every joiner (AK certificate, CSR key) outside the timer. Each has its own
 			// AK certificate, so the service verifies a new chain per join as it would for new

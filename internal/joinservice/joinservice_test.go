@@ -161,14 +161,14 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	}
 	// The service quotes with its ECC AK (vtpm.AKAlgorithm): its quote is on every join's path.
 	var issuer attestation.Issuer
-	issuer, err = vtpm.NewIssuer(serviceTPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC, EventLog: func() ([]byte, error) { return serviceLog, nil }})
+	issuer, err = vtpm.NewIssuer(serviceTPM, qemu.VTPMIssuerConfig(qemu.IssuerConfig{AK: vtpm.AKECC, EventLog: func() ([]byte, error) { return serviceLog, nil }}))
 	require.NoError(t, err)
 	if opts.wrapIssuer != nil {
 		issuer = opts.wrapIssuer(issuer)
 	}
 
 	e.nodeTPM, _ = vtpmtest.Swtpm(t)
-	require.NoError(t, local.Measure(e.nodeTPM, imageV1))
+	measure(t, e.nodeTPM, imageV1)
 	provisionRoot(t, e.nodeTPM, e.akCA)
 
 	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}})
@@ -299,7 +299,7 @@ func (e *env) prepare(j *joiner) *atls.Credentials {
 		}
 		akCert, err := e.akCA.CertifyAK(ak(t, j.tpm), j.name, role, time.Now(), time.Hour)
 		require.NoError(t, err)
-		cfg.Issuer, err = qemu.NewIssuer(j.tpm, akCert, nil)
+		cfg.Issuer, err = qemu.NewIssuer(j.tpm, akCert, bootLog(j.tpm))
 		require.NoError(t, err)
 	}
 	creds, err := atls.NewCredentials(cfg)
@@ -345,11 +345,32 @@ func (e *env) conn(j *joiner) *grpc.ClientConn {
 
 var akCache sync.Map
 
+// bootLogs are the event logs of the tests' TPMs (*vtpm.TPM), as measure recorded them.
+var bootLogs sync.Map
+
+// measure boots tpm with image as the provider does, and keeps the event log for the
+// issuers on tpm (bootLog): qemu-vtpm evidence carries it.
+func measure(t testing.TB, tpm *vtpm.TPM, image []local.Component) {
+	t.Helper()
+	log, err := local.MeasureLogged(tpm, image)
+	require.NoError(t, err)
+	bootLogs.Store(tpm, log)
+}
+
+// bootLog returns the event log measure recorded for tpm, as an issuer reads it.
+func bootLog(tpm *vtpm.TPM) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		log, _ := bootLogs.Load(tpm)
+		b, _ := log.([]byte)
+		return b, nil
+	}
+}
+
 func ak(t testing.TB, tpm *vtpm.TPM) []byte {
 	if v, ok := akCache.Load(tpm); ok {
 		return v.([]byte)
 	}
-	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: qemu.Variant})
+	iss, err := qemu.NewIssuer(tpm, nil, nil)
 	require.NoError(t, err)
 	akCache.Store(tpm, iss.AKPublic())
 	return iss.AKPublic()
@@ -468,7 +489,7 @@ func TestJoinControlPlane(t *testing.T) {
 func TestRejections(t *testing.T) {
 	e := newEnv(t, envOptions{rateLimit: rate.Every(time.Hour), rateBurst: 2})
 	otherTPM, _ := vtpmtest.Swtpm(t)
-	require.NoError(t, local.Measure(otherTPM, image("bootstrapper v1 with a backdoor")))
+	measure(t, otherTPM, image("bootstrapper v1 with a backdoor"))
 	provisionRoot(t, otherTPM, e.akCA)
 
 	testCases := map[string]struct {
@@ -558,7 +579,7 @@ func TestRejections(t *testing.T) {
 				other, err := akca.New("another platform", time.Now(), time.Hour)
 				require.NoError(t, err)
 				tpm, _ := vtpmtest.Swtpm(t)
-				require.NoError(t, local.Measure(tpm, imageV1))
+				measure(t, tpm, imageV1)
 				provisionRoot(t, tpm, other)
 				j.serviceValidator, err = joinservice.ServiceCheck{Variant: variant.QEMUVTPM}.Validator(tpm)
 				require.NoError(t, err)
@@ -676,7 +697,7 @@ func TestReferenceSetSwap(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	v2TPM, _ := vtpmtest.Swtpm(t)
 	imageV2 := image("bootstrapper v2")
-	require.NoError(t, local.Measure(v2TPM, imageV2))
+	measure(t, v2TPM, imageV2)
 	provisionRoot(t, v2TPM, e.akCA)
 	setV1 := measurements.ReferenceSet{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}
 	setV1b := measurements.ReferenceSet{Name: "image-v1-rebuilt", Measurements: local.ExpectedPCRs(imageV1)}

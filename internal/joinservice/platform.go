@@ -7,8 +7,8 @@ import (
 	"net/netip"
 
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/untrusted"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Node is what the platform says about an attested peer.

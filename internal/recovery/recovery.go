@@ -34,12 +34,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -47,9 +45,9 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/statedisk"
-	"github.com/openconstellation/constellation/internal/untrusted"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // DefaultTimeout bounds a recovery whose context has no deadline: two calls, and on the node
@@ -168,7 +166,7 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	creds := &recordingCreds{Credentials: atlsCreds}
+	creds := atlsCreds.Recording()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if cfg.Dial != nil {
 		opts = append(opts, grpc.WithContextDialer(cfg.Dial))
@@ -210,7 +208,7 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 		return nil, cfg.callError("recovering the node", creds, err)
 	}
 	if !bytes.Equal(resp.GetClusterId(), clusterID) {
-		return nil, fmt.Errorf("recover %s: %w: the node reports cluster ID %x, expected %x", cfg.Endpoint, ErrWrongCluster, resp.GetClusterId(), clusterID)
+		return nil, fmt.Errorf("recover %s: %w: the node reports cluster ID %s, expected %x", cfg.Endpoint, ErrWrongCluster, untrusted.Quote(hex.EncodeToString(resp.GetClusterId())), clusterID)
 	}
 	log.Info("node recovered", "clusterID", hex.EncodeToString(clusterID))
 	return clusterID, nil
@@ -258,8 +256,8 @@ func (cfg Config) validate() error {
 
 // callError names why a call failed: the attested handshake's failure if there was one (the
 // node check's refusal among them), otherwise the node's answer.
-func (cfg Config) callError(what string, creds *recordingCreds, err error) error {
-	if hsErr := creds.lastError(); hsErr != nil {
+func (cfg Config) callError(what string, creds *atls.RecordingCredentials, err error) error {
+	if hsErr := creds.LastError(); hsErr != nil {
 		// The client does not attest, so the node aborts a handshake only when its limits
 		// refuse it.
 		var aErr *atls.Error
@@ -268,6 +266,8 @@ func (cfg Config) callError(what string, creds *recordingCreds, err error) error
 		}
 		return fmt.Errorf("recover %s: %s: %w; nothing was sent", cfg.Endpoint, what, hsErr)
 	}
+	// The status is the node's: its message is the node's text, made one bounded line.
+	err = untrusted.Status(err)
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.PermissionDenied:
@@ -280,34 +280,6 @@ func (cfg Config) callError(what string, creds *recordingCreds, err error) error
 		return fmt.Errorf("recover %s: %w (a node still booting, back in its cluster, or a worker): %w", cfg.Endpoint, ErrUnreachable, err)
 	}
 	return fmt.Errorf("recover %s: %s: %w", cfg.Endpoint, what, err)
-}
-
-// recordingCreds are the client's attested-channel credentials, remembering the last failed
-// handshake: gRPC reports it as Unavailable with its text only, and Recover names the reason
-// (errors.Is reaches the node check's and the validator's reasons through *atls.Error).
-type recordingCreds struct {
-	*atls.Credentials
-
-	mu   sync.Mutex
-	last error
-}
-
-func (c *recordingCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, info, err := c.Credentials.ClientHandshake(ctx, authority, raw)
-	if err != nil {
-		c.mu.Lock()
-		c.last = err
-		c.mu.Unlock()
-	}
-	return conn, info, err
-}
-
-func (c *recordingCreds) Clone() credentials.TransportCredentials { return c }
-
-func (c *recordingCreds) lastError() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.last
 }
 
 // nodeCheck is the validator the client's attested handshakes run: cfg.Validator's checks,

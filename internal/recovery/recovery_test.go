@@ -7,12 +7,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
@@ -108,7 +111,8 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 		local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
 	}
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		ReferenceSets:           measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)
 	imagePCRs := map[uint32][]byte{}
@@ -296,12 +300,8 @@ func TestRecoverNoServer(t *testing.T) {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 	keys := bootstraptest.NewClusterKeys(t)
-	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
-	})
-	require.NoError(t, err)
 	_, err = run(recovery.Config{
-		Endpoint: addr, Validator: v, ExpectedNode: "worker-0", Disk: "3f2504e0-4f89-11d3-9a0c-0305e82c3301",
+		Endpoint: addr, Validator: bootstraptest.Validator(t, newCA(t)), ExpectedNode: "worker-0", Disk: "3f2504e0-4f89-11d3-9a0c-0305e82c3301",
 		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
 	})
 	assert.ErrorIs(t, err, recovery.ErrUnreachable)
@@ -359,6 +359,16 @@ func TestRecoverChecksTheNodesAnswers(t *testing.T) {
 			fake:    &fakeNode{uuid: "3f2504e0-4f89-11d3-9a0c-0305e82c3301", clusterID: bytes.Repeat([]byte{9}, 32)},
 			wantErr: recovery.ErrWrongCluster, recover: true,
 		},
+		// The node's text reaches the operator's terminal: 256 KiB of escape sequences and
+		// line breaks in a status, or as a cluster ID, arrive as one bounded, escaped line.
+		"hostile status message": {
+			fake:    &fakeNode{helloErr: status.Error(codes.FailedPrecondition, hostile(256<<10))},
+			wantErr: recovery.ErrNotWaiting, want: `\x1b[2J\x1b]0;pwned\a\r\n`,
+		},
+		"hostile cluster ID": {
+			fake:    &fakeNode{uuid: "3f2504e0-4f89-11d3-9a0c-0305e82c3301", clusterID: []byte(hostile(256 << 10))},
+			wantErr: recovery.ErrWrongCluster, want: "bytes)", recover: true,
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			creds, err := atls.NewCredentials(atls.Config{Issuer: n.Issuer(t)})
@@ -377,6 +387,9 @@ func TestRecoverChecksTheNodesAnswers(t *testing.T) {
 			}
 			assert.ErrorContains(t, err, tc.want)
 			assert.Equal(t, tc.recover, tc.fake.recovered, "Recover called")
+			assert.LessOrEqual(t, len(err.Error()), 1<<10)
+			assert.NotContains(t, err.Error(), "\x1b")
+			assert.NotContains(t, err.Error(), "\n")
 		})
 	}
 }
@@ -385,11 +398,22 @@ type fakeNode struct {
 	recoverpb.UnimplementedRecoverServiceServer
 	uuid      string
 	clusterID []byte
+	helloErr  error
 	recovered bool
 }
 
 func (f *fakeNode) Hello(context.Context, *recoverpb.HelloRequest) (*recoverpb.HelloResponse, error) {
+	if f.helloErr != nil {
+		return nil, f.helloErr
+	}
 	return &recoverpb.HelloResponse{DiskUuid: f.uuid}, nil
+}
+
+// hostile returns n bytes of what a node sends to act on the operator's terminal: clear the
+// screen, set the window title, return to the line's start and forge a line.
+func hostile(n int) string {
+	const s = "\x1b[2J\x1b]0;pwned\x07\r\nlevel=ERROR msg=forged "
+	return strings.Repeat(s, n/len(s)+1)[:n]
 }
 
 func (f *fakeNode) Recover(context.Context, *recoverpb.RecoverRequest) (*recoverpb.RecoverResponse, error) {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,10 +75,12 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	proc := vtpmtest.SwtpmProcess(t)
 	tpm, err := proc.Open(ctx)
 	require.NoError(t, err)
-	require.NoError(t, local.Measure(tpm, image))
+	boot := image
 	if opts.loaded != nil {
-		require.NoError(t, local.Measure(tpm, []local.Component{*opts.loaded}))
+		boot = append(slices.Clone(image), *opts.loaded)
 	}
+	bootLog, err := local.MeasureLogged(tpm, boot)
+	require.NoError(t, err)
 	name := opts.name
 	if name == "" {
 		name = "worker-0"
@@ -90,7 +93,9 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	// The service opens the TPM per request: release this connection.
 	require.NoError(t, tpm.Close())
 
-	iss, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(proc.Addr()), vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKRSA})
+	iss, err := vtpm.NewPerUseIssuer(ctx, vtpm.OpenAddr(proc.Addr()), qemu.VTPMIssuerConfig(qemu.IssuerConfig{
+		AK: vtpm.AKRSA, EventLog: func() ([]byte, error) { return bootLog, nil },
+	}))
 	require.NoError(t, err)
 	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss})
 	require.NoError(t, err)
@@ -321,14 +326,15 @@ func TestVerify(t *testing.T) {
 	}
 }
 
-// A verifier without platform roots cannot tie evidence to a node: it fails closed, although
-// the evidence itself verifies.
+// A verifier without platform roots (it accepted unauthenticated AKs) cannot tie evidence to
+// a node: it fails closed, although the evidence itself verifies.
 func TestVerifyUncertifiedSigner(t *testing.T) {
 	ca := newCA(t, "local AK CA")
 	n := startNode(t, ca, nodeOptions{marker: clusterID})
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
-		Log:           slog.New(slog.DiscardHandler),
+		ReferenceSets:           measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		AcceptUnauthenticatedAK: true,
+		Log:                     slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 	res, err := verify.Verify(context.Background(), "worker-0", n.grpcAddr, noRoots, clusterID)

@@ -28,9 +28,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/openconstellation/constellation/api/atls/atlspb"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 const (
@@ -232,7 +234,7 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) && e.Local {
-			w.send(&atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: e.Err.Error()}}})
+			w.send(&atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: abortReason(e.Err)}}})
 		}
 		_ = w.finish()
 		return nil, err
@@ -293,16 +295,16 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 			}
 		}
 		if validator == nil {
-			return nil, local("incompatible", "no compatible evidence: peer offers %s; we accept [%s]", peerHello.IssuerVariant, strings.Join(hello.AcceptedVariants, ", "))
+			return nil, local("incompatible", "no compatible evidence: peer offers %s; we accept [%s]", untrusted.Quote(peerHello.IssuerVariant), strings.Join(hello.AcceptedVariants, ", "))
 		}
 	}
 	mustAttest := len(peerHello.AcceptedVariants) > 0
 	if mustAttest {
 		if c.cfg.Issuer == nil {
-			return nil, local("incompatible", "no compatible evidence: peer requires one of [%s]; we do not attest", strings.Join(peerHello.AcceptedVariants, ", "))
+			return nil, local("incompatible", "no compatible evidence: peer requires one of %s; we do not attest", untrusted.QuoteList(peerHello.AcceptedVariants))
 		}
 		if !slices.Contains(peerHello.AcceptedVariants, hello.IssuerVariant) {
-			return nil, local("incompatible", "no compatible evidence: we offer %s; peer accepts [%s]", hello.IssuerVariant, strings.Join(peerHello.AcceptedVariants, ", "))
+			return nil, local("incompatible", "no compatible evidence: we offer %s; peer accepts %s", hello.IssuerVariant, untrusted.QuoteList(peerHello.AcceptedVariants))
 		}
 		evidence, err := c.cfg.Issuer.Issue(ctx, role.purpose(), exporter)
 		if err != nil {
@@ -325,7 +327,7 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 			return nil, local("protocol", "expected Evidence, got %T", f.Kind)
 		}
 		if ev.Variant != peerHello.IssuerVariant {
-			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, peerHello.IssuerVariant, ev.Variant)}
+			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, untrusted.Quote(peerHello.IssuerVariant), untrusted.Quote(ev.Variant))}
 		}
 		verified, err = validator.Validate(ctx, ev.Evidence, role.peer().purpose(), exporter)
 		if err != nil {
@@ -340,22 +342,48 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 			return nil, err
 		}
 		if v := f.GetVerdict(); v == nil || !v.Accepted {
-			return nil, local("protocol", "expected an accepting Verdict, got %v", f)
+			// The frame's kind, not its content: a peer's strings stay out of the error.
+			return nil, local("protocol", "expected an accepting Verdict, got %T", f.Kind)
 		}
 	}
 	return verified, nil
 }
 
-// read reads a frame and turns a peer's Abort into an error.
+// read reads a frame and turns a peer's Abort into an error. The reason is the peer's text:
+// up to the frame limit (the evidence limit, 256 KiB, while evidence is awaited), with any
+// bytes it likes, terminal escape sequences and line breaks among them. It reaches errors,
+// logs and the operator's terminal, so it is made one bounded, printable line here, where it
+// enters (untrusted.Text).
 func (c *Credentials) read(conn *tls.Conn, limit int) (*atlspb.Frame, error) {
 	f, err := readFrame(conn, limit)
 	if err != nil {
 		return nil, &Error{Local: true, Reason: "protocol", Err: err}
 	}
 	if a := f.GetAbort(); a != nil {
-		return nil, &Error{Local: false, Reason: "peer-abort", Err: errors.New(a.Reason)}
+		return nil, &Error{Local: false, Reason: "peer-abort", Err: errors.New(untrusted.Text(a.Reason))}
 	}
 	return f, nil
+}
+
+// maxAbortReason bounds the reason this side sends in an Abort, so that the frame fits the
+// smallest limit the peer reads with (maxHelloFrame, while it waits for a Verdict): a longer
+// reason (every mismatching register of a reference set) would reach the peer as "frame too
+// large" instead of the reason. The peer keeps less of it anyway (untrusted.Text); the whole
+// reason stays in this side's error.
+const maxAbortReason = 2 << 10
+
+// abortReason is the text of err to send in an Abort: at most maxAbortReason bytes, cut at a
+// rune boundary.
+func abortReason(err error) string {
+	s := err.Error()
+	if len(s) <= maxAbortReason {
+		return s
+	}
+	cut := maxAbortReason
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(cut)"
 }
 
 // Binding returns the report data that evidence issued by a side in role must bind on a

@@ -10,11 +10,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-eventlog/tcg"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -24,10 +26,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/openconstellation/constellation/api/atls/atlspb"
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -43,21 +47,24 @@ type node struct {
 	ref    measurements.M
 }
 
+// bootNode measures a bootstrapper into tpm, as a provider does, and returns the node with an
+// issuer that sends the event log of that boot.
 func bootNode(t testing.TB, tpm *vtpm.TPM) *node {
 	t.Helper()
-	d := sha256.Sum256([]byte("bootstrapper"))
-	require.NoError(t, tpm.ExtendPCR(4, d[:]))
+	log := eventlogtest.Boot(t, tpm, []eventlogtest.Measurement{{PCR: 4, Type: tcg.Ipl, Data: []byte("bootstrapper")}})
 	pcrs, err := tpm.ReadPCRs()
 	require.NoError(t, err)
 	ref := measurementstest.FromRegisters(variant.QEMUVTPM, pcrs)
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
+	iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log, nil })
 	require.NoError(t, err)
 	return &node{tpm: tpm, issuer: iss, ref: ref}
 }
 
+// validator checks the node's image. The channel is under test, not the AK's provenance:
+// the tests' AKs are uncertified, so the validator accepts that (one test configures roots).
 func (n *node) validator(t testing.TB) attestation.Validator {
 	t.Helper()
-	v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}})
+	v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	return v
 }
@@ -228,7 +235,7 @@ func TestRejected(t *testing.T) {
 		wrongRef[k] = v
 	}
 	wrongRef[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{0xab}, 32)}
-	wrongMeasurements, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v2", Measurements: wrongRef}}})
+	wrongMeasurements, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v2", Measurements: wrongRef}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 
 	testCases := map[string]struct {
@@ -287,7 +294,7 @@ func TestRejected(t *testing.T) {
 		},
 		"peer offers another variant": {
 			clientIssuer: otherVariant,
-			wantReason:   "incompatible", wantMsg: "no compatible evidence: peer offers aws-nitro-tpm; we accept [qemu-vtpm]",
+			wantReason:   "incompatible", wantMsg: `no compatible evidence: peer offers "aws-nitro-tpm"; we accept [qemu-vtpm]`,
 		},
 		"evidence of another variant under a qemu-vtpm hello": {
 			clientIssuer: issuerFunc{variant.QEMUVTPM, otherVariant.Issue},
@@ -595,4 +602,212 @@ func TestManInTheMiddle(t *testing.T) {
 	var e *atls.Error
 	require.ErrorAs(t, srv.err, &e)
 	assert.Equal(t, "nonce-mismatch", e.Reason)
+}
+
+// hostileText is what a peer sends to act on the operator's terminal: clear the screen, set
+// the window title (OSC, ended by BEL), return to the line's start and forge a log line.
+const hostileText = "\x1b[2J\x1b]0;pwned\x07\r\nlevel=ERROR msg=forged "
+
+// hostile returns about n bytes of hostileText.
+func hostile(n int) string {
+	return strings.Repeat(hostileText, n/len(hostileText)+1)[:n]
+}
+
+// assertSafeLine fails unless msg is at most 1 KiB and carries nothing a terminal acts on.
+func assertSafeLine(t *testing.T, msg string) {
+	t.Helper()
+	assert.LessOrEqual(t, len(msg), 1<<10, "a peer's text is bounded")
+	for _, c := range []string{"\x1b", "\x07", "\r", "\n"} {
+		assert.NotContains(t, msg, c, "a peer's text reaches the terminal escaped")
+	}
+}
+
+// hostilePeer is an attacker's side of the protocol: a TLS endpoint that speaks the ALPN and
+// then sends the frames it likes, whatever the other side says. It returns the victim's end
+// of the connection.
+func hostilePeer(t *testing.T, server bool, frames ...*atlspb.Frame) net.Conn {
+	t.Helper()
+	cert, err := atls.EphemeralCert()
+	require.NoError(t, err)
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	go sendFrames(a, server, cert, frames)
+	return b
+}
+
+// sendFrames runs the attacker's side on raw: TLS in the given role, then frames, then it
+// reads until the victim closes.
+func sendFrames(raw net.Conn, server bool, cert tls.Certificate, frames []*atlspb.Frame) {
+	defer raw.Close()
+	var c *tls.Conn
+	if server {
+		c = tls.Server(raw, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{atls.ALPN}, MinVersion: tls.VersionTLS13})
+	} else {
+		c = tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{atls.ALPN}, MinVersion: tls.VersionTLS13})
+	}
+	// Drain what the victim sends (its Hello, its Abort), so it never blocks on writing, until
+	// it hangs up.
+	hungUp := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, c)
+		close(hungUp)
+	}()
+	for _, f := range frames {
+		payload, err := proto.Marshal(f)
+		if err != nil {
+			return
+		}
+		if _, err := c.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(payload))), payload...)); err != nil {
+			return
+		}
+	}
+	<-hungUp
+}
+
+// TestHostilePeerText: a peer controls the text of its Abort (up to the evidence limit while
+// evidence is awaited: 256 KiB), the variant names of its Hello and Evidence. Whatever it
+// sends, the error the other side returns, logs and prints is one line of at most 1 KiB
+// without escape sequences, bell, carriage return or line feed; directly and through gRPC.
+func TestHostilePeerText(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	hello := func(issuer string, accepted ...string) *atlspb.Frame {
+		return &atlspb.Frame{Kind: &atlspb.Frame_Hello{Hello: &atlspb.Hello{Version: 1, IssuerVariant: issuer, AcceptedVariants: accepted}}}
+	}
+	abort := func(reason string) *atlspb.Frame {
+		return &atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: reason}}}
+	}
+	evidence := func(v string) *atlspb.Frame {
+		return &atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: v, Evidence: []byte("x")}}}
+	}
+	manyNames := make([]string, 1000)
+	for i := range manyNames {
+		manyNames[i] = hostile(1)
+	}
+	// The victims are built as the binaries build them: the CLI verifying a node (client with
+	// a qemu-vtpm validator), the join service admitting one (server with a validator), a
+	// node attesting to the join service (client with an issuer).
+	cli := creds(t, atls.Config{Validators: []attestation.Validator{n.validator(t)}})
+	joinService := creds(t, atls.Config{Validators: []attestation.Validator{n.validator(t)}})
+	node := creds(t, atls.Config{Issuer: n.issuer})
+
+	testCases := map[string]struct {
+		victim     *atls.Credentials
+		victimRole atls.Role
+		frames     []*atlspb.Frame
+		wantReason string
+		wantLocal  bool
+		wantMsg    string
+	}{
+		"server aborts with 256 KiB while the CLI awaits evidence": {
+			victim: cli, victimRole: atls.RoleClient,
+			frames:     []*atlspb.Frame{hello("qemu-vtpm"), abort(hostile(attestation.DefaultMaxEvidenceSize))},
+			wantReason: "peer-abort", wantMsg: `peer aborted: \x1b[2J\x1b]0;pwned\a\r\nlevel=ERROR msg=forged`,
+		},
+		"client aborts with 256 KiB while the join service awaits evidence": {
+			victim: joinService, victimRole: atls.RoleServer,
+			frames:     []*atlspb.Frame{hello("qemu-vtpm"), abort(hostile(attestation.DefaultMaxEvidenceSize))},
+			wantReason: "peer-abort", wantMsg: `bytes)`,
+		},
+		"service aborts in its Hello's place": {
+			victim: node, victimRole: atls.RoleClient,
+			frames:     []*atlspb.Frame{abort(hostile(3 << 10))},
+			wantReason: "peer-abort",
+		},
+		"service aborts instead of a Verdict": {
+			victim: node, victimRole: atls.RoleClient,
+			frames:     []*atlspb.Frame{hello("", "qemu-vtpm"), abort(hostile(3 << 10))},
+			wantReason: "peer-abort",
+		},
+		"server offers a hostile variant": {
+			victim: cli, victimRole: atls.RoleClient,
+			frames:     []*atlspb.Frame{hello(hostile(3 << 10))},
+			wantReason: "incompatible", wantLocal: true, wantMsg: `peer offers "\x1b[2J`,
+		},
+		"service accepts 1000 hostile variants": {
+			victim: node, victimRole: atls.RoleClient,
+			frames:     []*atlspb.Frame{hello("", manyNames...)},
+			wantReason: "incompatible", wantLocal: true, wantMsg: "more)]",
+		},
+		"evidence names a hostile variant": {
+			victim: cli, victimRole: atls.RoleClient,
+			frames:     []*atlspb.Frame{hello("qemu-vtpm"), evidence(hostile(200 << 10))},
+			wantReason: "wrong-variant", wantLocal: true, wantMsg: `sent "\x1b[2J`,
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			raw := hostilePeer(t, tc.victimRole == atls.RoleClient, tc.frames...)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var err error
+			if tc.victimRole == atls.RoleClient {
+				_, err = tc.victim.Client(ctx, raw)
+			} else {
+				_, err = tc.victim.Server(ctx, raw)
+			}
+			require.Error(t, err)
+			var e *atls.Error
+			require.ErrorAs(t, err, &e)
+			assert.Equal(t, tc.wantReason, e.Reason, "%v", err)
+			assert.Equal(t, tc.wantLocal, e.Local)
+			assertSafeLine(t, err.Error())
+			assert.Contains(t, err.Error(), tc.wantMsg)
+		})
+	}
+
+	// Through gRPC, as the CLI, the join client and recover call: the handshake's error is
+	// the message of an Unavailable status.
+	t.Run("through gRPC", func(t *testing.T) {
+		cert, err := atls.EphemeralCert()
+		require.NoError(t, err)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		t.Cleanup(func() { ln.Close(); wg.Wait() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sendFrames(c, true, cert, []*atlspb.Frame{hello("qemu-vtpm"), abort(hostile(attestation.DefaultMaxEvidenceSize))})
+				}()
+			}
+		}()
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(cli))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		require.Error(t, err)
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Contains(t, err.Error(), "peer aborted")
+		assertSafeLine(t, err.Error())
+	})
+}
+
+// The reason this side sends is cut to fit the smallest frame the peer reads: a long
+// rejection (many mismatching registers) reaches a node that waits for its Verdict as the
+// reason, not as "frame too large".
+func TestLongAbortReasonReachesThePeer(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	server := creds(t, atls.Config{
+		Validators: []attestation.Validator{n.validator(t)},
+		Admit: func(context.Context, net.Addr) (func(), error) {
+			return nil, errors.New("refused: " + strings.Repeat("every register listed; ", 400))
+		},
+	})
+	srv, cli := connect(t, server, creds(t, atls.Config{Issuer: n.issuer}))
+	require.Error(t, srv.err)
+	assert.Greater(t, len(srv.err.Error()), 8<<10, "this side keeps its whole reason")
+	var e *atls.Error
+	require.ErrorAs(t, cli.err, &e)
+	assert.Equal(t, "peer-abort", e.Reason, "%v", cli.err)
+	assert.Contains(t, cli.err.Error(), "peer aborted: refused: every register listed")
 }

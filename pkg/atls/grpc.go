@@ -3,6 +3,7 @@ package atls
 import (
 	"context"
 	"net"
+	"sync"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -69,3 +70,46 @@ func (c *Credentials) Clone() credentials.TransportCredentials { return c }
 func (c *Credentials) OverrideServerName(string) error { return nil }
 
 var _ credentials.TransportCredentials = (*Credentials)(nil)
+
+// RecordingCredentials are client credentials that remember the last failed attested
+// handshake. gRPC reports a failed handshake as codes.Unavailable with the error flattened
+// into the status message, and a call that waits for readiness as DeadlineExceeded naming at
+// most the latest error: its message mixes this side's text with whatever a server may have
+// said. A caller that reports why a call failed takes the *Error from LastError (its reason,
+// its whole text, errors.Is reaching the attestation reason), and treats a status message as
+// the server's text (untrusted.Status).
+type RecordingCredentials struct {
+	*Credentials
+
+	mu   sync.Mutex
+	last error
+}
+
+// Recording returns credentials that make the same handshakes as c and remember the last
+// failed client handshake.
+func (c *Credentials) Recording() *RecordingCredentials {
+	return &RecordingCredentials{Credentials: c}
+}
+
+// ClientHandshake implements credentials.TransportCredentials.
+func (c *RecordingCredentials) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.Credentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		c.mu.Lock()
+		c.last = err
+		c.mu.Unlock()
+	}
+	return conn, info, err
+}
+
+// Clone implements credentials.TransportCredentials: the clone records into the same place.
+func (c *RecordingCredentials) Clone() credentials.TransportCredentials { return c }
+
+// LastError returns the error of the last failed client handshake, nil if none failed.
+func (c *RecordingCredentials) LastError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+var _ credentials.TransportCredentials = (*RecordingCredentials)(nil)

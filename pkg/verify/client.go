@@ -15,6 +15,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/verify/verifypb"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // DefaultTimeout bounds a verification whose context has no deadline.
@@ -157,7 +158,7 @@ func (v Verifier) Verify(ctx context.Context, node, endpoint string) (*Result, e
 	}
 	want := v.Validator.Variant().String()
 	if resp.GetVariant() != want {
-		return nil, fmt.Errorf("verify %s: node attests with variant %q, expected %q: %w", endpoint, resp.GetVariant(), want, attestation.ErrWrongVariant)
+		return nil, fmt.Errorf("verify %s: node attests with variant %s, expected %q: %w", endpoint, untrusted.Quote(resp.GetVariant()), want, attestation.ErrWrongVariant)
 	}
 	verified, err := v.Validator.Validate(ctx, resp.GetEvidence(), attestation.PurposeVerify, nonce)
 	if err != nil {
@@ -169,8 +170,8 @@ func (v Verifier) Verify(ctx context.Context, node, endpoint string) (*Result, e
 		return res, fmt.Errorf("verify %s: %w: the signing key carries no platform certificate, so nothing ties the evidence to node %q", endpoint, ErrWrongNode, node)
 	}
 	if verified.SignerName != node {
-		return res, fmt.Errorf("verify %s: %w: evidence signed by a key the platform certified for %q, not %q (the address answered with another node's evidence: a relay, or a wrong address)",
-			endpoint, ErrWrongNode, verified.SignerName, node)
+		return res, fmt.Errorf("verify %s: %w: evidence signed by a key the platform certified for %s, not %q (the address answered with another node's evidence: a relay, or a wrong address)",
+			endpoint, ErrWrongNode, untrusted.Quote(verified.SignerName), node)
 	}
 	if !res.ClusterID.Match {
 		reason := "it belongs to another cluster"
@@ -199,7 +200,9 @@ func fetch(ctx context.Context, endpoint string, nonce []byte, extra []grpc.Dial
 	defer conn.Close()
 	resp, err := verifypb.NewVerificationServiceClient(conn).GetAttestation(ctx, &verifypb.GetAttestationRequest{Nonce: nonce})
 	if err != nil {
-		return nil, fmt.Errorf("verify %s: asking for evidence: %w", endpoint, err)
+		// The status is the service's: its message is the service's text (up to the
+		// response limit, any bytes), made one bounded, escaped line.
+		return nil, fmt.Errorf("verify %s: asking for evidence: %w", endpoint, untrusted.Status(err))
 	}
 	return resp, nil
 }

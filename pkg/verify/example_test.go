@@ -16,6 +16,7 @@ import (
 	"github.com/openconstellation/constellation/internal/verifyservice"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/verify"
@@ -87,7 +88,7 @@ func startNode() *exampleNode {
 	clusterID := []byte("example cluster id, 32 bytes....")
 	digest := sha256.Sum256(clusterID)
 	must(tpm.ExtendPCR(15, digest[:]))
-	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, EventLog: func() ([]byte, error) { return bootLog, nil }})
+	iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return bootLog, nil })
 	must(err)
 	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss})
 	must(err)

@@ -95,7 +95,7 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 		require.NoError(t, err)
 		issuer = soft
 	} else {
-		tpmIssuer, err := vtpm.NewIssuer(service.TPM, vtpm.IssuerConfig{Variant: qemu.Variant, AK: vtpm.AKECC, EventLog: service.ReadEventLog})
+		tpmIssuer, err := vtpm.NewIssuer(service.TPM, qemu.VTPMIssuerConfig(qemu.IssuerConfig{AK: vtpm.AKECC, EventLog: service.ReadEventLog}))
 		require.NoError(t, err)
 		t.Cleanup(func() { tpmIssuer.Close() })
 		issuer = tpmIssuer

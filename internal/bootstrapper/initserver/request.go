@@ -12,6 +12,7 @@ import (
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // MeasurementSaltSize is the size of the measurement salt.
@@ -56,11 +57,11 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 		bad("measurement salt has %d bytes, want %d", len(r.measurementSalt), MeasurementSaltSize)
 	}
 	if errs := validation.IsDNS1123Label(r.clusterName); len(errs) > 0 {
-		bad("cluster name %q: %v", r.clusterName, errs)
+		bad("cluster name %s: %v", untrusted.Quote(r.clusterName), errs)
 	}
 	switch {
 	case !clusterrecord.IsKubernetesVersion(r.version):
-		bad("kubernetes version %q is not of the form v1.X.Y", r.version)
+		bad("kubernetes version %s is not of the form v1.X.Y", untrusted.Quote(r.version))
 	case wantVersion != "" && r.version != wantVersion:
 		bad("kubernetes version %s is not the version this node's image runs (%s)", r.version, wantVersion)
 	}
@@ -69,7 +70,7 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 			bad("kubernetes component %d: name, url and install path are required", i)
 		}
 		if !hashPattern.MatchString(c.GetHash()) {
-			bad("kubernetes component %q: hash %q is not sha256:<64 lower-case hex digits>", c.GetName(), c.GetHash())
+			bad("kubernetes component %s: hash %s is not sha256:<64 lower-case hex digits>", untrusted.Quote(c.GetName()), untrusted.Quote(c.GetHash()))
 		}
 	}
 	for _, san := range r.sans {
@@ -77,7 +78,7 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 			continue
 		}
 		if errs := validation.IsDNS1123Subdomain(san); len(errs) > 0 {
-			bad("API server SAN %q is neither an IP address nor a DNS name: %v", san, errs)
+			bad("API server SAN %s is neither an IP address nor a DNS name: %v", untrusted.Quote(san), errs)
 		}
 	}
 	var err error
@@ -118,7 +119,8 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 func parsePrefix(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
-		return netip.Prefix{}, err
+		// netip's error repeats the whole input.
+		return netip.Prefix{}, fmt.Errorf("%s is not a CIDR prefix", untrusted.Quote(s))
 	}
 	if p != p.Masked() {
 		return netip.Prefix{}, fmt.Errorf("%s has host bits set (network is %s)", s, p.Masked())

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,5 +286,28 @@ func TestGRPCFlattensHandshakeFailures(t *testing.T) {
 		assert.Equal(t, codes.Unavailable, status.Code(err), name)
 		var hs *atls.Error
 		assert.False(t, errors.As(err, &hs), "%s: gRPC keeps the handshake error", name)
+	}
+}
+
+// A service that passed attestation and answers with 256 KiB of escape sequences and line
+// breaks in its status: the attempt's error, which the node logs, is one bounded, escaped
+// line, and keeps the status's code.
+func TestAttemptHostileStatus(t *testing.T) {
+	const s = "\x1b[2J\x1b]0;pwned\x07\r\nlevel=ERROR msg=forged "
+	hostile := strings.Repeat(s, (256<<10)/len(s))
+	serviceCfg := atls.Config{Issuer: fakeIssuer{}, Validators: []attestation.Validator{fakeValidator{}}}
+	addr := serveAttested(t, serviceCfg, status.New(codes.PermissionDenied, hostile))
+	dial, err := joinclient.AttestedDialer(fakeIssuer{}, fakeValidator{})
+	require.NoError(t, err)
+
+	err = joinclient.TryIssueJoinTicket(context.Background(), dial, addr, 5*time.Second)
+	var failed *joinclient.AttemptError
+	require.ErrorAs(t, err, &failed)
+	assert.Equal(t, joinclient.Refused, failed.Kind)
+	assert.Equal(t, codes.PermissionDenied, status.Code(failed.Err))
+	assert.Contains(t, err.Error(), `\x1b[2J\x1b]0;pwned\a\r\n`)
+	assert.LessOrEqual(t, len(err.Error()), 1<<10)
+	for _, c := range []string{"\x1b", "\x07", "\r", "\n"} {
+		assert.NotContains(t, err.Error(), c)
 	}
 }

@@ -37,9 +37,9 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
-	"github.com/openconstellation/constellation/internal/untrusted"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Files the join client writes for the kubelet: its serving certificate, signed by the
@@ -267,7 +267,7 @@ func (c *Client) Join(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("generating the kubeadm join configuration: %w", err)
 	}
-	c.cfg.Log.Info("running kubeadm join", "apiServer", ticket.ApiServerEndpoint, "controlPlane", req.IsControlPlane)
+	c.cfg.Log.Info("running kubeadm join", "apiServer", untrusted.Quote(ticket.ApiServerEndpoint), "controlPlane", req.IsControlPlane)
 	if err := c.cfg.Kubeadm.Join(ctx, config, logWriter{c.cfg.Log}); err != nil {
 		return err
 	}

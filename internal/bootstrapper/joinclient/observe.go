@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // connObserver watches the connection of one attempt, to tell "nothing answered" from "a
@@ -43,10 +45,12 @@ func (o *connObserver) watch(creds credentials.TransportCredentials) credentials
 }
 
 // classify turns the error of an attempt's call into its kind. Without observation every
-// failure is a refusal: the cautious schedule.
+// failure is a refusal: the cautious schedule. A status the service returned is the service's
+// text: its message is made one bounded, escaped line before it is logged (untrusted.Status).
 func (o *connObserver) classify(err error) *AttemptError {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	err = untrusted.Status(err)
 	switch {
 	case o.watched && !o.connected:
 		return &AttemptError{Kind: Unreachable, Err: err}

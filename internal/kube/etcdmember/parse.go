@@ -11,7 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/openconstellation/constellation/internal/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Limits of etcdctl's output that the parsers accept. etcd clusters have a handful of members

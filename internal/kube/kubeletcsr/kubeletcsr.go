@@ -37,7 +37,7 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Kubernetes names of node identities.

@@ -28,7 +28,8 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 		local.BytesComponent("node-config", local.PCRNodeConfig, []byte(`{"k8s":"v1.34.4"}`)),
 	}
 	tpm, _ := vtpmtest.Swtpm(t)
-	require.NoError(t, local.Measure(tpm, image))
+	bootLog, err := local.MeasureLogged(tpm, image)
+	require.NoError(t, err)
 	ca, err := akca.New("provider", time.Now(), time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", metadata.Worker, time.Now()))
@@ -42,7 +43,7 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	evidence := map[vtpm.AKAlgorithm][]byte{}
 	for _, alg := range vtpm.AKAlgorithms {
 		t.Run("AK "+alg.String(), func(t *testing.T) {
-			iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: qemu.Variant, AK: alg})
+			iss, err := vtpm.NewIssuer(tpm, qemu.VTPMIssuerConfig(qemu.IssuerConfig{AK: alg, EventLog: func() ([]byte, error) { return bootLog, nil }}))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = iss.Close() })
 			ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
@@ -61,6 +62,7 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	modified := append([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1 + backdoor"))}, image[1:]...)
 	val, err = qemu.NewValidator(qemu.ValidatorConfig{
 		ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: local.ExpectedPCRs(modified)}},
+		AKRoots:       ca.Pool(),
 	})
 	require.NoError(t, err)
 	_, err = val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)

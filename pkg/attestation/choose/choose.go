@@ -34,6 +34,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/gcpsnp"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/nitrotpm"
+	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/trustedlaunch"
@@ -75,9 +76,12 @@ type HardwareValues struct {
 	// TDX is the TDX hardware reference (MRSEAM, TD attributes, XFAM, minimum TEE TCB SVN):
 	// required by qemu-tdx and azure-tdx, refused by the others.
 	TDX *tdx.Reference `json:"tdx,omitempty"`
-	// AcceptUnauthenticatedAK must be true for aws-nitro-tpm, whose attestation key nothing
-	// certifies: anyone who can run a TPM can produce evidence that passes. Refused by the
-	// other variants.
+	// AcceptUnauthenticatedAK accepts attestation keys nothing certifies: anyone who can run
+	// a TPM, or sign with a software key, can then produce evidence that passes, and every
+	// result carries a warning saying so. Required by aws-nitro-tpm (AWS certifies no
+	// NitroTPM key); for qemu-vtpm the alternative to AK roots (tests, experiments: a
+	// cluster's record always has roots), refused together with them; refused by the other
+	// variants.
 	AcceptUnauthenticatedAK bool `json:"acceptUnauthenticatedAK,omitempty"`
 }
 
@@ -131,11 +135,16 @@ type entry struct {
 	// noAKRoots marks variants whose AK no certificate vouches for (the hardware report
 	// names it, or nothing does): configured AK roots would be ignored, so they are refused.
 	noAKRoots bool
+	// optIn marks variants that take acceptUnauthenticatedAK: aws-nitro-tpm, which requires
+	// it, and qemu-vtpm, whose validator refuses to run without AK roots unless it is set.
+	optIn bool
 }
 
 // registry maps each implemented variant to its constructors.
 var registry = map[variant.Variant]entry{
-	variant.QEMUVTPM:    {validator: newQEMUVTPMValidator, issuer: newVTPMIssuer, hardware: hardwareNone},
+	variant.QEMUVTPM: {validator: newQEMUVTPMValidator, hardware: hardwareNone, optIn: true, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+		return perUseIssuer(ctx, v, env, qemu.VTPMIssuerConfig(qemu.IssuerConfig{AK: env.AK, EventLog: env.EventLog}))
+	}},
 	variant.QEMUTDX:     {validator: newQEMUTDXValidator, issuer: newQEMUTDXIssuer, hardware: hardwareTDX, noAKRoots: true},
 	variant.AWSSEVSNP:   {validator: newAWSSEVSNPValidator, issuer: newAWSSEVSNPIssuer, hardware: hardwareSNP, noAKRoots: true},
 	variant.GCPSEVSNP:   {validator: newGCPSEVSNPValidator, issuer: newGCPSEVSNPIssuer, hardware: hardwareSNP},
@@ -147,7 +156,7 @@ var registry = map[variant.Variant]entry{
 	variant.GCPSEVES: {validator: newGCPSEVESValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
 		return perUseIssuer(ctx, v, env, gcpes.VTPMIssuerConfig(gcpes.IssuerConfig{EventLog: env.EventLog}))
 	}},
-	variant.AWSNitroTPM: {validator: newNitroTPMValidator, noAKRoots: true, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	variant.AWSNitroTPM: {validator: newNitroTPMValidator, noAKRoots: true, optIn: true, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
 		return perUseIssuer(ctx, v, env, nitrotpm.VTPMIssuerConfig(nitrotpm.IssuerConfig{EventLog: env.EventLog}))
 	}},
 }
@@ -295,8 +304,11 @@ func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 	case vals.TDX != nil:
 		errs = append(errs, &FieldError{"tdx", fmt.Errorf("%s evidence has no TD quote", v)})
 	}
-	if vals.AcceptUnauthenticatedAK && v != variant.AWSNitroTPM {
-		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s authenticates its attestation key; this opt-in is for aws-nitro-tpm only", v)})
+	switch {
+	case vals.AcceptUnauthenticatedAK && !registry[v].optIn:
+		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s authenticates its attestation key; this opt-in is for aws-nitro-tpm and qemu-vtpm only", v)})
+	case vals.AcceptUnauthenticatedAK && strings.TrimSpace(vals.AKRoots) != "":
+		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s with AK roots: every AK must chain to them, so the opt-in would be ignored", v)})
 	}
 	if !vals.AcceptUnauthenticatedAK && v == variant.AWSNitroTPM {
 		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", errors.New("required: nothing authenticates an aws-nitro-tpm attestation key, so anyone who can run a TPM can produce passing evidence; set it to true to accept that")})
@@ -317,29 +329,13 @@ func ParseAKRoots(pemData string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// vtpmValidator builds the TPM-quote validator shared by the vTPM variants.
-func vtpmValidator(ref Reference, roots *x509.CertPool, opts Options, cfg vtpm.ValidatorConfig) (attestation.Validator, error) {
-	cfg.Variant = ref.Variant
-	cfg.AKRoots = roots
-	cfg.ReferenceSets = ref.Measurements
-	cfg.Active = opts.Active
-	cfg.MaxEvidenceSize = opts.MaxEvidenceSize
-	cfg.Now = opts.Now
-	cfg.Log = opts.Log
-	return vtpm.NewValidator(cfg)
-}
-
-// qemu-vtpm: a TPM quote; the AK is trusted through the platform's AK CA when roots are
-// given (the local provider always gives its own). Every producer of qemu-vtpm evidence (the
-// nodes, the join service, the verification service) sends the event log of the node's
-// measured boot, so the log is required and replayed against the quoted PCRs.
+// qemu-vtpm is defined by its package (the AK trusted through the platform's AK CA, the
+// event log required): the registry only maps the reference onto its configuration.
 func newQEMUVTPMValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
-	return vtpmValidator(ref, roots, opts, vtpm.ValidatorConfig{EventLog: vtpm.EventLogRequired})
-}
-
-// newVTPMIssuer is the issuer of the TPM-only variants: a quote of the whole SHA-256 bank.
-func newVTPMIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-	return perUseIssuer(ctx, v, env, vtpm.IssuerConfig{Variant: v, AK: env.AK, EventLog: env.EventLog})
+	return qemu.NewValidator(qemu.ValidatorConfig{
+		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
+		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+	})
 }
 
 func newQEMUTDXValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {

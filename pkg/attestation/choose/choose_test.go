@@ -63,7 +63,7 @@ func tdxReference() *tdx.Reference {
 // references returns a valid Reference for every implemented variant.
 func references() map[variant.Variant]Reference {
 	return map[variant.Variant]Reference{
-		variant.QEMUVTPM:           {Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets()}},
+		variant.QEMUVTPM:           {Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), AKRoots: testCAPEM}},
 		variant.QEMUTDX:            {Variant: variant.QEMUTDX, Values: Values{Measurements: tdxSets(), HardwareValues: HardwareValues{TDX: tdxReference()}}},
 		variant.AWSSEVSNP:          {Variant: variant.AWSSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference()}}},
 		variant.GCPSEVSNP:          {Variant: variant.GCPSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference()}}},
@@ -124,6 +124,10 @@ func TestHardwareBlocksBelongToTheirVariants(t *testing.T) {
 		"malformed ak roots":                      {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), AKRoots: "not pem"}}, "akRoots"},
 		"no measurements":                         {Reference{Variant: variant.QEMUVTPM}, "measurements"},
 		"tdx registers on a tpm variant":          {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: tdxSets()}}, "measurements"},
+		"opt-in on a variant that certifies AKs":  {Reference{Variant: variant.GCPSEVES, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{AcceptUnauthenticatedAK: true}}}, "acceptUnauthenticatedAK"},
+		"opt-in on an snp variant":                {Reference{Variant: variant.AzureSEVSNP, Values: Values{Measurements: pcrSets(), HardwareValues: HardwareValues{SNP: snpReference(), AcceptUnauthenticatedAK: true}}}, "acceptUnauthenticatedAK"},
+		"opt-in beside ak roots":                  {Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets(), AKRoots: testCAPEM, HardwareValues: HardwareValues{AcceptUnauthenticatedAK: true}}}, "acceptUnauthenticatedAK"},
+		"nitro without the opt-in":                {Reference{Variant: variant.AWSNitroTPM, Values: Values{Measurements: pcrSets()}}, "acceptUnauthenticatedAK"},
 	} {
 		err := tc.ref.Validate()
 		var fe *FieldError
@@ -132,6 +136,22 @@ func TestHardwareBlocksBelongToTheirVariants(t *testing.T) {
 		_, err = NewValidator(tc.ref, Options{Collateral: collateral.New(collateral.Config{})})
 		assert.Error(t, err, name)
 	}
+}
+
+// qemu-vtpm takes its AK roots from the platform when the configuration has none, so a
+// reference without roots or opt-in is valid; the validator is not built without one of them.
+func TestQEMUVTPMNeedsRootsOrOptIn(t *testing.T) {
+	bare := Reference{Variant: variant.QEMUVTPM, Values: Values{Measurements: pcrSets()}}
+	require.NoError(t, bare.Validate())
+	_, err := NewValidator(bare, Options{})
+	assert.ErrorContains(t, err, "no AK roots")
+
+	optIn := bare
+	optIn.AcceptUnauthenticatedAK = true
+	require.NoError(t, optIn.Validate())
+	v, err := NewValidator(optIn, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, variant.QEMUVTPM, v.Variant())
 }
 
 // testCAPEM is a self-signed CA certificate.

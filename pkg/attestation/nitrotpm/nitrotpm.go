@@ -8,17 +8,15 @@
 // who can run a TPM (swtpm on a laptop) and extend it with the published image measurements
 // can produce evidence that passes. The validator is refused unless the caller opts in
 // (ValidatorConfig.AcceptUnauthenticatedAK), and every result says so (SignerCertified false
-// and UnauthenticatedAKWarning in Warnings). Use aws-sev-snp where the evidence must prove
-// anything about where the node runs.
+// and UnauthenticatedAKWarning in Warnings, vtpm.ValidatorConfig.AcceptUnauthenticatedAK).
+// Use aws-sev-snp where the evidence must prove anything about where the node runs.
 package nitrotpm
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"time"
 
-	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -28,7 +26,7 @@ import (
 var Variant = variant.AWSNitroTPM
 
 // UnauthenticatedAKWarning is in the warnings of every aws-nitro-tpm result.
-const UnauthenticatedAKWarning = "AK not authenticated: anyone who can run a TPM can produce this evidence"
+const UnauthenticatedAKWarning = vtpm.UnauthenticatedAKWarning
 
 // IssuerConfig configures an aws-nitro-tpm issuer.
 type IssuerConfig struct {
@@ -64,46 +62,20 @@ type ValidatorConfig struct {
 	Log                     *slog.Logger
 }
 
-var _ attestation.Validator = (*Validator)(nil)
-
-// Validator checks aws-nitro-tpm evidence and marks every result as signed by an
-// unauthenticated key.
-type Validator struct {
-	inner *vtpm.Validator
-}
-
 // NewValidator returns a validator for aws-nitro-tpm evidence, only if the caller accepted
 // unauthenticated attestation keys.
-func NewValidator(cfg ValidatorConfig) (*Validator, error) {
+func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 	if !cfg.AcceptUnauthenticatedAK {
 		return nil, errors.New("aws-nitro-tpm: AWS does not certify NitroTPM attestation keys, so this evidence proves nothing about where a node runs; set AcceptUnauthenticatedAK to use it anyway")
 	}
-	inner, err := vtpm.NewValidator(vtpm.ValidatorConfig{
-		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
-		EventLog:        vtpm.EventLogRequired,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
+	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant:                 Variant,
+		ReferenceSets:           cfg.ReferenceSets,
+		Active:                  cfg.Active,
+		EventLog:                vtpm.EventLogRequired,
+		AcceptUnauthenticatedAK: true,
+		MaxEvidenceSize:         cfg.MaxEvidenceSize,
+		Now:                     cfg.Now,
+		Log:                     cfg.Log,
 	})
-	if err != nil {
-		return nil, err
-	}
-	return &Validator{inner: inner}, nil
-}
-
-// Variant returns aws-nitro-tpm.
-func (v *Validator) Variant() variant.Variant { return Variant }
-
-// Validate checks evidence as vtpm.Validator does, and marks the result unauthenticated.
-func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
-	out, err := v.inner.Validate(ctx, evidence, purpose, data)
-	if err != nil {
-		return nil, err
-	}
-	out.SignerCertified = false
-	out.SignerName, out.SignerRole = "", ""
-	out.Warnings = append(out.Warnings, UnauthenticatedAKWarning)
-	return out, nil
 }

@@ -2,7 +2,6 @@ package qemu_test
 
 import (
 	"context"
-	"github.com/openconstellation/constellation/pkg/attestation"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -40,14 +40,14 @@ func BenchmarkIssue(b *testing.B) {
 // roots (certificate chain verified once, then cached).
 func BenchmarkValidate(b *testing.B) {
 	tpm := vtpmtest.Simulator(b)
-	ref := bootNode(b, tpm)
+	ref, log := bootNode(b, tpm)
 	ca, err := akca.New("bench", time.Now(), time.Hour)
 	require.NoError(b, err)
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
+	iss, err := qemu.NewIssuer(tpm, nil, log)
 	require.NoError(b, err)
 	cert, err := ca.CertifyAK(iss.AKPublic(), "node", metadata.Worker, time.Now(), time.Hour)
 	require.NoError(b, err)
-	iss, err = qemu.NewIssuer(tpm, cert, nil)
+	iss, err = qemu.NewIssuer(tpm, cert, log)
 	require.NoError(b, err)
 	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(b, err)
@@ -55,9 +55,9 @@ func BenchmarkValidate(b *testing.B) {
 
 	for name, roots := range map[string]bool{"no-ak-roots": false, "ak-roots-cached": true} {
 		b.Run(name, func(b *testing.B) {
-			cfg := qemu.ValidatorConfig{ReferenceSets: sets}
+			cfg := qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true}
 			if roots {
-				cfg.AKRoots = ca.Pool()
+				cfg.AKRoots, cfg.AcceptUnauthenticatedAK = ca.Pool(), false
 			}
 			val, err := qemu.NewValidator(cfg)
 			require.NoError(b, err)

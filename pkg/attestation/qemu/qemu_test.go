@@ -22,7 +22,8 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/pkg/attestation"
-	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -37,25 +38,32 @@ var (
 	testNow    = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 )
 
-// bootNode extends the PCRs a provider would measure and returns the reference set that the
-// node's current PCR values satisfy (PCRs 0-15 enforced).
-func bootNode(t testing.TB, tpm *vtpm.TPM) measurements.M {
-	t.Helper()
-	for pcr, component := range map[int]string{4: "bootstrapper", 9: "kubelet", 11: "node-config"} {
-		d := sha256.Sum256([]byte(component))
-		require.NoError(t, tpm.ExtendPCR(pcr, d[:]))
+// image is the boot the tests' nodes measure: the components a provider extends, recorded in
+// the event log qemu-vtpm evidence must carry.
+func image() []eventlogtest.Measurement {
+	return []eventlogtest.Measurement{
+		{PCR: 4, Type: tcg.Ipl, Data: []byte("bootstrapper")},
+		{PCR: 9, Type: tcg.Ipl, Data: []byte("kubelet")},
+		{PCR: 11, Type: tcg.Ipl, Data: []byte("node-config")},
 	}
+}
+
+// bootNode extends the PCRs a provider would measure and returns the reference set that the
+// node's current PCR values satisfy (PCRs 0-14 enforced) and the event log of the boot.
+func bootNode(t testing.TB, tpm *vtpm.TPM) (measurements.M, func() ([]byte, error)) {
+	t.Helper()
+	log := eventlogtest.Boot(t, tpm, image())
 	pcrs, err := tpm.ReadPCRs()
 	require.NoError(t, err)
-	return measurementstest.FromRegisters(qemu.Variant, pcrs)
+	return measurementstest.FromRegisters(qemu.Variant, pcrs), func() ([]byte, error) { return log, nil }
 }
 
 // bootAndIssue boots a node on tpm and returns its reference values, its issuer and one
 // genuine evidence over nonce.
 func bootAndIssue(t testing.TB, tpm *vtpm.TPM) (measurements.M, *vtpm.Issuer, []byte) {
 	t.Helper()
-	ref := bootNode(t, tpm)
-	iss, err := qemu.NewIssuer(tpm, nil, nil)
+	ref, log := bootNode(t, tpm)
+	iss, err := qemu.NewIssuer(tpm, nil, log)
 	require.NoError(t, err)
 	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
@@ -89,22 +97,27 @@ func TestRoundTrip(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			tpm := open(t)
-			ref := bootNode(t, tpm)
-			// The event log bootNode's measurements would have: qemu-vtpm replays a log
-			// that is present (vtpm.EventLogReplayIfPresent).
-			b := eventlog.NewBuilder()
-			for pcr, component := range map[uint32]string{4: "bootstrapper", 9: "kubelet", 11: "node-config"} {
-				b.Add(pcr, tcg.Ipl, []byte(component))
-			}
-			log := b.Bytes()
-			iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log, nil })
+			ref, log := bootNode(t, tpm)
+			ca, err := akca.New("test AK CA", testNow, 24*time.Hour)
 			require.NoError(t, err)
-			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}})
+			iss, err := qemu.NewIssuer(tpm, nil, log)
+			require.NoError(t, err)
+			cert, err := ca.CertifyAK(iss.AKPublic(), "worker-0", metadata.Worker, testNow, time.Hour)
+			require.NoError(t, err)
+			require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, cert))
+			iss, err = qemu.NewIssuer(tpm, nil, log)
+			require.NoError(t, err)
+			val, err := qemu.NewValidator(qemu.ValidatorConfig{
+				ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}, AKRoots: ca.Pool(),
+				Now: func() time.Time { return testNow },
+			})
 			require.NoError(t, err)
 
 			ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
-			assert.Equal(t, log, decode(t, ev).EventLog)
+			wantLog, err := log()
+			require.NoError(t, err)
+			assert.Equal(t, wantLog, decode(t, ev).EventLog)
 
 			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			require.NoError(t, err)
@@ -112,8 +125,9 @@ func TestRoundTrip(t *testing.T) {
 			assert.Equal(t, "image-v1", got.ReferenceSet)
 			assert.Len(t, got.Registers, vtpm.NumPCRs)
 			assert.Equal(t, ref[4].Expected, got.Registers[4])
-			assert.False(t, got.SignerCertified)
-			assert.Empty(t, got.SignerName)
+			assert.True(t, got.SignerCertified)
+			assert.Equal(t, "worker-0", got.SignerName)
+			assert.Empty(t, got.Warnings)
 			akHash := sha256.Sum256(iss.AKPublic())
 			assert.Equal(t, hex.EncodeToString(akHash[:]), got.SignerID)
 		})
@@ -142,7 +156,7 @@ func TestRejections(t *testing.T) {
 	}
 
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, MaxEvidenceSize: 8 << 10})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true, MaxEvidenceSize: 8 << 10})
 	require.NoError(t, err)
 
 	testCases := map[string]struct {
@@ -180,7 +194,7 @@ func TestRejections(t *testing.T) {
 			nonce:    nonce, wantErr: attestation.ErrBadSignature,
 		},
 		"AK replaced": {
-			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = softwareAK(t, mustRSAKey(t)) }),
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = vtpmtest.SoftwareAK(t, mustRSAKey(t)) }),
 			nonce:    nonce, wantErr: attestation.ErrBadSignature,
 		},
 		"unrestricted AK": {
@@ -202,6 +216,13 @@ func TestRejections(t *testing.T) {
 		"25 PCRs":        {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = append(e.Pcrs, e.Pcrs[0]) }), nonce: nonce, wantErr: attestation.ErrMalformed},
 		"short PCR":      {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[3] = e.Pcrs[3][:20] }), nonce: nonce, wantErr: attestation.ErrMalformed},
 		"AK not decoded": {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = e.AkPublic[:10] }), nonce: nonce, wantErr: attestation.ErrMalformed},
+		"no event log":   {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.EventLog = nil }), nonce: nonce, wantErr: attestation.ErrMalformed, wantMsg: "no event log"},
+		"event log of another boot": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) {
+				e.EventLog = eventlogtest.Boot(t, nowhere{}, []eventlogtest.Measurement{{PCR: 4, Type: tcg.Ipl, Data: []byte("other bootstrapper")}})
+			}),
+			nonce: nonce, wantErr: attestation.ErrMalformed, wantMsg: "quoted value of PCR 4",
+		},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -229,26 +250,6 @@ func mustRSAKey(t *testing.T) *rsa.PrivateKey {
 	return k
 }
 
-// softwareAK encodes key as a TPMT_PUBLIC that claims every AK attribute: what an attacker
-// without a TPM would send.
-func softwareAK(t *testing.T, key *rsa.PrivateKey) []byte {
-	t.Helper()
-	pub := tpm2.Public{
-		Type:       tpm2.AlgRSA,
-		NameAlg:    tpm2.AlgSHA256,
-		Attributes: tpm2.FlagSignerDefault,
-		RSAParameters: &tpm2.RSAParams{
-			Sign:        &tpm2.SigScheme{Alg: tpm2.AlgRSASSA, Hash: tpm2.AlgSHA256},
-			KeyBits:     2048,
-			ExponentRaw: uint32(key.E),
-			ModulusRaw:  key.N.Bytes(),
-		},
-	}
-	b, err := pub.Encode()
-	require.NoError(t, err)
-	return b
-}
-
 // forge builds evidence with the PCR values an attacker wants, signed by a software key.
 func forge(t *testing.T, genuine []byte, key *rsa.PrivateKey, certDER []byte) []byte {
 	t.Helper()
@@ -262,16 +263,16 @@ func forge(t *testing.T, genuine []byte, key *rsa.PrivateKey, certDER []byte) []
 	require.NoError(t, err)
 	rawSig, err := tpm2.Signature{Alg: tpm2.AlgRSASSA, RSA: &tpm2.SignatureRSA{HashAlg: tpm2.AlgSHA256, Signature: sig}}.Encode()
 	require.NoError(t, err)
-	e.AkPublic, e.Quote, e.Signature, e.AkCert = softwareAK(t, key), quoted, rawSig, certDER
+	e.AkPublic, e.Quote, e.Signature, e.AkCert = vtpmtest.SoftwareAK(t, key), quoted, rawSig, certDER
 	return encode(t, e)
 }
 
 // TestAKCertificate: with AK roots configured, an AK is trusted only through a certificate
 // from those roots; without, a forged quote from a software key passes, which is exactly why
-// the local provider certifies AKs.
+// the local provider certifies AKs and why a validator without roots needs the opt-in.
 func TestAKCertificate(t *testing.T) {
 	tpm := vtpmtest.Simulator(t)
-	ref := bootNode(t, tpm)
+	ref, log := bootNode(t, tpm)
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
 
 	ca, err := akca.New("test AK CA", testNow, 24*time.Hour)
@@ -279,7 +280,7 @@ func TestAKCertificate(t *testing.T) {
 	otherCA, err := akca.New("someone else", testNow, 24*time.Hour)
 	require.NoError(t, err)
 
-	uncertified, err := qemu.NewIssuer(tpm, nil, nil)
+	uncertified, err := qemu.NewIssuer(tpm, nil, log)
 	require.NoError(t, err)
 	akPub := uncertified.AKPublic()
 	genuineNoCert, err := uncertified.Issue(context.Background(), attestation.PurposeVerify, nonce)
@@ -288,7 +289,7 @@ func TestAKCertificate(t *testing.T) {
 	goodCert, err := ca.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, goodCert), "the provider stores the AK certificate in NV")
-	certified, err := qemu.NewIssuer(tpm, nil, nil)
+	certified, err := qemu.NewIssuer(tpm, nil, log)
 	require.NoError(t, err, "issuer picks the certificate up from NV")
 	genuine, err := certified.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
@@ -297,10 +298,10 @@ func TestAKCertificate(t *testing.T) {
 	foreignCert, err := otherCA.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
 	require.NoError(t, err)
 	attacker := mustRSAKey(t)
-	attackerCert, err := otherCA.CertifyAK(softwareAK(t, attacker), "evil", metadata.ControlPlane, testNow, time.Hour)
+	attackerCert, err := otherCA.CertifyAK(vtpmtest.SoftwareAK(t, attacker), "evil", metadata.ControlPlane, testNow, time.Hour)
 	require.NoError(t, err)
 
-	_, err = qemu.NewIssuer(tpm, attackerCert, nil)
+	_, err = qemu.NewIssuer(tpm, attackerCert, log)
 	assert.ErrorContains(t, err, "certificate does not match key", "issuer refuses a certificate for another key")
 	_, err = ca.CertifyAK(mutate(t, genuine, func(*vtpmpb.Evidence) {})[:0], "x", metadata.Worker, testNow, time.Hour)
 	assert.Error(t, err)
@@ -310,7 +311,7 @@ func TestAKCertificate(t *testing.T) {
 		require.NoError(t, err)
 		return v
 	}
-	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets})
+	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 
 	t.Run("certified AK accepted", func(t *testing.T) {
@@ -322,9 +323,11 @@ func TestAKCertificate(t *testing.T) {
 			assert.Equal(t, "node-0", got.SignerName, "the certified name of the node")
 		}
 	})
-	t.Run("forged quote passes without roots", func(t *testing.T) {
-		_, err := noRoots.Validate(context.Background(), forge(t, genuine, attacker, nil), attestation.PurposeVerify, nonce)
+	t.Run("forged quote passes without roots, with the warning", func(t *testing.T) {
+		got, err := noRoots.Validate(context.Background(), forge(t, genuine, attacker, nil), attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
+		assert.False(t, got.SignerCertified)
+		assert.Equal(t, []string{vtpm.UnauthenticatedAKWarning}, got.Warnings)
 	})
 	rejected := map[string]struct {
 		evidence []byte
@@ -399,7 +402,7 @@ func TestPolicy(t *testing.T) {
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: tc.sets})
+			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: tc.sets, AcceptUnauthenticatedAK: true})
 			require.NoError(t, err)
 			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			if len(tc.wantErrMsgs) > 0 {
@@ -413,7 +416,7 @@ func TestPolicy(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantSet, got.ReferenceSet)
-			require.Len(t, got.Warnings, len(tc.wantWarnings))
+			require.Len(t, got.Warnings, len(tc.wantWarnings)+1, "and the opt-in's")
 			for i, w := range tc.wantWarnings {
 				assert.Contains(t, got.Warnings[i], w)
 			}
@@ -433,7 +436,7 @@ func TestIssuerNonceSize(t *testing.T) {
 func FuzzValidate(f *testing.F) {
 	tpm := vtpmtest.SimulatorFixedSeed(f, 42)
 	ref, iss, ev := bootAndIssue(f, tpm)
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}, AcceptUnauthenticatedAK: true})
 	require.NoError(f, err)
 	f.Add(ev)
 	f.Add(ev[:len(ev)/2])
@@ -459,8 +462,94 @@ func FuzzValidate(f *testing.F) {
 func TestValidatorRefusesLooseSets(t *testing.T) {
 	full := measurementstest.Image(qemu.Variant, nil)
 	for name, tc := range measurementstest.LooseSets(full) {
-		_, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}}})
+		_, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}}, AcceptUnauthenticatedAK: true})
 		require.Error(t, err, name)
 		assert.ErrorContains(t, err, `reference set "loose": `+tc.Want, name)
 	}
+}
+
+// nowhere is a TPM that measures nothing: for event logs of a boot no TPM saw.
+type nowhere struct{}
+
+func (nowhere) ExtendPCR(int, []byte) error { return nil }
+
+// TestSoftwareKey is the attacker without a TPM: it computes the image's PCR values and event
+// log in software and signs a quote over them and the verifier's nonce with an RSA key in
+// memory, whose TPMT_PUBLIC claims the attributes of a TPM-resident AK. The qemu package's
+// constructor and the registry refuse to build a validator that would accept it (no AK roots)
+// unless the caller opts in; then the evidence passes, marked as unauthenticated. With the
+// platform's roots it is refused; and the event log is required either way.
+func TestSoftwareKey(t *testing.T) {
+	forged := vtpmtest.Forge(t, qemu.Variant, mustRSAKey(t), image(), attestation.PurposeATLSServer, nonce)
+	// The reference values of the image: exactly what the forger computed, so only the AK
+	// can tell the evidence apart.
+	tpm := vtpmtest.Simulator(t)
+	ref, log := bootNode(t, tpm)
+	require.Equal(t, measurementstest.FromRegisters(qemu.Variant, forged.PCRs), ref, "the forger computed the image's PCRs")
+	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
+
+	ca, err := akca.New("platform AK CA", testNow, 24*time.Hour)
+	require.NoError(t, err)
+	caPEM, _, err := ca.PEM()
+	require.NoError(t, err)
+	constructors := map[string]func(roots bool, optIn bool) (attestation.Validator, error){
+		"qemu.NewValidator": func(roots, optIn bool) (attestation.Validator, error) {
+			cfg := qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: optIn, Now: func() time.Time { return testNow }}
+			if roots {
+				cfg.AKRoots = ca.Pool()
+			}
+			return qemu.NewValidator(cfg)
+		},
+		"choose.NewValidator": func(roots, optIn bool) (attestation.Validator, error) {
+			ref := choose.Reference{Variant: qemu.Variant, Values: choose.Values{Measurements: sets, HardwareValues: choose.HardwareValues{AcceptUnauthenticatedAK: optIn}}}
+			if roots {
+				ref.AKRoots = string(caPEM)
+			}
+			return choose.NewValidator(ref, choose.Options{Now: func() time.Time { return testNow }})
+		},
+	}
+	for name, build := range constructors {
+		t.Run(name, func(t *testing.T) {
+			_, err := build(false, false)
+			require.Error(t, err, "a validator without AK roots must not be built without the opt-in")
+			assert.ErrorContains(t, err, "AcceptUnauthenticatedAK")
+			_, err = build(true, true)
+			require.Error(t, err, "the opt-in beside roots would be ignored")
+
+			withRoots, err := build(true, false)
+			require.NoError(t, err)
+			_, err = withRoots.Validate(context.Background(), forged.Evidence, attestation.PurposeATLSServer, nonce)
+			require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+			assert.ErrorContains(t, err, "no AK certificate")
+
+			optedIn, err := build(false, true)
+			require.NoError(t, err)
+			got, err := optedIn.Validate(context.Background(), forged.Evidence, attestation.PurposeATLSServer, nonce)
+			require.NoError(t, err, "with the opt-in, nothing tells a software key from a TPM")
+			assert.False(t, got.SignerCertified)
+			assert.Equal(t, []string{vtpm.UnauthenticatedAKWarning}, got.Warnings)
+			assert.Equal(t, "image-v1", got.ReferenceSet)
+
+			noLog := mutate(t, forged.Evidence, func(e *vtpmpb.Evidence) { e.EventLog = nil })
+			_, err = optedIn.Validate(context.Background(), noLog, attestation.PurposeATLSServer, nonce)
+			require.ErrorIs(t, err, attestation.ErrMalformed)
+			assert.ErrorContains(t, err, "no event log")
+		})
+	}
+
+	// A genuine node with a certified AK that sends no event log: refused by the validator
+	// a cluster uses, too.
+	iss, err := qemu.NewIssuer(tpm, nil, log)
+	require.NoError(t, err)
+	cert, err := ca.CertifyAK(iss.AKPublic(), "worker-0", metadata.Worker, testNow, time.Hour)
+	require.NoError(t, err)
+	noLogIss, err := qemu.NewIssuer(tpm, cert, func() ([]byte, error) { return nil, nil })
+	require.NoError(t, err)
+	ev, err := noLogIss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	withRoots, err := constructors["qemu.NewValidator"](true, false)
+	require.NoError(t, err)
+	_, err = withRoots.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
+	require.ErrorIs(t, err, attestation.ErrMalformed)
+	assert.ErrorContains(t, err, "no event log")
 }

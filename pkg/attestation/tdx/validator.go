@@ -19,6 +19,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Variant is the variant the Validator and Issuer implement.
@@ -147,7 +148,7 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attes
 		return nil, fmt.Errorf("decoding: %v: %w", err, attestation.ErrMalformed)
 	}
 	if ev.GetVariant() != Variant.String() {
-		return nil, fmt.Errorf("evidence names variant %q: %w", ev.GetVariant(), attestation.ErrWrongVariant)
+		return nil, fmt.Errorf("evidence names variant %s: %w", untrusted.Quote(ev.GetVariant()), attestation.ErrWrongVariant)
 	}
 
 	// 2. Verify: the quote's signatures and collateral (VerifyQuote parses the quote itself),

@@ -3,6 +3,7 @@ package vtpm_test
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
@@ -83,7 +85,7 @@ func TestEventLogPolicy(t *testing.T) {
 	// One validator sees genuine evidence, then the same quote with a lying log: the replay
 	// it remembers from the genuine log must not admit the other.
 	t.Run("remembered replay does not admit another log", func(t *testing.T) {
-		v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: sets, EventLog: vtpm.EventLogRequired})
+		v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: vtpm.EventLogRequired})
 		require.NoError(t, err)
 		for range 2 {
 			_, err = v.Validate(context.Background(), withLog, attestation.PurposeVerify, data)
@@ -95,7 +97,7 @@ func TestEventLogPolicy(t *testing.T) {
 	})
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: sets, EventLog: tc.policy, EventLogCheck: tc.check})
+			v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: tc.policy, EventLogCheck: tc.check})
 			require.NoError(t, err)
 			_, err = v.Validate(context.Background(), tc.evidence, attestation.PurposeVerify, data)
 			if tc.wantErr == nil {
@@ -112,9 +114,65 @@ func TestEventLogPolicyConfig(t *testing.T) {
 	sets := measurements.ReferenceSets{{Name: "zero", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}}
 	check := func(*eventlog.Log) error { return nil }
 	for _, p := range []vtpm.EventLogPolicy{vtpm.EventLogReplayIfPresent, vtpm.EventLogIgnore} {
-		_, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: sets, EventLog: p, EventLogCheck: check})
+		_, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: p, EventLogCheck: check})
 		assert.ErrorContains(t, err, "needs the event log policy required", p.String())
 	}
-	_, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, ReferenceSets: sets, EventLog: 42})
+	_, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: 42})
 	assert.ErrorContains(t, err, "unknown event log policy")
+}
+
+// TestAKTrustIsExplicit: a validator is built only if something vouches for the AK (roots, a
+// hardware check whose report names it) or the caller accepts that nothing does; and then
+// every result says so.
+func TestAKTrustIsExplicit(t *testing.T) {
+	sets := measurements.ReferenceSets{{Name: "zero", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}}
+	roots := vtpmtest.NewCA(t, "AK CA", nil).Pool()
+	testCases := map[string]struct {
+		cfg     vtpm.ValidatorConfig
+		wantMsg string
+	}{
+		"nothing vouches":     {cfg: vtpm.ValidatorConfig{}, wantMsg: "no AK roots"},
+		"roots":               {cfg: vtpm.ValidatorConfig{AKRoots: roots}},
+		"hardware check":      {cfg: vtpm.ValidatorConfig{Hardware: noHardware{}}},
+		"opt-in":              {cfg: vtpm.ValidatorConfig{AcceptUnauthenticatedAK: true}},
+		"opt-in beside roots": {cfg: vtpm.ValidatorConfig{AKRoots: roots, AcceptUnauthenticatedAK: true}, wantMsg: "exclude each other"},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			tc.cfg.Variant, tc.cfg.ReferenceSets = variant.QEMUVTPM, sets
+			_, err := vtpm.NewValidator(tc.cfg)
+			if tc.wantMsg == "" {
+				require.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tc.wantMsg)
+		})
+	}
+
+	tpm := vtpmtest.Simulator(t)
+	log := eventlogtest.Boot(t, tpm, eventlogtest.Image("v1"))
+	pcrs, err := tpm.ReadPCRs()
+	require.NoError(t, err)
+	iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, EventLog: func() ([]byte, error) { return log, nil }})
+	require.NoError(t, err)
+	t.Cleanup(func() { iss.Close() })
+	data := bytes.Repeat([]byte{7}, 32)
+	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, data)
+	require.NoError(t, err)
+	v, err := vtpm.NewValidator(vtpm.ValidatorConfig{
+		Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, EventLog: vtpm.EventLogRequired,
+		ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: measurementstest.FromRegisters(variant.QEMUVTPM, pcrs)}},
+	})
+	require.NoError(t, err)
+	got, err := v.Validate(context.Background(), ev, attestation.PurposeVerify, data)
+	require.NoError(t, err)
+	assert.False(t, got.SignerCertified)
+	assert.Equal(t, []string{vtpm.UnauthenticatedAKWarning}, got.Warnings)
+}
+
+// noHardware stands in for a hardware check; the test only builds the validator.
+type noHardware struct{}
+
+func (noHardware) Check(context.Context, *hardwarepb.Hardware, crypto.PublicKey, []byte, []byte) (*attestation.Hardware, error) {
+	return nil, errors.New("not called")
 }

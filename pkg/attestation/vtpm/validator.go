@@ -28,6 +28,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // ValidatorConfig configures a TPM-quote validator.
@@ -38,9 +39,8 @@ type ValidatorConfig struct {
 	// validation, so a watcher can swap them without a restart (measurements.Active).
 	Active *measurements.Active
 	// AKRoots, when set, must have issued the certificate the evidence carries for its AK.
-	// Without roots the AK is trusted because the evidence says so: the quote then proves
-	// only that some holder of that key signed these PCR values, which suffices for tests and
-	// for platforms with no way to certify keys, and nothing more.
+	// Without roots, something else must vouch for the AK (Hardware, whose report names the
+	// key), or the caller must accept that nothing does (AcceptUnauthenticatedAK).
 	AKRoots *x509.CertPool
 	// AKIntermediates are certificates that may link an AK certificate to AKRoots (a cloud's
 	// intermediate CAs). They are not trusted themselves.
@@ -59,6 +59,15 @@ type ValidatorConfig struct {
 	// runs after the quote verified, with the quote's AK, so it can require that the
 	// hardware report binds that key (or the nonce).
 	Hardware HardwareCheck
+	// AcceptUnauthenticatedAK accepts an AK that neither AKRoots nor Hardware vouches for:
+	// the AK is then trusted because the evidence says so, and the quote proves only that
+	// some holder of that key signed these PCR values. Any software key can (the attributes
+	// of a TPMT_PUBLIC are claims, not proof): anyone who extends a TPM, or computes PCR
+	// values, with the published measurements produces evidence that passes. NewValidator
+	// refuses a configuration without AKRoots or Hardware unless this is set, and refuses it
+	// together with AKRoots (it would be ignored); every result then has SignerCertified false
+	// and carries UnauthenticatedAKWarning.
+	AcceptUnauthenticatedAK bool
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
 	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
@@ -96,11 +105,17 @@ func (p EventLogPolicy) String() string {
 
 // HardwareCheck checks the hardware evidence of a vTPM variant on a confidential VM. It must
 // parse, verify (signatures to pinned roots, collateral) and validate (policy, and that the
-// report binds ak or nonce) the hardware part, and return claims only when all passed; its
-// errors wrap one of attestation's Err* reasons.
+// report binds ak, and the nonce if it is to be fresh) the hardware part, and return claims
+// only when all passed; its errors wrap one of attestation's Err* reasons. Binding ak is what
+// makes the AK trusted when no AK roots are configured: a validator with a HardwareCheck needs
+// no AKRoots.
 type HardwareCheck interface {
 	Check(ctx context.Context, hw *hardwarepb.Hardware, ak crypto.PublicKey, akPublic []byte, nonce []byte) (*attestation.Hardware, error)
 }
+
+// UnauthenticatedAKWarning is in the warnings of every result of a validator that accepts
+// unauthenticated AKs (ValidatorConfig.AcceptUnauthenticatedAK).
+const UnauthenticatedAKWarning = "AK not authenticated: anyone who can run a TPM can produce this evidence"
 
 // Validator checks TPM-quote evidence.
 type Validator struct {
@@ -113,6 +128,12 @@ type Validator struct {
 func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.Variant.IsZero() {
 		return nil, errors.New("validator: no variant")
+	}
+	switch {
+	case cfg.AcceptUnauthenticatedAK && cfg.AKRoots != nil:
+		return nil, fmt.Errorf("validator %s: AK roots and AcceptUnauthenticatedAK exclude each other (with roots, every AK must chain to them)", cfg.Variant)
+	case cfg.AKRoots == nil && cfg.Hardware == nil && !cfg.AcceptUnauthenticatedAK:
+		return nil, fmt.Errorf("validator %s: no AK roots: nothing would tie the attestation key to a TPM, and a quote signed by any software key would pass; configure the platform's AK roots, or set AcceptUnauthenticatedAK to accept that", cfg.Variant)
 	}
 	if cfg.Active == nil {
 		active, err := measurements.NewActive(cfg.Variant, cfg.ReferenceSets)
@@ -143,8 +164,8 @@ func NewValidator(cfg ValidatorConfig) (*Validator, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if cfg.AKRoots == nil {
-		cfg.Log.Warn("attestation keys are not checked against a certificate root", "variant", cfg.Variant.String())
+	if cfg.AcceptUnauthenticatedAK {
+		cfg.Log.Warn("attestation keys are not authenticated: anyone who can run a TPM can produce passing evidence", "variant", cfg.Variant.String())
 	}
 	return &Validator{cfg: cfg, akCerts: newCertCache(1024), replays: newReplayCache(1024)}, nil
 }
@@ -219,6 +240,9 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 	for _, w := range match.Warnings {
 		out.Warnings = append(out.Warnings, w.Describe(v.cfg.Variant))
 	}
+	if v.cfg.AcceptUnauthenticatedAK {
+		out.Warnings = append(out.Warnings, UnauthenticatedAKWarning)
+	}
 	return out, nil
 }
 
@@ -232,7 +256,7 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMalformed, err)
 	}
 	if ev.Variant != v.cfg.Variant.String() {
-		return nil, fmt.Errorf("%w: got %q, want %q", attestation.ErrWrongVariant, ev.Variant, v.cfg.Variant)
+		return nil, fmt.Errorf("%w: got %s, want %q", attestation.ErrWrongVariant, untrusted.Quote(ev.Variant), v.cfg.Variant)
 	}
 	for _, f := range []struct {
 		name string

@@ -48,6 +48,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Ports (docs/local-provider.md).
@@ -861,21 +862,16 @@ func lastLogLine(path string) string {
 	}
 	lines := strings.Split(strings.TrimSpace(string(buf)), "\n")
 	last := lines[len(lines)-1]
+	// The node writes this file: its last line is the node's text (JSON strings decode to
+	// any bytes), and it reaches the operator's terminal through `constellation status`.
 	var rec struct{ Msg, Err string }
 	if json.Unmarshal([]byte(last), &rec) == nil && rec.Msg != "" {
 		if rec.Err != "" {
-			return rec.Msg + ": " + truncate(rec.Err, 300)
+			return untrusted.Text(rec.Msg + ": " + rec.Err)
 		}
-		return rec.Msg
+		return untrusted.Text(rec.Msg)
 	}
-	return truncate(last, 300)
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
+	return untrusted.Text(last)
 }
 
 // reapOrphans collects exited orphans while the cluster runs. Only processes that have

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // A stopped cluster (no provider process) is still listed, from its spec, as stopped; every
@@ -54,6 +56,19 @@ func TestLastLogLine(t *testing.T) {
 	assert.Equal(t, "bootstrapper failed: node failed: kubelet exited", lastLogLine(path))
 	require.NoError(t, writeFile(path, "plain text line\n"))
 	assert.Equal(t, "plain text line", lastLogLine(path))
+
+	// A compromised node writes its log file: what it puts there reaches `constellation
+	// status` one bounded line without control characters.
+	hostile := strings.Repeat(`\u001b[2J\u001b]0;pwned\u0007\r`, 50)
+	require.NoError(t, writeFile(path, `{"msg":"`+hostile+`","err":"`+hostile+`"}`+"\n"))
+	got := lastLogLine(path)
+	assert.LessOrEqual(t, len(got), untrusted.MaxTextBytes+32)
+	assert.NotContains(t, got, "\x1b")
+	assert.NotContains(t, got, "\a")
+	assert.NotContains(t, got, "\r")
+	assert.Contains(t, got, `\x1b[2J`)
+	require.NoError(t, writeFile(path, strings.Repeat("\x1b[2J\r", 1000)+"\n"))
+	assert.NotContains(t, lastLogLine(path), "\x1b")
 }
 
 func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o600) }
