@@ -40,6 +40,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
@@ -214,12 +215,21 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		Now:                     func() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) },
 	})
 	require.NoError(t, err)
-	g := grpc.NewServer(grpc.Creds(e.svc.Credentials()))
-	e.svc.Register(g)
+	// Served as cmd/joinservice serves it.
+	server := cmdutil.GRPC("joinservice", "", e.svc.NewGRPCServer())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(g.Stop)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = server.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // no graceful stop: tests leave connections open
+		server.Stop(ctx)
+		<-served
+	})
 	e.addr = ln.Addr().String()
 	return e
 }

@@ -95,7 +95,7 @@ type RecoveryServer struct {
 	Addr    string
 	Kubelet *Kubelet
 	Calls   *CallRecorder
-	grpc    *grpc.Server
+	grpc    *handshakelimit.GRPCServer
 }
 
 // RecoveryServerOptions tune StartRecoveryServer.
@@ -121,8 +121,7 @@ func StartRecoveryServer(t testing.TB, n *Node, opts RecoveryServerOptions) *Rec
 		AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
 	})
 	require.NoError(t, err)
-	r.grpc = grpc.NewServer(grpc.Creds(r.Server.Credentials()), grpc.UnaryInterceptor(r.Calls.intercept))
-	r.Server.Register(r.grpc)
+	r.grpc = r.Server.NewGRPCServer(grpc.UnaryInterceptor(r.Calls.intercept))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = r.grpc.Serve(ln) }()

@@ -21,7 +21,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -170,8 +169,8 @@ func (e *env) start() {
 		Deploy:            e.deploy,
 	})
 	require.NoError(t, err)
-	g := grpc.NewServer(grpc.Creds(e.server.Credentials()))
-	e.server.Register(g)
+	// Served as bootstrapper.Run serves it.
+	g := e.server.NewGRPCServer()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = g.Serve(ln) }()
