@@ -114,8 +114,8 @@ type pendingPeer struct{ count int }
 type connAddrs struct{ local, remote string }
 
 // NewAcceptLimiter checks limits and returns a limiter. observe, when set, is told every
-// refusal, displacement and timeout, with the peer's address (outside the limiter's lock,
-// on the accepting goroutine or the timer's).
+// refusal, displacement and timeout, with the peer's address, before the connection is
+// closed (outside the limiter's lock, on the accepting goroutine or the timer's).
 func NewAcceptLimiter(limits AcceptLimits, observe func(remote netip.Addr, outcome string)) (*AcceptLimiter, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
@@ -207,16 +207,16 @@ func (l *AcceptLimiter) admit(c net.Conn, ln *limitedListener) net.Conn {
 	}
 	if held >= l.limits.PerPeer {
 		l.mu.Unlock()
-		reset(c)
 		l.outcome(addr, AcceptPeerBusy)
+		reset(c)
 		return nil
 	}
 	var victim *pendingConn
 	if l.pending >= l.limits.Total {
 		if victim = l.victim(held); victim == nil {
 			l.mu.Unlock()
-			reset(c)
 			l.outcome(addr, AcceptBusy)
+			reset(c)
 			return nil
 		}
 		l.release(victim)
@@ -235,8 +235,8 @@ func (l *AcceptLimiter) admit(c net.Conn, ln *limitedListener) net.Conn {
 	l.mu.Unlock()
 	if victim != nil {
 		victim.timer.Stop()
-		reset(victim.Conn)
 		l.outcome(victim.addr, AcceptDisplaced)
+		reset(victim.Conn)
 	}
 	return pc
 }
@@ -403,8 +403,8 @@ func (pc *pendingConn) expire() {
 	done := pc.l.release(pc)
 	pc.l.mu.Unlock()
 	if done {
-		reset(pc.Conn)
 		pc.l.outcome(pc.addr, AcceptTimeout)
+		reset(pc.Conn)
 	}
 }
 

@@ -197,7 +197,7 @@ func TestAcceptTimeout(t *testing.T) {
 	stalledRaw, stalled := e.offer("192.0.2.1")
 	require.NotNil(t, stalled)
 	assert.Equal(t, "192.0.2.1 timeout", e.next())
-	assert.True(t, stalledRaw.isClosed())
+	require.Eventually(t, stalledRaw.isClosed, 30*time.Second, time.Millisecond, "closed right after it was reported")
 	assert.False(t, doneRaw.isClosed(), "an established connection outlives the deadline")
 	assert.Zero(t, e.lim.Pending())
 	assert.Zero(t, e.lim.Tracked())
