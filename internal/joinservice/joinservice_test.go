@@ -42,6 +42,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
@@ -127,6 +128,8 @@ type envOptions struct {
 	noClusterID bool
 	// perPeer, concurrent and waiting bound handshakes (0: the service's defaults).
 	perPeer, concurrent, waiting int
+	// accept bounds connections before their handshake (zero: the service's defaults).
+	accept handshakelimit.AcceptLimits
 	// wrapIssuer, when set, wraps the service's issuer (to count or hold its quotes).
 	wrapIssuer func(attestation.Issuer) attestation.Issuer
 }
@@ -210,6 +213,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		MaxHandshakesPerPeer:    opts.perPeer,
 		MaxConcurrentHandshakes: opts.concurrent,
 		MaxWaitingHandshakes:    opts.waiting,
+		AcceptLimits:            opts.accept,
 		Log:                     slog.New(slog.NewJSONHandler(e.logs, nil)),
 		Registerer:              e.registry,
 		Now:                     func() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) },
