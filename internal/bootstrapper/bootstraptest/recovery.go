@@ -100,7 +100,9 @@ type RecoveryServer struct {
 
 // RecoveryServerOptions tune StartRecoveryServer.
 type RecoveryServerOptions struct {
-	// AttemptLimits, HandshakeLimits and Now are passed on (defaults: the server's).
+	// AcceptLimits, AttemptLimits, HandshakeLimits and Now are passed on (defaults: the
+	// server's).
+	AcceptLimits                   handshakelimit.AcceptLimits
 	AttemptLimits, HandshakeLimits handshakelimit.Limits
 	Now                            func() time.Time
 	// Issuer, when set, attests instead of the node's TPM (an impostor).
@@ -118,7 +120,7 @@ func StartRecoveryServer(t testing.TB, n *Node, opts RecoveryServerOptions) *Rec
 	var err error
 	r.Server, err = recoveryserver.New(recoveryserver.Config{
 		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet,
-		AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
+		AcceptLimits: opts.AcceptLimits, AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
 	})
 	require.NoError(t, err)
 	r.grpc = r.Server.NewGRPCServer(grpc.UnaryInterceptor(r.Calls.intercept))

@@ -33,6 +33,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
@@ -85,6 +86,8 @@ type envOptions struct {
 	// now is the limiters' clock; frozen by default, so that rates do not depend on how
 	// fast the test runs.
 	now func() time.Time
+	// accept bounds connections before their handshake (zero: the server's defaults).
+	accept handshakelimit.AcceptLimits
 }
 
 // countingMetadata counts init-secret hash reads.
@@ -155,7 +158,7 @@ func (e *env) start() {
 	}
 	e.server, err = initserver.New(initserver.Config{
 		Node: e.node.Node, Metadata: countingMetadata{e.meta, &e.hashReads}, Issuer: issuer, Kubeadm: e.kubeadm,
-		Now: e.opts.now,
+		Now: e.opts.now, AcceptLimits: e.opts.accept,
 		KubeadmConfig: func(p initserver.InitParams) ([]byte, error) {
 			e.paramsMu.Lock()
 			defer e.paramsMu.Unlock()
