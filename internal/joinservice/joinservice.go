@@ -76,9 +76,10 @@ const (
 
 // DefaultAcceptLimits bound the connections whose attested handshake has not finished (step
 // 0). A node opens one connection per attempt; 4 per address leaves room for the 2 handshakes
-// in progress step 1 allows. 1024 in all holds step 1's 16 working + 256 waiting handshakes
-// with room to spare and bounds the memory of stalled connections (docs/benchmarks.md).
-var DefaultAcceptLimits = handshakelimit.AcceptLimits{PerPeer: 4, Total: 1024, Timeout: atls.DefaultHandshakeTimeout}
+// in progress step 1 allows. 512 in all holds step 1's 16 working + 256 waiting handshakes
+// with room to spare, and keeps what stalled connections hold near 11 MB even when each sent
+// half a ClientHello (a pending connection holds 15-22 KiB: docs/benchmarks.md).
+var DefaultAcceptLimits = handshakelimit.AcceptLimits{PerPeer: 4, Total: 512, Timeout: atls.DefaultHandshakeTimeout}
 
 // defaultHandshakeLimits are the defaults above as the limiter takes them.
 var defaultHandshakeLimits = handshakelimit.Limits{

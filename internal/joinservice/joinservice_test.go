@@ -64,6 +64,10 @@ import (
 var kube *kubetest.Cluster
 
 func TestMain(m *testing.M) {
+	// The attacker process of BenchmarkStalledConnections needs no control plane.
+	if spec := os.Getenv(stallHelperEnv); spec != "" {
+		os.Exit(runStallHelper(spec))
+	}
 	dir, err := os.MkdirTemp("", "joinservice-kube")
 	if err != nil {
 		panic(err)
