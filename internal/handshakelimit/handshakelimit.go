@@ -19,8 +19,10 @@
 // attempt in progress) a new peer is refused rather than inserted.
 //
 // Before all of that, at accept time, an AcceptLimiter bounds the connections whose handshake
-// has not finished (accept.go): a connection that stalls before TLS costs a goroutine and
-// buffers, and Limiter is only asked once TLS is done.
+// has not finished, per peer and in all, and closes them at the handshake deadline: a
+// connection that stalls before TLS costs a goroutine and buffers, and a Limiter is only
+// asked once TLS is done. Servers get both through NewGRPCServer (NewAttestingServer for the
+// node's servers that attest to anonymous callers) or NewHTTPServer.
 package handshakelimit
 
 import (
