@@ -64,7 +64,6 @@ func main() {
 type flags struct {
 	listen, configDir, pkiDir, tpm, eventLog, metadataURL, keyService, keyServiceTLSDir string
 	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                                string
-	tokenTTL                                                                            time.Duration
 	// Handshake admission (internal/handshakelimit); 0: the service's defaults.
 	rateLimit                               float64
 	rateBurst, perPeer, concurrent, waiting int
@@ -87,7 +86,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	fs.StringVar(&f.keyServiceTLSDir, "key-service-tls-dir", "/etc/constellation/keyservice-tls", "directory of ca.crt, joinservice.crt and joinservice.key")
 	fs.StringVar(&f.apiServerEndpoint, "api-server-endpoint", "", "host:port of the API server joining nodes use (required)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster service account)")
-	fs.DurationVar(&f.tokenTTL, "token-ttl", 0, "bootstrap token lifetime (0: 15 minutes)")
 	fs.Float64Var(&f.rateLimit, "handshake-rate", 0, fmt.Sprintf("attested handshakes per second per peer address (0: %v)", float64(joinservice.DefaultRateLimit)))
 	fs.IntVar(&f.rateBurst, "handshake-burst", 0, fmt.Sprintf("handshakes a peer address may make at once after idling (0: %d)", joinservice.DefaultRateBurst))
 	fs.IntVar(&f.perPeer, "max-handshakes-per-peer", 0, fmt.Sprintf("handshakes in progress per peer address (0: %d)", joinservice.DefaultMaxHandshakesPerPeer))
@@ -165,7 +163,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		APIServerEndpoint:       f.apiServerEndpoint,
 		KubernetesVersion:       cluster.KubernetesVersion,
 		KubernetesComponents:    components(cluster),
-		TokenTTL:                f.tokenTTL,
 		RateLimit:               rate.Limit(f.rateLimit),
 		RateBurst:               f.rateBurst,
 		MaxHandshakesPerPeer:    f.perPeer,

@@ -122,13 +122,14 @@ func (r *rebooted) build() {
 		Node: r.node.Node, Metadata: r.meta, Dial: dial, Kubeadm: &bootstraptest.Kubeadm{}, Kubelet: r.kubelet,
 		KubeadmConfig: func(p joinclient.JoinParams) ([]byte, error) { return json.Marshal(p) },
 		PKIDir:        filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
-		Backoff: func() wait.Backoff { b := joinclient.NewBackoff(); b.Duration /= 100; b.Cap /= 100; return b },
-		Log:     log,
+		DiscoveryFile: filepath.Join(t.TempDir(), "discovery.conf"),
+		Backoff:       func() wait.Backoff { b := joinclient.NewBackoff(); b.Duration /= 100; b.Cap /= 100; return b },
+		Log:           log,
 	})
 	require.NoError(t, err)
 	r.cfg = bootstrapper.Config{Node: r.node.Node, JoinClient: join, Progress: r.progress.report, WaitingAfter: 100 * time.Millisecond, Log: log}
 	if r.meta.Instance.Role == metadata.ControlPlane && r.node.Node.State() == node.Rebooted {
-		rs, err := recoveryserver.New(recoveryserver.Config{Node: r.node.Node, Issuer: issuer, Kubelet: r.kubelet, Log: log})
+		rs, err := recoveryserver.New(recoveryserver.Config{Node: r.node.Node, Issuer: issuer, Kubelet: r.kubelet, RenewKubeletCredential: r.kubelet.RenewCredential, Log: log})
 		require.NoError(t, err)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
@@ -152,7 +153,7 @@ func (r *rebooted) recover() error {
 	defer cancel()
 	_, err := recovery.Recover(ctx, recovery.Config{
 		Endpoint: r.cfg.RecoveryListener.Addr().String(), Validator: bootstraptest.Validator(r.t, r.ca),
-		ExpectedNode: r.meta.Instance.Name, MasterSecret: r.keys.Master, MeasurementSalt: r.keys.MeasurementSalt,
+		ExpectedNode: r.meta.Instance.Name, Disk: r.node.DiskUUID(r.t), MasterSecret: r.keys.Master, MeasurementSalt: r.keys.MeasurementSalt,
 		ClusterID: r.keys.ClusterID,
 	})
 	return err

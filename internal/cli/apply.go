@@ -120,6 +120,14 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err != nil {
 		return err
 	}
+	// The init node's disk, recorded by the init server before it answered: recorded here at
+	// once, so that a power cut while the other nodes join still leaves it recoverable.
+	// The other nodes have not joined yet: only what was recorded is worth saying.
+	if report, err := refreshDisks(ctx, workspace, st, client); err != nil {
+		fmt.Fprintf(out, "WARNING: could not read the disk records yet (read again once every node is Ready): %v\n", err)
+	} else {
+		printDiskReport(out, state.DiskReport{Recorded: report.Recorded})
+	}
 	want := map[string]bool{}
 	for _, n := range st.Nodes {
 		if !n.Unexpected {
@@ -129,6 +137,12 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err := waitNodesReady(ctx, out, t, client, st.Nodes, want); err != nil {
 		return err
 	}
+	// Every node that joined has its disk record now.
+	report, err := refreshDisks(ctx, workspace, st, client)
+	if err != nil {
+		return fmt.Errorf("recording the nodes' disks (recover needs them; apply again to retry): %w", err)
+	}
+	printDiskReport(out, report)
 	// Nodes that are not expected to join (tests: another image) are reported, once the join
 	// service has refused them: such a node may be in its join back-off when the others are
 	// ready, so wait for its next attempt (bounded by rejectionWait).

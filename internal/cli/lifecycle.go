@@ -70,6 +70,8 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 			return fmt.Errorf("no node %q in %s (nodes: %s)", name, state.FileName, nodeNames(st.Nodes))
 		}
 	}
+	// A rebooted control plane may need recover (the only one does): its disk must be known.
+	refreshDisksBeforeShutdown(ctx, out, workspace, st, platform)
 	t := newPhaseTimer(out)
 	start := time.Now()
 	for _, name := range names {
@@ -212,10 +214,12 @@ nodes on again; since no join service runs while every control plane waits for i
 'constellation recover' then gives each control plane its key.`,
 		Args: cobra.NoArgs,
 		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
-			_, platform, err := loadState(ws)
+			st, platform, err := loadState(ws)
 			if err != nil {
 				return err
 			}
+			// The last chance to record the disks recover will need.
+			refreshDisksBeforeShutdown(ctx, out, ws, st, platform)
 			if err := platform.Stop(ctx); err != nil {
 				return fmt.Errorf("stopping the cluster: %w", err)
 			}

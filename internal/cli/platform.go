@@ -41,11 +41,16 @@ func loadState(workspace string) (*state.State, provider.Provider, error) {
 }
 
 // recordNodes makes the state's node list the platform's: the state file is the one record of
-// the cluster's nodes and endpoints the CLI works from.
+// the cluster's nodes and endpoints the CLI works from. A node keeps its recorded disk: the
+// platform does not know it (and is not asked: recover trusts only the cluster's records).
 func recordNodes(st *state.State, nodes []provider.Node) {
+	disks := map[string]string{}
+	for _, n := range st.Nodes {
+		disks[n.Name] = n.Disk
+	}
 	st.Nodes = st.Nodes[:0]
 	for _, n := range nodes {
-		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: n.Role, IPs: n.IPs, Unexpected: n.Unexpected})
+		st.Nodes = append(st.Nodes, state.Node{Name: n.Name, Role: n.Role, IPs: n.IPs, Unexpected: n.Unexpected, Disk: disks[n.Name]})
 	}
 }
 

@@ -17,10 +17,12 @@ import (
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/recovery"
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 func newRecoverCmd() *cobra.Command {
 	var timeout time.Duration
+	var disks []string
 	cmd := &cobra.Command{
 		Use:   "recover",
 		Short: "Give rebooted control planes their keys after a full shutdown",
@@ -34,23 +36,38 @@ Each key goes over the attested channel, only after the node's evidence checked 
 constellation-conf.yaml: the configured image, an AK the platform certified for that very
 node as a control plane, and PCR 15 zero (the node waits). recover repeats until every
 control plane is back (etcd has its quorum again), then waits until every node is Ready: the
-workers rejoin by themselves once the join service runs again.`,
+workers rejoin by themselves once the join service runs again.
+
+A node gets only the key of its own disk: the disk recorded for it in
+constellation-state.yaml, copied from the cluster's disk-owner records while the cluster ran
+(apply, status, reboot, stop). A control plane that names another disk is refused, and so,
+before anything is sent to any node, is a control plane with no recorded disk, unless
+--disk NODE=UUID names its disk (after you checked it against the platform).`,
 		Args: cobra.NoArgs,
 		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
-			return recoverCluster(ctx, out, ws)
+			return recoverCluster(ctx, out, ws, disks)
 		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
+	cmd.Flags().StringArrayVar(&disks, "disk", nil, "NODE=UUID: the disk of a control plane for which no disk, or a replaced one, is recorded (repeatable); recorded once the node recovered")
 	return cmd
 }
 
-func recoverCluster(ctx context.Context, out io.Writer, workspace string) error {
+func recoverCluster(ctx context.Context, out io.Writer, workspace string, diskOverrides []string) error {
 	st, platform, err := loadState(workspace)
 	if err != nil {
 		return err
 	}
 	if st.Phase != state.Initialized {
 		return fmt.Errorf("%s: the cluster is %s, not initialized: there is nothing to recover", state.FileName, st.Phase)
+	}
+	// Before anything else: which disk's key each control plane may get.
+	disks, notes, err := recoveryDisks(st, diskOverrides)
+	if err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(out, n)
 	}
 	conf, err := config.Load(filepath.Join(workspace, config.FileName))
 	if err != nil {
@@ -66,69 +83,13 @@ func recoverCluster(ctx context.Context, out io.Writer, workspace string) error 
 	}
 	t := newPhaseTimer(out)
 	start := time.Now()
-	var controlPlanes []state.Node
-	for _, n := range st.Nodes {
-		if n.Role == metadata.ControlPlane {
-			controlPlanes = append(controlPlanes, n)
-		}
+	rec := controlPlaneRecovery{platform: platform, validator: validator, master: master, st: st, disks: disks}
+	recovered, err := rec.run(ctx, t)
+	if err != nil {
+		return err
 	}
-	// A control plane is done when it is back in its cluster: recovered here, or rejoined by
-	// itself (another control plane's join service came back first).
-	done := map[string]bool{}
-	last := map[string]string{}
-	for len(done) < len(controlPlanes) {
-		reported := map[string]string{}
-		if nodes, err := platform.Nodes(ctx); err == nil {
-			for _, n := range nodes {
-				reported[n.Name] = n.Reported
-				if n.State == provider.Stopped {
-					return fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
-				}
-			}
-		}
-		for _, n := range controlPlanes {
-			if done[n.Name] {
-				continue
-			}
-			if metadata.InCluster(reported[n.Name]) {
-				done[n.Name] = true
-				t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported[n.Name]))
-				continue
-			}
-			if reported[n.Name] != metadata.PhaseWaitingForRecovery {
-				last[n.Name] = "booting: " + reported[n.Name]
-				continue
-			}
-			_, err := recovery.Recover(ctx, recovery.Config{
-				Endpoint: nodeEndpoint(n, provider.RecoverPort), Dial: platform.Dialer(), Validator: validator,
-				ExpectedNode: n.Name, MasterSecret: master, MeasurementSalt: st.MeasurementSalt, ClusterID: st.ClusterID,
-			})
-			switch {
-			case err == nil:
-				done[n.Name] = true
-				t.phase("recovered", n.Name+" got its keys over attested TLS and re-entered the cluster")
-			case recovery.Retryable(err), errors.Is(err, recovery.ErrNotWaiting):
-				// Not up yet, busy, or back already (the platform's report tells next round).
-				last[n.Name] = err.Error()
-			default:
-				// Security failures are final: nothing was sent, and retrying would not change it.
-				return fmt.Errorf("recovering %s: %w", n.Name, err)
-			}
-		}
-		if len(done) == len(controlPlanes) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			var waiting []string
-			for _, n := range controlPlanes {
-				if !done[n.Name] {
-					waiting = append(waiting, fmt.Sprintf("%s (%s)", n.Name, last[n.Name]))
-				}
-			}
-			return fmt.Errorf("control planes not recovered: %s: %w", strings.Join(waiting, "; "), ctx.Err())
-		case <-time.After(time.Second):
-		}
+	if err := recordRecoveredDisks(out, workspace, st, recovered, disks); err != nil {
+		return err
 	}
 	if err := refreshEndpoints(ctx, workspace, st, platform); err != nil {
 		return err
@@ -148,6 +109,126 @@ func recoverCluster(ctx context.Context, out io.Writer, workspace string) error 
 	if err := waitBack(ctx, t, platform, client, names, time.Time{}, start); err != nil {
 		return err
 	}
+	// The cluster's records are readable again.
+	if report, err := refreshDisks(ctx, workspace, st, client); err != nil {
+		fmt.Fprintf(out, "WARNING: could not refresh the disk records from the cluster: %v\n", err)
+	} else {
+		printDiskReport(out, report)
+	}
 	fmt.Fprintf(out, "recovered cluster %s (ID %x): %d nodes Ready\n", st.Name, []byte(st.ClusterID), len(names))
 	return nil
+}
+
+// controlPlaneRecovery gives each waiting control plane of st its keys (recovery.Recover).
+type controlPlaneRecovery struct {
+	platform  provider.Provider
+	validator attestation.Validator
+	master    kms.MasterSecret
+	st        *state.State
+	// disks are the disks whose keys the control planes may get (recoveryDisks): every
+	// control plane has one.
+	disks map[string]string
+}
+
+// run repeats until every control plane is back in its cluster, and returns those that
+// recovered through it (the others rejoined by themselves). Security failures end it at once.
+func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer) (map[string]bool, error) {
+	st, platform := r.st, r.platform
+	recovered := map[string]bool{}
+	var controlPlanes []state.Node
+	for _, n := range st.Nodes {
+		if n.Role == metadata.ControlPlane {
+			controlPlanes = append(controlPlanes, n)
+		}
+	}
+	// A control plane is done when it is back in its cluster: recovered here, or rejoined by
+	// itself (another control plane's join service came back first).
+	done := map[string]bool{}
+	last := map[string]string{}
+	for len(done) < len(controlPlanes) {
+		reported := map[string]string{}
+		if nodes, err := platform.Nodes(ctx); err == nil {
+			for _, n := range nodes {
+				reported[n.Name] = n.Reported
+				if n.State == provider.Stopped {
+					return nil, fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
+				}
+			}
+		}
+		for _, n := range controlPlanes {
+			if done[n.Name] {
+				continue
+			}
+			if metadata.InCluster(reported[n.Name]) {
+				done[n.Name] = true
+				t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported[n.Name]))
+				continue
+			}
+			if reported[n.Name] != metadata.PhaseWaitingForRecovery {
+				last[n.Name] = "booting: " + reported[n.Name]
+				continue
+			}
+			_, err := recovery.Recover(ctx, recovery.Config{
+				Endpoint: nodeEndpoint(n, provider.RecoverPort), Dial: platform.Dialer(), Validator: r.validator,
+				ExpectedNode: n.Name, Disk: r.disks[n.Name],
+				MasterSecret: r.master, MeasurementSalt: st.MeasurementSalt, ClusterID: st.ClusterID,
+			})
+			switch {
+			case err == nil:
+				done[n.Name], recovered[n.Name] = true, true
+				t.phase("recovered", n.Name+" got its keys over attested TLS and re-entered the cluster")
+			case recovery.Retryable(err), errors.Is(err, recovery.ErrNotWaiting):
+				// Not up yet, busy, or back already (the platform's report tells next round).
+				last[n.Name] = err.Error()
+			default:
+				// Security failures are final: nothing was sent, and retrying would not change it.
+				return nil, fmt.Errorf("recovering %s: %w%s", n.Name, err, wrongDiskHint(st, err))
+			}
+		}
+		if len(done) == len(controlPlanes) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			var waiting []string
+			for _, n := range controlPlanes {
+				if !done[n.Name] {
+					waiting = append(waiting, fmt.Sprintf("%s (%s)", n.Name, last[n.Name]))
+				}
+			}
+			return nil, fmt.Errorf("control planes not recovered: %s: %w", strings.Join(waiting, "; "), ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+	return recovered, nil
+}
+
+// wrongDiskHint explains a recovery.DiskError: whose disk the node named, and what to do.
+func wrongDiskHint(st *state.State, err error) string {
+	var de *recovery.DiskError
+	if !errors.As(err, &de) {
+		return ""
+	}
+	if owner, ok := st.NodeByDisk(de.Named); ok {
+		return fmt.Sprintf(". %s records %s as %s's disk: %s holds another node's disk (swapped, copied or relabelled) and gets no key", state.FileName, de.Named, owner.Name, de.Node)
+	}
+	return fmt.Sprintf(". A changed disk is suspicious: if %s's disk was replaced on purpose, check %s against the platform's disk of %s and run recover with --disk %s=%s", de.Node, de.Named, de.Node, de.Node, de.Named)
+}
+
+// recordRecoveredDisks records a disk named with --disk once its node recovered with it: the
+// operator said so, and the node showed that its disk opens with that disk's key. A node that
+// came back by itself (rejoin) showed nothing here, and keeps its record.
+func recordRecoveredDisks(out io.Writer, workspace string, st *state.State, recovered map[string]bool, disks map[string]string) error {
+	changed := false
+	for i, n := range st.Nodes {
+		if recovered[n.Name] && disks[n.Name] != n.Disk {
+			st.Nodes[i].Disk = disks[n.Name]
+			changed = true
+			fmt.Fprintf(out, "%s: disk %s recorded in %s (--disk)\n", n.Name, disks[n.Name], state.FileName)
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return state.Write(filepath.Join(workspace, state.FileName), st)
 }

@@ -121,20 +121,20 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err != nil {
 		return err
 	}
-	if plan.empty() {
-		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
-		return nil
-	}
-	plan.print(out)
-	platform, err := platformOf(workspace, st)
-	if err != nil {
-		return err
-	}
 	restConfig, err := newKubeConfig(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
 		return err
 	}
 	client, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return err
+	}
+	if plan.empty() {
+		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
+		return recordDisks(ctx, out, workspace, st, client)
+	}
+	plan.print(out)
+	platform, err := platformOf(workspace, st)
 	if err != nil {
 		return err
 	}
@@ -171,5 +171,16 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 		}
 	}
 	fmt.Fprintf(out, "applied: %d control plane(s) and %d worker(s)\n", plan.wantCP, plan.wantW)
+	return recordDisks(ctx, out, workspace, st, client)
+}
+
+// recordDisks is apply's refresh of the disk records, once every node it added is Ready (and
+// on every apply, so an apply that failed to record is repaired by the next).
+func recordDisks(ctx context.Context, out io.Writer, workspace string, st *state.State, client kubernetes.Interface) error {
+	report, err := refreshDisks(ctx, workspace, st, client)
+	if err != nil {
+		return fmt.Errorf("recording the nodes' disks (recover needs them; apply again to retry): %w", err)
+	}
+	printDiskReport(out, report)
 	return nil
 }

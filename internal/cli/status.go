@@ -47,6 +47,7 @@ type nodeStatus struct {
 	Role        string             `json:"role"`
 	IP          string             `json:"ip"`
 	Unexpected  bool               `json:"unexpected,omitempty"`
+	Disk        string             `json:"disk,omitempty"` // as recorded in the state file: the one disk whose key recover sends
 	Provider    *providerView      `json:"provider,omitempty"`
 	Kubernetes  *kubernetesView    `json:"kubernetes,omitempty"`
 	Attestation *attestationStatus `json:"attestation,omitempty"`
@@ -151,7 +152,7 @@ func clusterStatusReport(ctx context.Context, workspace string, withAttestation 
 	}
 	byName := map[string]*nodeStatus{}
 	for _, n := range st.Nodes {
-		r.Nodes = append(r.Nodes, nodeStatus{Name: n.Name, Role: string(n.Role), IP: n.IPs[0].String(), Unexpected: n.Unexpected})
+		r.Nodes = append(r.Nodes, nodeStatus{Name: n.Name, Role: string(n.Role), IP: n.IPs[0].String(), Unexpected: n.Unexpected, Disk: n.Disk})
 	}
 	for i := range r.Nodes {
 		byName[r.Nodes[i].Name] = &r.Nodes[i]
@@ -210,7 +211,37 @@ func clusterStatusReport(ctx context.Context, workspace string, withAttestation 
 		}()
 	}
 	wg.Wait()
+	// Every status refreshes the state file's disk records, so that they are there when a
+	// power cut takes the cluster down without anyone running stop.
+	if st.Phase == state.Initialized {
+		if _, err := os.Stat(filepath.Join(workspace, AdminConfFile)); err == nil {
+			r.Errors = append(r.Errors, statusDisks(ctx, workspace, st)...)
+			for _, n := range st.Nodes {
+				byName[n.Name].Disk = n.Disk
+			}
+		}
+	}
 	return r, nil
+}
+
+// statusDisks refreshes the disk records and returns what status reports of it.
+func statusDisks(ctx context.Context, workspace string, st *state.State) []string {
+	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
+	if err != nil {
+		return []string{"disks: " + err.Error()}
+	}
+	report, err := refreshDisks(ctx, workspace, st, client)
+	if err != nil {
+		return []string{"disks: could not refresh the disk records: " + err.Error()}
+	}
+	var notes []string
+	for _, s := range report.Replaced {
+		notes = append(notes, "disks: record replaced: "+s)
+	}
+	for _, s := range report.Problems {
+		notes = append(notes, "disks: "+s)
+	}
+	return notes
 }
 
 func kubernetesStatus(ctx context.Context, workspace string, byName map[string]*nodeStatus, mu *sync.Mutex) ([]string, []serviceStatus) {

@@ -125,18 +125,17 @@ func objects(p params) []object {
 		_, err := c.CoreV1().Namespaces().Apply(ctx, disks, o)
 		return err
 	}})
-	for _, rbacNS := range []string{ns, diskowner.Namespace} {
-		role, binding := joinServiceRole(rbacNS), joinServiceRoleBinding(rbacNS)
-		objs = append(objs,
-			object{"Role", JoinService, rbacNS, role, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
-				_, err := c.RbacV1().Roles(rbacNS).Apply(ctx, role, o)
-				return err
-			}},
-			object{"RoleBinding", JoinService, rbacNS, binding, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
-				_, err := c.RbacV1().RoleBindings(rbacNS).Apply(ctx, binding, o)
-				return err
-			}})
-	}
+	role, binding := joinServiceRole(), joinServiceRoleBinding()
+	objs = append(objs,
+		object{"Role", JoinService, diskowner.Namespace, role, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.RbacV1().Roles(diskowner.Namespace).Apply(ctx, role, o)
+			return err
+		}},
+		object{"RoleBinding", JoinService, diskowner.Namespace, binding, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.RbacV1().RoleBindings(diskowner.Namespace).Apply(ctx, binding, o)
+			return err
+		}})
+	objs = append(objs, nodeIdentityObjects()...)
 	objs = append(objs,
 		object{"ConfigMap", clusterrecord.AttestationConfigMapName, ns, cm, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, cm, o)

@@ -74,10 +74,11 @@ func forget(c kubernetes.Interface) {
 		_ = c.AppsV1().DaemonSets(ns).Delete(ctx, name, metav1.DeleteOptions{})
 		_ = c.CoreV1().ServiceAccounts(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	}
-	for _, n := range []string{ns, diskowner.Namespace} {
-		_ = c.RbacV1().Roles(n).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
-		_ = c.RbacV1().RoleBindings(n).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
-	}
+	_ = c.RbacV1().Roles(diskowner.Namespace).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	_ = c.RbacV1().RoleBindings(diskowner.Namespace).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
+	_ = c.RbacV1().ClusterRoleBindings().Delete(ctx, deploy.SelfNodeClientRenewal, metav1.DeleteOptions{})
+	_ = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, deploy.RemovedNodesPolicy, metav1.DeleteOptions{})
+	_ = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, deploy.RemovedNodesPolicy, metav1.DeleteOptions{})
 	for _, cm := range []string{clusterrecord.AttestationConfigMapName, clusterrecord.ClusterConfigMapName} {
 		_ = c.CoreV1().ConfigMaps(ns).Delete(ctx, cm, metav1.DeleteOptions{})
 	}
@@ -115,12 +116,21 @@ func versions(t *testing.T, c kubernetes.Interface) map[string]string {
 		require.NoError(t, err)
 		out["ServiceAccount/"+name] = sa.ResourceVersion
 	}
-	role, err := c.RbacV1().Roles(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+	role, err := c.RbacV1().Roles(diskowner.Namespace).Get(ctx, deploy.JoinService, metav1.GetOptions{})
 	require.NoError(t, err)
 	out["Role"] = role.ResourceVersion
-	rb, err := c.RbacV1().RoleBindings(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+	rb, err := c.RbacV1().RoleBindings(diskowner.Namespace).Get(ctx, deploy.JoinService, metav1.GetOptions{})
 	require.NoError(t, err)
 	out["RoleBinding"] = rb.ResourceVersion
+	crb, err := c.RbacV1().ClusterRoleBindings().Get(ctx, deploy.SelfNodeClientRenewal, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["ClusterRoleBinding"] = crb.ResourceVersion
+	vap, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, deploy.RemovedNodesPolicy, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["ValidatingAdmissionPolicy"] = vap.ResourceVersion
+	vapb, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, deploy.RemovedNodesPolicy, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["ValidatingAdmissionPolicyBinding"] = vapb.ResourceVersion
 	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
 	require.NoError(t, err)
 	out["ConfigMap"] = cm.ResourceVersion
@@ -152,10 +162,11 @@ func TestApply(t *testing.T) {
 		"applied ServiceAccount kube-system/constellation-join-service",
 		"applied ServiceAccount kube-system/constellation-verification-service",
 		"applied Namespace constellation-disks",
-		"applied Role kube-system/constellation-join-service",
-		"applied RoleBinding kube-system/constellation-join-service",
 		"applied Role constellation-disks/constellation-join-service",
 		"applied RoleBinding constellation-disks/constellation-join-service",
+		"applied ClusterRoleBinding kubeadm:node-autoapprove-certificate-rotation",
+		"applied ValidatingAdmissionPolicy constellation-removed-nodes",
+		"applied ValidatingAdmissionPolicyBinding constellation-removed-nodes",
 		"applied ConfigMap kube-system/constellation-attestation",
 		"applied DaemonSet kube-system/constellation-key-service",
 		"applied DaemonSet kube-system/constellation-join-service",
@@ -178,15 +189,12 @@ func TestApply(t *testing.T) {
 		assert.Error(t, deploy.CheckKeyServiceTLS(s.Data, time.Now().Add(11*365*24*time.Hour)))
 	})
 	t.Run("join service permissions", func(t *testing.T) {
-		role, err := c.RbacV1().Roles(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
-		require.NoError(t, err)
-		require.Len(t, role.Rules, 1)
-		assert.Equal(t, []string{"secrets"}, role.Rules[0].Resources)
-		assert.Equal(t, []string{"create"}, role.Rules[0].Verbs)
-		rb, err := c.RbacV1().RoleBindings(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		_, err := c.RbacV1().Roles(ns).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "the join service needs nothing in kube-system: %v", err)
+		rb, err := c.RbacV1().RoleBindings(diskowner.Namespace).Get(ctx, deploy.JoinService, metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, deploy.JoinService, rb.Subjects[0].Name)
-		role, err = c.RbacV1().Roles(diskowner.Namespace).Get(ctx, deploy.JoinService, metav1.GetOptions{})
+		role, err := c.RbacV1().Roles(diskowner.Namespace).Get(ctx, deploy.JoinService, metav1.GetOptions{})
 		require.NoError(t, err)
 		require.Len(t, role.Rules, 1)
 		assert.Equal(t, []string{"configmaps"}, role.Rules[0].Resources)
@@ -228,6 +236,10 @@ func TestApply(t *testing.T) {
 			},
 			"delete a record": func() error {
 				return sa.CoreV1().ConfigMaps(diskowner.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+			},
+			"create a bootstrap token": func() error {
+				_, err := sa.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-abcdef"}, Type: "bootstrap.kubernetes.io/token"}, metav1.CreateOptions{})
+				return err
 			},
 			"create a ConfigMap in kube-system": func() error {
 				_, err := sa.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})
@@ -601,8 +613,9 @@ func TestRender(t *testing.T) {
 	assert.Equal(t, []string{
 		"ServiceAccount/kube-system/constellation-key-service", "ServiceAccount/kube-system/constellation-join-service", "ServiceAccount/kube-system/constellation-verification-service",
 		"Namespace//constellation-disks",
-		"Role/kube-system/constellation-join-service", "RoleBinding/kube-system/constellation-join-service",
 		"Role/constellation-disks/constellation-join-service", "RoleBinding/constellation-disks/constellation-join-service",
+		"ClusterRoleBinding//kubeadm:node-autoapprove-certificate-rotation",
+		"ValidatingAdmissionPolicy//constellation-removed-nodes", "ValidatingAdmissionPolicyBinding//constellation-removed-nodes",
 		"ConfigMap/kube-system/constellation-attestation",
 		"DaemonSet/kube-system/constellation-key-service", "DaemonSet/kube-system/constellation-join-service", "DaemonSet/kube-system/constellation-verification-service",
 	}, kinds)

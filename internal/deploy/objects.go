@@ -76,18 +76,16 @@ func serviceAccount(name string, token bool) *corev1ac.ServiceAccountApplyConfig
 	return corev1ac.ServiceAccount(name, clusterrecord.Namespace).WithLabels(labels(name)).WithAutomountServiceAccountToken(token)
 }
 
-// joinServiceRole is what the join service may do in namespace ns, and nothing more: in
-// kube-system, create bootstrap tokens (Secrets); in the disk-owner namespace, create and
-// read the records of which node a state disk belongs to (internal/diskowner). RBAC cannot
-// restrict create by name, and the record names are not known in advance, so the records
-// live in a namespace of their own: there, creating a ConfigMap plants nothing that another
-// component reads. No update or delete: a record, once written, stays.
-func joinServiceRole(ns string) *rbacv1ac.RoleApplyConfiguration {
-	rule := rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").WithVerbs("create")
-	if ns == diskowner.Namespace {
-		rule = rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").WithVerbs("create", "get")
-	}
-	return rbacv1ac.Role(JoinService, ns).WithLabels(labels(JoinService)).WithRules(rule)
+// joinServiceRole is what the join service may do, and nothing more: in the disk-owner
+// namespace, create and read the records of which node a state disk belongs to and read
+// the removed-node records (internal/diskowner). RBAC cannot restrict create by name, and
+// the record names are not known in advance, so the records live in a namespace of their
+// own: there, creating a ConfigMap plants nothing that another component reads. No update or
+// delete: a record, once written, stays. Nothing in kube-system: the service creates no
+// bootstrap tokens (a node joins with the client certificate of its ticket).
+func joinServiceRole() *rbacv1ac.RoleApplyConfiguration {
+	return rbacv1ac.Role(JoinService, diskowner.Namespace).WithLabels(labels(JoinService)).
+		WithRules(rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").WithVerbs("create", "get"))
 }
 
 // diskOwnerNamespace holds the disk-owner records (init creates it first, to record its own
@@ -96,8 +94,8 @@ func diskOwnerNamespace() *corev1ac.NamespaceApplyConfiguration {
 	return corev1ac.Namespace(diskowner.Namespace).WithLabels(labels(JoinService))
 }
 
-func joinServiceRoleBinding(ns string) *rbacv1ac.RoleBindingApplyConfiguration {
-	return rbacv1ac.RoleBinding(JoinService, ns).WithLabels(labels(JoinService)).
+func joinServiceRoleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
+	return rbacv1ac.RoleBinding(JoinService, diskowner.Namespace).WithLabels(labels(JoinService)).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(JoinService)).
 		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(JoinService).WithNamespace(clusterrecord.Namespace))
 }

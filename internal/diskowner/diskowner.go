@@ -3,7 +3,9 @@
 // lower-case UUID, whose key "node" names the node. The join service writes a record when it
 // issues a join ticket and reads it before it releases the disk's key again (rejoin); the
 // init server writes the record of the first node's disk (that node never gets a join
-// ticket). Design and reasons: docs/joinservice.md, "Keys follow identity".
+// ticket). The CLI copies them (Records) into its state file while the cluster runs, for
+// `constellation recover`, which runs when the cluster and its records are down. Design and
+// reasons: docs/joinservice.md, "Keys follow identity".
 //
 // First writer wins: Claim creates the object, and the API server's create is atomic (a
 // second create of the same name fails with AlreadyExists), so two nodes claiming one disk at
@@ -17,7 +19,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,7 +40,12 @@ const Namespace = "constellation-disks"
 // NodeKey is the ConfigMap key holding the owner's node name.
 const NodeKey = "node"
 
-// ComponentLabel marks the records (app.kubernetes.io/component).
+// RecordKindLabel tells the kinds of records in Namespace apart: ComponentLabel (disk
+// owners) or RemovedLabel (removed nodes). The admission policy that refuses removed nodes
+// selects its parameters by it (internal/deploy).
+const RecordKindLabel = "app.kubernetes.io/component"
+
+// ComponentLabel marks the disk-owner records (RecordKindLabel).
 const ComponentLabel = "disk-owner"
 
 var uuidPattern = regexp.MustCompile(`\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z`)
@@ -84,7 +93,7 @@ func (s Store) Claim(ctx context.Context, uuid, node string) (owner string, err 
 	immutable := true
 	_, err = s.Client.CoreV1().ConfigMaps(Namespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{
-			"app.kubernetes.io/component": ComponentLabel, "app.kubernetes.io/part-of": "constellation",
+			RecordKindLabel: ComponentLabel, "app.kubernetes.io/part-of": "constellation",
 		}},
 		Data:      map[string]string{NodeKey: node},
 		Immutable: &immutable,
@@ -130,4 +139,50 @@ func EnsureNamespace(ctx context.Context, client kubernetes.Interface) error {
 		return fmt.Errorf("creating namespace %s: %w", Namespace, err)
 	}
 	return nil
+}
+
+// Record is one disk-owner record: the disk (lower-case UUID) belongs to Node.
+type Record struct {
+	Disk string
+	Node string
+	// Created is when the record was written (the API server's creation timestamp).
+	Created time.Time
+}
+
+// listPage bounds one list call; a cluster has one record per disk ever joined.
+const listPage = 500
+
+// Records lists every disk-owner record, ordered by disk. A record that the join service
+// would not honour (a name that is not "disk-" and a lower-case UUID, or no valid node name)
+// is not returned as a record but named in invalid: it releases a key to nobody, and a
+// caller mirroring the records must not take an owner from it either. Listing needs the
+// permission to list ConfigMaps in Namespace, which the join service does not have (the CLI
+// reads them with the admin's credentials).
+func (s Store) Records(ctx context.Context) (records []Record, invalid []error, err error) {
+	opts := metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + ComponentLabel, Limit: listPage}
+	for {
+		list, err := s.Client.CoreV1().ConfigMaps(Namespace).List(ctx, opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listing the disk-owner records in namespace %s: %w", Namespace, err)
+		}
+		for _, cm := range list.Items {
+			id, ok := strings.CutPrefix(cm.Name, "disk-")
+			if canonical, err := CanonicalUUID(id); !ok || err != nil || canonical != id {
+				invalid = append(invalid, fmt.Errorf("record %s/%s: the name is not \"disk-\" and a lower-case UUID", Namespace, untrusted.Quote(cm.Name)))
+				continue
+			}
+			node := cm.Data[NodeKey]
+			if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
+				invalid = append(invalid, fmt.Errorf("record %s/%s names no valid node (%s)", Namespace, cm.Name, untrusted.Quote(node)))
+				continue
+			}
+			records = append(records, Record{Disk: id, Node: node, Created: cm.CreationTimestamp.Time})
+		}
+		if list.Continue == "" {
+			break
+		}
+		opts.Continue = list.Continue
+	}
+	slices.SortFunc(records, func(a, b Record) int { return strings.Compare(a.Disk, b.Disk) })
+	return records, invalid, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,4 +70,43 @@ func TestStore(t *testing.T) {
 		_, err := diskowner.Store{Client: fake.NewClientset()}.Claim(ctx, "../../kube-system/x", "worker-0")
 		assert.ErrorIs(t, err, diskowner.ErrMalformedUUID)
 	})
+}
+
+// Records returns what Claim wrote, and only records the join service would honour: a
+// record with a name or node it would refuse names nobody's disk.
+func TestRecords(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	require.NoError(t, diskowner.EnsureNamespace(ctx, client))
+	store := diskowner.Store{Client: client}
+	const other = "0d9e4a2c-5b1f-4c3e-8a7d-6f2e1b0c9a88"
+	for uuid, node := range map[string]string{disk: "control-plane-0", other: "worker-0"} {
+		_, err := store.Claim(ctx, uuid, node)
+		require.NoError(t, err)
+	}
+	require.NoError(t, store.MarkRemoved(ctx, "worker-1", time.Now()))
+	label := map[string]string{"app.kubernetes.io/component": diskowner.ComponentLabel}
+	for name, data := range map[string]map[string]string{
+		"disk-" + strings.Repeat("a", 8) + "-0000-0000-0000-000000000000": {"node": "Not_A_Node"},
+		"disk-3F2504E0-4F89-11D3-9A0C-0305E82C3302":                       {"node": "worker-0"},
+		"planted": {"node": "worker-0"},
+	} {
+		_, err := client.CoreV1().ConfigMaps(diskowner.Namespace).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: label}, Data: data,
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+
+	records, invalid, err := store.Records(ctx)
+	require.NoError(t, err)
+	var got []diskowner.Record
+	for _, r := range records {
+		got = append(got, diskowner.Record{Disk: r.Disk, Node: r.Node})
+	}
+	assert.Equal(t, []diskowner.Record{{Disk: other, Node: "worker-0"}, {Disk: strings.ToLower(disk), Node: "control-plane-0"}}, got,
+		"ordered by disk, lower case, the removed-node record is not a disk record")
+	assert.Len(t, invalid, 3)
+	for _, err := range invalid {
+		assert.Regexp(t, "not \"disk-\" and a lower-case UUID|names no valid node", err.Error())
+	}
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/openconstellation/constellation/internal/untrusted"
 )
 
-// RemovedLabel marks the records of removed nodes (app.kubernetes.io/component).
+// RemovedLabel marks the records of removed nodes (RecordKindLabel).
 const RemovedLabel = "removed-node"
 
 // RemovedAtKey is the record key holding when the node was removed (RFC 3339).
@@ -36,7 +36,7 @@ func (s Store) MarkRemoved(ctx context.Context, node string, at time.Time) error
 	immutable := true
 	_, err := s.Client.CoreV1().ConfigMaps(Namespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: RemovedObjectName(node), Namespace: Namespace, Labels: map[string]string{
-			"app.kubernetes.io/component": RemovedLabel, "app.kubernetes.io/part-of": "constellation",
+			RecordKindLabel: RemovedLabel, "app.kubernetes.io/part-of": "constellation",
 		}},
 		Data:      map[string]string{NodeKey: node, RemovedAtKey: at.UTC().Format(time.RFC3339)},
 		Immutable: &immutable,

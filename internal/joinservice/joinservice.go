@@ -18,8 +18,14 @@
 //     control-plane flag against the node's role;
 //  5. the measurements are matched again against the reference sets in force right now, so
 //     no ticket is issued on a set retired while the handshake ran;
-//  6. keys derived (key service), kubelet certificate signed, and only then the bootstrap
-//     token created: the one side effect, last, so a rejected node leaves nothing behind.
+//  6. keys derived (key service) and the kubelet's serving and client certificates signed
+//     for the node's own name: nothing is written anywhere, so a rejected node leaves
+//     nothing behind (the disk-owner record of step 5's join is the one exception, see
+//     claimDisk).
+//
+// A ticket carries no bootstrap token: a node authenticates to the API server with the
+// short-lived client certificate from the start, and renews it only for its own name
+// (internal/kube/kubeletcsr; docs/joinservice.md, "Node credentials").
 //
 // Every decision is one log line (accepted or rejected, naming peer, node, variant, and the
 // matching set or the reason) and is counted in Prometheus metrics.
@@ -47,7 +53,6 @@ import (
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/untrusted"
@@ -100,8 +105,8 @@ type Config struct {
 	Keys Keys
 	// MeasurementSalt is the cluster's measurement salt, handed to nodes with the secret.
 	MeasurementSalt []byte
-	// Kube creates bootstrap tokens (kube-system Secrets) and records which node each state
-	// disk belongs to (internal/diskowner).
+	// Kube records which node each state disk belongs to and reads the removed-node records
+	// (internal/diskowner).
 	Kube kubernetes.Interface
 	// PKIDir is the control plane's PKI directory in kubeadm's layout: the cluster CA signs
 	// kubelet certificates; control-plane nodes receive pki.ControlPlaneFiles.
@@ -114,8 +119,6 @@ type Config struct {
 	KubernetesVersion    string
 	KubernetesComponents []*joinpb.KubernetesComponent
 
-	// TokenTTL defaults to bootstraptoken.DefaultTTL (15 minutes).
-	TokenTTL time.Duration
 	// RateLimit and RateBurst bound handshakes per peer address (defaults 1/s, burst 5).
 	RateLimit rate.Limit
 	RateBurst int
@@ -168,9 +171,6 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("join service: no measurement salt")
 	case cfg.APIServerEndpoint == "" || cfg.KubernetesVersion == "":
 		return nil, errors.New("join service: API server endpoint and Kubernetes version are required")
-	}
-	if cfg.TokenTTL <= 0 {
-		cfg.TokenTTL = bootstraptoken.DefaultTTL
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -311,9 +311,13 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 	if req.IsControlPlane && !a.node.ControlPlane {
 		return nil, outcome{}, deny(codes.PermissionDenied, "role", "node %q asks to join as control plane, but the platform says it is a worker", a.node.Name)
 	}
-	csr, err := kubeletcsr.Check(req.CertificateRequest, kubeletcsr.Node{Name: a.node.Name, Addresses: a.node.Addresses})
+	servingCSR, err := kubeletcsr.CheckServing(req.CertificateRequest, kubeletcsr.Node{Name: a.node.Name, Addresses: a.node.Addresses})
 	if err != nil {
-		return nil, outcome{}, deny(codes.PermissionDenied, "certificate-request", "%v", err)
+		return nil, outcome{}, deny(codes.PermissionDenied, "certificate-request", "serving certificate: %v", err)
+	}
+	clientCSR, err := kubeletcsr.CheckClient(req.ClientCertificateRequest, a.node.Name)
+	if err != nil {
+		return nil, outcome{}, deny(codes.PermissionDenied, "certificate-request", "client certificate: %v", err)
 	}
 	var cpFiles []*joinpb.ControlPlaneFile
 	if req.IsControlPlane {
@@ -340,32 +344,30 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 		return nil, outcome{}, err
 	}
 	now := s.cfg.Now()
-	cert, err := kubeletcsr.Issue(s.ca, csr, now)
+	servingCert, err := kubeletcsr.IssueServing(s.ca, servingCSR, now)
 	if err != nil {
-		return nil, outcome{}, deny(codes.Internal, "internal", "signing kubelet certificate: %v", err)
+		return nil, outcome{}, deny(codes.Internal, "internal", "signing the kubelet serving certificate: %v", err)
 	}
-	token, err := bootstraptoken.Create(ctx, s.cfg.Kube, s.cfg.TokenTTL, now, "join token for "+a.node.Name+", issued by the join service")
+	clientCert, err := kubeletcsr.IssueClient(s.ca, clientCSR, now)
 	if err != nil {
-		return nil, outcome{}, deny(codes.Unavailable, "kubernetes-api", "creating bootstrap token: %v", err)
+		return nil, outcome{}, deny(codes.Internal, "internal", "signing the kubelet client certificate: %v", err)
 	}
 	role := "worker"
 	if req.IsControlPlane {
 		role = "control-plane"
 	}
 	return &joinpb.IssueJoinTicketResponse{
-		StateDiskKey:             diskKey,
-		MeasurementSecret:        measurementSecret,
-		MeasurementSalt:          s.cfg.MeasurementSalt,
-		ApiServerEndpoint:        s.cfg.APIServerEndpoint,
-		Token:                    token.String(),
-		TokenExpirationUnix:      token.Expiration.Unix(),
-		DiscoveryTokenCaCertHash: pki.DiscoveryHash(s.ca.Cert),
-		KubeletCert:              pki.EncodeCert(cert),
-		ClusterCaCert:            pki.EncodeCert(s.ca.Cert),
-		KubernetesVersion:        s.cfg.KubernetesVersion,
-		KubernetesComponents:     s.cfg.KubernetesComponents,
-		ControlPlaneFiles:        cpFiles,
-	}, outcome{set: set, role: role, logArgs: []any{"token", token.ID}}, nil
+		StateDiskKey:         diskKey,
+		MeasurementSecret:    measurementSecret,
+		MeasurementSalt:      s.cfg.MeasurementSalt,
+		ApiServerEndpoint:    s.cfg.APIServerEndpoint,
+		KubeletCert:          pki.EncodeCert(servingCert),
+		KubeletClientCert:    pki.EncodeCert(clientCert),
+		ClusterCaCert:        pki.EncodeCert(s.ca.Cert),
+		KubernetesVersion:    s.cfg.KubernetesVersion,
+		KubernetesComponents: s.cfg.KubernetesComponents,
+		ControlPlaneFiles:    cpFiles,
+	}, outcome{set: set, role: role, logArgs: []any{"clientCertNotAfter", clientCert.NotAfter}}, nil
 }
 
 // IssueRejoinTicket lets a rebooted node unlock its state.
@@ -380,6 +382,10 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 	if err != nil {
 		return nil, outcome{}, err
 	}
+	clientCSR, err := kubeletcsr.CheckClient(req.ClientCertificateRequest, a.node.Name)
+	if err != nil {
+		return nil, outcome{}, deny(codes.PermissionDenied, "certificate-request", "client certificate: %v", err)
+	}
 	set, err := s.recheck(a)
 	if err != nil {
 		return nil, outcome{}, err
@@ -391,7 +397,14 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 	if err != nil {
 		return nil, outcome{}, err
 	}
-	return &joinpb.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: measurementSecret, MeasurementSalt: s.cfg.MeasurementSalt}, outcome{set: set, role: "any"}, nil
+	clientCert, err := kubeletcsr.IssueClient(s.ca, clientCSR, s.cfg.Now())
+	if err != nil {
+		return nil, outcome{}, deny(codes.Internal, "internal", "signing the kubelet client certificate: %v", err)
+	}
+	return &joinpb.IssueRejoinTicketResponse{
+		StateDiskKey: diskKey, MeasurementSecret: measurementSecret, MeasurementSalt: s.cfg.MeasurementSalt,
+		KubeletClientCert: pki.EncodeCert(clientCert),
+	}, outcome{set: set, role: "any", logArgs: []any{"clientCertNotAfter", clientCert.NotAfter}}, nil
 }
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {

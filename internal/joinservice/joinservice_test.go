@@ -45,7 +45,7 @@ import (
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -125,7 +125,6 @@ type env struct {
 }
 
 type envOptions struct {
-	ttl         time.Duration
 	rateLimit   rate.Limit
 	rateBurst   int
 	serviceImg  []local.Component
@@ -211,7 +210,6 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		KubernetesComponents: []*joinpb.KubernetesComponent{
 			{Name: "kubelet", Url: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
 		},
-		TokenTTL:                opts.ttl,
 		RateLimit:               opts.rateLimit,
 		RateBurst:               opts.rateBurst,
 		MaxHandshakesPerPeer:    opts.perPeer,
@@ -258,17 +256,20 @@ func newDiskUUID() string { return strings.ToUpper(uuid.NewString()) }
 
 // joiner is one simulated joining node.
 type joiner struct {
-	name     string
-	tpm      *vtpm.TPM
-	local    net.IP // source address of its connections (127.0.0.0/8 is all loopback)
-	attests  bool
-	csr      func(key *ecdsa.PrivateKey) []byte
-	diskUUID string
-	check    *joinservice.ServiceCheck // options of the joiner's check of the service
+	name    string
+	tpm     *vtpm.TPM
+	local   net.IP // source address of its connections (127.0.0.0/8 is all loopback)
+	attests bool
+	csr     func(key *ecdsa.PrivateKey) []byte
+	// clientCSR is its kubelet client certificate request, for clientKey.
+	clientCSR func(key *ecdsa.PrivateKey) []byte
+	diskUUID  string
+	check     *joinservice.ServiceCheck // options of the joiner's check of the service
 	// serviceValidator, when set, replaces the validator built from check: simulated joiners
 	// of a benchmark share one, as the load generator's work is not what is measured.
 	serviceValidator attestation.Validator
 	key              *ecdsa.PrivateKey
+	clientKey        *ecdsa.PrivateKey
 	lastPeer         *attestation.Verified
 	creds            *atls.Credentials
 }
@@ -276,9 +277,14 @@ type joiner struct {
 func (e *env) joiner(name string, local string) *joiner {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(e.t, err)
-	j := &joiner{name: name, tpm: e.nodeTPM, local: net.ParseIP(local), attests: true, key: key, diskUUID: newDiskUUID()}
+	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(e.t, err)
+	j := &joiner{name: name, tpm: e.nodeTPM, local: net.ParseIP(local), attests: true, key: key, clientKey: clientKey, diskUUID: newDiskUUID()}
 	j.csr = func(key *ecdsa.PrivateKey) []byte {
 		return csrFor(e.t, key, "system:node:"+name, e.directory[name].Addresses)
+	}
+	j.clientCSR = func(key *ecdsa.PrivateKey) []byte {
+		return csrFor(e.t, key, "system:node:"+name, nil)
 	}
 	return j
 }
@@ -375,7 +381,8 @@ func (e *env) join(j *joiner, controlPlane bool) (*joinpb.IssueJoinTicketRespons
 	conn := e.conn(j)
 	defer conn.Close()
 	resp, err := joinpb.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{
-		DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key), IsControlPlane: controlPlane,
+		DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key), ClientCertificateRequest: j.clientCSR(j.clientKey),
+		IsControlPlane: controlPlane,
 	}, grpc.Peer(&p))
 	if info, ok := p.AuthInfo.(atls.AuthInfo); ok {
 		j.lastPeer = info.Peer
@@ -401,19 +408,6 @@ func whoami(t *testing.T, auth rest.Config) (*authv1.UserInfo, error) {
 	return &review.Status.UserInfo, nil
 }
 
-// authenticates waits until the API server accepts auth: its bootstrap-token authenticator
-// reads Secrets through an informer, so a new token works once the informer has seen it.
-func authenticates(t *testing.T, auth rest.Config) *authv1.UserInfo {
-	t.Helper()
-	var user *authv1.UserInfo
-	var err error
-	require.Eventually(t, func() bool {
-		user, err = whoami(t, auth)
-		return err == nil
-	}, 10*time.Second, 50*time.Millisecond, "never authenticated: %v", err)
-	return user
-}
-
 func TestJoinWorker(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	j := e.joiner("worker-0", "127.0.0.10")
@@ -437,33 +431,26 @@ func TestJoinWorker(t *testing.T) {
 	require.NoError(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, resp.MeasurementSalt))
 	assert.Error(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, []byte("another cluster's salt")))
 
-	// The token authenticates as a bootstrap token in kubeadm's node group, and expires in
-	// 15 minutes by default.
-	user := authenticates(t, rest.Config{BearerToken: resp.Token})
-	id := strings.SplitN(resp.Token, ".", 2)[0]
-	assert.Equal(t, "system:bootstrap:"+id, user.Username)
-	assert.Contains(t, user.Groups, "system:bootstrappers")
-	assert.Contains(t, user.Groups, bootstraptoken.NodeGroup)
-	assert.InDelta(t, time.Now().Add(15*time.Minute).Unix(), resp.TokenExpirationUnix, 60)
-
-	// The kubelet certificate authenticates as the node.
-	keyPEM, err := pki.EncodeKey(j.key)
+	// The client certificate authenticates as the node and nothing else, for a day; the
+	// serving certificate authenticates nobody. No bootstrap token exists.
+	clientCert := clientCertOf(t, resp.KubeletClientCert, j.clientKey, "worker-0")
+	assert.WithinDuration(t, time.Now().Add(kubeletcsr.ClientValidity), clientCert.NotAfter, time.Minute)
+	servingKeyPEM, err := pki.EncodeKey(j.key)
 	require.NoError(t, err)
-	user, err = whoami(t, rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: resp.KubeletCert, KeyData: keyPEM}})
-	require.NoError(t, err)
-	assert.Equal(t, "system:node:worker-0", user.Username)
-	assert.Contains(t, user.Groups, "system:nodes")
+	_, err = whoami(t, rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: resp.KubeletCert, KeyData: servingKeyPEM}})
+	require.Error(t, err, "the kubelet's serving certificate authenticated to the API server")
+	assert.ErrorContains(t, err, "Unauthorized")
 	assert.Equal(t, pki.EncodeCert(kube.PKI.CA.Cert), resp.ClusterCaCert)
+	assert.Zero(t, bootstrapSecrets(t), "the join service created a bootstrap token")
 
-	// The discovery hash is the one kubeadm itself computes for this cluster.
-	assert.Equal(t, kubeadmDiscoveryHash(t), resp.DiscoveryTokenCaCertHash)
-
-	// A reboot: the rejoin ticket unlocks the same disk.
-	rejoin, err := joinpb.NewJoinServiceClient(e.conn(j)).IssueRejoinTicket(context.Background(), &joinpb.IssueRejoinTicketRequest{DiskUuid: j.diskUUID})
+	// A reboot: the rejoin ticket unlocks the same disk and renews the client certificate.
+	rejoin, err := e.rejoin(j)
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, rejoin.StateDiskKey)
 	assert.Equal(t, e.salt, rejoin.MeasurementSalt)
 	assert.Equal(t, wantMS, rejoin.MeasurementSecret)
+	renewed := clientCertOf(t, rejoin.KubeletClientCert, j.clientKey, "worker-0")
+	assert.NotEqual(t, clientCert.SerialNumber, renewed.SerialNumber)
 
 	// One log line per decision, naming peer, node, variant and the matching set.
 	accepted := e.logLines("admission accepted")
@@ -475,21 +462,6 @@ func TestJoinWorker(t *testing.T) {
 	assert.Equal(t, "rejoin", accepted[1]["method"])
 	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "worker"))
 	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "rejoin", "role", "any"))
-}
-
-func kubeadmDiscoveryHash(t *testing.T) string {
-	bin, err := kubetest.Binary("kubeadm")
-	require.NoError(t, err)
-	out, err := execOutput(bin, "token", "create", "--print-join-command", "--kubeconfig", kube.Kubeconfig)
-	require.NoError(t, err, "%s", out)
-	fields := strings.Fields(string(out))
-	for i, f := range fields {
-		if f == "--discovery-token-ca-cert-hash" && i+1 < len(fields) {
-			return fields[i+1]
-		}
-	}
-	t.Fatalf("no discovery hash in %q", out)
-	return ""
 }
 
 func TestJoinControlPlane(t *testing.T) {
@@ -509,23 +481,8 @@ func TestJoinControlPlane(t *testing.T) {
 	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "control-plane"))
 }
 
-func TestTokenExpires(t *testing.T) {
-	e := newEnv(t, envOptions{ttl: 2 * time.Second})
-	resp, err := e.join(e.joiner("worker-0", "127.0.0.12"), false)
-	require.NoError(t, err)
-	authenticates(t, rest.Config{BearerToken: resp.Token})
-	// After the expiration the API server refuses the token. It caches successful token
-	// authentications for 10 s (kube-apiserver's token success cache), so the refusal
-	// shows up within expiration + 10 s.
-	require.Eventually(t, func() bool {
-		_, err := whoami(t, rest.Config{BearerToken: resp.Token})
-		return err != nil && strings.Contains(err.Error(), "Unauthorized")
-	}, 30*time.Second, 500*time.Millisecond, "token still authenticates after its expiration")
-	assert.False(t, time.Now().Before(time.Unix(resp.TokenExpirationUnix, 0)), "refused before it expired")
-}
-
-// Every rejection leaves nothing behind: no key derived, no token created; it is logged once
-// with its reason and counted.
+// Every rejection leaves nothing behind: no key derived, no certificate signed; it is logged
+// once with its reason and counted.
 func TestRejections(t *testing.T) {
 	e := newEnv(t, envOptions{rateLimit: rate.Every(time.Hour), rateBurst: 2})
 	otherTPM, _ := vtpmtest.Swtpm(t)
@@ -567,6 +524,40 @@ func TestRejections(t *testing.T) {
 			wantCode: codes.PermissionDenied, wantMsg: "IP address 10.42.0.2 is not one of the node's addresses",
 			wantReason: "certificate-request", wantStage: "join",
 		},
+		"client CSR for a control plane's name": {
+			setup: func(j *joiner) {
+				j.clientCSR = func(key *ecdsa.PrivateKey) []byte { return csrFor(e.t, key, "system:node:control-plane-0", nil) }
+			},
+			wantCode: codes.PermissionDenied, wantMsg: `client certificate: kubelet certificate request rejected for node "worker-0": common name "system:node:control-plane-0"`,
+			wantReason: "certificate-request", wantStage: "join",
+		},
+		"client CSR in the masters group": {
+			setup: func(j *joiner) {
+				j.clientCSR = func(key *ecdsa.PrivateKey) []byte {
+					der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{
+						CommonName: "system:node:worker-0", Organization: []string{"system:nodes", "system:masters"},
+					}}, key)
+					require.NoError(e.t, err)
+					return der
+				}
+			},
+			wantCode: codes.PermissionDenied, wantMsg: `organization ["system:nodes", "system:masters"], want ["system:nodes"]`,
+			wantReason: "certificate-request", wantStage: "join",
+		},
+		"client CSR with SANs": {
+			setup: func(j *joiner) {
+				j.clientCSR = func(key *ecdsa.PrivateKey) []byte {
+					return csrFor(e.t, key, "system:node:worker-0", []netip.Addr{netip.MustParseAddr("10.42.0.10")})
+				}
+			},
+			wantCode: codes.PermissionDenied, wantMsg: "1 SANs in a client certificate request, want none",
+			wantReason: "certificate-request", wantStage: "join",
+		},
+		"no client CSR": {
+			setup:    func(j *joiner) { j.clientCSR = func(*ecdsa.PrivateKey) []byte { return nil } },
+			wantCode: codes.PermissionDenied, wantMsg: "client certificate: kubelet certificate request rejected: empty",
+			wantReason: "certificate-request", wantStage: "join",
+		},
 		"worker asks for the control-plane keys": {
 			controlPlane: true, wantCode: codes.PermissionDenied, wantMsg: "platform says it is a worker",
 			wantReason: "role", wantStage: "join",
@@ -605,7 +596,6 @@ func TestRejections(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(j)
 			}
-			before := bootstrapSecrets(t)
 			keysBefore := e.keys.calls.Load()
 			rejectedBefore := e.counter("constellation_joinservice_rejections_total", "stage", tc.wantStage, "reason", tc.wantReason)
 			logsBefore := len(e.logLines("admission rejected"))
@@ -616,7 +606,6 @@ func TestRejections(t *testing.T) {
 			assert.Equal(t, tc.wantCode, status.Code(err), "%v", err)
 			assert.ErrorContains(t, err, tc.wantMsg)
 
-			assert.Equal(t, before, bootstrapSecrets(t), "a rejected join must not create a token")
 			assert.Equal(t, keysBefore, e.keys.calls.Load(), "a rejected join must not derive keys")
 			// A handshake-stage rejection reaches the client before the server has recorded
 			// it (the server's side of the aborted handshake finishes concurrently): wait
@@ -633,7 +622,6 @@ func TestRejections(t *testing.T) {
 	}
 
 	t.Run("rate-limited peer", func(t *testing.T) {
-		before := bootstrapSecrets(t)
 		keysBefore := e.keys.calls.Load()
 		// Burst 2 from one address, then refused before any attestation work.
 		for range 2 {
@@ -644,7 +632,6 @@ func TestRejections(t *testing.T) {
 		require.Error(t, err)
 		assert.Equal(t, codes.Unavailable, status.Code(err))
 		assert.ErrorContains(t, err, "too many join attempts from 127.0.0.99")
-		assert.Equal(t, before+2, bootstrapSecrets(t))
 		assert.Equal(t, keysBefore+4, e.keys.calls.Load(), "two tickets, two keys each")
 		// The server records a handshake-stage rejection concurrently with the client's error.
 		require.Eventually(t, func() bool {
@@ -661,11 +648,9 @@ func TestRejections(t *testing.T) {
 func TestNodeRefusesForeignService(t *testing.T) {
 	e := newEnv(t, envOptions{serviceImg: image("a different bootstrapper")})
 	j := e.joiner("worker-0", "127.0.0.40")
-	before := bootstrapSecrets(t)
 	_, err := e.join(j, false)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "PCR 11: expected")
-	assert.Equal(t, before, bootstrapSecrets(t))
 	assert.Zero(t, e.keys.calls.Load())
 
 	e2 := newEnv(t, envOptions{noClusterID: true})
@@ -677,8 +662,7 @@ func TestNodeRefusesForeignService(t *testing.T) {
 func TestConcurrentJoins(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	const n = 200
-	before := bootstrapSecrets(t)
-	tokens := make([]string, n)
+	serials := make([]string, n)
 	errs := make([]error, n)
 	joiners := make([]*joiner, n)
 	for i := range n {
@@ -690,7 +674,7 @@ func TestConcurrentJoins(t *testing.T) {
 			resp, err := e.join(joiners[i], false)
 			errs[i] = err
 			if err == nil {
-				tokens[i] = resp.Token
+				serials[i] = clientCertOf(t, resp.KubeletClientCert, joiners[i].clientKey, joiners[i].name).SerialNumber.String()
 			}
 		})
 	}
@@ -698,10 +682,9 @@ func TestConcurrentJoins(t *testing.T) {
 	seen := map[string]bool{}
 	for i := range n {
 		require.NoError(t, errs[i], "join %d", i)
-		assert.False(t, seen[tokens[i]], "token issued twice")
-		seen[tokens[i]] = true
+		assert.False(t, seen[serials[i]], "certificate issued twice")
+		seen[serials[i]] = true
 	}
-	assert.Equal(t, before+n, bootstrapSecrets(t))
 	assert.Equal(t, float64(n), e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "worker"))
 }
 
@@ -788,13 +771,13 @@ func TestSetRetiredDuringJoin(t *testing.T) {
 	}
 	other := measurements.ReferenceSet{Name: "image-v9", Measurements: local.ExpectedPCRs(image("v9"))}
 	require.NoError(t, e.active.Store(measurements.ReferenceSets{other}))
-	before := bootstrapSecrets(t)
-	_, err := joinpb.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key)})
+	keysBefore := e.keys.calls.Load()
+	_, err := joinpb.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key), ClientCertificateRequest: j.clientCSR(j.clientKey)})
 	require.Error(t, err)
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 	assert.ErrorContains(t, err, "retired during the join")
 	assert.ErrorContains(t, err, `closest is "image-v9"`)
-	assert.Equal(t, before, bootstrapSecrets(t))
+	assert.Equal(t, keysBefore, e.keys.calls.Load())
 	assert.Equal(t, 1.0, e.counter("constellation_joinservice_rejections_total", "stage", "join", "reason", "reference-set-retired"))
 }
 
@@ -886,4 +869,24 @@ func TestServiceCheckRefusesPinnedClusterID(t *testing.T) {
 	_, err = joinservice.ServiceCheck{Variant: variant.QEMUVTPM, ReferenceSets: measurements.ReferenceSets{{Name: "pinned", Measurements: pinned}}}.Validator(tpm)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "PCR 15 must not be in a reference set")
+}
+
+// clientCertOf parses a ticket's kubelet client certificate and checks what every one must
+// be: for key, client authentication only, and accepted by the API server as the node name
+// and nothing more.
+func clientCertOf(t *testing.T, certPEM []byte, key *ecdsa.PrivateKey, name string) *x509.Certificate {
+	t.Helper()
+	cert, err := pki.ParseCert(certPEM)
+	require.NoError(t, err)
+	assert.True(t, key.PublicKey.Equal(cert.PublicKey))
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, cert.ExtKeyUsage)
+	assert.Empty(t, cert.DNSNames)
+	assert.Empty(t, cert.IPAddresses)
+	keyPEM, err := pki.EncodeKey(key)
+	require.NoError(t, err)
+	user, err := whoami(t, rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: certPEM, KeyData: keyPEM}})
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:"+name, user.Username)
+	assert.ElementsMatch(t, []string{"system:nodes", "system:authenticated"}, user.Groups)
+	return cert
 }

@@ -17,6 +17,13 @@
 //
 // These checks run inside the attested handshake, on every connection the client makes, so
 // a reconnect between the two calls is checked again before the keys go out.
+//
+// Then the node names its disk (Hello), and the client derives and sends a key only for
+// Config.Disk, the disk recorded as that node's (ErrWrongDisk for any other): a genuine,
+// certified control plane of the image holding another node's disk (swapped, cloned, or its
+// cleartext UUID rewritten) would otherwise get that disk's key. The join service applies the
+// same rule to rejoin tickets (docs/joinservice.md, "Keys follow identity"); its records are
+// down with the cluster, so the CLI keeps its own copy (internal/state, Node.Disk).
 package recovery
 
 import (
@@ -76,7 +83,26 @@ var (
 	// ErrWrongCluster: the master secret and measurement salt do not give the expected
 	// cluster ID (checked before anything is sent), or the node reports another one.
 	ErrWrongCluster = errors.New("cluster ID mismatch")
+	// ErrWrongDisk: the node names a disk other than the one recorded as its own (checked
+	// before any key is derived).
+	ErrWrongDisk = errors.New("the node names a disk that is not recorded as its own")
 )
+
+// DiskError is ErrWrongDisk: the node named a disk other than its recorded one.
+type DiskError struct {
+	Endpoint string
+	// Node is the node asked about; Named the disk it named (a lower-case UUID); Recorded
+	// the disk recorded for it.
+	Node, Named, Recorded string
+}
+
+func (e *DiskError) Error() string {
+	return fmt.Sprintf("recover %s: %v: node %q names disk %s, but its recorded disk is %s; no key was derived, nothing was sent",
+		e.Endpoint, ErrWrongDisk, e.Node, e.Named, e.Recorded)
+}
+
+// Unwrap makes errors.Is(err, ErrWrongDisk) hold.
+func (e *DiskError) Unwrap() error { return ErrWrongDisk }
 
 // Config is one recovery of one control-plane node.
 type Config struct {
@@ -89,6 +115,9 @@ type Config struct {
 	Validator attestation.Validator
 	// ExpectedNode is the node's name, as the platform certified its AK.
 	ExpectedNode string
+	// Disk is ExpectedNode's state disk (lower-case UUID), as recorded while the cluster ran:
+	// the one disk whose key may be derived and sent. Required.
+	Disk string
 	// MasterSecret is the cluster's master secret (constellation-mastersecret.json); it
 	// stays here, only keys derived from it are sent.
 	MasterSecret kms.MasterSecret
@@ -164,7 +193,12 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	if !statedisk.ValidUUID(diskUUID) {
 		return nil, fmt.Errorf("recover %s: the node names its disk %s, not a lower-case UUID; nothing was sent", cfg.Endpoint, untrusted.Quote(diskUUID))
 	}
-	diskKey, err := cfg.MasterSecret.DeriveKey(diskUUID, statedisk.KeySize)
+	// Keys follow identity: only the key of the disk recorded for this node, never the key
+	// of whatever disk it names.
+	if diskUUID != cfg.Disk {
+		return nil, &DiskError{Endpoint: cfg.Endpoint, Node: cfg.ExpectedNode, Named: diskUUID, Recorded: cfg.Disk}
+	}
+	diskKey, err := cfg.MasterSecret.DeriveKey(cfg.Disk, statedisk.KeySize)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +219,7 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 // Retryable reports whether a recovery that failed with err may succeed later without
 // anything changing on the operator's side: the node was not up yet, or refused for now.
 // Security failures (ErrEvidence, ErrWrongNode, ErrNotControlPlane, ErrWrongCluster,
-// ErrWrongKey) and a node that is not waiting are not.
+// ErrWrongDisk, ErrWrongKey) and a node that is not waiting are not.
 func Retryable(err error) bool {
 	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrBusy)
 }
@@ -200,6 +234,12 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ExpectedNode == "" {
 		problems = append(problems, errors.New("no node name to tie the evidence to"))
+	}
+	switch {
+	case cfg.Disk == "":
+		problems = append(problems, fmt.Errorf("no disk recorded for node %q: it would get the key of whatever disk it names", cfg.ExpectedNode))
+	case !statedisk.ValidUUID(cfg.Disk):
+		problems = append(problems, fmt.Errorf("the disk recorded for node %q, %s, is not a lower-case UUID", cfg.ExpectedNode, untrusted.Quote(cfg.Disk)))
 	}
 	if err := cfg.MasterSecret.Validate(); err != nil {
 		problems = append(problems, err)

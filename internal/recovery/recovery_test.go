@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -41,9 +43,10 @@ func newCA(t *testing.T) *akca.CA {
 	return ca
 }
 
-func config(t *testing.T, ca *akca.CA, keys bootstraptest.ClusterKeys, addr, node string) recovery.Config {
+// config is the CLI's configuration for recovering node, whose recorded disk is disk.
+func config(t *testing.T, ca *akca.CA, keys bootstraptest.ClusterKeys, addr, node, disk string) recovery.Config {
 	return recovery.Config{
-		Endpoint: addr, Validator: bootstraptest.Validator(t, ca), ExpectedNode: node,
+		Endpoint: addr, Validator: bootstraptest.Validator(t, ca), ExpectedNode: node, Disk: disk,
 		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
 	}
 }
@@ -64,7 +67,7 @@ func TestRecoverSendsOnlyDerivedKeys(t *testing.T) {
 	keys.CommitAndReboot(t, n)
 	srv := bootstraptest.StartRecoveryServer(t, n, bootstraptest.RecoveryServerOptions{})
 
-	id, err := run(config(t, ca, keys, srv.Addr, "control-plane-0"))
+	id, err := run(config(t, ca, keys, srv.Addr, "control-plane-0", n.DiskUUID(t)))
 	require.NoError(t, err)
 	assert.Equal(t, keys.ClusterID, id)
 	assert.Equal(t, kms.InitializedPCR15(keys.ClusterID), n.PCR15(t))
@@ -182,7 +185,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 			if expected == "" {
 				expected = "control-plane-0"
 			}
-			cfg := config(t, ca, keys, srv.Addr, expected)
+			cfg := config(t, ca, keys, srv.Addr, expected, n.DiskUUID(t))
 			if tc.validator != nil {
 				cfg.Validator = tc.validator
 			}
@@ -202,6 +205,72 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 	}
 }
 
+// A genuine control plane of the image, certified for its own name and waiting for recovery,
+// that holds another node's disk names that disk in its hello. The client refuses before it
+// derives any key: the node was asked its disk and got nothing. Without the check the client
+// derived and sent control-plane-0's disk key to control-plane-1 (with the copied disk, the
+// node unlocked control-plane-0's data).
+func TestRecoverRefusesAnotherNodesDisk(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	keys := bootstraptest.NewClusterKeys(t)
+	for name, takeDisk := range map[string]func(t *testing.T, attacker, victim *bootstraptest.Node){
+		"a copy of control-plane-0's disk": func(t *testing.T, attacker, victim *bootstraptest.Node) {
+			attacker.HoldDiskOf(t, victim)
+		},
+		"its own disk relabelled with control-plane-0's UUID": func(t *testing.T, attacker, victim *bootstraptest.Node) {
+			// The UUID is outside the encryption: whoever writes the disk can change it.
+			require.NoError(t, os.WriteFile(filepath.Join(attacker.Storage.Dir, "uuid"), []byte(victim.DiskUUID(t)+"\n"), 0o600))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			victim := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
+			keys.CommitAndReboot(t, victim)
+			attacker := bootstraptest.NewNode(t, "control-plane-1", metadata.ControlPlane, ca)
+			keys.CommitAndReboot(t, attacker)
+			// What the CLI recorded while the cluster ran.
+			recorded, victimDisk := attacker.DiskUUID(t), victim.DiskUUID(t)
+			takeDisk(t, attacker, victim)
+			require.Equal(t, victimDisk, attacker.DiskUUID(t), "the node now names control-plane-0's disk")
+			srv := bootstraptest.StartRecoveryServer(t, attacker, bootstraptest.RecoveryServerOptions{})
+
+			_, err := run(config(t, ca, keys, srv.Addr, "control-plane-1", recorded))
+			require.ErrorIs(t, err, recovery.ErrWrongDisk)
+			assert.ErrorContains(t, err, `node "control-plane-1" names disk `+victimDisk+`, but its recorded disk is `+recorded)
+			assert.ErrorContains(t, err, "no key was derived, nothing was sent")
+			assert.False(t, recovery.Retryable(err), "a security failure is final")
+			assert.Equal(t, []string{recoverpb.RecoverService_Hello_FullMethodName}, srv.Calls.Methods(), "asked for its disk, sent no key")
+			assert.Equal(t, make([]byte, 32), attacker.PCR15(t), "PCR 15 zero: the node still waits")
+			assert.False(t, attacker.Unlocked(t))
+			assert.Zero(t, srv.Kubelet.Restarts())
+
+			// The disk's owner still recovers.
+			owner := bootstraptest.StartRecoveryServer(t, victim, bootstraptest.RecoveryServerOptions{})
+			_, err = run(config(t, ca, keys, owner.Addr, "control-plane-0", victimDisk))
+			require.NoError(t, err)
+			assert.True(t, victim.Unlocked(t))
+		})
+	}
+}
+
+// A node for which no disk is recorded is refused before the client connects: it would get
+// the key of whatever disk it names.
+func TestRecoverRefusesNodeWithoutRecordedDisk(t *testing.T) {
+	skipShort(t)
+	ca := newCA(t)
+	keys := bootstraptest.NewClusterKeys(t)
+	n := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
+	keys.CommitAndReboot(t, n)
+	srv := bootstraptest.StartRecoveryServer(t, n, bootstraptest.RecoveryServerOptions{})
+
+	_, err := run(config(t, ca, keys, srv.Addr, "control-plane-0", ""))
+	require.ErrorContains(t, err, `no disk recorded for node "control-plane-0"`)
+	assert.False(t, recovery.Retryable(err))
+	assert.Empty(t, srv.Calls.List(), "no call, let alone a key")
+	assert.Equal(t, make([]byte, 32), n.PCR15(t))
+	assert.False(t, n.Unlocked(t))
+}
+
 // A master secret that does not belong to the cluster of the state file is noticed before
 // anything goes out.
 func TestRecoverRefusesOtherClustersMasterSecret(t *testing.T) {
@@ -212,7 +281,7 @@ func TestRecoverRefusesOtherClustersMasterSecret(t *testing.T) {
 	keys.CommitAndReboot(t, n)
 	srv := bootstraptest.StartRecoveryServer(t, n, bootstraptest.RecoveryServerOptions{})
 
-	cfg := config(t, ca, keys, srv.Addr, "control-plane-0")
+	cfg := config(t, ca, keys, srv.Addr, "control-plane-0", n.DiskUUID(t))
 	cfg.MasterSecret = bootstraptest.NewClusterKeys(t).Master
 	_, err := run(cfg)
 	assert.ErrorIs(t, err, recovery.ErrWrongCluster)
@@ -232,7 +301,7 @@ func TestRecoverNoServer(t *testing.T) {
 	})
 	require.NoError(t, err)
 	_, err = run(recovery.Config{
-		Endpoint: addr, Validator: v, ExpectedNode: "worker-0",
+		Endpoint: addr, Validator: v, ExpectedNode: "worker-0", Disk: "3f2504e0-4f89-11d3-9a0c-0305e82c3301",
 		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
 	})
 	assert.ErrorIs(t, err, recovery.ErrUnreachable)
@@ -254,7 +323,7 @@ func TestRecoverBusyNode(t *testing.T) {
 	for range recoveryserver.DefaultHandshakeLimits.Burst {
 		require.NoError(t, floodtest.Handshake(context.Background(), floodtest.Attacker(qemu.Variant), "127.0.0.1", srv.Addr))
 	}
-	_, err := run(config(t, ca, keys, srv.Addr, "control-plane-0"))
+	_, err := run(config(t, ca, keys, srv.Addr, "control-plane-0", n.DiskUUID(t)))
 	assert.ErrorIs(t, err, recovery.ErrBusy)
 	assert.ErrorContains(t, err, "rate limited")
 	assert.True(t, recovery.Retryable(err))
@@ -263,9 +332,11 @@ func TestRecoverBusyNode(t *testing.T) {
 
 func TestConfigChecked(t *testing.T) {
 	_, err := recovery.Recover(context.Background(), recovery.Config{MeasurementSalt: []byte("x")})
-	for _, want := range []string{"no endpoint", "no validator", "no node name", "master secret: key has 0 bytes", "measurement salt has 1 bytes", "cluster ID has 0 bytes"} {
+	for _, want := range []string{"no endpoint", "no validator", "no node name", "no disk recorded for node", "master secret: key has 0 bytes", "measurement salt has 1 bytes", "cluster ID has 0 bytes"} {
 		assert.ErrorContains(t, err, want)
 	}
+	_, err = recovery.Recover(context.Background(), recovery.Config{ExpectedNode: "control-plane-0", Disk: "3F2504E0-4F89-11D3-9A0C-0305E82C3301"})
+	assert.ErrorContains(t, err, `the disk recorded for node "control-plane-0", "3F2504E0-4F89-11D3-9A0C-0305E82C3301", is not a lower-case UUID`)
 }
 
 // A node with genuine evidence that answers nonsense (a bug, or a compromised node): the
@@ -299,7 +370,7 @@ func TestRecoverChecksTheNodesAnswers(t *testing.T) {
 			go func() { _ = g.Serve(ln) }()
 			t.Cleanup(g.Stop)
 
-			_, err = run(config(t, ca, keys, ln.Addr().String(), "control-plane-0"))
+			_, err = run(config(t, ca, keys, ln.Addr().String(), "control-plane-0", "3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
 			require.Error(t, err)
 			if tc.wantErr != nil {
 				assert.ErrorIs(t, err, tc.wantErr)

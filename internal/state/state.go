@@ -23,6 +23,7 @@ import (
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 )
 
@@ -108,6 +109,11 @@ type Node struct {
 	// Unexpected marks a node created for tests that is not expected to be admitted (it
 	// boots another image); it does not count towards the configured node counts.
 	Unexpected bool `json:"unexpected,omitempty"`
+	// Disk is the node's state disk (lower-case UUID), copied from the cluster's disk-owner
+	// record (internal/diskowner) while the cluster runs. `constellation recover` sends a
+	// control plane only the key of this disk: the cluster's records are down with the
+	// cluster. Never replaced silently by another disk (see the CLI's disk records).
+	Disk string `json:"disk,omitempty"`
 }
 
 // HexBytes is binary data written as a hex string.
@@ -251,6 +257,7 @@ func (s *State) Validate() error {
 	}
 	names := map[string]int{}
 	ips := map[netip.Addr]string{}
+	disks := map[string]int{}
 	controlPlanes := 0
 	for i, n := range s.Nodes {
 		p := fmt.Sprintf("nodes[%d]", i)
@@ -280,6 +287,19 @@ func (s *State) Validate() error {
 				bad(fmt.Sprintf("%s.ips[%d]", p, j), "%s is also an address of %s", ip, other)
 			default:
 				ips[ip] = n.Name
+			}
+		}
+		if n.Disk != "" {
+			switch j, dup := disks[n.Disk]; {
+			case !statedisk.ValidUUID(n.Disk):
+				bad(p+".disk", "%q is not a lower-case UUID", n.Disk)
+			case dup:
+				// A disk belongs to one node: its key goes to that node only.
+				bad(p+".disk", "%s is also the disk of nodes[%d]", n.Disk, j)
+			case s.Phase != Initialized:
+				bad(p+".disk", "set, but the cluster is not initialized (phase %s)", s.Phase)
+			default:
+				disks[n.Disk] = i
 			}
 		}
 	}

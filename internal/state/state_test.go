@@ -181,6 +181,17 @@ func TestValidate(t *testing.T) {
 			want: map[string]string{"initializedAt": "before createdAt"},
 		},
 		"short cluster ID": {base: initializedState, edit: func(s *State) { s.ClusterID = s.ClusterID[:31] }, want: map[string]string{"clusterID": "has 31 bytes"}},
+		"valid disks":      {base: initializedState, edit: func(s *State) { s.Nodes[0].Disk, s.Nodes[1].Disk = diskA, diskB }},
+		"disk not lower case": {
+			base: initializedState, edit: func(s *State) { s.Nodes[0].Disk = strings.ToUpper(diskA) },
+			want: map[string]string{"nodes[0].disk": "not a lower-case UUID"},
+		},
+		"disk not a UUID": {base: initializedState, edit: func(s *State) { s.Nodes[0].Disk = "../../x" }, want: map[string]string{"nodes[0].disk": "not a lower-case UUID"}},
+		"disk of two nodes": {
+			base: initializedState, edit: func(s *State) { s.Nodes[0].Disk, s.Nodes[1].Disk = diskA, diskA },
+			want: map[string]string{"nodes[1].disk": "also the disk of nodes[0]"},
+		},
+		"disk before init": {base: createdState, edit: func(s *State) { s.Nodes[0].Disk = diskA }, want: map[string]string{"nodes[0].disk": "set, but the cluster is not initialized"}},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {

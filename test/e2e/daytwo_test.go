@@ -21,6 +21,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/internal/statedisk"
 )
 
 // statusJSON is what the tests read of `constellation status -o json`.
@@ -181,6 +182,15 @@ func TestDayTwo(t *testing.T) {
 	out := miniUp(t, bin, ws, "--workers", "2")
 	t.Logf("mini up:\n%s", phases(out))
 	d.requireHealthy("control-plane-0", "worker-0", "worker-1")
+	// apply copied every node's disk from the cluster's disk-owner records into the state
+	// file: recover sends a control plane only the key of that disk.
+	st, err := state.Load(filepath.Join(ws, state.FileName))
+	require.NoError(t, err)
+	for _, n := range st.Nodes {
+		id, err := (&statedisk.Gocryptfs{Dir: filepath.Join(ws, "mini", "nodes", n.Name, "state")}).UUID()
+		require.NoError(t, err)
+		assert.Equal(t, id, n.Disk, "%s: the disk recorded in the state file", n.Name)
+	}
 
 	// A workload on worker-0 and a ConfigMap: both must survive everything below.
 	helloPod(t, d.kubeconfig, images, "worker-0")

@@ -29,12 +29,15 @@ type IssueJoinTicketRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// UUID of the node's state disk; its key is derived from it (any case, 8-4-4-4-12 hex).
 	DiskUuid string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
-	// PKCS#10 request (DER) for the kubelet's certificate: CN system:node:<name>, O system:nodes,
-	// SANs only the node's own name and addresses.
+	// PKCS#10 request (DER) for the kubelet's serving certificate: CN system:node:<name>,
+	// O system:nodes, SANs only the node's own name and addresses.
 	CertificateRequest []byte `protobuf:"bytes,2,opt,name=certificate_request,json=certificateRequest,proto3" json:"certificate_request,omitempty"`
 	IsControlPlane     bool   `protobuf:"varint,3,opt,name=is_control_plane,json=isControlPlane,proto3" json:"is_control_plane,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// PKCS#10 request (DER) for the kubelet's client certificate, with another key than the
+	// serving one: CN system:node:<name>, O system:nodes, no SANs.
+	ClientCertificateRequest []byte `protobuf:"bytes,4,opt,name=client_certificate_request,json=clientCertificateRequest,proto3" json:"client_certificate_request,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *IssueJoinTicketRequest) Reset() {
@@ -88,6 +91,13 @@ func (x *IssueJoinTicketRequest) GetIsControlPlane() bool {
 	return false
 }
 
+func (x *IssueJoinTicketRequest) GetClientCertificateRequest() []byte {
+	if x != nil {
+		return x.ClientCertificateRequest
+	}
+	return nil
+}
+
 type IssueJoinTicketResponse struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	StateDiskKey      []byte                 `protobuf:"bytes,1,opt,name=state_disk_key,json=stateDiskKey,proto3" json:"state_disk_key,omitempty"`
@@ -95,13 +105,8 @@ type IssueJoinTicketResponse struct {
 	MeasurementSalt   []byte                 `protobuf:"bytes,3,opt,name=measurement_salt,json=measurementSalt,proto3" json:"measurement_salt,omitempty"`
 	// host:port of the API server to join through.
 	ApiServerEndpoint string `protobuf:"bytes,4,opt,name=api_server_endpoint,json=apiServerEndpoint,proto3" json:"api_server_endpoint,omitempty"`
-	// Bootstrap token "<id>.<secret>" and when it expires (Unix seconds).
-	Token               string `protobuf:"bytes,5,opt,name=token,proto3" json:"token,omitempty"`
-	TokenExpirationUnix int64  `protobuf:"varint,6,opt,name=token_expiration_unix,json=tokenExpirationUnix,proto3" json:"token_expiration_unix,omitempty"`
-	// kubeadm's --discovery-token-ca-cert-hash: "sha256:" + hex SHA-256 of the CA's
-	// SubjectPublicKeyInfo.
-	DiscoveryTokenCaCertHash string `protobuf:"bytes,7,opt,name=discovery_token_ca_cert_hash,json=discoveryTokenCaCertHash,proto3" json:"discovery_token_ca_cert_hash,omitempty"`
-	// The kubelet certificate (PEM) signed from certificate_request, and the cluster CA (PEM).
+	// The kubelet's serving certificate (PEM) signed from certificate_request, and the cluster
+	// CA (PEM).
 	KubeletCert          []byte                 `protobuf:"bytes,8,opt,name=kubelet_cert,json=kubeletCert,proto3" json:"kubelet_cert,omitempty"`
 	ClusterCaCert        []byte                 `protobuf:"bytes,9,opt,name=cluster_ca_cert,json=clusterCaCert,proto3" json:"cluster_ca_cert,omitempty"`
 	KubernetesVersion    string                 `protobuf:"bytes,10,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
@@ -109,6 +114,9 @@ type IssueJoinTicketResponse struct {
 	// Control-plane nodes only: the shared CA keys and certificates, by path relative to the
 	// PKI directory (ca.crt, ca.key, sa.key, sa.pub, front-proxy-ca.*, etcd/ca.*).
 	ControlPlaneFiles []*ControlPlaneFile `protobuf:"bytes,12,rep,name=control_plane_files,json=controlPlaneFiles,proto3" json:"control_plane_files,omitempty"`
+	// The kubelet's client certificate (PEM) signed from client_certificate_request: it names
+	// this node only and is short-lived; the kubelet renews it itself.
+	KubeletClientCert []byte `protobuf:"bytes,13,opt,name=kubelet_client_cert,json=kubeletClientCert,proto3" json:"kubelet_client_cert,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -171,27 +179,6 @@ func (x *IssueJoinTicketResponse) GetApiServerEndpoint() string {
 	return ""
 }
 
-func (x *IssueJoinTicketResponse) GetToken() string {
-	if x != nil {
-		return x.Token
-	}
-	return ""
-}
-
-func (x *IssueJoinTicketResponse) GetTokenExpirationUnix() int64 {
-	if x != nil {
-		return x.TokenExpirationUnix
-	}
-	return 0
-}
-
-func (x *IssueJoinTicketResponse) GetDiscoveryTokenCaCertHash() string {
-	if x != nil {
-		return x.DiscoveryTokenCaCertHash
-	}
-	return ""
-}
-
 func (x *IssueJoinTicketResponse) GetKubeletCert() []byte {
 	if x != nil {
 		return x.KubeletCert
@@ -223,6 +210,13 @@ func (x *IssueJoinTicketResponse) GetKubernetesComponents() []*KubernetesCompone
 func (x *IssueJoinTicketResponse) GetControlPlaneFiles() []*ControlPlaneFile {
 	if x != nil {
 		return x.ControlPlaneFiles
+	}
+	return nil
+}
+
+func (x *IssueJoinTicketResponse) GetKubeletClientCert() []byte {
+	if x != nil {
+		return x.KubeletClientCert
 	}
 	return nil
 }
@@ -349,10 +343,13 @@ func (x *ControlPlaneFile) GetData() []byte {
 }
 
 type IssueRejoinTicketRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DiskUuid      string                 `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	DiskUuid string                 `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
+	// PKCS#10 request (DER) for a fresh kubelet client certificate, as in IssueJoinTicketRequest:
+	// a node that was off longer than its certificate lived comes back with a valid one.
+	ClientCertificateRequest []byte `protobuf:"bytes,2,opt,name=client_certificate_request,json=clientCertificateRequest,proto3" json:"client_certificate_request,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *IssueRejoinTicketRequest) Reset() {
@@ -392,6 +389,13 @@ func (x *IssueRejoinTicketRequest) GetDiskUuid() string {
 	return ""
 }
 
+func (x *IssueRejoinTicketRequest) GetClientCertificateRequest() []byte {
+	if x != nil {
+		return x.ClientCertificateRequest
+	}
+	return nil
+}
+
 type IssueRejoinTicketResponse struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	StateDiskKey      []byte                 `protobuf:"bytes,1,opt,name=state_disk_key,json=stateDiskKey,proto3" json:"state_disk_key,omitempty"`
@@ -399,8 +403,10 @@ type IssueRejoinTicketResponse struct {
 	// With the measurement secret it gives the cluster ID the node extends into PCR 15
 	// before it unlocks its state.
 	MeasurementSalt []byte `protobuf:"bytes,3,opt,name=measurement_salt,json=measurementSalt,proto3" json:"measurement_salt,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The kubelet's client certificate (PEM) signed from client_certificate_request.
+	KubeletClientCert []byte `protobuf:"bytes,4,opt,name=kubelet_client_cert,json=kubeletClientCert,proto3" json:"kubelet_client_cert,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *IssueRejoinTicketResponse) Reset() {
@@ -454,29 +460,35 @@ func (x *IssueRejoinTicketResponse) GetMeasurementSalt() []byte {
 	return nil
 }
 
+func (x *IssueRejoinTicketResponse) GetKubeletClientCert() []byte {
+	if x != nil {
+		return x.KubeletClientCert
+	}
+	return nil
+}
+
 var File_api_join_joinpb_join_proto protoreflect.FileDescriptor
 
 const file_api_join_joinpb_join_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/join/joinpb/join.proto\x12\x15constellation.join.v1\"\x90\x01\n" +
+	"\x1aapi/join/joinpb/join.proto\x12\x15constellation.join.v1\"\xce\x01\n" +
 	"\x16IssueJoinTicketRequest\x12\x1b\n" +
 	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12/\n" +
 	"\x13certificate_request\x18\x02 \x01(\fR\x12certificateRequest\x12(\n" +
-	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\"\x87\x05\n" +
+	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\x12<\n" +
+	"\x1aclient_certificate_request\x18\x04 \x01(\fR\x18clientCertificateRequest\"\xfb\x04\n" +
 	"\x17IssueJoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
 	"\x10measurement_salt\x18\x03 \x01(\fR\x0fmeasurementSalt\x12.\n" +
-	"\x13api_server_endpoint\x18\x04 \x01(\tR\x11apiServerEndpoint\x12\x14\n" +
-	"\x05token\x18\x05 \x01(\tR\x05token\x122\n" +
-	"\x15token_expiration_unix\x18\x06 \x01(\x03R\x13tokenExpirationUnix\x12>\n" +
-	"\x1cdiscovery_token_ca_cert_hash\x18\a \x01(\tR\x18discoveryTokenCaCertHash\x12!\n" +
+	"\x13api_server_endpoint\x18\x04 \x01(\tR\x11apiServerEndpoint\x12!\n" +
 	"\fkubelet_cert\x18\b \x01(\fR\vkubeletCert\x12&\n" +
 	"\x0fcluster_ca_cert\x18\t \x01(\fR\rclusterCaCert\x12-\n" +
 	"\x12kubernetes_version\x18\n" +
 	" \x01(\tR\x11kubernetesVersion\x12_\n" +
 	"\x15kubernetes_components\x18\v \x03(\v2*.constellation.join.v1.KubernetesComponentR\x14kubernetesComponents\x12W\n" +
-	"\x13control_plane_files\x18\f \x03(\v2'.constellation.join.v1.ControlPlaneFileR\x11controlPlaneFiles\"r\n" +
+	"\x13control_plane_files\x18\f \x03(\v2'.constellation.join.v1.ControlPlaneFileR\x11controlPlaneFiles\x12.\n" +
+	"\x13kubelet_client_cert\x18\r \x01(\fR\x11kubeletClientCertJ\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\a\x10\bR\x05tokenR\x15token_expiration_unixR\x1cdiscovery_token_ca_cert_hash\"r\n" +
 	"\x13KubernetesComponent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x12\n" +
@@ -484,13 +496,15 @@ const file_api_join_joinpb_join_proto_rawDesc = "" +
 	"\finstall_path\x18\x04 \x01(\tR\vinstallPath\":\n" +
 	"\x10ControlPlaneFile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"7\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"u\n" +
 	"\x18IssueRejoinTicketRequest\x12\x1b\n" +
-	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\"\x9b\x01\n" +
+	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12<\n" +
+	"\x1aclient_certificate_request\x18\x02 \x01(\fR\x18clientCertificateRequest\"\xcb\x01\n" +
 	"\x19IssueRejoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
-	"\x10measurement_salt\x18\x03 \x01(\fR\x0fmeasurementSalt2\xf7\x01\n" +
+	"\x10measurement_salt\x18\x03 \x01(\fR\x0fmeasurementSalt\x12.\n" +
+	"\x13kubelet_client_cert\x18\x04 \x01(\fR\x11kubeletClientCert2\xf7\x01\n" +
 	"\vJoinService\x12p\n" +
 	"\x0fIssueJoinTicket\x12-.constellation.join.v1.IssueJoinTicketRequest\x1a..constellation.join.v1.IssueJoinTicketResponse\x12v\n" +
 	"\x11IssueRejoinTicket\x12/.constellation.join.v1.IssueRejoinTicketRequest\x1a0.constellation.join.v1.IssueRejoinTicketResponseB<Z:github.com/openconstellation/constellation/api/join/joinpbb\x06proto3"

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -195,6 +196,9 @@ type Kubeadm struct {
 	mu      sync.Mutex
 	Calls   []string
 	Configs [][]byte
+	// Discovery holds, per join, the discovery kubeconfig the configuration names, read
+	// while the call runs (as kubeadm reads it).
+	Discovery [][]byte
 }
 
 // Init implements node.Kubeadm.
@@ -207,8 +211,21 @@ func (k *Kubeadm) Init(ctx context.Context, config []byte, out io.Writer) error 
 
 // Join implements node.Kubeadm.
 func (k *Kubeadm) Join(ctx context.Context, config []byte, out io.Writer) error {
+	var discovery []byte
+	if m := discoveryFile.FindSubmatch(config); m != nil {
+		var err error
+		if discovery, err = os.ReadFile(string(m[1])); err != nil {
+			return fmt.Errorf("kubeadm join: reading the discovery file: %w", err)
+		}
+	}
+	k.mu.Lock()
+	k.Discovery = append(k.Discovery, discovery)
+	k.mu.Unlock()
 	return k.call(ctx, "join", config, out)
 }
+
+// discoveryFile finds the discovery kubeconfig in a JoinConfiguration.
+var discoveryFile = regexp.MustCompile(`(?m)^\s+kubeConfigPath: (\S+)$`)
 
 func (k *Kubeadm) call(ctx context.Context, name string, config []byte, out io.Writer) error {
 	k.mu.Lock()
@@ -242,6 +259,9 @@ func (k *Kubeadm) CallList() []string {
 type Kubelet struct {
 	mu       sync.Mutex
 	restarts int
+	// renewals counts RenewCredential calls; staleRestarts the restarts without a renewal
+	// since the previous restart.
+	renewals, staleRestarts, renewedSinceRestart int
 }
 
 // Restart implements node.Kubelet.
@@ -249,7 +269,29 @@ func (k *Kubelet) Restart(context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.restarts++
+	if k.renewedSinceRestart == 0 {
+		k.staleRestarts++
+	}
+	k.renewedSinceRestart = 0
 	return nil
+}
+
+// RenewCredential stands in for renewing the kubelet's client certificate
+// (recoveryserver.Config.RenewKubeletCredential).
+func (k *Kubelet) RenewCredential() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.renewals++
+	k.renewedSinceRestart++
+	return nil
+}
+
+// Renewals returns how often RenewCredential was called, and how many restarts came
+// without a renewal before them.
+func (k *Kubelet) Renewals() (renewals, staleRestarts int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.renewals, k.staleRestarts
 }
 
 // Restarts returns how often Restart was called.

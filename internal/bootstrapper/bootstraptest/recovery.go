@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -81,6 +82,29 @@ func (k ClusterKeys) CommitAndReboot(t testing.TB, n *Node) {
 	require.Equal(t, node.Rebooted, n.Node.State())
 }
 
+// HoldDiskOf gives rebooted node n a copy of rebooted node other's state disk in place of its
+// own (whoever controls the platform's disks can attach or clone any of them: the UUID and
+// the encrypted contents are other's, byte for byte), and reopens n. n's TPM is untouched:
+// it is still the genuine, certified node n, waiting for its keys.
+func (n *Node) HoldDiskOf(t testing.TB, other *Node) {
+	t.Helper()
+	require.NoError(t, n.Storage.Lock(context.Background()))
+	require.NoError(t, os.RemoveAll(n.Storage.Dir))
+	// cp -a keeps gocryptfs' file modes.
+	out, err := exec.Command("cp", "-a", other.Storage.Dir, n.Storage.Dir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	n.Restart(t)
+	require.Equal(t, node.Rebooted, n.Node.State())
+}
+
+// DiskUUID reads the UUID of n's state disk.
+func (n *Node) DiskUUID(t testing.TB) string {
+	t.Helper()
+	id, err := n.Storage.UUID()
+	require.NoError(t, err)
+	return id
+}
+
 // Unlocked reports whether n's state storage is unlocked (StateFile readable).
 func (n *Node) Unlocked(t testing.TB) bool {
 	t.Helper()
@@ -119,7 +143,7 @@ func StartRecoveryServer(t testing.TB, n *Node, opts RecoveryServerOptions) *Rec
 	}
 	var err error
 	r.Server, err = recoveryserver.New(recoveryserver.Config{
-		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet,
+		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet, RenewKubeletCredential: r.Kubelet.RenewCredential,
 		AcceptLimits: opts.AcceptLimits, AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
 	})
 	require.NoError(t, err)

@@ -48,6 +48,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -69,9 +70,11 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -186,6 +189,11 @@ type Config struct {
 	// AdminKubeconfig is where kubeadm writes the admin kubeconfig
 	// (/etc/kubernetes/admin.conf).
 	AdminKubeconfig string
+	// KubeletKubeconfig is the kubelet's kubeconfig (kubeletcred.KubeconfigFile): the init
+	// server writes it with the node's short-lived client certificate before kubeadm runs,
+	// and kubeadm keeps it, so the first kubelet's credential lives as short as every
+	// other's (kubeadm's own would live a year).
+	KubeletKubeconfig string
 	// PKIDir is kubeadm's certificates directory (/etc/kubernetes/pki): the init server
 	// creates the cluster CAs there before kubeadm runs (kubeadm uses existing CAs), so it
 	// can sign the first kubelet's serving certificate, which it writes to KubeletPKIDir
@@ -232,7 +240,7 @@ func New(cfg Config) (*Server, error) {
 	for name, v := range map[string]bool{
 		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Issuer": cfg.Issuer == nil,
 		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "AdminKubeconfig": cfg.AdminKubeconfig == "",
-		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
+		"KubeletKubeconfig": cfg.KubeletKubeconfig == "", "PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
 	} {
 		if v {
 			missing = append(missing, name)
@@ -409,10 +417,10 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	rec.step("node lock taken: PCR 15 extended with cluster ID %s", hex.EncodeToString(clusterID))
 	rec.step("state storage %s re-keyed to the derived disk key, marked initialized and unlocked", diskUUID)
 
-	if err := s.writePKI(self); err != nil {
+	if err := s.writePKI(self, r.clusterName); err != nil {
 		return nil, nil, err
 	}
-	rec.step("cluster CAs created in %s; kubelet serving certificate issued", s.cfg.PKIDir)
+	rec.step("cluster CAs created in %s; kubelet serving and client certificates issued", s.cfg.PKIDir)
 
 	config, err := s.cfg.KubeadmConfig(InitParams{
 		Self: self, ClusterName: r.clusterName, KubernetesVersion: r.version,
@@ -446,8 +454,9 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	return kubeconfig, clusterID, nil
 }
 
-// writePKI creates the cluster's CAs and the first kubelet's serving certificate.
-func (s *Server) writePKI(self metadata.Instance) error {
+// writePKI creates the cluster's CAs, the first kubelet's serving certificate and its
+// kubeconfig with a short-lived client certificate (kubeadm uses both as they are).
+func (s *Server) writePKI(self metadata.Instance, clusterName string) error {
 	now := time.Now()
 	cluster, err := pki.NewCluster(now)
 	if err != nil {
@@ -459,7 +468,7 @@ func (s *Server) writePKI(self metadata.Instance) error {
 	leaf := pki.Leaf{
 		CommonName: "system:node:" + self.Name, Organizations: []string{"system:nodes"},
 		DNSNames: []string{self.Name}, Server: true,
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(kubeletcsr.Validity),
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(kubeletcsr.ServingValidity),
 	}
 	for _, ip := range self.IPs {
 		leaf.IPs = append(leaf.IPs, ip.AsSlice())
@@ -470,6 +479,29 @@ func (s *Server) writePKI(self metadata.Instance) error {
 	}
 	if err := pki.WriteCertAndKey(s.cfg.KubeletPKIDir, kubeadmconfig.KubeletPKIName, cert, key); err != nil {
 		return fmt.Errorf("writing the kubelet serving certificate: %w", err)
+	}
+	clientCert, clientKey, err := kubeletcred.Issue(cluster.CA, self.Name, now)
+	if err != nil {
+		return err
+	}
+	// The server kubeadm writes into kubelet.conf: the control-plane endpoint, which is the
+	// node's address (kubeadmconfig.Init's default).
+	var server string
+	if len(self.IPs) > 0 {
+		server = netip.AddrPortFrom(self.IPs[0].Unmap(), kubeadmconfig.APIServerPort).String()
+	}
+	kubeconfig, err := kubeletcred.Kubeconfig(kubeletcred.KubeconfigParams{
+		ClusterName: clusterName, Server: server, NodeName: self.Name,
+		CACert: pki.EncodeCert(cluster.CA.Cert), ClientCert: clientCert, ClientKey: clientKey,
+	})
+	if err != nil {
+		return fmt.Errorf("the kubelet's kubeconfig: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(s.cfg.KubeletKubeconfig), 0o755); err != nil {
+		return err
+	}
+	if err := fileutil.WriteAtomic(s.cfg.KubeletKubeconfig, kubeconfig, 0o600); err != nil {
+		return fmt.Errorf("writing the kubelet's kubeconfig: %w", err)
 	}
 	return nil
 }

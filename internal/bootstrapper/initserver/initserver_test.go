@@ -36,6 +36,7 @@ import (
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -71,8 +72,10 @@ type env struct {
 	paramsMu              sync.Mutex
 	params                []initserver.InitParams
 	pkiDir, kubeletPKIDir string
-	deploy                initserver.DeployFunc
-	opts                  envOptions
+	// kubeletConf is the kubelet's kubeconfig the server writes before kubeadm runs.
+	kubeletConf string
+	deploy      initserver.DeployFunc
+	opts        envOptions
 	// hashReads counts the init-secret hash reads of the server: an attempt that reads it
 	// goes on to a bcrypt comparison.
 	hashReads atomic.Int32
@@ -126,7 +129,7 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
-	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki")}
+	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki"), kubeletConf: filepath.Join(t.TempDir(), "etc", "kubelet.conf")}
 	e.node = bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
@@ -165,7 +168,7 @@ func (e *env) start() {
 			e.params = append(e.params, p)
 			return initserver.KubeadmConfig(settings)(p)
 		},
-		PKIDir: e.pkiDir, KubeletPKIDir: e.kubeletPKIDir,
+		PKIDir: e.pkiDir, KubeletPKIDir: e.kubeletPKIDir, KubeletKubeconfig: e.kubeletConf,
 		KubernetesVersion: kubetest.Version,
 		AdminKubeconfig:   e.kubeadm.AdminKubeconfigPath,
 		NodeLogs:          func(context.Context) []byte { return []byte("kubelet: node log line\n") },
@@ -312,6 +315,26 @@ func TestInit(t *testing.T) {
 	info, err := os.Stat(filepath.Join(e.kubeletPKIDir, "kubelet.key"))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, kubeletCert.ExtKeyUsage, "the serving certificate authenticates nobody")
+
+	// The kubelet's kubeconfig (kubeadm keeps it): the node's address, the cluster CA, and a
+	// client certificate for this node only, from the cluster CA, living ClientValidity.
+	info, err = os.Stat(e.kubeletConf)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	kubeletConf, err := clientcmd.LoadFromFile(e.kubeletConf)
+	require.NoError(t, err)
+	kubeletRest, err := clientcmd.NewDefaultClientConfig(*kubeletConf, nil).ClientConfig()
+	require.NoError(t, err)
+	assert.Equal(t, "https://10.42.0.2:6443", kubeletRest.Host)
+	assert.Equal(t, pki.EncodeCert(ca.Cert), kubeletRest.CAData)
+	clientCert, err := pki.ParseCert(kubeletRest.CertData)
+	require.NoError(t, err)
+	_, err = clientCert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:control-plane-0", clientCert.Subject.CommonName)
+	assert.Equal(t, []string{"system:nodes"}, clientCert.Subject.Organization)
+	assert.WithinDuration(t, time.Now().Add(kubeletcsr.ClientValidity), clientCert.NotAfter, time.Minute)
 
 	// Progress was streamed, kubeadm's output included, in order.
 	joined := strings.Join(res.Progress, "\n")

@@ -21,6 +21,7 @@ import (
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/pkg/atls"
 )
@@ -56,14 +57,21 @@ func TestInitNodeDiskRejoinedOnlyByItself(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	resp, err := dial(t, e.node).IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID})
+	clientCSR := func(name string) []byte {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		der, err := kubeletcsr.ClientRequest(name, key)
+		require.NoError(t, err)
+		return der
+	}
+	resp, err := dial(t, e.node).IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID, ClientCertificateRequest: clientCSR("control-plane-0")})
 	require.NoError(t, err)
 	want, err := cluster.Master.DeriveKey(diskUUID, joinservice.StateDiskKeySize)
 	require.NoError(t, err)
 	assert.Equal(t, want, resp.StateDiskKey)
 
 	attacker := dial(t, other)
-	rejoin, err := attacker.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID})
+	rejoin, err := attacker.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID, ClientCertificateRequest: clientCSR("control-plane-1")})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	assert.ErrorContains(t, err, "belongs to another node")
 	assert.Nil(t, rejoin)
@@ -75,7 +83,7 @@ func TestInitNodeDiskRejoinedOnlyByItself(t *testing.T) {
 		IPAddresses: []net.IP{net.ParseIP("10.42.0.3")},
 	}, key)
 	require.NoError(t, err)
-	join, err := attacker.IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{DiskUuid: diskUUID, CertificateRequest: csr, IsControlPlane: true})
+	join, err := attacker.IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{DiskUuid: diskUUID, CertificateRequest: csr, ClientCertificateRequest: clientCSR("control-plane-1"), IsControlPlane: true})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	assert.ErrorContains(t, err, "belongs to another node")
 	assert.Nil(t, join)

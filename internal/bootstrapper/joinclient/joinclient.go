@@ -8,13 +8,13 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -23,24 +23,29 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"k8s.io/apimachinery/pkg/util/wait"
-	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"k8s.io/utils/clock"
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
+	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/internal/untrusted"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
 // Files the join client writes for the kubelet: its serving certificate, signed by the
-// cluster CA from the node's CSR, and the key that never left the node.
+// cluster CA from the node's CSR, and the key that never left the node. The client
+// certificate goes into the kubelet's certificate store (kubeletcred.StoreClientCert)
+// on a rejoin, and into the discovery file kubeadm joins with on a join.
 var (
 	KubeletCertFile = filepath.Base(kubeadmconfig.KubeletCertFile)
 	KubeletKeyFile  = filepath.Base(kubeadmconfig.KubeletKeyFile)
@@ -79,10 +84,9 @@ func AttestedDialer(issuer attestation.Issuer, serviceValidator attestation.Vali
 
 // JoinParams is what the kubeadm join configuration depends on.
 type JoinParams struct {
-	Self              metadata.Instance
-	APIServerEndpoint string
-	Token             string
-	CACertHashes      []string
+	Self metadata.Instance
+	// DiscoveryFile is the kubeconfig with the ticket's API server, CA and client certificate.
+	DiscoveryFile     string
 	ControlPlane      bool
 	KubernetesVersion string
 }
@@ -97,8 +101,7 @@ func KubeadmConfig(s kubeadmconfig.NodeSettings) func(JoinParams) ([]byte, error
 		}
 		return kubeadmconfig.Join(kubeadmconfig.JoinParams{
 			NodeName: p.Self.Name, NodeIP: nodeIP, CRISocket: s.CRISocket,
-			APIServerEndpoint: p.APIServerEndpoint, Token: p.Token, CACertHashes: p.CACertHashes,
-			ControlPlane: p.ControlPlane, Sandbox: s.Sandbox,
+			DiscoveryFile: p.DiscoveryFile, ControlPlane: p.ControlPlane, Sandbox: s.Sandbox,
 		})
 	}
 }
@@ -116,6 +119,11 @@ type Config struct {
 	// PKIDir is kubeadm's PKI directory (/etc/kubernetes/pki); KubeletPKIDir the kubelet's
 	// (/var/lib/kubelet/pki).
 	PKIDir, KubeletPKIDir string
+	// DiscoveryFile is where the join writes the kubeconfig kubeadm joins with (the ticket's
+	// API server, CA and the node's client certificate and key); it is removed when kubeadm
+	// join returns (kubeadm has copied it for the kubelet's TLS bootstrap, and removes that
+	// copy itself).
+	DiscoveryFile string
 	// Clock drives the waits between attempts (default: real clock). PollInterval is the
 	// wait while no join service answers (default PollInterval), Backoff the schedule after
 	// a service refused (default NewBackoff); see the package documentation.
@@ -136,7 +144,7 @@ func New(cfg Config) (*Client, error) {
 	for name, v := range map[string]bool{
 		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Dial": cfg.Dial == nil,
 		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "Kubelet": cfg.Kubelet == nil,
-		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
+		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "", "DiscoveryFile": cfg.DiscoveryFile == "",
 	} {
 		if v {
 			missing = append(missing, name)
@@ -177,15 +185,28 @@ func (c *Client) Join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kubeletKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	// Two keys, one per certificate: the serving key never authenticates the node, the client
+	// key never serves.
+	servingKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return fmt.Errorf("kubelet key: %w", err)
+		return fmt.Errorf("kubelet serving key: %w", err)
 	}
-	csr, err := kubeletCSR(self, kubeletKey)
+	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("kubelet client key: %w", err)
+	}
+	servingCSR, err := kubeletcsr.ServingRequest(kubeletcsr.Node{Name: self.Name, Addresses: self.IPs}, servingKey)
 	if err != nil {
 		return err
 	}
-	req := &joinpb.IssueJoinTicketRequest{DiskUuid: diskUUID, CertificateRequest: csr, IsControlPlane: self.Role == metadata.ControlPlane}
+	clientCSR, err := kubeletcsr.ClientRequest(self.Name, clientKey)
+	if err != nil {
+		return err
+	}
+	req := &joinpb.IssueJoinTicketRequest{
+		DiskUuid: diskUUID, CertificateRequest: servingCSR, ClientCertificateRequest: clientCSR,
+		IsControlPlane: self.Role == metadata.ControlPlane,
+	}
 
 	// Stop as soon as init wins: the loser of the race must not keep asking for tickets.
 	waitCtx, stopWaiting := context.WithCancel(ctx)
@@ -203,7 +224,7 @@ func (c *Client) Join(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := checkTicket(resp, self, kubeletKey.Public()); err != nil {
+		if err := checkTicket(resp, self, servingKey.Public(), clientKey.Public()); err != nil {
 			return fmt.Errorf("invalid join ticket: %w", err)
 		}
 		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
@@ -231,12 +252,16 @@ func (c *Client) Join(ctx context.Context) error {
 		return err
 	}
 	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked", "disk", diskUUID)
-	if err := c.writePKI(ticket, kubeletKey); err != nil {
+	if err := c.writePKI(ticket, servingKey); err != nil {
 		return err
 	}
+	if err := c.writeDiscoveryFile(ticket, self.Name, clientKey); err != nil {
+		return err
+	}
+	// The discovery file holds the client key: it lives only as long as kubeadm needs it.
+	defer os.Remove(c.cfg.DiscoveryFile)
 	config, err := c.cfg.KubeadmConfig(JoinParams{
-		Self: self, APIServerEndpoint: ticket.ApiServerEndpoint, Token: ticket.Token,
-		CACertHashes: []string{ticket.DiscoveryTokenCaCertHash}, ControlPlane: self.Role == metadata.ControlPlane,
+		Self: self, DiscoveryFile: c.cfg.DiscoveryFile, ControlPlane: self.Role == metadata.ControlPlane,
 		KubernetesVersion: ticket.KubernetesVersion,
 	})
 	if err != nil {
@@ -251,20 +276,36 @@ func (c *Client) Join(ctx context.Context) error {
 }
 
 // Rejoin brings a rebooted node back: rejoin ticket, node lock with the cluster ID, unlock,
-// restart the kubelet. Init and join are not run again.
+// a fresh kubelet client certificate into the kubelet's store, restart the kubelet. Init and
+// join are not run again.
 func (c *Client) Rejoin(ctx context.Context) error {
+	self, err := c.self(ctx)
+	if err != nil {
+		return err
+	}
 	diskUUID, err := c.cfg.Node.DiskUUID()
+	if err != nil {
+		return err
+	}
+	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("kubelet client key: %w", err)
+	}
+	clientCSR, err := kubeletcsr.ClientRequest(self.Name, clientKey)
 	if err != nil {
 		return err
 	}
 	var ticket *joinpb.IssueRejoinTicketResponse
 	err = c.retry(ctx, func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error {
-		resp, err := client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID}, opts...)
+		resp, err := client.IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID, ClientCertificateRequest: clientCSR}, opts...)
 		if err != nil {
 			return err
 		}
 		if len(resp.StateDiskKey) != statedisk.KeySize || len(resp.MeasurementSecret) != kms.DerivedKeySize || len(resp.MeasurementSalt) == 0 {
 			return errors.New("invalid rejoin ticket: wrong key sizes")
+		}
+		if err := checkClientCert(resp.KubeletClientCert, nil, self.Name, clientKey.Public()); err != nil {
+			return fmt.Errorf("invalid rejoin ticket: %w", err)
 		}
 		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
 			return err
@@ -282,7 +323,17 @@ func (c *Client) Rejoin(ctx context.Context) error {
 	if err := c.cfg.Node.Reenter(ctx, clusterID, ticket.StateDiskKey); err != nil {
 		return err
 	}
-	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked; restarting the kubelet", "disk", diskUUID)
+	// The certificate was checked before the commit for this node's name, key and use; its
+	// signer is the attested service's cluster CA (a wrong one would make the kubelet fail,
+	// and the node would reboot and ask again).
+	keyPEM, err := pki.EncodeKey(clientKey)
+	if err != nil {
+		return err
+	}
+	if err := kubeletcred.StoreClientCert(c.cfg.KubeletPKIDir, ticket.KubeletClientCert, keyPEM); err != nil {
+		return err
+	}
+	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked, kubelet client certificate renewed; restarting the kubelet", "disk", diskUUID)
 	if err := c.cfg.Kubelet.Restart(ctx); err != nil {
 		return fmt.Errorf("restarting the kubelet: %w", err)
 	}
@@ -372,11 +423,6 @@ func attempt(ctx context.Context, dial Dialer, endpoint string, timeout time.Dur
 	return nil
 }
 
-var (
-	tokenPattern = regexp.MustCompile(bootstrapapi.BootstrapTokenPattern)
-	hashPattern  = regexp.MustCompile(`\Asha256:[0-9a-f]{64}\z`)
-)
-
 // controlPlaneFiles are the only names a ticket may carry files for: a ticket never writes
 // outside the PKI directory.
 var controlPlaneFiles = pki.ControlPlaneFiles
@@ -384,8 +430,8 @@ var controlPlaneFiles = pki.ControlPlaneFiles
 // checkTicket checks a ticket before anything of it is used. The service is attested, so
 // this guards against bugs and version skew more than against malice, but it is what keeps
 // a wrong ticket from writing outside the PKI directory or leaving the node half-joined.
-func checkTicket(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kubeletPub crypto.PublicKey) error {
-	return errors.Join(checkTicketFields(t, self), checkTicketCerts(t, self, kubeletPub))
+func checkTicket(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, servingPub, clientPub crypto.PublicKey) error {
+	return errors.Join(checkTicketFields(t, self), checkTicketCerts(t, self, servingPub, clientPub))
 }
 
 // checkTicketFields checks the ticket's sizes, formats and file names.
@@ -401,18 +447,12 @@ func checkTicketFields(t *joinpb.IssueJoinTicketResponse, self metadata.Instance
 	if len(t.MeasurementSalt) == 0 {
 		bad("no measurement salt")
 	}
-	if t.ApiServerEndpoint == "" {
-		bad("no API server endpoint")
-	}
-	if !tokenPattern.MatchString(t.Token) {
-		bad("bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}")
-	}
-	if !hashPattern.MatchString(t.DiscoveryTokenCaCertHash) {
-		bad("CA discovery hash %q is not sha256:<64 hex digits>", t.DiscoveryTokenCaCertHash)
+	if _, _, err := net.SplitHostPort(t.ApiServerEndpoint); err != nil {
+		bad("API server endpoint %s is not host:port", untrusted.Quote(t.ApiServerEndpoint))
 	}
 	for _, f := range t.ControlPlaneFiles {
 		if !slices.Contains(controlPlaneFiles, f.Name) {
-			bad("control-plane file %q is not one of %v", f.Name, controlPlaneFiles)
+			bad("control-plane file %s is not one of %v", untrusted.Quote(f.Name), controlPlaneFiles)
 		}
 	}
 	if self.Role != metadata.ControlPlane && len(t.ControlPlaneFiles) > 0 {
@@ -421,54 +461,79 @@ func checkTicketFields(t *joinpb.IssueJoinTicketResponse, self metadata.Instance
 	return errors.Join(problems...)
 }
 
-// checkTicketCerts checks that the kubelet certificate is signed by the ticket's cluster CA,
-// for this node's key and name, and that the discovery hash is the CA's.
-func checkTicketCerts(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, kubeletPub crypto.PublicKey) error {
+// checkTicketCerts checks that both kubelet certificates are signed by the ticket's cluster
+// CA, for this node's keys and name, each for its one purpose.
+func checkTicketCerts(t *joinpb.IssueJoinTicketResponse, self metadata.Instance, servingPub, clientPub crypto.PublicKey) error {
 	ca, err := pki.ParseCert(t.ClusterCaCert)
 	if err != nil {
 		return fmt.Errorf("cluster CA: %w", err)
 	}
 	var problems []error
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
-	if got := pki.DiscoveryHash(ca); got != t.DiscoveryTokenCaCertHash {
-		bad("CA discovery hash %s does not match the cluster CA (%s)", t.DiscoveryTokenCaCertHash, got)
+	if err := checkCert(t.KubeletCert, ca, self.Name, servingPub, x509.ExtKeyUsageServerAuth); err != nil {
+		problems = append(problems, fmt.Errorf("kubelet serving certificate: %w", err))
 	}
-	cert, err := pki.ParseCert(t.KubeletCert)
-	if err != nil {
-		return errors.Join(append(problems, fmt.Errorf("kubelet certificate: %w", err))...)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		bad("kubelet certificate is not signed by the cluster CA: %w", err)
-	}
-	if pub, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(kubeletPub) {
-		bad("kubelet certificate is not for this node's key")
-	}
-	if cert.Subject.CommonName != "system:node:"+self.Name {
-		bad("kubelet certificate is for %q, not system:node:%s", cert.Subject.CommonName, self.Name)
+	if err := checkClientCert(t.KubeletClientCert, ca, self.Name, clientPub); err != nil {
+		problems = append(problems, err)
 	}
 	return errors.Join(problems...)
 }
 
-func kubeletCSR(self metadata.Instance, key crypto.Signer) ([]byte, error) {
-	tmpl := &x509.CertificateRequest{
-		Subject:  pkix.Name{CommonName: "system:node:" + self.Name, Organization: []string{"system:nodes"}},
-		DNSNames: []string{self.Name},
+// checkClientCert checks a kubelet client certificate (PEM) like checkCert. A nil ca skips
+// the signature check: a rejoin ticket carries no CA.
+func checkClientCert(certPEM []byte, ca *x509.Certificate, name string, pub crypto.PublicKey) error {
+	if err := checkCert(certPEM, ca, name, pub, x509.ExtKeyUsageClientAuth); err != nil {
+		return fmt.Errorf("kubelet client certificate: %w", err)
 	}
-	for _, ip := range self.IPs {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, ip.AsSlice())
-	}
-	csr, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	return nil
+}
+
+// checkCert checks that certPEM is for usage (and signed by ca, unless nil), for key pub, and
+// names the node.
+func checkCert(certPEM []byte, ca *x509.Certificate, name string, pub crypto.PublicKey, usage x509.ExtKeyUsage) error {
+	cert, err := pki.ParseCert(certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet certificate request: %w", err)
+		return err
 	}
-	return csr, nil
+	var problems []error
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	if ca != nil {
+		pool := x509.NewCertPool()
+		pool.AddCert(ca)
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			bad("not signed by the cluster CA for this use: %w", err)
+		}
+	} else if !slices.Equal(cert.ExtKeyUsage, []x509.ExtKeyUsage{usage}) {
+		bad("extended key usages %v, want only %v", cert.ExtKeyUsage, usage)
+	}
+	if p, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !p.Equal(pub) {
+		bad("not for this node's key")
+	}
+	if want := kubeletcsr.NodeUserPrefix + name; cert.Subject.CommonName != want {
+		bad("for %s, not %s", untrusted.Quote(cert.Subject.CommonName), want)
+	}
+	return errors.Join(problems...)
+}
+
+// writeDiscoveryFile writes the kubeconfig kubeadm joins with: the ticket's API server and
+// CA, and the node's client certificate and key.
+func (c *Client) writeDiscoveryFile(t *joinpb.IssueJoinTicketResponse, name string, clientKey crypto.Signer) error {
+	keyPEM, err := pki.EncodeKey(clientKey)
+	if err != nil {
+		return err
+	}
+	data, err := kubeletcred.Kubeconfig(kubeletcred.KubeconfigParams{
+		Server: t.ApiServerEndpoint, NodeName: name,
+		CACert: t.ClusterCaCert, ClientCert: t.KubeletClientCert, ClientKey: keyPEM,
+	})
+	if err != nil {
+		return fmt.Errorf("the join's discovery kubeconfig: %w", err)
+	}
+	return fileutil.WriteAtomic(c.cfg.DiscoveryFile, data, 0o600)
 }
 
 // writePKI writes what the ticket brings: the cluster CA (and, for control-plane nodes, the
-// shared CA keys) into the PKI directory, and the kubelet's certificate and key.
-func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
+// shared CA keys) into the PKI directory, and the kubelet's serving certificate and key.
+func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, servingKey crypto.Signer) error {
 	files := map[string][]byte{pki.CACert: t.ClusterCaCert}
 	for _, f := range t.ControlPlaneFiles {
 		if f.Name == pki.CACert && !bytes.Equal(f.Data, t.ClusterCaCert) {
@@ -481,7 +546,7 @@ func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, kubeletKey crypto.S
 			return err
 		}
 	}
-	keyPEM, err := pki.EncodeKey(kubeletKey)
+	keyPEM, err := pki.EncodeKey(servingKey)
 	if err != nil {
 		return err
 	}

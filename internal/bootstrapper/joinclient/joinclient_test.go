@@ -3,6 +3,8 @@ package joinclient_test
 import (
 	"context"
 	"crypto"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
@@ -16,7 +18,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -27,6 +33,7 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -59,7 +66,9 @@ type env struct {
 	params  []joinclient.JoinParams
 	pkiDir  string
 	kpkiDir string
-	logs    cmdutil.SyncBuffer
+	// discovery is where the client writes the discovery kubeconfig for kubeadm.
+	discovery string
+	logs      cmdutil.SyncBuffer
 	// clock drives the client's waits: nil for the real clock and the schedule at a
 	// hundredth of its delays, a fake clock for the real schedule.
 	clock clock.Clock
@@ -98,6 +107,7 @@ func newEnv(t testing.TB, role metadata.Role, opts bootstraptest.ClusterOptions)
 	}
 	e.pkiDir = filepath.Join(t.TempDir(), "pki")
 	e.kpkiDir = filepath.Join(t.TempDir(), "kubelet-pki")
+	e.discovery = filepath.Join(t.TempDir(), "discovery.conf")
 	e.newClient()
 	return e
 }
@@ -121,7 +131,7 @@ func (e *env) newClient() {
 			e.params = append(e.params, p)
 			return joinclient.KubeadmConfig(kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true})(p)
 		},
-		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir,
+		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir, DiscoveryFile: e.discovery,
 		PollInterval: poll, Backoff: backoff, Log: slog.New(slog.NewTextHandler(&e.logs, nil)),
 	})
 	require.NoError(t, err)
@@ -161,8 +171,8 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, initialized)
 
-	// PKI: the cluster CA, the kubelet's certificate (signed by it, for this node) and key;
-	// a worker gets no CA keys.
+	// PKI: the cluster CA, the kubelet's serving certificate (signed by it, for this node,
+	// serving only) and key; a worker gets no CA keys.
 	caPEM, err := os.ReadFile(filepath.Join(e.pkiDir, pki.CACert))
 	require.NoError(t, err)
 	assert.Equal(t, pki.EncodeCert(kube.PKI.CA.Cert), caPEM)
@@ -174,6 +184,7 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "system:node:node-1", cert.Subject.CommonName)
 	assert.Equal(t, []string{"node-1"}, cert.DNSNames)
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, cert.ExtKeyUsage, "the serving certificate authenticates nobody")
 	keyPEM, err := os.ReadFile(filepath.Join(e.kpkiDir, joinclient.KubeletKeyFile))
 	require.NoError(t, err)
 	key, err := pki.ParseKey(keyPEM)
@@ -188,16 +199,29 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	require.Len(t, e.params, 1)
 	p := e.params[0]
 	assert.Equal(t, e.meta.Instance, p.Self)
-	assert.Equal(t, kube.Host, p.APIServerEndpoint)
-	assert.Equal(t, []string{pki.DiscoveryHash(kube.PKI.CA.Cert)}, p.CACertHashes)
-	assert.Regexp(t, `^[a-z0-9]{6}\.[a-z0-9]{16}$`, p.Token)
+	assert.Equal(t, e.discovery, p.DiscoveryFile)
 	assert.False(t, p.ControlPlane)
 	assert.Equal(t, kubetest.Version, p.KubernetesVersion)
 	config := string(e.kubeadm.Configs[0])
-	for _, want := range []string{"kind: JoinConfiguration", "name: node-1", "apiServerEndpoint: " + kube.Host, "token: " + p.Token, "- " + p.CACertHashes[0], "node-ip"} {
+	for _, want := range []string{"kind: JoinConfiguration", "name: node-1", "kubeConfigPath: " + e.discovery, "node-ip"} {
 		assert.Contains(t, config, want)
 	}
-	assert.NotContains(t, config, "controlPlane:")
+	for _, unwanted := range []string{"controlPlane:", "token", "bootstrapToken"} {
+		assert.NotContains(t, config, unwanted)
+	}
+	// kubeadm joined with the ticket's API server and CA, authenticated as this node by its
+	// client certificate (the real API server says who it is), and the file holding the
+	// client key is gone afterwards.
+	require.Len(t, e.kubeadm.Discovery, 1)
+	discovery, err := clientcmd.Load(e.kubeadm.Discovery[0])
+	require.NoError(t, err)
+	restCfg, err := clientcmd.NewDefaultClientConfig(*discovery, nil).ClientConfig()
+	require.NoError(t, err)
+	assert.Equal(t, "https://"+kube.Host, restCfg.Host)
+	assert.Equal(t, pki.EncodeCert(kube.PKI.CA.Cert), restCfg.CAData)
+	assert.Equal(t, "system:node:node-1", whoami(t, *restCfg).Username)
+	_, err = os.Stat(e.discovery)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the discovery file with the client key outlived the join")
 
 	// Reboot: PCR 15 resets, the storage is locked. The node re-enters with a rejoin
 	// ticket: PCR 15 extended again with the same cluster ID, storage unlocked with the
@@ -212,6 +236,17 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
 	assert.Equal(t, "rejoin", e.node.Node.LockHolder())
 	assert.Equal(t, 1, e.kubelet.Restarts())
+	// The rejoin ticket renewed the kubelet's client certificate in its store, where the
+	// kubelet reads it: this node's, from the cluster CA, short-lived, and accepted by the
+	// API server.
+	renewed, err := tls.LoadX509KeyPair(filepath.Join(e.kpkiDir, "kubelet-client-current.pem"), filepath.Join(e.kpkiDir, "kubelet-client-current.pem"))
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:node-1", renewed.Leaf.Subject.CommonName)
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, renewed.Leaf.ExtKeyUsage)
+	assert.WithinDuration(t, time.Now().Add(kubeletcsr.ClientValidity), renewed.Leaf.NotAfter, time.Minute)
+	pairPEM, err := os.ReadFile(filepath.Join(e.kpkiDir, "kubelet-client-current.pem"))
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:node-1", whoami(t, rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: pairPEM, KeyData: pairPEM}}).Username)
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
 	require.NoError(t, e.node.Storage.Lock(ctx))
 	require.NoError(t, e.node.Storage.Unlock(ctx, diskKey))
@@ -397,4 +432,14 @@ func TestKubeadmJoinFailure(t *testing.T) {
 	e := newEnv(t, metadata.Worker, bootstraptest.ClusterOptions{})
 	e.kubeadm.Fail = errors.New("exit status 1")
 	assert.ErrorContains(t, e.join(), "kubeadm join: exit status 1")
+}
+
+// whoami asks the real API server who cfg's credentials authenticate as.
+func whoami(t *testing.T, cfg rest.Config) authv1.UserInfo {
+	t.Helper()
+	client, err := kube.ClientFor(cfg)
+	require.NoError(t, err)
+	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(context.Background(), &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return review.Status.UserInfo
 }

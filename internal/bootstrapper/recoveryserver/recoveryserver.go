@@ -92,6 +92,10 @@ type Config struct {
 	Issuer attestation.Issuer
 	// Kubelet is restarted once the storage is unlocked.
 	Kubelet node.Kubelet
+	// RenewKubeletCredential gives the kubelet a fresh client certificate before it restarts
+	// (the node was off, maybe longer than its certificate lives, and no join service runs to
+	// issue one): a control plane signs its own with its CA (kubeletcred.RenewWithCA).
+	RenewKubeletCredential func() error
 	// Timeout bounds the work after the node lock is taken (DefaultTimeout).
 	Timeout time.Duration
 	// AcceptLimits bound connections whose attested handshake has not finished, from the
@@ -134,6 +138,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Kubelet == nil {
 		missing = append(missing, "Kubelet")
+	}
+	if cfg.RenewKubeletCredential == nil {
+		missing = append(missing, "RenewKubeletCredential")
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("recovery server: missing %s", strings.Join(missing, ", "))
@@ -252,7 +259,13 @@ func (s *Server) Recover(ctx context.Context, req *recoverpb.RecoverRequest) (*r
 		return nil, status.Errorf(codes.Internal, "recovery failed after PCR 15 was extended (the node needs a reboot): %v", err)
 	}
 	s.commit()
-	log.Info("node lock taken, PCR 15 extended, state storage unlocked; restarting the kubelet", "clusterID", hex.EncodeToString(clusterID))
+	if err := s.cfg.RenewKubeletCredential(); err != nil {
+		err = fmt.Errorf("renewing the kubelet's client certificate: %w", err)
+		log.Error("recovery failed", "err", err)
+		s.finish(err)
+		return nil, status.Errorf(codes.Internal, "recovery failed: %v", err)
+	}
+	log.Info("node lock taken, PCR 15 extended, state storage unlocked, kubelet client certificate renewed; restarting the kubelet", "clusterID", hex.EncodeToString(clusterID))
 	if err := s.cfg.Kubelet.Restart(work); err != nil {
 		err = fmt.Errorf("restarting the kubelet: %w", err)
 		log.Error("recovery failed", "err", err)

@@ -62,7 +62,7 @@ func (e *env) recover() ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return recovery.Recover(ctx, recovery.Config{
-		Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(e.t, e.ca), ExpectedNode: "control-plane-0",
+		Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(e.t, e.ca), ExpectedNode: "control-plane-0", Disk: e.node.DiskUUID(e.t),
 		MasterSecret: e.keys.Master, MeasurementSalt: e.keys.MeasurementSalt, ClusterID: e.keys.ClusterID,
 	})
 }
@@ -98,6 +98,9 @@ func (e *env) assertRecovered() {
 	assert.Equal(e.t, kms.InitializedPCR15(e.keys.ClusterID), e.node.PCR15(e.t), "PCR 15 carries the cluster's marker")
 	assert.True(e.t, e.node.Unlocked(e.t), "storage unlocked: the state written before the shutdown is readable")
 	assert.Equal(e.t, 1, e.srv.Kubelet.Restarts())
+	renewals, stale := e.srv.Kubelet.Renewals()
+	assert.Equal(e.t, 1, renewals, "the kubelet's client certificate renewed once")
+	assert.Zero(e.t, stale, "the kubelet restarted before its client certificate was renewed")
 	assert.Equal(e.t, node.HolderRecover, e.node.Node.LockHolder())
 	select {
 	case <-e.srv.Server.Finished():
@@ -160,7 +163,7 @@ func TestWrongKeyChangesNothing(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_, err := recovery.Recover(ctx, recovery.Config{
-			Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(t, e.ca), ExpectedNode: "control-plane-0",
+			Endpoint: e.srv.Addr, Validator: bootstraptest.Validator(t, e.ca), ExpectedNode: "control-plane-0", Disk: e.node.DiskUUID(t),
 			MasterSecret: other.Master, MeasurementSalt: other.MeasurementSalt, ClusterID: other.ClusterID,
 		})
 		assert.ErrorIs(t, err, recovery.ErrWrongKey)
@@ -234,7 +237,7 @@ func TestAnonymousHandshakesAreRateLimited(t *testing.T) {
 	bootstraptest.NewClusterKeys(t).CommitAndReboot(t, n)
 	iss := &floodtest.Issuer{Issuer: n.Issuer(t)}
 	srv, err := recoveryserver.New(recoveryserver.Config{
-		Node: n.Node, Issuer: iss, Kubelet: &bootstraptest.Kubelet{},
+		Node: n.Node, Issuer: iss, Kubelet: &bootstraptest.Kubelet{}, RenewKubeletCredential: func() error { return nil },
 		Now: func() time.Time { return time.Unix(1000, 0) },
 	})
 	require.NoError(t, err)
@@ -266,10 +269,10 @@ func TestNewRefusesFreshNode(t *testing.T) {
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	n := bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
-	_, err = recoveryserver.New(recoveryserver.Config{Node: n.Node, Issuer: n.Issuer(t), Kubelet: &bootstraptest.Kubelet{}})
+	_, err = recoveryserver.New(recoveryserver.Config{Node: n.Node, Issuer: n.Issuer(t), Kubelet: &bootstraptest.Kubelet{}, RenewKubeletCredential: func() error { return nil }})
 	assert.ErrorContains(t, err, "node is fresh, not rebooted")
 	_, err = recoveryserver.New(recoveryserver.Config{})
-	assert.ErrorContains(t, err, "missing Node, Issuer, Kubelet")
+	assert.ErrorContains(t, err, "missing Node, Issuer, Kubelet, RenewKubeletCredential")
 }
 
 func TestCheckRequest(t *testing.T) {

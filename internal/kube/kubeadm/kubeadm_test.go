@@ -15,6 +15,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
 )
@@ -46,6 +47,16 @@ func TestInitDryRun(t *testing.T) {
 	cluster, err := pki.NewCluster(time.Now())
 	require.NoError(t, err)
 	require.NoError(t, cluster.Write(dir))
+	// The kubelet's kubeconfig with its short-lived client certificate, as the init server
+	// writes it (in a dry run kubeadm's kubeconfig directory is the dry-run directory).
+	certPEM, keyPEM, err := kubeletcred.Issue(cluster.CA, "control-plane-0", time.Now())
+	require.NoError(t, err)
+	kubeletConf, err := kubeletcred.Kubeconfig(kubeletcred.KubeconfigParams{
+		ClusterName: "demo", Server: "10.42.0.2:6443", NodeName: "control-plane-0",
+		CACert: pki.EncodeCert(cluster.CA.Cert), ClientCert: certPEM, ClientKey: keyPEM,
+	})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kubelet.conf"), kubeletConf, 0o600))
 
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -60,9 +71,19 @@ func TestInitDryRun(t *testing.T) {
 		"--profiling=false",
 		"--kubelet-certificate-authority=",
 		"--bind-address=127.0.0.1",
+		"--cluster-signing-duration=24h0m0s",
+		`[kubeconfig] Using existing kubeconfig file: "` + filepath.Join(dir, "kubelet.conf") + `"`,
 	} {
 		assert.True(t, strings.Contains(log, want), "kubeadm output lacks %q", want)
 	}
+	// No bootstrap token, and none of the rules that let one ask for any node's certificate.
+	for _, unwanted := range []string{"[bootstrap-token]", "node-autoapprove-bootstrap", "kubeadm join"} {
+		assert.False(t, strings.Contains(log, unwanted), "kubeadm output has %q", unwanted)
+	}
+	// kubeadm kept the kubelet's kubeconfig as the init server wrote it.
+	kept, err := os.ReadFile(filepath.Join(dir, "kubelet.conf"))
+	require.NoError(t, err)
+	assert.Equal(t, kubeletConf, kept)
 
 	// The CA kubeadm used is ours, unchanged.
 	caPEM, err := os.ReadFile(filepath.Join(dir, pki.CACert))

@@ -5,28 +5,25 @@ package kubeadmconfig_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	authv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/rest"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	kubeadmv1beta4 "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
 	"k8s.io/utils/ptr"
 
-	"github.com/openconstellation/constellation/internal/kube/bootstraptoken"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
 )
@@ -56,8 +53,14 @@ func validate(t *testing.T, data []byte) (stdout, stderr string, err error) {
 }
 
 func TestKubeadmAcceptsConfigs(t *testing.T) {
-	plainJoin := sandboxJoin(false)
-	plainJoin.Sandbox = false
+	// kubeadm checks that the discovery file exists.
+	file := filepath.Join(t.TempDir(), "discovery.conf")
+	require.NoError(t, os.WriteFile(file, []byte("apiVersion: v1\nkind: Config\n"), 0o600))
+	join := func(controlPlane, sandbox bool) kubeadmconfig.JoinParams {
+		p := sandboxJoin(controlPlane)
+		p.Sandbox, p.DiscoveryFile = sandbox, file
+		return p
+	}
 	ipv6 := plainInit()
 	ipv6.NodeIP = netip.MustParseAddr("fd00:88::2")
 	ipv6.ServiceCIDR = netip.MustParsePrefix("fd00:96::/112")
@@ -67,9 +70,9 @@ func TestKubeadmAcceptsConfigs(t *testing.T) {
 		"init sandbox":       func() ([]byte, error) { return kubeadmconfig.Init(sandboxInit()) },
 		"init plain":         func() ([]byte, error) { return kubeadmconfig.Init(plainInit()) },
 		"init IPv6":          func() ([]byte, error) { return kubeadmconfig.Init(ipv6) },
-		"join sandbox":       func() ([]byte, error) { return kubeadmconfig.Join(sandboxJoin(false)) },
-		"join control plane": func() ([]byte, error) { return kubeadmconfig.Join(sandboxJoin(true)) },
-		"join plain":         func() ([]byte, error) { return kubeadmconfig.Join(plainJoin) },
+		"join sandbox":       func() ([]byte, error) { return kubeadmconfig.Join(join(false, true)) },
+		"join control plane": func() ([]byte, error) { return kubeadmconfig.Join(join(true, true)) },
+		"join plain":         func() ([]byte, error) { return kubeadmconfig.Join(join(false, false)) },
 	}
 	for name, generate := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -107,15 +110,13 @@ func TestKubeadmRejectsCorruptConfigs(t *testing.T) {
 			data: replace(t, initCfg, "kind: ClusterConfiguration", "kind: ClusterConfig"),
 			want: `unknown configuration APIs: []schema.GroupVersionKind{schema.GroupVersionKind{Group:"kubeadm.k8s.io", Version:"v1beta4", Kind:"ClusterConfig"}}`,
 		},
-		// kubeadm checks the hashes' format only when it discovers the cluster (Join does it
-		// up front), but it insists on at least one.
-		"no CA hash": {
-			data: replace(t, joinCfg, "    caCertHashes:\n    - "+caHash+"\n", ""),
-			want: "discovery.bootstrapToken.caCertHashes",
+		"discovery file missing": {
+			data: joinCfg, // names discoveryFile, which does not exist here
+			want: "discovery.file.kubeConfigPath: Invalid value: \"" + discoveryFile + "\": not a valid HTTPS URL or a file on disk",
 		},
-		"invalid token": {
-			data: replace(t, joinCfg, "token: "+token, "token: abc"),
-			want: "discovery.bootstrapToken.token",
+		"bootstrap token next to the file": {
+			data: replace(t, joinCfg, "  file:\n", "  bootstrapToken:\n    token: abcdef.0123456789abcdef\n    apiServerEndpoint: 10.88.0.2:6443\n    unsafeSkipCAVerification: true\n  file:\n"),
+			want: "bootstrapToken and file cannot both be set",
 		},
 	}
 	for name, tc := range testCases {
@@ -138,7 +139,10 @@ func replace(t *testing.T, data []byte, old, new string) []byte {
 // TestKubeadmJoinIgnoresKubeletConfiguration documents why Join returns no
 // KubeletConfiguration: kubeadm join does not read it, not even to validate it.
 func TestKubeadmJoinIgnoresKubeletConfiguration(t *testing.T) {
-	joinCfg, err := kubeadmconfig.Join(sandboxJoin(false))
+	p := sandboxJoin(false)
+	p.DiscoveryFile = filepath.Join(t.TempDir(), "discovery.conf")
+	require.NoError(t, os.WriteFile(p.DiscoveryFile, []byte("apiVersion: v1\nkind: Config\n"), 0o600))
+	joinCfg, err := kubeadmconfig.Join(p)
 	require.NoError(t, err)
 	brokenKubelet := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnoSuchField: true\ncgroupDriver: 42\n"
 	stdout, stderr, err := validate(t, append(joinCfg, []byte("---\n"+brokenKubelet)...))
@@ -154,21 +158,20 @@ func TestKubeadmJoinIgnoresKubeletConfiguration(t *testing.T) {
 	assert.Contains(t, stderr, "noSuchField")
 }
 
-// TestKubeadmInitThenJoin runs, against a real control plane (etcd, kube-apiserver and the
-// kube-controller-manager's bootstrap-signer and token-cleaner controllers), the phases of
-// `kubeadm init` that only talk to the API server, with Init's configuration, and then
-// `kubeadm join --dry-run` with Join's: the bootstrap token kubeadm init insists on dies within
-// seconds, the uploaded configuration carries our settings, and a joining node discovers the
-// cluster with the token and the CA pin and gets Init's kubelet configuration.
+// TestKubeadmUploadConfigThenJoin runs, against a real control plane (etcd and
+// kube-apiserver), the phase of `kubeadm init` that uploads the cluster-wide configuration,
+// with Init's configuration, and then `kubeadm join --dry-run` with Join's: a joining node
+// discovers the cluster from the discovery kubeconfig alone (the ticket's API server, CA and
+// the node's client certificate), authenticates as itself, and gets Init's kubelet
+// configuration. No bootstrap token is involved anywhere.
 //
-// Limits: dry-run join skips the TLS bootstrap and, in discovery, the second cluster-info
-// request over the pinned CA (the pin is still checked against the CA in cluster-info);
-// a control-plane join cannot be dry-run without the cluster CA keys in /etc/kubernetes/pki.
-// The dry run writes only into KUBEADM_JOIN_DRYRUN_DIR; its preflight checks only read the
-// host (their failures are ignored: Sandbox).
-func TestKubeadmInitThenJoin(t *testing.T) {
+// Limits: dry-run join skips the TLS bootstrap (internal/deploy's TestNodeIdentityAttacks
+// runs the renewal it leads to against the real kube-controller-manager); a control-plane
+// join cannot be dry-run without the cluster CA keys in /etc/kubernetes/pki. The dry run
+// writes only into KUBEADM_JOIN_DRYRUN_DIR; its preflight checks only read the host (their
+// failures are ignored: Sandbox).
+func TestKubeadmUploadConfigThenJoin(t *testing.T) {
 	kube := kubetest.Start(t, kubetest.Options{})
-	startControllerManager(t, kube, "bootstrapsigner", "tokencleaner")
 	ctx := context.Background()
 	dir := t.TempDir()
 	initCfg, err := kubeadmconfig.Init(sandboxInit())
@@ -176,38 +179,8 @@ func TestKubeadmInitThenJoin(t *testing.T) {
 	initFile := filepath.Join(dir, "init.yaml")
 	require.NoError(t, os.WriteFile(initFile, initCfg, 0o600))
 
-	// 1. kubeadm init's bootstrap-token phase: one token, dead within InitTokenTTL, plus the
-	// RBAC rules and cluster-info that join tokens need.
-	before := time.Now()
-	stdout, stderr, err := runKubeadm(t, nil, "init", "phase", "bootstrap-token", "--config", initFile, "--kubeconfig", kube.Kubeconfig)
-	require.NoError(t, err, "%s%s", stdout, stderr)
-	after := time.Now()
-	m := regexp.MustCompile(`Using token: ([a-z0-9]{6})\.([a-z0-9]{16})`).FindStringSubmatch(stdout)
-	require.NotNil(t, m, "no token in kubeadm's output:\n%s", stdout)
-	initToken := m[1] + "." + m[2]
-
-	secret, err := kube.Admin.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-"+m[1], metav1.GetOptions{})
-	require.NoError(t, err)
-	expiration, err := time.Parse(time.RFC3339, string(secret.Data["expiration"]))
-	require.NoError(t, err)
-	assert.WithinRange(t, expiration, before.Truncate(time.Second), after.Add(kubeadmconfig.InitTokenTTL))
-	assert.Contains(t, string(secret.Data["description"]), "unused")
-	require.Eventually(t, func() bool {
-		_, err := kube.Admin.CoreV1().Secrets("kube-system").Get(ctx, secret.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
-	}, 30*time.Second, 100*time.Millisecond, "the token cleaner did not delete kubeadm init's expired token")
-	client, err := kube.ClientFor(rest.Config{BearerToken: initToken})
-	require.NoError(t, err)
-	_, err = client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	require.True(t, apierrors.IsUnauthorized(err), "kubeadm init's token: %v", err)
-
-	for _, name := range []string{"kubeadm:kubelet-bootstrap", "kubeadm:node-autoapprove-bootstrap", "kubeadm:node-autoapprove-certificate-rotation"} {
-		_, err := kube.Admin.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
-		assert.NoError(t, err, "bootstrap RBAC %s", name)
-	}
-
-	// 2. kubeadm init's upload-config phase: the cluster-wide configuration joining nodes get.
-	stdout, stderr, err = runKubeadm(t, nil, "init", "phase", "upload-config", "all", "--config", initFile, "--kubeconfig", kube.Kubeconfig)
+	// 1. kubeadm init's upload-config phase: the cluster-wide configuration joining nodes get.
+	stdout, stderr, err := runKubeadm(t, nil, "init", "phase", "upload-config", "all", "--config", initFile, "--kubeconfig", kube.Kubeconfig)
 	require.NoError(t, err, "%s%s", stdout, stderr)
 	kubeadmCM, err := kube.Admin.CoreV1().ConfigMaps("kube-system").Get(ctx, "kubeadm-config", metav1.GetOptions{})
 	require.NoError(t, err)
@@ -215,24 +188,33 @@ func TestKubeadmInitThenJoin(t *testing.T) {
 	assert.Equal(t, "10.88.0.2:6443", cluster.ControlPlaneEndpoint)
 	assert.Equal(t, kubeadmv1beta4.EncryptionAlgorithmECDSAP256, cluster.EncryptionAlgorithm)
 	assert.Contains(t, cluster.APIServer.ExtraArgs, kubeadmv1beta4.Arg{Name: "kubelet-certificate-authority", Value: "/etc/kubernetes/pki/ca.crt"})
+	assert.Contains(t, cluster.ControllerManager.ExtraArgs, kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: "24h0m0s"})
 	assert.Equal(t, "10.244.0.0/16", cluster.Networking.PodSubnet)
+	// Nothing of bootstrap tokens: the phase that would create the token, cluster-info and
+	// the rules approving any node name for a token is skipped at init.
+	_, err = kube.Admin.CoreV1().ConfigMaps("kube-public").Get(ctx, "cluster-info", metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "%v", err)
 
-	// 3. kubeadm join --dry-run with a join token as Constellation's join service makes one.
-	joinToken, err := bootstraptoken.Create(ctx, kube.Admin, time.Hour, time.Now(), "join")
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		cm, err := kube.Admin.CoreV1().ConfigMaps("kube-public").Get(ctx, "cluster-info", metav1.GetOptions{})
-		return err == nil && cm.Data["jws-kubeconfig-"+joinToken.ID] != ""
-	}, 30*time.Second, 100*time.Millisecond, "the bootstrap signer did not sign cluster-info")
-
-	join := func(t *testing.T, caHash string) (dryRunDir, stdout, stderr string, err error) {
-		p := sandboxJoin(false)
-		p.APIServerEndpoint = kube.Host
-		p.Token = joinToken.String()
-		p.CACertHashes = []string{caHash}
-		joinCfg, err := kubeadmconfig.Join(p)
+	// 2. kubeadm join --dry-run with the discovery file a join ticket becomes.
+	join := func(t *testing.T, ca *pki.CA, name string, discoveryTimeout time.Duration) (dryRunDir, stdout, stderr string, err error) {
+		certPEM, keyPEM, err := kubeletcred.Issue(ca, name, time.Now())
+		require.NoError(t, err)
+		discovery, err := kubeletcred.Kubeconfig(kubeletcred.KubeconfigParams{
+			Server: kube.Host, NodeName: name, CACert: pki.EncodeCert(ca.Cert), ClientCert: certPEM, ClientKey: keyPEM,
+		})
 		require.NoError(t, err)
 		dir := t.TempDir()
+		p := sandboxJoin(false)
+		p.NodeName = name
+		p.DiscoveryFile = filepath.Join(dir, "discovery.conf")
+		require.NoError(t, os.WriteFile(p.DiscoveryFile, discovery, 0o600))
+		joinCfg, err := kubeadmconfig.Join(p)
+		require.NoError(t, err)
+		if discoveryTimeout > 0 {
+			// kubeadm retries discovery until this timeout (5 minutes by default).
+			require.NotContains(t, string(joinCfg), "timeouts:")
+			joinCfg = append(joinCfg, fmt.Sprintf("timeouts:\n  discovery: %s\n", discoveryTimeout)...)
+		}
 		joinFile := filepath.Join(dir, "join.yaml")
 		require.NoError(t, os.WriteFile(joinFile, joinCfg, 0o600))
 		dryRunDir = filepath.Join(dir, "dry-run")
@@ -243,10 +225,11 @@ func TestKubeadmInitThenJoin(t *testing.T) {
 	}
 
 	t.Run("join", func(t *testing.T) {
-		dryRunDir, stdout, stderr, err := join(t, pki.DiscoveryHash(kube.PKI.CA.Cert))
+		dryRunDir, stdout, stderr, err := join(t, kube.PKI.CA, "node-1", 0)
 		require.NoError(t, err, "%s%s", stdout, stderr)
-		assert.Contains(t, stderr, "Cluster info signature and contents are valid and TLS certificate validates against pinned roots")
+		assert.Contains(t, stderr, "Using authentication credentials from the discovery file")
 		assert.Contains(t, stdout, "This node has joined the cluster")
+		assert.NotContains(t, stderr, "TLSBootstrapToken", "the TLS bootstrap authenticates with the node's certificate")
 
 		kubeletYAML, err := os.ReadFile(filepath.Join(dryRunDir, "config.yaml"))
 		require.NoError(t, err)
@@ -269,12 +252,13 @@ func TestKubeadmInitThenJoin(t *testing.T) {
 		assert.Contains(t, string(flags), "--node-ip=10.88.0.3")
 	})
 
-	t.Run("wrong CA pin", func(t *testing.T) {
+	t.Run("discovery file of another cluster's CA", func(t *testing.T) {
 		other, err := pki.NewCA("other", time.Now(), time.Hour)
 		require.NoError(t, err)
-		_, stdout, stderr, err := join(t, pki.DiscoveryHash(other.Cert))
-		require.Error(t, err, "kubeadm join accepted a cluster CA that is not pinned:\n%s%s", stdout, stderr)
-		assert.Contains(t, stderr, "none of the public keys")
+		_, stdout, stderr, err := join(t, other, "node-1", 3*time.Second)
+		require.Error(t, err, "kubeadm join accepted an API server its CA did not sign:\n%s%s", stdout, stderr)
+		assert.Contains(t, stderr, "x509: certificate signed by unknown authority")
+		assert.NotContains(t, stdout, "This node has joined the cluster")
 	})
 }
 
@@ -285,25 +269,4 @@ func decodeOne[T runtime.Object](t *testing.T, data []byte) T {
 	require.Len(t, objs, 1)
 	require.IsType(t, *new(T), objs[0])
 	return objs[0].(T)
-}
-
-// startControllerManager runs the real kube-controller-manager with only the given
-// controllers against kube until the test ends.
-func startControllerManager(t *testing.T, kube *kubetest.Cluster, controllers ...string) {
-	t.Helper()
-	bin, err := kubetest.Binary("kube-controller-manager")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--kubeconfig="+kube.Kubeconfig, "--controllers="+strings.Join(controllers, ","),
-		"--leader-elect=false", "--secure-port=0")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("kube-controller-manager:\n%s", logs.String())
-		}
-	})
 }

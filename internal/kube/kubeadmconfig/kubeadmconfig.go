@@ -32,19 +32,21 @@
 //     detection); kubeletExtraArgs node-ip=NodeIP, so the node's InternalIP is the address the
 //     platform attributes to it (and that its kubelet certificate carries); taints explicitly
 //     the control-plane NoSchedule taint (kubeadm's default, written out so it is visible).
-//   - bootstrapTokens: kubeadm cannot be told to create no token: its API defaulting turns a
-//     missing or empty list into one default token (valid 24 h, printed in the join command).
-//     Constellation's join service issues its own short-lived tokens, so that token must be
-//     useless. Init configures exactly one token with a TTL of one second (InitTokenTTL):
-//     kubeadm still generates its random value and creates its Secret together with the
-//     bootstrap RBAC rules and the cluster-info ConfigMap the join tokens need, but the API
-//     server stops accepting the token a second later and the controller manager's token
-//     cleaner deletes it. An expiry in the past (expires) would close even that second, but
-//     kubeadm rejects it: its defaulting always sets ttl, and ttl and expires are mutually
-//     exclusive. Skipping the bootstrap-token phase would also skip the RBAC rules and
-//     cluster-info.
-//   - skipPhases: none. kube-proxy stays: the local provider's CNI (bridge + host-local) has no
-//     service implementation of its own, so Services need kube-proxy.
+//   - skipPhases: bootstrap-token and show-join-command. No bootstrap token exists in a Constellation cluster: the
+//     join service hands every node a short-lived client certificate for its own name
+//     (internal/kube/kubeletcsr), and a node joins with it (Join: file discovery). The
+//     phase would create a token (kubeadm's defaulting always adds one) and, worse, the
+//     ClusterRoleBinding kubeadm:node-autoapprove-bootstrap, under which
+//     kube-controller-manager approves a bootstrap token's kubelet client request for any
+//     node name: with any token, one node could become another, a control plane included.
+//     Skipping the phase also skips its cluster-info ConfigMap (joins do not read it: the
+//     node takes the CA from its attested ticket) and the rule that lets kubelets renew their
+//     own certificates (kubeadm:node-autoapprove-certificate-rotation), which
+//     internal/deploy creates instead, nothing else. show-join-command goes with it (kubeadm
+//     refuses to run it without the token it prints). bootstrapTokens is left empty;
+//     kubeadm's defaulting invents a token value nobody ever sees or creates.
+//     kube-proxy stays: the local provider's CNI (bridge + host-local) has no service
+//     implementation of its own, so Services need kube-proxy.
 //
 // ClusterConfiguration:
 //   - encryptionAlgorithm ECDSA-P256: the certificates kubeadm creates match the ECDSA P-256
@@ -55,7 +57,9 @@
 //     kubeadm leaves unverified because kubelets sign their own by default.
 //   - controllerManager and scheduler extraArgs profiling=false and bind-address=127.0.0.1
 //     (kubeadm's default address, written out so that it is checked: their metrics and health
-//     endpoints stay off the node network).
+//     endpoints stay off the node network). controllerManager also cluster-signing-duration
+//     kubeletcsr.ClientValidity: the certificates a kubelet renews its client certificate to
+//     live as short as the ones Constellation issues (kubeadm's default is a year).
 //   - etcd local, dataDir /var/lib/etcd (kubeadm's default, explicit because it must be on
 //     the encrypted state storage); certificatesDir /etc/kubernetes/pki (explicit, because the
 //     bootstrapper writes the cluster CAs there beforehand and kubelet-certificate-authority
@@ -69,7 +73,8 @@
 //
 // KubeletConfiguration (all explicit, most equal to what kubeadm would set):
 //   - authentication: anonymous disabled, webhook enabled, x509 client CA <certificatesDir>/ca.crt;
-//     authorization mode Webhook; readOnlyPort 0; rotateCertificates true (client certificate);
+//     authorization mode Webhook; readOnlyPort 0; rotateCertificates true (the client
+//     certificate, short-lived, is renewed by the kubelet through kube-controller-manager);
 //     serverTLSBootstrap false: kubeadm approves no kubelet-serving CSRs, so with it kubelets
 //     would have no serving certificate at all.
 //   - KubeletServingCert: tlsCertFile /var/lib/kubelet/pki/kubelet.crt and tlsPrivateKeyFile
@@ -95,7 +100,6 @@
 //     failure: other control-plane nodes can join (kubeadm requires a controlPlaneEndpoint for
 //     that), but every kubeconfig points at the first node. Providers with a load balancer or
 //     virtual IP should set ControlPlaneEndpoint.
-//   - kubeadm init's own bootstrap token is valid for up to a second (see above).
 //   - Sandbox ignores every preflight error, real problems included; they surface later.
 //   - Single-stack only: ServiceCIDR and PodCIDR are one prefix each, in NodeIP's family.
 package kubeadmconfig
@@ -110,21 +114,19 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/util/validation"
-	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
-	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
 	kubeadmv1beta4 "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
 	kubeadmconstants "k8s.io/kubernetes/cmd/kubeadm/app/constants"
 	"k8s.io/utils/ptr"
+
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 )
 
 // APIServerPort is the port every control-plane node's API server listens on and advertises.
@@ -144,9 +146,9 @@ const (
 	KubeletPKIName = "kubelet"
 )
 
-// InitTokenTTL is the lifetime of the one bootstrap token `kubeadm init` insists on creating
-// and Constellation does not use (see the package documentation).
-const InitTokenTTL = time.Second
+// SkippedInitPhases are the phases of `kubeadm init` Constellation skips (see the package
+// documentation).
+var SkippedInitPhases = []string{"bootstrap-token", "show-join-command"}
 
 // InitParams configure `kubeadm init` on the first control-plane node.
 type InitParams struct {
@@ -189,12 +191,10 @@ type JoinParams struct {
 	NodeName  string
 	NodeIP    netip.Addr
 	CRISocket string
-	// APIServerEndpoint is the host:port to discover the cluster at (required).
-	APIServerEndpoint string
-	// Token is the bootstrap token "<id>.<secret>" (required).
-	Token string
-	// CACertHashes pin the cluster CA: "sha256:<64 hex digits>" (at least one).
-	CACertHashes []string
+	// DiscoveryFile is the kubeconfig kubeadm discovers the cluster with and authenticates
+	// the node's TLS bootstrap with (an absolute path, required): the API server endpoint,
+	// the cluster CA and the node's client certificate from its join ticket (Kubeconfig).
+	DiscoveryFile string
 	// ControlPlane joins the node as a control-plane node advertising NodeIP:APIServerPort.
 	// The bootstrapper has written the shared CA keys (pki.ControlPlaneFiles) beforehand, so
 	// no certificate key is needed.
@@ -216,12 +216,9 @@ func Init(p InitParams) ([]byte, error) {
 	}
 
 	initCfg := &kubeadmv1beta4.InitConfiguration{
-		BootstrapTokens: []bootstraptokenv1.BootstrapToken{{
-			Description: "unused, created by kubeadm init; Constellation's join service issues join tokens",
-			TTL:         &metav1.Duration{Duration: InitTokenTTL},
-		}},
 		NodeRegistration: nodeRegistration(p.NodeName, nodeIP, p.CRISocket, p.Sandbox, true),
 		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: nodeIP.String(), BindPort: APIServerPort},
+		SkipPhases:       SkippedInitPhases,
 	}
 
 	apiServerArgs := []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}
@@ -242,7 +239,8 @@ func Init(p InitParams) ([]byte, error) {
 			ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: apiServerArgs},
 			CertSANs:              p.APIServerCertSANs,
 		},
-		ControllerManager:   kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: localComponentArgs()},
+		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: append(localComponentArgs(),
+			kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: kubeletcsr.ClientValidity.String()})},
 		Scheduler:           kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: localComponentArgs()},
 		CertificatesDir:     CertificatesDir,
 		ImageRepository:     p.ImageRepository,
@@ -293,14 +291,11 @@ func Join(p JoinParams) ([]byte, error) {
 	nodeIP := p.NodeIP.Unmap()
 	joinCfg := &kubeadmv1beta4.JoinConfiguration{
 		NodeRegistration: nodeRegistration(p.NodeName, nodeIP, p.CRISocket, p.Sandbox, p.ControlPlane),
-		Discovery: kubeadmv1beta4.Discovery{
-			BootstrapToken: &kubeadmv1beta4.BootstrapTokenDiscovery{
-				Token:             p.Token,
-				APIServerEndpoint: p.APIServerEndpoint,
-				CACertHashes:      p.CACertHashes,
-			},
-			TLSBootstrapToken: p.Token,
-		},
+		// File discovery with the node's own credentials: kubeadm trusts the CA in the file
+		// (from the attested ticket) and the kubelet's TLS bootstrap authenticates as
+		// system:node:<name> with the ticket's client certificate, so its request for a
+		// certificate of its own is the only one kube-controller-manager approves.
+		Discovery: kubeadmv1beta4.Discovery{File: &kubeadmv1beta4.FileDiscovery{KubeConfigPath: p.DiscoveryFile}},
 	}
 	if p.ControlPlane {
 		joinCfg.ControlPlane = &kubeadmv1beta4.JoinControlPlane{
@@ -363,8 +358,6 @@ func encode(objs ...runtime.Object) ([]byte, error) {
 
 var (
 	versionPattern = regexp.MustCompile(`^v1\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$`)
-	tokenPattern   = regexp.MustCompile(bootstrapapi.BootstrapTokenPattern)
-	hashPattern    = regexp.MustCompile(`^sha256:[0-9a-fA-F]{64}$`)
 )
 
 func (p InitParams) validate() error {
@@ -422,23 +415,8 @@ func (p InitParams) validate() error {
 func (p JoinParams) validate() error {
 	var errs []error
 	errs = append(errs, validateNode(p.NodeName, p.NodeIP, p.CRISocket)...)
-	if p.APIServerEndpoint == "" {
-		errs = append(errs, errors.New("APIServerEndpoint: required"))
-	} else if err := validateHostPort(p.APIServerEndpoint); err != nil {
-		errs = append(errs, fmt.Errorf("APIServerEndpoint: %w", err))
-	}
-	if !tokenPattern.MatchString(p.Token) {
-		// The token is a secret: never in an error message.
-		//lint:ignore ST1005 errors start with the parameter's name
-		errs = append(errs, errors.New("Token: want <6 of [a-z0-9]>.<16 of [a-z0-9]>"))
-	}
-	if len(p.CACertHashes) == 0 {
-		errs = append(errs, errors.New("CACertHashes: at least one required"))
-	}
-	for _, h := range p.CACertHashes {
-		if !hashPattern.MatchString(h) {
-			errs = append(errs, fmt.Errorf("CACertHashes: %q is not sha256:<64 hex digits>", h))
-		}
+	if !path.IsAbs(p.DiscoveryFile) || path.Clean(p.DiscoveryFile) != p.DiscoveryFile {
+		errs = append(errs, fmt.Errorf("DiscoveryFile %q: want a clean absolute path", p.DiscoveryFile))
 	}
 	return errors.Join(errs...)
 }

@@ -14,7 +14,6 @@ import (
 	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
-	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
 	kubeadmv1beta4 "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
 	"k8s.io/utils/ptr"
 
@@ -22,9 +21,8 @@ import (
 )
 
 const (
-	criSocket = "unix:///run/containerd/containerd.sock"
-	token     = "abcdef.s3cr3tt0k3nvalue"
-	caHash    = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	criSocket     = "unix:///run/containerd/containerd.sock"
+	discoveryFile = "/etc/kubernetes/constellation-join.conf"
 )
 
 var (
@@ -34,14 +32,17 @@ var (
 	kubeletMeta = metav1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"}
 
 	controlPlaneTaint = corev1.Taint{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}
-	// The one bootstrap token kubeadm init will create: random value, one second.
-	initToken = []bootstraptokenv1.BootstrapToken{{
-		Description: "unused, created by kubeadm init; Constellation's join service issues join tokens",
-		TTL:         &metav1.Duration{Duration: 1e9},
-	}}
+	// No bootstrap token: kubeadm init's phase that creates one (and the rule approving any
+	// node name for it) is skipped.
+	skipPhases = []string{"bootstrap-token", "show-join-command"}
 	// Profiling off, local component endpoints on loopback.
 	localComponent = kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
 		{Name: "profiling", Value: "false"}, {Name: "bind-address", Value: "127.0.0.1"},
+	}}
+	// The controller manager also signs the certificates kubelets renew theirs to for a day.
+	controllerManager = kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
+		{Name: "profiling", Value: "false"}, {Name: "bind-address", Value: "127.0.0.1"},
+		{Name: "cluster-signing-duration", Value: "24h0m0s"},
 	}}
 	// The kubelet settings every variant has.
 	kubeletAuth = kubeletv1beta1.KubeletAuthentication{
@@ -81,14 +82,12 @@ func plainInit() kubeadmconfig.InitParams {
 
 func sandboxJoin(controlPlane bool) kubeadmconfig.JoinParams {
 	return kubeadmconfig.JoinParams{
-		NodeName:          "node-1",
-		NodeIP:            netip.MustParseAddr("10.88.0.3"),
-		CRISocket:         criSocket,
-		APIServerEndpoint: "10.88.0.2:6443",
-		Token:             token,
-		CACertHashes:      []string{caHash},
-		ControlPlane:      controlPlane,
-		Sandbox:           true,
+		NodeName:      "node-1",
+		NodeIP:        netip.MustParseAddr("10.88.0.3"),
+		CRISocket:     criSocket,
+		DiscoveryFile: discoveryFile,
+		ControlPlane:  controlPlane,
+		Sandbox:       true,
 	}
 }
 
@@ -125,8 +124,8 @@ func TestInit(t *testing.T) {
 				return p
 			}(),
 			init: &kubeadmv1beta4.InitConfiguration{
-				TypeMeta:        initMeta,
-				BootstrapTokens: initToken,
+				TypeMeta:   initMeta,
+				SkipPhases: skipPhases,
 				NodeRegistration: kubeadmv1beta4.NodeRegistrationOptions{
 					Name:                  "cp-0",
 					CRISocket:             criSocket,
@@ -150,7 +149,7 @@ func TestInit(t *testing.T) {
 					}},
 					CertSANs: []string{"api.constell.example", "192.0.2.10"},
 				},
-				ControllerManager:   localComponent,
+				ControllerManager:   controllerManager,
 				Scheduler:           localComponent,
 				CertificatesDir:     "/etc/kubernetes/pki",
 				ImageRepository:     "registry.local/k8s",
@@ -171,8 +170,8 @@ func TestInit(t *testing.T) {
 		"required parameters only": {
 			params: plainInit(),
 			init: &kubeadmv1beta4.InitConfiguration{
-				TypeMeta:        initMeta,
-				BootstrapTokens: initToken,
+				TypeMeta:   initMeta,
+				SkipPhases: skipPhases,
 				NodeRegistration: kubeadmv1beta4.NodeRegistrationOptions{
 					Name:             "cp-0",
 					CRISocket:        criSocket,
@@ -190,7 +189,7 @@ func TestInit(t *testing.T) {
 				APIServer: kubeadmv1beta4.APIServer{
 					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}},
 				},
-				ControllerManager:   localComponent,
+				ControllerManager:   controllerManager,
 				Scheduler:           localComponent,
 				CertificatesDir:     "/etc/kubernetes/pki",
 				EncryptionAlgorithm: "ECDSA-P256",
@@ -211,8 +210,8 @@ func TestInit(t *testing.T) {
 				return p
 			}(),
 			init: &kubeadmv1beta4.InitConfiguration{
-				TypeMeta:        initMeta,
-				BootstrapTokens: initToken,
+				TypeMeta:   initMeta,
+				SkipPhases: skipPhases,
 				NodeRegistration: kubeadmv1beta4.NodeRegistrationOptions{
 					Name:             "cp-0",
 					CRISocket:        criSocket,
@@ -230,7 +229,7 @@ func TestInit(t *testing.T) {
 				APIServer: kubeadmv1beta4.APIServer{
 					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}},
 				},
-				ControllerManager:   localComponent,
+				ControllerManager:   controllerManager,
 				Scheduler:           localComponent,
 				CertificatesDir:     "/etc/kubernetes/pki",
 				EncryptionAlgorithm: "ECDSA-P256",
@@ -275,14 +274,7 @@ func TestInit(t *testing.T) {
 }
 
 func TestJoin(t *testing.T) {
-	discovery := kubeadmv1beta4.Discovery{
-		BootstrapToken: &kubeadmv1beta4.BootstrapTokenDiscovery{
-			Token:             token,
-			APIServerEndpoint: "10.88.0.2:6443",
-			CACertHashes:      []string{caHash},
-		},
-		TLSBootstrapToken: token,
-	}
+	discovery := kubeadmv1beta4.Discovery{File: &kubeadmv1beta4.FileDiscovery{KubeConfigPath: discoveryFile}}
 	testCases := map[string]struct {
 		params kubeadmconfig.JoinParams
 		want   *kubeadmv1beta4.JoinConfiguration
@@ -320,12 +312,10 @@ func TestJoin(t *testing.T) {
 				},
 			},
 		},
-		"plain worker, two CA hashes, DNS endpoint": {
+		"plain worker": {
 			params: func() kubeadmconfig.JoinParams {
 				p := sandboxJoin(false)
 				p.Sandbox = false
-				p.APIServerEndpoint = "api.constell.example:6443"
-				p.CACertHashes = []string{caHash, "sha256:" + strings.Repeat("AB", 32)}
 				return p
 			}(),
 			want: &kubeadmv1beta4.JoinConfiguration{
@@ -336,14 +326,7 @@ func TestJoin(t *testing.T) {
 					Taints:           []corev1.Taint{},
 					KubeletExtraArgs: []kubeadmv1beta4.Arg{{Name: "node-ip", Value: "10.88.0.3"}},
 				},
-				Discovery: kubeadmv1beta4.Discovery{
-					BootstrapToken: &kubeadmv1beta4.BootstrapTokenDiscovery{
-						Token:             token,
-						APIServerEndpoint: "api.constell.example:6443",
-						CACertHashes:      []string{caHash, "sha256:" + strings.Repeat("AB", 32)},
-					},
-					TLSBootstrapToken: token,
-				},
+				Discovery: discovery,
 			},
 		},
 	}
@@ -355,6 +338,7 @@ func TestJoin(t *testing.T) {
 			require.Len(t, objs, 1, "only a JoinConfiguration: kubeadm join ignores other documents")
 			assert.Equal(t, tc.want, objs[0])
 			assert.NotContains(t, string(data), "unsafeSkipCAVerification")
+			assert.NotContains(t, string(data), "token", "no bootstrap token: the node joins with its own client certificate")
 		})
 	}
 }
@@ -427,25 +411,15 @@ func TestJoinInvalid(t *testing.T) {
 		change func(*kubeadmconfig.JoinParams)
 		want   []string
 	}{
-		"missing node name": {func(p *kubeadmconfig.JoinParams) { p.NodeName = "" }, []string{"NodeName: required"}},
-		"node IP":           {func(p *kubeadmconfig.JoinParams) { p.NodeIP = netip.MustParseAddr("0.0.0.0") }, []string{"NodeIP 0.0.0.0"}},
-		"CRI socket":        {func(p *kubeadmconfig.JoinParams) { p.CRISocket = "" }, []string{`CRISocket ""`}},
-		"missing endpoint":  {func(p *kubeadmconfig.JoinParams) { p.APIServerEndpoint = "" }, []string{"APIServerEndpoint: required"}},
-		"endpoint is a URL": {func(p *kubeadmconfig.JoinParams) { p.APIServerEndpoint = "https://10.88.0.2:6443" }, []string{"APIServerEndpoint: want host:port"}},
-		"missing token":     {func(p *kubeadmconfig.JoinParams) { p.Token = "" }, []string{"Token: want"}},
-		"token upper case":  {func(p *kubeadmconfig.JoinParams) { p.Token = "ABCDEF.s3cr3tt0k3nvalue" }, []string{"Token: want"}},
-		"token short":       {func(p *kubeadmconfig.JoinParams) { p.Token = "abcdef.s3cr3tt0k3nvalu" }, []string{"Token: want"}},
-		"token newline":     {func(p *kubeadmconfig.JoinParams) { p.Token = token + "\n" }, []string{"Token: want"}},
-		"no CA hash":        {func(p *kubeadmconfig.JoinParams) { p.CACertHashes = nil }, []string{"CACertHashes: at least one required"}},
-		"CA hash algorithm": {func(p *kubeadmconfig.JoinParams) { p.CACertHashes = []string{"sha1:" + strings.Repeat("ab", 32)} },
-			[]string{`CACertHashes: "sha1:`}},
-		"CA hash length": {func(p *kubeadmconfig.JoinParams) { p.CACertHashes = []string{caHash, caHash + "00"} },
-			[]string{`CACertHashes: "` + caHash + `00"`}},
+		"missing node name":  {func(p *kubeadmconfig.JoinParams) { p.NodeName = "" }, []string{"NodeName: required"}},
+		"node IP":            {func(p *kubeadmconfig.JoinParams) { p.NodeIP = netip.MustParseAddr("0.0.0.0") }, []string{"NodeIP 0.0.0.0"}},
+		"CRI socket":         {func(p *kubeadmconfig.JoinParams) { p.CRISocket = "" }, []string{`CRISocket ""`}},
+		"no discovery file":  {func(p *kubeadmconfig.JoinParams) { p.DiscoveryFile = "" }, []string{`DiscoveryFile "": want a clean absolute path`}},
+		"relative discovery": {func(p *kubeadmconfig.JoinParams) { p.DiscoveryFile = "join.conf" }, []string{`DiscoveryFile "join.conf"`}},
+		"unclean discovery":  {func(p *kubeadmconfig.JoinParams) { p.DiscoveryFile = "/etc/../join.conf" }, []string{`DiscoveryFile "/etc/../join.conf"`}},
 		"several at once": {
-			func(p *kubeadmconfig.JoinParams) {
-				p.NodeIP, p.Token, p.CACertHashes = netip.Addr{}, "x", []string{"y"}
-			},
-			[]string{"NodeIP: required", "Token: want", `CACertHashes: "y"`},
+			func(p *kubeadmconfig.JoinParams) { p.NodeIP, p.DiscoveryFile = netip.Addr{}, "x" },
+			[]string{"NodeIP: required", `DiscoveryFile "x"`},
 		},
 	}
 	for name, tc := range testCases {
@@ -459,7 +433,6 @@ func TestJoinInvalid(t *testing.T) {
 				assert.ErrorContains(t, err, want)
 			}
 			assert.Len(t, strings.Split(err.Error(), "\n"), len(tc.want), "exactly the expected problems: %v", err)
-			assert.NotContains(t, err.Error(), "s3cr3tt0k3nvalu", "the token secret must not leak into errors")
 		})
 	}
 }

@@ -1,4 +1,17 @@
-// Package kubeletcsr checks a joining node's certificate request for its kubelet and signs it.
+// Package kubeletcsr checks a node's certificate requests for its kubelet and signs them: the
+// one place where Constellation vouches for a node's Kubernetes name.
+//
+// A kubelet has two certificates, each for one purpose, each with its own key:
+//
+//   - the client certificate (ClientAuth only, CN system:node:<name>, O system:nodes, no SANs)
+//     it authenticates to the API server with. Constellation issues it only at an attested
+//     entry into the cluster (the init node's own, a join or rejoin ticket, a recovered
+//     control plane's own) and for ClientValidity; from then on the kubelet renews it itself
+//     through kube-controller-manager, which approves only a request for the requester's own
+//     name (kubeadm's "selfnodeclient" rule) and signs it for the same ClientValidity. Nothing
+//     a node holds can get another name approved (docs/threat-model.md, A4).
+//   - the serving certificate (ServerAuth only, the node's name and addresses as SANs), which
+//     the API server checks when it connects to the kubelet (logs, exec, port-forward).
 //
 // A request is untrusted input even from an attested node: the image is trusted, but the name
 // and addresses it asks for must be the ones the platform attributes to that node, or one node
@@ -8,10 +21,13 @@
 package kubeletcsr
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"net"
@@ -33,8 +49,20 @@ const (
 // MaxRequestSize caps a DER request before parsing; a kubelet request is well under 1 KiB.
 const MaxRequestSize = 16 << 10
 
-// Validity of issued kubelet certificates, as kubeadm's leaf certificates.
-const Validity = 365 * 24 * time.Hour
+// Validity of the certificates this package issues.
+const (
+	// ServingValidity: serving certificates, as kubeadm's leaf certificates. A serving
+	// certificate authenticates nobody to the API server.
+	ServingValidity = 365 * 24 * time.Hour
+	// ClientValidity: client certificates, Constellation's and the ones kube-controller-manager
+	// signs when a kubelet renews its own (kubeadmconfig sets --cluster-signing-duration to
+	// it). A kubelet renews at 70-90 % of it; a removed node cannot renew (its requests are
+	// refused), so a credential it kept dies within ClientValidity even where nothing else
+	// refuses it.
+	ClientValidity = 24 * time.Hour
+	// backdate tolerates clock skew between nodes.
+	backdate = 5 * time.Minute
+)
 
 // ErrRejected is wrapped by every error about the request's content.
 var ErrRejected = errors.New("kubelet certificate request rejected")
@@ -45,10 +73,23 @@ type Node struct {
 	Addresses []netip.Addr
 }
 
-// Check parses and verifies der and validates it for node: subject exactly CN
-// system:node:<name> and O system:nodes; DNS SANs only the node's name; IP SANs only the
-// node's addresses; no other SANs; an ECDSA P-256/P-384 or RSA ≥ 2048 key.
-func Check(der []byte, node Node) (*x509.CertificateRequest, error) {
+// CheckServing parses and verifies der and validates it as node's serving certificate
+// request: subject exactly CN system:node:<name> and O system:nodes; DNS SANs only the
+// node's name; IP SANs only the node's addresses; no other SANs; an ECDSA P-256/P-384 or
+// RSA ≥ 2048 key.
+func CheckServing(der []byte, node Node) (*x509.CertificateRequest, error) {
+	return check(der, node, true)
+}
+
+// CheckClient parses and verifies der and validates it as the client certificate request of
+// the node named name: subject exactly CN system:node:<name> and O system:nodes, no SANs at
+// all (kube-controller-manager refuses SANs in kubelet client requests too), a key as
+// CheckServing's.
+func CheckClient(der []byte, name string) (*x509.CertificateRequest, error) {
+	return check(der, Node{Name: name}, false)
+}
+
+func check(der []byte, node Node, serving bool) (*x509.CertificateRequest, error) {
 	// 1. Parse.
 	if len(der) == 0 {
 		return nil, fmt.Errorf("%w: empty", ErrRejected)
@@ -83,13 +124,18 @@ func Check(der []byte, node Node) (*x509.CertificateRequest, error) {
 	if len(s.Country)+len(s.Province)+len(s.Locality)+len(s.StreetAddress)+len(s.PostalCode)+len(s.OrganizationalUnit)+len(s.ExtraNames) > 0 || s.SerialNumber != "" {
 		problems = append(problems, errors.New("subject has fields besides CN and O"))
 	}
+	if !serving {
+		if n := len(csr.DNSNames) + len(csr.IPAddresses) + len(csr.EmailAddresses) + len(csr.URIs); n > 0 {
+			problems = append(problems, fmt.Errorf("%d SANs in a client certificate request, want none", n))
+		}
+	}
 	var badNames, badIPs []string
 	for _, name := range csr.DNSNames {
 		if name != node.Name {
 			badNames = append(badNames, untrusted.Quote(name))
 		}
 	}
-	if len(badNames) > 0 {
+	if len(badNames) > 0 && serving {
 		problems = append(problems, fmt.Errorf("DNS name %s is not the node's name %q", listed(badNames), node.Name))
 	}
 	for _, ip := range csr.IPAddresses {
@@ -98,10 +144,10 @@ func Check(der []byte, node Node) (*x509.CertificateRequest, error) {
 			badIPs = append(badIPs, ip.String())
 		}
 	}
-	if len(badIPs) > 0 {
+	if len(badIPs) > 0 && serving {
 		problems = append(problems, fmt.Errorf("IP address %s is not one of the node's addresses %v", listed(badIPs), node.Addresses))
 	}
-	if len(csr.EmailAddresses)+len(csr.URIs) > 0 {
+	if len(csr.EmailAddresses)+len(csr.URIs) > 0 && serving {
 		problems = append(problems, errors.New("e-mail or URI SANs requested"))
 	}
 	if err := checkKey(csr); err != nil {
@@ -140,29 +186,52 @@ func checkKey(csr *x509.CertificateRequest) error {
 	return nil
 }
 
-// Sign checks der for node (Check) and issues the kubelet's certificate (Issue).
-func Sign(ca *pki.CA, der []byte, node Node, now time.Time) (*x509.Certificate, error) {
-	csr, err := Check(der, node)
-	if err != nil {
-		return nil, err
-	}
-	return Issue(ca, csr, now)
-}
-
-// Issue issues the kubelet's certificate from ca for a request that passed Check: for client
-// authentication to the API server and as the kubelet's serving certificate.
-func Issue(ca *pki.CA, csr *x509.CertificateRequest, now time.Time) (*x509.Certificate, error) {
+// IssueServing issues the kubelet's serving certificate from ca for a request that passed
+// CheckServing, valid ServingValidity from now (backdated a little for clock skew).
+func IssueServing(ca *pki.CA, csr *x509.CertificateRequest, now time.Time) (*x509.Certificate, error) {
 	ips := make([]net.IP, len(csr.IPAddresses))
 	copy(ips, csr.IPAddresses)
 	return ca.Issue(pki.Leaf{
-		CommonName:    csr.Subject.CommonName,
-		Organizations: []string{NodesGroup},
-		DNSNames:      csr.DNSNames,
-		IPs:           ips,
-		Client:        true,
-		Server:        true,
-		// A little backdating tolerates clock skew between nodes.
-		NotBefore: now.Add(-5 * time.Minute),
-		NotAfter:  now.Add(Validity),
+		CommonName: csr.Subject.CommonName, Organizations: []string{NodesGroup},
+		DNSNames: csr.DNSNames, IPs: ips, Server: true,
+		NotBefore: now.Add(-backdate), NotAfter: now.Add(ServingValidity),
 	}, csr.PublicKey)
+}
+
+// IssueClient issues the kubelet's client certificate from ca for a request that passed
+// CheckClient, valid ClientValidity from now.
+func IssueClient(ca *pki.CA, csr *x509.CertificateRequest, now time.Time) (*x509.Certificate, error) {
+	return ca.Issue(pki.Leaf{
+		CommonName: csr.Subject.CommonName, Organizations: []string{NodesGroup}, Client: true,
+		NotBefore: now.Add(-backdate), NotAfter: now.Add(ClientValidity),
+	}, csr.PublicKey)
+}
+
+// ServingRequest returns a serving certificate request for the node (its name and addresses)
+// signed by key: what CheckServing accepts.
+func ServingRequest(node Node, key crypto.Signer) ([]byte, error) {
+	tmpl := &x509.CertificateRequest{
+		Subject:  pkix.Name{CommonName: NodeUserPrefix + node.Name, Organization: []string{NodesGroup}},
+		DNSNames: []string{node.Name},
+	}
+	for _, ip := range node.Addresses {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, ip.AsSlice())
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet serving certificate request: %w", err)
+	}
+	return der, nil
+}
+
+// ClientRequest returns a client certificate request for the node named name signed by key:
+// what CheckClient accepts.
+func ClientRequest(name string, key crypto.Signer) ([]byte, error) {
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: NodeUserPrefix + name, Organization: []string{NodesGroup}},
+	}, key)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet client certificate request: %w", err)
+	}
+	return der, nil
 }

@@ -122,7 +122,7 @@ func TestCheck(t *testing.T) {
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			csr, err := Check(tc.der, node)
+			csr, err := CheckServing(tc.der, node)
 			if err != nil {
 				assert.Less(t, len(err.Error()), 1024, "the error echoes peer strings unbounded")
 			}
@@ -138,33 +138,100 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-func TestSign(t *testing.T) {
+func TestCheckClient(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	client := func(mutate func(*x509.CertificateRequest)) []byte {
+		return request(t, key, func(r *x509.CertificateRequest) {
+			r.DNSNames, r.IPAddresses = nil, nil
+			if mutate != nil {
+				mutate(r)
+			}
+		})
+	}
+	own, err := ClientRequest("worker-1", key)
+	require.NoError(t, err)
+	testCases := map[string]struct {
+		der     []byte
+		wantErr string
+	}{
+		"valid":                  {der: client(nil)},
+		"built by ClientRequest": {der: own},
+		"another node's name": {
+			der:     client(func(r *x509.CertificateRequest) { r.Subject.CommonName = "system:node:control-plane-0" }),
+			wantErr: `common name "system:node:control-plane-0", want "system:node:worker-1"`,
+		},
+		"masters group": {
+			der:     client(func(r *x509.CertificateRequest) { r.Subject.Organization = []string{"system:masters"} }),
+			wantErr: `organization ["system:masters"], want ["system:nodes"]`,
+		},
+		"serving request's SANs": {der: request(t, key, nil), wantErr: "3 SANs in a client certificate request, want none"},
+		"URI SAN": {
+			der:     client(func(r *x509.CertificateRequest) { r.URIs = []*url.URL{{Scheme: "spiffe", Host: "x"}} }),
+			wantErr: "1 SANs in a client certificate request",
+		},
+		"empty": {wantErr: "empty"},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			csr, err := CheckClient(tc.der, "worker-1")
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				assert.Equal(t, "system:node:worker-1", csr.Subject.CommonName)
+				return
+			}
+			require.ErrorIs(t, err, ErrRejected)
+			assert.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+}
+
+func TestIssue(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	ca, err := pki.NewCA("kubernetes", now, time.Hour*24*3650)
 	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 
-	cert, err := Sign(ca, request(t, key, nil), node, now)
+	servingDER, err := ServingRequest(node, key)
 	require.NoError(t, err)
-	assert.Equal(t, "system:node:worker-1", cert.Subject.CommonName)
-	assert.Equal(t, []string{"system:nodes"}, cert.Subject.Organization)
-	assert.Equal(t, []string{"worker-1"}, cert.DNSNames)
-	assert.Len(t, cert.IPAddresses, 2)
-	assert.ElementsMatch(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, cert.ExtKeyUsage)
-	assert.True(t, key.PublicKey.Equal(cert.PublicKey))
-	assert.Equal(t, now.Add(Validity), cert.NotAfter)
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	_, err = cert.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	servingCSR, err := CheckServing(servingDER, node)
 	require.NoError(t, err)
+	serving, err := IssueServing(ca, servingCSR, now)
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:worker-1", serving.Subject.CommonName)
+	assert.Equal(t, []string{"system:nodes"}, serving.Subject.Organization)
+	assert.Equal(t, []string{"worker-1"}, serving.DNSNames)
+	assert.Len(t, serving.IPAddresses, 2)
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, serving.ExtKeyUsage, "a serving certificate must not authenticate the node")
+	assert.True(t, key.PublicKey.Equal(serving.PublicKey))
+	assert.Equal(t, now.Add(ServingValidity), serving.NotAfter)
+	_, err = serving.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	require.Error(t, err, "the serving certificate verifies for client authentication")
 
-	_, err = Sign(ca, request(t, key, func(r *x509.CertificateRequest) { r.Subject.CommonName = "system:node:x" }), node, now)
-	require.ErrorIs(t, err, ErrRejected)
+	clientDER, err := ClientRequest("worker-1", key)
+	require.NoError(t, err)
+	clientCSR, err := CheckClient(clientDER, "worker-1")
+	require.NoError(t, err)
+	client, err := IssueClient(ca, clientCSR, now)
+	require.NoError(t, err)
+	assert.Equal(t, "system:node:worker-1", client.Subject.CommonName)
+	assert.Equal(t, []string{"system:nodes"}, client.Subject.Organization)
+	assert.Empty(t, client.DNSNames)
+	assert.Empty(t, client.IPAddresses)
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, client.ExtKeyUsage)
+	assert.Equal(t, now.Add(ClientValidity), client.NotAfter)
+	assert.Equal(t, now.Add(-backdate), client.NotBefore)
+	_, err = client.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	require.NoError(t, err)
+	_, err = client.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now.Add(ClientValidity + time.Second), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	require.Error(t, err, "valid after ClientValidity")
 }
 
 // FuzzCheck: no input panics, and whatever passes names exactly the node and only its
-// addresses.
+// addresses (a client request: no addresses at all).
 func FuzzCheck(f *testing.F) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(f, err)
@@ -172,7 +239,13 @@ func FuzzCheck(f *testing.F) {
 	f.Add(request(f, key, func(r *x509.CertificateRequest) { r.IPAddresses = append(r.IPAddresses, net.ParseIP("10.0.0.1")) }))
 	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x00})
 	f.Fuzz(func(t *testing.T, der []byte) {
-		csr, err := Check(der, node)
+		if csr, err := CheckClient(der, node.Name); err == nil {
+			require.Equal(t, "system:node:worker-1", csr.Subject.CommonName)
+			require.Equal(t, []string{"system:nodes"}, csr.Subject.Organization)
+			require.Empty(t, csr.DNSNames)
+			require.Empty(t, csr.IPAddresses)
+		}
+		csr, err := CheckServing(der, node)
 		if err != nil {
 			return
 		}

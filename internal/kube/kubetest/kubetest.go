@@ -1,6 +1,7 @@
 // Package kubetest starts a real Kubernetes control plane for tests: etcd and kube-apiserver,
 // built from the Go module proxy by hack/build-kube.sh, on loopback, with PKI in kubeadm's layout,
-// bootstrap-token authentication and Node,RBAC authorization, and gives tests an admin client.
+// bootstrap-token authentication, Node,RBAC authorization and the NodeRestriction admission
+// plugin (as kubeadm configures them), and gives tests an admin client.
 // On request it also runs kube-controller-manager with the controllers a test names (for example
 // the disruption controller, which computes PodDisruptionBudget status).
 //
@@ -183,6 +184,8 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-cluster-ip-range=10.96.0.0/12",
 		"--authorization-mode=Node,RBAC",
+		// As kubeadm runs it: a node may write only its own Node and its pods' status.
+		"--enable-admission-plugins=NodeRestriction",
 		"--enable-bootstrap-token-auth",
 		// The endpoint reconciler refuses loopback addresses; tests do not need it.
 		"--endpoint-reconciler-type=none",

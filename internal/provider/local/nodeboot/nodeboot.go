@@ -37,6 +37,7 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
@@ -189,14 +190,20 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	}
 	jc, err := joinclient.New(joinclient.Config{
 		Node: n, Metadata: meta, Dial: dial, Kubeadm: runner, KubeadmConfig: joinclient.KubeadmConfig(settings),
-		Kubelet: lifetimeKubelet{kubelet, ctx}, PKIDir: "/etc/kubernetes/pki", KubeletPKIDir: "/var/lib/kubelet/pki", Log: log,
+		Kubelet: lifetimeKubelet{kubelet, ctx}, PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir,
+		DiscoveryFile: "/etc/kubernetes/constellation-join.conf", Log: log,
 	})
 	if err != nil {
 		return "", err
 	}
 	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: asyncReporter(ctx, meta, log)}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
-		rs, err := recoveryserver.New(recoveryserver.Config{Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log})
+		rs, err := recoveryserver.New(recoveryserver.Config{
+			Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log,
+			RenewKubeletCredential: func() error {
+				return kubeletcred.RenewWithCA(kubeadmconfig.CertificatesDir, kubeletcred.CertDir, inst.Name, time.Now())
+			},
+		})
 		if err != nil {
 			return "", err
 		}
@@ -211,8 +218,8 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		is, err := initserver.New(initserver.Config{
 			Node: n, Metadata: meta, Issuer: issuer, Kubeadm: runner,
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
-			AdminKubeconfig: "/etc/kubernetes/admin.conf", PKIDir: "/etc/kubernetes/pki",
-			KubeletPKIDir: "/var/lib/kubelet/pki", NodeLogs: osys.Logs, Log: log,
+			AdminKubeconfig: "/etc/kubernetes/admin.conf", KubeletKubeconfig: kubeletcred.KubeconfigFile,
+			PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir, NodeLogs: osys.Logs, Log: log,
 			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout),
 		})
 		if err != nil {
