@@ -3,9 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -168,11 +172,18 @@ func TestRun(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	client := joinpb.NewJoinServiceClient(conn)
 
+	// A rejoin renews the node's kubelet client certificate: the request carries its CSR.
+	csrKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	clientCSR, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "system:node:worker-0", Organization: []string{"system:nodes"}},
+	}, csrKey)
+	require.NoError(t, err)
 	var ticket *joinpb.IssueRejoinTicketResponse
 	require.Eventually(t, func() bool {
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		defer ccancel()
-		ticket, err = client.IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid})
+		ticket, err = client.IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid, ClientCertificateRequest: clientCSR})
 		return err == nil
 	}, 20*time.Second, 100*time.Millisecond, "rejoin: %v", err)
 	wantDisk, err := master.DeriveKey(uuid, joinservice.StateDiskKeySize)
