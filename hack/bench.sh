@@ -19,6 +19,9 @@ raw=$(mktemp); trap 'rm -f "$raw"' EXIT
     ./pkg/attestation/snp/ ./pkg/attestation/awssnp/ ./pkg/attestation/gcpsnp/ ./pkg/attestation/azuresnp/ \
     ./pkg/attestation/tdx/ ./pkg/attestation/eventlog/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
+  # 10,000 connections that never complete TLS against the join service (one flood per run:
+  # each waits for the 20 s handshake deadline).
+  go test -run '^$' -bench BenchmarkStalledConnections -benchtime 1x ./internal/joinservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoinAfterServiceStarts -benchtime "${JOINWAITS:-20}x" ./internal/bootstrapper/joinclient/ 2>/dev/null || true
   if [ "${MINI:-1}" != 0 ]; then
     go test -run '^$' -bench 'BenchmarkMiniUp|BenchmarkDayTwo' -benchtime 1x -timeout 30m ./test/e2e/ 2>/dev/null || true

@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
-	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -43,6 +42,7 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
@@ -67,6 +67,9 @@ type flags struct {
 	// Handshake admission (internal/handshakelimit); 0: the service's defaults.
 	rateLimit                               float64
 	rateBurst, perPeer, concurrent, waiting int
+	// Accept-time bounds (step 0); 0: the service's defaults.
+	pendingPerPeer, pending int
+	handshakeTimeout        time.Duration
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -88,6 +91,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	fs.IntVar(&f.perPeer, "max-handshakes-per-peer", 0, fmt.Sprintf("handshakes in progress per peer address (0: %d)", joinservice.DefaultMaxHandshakesPerPeer))
 	fs.IntVar(&f.concurrent, "max-concurrent-handshakes", 0, fmt.Sprintf("handshakes quoting and verifying at once (0: %d)", joinservice.DefaultMaxConcurrentHandshakes))
 	fs.IntVar(&f.waiting, "max-waiting-handshakes", 0, fmt.Sprintf("handshakes waiting for a turn; more are refused at once (0: %d)", joinservice.DefaultMaxWaitingHandshakes))
+	fs.IntVar(&f.pendingPerPeer, "max-pending-per-peer", 0, fmt.Sprintf("connections per peer address whose handshake has not finished; more are refused when accepted (0: %d)", joinservice.DefaultAcceptLimits.PerPeer))
+	fs.IntVar(&f.pending, "max-pending", 0, fmt.Sprintf("connections whose handshake has not finished, in all (0: %d)", joinservice.DefaultAcceptLimits.Total))
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 0, fmt.Sprintf("deadline of a connection's handshake (TLS, attestation, HTTP/2 preface) from its accept (0: %v)", joinservice.DefaultAcceptLimits.Timeout))
 	fs.StringVar(&f.metricsAddr, "metrics-listen", "", "Prometheus metrics listen address (empty: none)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
@@ -96,7 +102,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if f.apiServerEndpoint == "" {
 		return errors.New("--api-server-endpoint is required")
 	}
-	for name, v := range map[string]float64{"handshake-rate": f.rateLimit, "handshake-burst": float64(f.rateBurst), "max-handshakes-per-peer": float64(f.perPeer), "max-concurrent-handshakes": float64(f.concurrent), "max-waiting-handshakes": float64(f.waiting)} {
+	for name, v := range map[string]float64{"handshake-rate": f.rateLimit, "handshake-burst": float64(f.rateBurst), "max-handshakes-per-peer": float64(f.perPeer), "max-concurrent-handshakes": float64(f.concurrent), "max-waiting-handshakes": float64(f.waiting),
+		"max-pending-per-peer": float64(f.pendingPerPeer), "max-pending": float64(f.pending), "handshake-timeout": f.handshakeTimeout.Seconds()} {
 		if v < 0 {
 			return fmt.Errorf("--%s %v: must not be negative (0: the default)", name, v)
 		}
@@ -161,6 +168,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		MaxHandshakesPerPeer:    f.perPeer,
 		MaxConcurrentHandshakes: f.concurrent,
 		MaxWaitingHandshakes:    f.waiting,
+		AcceptLimits:            handshakelimit.AcceptLimits{PerPeer: f.pendingPerPeer, Total: f.pending, Timeout: f.handshakeTimeout},
 		Log:                     log,
 		Registerer:              reg,
 	})
@@ -174,9 +182,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer cancel()
 	go func() { watchErr <- watcher.Run(ctx) }()
 
-	g := grpc.NewServer(grpc.Creds(svc.Credentials()))
-	svc.Register(g)
-	servers := []cmdutil.Server{cmdutil.GRPC("joinservice", f.listen, g)}
+	servers := []cmdutil.Server{cmdutil.GRPC("joinservice", f.listen, svc.NewGRPCServer())}
 	if f.metricsAddr != "" {
 		servers = append(servers, cmdutil.Metrics(f.metricsAddr, reg))
 	}

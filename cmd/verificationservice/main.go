@@ -17,7 +17,6 @@ import (
 	"syscall"
 
 	"golang.org/x/time/rate"
-	"google.golang.org/grpc"
 
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/verifyservice"
@@ -93,9 +92,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer()
-	srv.Register(g)
-	servers := []cmdutil.Server{cmdutil.GRPC("grpc", *grpcAddr, g), cmdutil.HTTP("http", *httpAddr, srv)}
+	servers := []cmdutil.Server{cmdutil.GRPC("grpc", *grpcAddr, srv.NewGRPCServer()), cmdutil.HTTP("http", *httpAddr, srv, srv.HTTPAcceptLimiter())}
 	if *metricsAddr != "" {
 		servers = append(servers, cmdutil.Metrics(*metricsAddr, reg))
 	}

@@ -23,8 +23,6 @@ import (
 	"net"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
@@ -106,8 +104,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 		if cfg.RecoveryListener == nil {
 			return "", errors.New("recovery server without a listener")
 		}
-		g := grpc.NewServer(grpc.Creds(rs.Credentials()))
-		rs.Register(g)
+		g := rs.NewGRPCServer()
 		serveErr := make(chan error, 1)
 		go func() { serveErr <- g.Serve(cfg.RecoveryListener) }()
 		// GracefulStop lets a running Recover answer; the server stops when Run returns,
@@ -198,8 +195,7 @@ func commit(ctx context.Context, cfg Config) (string, error) {
 		if cfg.InitListener == nil {
 			return "", errors.New("init server without a listener")
 		}
-		g := grpc.NewServer(grpc.Creds(cfg.InitServer.Credentials()))
-		cfg.InitServer.Register(g)
+		g := cfg.InitServer.NewGRPCServer()
 		serveErr := make(chan error, 1)
 		go func() { serveErr <- g.Serve(cfg.InitListener) }()
 		// GracefulStop lets a running Init send its last messages.

@@ -18,7 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc"
+
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 )
 
 // EnvName is the environment variable of a flag: prefix + the flag's name in upper case with
@@ -79,8 +80,16 @@ type Server struct {
 	Stop func(ctx context.Context)
 }
 
+// GRPCServer is what GRPC serves: a *grpc.Server, or a server whose Serve guards its
+// listener (handshakelimit.GRPCServer).
+type GRPCServer interface {
+	Serve(ln net.Listener) error
+	GracefulStop()
+	Stop()
+}
+
 // GRPC returns a Server for g.
-func GRPC(name, addr string, g *grpc.Server) Server {
+func GRPC(name, addr string, g GRPCServer) Server {
 	return Server{Name: name, Addr: addr, Serve: g.Serve, Stop: func(ctx context.Context) {
 		done := make(chan struct{})
 		go func() { g.GracefulStop(); close(done) }()
@@ -92,8 +101,10 @@ func GRPC(name, addr string, g *grpc.Server) Server {
 	}}
 }
 
-// HTTP returns a Server for h, with timeouts fit for small requests.
-func HTTP(name, addr string, h http.Handler) Server {
+// HTTP returns a Server for h, with timeouts fit for small requests. When accept is set, its
+// listener passes accept (handshakelimit.NewHTTPServer): connections that have not sent a
+// request header yet are bounded when they are accepted.
+func HTTP(name, addr string, h http.Handler, accept *handshakelimit.AcceptLimiter) Server {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -102,8 +113,12 @@ func HTTP(name, addr string, h http.Handler) Server {
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 	}
+	serve := srv.Serve
+	if accept != nil {
+		serve = handshakelimit.NewHTTPServer(accept, srv).Serve
+	}
 	return Server{Name: name, Addr: addr, Serve: func(ln net.Listener) error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
@@ -114,7 +129,7 @@ func HTTP(name, addr string, h http.Handler) Server {
 func Metrics(addr string, reg *prometheus.Registry) Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	return HTTP("metrics", addr, mux)
+	return HTTP("metrics", addr, mux, nil)
 }
 
 // StopTimeout bounds a graceful stop.

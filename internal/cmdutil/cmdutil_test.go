@@ -75,7 +75,7 @@ func TestRun(t *testing.T) {
 	go func() {
 		done <- cmdutil.Run(ctx, log, cmdutil.HTTP("hello", addr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = w.Write([]byte("hello"))
-		})), cmdutil.Metrics(metricsAddr, reg))
+		}), nil), cmdutil.Metrics(metricsAddr, reg))
 	}()
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/")
@@ -103,7 +103,7 @@ func TestRun(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	err = cmdutil.Run(context.Background(), log, cmdutil.HTTP("first", freeAddr(t), http.NotFoundHandler()), cmdutil.HTTP("second", ln.Addr().String(), http.NotFoundHandler()))
+	err = cmdutil.Run(context.Background(), log, cmdutil.HTTP("first", freeAddr(t), http.NotFoundHandler(), nil), cmdutil.HTTP("second", ln.Addr().String(), http.NotFoundHandler(), nil))
 	assert.ErrorContains(t, err, "second: listen tcp")
 }
 

@@ -14,8 +14,15 @@
 // A refusal costs a map lookup. Peers are told apart by source address (there is no verified
 // identity before the work the limiter guards): an IPv4 address, or the /64 prefix of an IPv6
 // address, because one host commonly owns a whole /64 and could otherwise spread a flood over
-// 2^64 addresses. The table of peers is bounded (MaxTrackedPeers); idle peers are forgotten
-// first.
+// 2^64 addresses. The table of peers is bounded (Limits.MaxPeers, default MaxTrackedPeers):
+// idle peers are forgotten to make room, and when none can be (every tracked peer has an
+// attempt in progress) a new peer is refused rather than inserted.
+//
+// Before all of that, at accept time, an AcceptLimiter bounds the connections whose handshake
+// has not finished, per peer and in all, and closes them at the handshake deadline: a
+// connection that stalls before TLS costs a goroutine and buffers, and a Limiter is only
+// asked once TLS is done. Servers get both through NewGRPCServer (NewAttestingServer for the
+// node's servers that attest to anonymous callers) or NewHTTPServer.
 package handshakelimit
 
 import (
@@ -38,12 +45,17 @@ var (
 	ErrPeerBusy = errors.New("too many concurrent attempts from this peer")
 	// ErrBusy: the server has Limits.Concurrent attempts working and Limits.Waiting waiting.
 	ErrBusy = errors.New("server busy")
+	// ErrTableFull: the peer is new and the table of peers is full of peers that cannot be
+	// forgotten (each has an attempt in progress).
+	ErrTableFull = errors.New("too many peers at once")
 )
 
-// Reason labels a refusal for logs and metrics: "rate-limited", "peer-busy" or "busy"; ""
-// when err is not a refusal of a Limiter.
+// Reason labels a refusal for logs and metrics: "rate-limited", "peer-busy", "busy" or
+// "peer-table-full"; "" when err is not a refusal of a Limiter.
 func Reason(err error) string {
 	switch {
+	case errors.Is(err, ErrTableFull):
+		return "peer-table-full"
 	case errors.Is(err, ErrRateLimited):
 		return "rate-limited"
 	case errors.Is(err, ErrPeerBusy):
@@ -54,7 +66,8 @@ func Reason(err error) string {
 	return ""
 }
 
-// MaxTrackedPeers bounds the table of peers (about 100 bytes each).
+// MaxTrackedPeers is the default bound of the table of peers (about 100 bytes each) and the
+// largest one allowed.
 const MaxTrackedPeers = 65536
 
 // Limits configures a Limiter. Zero values are invalid, except Waiting.
@@ -71,6 +84,10 @@ type Limits struct {
 	Waiting    int
 	// What names the attempts in refusals, e.g. "join attempts" (default "handshakes").
 	What string
+	// MaxPeers bounds the table of peers (0: MaxTrackedPeers). It must exceed
+	// Concurrent+Waiting, the most peers that can have attempts in progress, or a full table
+	// of busy peers would turn every new peer away (ErrTableFull) while old ones wait.
+	MaxPeers int
 }
 
 // Or returns l with every unset limit (zero or negative; What empty) taken from defaults: a
@@ -81,6 +98,7 @@ func (l Limits) Or(defaults Limits) Limits {
 	}
 	for _, f := range []struct{ v, d *int }{
 		{&l.Burst, &defaults.Burst}, {&l.PerPeer, &defaults.PerPeer}, {&l.Concurrent, &defaults.Concurrent}, {&l.Waiting, &defaults.Waiting},
+		{&l.MaxPeers, &defaults.MaxPeers},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.d
@@ -102,10 +120,13 @@ func (l Limits) Validate() error {
 		name string
 		v    int
 		min  int
-	}{{"burst", l.Burst, 1}, {"per-peer concurrency", l.PerPeer, 1}, {"concurrency", l.Concurrent, 1}, {"waiting", l.Waiting, 0}} {
+	}{{"burst", l.Burst, 1}, {"per-peer concurrency", l.PerPeer, 1}, {"concurrency", l.Concurrent, 1}, {"waiting", l.Waiting, 0}, {"peer table", l.MaxPeers, 0}} {
 		if c.v < c.min {
 			problems = append(problems, fmt.Errorf("%s %d: must be at least %d", c.name, c.v, c.min))
 		}
+	}
+	if l.MaxPeers > MaxTrackedPeers {
+		problems = append(problems, fmt.Errorf("peer table %d: must be at most %d", l.MaxPeers, MaxTrackedPeers))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("handshake limits: %w", errors.Join(problems...))
@@ -137,6 +158,9 @@ func New(limits Limits, now func() time.Time) (*Limiter, error) {
 	}
 	if limits.What == "" {
 		limits.What = "handshakes"
+	}
+	if limits.MaxPeers == 0 {
+		limits.MaxPeers = MaxTrackedPeers
 	}
 	if now == nil {
 		now = time.Now
@@ -184,8 +208,14 @@ func (l *Limiter) reserve(key netip.Prefix, addr netip.Addr) (*peer, error) {
 	defer l.mu.Unlock()
 	p, ok := l.peers[key]
 	if !ok {
-		if len(l.peers) >= MaxTrackedPeers {
+		if len(l.peers) >= l.limits.MaxPeers {
 			l.forgetIdle(now)
+		}
+		// Nothing could be forgotten: every tracked peer has an attempt in progress. Turning
+		// the new peer away keeps the bound (and the rate state of the busy ones, which
+		// forgetting would reset).
+		if len(l.peers) >= l.limits.MaxPeers {
+			return nil, fmt.Errorf("%w: %d peers with %s in progress (limit %d); retry later", ErrTableFull, len(l.peers), l.limits.What, l.limits.MaxPeers)
 		}
 		p = &peer{bucket: rate.NewLimiter(l.limits.Rate, l.limits.Burst)}
 		l.peers[key] = p
@@ -227,10 +257,11 @@ func (l *Limiter) Tracked() int {
 }
 
 // forgetIdle makes room in the table: first peers whose bucket has refilled (they are
-// indistinguishable from new ones), then, if that is not enough, every peer not seen since
-// the mean last-seen time (at least the least recently seen one). Peers with attempts in
-// progress stay: forgetting them would forget their per-peer count. There are at most
-// Concurrent+Waiting of those, far fewer than MaxTrackedPeers.
+// indistinguishable from new ones), then, if that is not enough, every idle peer not seen
+// since the mean last-seen time, and if that forgot none either (the oldest peers are the
+// busy ones), the least recently seen idle peer. Peers with attempts in progress stay:
+// forgetting them would forget their per-peer count. There are at most Concurrent+Waiting of
+// those, normally far fewer than MaxPeers; if they fill the table, reserve refuses new peers.
 func (l *Limiter) forgetIdle(now time.Time) {
 	refill := time.Duration(float64(l.limits.Burst) / float64(l.limits.Rate) * float64(time.Second))
 	for k, p := range l.peers {
@@ -238,7 +269,7 @@ func (l *Limiter) forgetIdle(now time.Time) {
 			delete(l.peers, k)
 		}
 	}
-	if len(l.peers) < MaxTrackedPeers {
+	if len(l.peers) < l.limits.MaxPeers {
 		return
 	}
 	var sum time.Duration
@@ -251,10 +282,21 @@ func (l *Limiter) forgetIdle(now time.Time) {
 		sum += p.lastSeen.Sub(base) / time.Duration(len(l.peers))
 	}
 	cutoff := base.Add(sum)
+	var oldest netip.Prefix
+	var oldestSeen time.Time
+	found := false
 	for k, p := range l.peers {
-		if p.active == 0 && !p.lastSeen.After(cutoff) {
-			delete(l.peers, k)
+		if p.active != 0 {
+			continue
 		}
+		if !p.lastSeen.After(cutoff) {
+			delete(l.peers, k)
+		} else if !found || p.lastSeen.Before(oldestSeen) {
+			oldest, oldestSeen, found = k, p.lastSeen, true
+		}
+	}
+	if len(l.peers) >= l.limits.MaxPeers && found {
+		delete(l.peers, oldest)
 	}
 }
 

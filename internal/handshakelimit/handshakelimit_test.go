@@ -2,6 +2,7 @@ package handshakelimit_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"testing"
@@ -197,4 +198,98 @@ func TestLimitsOr(t *testing.T) {
 	assert.Equal(t, set, set.Or(defaults), "everything set: nothing taken")
 	assert.Equal(t, handshakelimit.Limits{Rate: 1, Burst: 9, PerPeer: 2, Concurrent: 16, Waiting: 256, What: "join attempts"},
 		handshakelimit.Limits{Rate: -1, Burst: 9, Waiting: -3}.Or(defaults), "negative is unset")
+}
+
+// A small table full of peers that all have attempts in progress: nothing can be forgotten,
+// so a new peer is refused (not inserted); known peers go on, and once a peer is idle a new
+// one takes its place.
+func TestTableFullOfBusyPeersRefusesNewPeers(t *testing.T) {
+	c := newClock()
+	l := newLimiter(t, handshakelimit.Limits{Rate: rate.Every(time.Hour), Burst: 5, PerPeer: 2, Concurrent: 10, MaxPeers: 3}, c)
+	ctx := context.Background()
+	releases := map[string]func(){}
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+		r, err := l.AdmitAddr(ctx, netip.MustParseAddr(ip))
+		require.NoError(t, err)
+		releases[ip] = r
+	}
+	_, err := l.AdmitAddr(ctx, netip.MustParseAddr("10.0.0.4"))
+	require.ErrorIs(t, err, handshakelimit.ErrTableFull)
+	assert.Equal(t, "peer-table-full", handshakelimit.Reason(err))
+	assert.ErrorContains(t, err, "3 peers with handshakes in progress (limit 3)")
+	assert.Equal(t, 3, l.Tracked(), "the table keeps its bound")
+
+	again, err := l.AdmitAddr(ctx, netip.MustParseAddr("10.0.0.1"))
+	require.NoError(t, err, "a tracked peer is not affected")
+	again()
+
+	releases["10.0.0.1"]()
+	r, err := l.AdmitAddr(ctx, netip.MustParseAddr("10.0.0.4"))
+	require.NoError(t, err, "an idle peer is forgotten for the new one")
+	r()
+	assert.Equal(t, 3, l.Tracked())
+	releases["10.0.0.2"]()
+	releases["10.0.0.3"]()
+	assert.Zero(t, l.InProgress())
+}
+
+// The busy peers are the oldest, so the idle ones are all newer than the mean last-seen time:
+// one of them is still forgotten for a new peer, and the table does not grow.
+func TestTableForgetsIdlePeersNewerThanBusyOnes(t *testing.T) {
+	c := newClock()
+	l := newLimiter(t, handshakelimit.Limits{Rate: rate.Every(time.Hour), Burst: 5, PerPeer: 2, Concurrent: 10, MaxPeers: 4}, c)
+	ctx := context.Background()
+	var held []func()
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
+		r, err := l.AdmitAddr(ctx, netip.MustParseAddr(ip))
+		require.NoError(t, err)
+		held = append(held, r)
+	}
+	c.t = c.t.Add(time.Minute)
+	for _, ip := range []string{"10.0.0.3", "10.0.0.4"} {
+		r, err := l.AdmitAddr(ctx, netip.MustParseAddr(ip))
+		require.NoError(t, err)
+		r()
+	}
+	r, err := l.AdmitAddr(ctx, netip.MustParseAddr("10.0.0.5"))
+	require.NoError(t, err)
+	r()
+	assert.Equal(t, 4, l.Tracked())
+	for _, r := range held {
+		r()
+	}
+}
+
+// Under any mix of peers and attempts (many new peers, some returning, attempts held and
+// released in any order), the table never exceeds its bound.
+func TestTableBoundedUnderAnyMix(t *testing.T) {
+	c := newClock()
+	const maxPeers = 8
+	// More may be in progress than the table holds, so it can fill with busy peers.
+	l := newLimiter(t, handshakelimit.Limits{Rate: rate.Every(time.Minute), Burst: 3, PerPeer: 2, Concurrent: 12, MaxPeers: maxPeers}, c)
+	rng := rand.New(rand.NewPCG(3, 4))
+	var held []func()
+	refused := map[string]int{}
+	for i := range 20000 {
+		c.t = c.t.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		if rng.IntN(3) > 0 || len(held) == 0 {
+			addr := netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(4)), byte(rng.IntN(64))})
+			r, err := l.AdmitAddr(context.Background(), addr)
+			if err != nil {
+				refused[handshakelimit.Reason(err)]++
+			} else {
+				held = append(held, r)
+			}
+		} else {
+			k := rng.IntN(len(held))
+			held[k]()
+			held = append(held[:k], held[k+1:]...)
+		}
+		require.LessOrEqual(t, l.Tracked(), maxPeers, "step %d", i)
+	}
+	for _, r := range held {
+		r()
+	}
+	assert.Zero(t, l.InProgress())
+	assert.Positive(t, refused["peer-table-full"], "the mix reached a full table of busy peers: %v", refused)
 }

@@ -2,7 +2,9 @@ package joinservice
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
 
 	"google.golang.org/grpc/credentials"
 
@@ -36,3 +38,27 @@ func (o observedCredentials) ServerHandshake(raw net.Conn) (net.Conn, credential
 }
 
 func (o observedCredentials) Clone() credentials.TransportCredentials { return o }
+
+// observeAccept logs and counts what the accept-time bound did (stage "accept"): a refused
+// connection never reaches the handshake, and one closed at its deadline or displaced would
+// otherwise only show up as a failed TLS read.
+func (s *Service) observeAccept(remote netip.Addr, outcome string) {
+	limits := s.acceptLimiter.Limits()
+	now := s.cfg.Now()
+	start := now
+	var err error
+	switch outcome {
+	case handshakelimit.AcceptPeerBusy:
+		err = fmt.Errorf("connection refused: this address already has %d connections whose handshake has not finished", limits.PerPeer)
+	case handshakelimit.AcceptBusy:
+		err = fmt.Errorf("connection refused: %d connections whose handshake has not finished, none from an address with more than this one", limits.Total)
+	case handshakelimit.AcceptDisplaced:
+		err = fmt.Errorf("connection closed before its handshake finished, for a peer with fewer pending connections (%d pending in all)", limits.Total)
+	case handshakelimit.AcceptTimeout:
+		err = fmt.Errorf("connection closed: handshake not finished within %v", limits.Timeout)
+		start = now.Add(-limits.Timeout)
+	default:
+		err = errors.New(outcome)
+	}
+	s.reject("accept", remote, "", outcome, err, start)
+}

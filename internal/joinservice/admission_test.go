@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -29,7 +30,8 @@ func heldIssuer() (*floodtest.Issuer, func(attestation.Issuer) attestation.Issue
 // quotes, and counted.
 func TestFloodFromOnePeerCostsNoQuotes(t *testing.T) {
 	iss, wrap := heldIssuer()
-	e := newEnv(t, envOptions{perPeer: 2, wrapIssuer: wrap})
+	// The accept-time bound lets all of them reach the handshake: this is step 1's test.
+	e := newEnv(t, envOptions{perPeer: 2, wrapIssuer: wrap, accept: handshakelimit.AcceptLimits{PerPeer: 16}})
 	const n = 10
 	done := make(chan []error, 1)
 	go func() {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 )
 
 func (e *env) rejoin(j *joiner) (*joinpb.IssueRejoinTicketResponse, error) {
@@ -250,8 +251,9 @@ func shorten(err error) string {
 // 1,000 garbage connections from one address: each is refused and counted, but the log gets
 // one line, and the next line after the interval reports how many were suppressed.
 func TestGarbageFloodLogsFewLines(t *testing.T) {
-	e := newEnv(t, envOptions{})
 	const n = 1000
+	// Every connection reaches the handshake (the accept-time bound is tested on its own).
+	e := newEnv(t, envOptions{accept: handshakelimit.AcceptLimits{PerPeer: n, Total: n}})
 	send := func() {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.6.1")}, Timeout: 10 * time.Second}
 		conn, err := d.Dial("tcp", e.addr)

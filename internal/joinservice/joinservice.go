@@ -4,6 +4,10 @@
 //
 // An admission, in order, stopping at the first failure:
 //
+//  0. accept-time bounds on connections whose attested handshake has not finished
+//     (internal/handshakelimit.AcceptLimiter): per peer address and in all, with a handshake
+//     deadline, so connections that stall before or during TLS are refused or closed before
+//     they cost more than a socket;
 //  1. handshake admission, before any TPM quote or verification (atls.Config.Admit with an
 //     internal/handshakelimit.Limiter): a rate per peer address, a bound on one peer's
 //     handshakes in progress and one on all handshakes in progress;
@@ -75,6 +79,13 @@ const (
 	DefaultMaxWaitingHandshakes    = 256
 )
 
+// DefaultAcceptLimits bound the connections whose attested handshake has not finished (step
+// 0). A node opens one connection per attempt; 4 per address leaves room for the 2 handshakes
+// in progress step 1 allows. 512 in all holds step 1's 16 working + 256 waiting handshakes
+// with room to spare, and keeps what stalled connections hold near 11 MB even when each sent
+// half a ClientHello (a pending connection holds 15-22 KiB: docs/benchmarks.md).
+var DefaultAcceptLimits = handshakelimit.AcceptLimits{PerPeer: 4, Total: 512, Timeout: atls.DefaultHandshakeTimeout}
+
 // defaultHandshakeLimits are the defaults above as the limiter takes them.
 var defaultHandshakeLimits = handshakelimit.Limits{
 	Rate: DefaultRateLimit, Burst: DefaultRateBurst, PerPeer: DefaultMaxHandshakesPerPeer,
@@ -118,6 +129,10 @@ type Config struct {
 	// deadline, and further ones are refused at once. Waiting costs no TPM or CPU work.
 	MaxConcurrentHandshakes int
 	MaxWaitingHandshakes    int
+	// AcceptLimits bound connections whose attested handshake has not finished, from the
+	// moment they are accepted; their Timeout is the handshake deadline (TLS, attestation and
+	// the HTTP/2 preface). Unset limits: those of DefaultAcceptLimits.
+	AcceptLimits handshakelimit.AcceptLimits
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
 
@@ -129,9 +144,10 @@ type Config struct {
 // Service implements joinpb.JoinServiceServer.
 type Service struct {
 	joinpb.UnimplementedJoinServiceServer
-	cfg     Config
-	ca      *pki.CA
-	limiter *handshakelimit.Limiter
+	cfg           Config
+	ca            *pki.CA
+	limiter       *handshakelimit.Limiter
+	acceptLimiter *handshakelimit.AcceptLimiter
 	// logLimiter keeps floods of rejections out of the log (counters count them all).
 	logLimiter *logLimiter
 	owners     diskowner.Store
@@ -182,11 +198,16 @@ func New(cfg Config) (*Service, error) {
 		logLimiter: newLogLimiter(rejectLogInterval, rejectLogRate, rejectLogBurst, cfg.Now),
 		owners:     diskowner.Store{Client: cfg.Kube},
 	}
+	s.acceptLimiter, err = handshakelimit.NewAcceptLimiter(cfg.AcceptLimits.Or(DefaultAcceptLimits), s.observeAccept)
+	if err != nil {
+		return nil, fmt.Errorf("join service: %w", err)
+	}
 	creds, err := atls.NewCredentials(atls.Config{
-		Issuer:          cfg.Issuer,
-		Validators:      []attestation.Validator{cfg.Validator},
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Admit:           limiter.Admit,
+		Issuer:           cfg.Issuer,
+		Validators:       []attestation.Validator{cfg.Validator},
+		MaxEvidenceSize:  cfg.MaxEvidenceSize,
+		HandshakeTimeout: s.acceptLimiter.Limits().Timeout,
+		Admit:            limiter.Admit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("join service: %w", err)
@@ -195,11 +216,14 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Credentials returns the gRPC transport credentials the service must be served with.
-func (s *Service) Credentials() credentials.TransportCredentials { return s.creds }
-
-// Register adds the service to g, which must use Credentials.
-func (s *Service) Register(g *grpc.Server) { joinpb.RegisterJoinServiceServer(g, s) }
+// NewGRPCServer returns the gRPC server to serve the service with: mutual attested-channel
+// credentials, every connection bounded from the moment it is accepted (step 0), the
+// service registered. opts are added.
+func (s *Service) NewGRPCServer(opts ...grpc.ServerOption) *handshakelimit.GRPCServer {
+	g := handshakelimit.NewGRPCServer(s.acceptLimiter, s.creds, opts...)
+	joinpb.RegisterJoinServiceServer(g, s)
+	return g
+}
 
 // admitted is a peer that passed steps 1-3.
 type admitted struct {

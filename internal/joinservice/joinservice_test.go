@@ -40,7 +40,9 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -62,6 +64,10 @@ import (
 var kube *kubetest.Cluster
 
 func TestMain(m *testing.M) {
+	// The attacker process of BenchmarkStalledConnections needs no control plane.
+	if spec := os.Getenv(stallHelperEnv); spec != "" {
+		os.Exit(runStallHelper(spec))
+	}
 	dir, err := os.MkdirTemp("", "joinservice-kube")
 	if err != nil {
 		panic(err)
@@ -125,6 +131,8 @@ type envOptions struct {
 	noClusterID bool
 	// perPeer, concurrent and waiting bound handshakes (0: the service's defaults).
 	perPeer, concurrent, waiting int
+	// accept bounds connections before their handshake (zero: the service's defaults).
+	accept handshakelimit.AcceptLimits
 	// wrapIssuer, when set, wraps the service's issuer (to count or hold its quotes).
 	wrapIssuer func(attestation.Issuer) attestation.Issuer
 }
@@ -207,17 +215,27 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		MaxHandshakesPerPeer:    opts.perPeer,
 		MaxConcurrentHandshakes: opts.concurrent,
 		MaxWaitingHandshakes:    opts.waiting,
+		AcceptLimits:            opts.accept,
 		Log:                     slog.New(slog.NewJSONHandler(e.logs, nil)),
 		Registerer:              e.registry,
 		Now:                     func() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) },
 	})
 	require.NoError(t, err)
-	g := grpc.NewServer(grpc.Creds(e.svc.Credentials()))
-	e.svc.Register(g)
+	// Served as cmd/joinservice serves it.
+	server := cmdutil.GRPC("joinservice", "", e.svc.NewGRPCServer())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(g.Stop)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = server.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // no graceful stop: tests leave connections open
+		server.Stop(ctx)
+		<-served
+	})
 	e.addr = ln.Addr().String()
 	return e
 }

@@ -20,11 +20,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"method", "role"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "constellation", Subsystem: "joinservice", Name: "rejections_total",
-			Help: "Refused admissions, by stage (handshake, join, rejoin) and reason (rate-limited, measurement-mismatch, untrusted-signer, certificate-request, ...).",
+			Help: "Refused admissions, by stage (accept, handshake, join, rejoin) and reason (accept: peer-busy, busy, displaced, timeout; handshake: rate-limited, peer-busy, busy, peer-table-full, measurement-mismatch, untrusted-signer, ...; join, rejoin: certificate-request, ...).",
 		}, []string{"stage", "reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "constellation", Subsystem: "joinservice", Name: "decision_duration_seconds",
-			Help:    "Time from the start of the handshake (rejections there) or of the request to the decision.",
+			Help:    "Time from the accepted connection (stage accept), the start of the handshake (rejections there) or of the request to the decision.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}, []string{"stage", "decision"}),
 	}

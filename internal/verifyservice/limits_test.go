@@ -70,7 +70,7 @@ func TestCallerRateIsLimited(t *testing.T) {
 	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss, PeerRate: rate.Every(time.Minute), PeerBurst: 3, Now: func() time.Time { return frozen }})
 	require.NoError(t, err)
 	url := serveHTTP(t, srv)
-	grpcAddr := serveGRPC(t, srv.Register)
+	grpcAddr := serveGRPC(t, srv)
 
 	attacker := httpFrom("127.0.7.1")
 	for i := range 3 {

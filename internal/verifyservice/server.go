@@ -12,7 +12,10 @@
 // Anyone who reaches the port makes the node quote, so before a request touches the TPM the
 // server applies a handshakelimit.Limiter: a rate and a bound on requests in progress per
 // caller address, and a bound on requests in progress in total (MaxWaiting). Requests
-// beyond a bound are refused at once.
+// beyond a bound are refused at once. Before that, connections that have not sent their
+// first request (gRPC: the HTTP/2 preface; HTTP: the request header) are bounded from the
+// moment they are accepted (AcceptLimits, handshakelimit.AcceptLimiter), so connections
+// that stall cost at most a socket.
 package verifyservice
 
 import (
@@ -51,6 +54,11 @@ const (
 	DefaultMaxPerPeer = 2
 )
 
+// DefaultAcceptLimits bound, per protocol, the connections that have not sent their first
+// request yet: a caller needs one at a time. The deadline is above the HTTP server's
+// ReadHeaderTimeout (cmdutil.HTTP, 5 s), which so stays the one an HTTP caller meets first.
+var DefaultAcceptLimits = handshakelimit.AcceptLimits{PerPeer: 4, Total: 256, Timeout: 10 * time.Second}
+
 // HTTPPath is the path of the HTTP endpoint: GET HTTPPath?nonce=<hex>.
 const HTTPPath = "/v1/attest"
 
@@ -70,6 +78,9 @@ type Config struct {
 	PeerRate   rate.Limit
 	PeerBurst  int
 	MaxPerPeer int
+	// AcceptLimits bound, per protocol, the connections that have not sent their first
+	// request yet (DefaultAcceptLimits for unset limits); their Timeout closes them.
+	AcceptLimits handshakelimit.AcceptLimits
 	// Now is the limiter's clock (time.Now when nil).
 	Now func() time.Time
 	Log *slog.Logger
@@ -82,7 +93,10 @@ type Server struct {
 	verifypb.UnimplementedVerificationServiceServer
 	cfg     Config
 	limiter *handshakelimit.Limiter
-	metrics *metrics
+	// grpcAccept and httpAccept bound each listener's connections before their first
+	// request.
+	grpcAccept, httpAccept *handshakelimit.AcceptLimiter
+	metrics                *metrics
 }
 
 // New checks cfg and returns a server.
@@ -110,11 +124,38 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, limiter: limiter, metrics: m}, nil
+	s := &Server{cfg: cfg, limiter: limiter, metrics: m}
+	accept := cfg.AcceptLimits.Or(DefaultAcceptLimits)
+	if s.grpcAccept, err = handshakelimit.NewAcceptLimiter(accept, s.observeAccept("grpc")); err != nil {
+		return nil, fmt.Errorf("verification service: %w", err)
+	}
+	if s.httpAccept, err = handshakelimit.NewAcceptLimiter(accept, s.observeAccept("http")); err != nil {
+		return nil, fmt.Errorf("verification service: %w", err)
+	}
+	return s, nil
 }
 
-// Register adds the gRPC service to g.
-func (s *Server) Register(g *grpc.Server) { verifypb.RegisterVerificationServiceServer(g, s) }
+// NewGRPCServer returns the gRPC server to serve s with: connections bounded from the moment
+// they are accepted until their HTTP/2 preface, the service registered. opts are added.
+func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *handshakelimit.GRPCServer {
+	g := handshakelimit.NewGRPCServer(s.grpcAccept, nil, opts...)
+	verifypb.RegisterVerificationServiceServer(g, s)
+	return g
+}
+
+// HTTPAcceptLimiter bounds the HTTP listener's connections until their first request header:
+// serve s with cmdutil.HTTP(name, addr, s, s.HTTPAcceptLimiter()).
+func (s *Server) HTTPAcceptLimiter() *handshakelimit.AcceptLimiter { return s.httpAccept }
+
+// observeAccept counts what the accept-time bound did to a connection of protocol, as result
+// "accept-" + the outcome (peer-busy, busy, displaced, timeout).
+func (s *Server) observeAccept(protocol string) func(netip.Addr, string) {
+	return func(remote netip.Addr, outcome string) {
+		s.metrics.requests.WithLabelValues(protocol, "accept-"+outcome).Inc()
+		// Debug, not Warn: a flood would flood the log; the counter has the numbers.
+		s.cfg.Log.Debug("connection refused before its first request", "protocol", protocol, "peer", remote.String(), "outcome", outcome)
+	}
+}
 
 // Failure kinds of a request; each maps to a gRPC code and an HTTP status.
 var (
@@ -222,7 +263,7 @@ func (s *Server) attest(ctx context.Context, protocol string, remote netip.Addr,
 		s.count(protocol, reason, start)
 		// Debug, not Warn: a flood would flood the log; the counter has the numbers.
 		s.cfg.Log.Debug("attestation refused", "protocol", protocol, "peer", remote.String(), "reason", reason, "error", err)
-		if reason == "busy" {
+		if reason == "busy" || reason == "peer-table-full" {
 			return nil, fmt.Errorf("%w (limit %d); retry later", errBusy, s.limiter.Limits().Concurrent)
 		}
 		return nil, fmt.Errorf("%w: %w", errRateLimited, err)
@@ -305,7 +346,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "constellation", Subsystem: "verificationservice", Name: "requests_total",
-			Help: "Attestation requests by protocol (grpc, http) and result (ok, invalid-request, rate-limited, peer-busy, busy, issue-failed).",
+			Help: "Attestation requests by protocol (grpc, http) and result (ok, invalid-request, rate-limited, peer-busy, busy, peer-table-full, issue-failed), and connections closed before their first request (accept-peer-busy, accept-busy, accept-displaced, accept-timeout).",
 		}, []string{"protocol", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "constellation", Subsystem: "verificationservice", Name: "request_duration_seconds",

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -28,6 +27,7 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/api/verify/verifypb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -99,10 +99,40 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	require.NoError(t, err)
 	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss})
 	require.NoError(t, err)
-	return &node{grpcAddr: serveGRPC(t, srv.Register), httpURL: serveHTTP(t, srv), server: srv}
+	return &node{grpcAddr: serveGRPC(t, srv), httpURL: serveHTTP(t, srv), server: srv}
 }
 
-func serveGRPC(t *testing.T, register func(*grpc.Server)) string {
+// serveGRPC serves srv's gRPC service as cmd/verificationservice does.
+func serveGRPC(t *testing.T, srv *verifyservice.Server) string {
+	t.Helper()
+	return serve(t, cmdutil.GRPC("grpc", "", srv.NewGRPCServer()))
+}
+
+// serveHTTP serves srv's HTTP endpoint as cmd/verificationservice does; it returns the base URL.
+func serveHTTP(t *testing.T, srv *verifyservice.Server) string {
+	t.Helper()
+	return "http://" + serve(t, cmdutil.HTTP("http", "", srv, srv.HTTPAcceptLimiter()))
+}
+
+func serve(t *testing.T, s cmdutil.Server) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s.Stop(ctx)
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// servePlainGRPC serves a gRPC service that is not the verification service (a proxy).
+func servePlainGRPC(t *testing.T, register func(*grpc.Server)) string {
 	t.Helper()
 	g := grpc.NewServer()
 	register(g)
@@ -111,13 +141,6 @@ func serveGRPC(t *testing.T, register func(*grpc.Server)) string {
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
 	return ln.Addr().String()
-}
-
-func serveHTTP(t *testing.T, h http.Handler) string {
-	t.Helper()
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return srv.URL
 }
 
 // validator is the CLI's: the image's reference values, AKs certified by ca.
@@ -167,7 +190,7 @@ func startProxy(t *testing.T, upstream string, mutate func(*testing.T, *verifypb
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	p := &proxy{upstream: verifypb.NewVerificationServiceClient(conn), mutate: mutate, t: t}
-	return serveGRPC(t, func(g *grpc.Server) { verifypb.RegisterVerificationServiceServer(g, p) })
+	return servePlainGRPC(t, func(g *grpc.Server) { verifypb.RegisterVerificationServiceServer(g, p) })
 }
 
 // editEvidence changes the evidence in a response.
@@ -495,7 +518,7 @@ func TestBusyAndTimeout(t *testing.T) {
 	iss := blockingIssuer{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss, MaxWaiting: 1, IssueTimeout: 20 * time.Second})
 	require.NoError(t, err)
-	addr := serveGRPC(t, srv.Register)
+	addr := serveGRPC(t, srv)
 	url := serveHTTP(t, srv)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)

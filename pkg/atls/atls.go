@@ -159,18 +159,31 @@ func (c *Credentials) Client(ctx context.Context, raw net.Conn) (*Conn, error) {
 		// authenticated by evidence bound to this connection's exporter (see package doc).
 		InsecureSkipVerify: true,
 	})
-	return c.handshake(ctx, tlsConn, RoleClient)
+	return c.handshake(ctx, tlsConn, RoleClient, false)
 }
 
 // Server runs the server side over raw. On error raw is closed.
 func (c *Credentials) Server(ctx context.Context, raw net.Conn) (*Conn, error) {
-	tlsConn := tls.Server(raw, &tls.Config{
+	return c.handshake(ctx, tls.Server(raw, c.serverTLSConfig()), RoleServer, false)
+}
+
+// serverKeepingDeadline is Server for gRPC: the handshake's deadline stays on raw when it
+// succeeds, so that it bounds what gRPC reads next (the HTTP/2 preface) too; gRPC clears the
+// deadline once its transport is up. Cleared here, a peer that finished the attested
+// handshake and then sent nothing would hold the connection, its goroutine and gRPC's
+// buffers forever.
+func (c *Credentials) serverKeepingDeadline(ctx context.Context, raw net.Conn) (*Conn, error) {
+	tlsConn := tls.Server(raw, c.serverTLSConfig())
+	return c.handshake(ctx, tlsConn, RoleServer, true)
+}
+
+func (c *Credentials) serverTLSConfig() *tls.Config {
+	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,
 		NextProtos:             []string{ALPN},
 		Certificates:           []tls.Certificate{c.cert},
 		SessionTicketsDisabled: true,
-	})
-	return c.handshake(ctx, tlsConn, RoleServer)
+	}
 }
 
 // Error is a failed attested handshake.
@@ -193,7 +206,9 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-func (c *Credentials) handshake(ctx context.Context, conn *tls.Conn, role Role) (*Conn, error) {
+// handshake runs the TLS handshake and the attestation exchange within ctx's deadline (or
+// HandshakeTimeout), set on conn; keepDeadline leaves it there on success.
+func (c *Credentials) handshake(ctx context.Context, conn *tls.Conn, role Role, keepDeadline bool) (*Conn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.HandshakeTimeout)
@@ -209,9 +224,11 @@ func (c *Credentials) handshake(ctx context.Context, conn *tls.Conn, role Role) 
 		conn.Close()
 		return nil, err
 	}
-	if err := conn.SetDeadline(time.Time{}); err != nil {
-		conn.Close()
-		return nil, err
+	if !keepDeadline {
+		if err := conn.SetDeadline(time.Time{}); err != nil {
+			conn.Close()
+			return nil, err
+		}
 	}
 	return &Conn{Conn: conn, peer: peer}, nil
 }

@@ -811,3 +811,31 @@ func TestLongAbortReasonReachesThePeer(t *testing.T) {
 	assert.Equal(t, "peer-abort", e.Reason, "%v", cli.err)
 	assert.Contains(t, cli.err.Error(), "peer aborted: refused: every register listed")
 }
+
+// A peer that finishes the attested handshake with a gRPC server and then sends nothing (no
+// HTTP/2 preface) is cut off at the handshake deadline: the deadline stays on the connection
+// until gRPC's transport is up. Cleared after the attested handshake, it would leave the
+// connection, its goroutine and gRPC's buffers held forever (gRPC's own connection timeout
+// is overwritten by the handshake's deadline).
+func TestGRPCServerBoundsTheHTTP2Preface(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.Creds(creds(t, atls.Config{Issuer: n.issuer, HandshakeTimeout: time.Second})))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+
+	client := creds(t, atls.Config{Validators: []attestation.Validator{n.validator(t)}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, "tcp", ln.Addr().String())
+	require.NoError(t, err, "the attested handshake succeeds")
+	t.Cleanup(func() { conn.Close() })
+	// The server's HTTP/2 settings arrive; then the server waits for a preface that never
+	// comes, until the deadline.
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
+	_, err = io.Copy(io.Discard, conn)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the server closed the connection before our 30 s: %v", err)
+}

@@ -44,9 +44,10 @@ func (c *Credentials) ClientHandshake(ctx context.Context, _ string, raw net.Con
 }
 
 // ServerHandshake implements credentials.TransportCredentials. gRPC gives no context here; the
-// handshake is bounded by HandshakeTimeout (and gRPC's own connection timeout).
+// handshake is bounded by HandshakeTimeout, and its deadline stays on the connection until
+// gRPC has read the HTTP/2 preface (gRPC then clears it).
 func (c *Credentials) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, err := c.Server(context.Background(), raw)
+	conn, err := c.serverKeepingDeadline(context.Background(), raw)
 	if err != nil {
 		return nil, nil, err
 	}

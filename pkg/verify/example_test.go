@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/go-tpm-tools/simulator"
-	"google.golang.org/grpc"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -92,8 +91,7 @@ func startNode() *exampleNode {
 	must(err)
 	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss})
 	must(err)
-	g := grpc.NewServer()
-	srv.Register(g)
+	g := srv.NewGRPCServer()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(err)
 	go func() { _ = g.Serve(ln) }()

@@ -9,11 +9,11 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
@@ -37,7 +37,7 @@ type Cluster struct {
 	// Directory is what the platform knows of nodes (by the name in their AK certificate).
 	Directory joinservice.StaticDirectory
 	// Server stops serving when Stop is called.
-	Server *grpc.Server
+	Server *handshakelimit.GRPCServer
 }
 
 // ClusterOptions tune StartJoinService. Besides the genuine service they make the impostors
@@ -117,8 +117,8 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 		Log: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-	c.Server = grpc.NewServer(grpc.Creds(svc.Credentials()))
-	svc.Register(c.Server)
+	// Served as cmd/joinservice serves it.
+	c.Server = svc.NewGRPCServer()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = c.Server.Serve(ln) }()

@@ -119,12 +119,14 @@ type RecoveryServer struct {
 	Addr    string
 	Kubelet *Kubelet
 	Calls   *CallRecorder
-	grpc    *grpc.Server
+	grpc    *handshakelimit.GRPCServer
 }
 
 // RecoveryServerOptions tune StartRecoveryServer.
 type RecoveryServerOptions struct {
-	// AttemptLimits, HandshakeLimits and Now are passed on (defaults: the server's).
+	// AcceptLimits, AttemptLimits, HandshakeLimits and Now are passed on (defaults: the
+	// server's).
+	AcceptLimits                   handshakelimit.AcceptLimits
 	AttemptLimits, HandshakeLimits handshakelimit.Limits
 	Now                            func() time.Time
 	// Issuer, when set, attests instead of the node's TPM (an impostor).
@@ -142,11 +144,10 @@ func StartRecoveryServer(t testing.TB, n *Node, opts RecoveryServerOptions) *Rec
 	var err error
 	r.Server, err = recoveryserver.New(recoveryserver.Config{
 		Node: n.Node, Issuer: issuer, Kubelet: r.Kubelet, RenewKubeletCredential: r.Kubelet.RenewCredential,
-		AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
+		AcceptLimits: opts.AcceptLimits, AttemptLimits: opts.AttemptLimits, HandshakeLimits: opts.HandshakeLimits, Now: opts.Now,
 	})
 	require.NoError(t, err)
-	r.grpc = grpc.NewServer(grpc.Creds(r.Server.Credentials()), grpc.UnaryInterceptor(r.Calls.intercept))
-	r.Server.Register(r.grpc)
+	r.grpc = r.Server.NewGRPCServer(grpc.UnaryInterceptor(r.Calls.intercept))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = r.grpc.Serve(ln) }()

@@ -58,7 +58,6 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -93,6 +92,10 @@ const (
 
 // DefaultInitTimeout bounds the work after the node lock is taken.
 const DefaultInitTimeout = 15 * time.Minute
+
+// DefaultAcceptLimits bound the connections whose attested handshake has not finished (step
+// 0, before TLS: docs/atls.md): the CLI opens one at a time; the deadline is aTLS's.
+var DefaultAcceptLimits = handshakelimit.AcceptLimits{PerPeer: 4, Total: 32, Timeout: atls.DefaultHandshakeTimeout}
 
 // DefaultHandshakeLimits admit the attested handshakes of anonymous callers, each of which
 // makes the node quote: the CLI needs one per init, and a retry now and then.
@@ -205,6 +208,10 @@ type Config struct {
 	Deploy DeployFunc
 	// InitTimeout bounds the work after the lock is taken (DefaultInitTimeout).
 	InitTimeout time.Duration
+	// AcceptLimits bound connections whose attested handshake has not finished, from the
+	// moment they are accepted; their Timeout is the handshake deadline. Unset limits: those
+	// of DefaultAcceptLimits.
+	AcceptLimits handshakelimit.AcceptLimits
 	// HandshakeLimits admit attested handshakes before the node quotes; AttemptLimits admit
 	// Init calls before the init secret is checked. Unset limits: those of
 	// DefaultHandshakeLimits, DefaultAttemptLimits.
@@ -219,7 +226,7 @@ type Config struct {
 type Server struct {
 	initpb.UnimplementedInitServiceServer
 	cfg      Config
-	creds    *atls.Credentials
+	serving  *handshakelimit.AttestingServer
 	attempts *handshakelimit.Limiter
 
 	running  sync.Mutex // one Init at a time
@@ -249,18 +256,33 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	creds, attempts, err := handshakelimit.NewAttestingServer(cfg.Issuer, cfg.HandshakeLimits.Or(DefaultHandshakeLimits), cfg.AttemptLimits.Or(DefaultAttemptLimits), cfg.Now)
+	limits := handshakelimit.AttestingLimits{
+		Accept:     cfg.AcceptLimits.Or(DefaultAcceptLimits),
+		Handshakes: cfg.HandshakeLimits.Or(DefaultHandshakeLimits),
+		Attempts:   cfg.AttemptLimits.Or(DefaultAttemptLimits),
+	}
+	log := cfg.Log
+	serving, err := handshakelimit.NewAttestingServer(cfg.Issuer, limits, cfg.Now, func(remote netip.Addr, outcome string) {
+		// Debug, not Warn: a flood would flood the log.
+		log.Debug("connection refused before its handshake", "peer", remote.String(), "outcome", outcome)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}
-	return &Server{cfg: cfg, creds: creds, attempts: attempts, finished: make(chan struct{})}, nil
+	return &Server{cfg: cfg, serving: serving, attempts: serving.Attempts(), finished: make(chan struct{})}, nil
 }
 
-// Credentials are the attested-channel credentials to serve with (the node attests).
-func (s *Server) Credentials() credentials.TransportCredentials { return s.creds }
+// NewGRPCServer returns the gRPC server to serve s with: attested-channel credentials (the
+// node attests), every connection bounded from the moment it is accepted (AcceptLimits), the
+// service registered. opts are added (tests record calls).
+func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *handshakelimit.GRPCServer {
+	g := s.serving.NewGRPCServer(opts...)
+	initpb.RegisterInitServiceServer(g, s)
+	return g
+}
 
-// Register registers the service on g.
-func (s *Server) Register(g *grpc.Server) { initpb.RegisterInitServiceServer(g, s) }
+// AcceptLimiter bounds the connections whose handshake has not finished.
+func (s *Server) AcceptLimiter() *handshakelimit.AcceptLimiter { return s.serving.AcceptLimiter() }
 
 // Finished is closed when an Init that took the node lock has ended; Err then tells how.
 func (s *Server) Finished() <-chan struct{} { return s.finished }

@@ -21,7 +21,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +33,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -89,6 +89,8 @@ type envOptions struct {
 	// now is the limiters' clock; frozen by default, so that rates do not depend on how
 	// fast the test runs.
 	now func() time.Time
+	// accept bounds connections before their handshake (zero: the server's defaults).
+	accept handshakelimit.AcceptLimits
 }
 
 // countingMetadata counts init-secret hash reads.
@@ -159,7 +161,7 @@ func (e *env) start() {
 	}
 	e.server, err = initserver.New(initserver.Config{
 		Node: e.node.Node, Metadata: countingMetadata{e.meta, &e.hashReads}, Issuer: issuer, Kubeadm: e.kubeadm,
-		Now: e.opts.now,
+		Now: e.opts.now, AcceptLimits: e.opts.accept,
 		KubeadmConfig: func(p initserver.InitParams) ([]byte, error) {
 			e.paramsMu.Lock()
 			defer e.paramsMu.Unlock()
@@ -173,8 +175,8 @@ func (e *env) start() {
 		Deploy:            e.deploy,
 	})
 	require.NoError(t, err)
-	g := grpc.NewServer(grpc.Creds(e.server.Credentials()))
-	e.server.Register(g)
+	// Served as bootstrapper.Run serves it.
+	g := e.server.NewGRPCServer()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = g.Serve(ln) }()

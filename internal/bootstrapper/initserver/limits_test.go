@@ -20,6 +20,7 @@ import (
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
+	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
@@ -109,7 +110,11 @@ func TestHelloFloodIsBounded(t *testing.T) {
 	limits := initserver.DefaultHandshakeLimits
 	t.Run("one caller", func(t *testing.T) {
 		iss := &floodtest.Issuer{Hold: make(chan struct{})}
-		e := newEnvWith(t, envOptions{wrapIssuer: func(inner attestation.Issuer) attestation.Issuer { iss.Issuer = inner; return iss }})
+		// All ten pass the accept-time bound (its own test: TestStalledConnections...).
+		e := newEnvWith(t, envOptions{
+			wrapIssuer: func(inner attestation.Issuer) attestation.Issuer { iss.Issuer = inner; return iss },
+			accept:     handshakelimit.AcceptLimits{PerPeer: 16},
+		})
 		const n = 10
 		results := floodtest.Start(floodtest.Attacker(qemu.Variant), e.addr, floodtest.Repeat("127.0.3.1", n), time.Minute)
 		refused := floodtest.Collect(results, n-limits.PerPeer)

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -44,7 +45,6 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -63,6 +63,10 @@ const MeasurementSaltSize = 32
 
 // DefaultTimeout bounds the work after the node lock is taken (unlock, kubelet restart).
 const DefaultTimeout = 5 * time.Minute
+
+// DefaultAcceptLimits bound the connections whose attested handshake has not finished (step
+// 0, before TLS: docs/atls.md): the CLI opens one at a time; the deadline is aTLS's.
+var DefaultAcceptLimits = handshakelimit.AcceptLimits{PerPeer: 4, Total: 32, Timeout: atls.DefaultHandshakeTimeout}
 
 // DefaultHandshakeLimits admit the attested handshakes of anonymous callers, each of which
 // makes the node quote: the CLI needs one per recovery, and a retry now and then.
@@ -94,6 +98,10 @@ type Config struct {
 	RenewKubeletCredential func() error
 	// Timeout bounds the work after the node lock is taken (DefaultTimeout).
 	Timeout time.Duration
+	// AcceptLimits bound connections whose attested handshake has not finished, from the
+	// moment they are accepted; their Timeout is the handshake deadline. Unset limits: those
+	// of DefaultAcceptLimits.
+	AcceptLimits handshakelimit.AcceptLimits
 	// HandshakeLimits admit attested handshakes before the node quotes; AttemptLimits admit
 	// Recover calls before the disk key is checked. Unset limits: those of
 	// DefaultHandshakeLimits, DefaultAttemptLimits.
@@ -108,7 +116,7 @@ type Config struct {
 type Server struct {
 	recoverpb.UnimplementedRecoverServiceServer
 	cfg      Config
-	creds    *atls.Credentials
+	serving  *handshakelimit.AttestingServer
 	attempts *handshakelimit.Limiter
 
 	running       sync.Mutex // one Recover at a time
@@ -146,21 +154,36 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	creds, attempts, err := handshakelimit.NewAttestingServer(cfg.Issuer, cfg.HandshakeLimits.Or(DefaultHandshakeLimits), cfg.AttemptLimits.Or(DefaultAttemptLimits), cfg.Now)
+	limits := handshakelimit.AttestingLimits{
+		Accept:     cfg.AcceptLimits.Or(DefaultAcceptLimits),
+		Handshakes: cfg.HandshakeLimits.Or(DefaultHandshakeLimits),
+		Attempts:   cfg.AttemptLimits.Or(DefaultAttemptLimits),
+	}
+	log := cfg.Log
+	serving, err := handshakelimit.NewAttestingServer(cfg.Issuer, limits, cfg.Now, func(remote netip.Addr, outcome string) {
+		// Debug, not Warn: a flood would flood the log.
+		log.Debug("connection refused before its handshake", "peer", remote.String(), "outcome", outcome)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("recovery server: %w", err)
 	}
 	return &Server{
-		cfg: cfg, creds: creds, attempts: attempts,
+		cfg: cfg, serving: serving, attempts: serving.Attempts(),
 		committed: make(chan struct{}), finished: make(chan struct{}),
 	}, nil
 }
 
-// Credentials are the attested-channel credentials to serve with (the node attests).
-func (s *Server) Credentials() credentials.TransportCredentials { return s.creds }
+// NewGRPCServer returns the gRPC server to serve s with: attested-channel credentials (the
+// node attests), every connection bounded from the moment it is accepted (AcceptLimits), the
+// service registered. opts are added (tests record calls).
+func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *handshakelimit.GRPCServer {
+	g := s.serving.NewGRPCServer(opts...)
+	recoverpb.RegisterRecoverServiceServer(g, s)
+	return g
+}
 
-// Register registers the service on g.
-func (s *Server) Register(g *grpc.Server) { recoverpb.RegisterRecoverServiceServer(g, s) }
+// AcceptLimiter bounds the connections whose handshake has not finished.
+func (s *Server) AcceptLimiter() *handshakelimit.AcceptLimiter { return s.serving.AcceptLimiter() }
 
 // Committed is closed once a Recover has taken the node lock: the rejoin client can stop.
 func (s *Server) Committed() <-chan struct{} { return s.committed }

@@ -241,8 +241,7 @@ func TestAnonymousHandshakesAreRateLimited(t *testing.T) {
 		Now: func() time.Time { return time.Unix(1000, 0) },
 	})
 	require.NoError(t, err)
-	g := grpc.NewServer(grpc.Creds(srv.Credentials()))
-	srv.Register(g)
+	g := srv.NewGRPCServer()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = g.Serve(ln) }()

@@ -6,8 +6,12 @@ package floodtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
+	"runtime"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/openconstellation/constellation/pkg/atls"
@@ -139,4 +143,125 @@ func Repeat(local string, n int) []string {
 		out[i] = local
 	}
 	return out
+}
+
+// HalfClientHello is the start of a TLS record that announces a 16 KiB ClientHello (the
+// largest record a server must accept before the handshake) and then a few bytes of it: a
+// server's TLS stack reserves the whole record and waits for the rest.
+var HalfClientHello = []byte{0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x00, 0x3f, 0xfc, 0x03, 0x03}
+
+// Stall opens a TCP connection to addr from the source address local ("127.0.0.x") and
+// sends send (nothing when nil), then nothing more. It returns the connection, or nil when
+// the server reset it already while it was set up (a refusal at accept time can reach the
+// dial).
+func Stall(local, addr string, send []byte) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}, Timeout: 30 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if errors.Is(err, syscall.ECONNRESET) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(send) > 0 {
+		if _, err := c.Write(send); err != nil {
+			c.Close()
+			if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+				return nil, nil
+			}
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Stalled are the connections of StallAll.
+type Stalled struct {
+	// Open are the connections set up (some may be closed by the server already).
+	Open []net.Conn
+	// ResetAtDial counts the connections the server reset while they were set up.
+	ResetAtDial int
+}
+
+// StallAll runs Stall once per source address in locals (sequentially: the order of the
+// flood is the order of locals), alternating between sending nothing and HalfClientHello
+// when half is set.
+func StallAll(locals []string, addr string, half bool) (*Stalled, error) {
+	s := &Stalled{}
+	for i, local := range locals {
+		var send []byte
+		if half && i%2 == 1 {
+			send = HalfClientHello
+		}
+		c, err := Stall(local, addr, send)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("stalled connection %d from %s: %w", i, local, err)
+		}
+		if c == nil {
+			s.ResetAtDial++
+			continue
+		}
+		s.Open = append(s.Open, c)
+	}
+	return s, nil
+}
+
+// Close closes every connection.
+func (s *Stalled) Close() {
+	for _, c := range s.Open {
+		c.Close()
+	}
+}
+
+// ClosedByServer counts the connections the server has closed (EOF or reset), waiting at most
+// wait for each one that is still open.
+func (s *Stalled) ClosedByServer(wait time.Duration) int {
+	n := s.ResetAtDial
+	for _, c := range s.Open {
+		if Closed(c, wait) {
+			n++
+		}
+	}
+	return n
+}
+
+// Closed reports whether the server closed c within wait: a read ends with EOF or a reset
+// rather than at the read deadline.
+func Closed(c net.Conn, wait time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	buf := make([]byte, 512)
+	for {
+		_, err := c.Read(buf)
+		if err == nil {
+			continue // what the server sent before closing (an alert, HTTP/2 settings)
+		}
+		var ne net.Error
+		return !errors.As(err, &ne) || !ne.Timeout()
+	}
+}
+
+// Locals returns n source addresses 127.x.y.z from base ("127.0.0.0"), one per peer.
+func Locals(base string, n int) []string {
+	ip := net.ParseIP(base).To4()
+	start := uint32(ip[0])<<24 | uint32(ip[1])<<16 | uint32(ip[2])<<8 | uint32(ip[3])
+	out := make([]string, n)
+	for i := range out {
+		v := start + uint32(i) + 1
+		out[i] = net.IPv4(byte(v>>24), byte(v>>16), byte(v>>8), byte(v)).String()
+	}
+	return out
+}
+
+// Goroutines waits until the process runs at most want goroutines, up to wait; it returns
+// the last count.
+func Goroutines(want int, wait time.Duration) int {
+	deadline := time.Now().Add(wait)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
