@@ -98,7 +98,7 @@ func (e *env) build() {
 	init, err := initserver.New(initserver.Config{
 		Node: e.node.Node, Metadata: e.meta, Issuer: issuer, Kubeadm: e.kubeadm,
 		KubeadmConfig:   func(p initserver.InitParams) ([]byte, error) { return json.Marshal(p) },
-		AdminKubeconfig: e.kubeadm.AdminKubeconfigPath, KubeletKubeconfig: filepath.Join(t.TempDir(), "kubelet.conf"),
+		AdminKubeconfig: e.kubeadm.AdminKubeconfigPath, KubeletKubeconfig: filepath.Join(t.TempDir(), "kubelet.conf"), APIServerConfigDir: t.TempDir(),
 		PKIDir: filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
 	})
 	require.NoError(t, err)
@@ -116,8 +116,8 @@ func (e *env) build() {
 		Node: e.node.Node, Metadata: e.meta, Dial: dial, Kubeadm: e.kubeadm, Kubelet: e.kubelet,
 		KubeadmConfig: func(p joinclient.JoinParams) ([]byte, error) { return json.Marshal(p) },
 		PKIDir:        filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
-		DiscoveryFile: filepath.Join(t.TempDir(), "discovery.conf"),
-		Backoff:       func() wait.Backoff { b := joinclient.NewBackoff(); b.Duration /= 100; b.Cap /= 100; return b },
+		DiscoveryFile: filepath.Join(t.TempDir(), "discovery.conf"), APIServerConfigDir: t.TempDir(),
+		Backoff: func() wait.Backoff { b := joinclient.NewBackoff(); b.Duration /= 100; b.Cap /= 100; return b },
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

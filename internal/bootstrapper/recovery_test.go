@@ -122,9 +122,9 @@ func (r *rebooted) build() {
 		Node: r.node.Node, Metadata: r.meta, Dial: dial, Kubeadm: &bootstraptest.Kubeadm{}, Kubelet: r.kubelet,
 		KubeadmConfig: func(p joinclient.JoinParams) ([]byte, error) { return json.Marshal(p) },
 		PKIDir:        filepath.Join(t.TempDir(), "pki"), KubeletPKIDir: filepath.Join(t.TempDir(), "kubelet"),
-		DiscoveryFile: filepath.Join(t.TempDir(), "discovery.conf"),
-		Backoff:       func() wait.Backoff { b := joinclient.NewBackoff(); b.Duration /= 100; b.Cap /= 100; return b },
-		Log:           log,
+		DiscoveryFile: filepath.Join(t.TempDir(), "discovery.conf"), APIServerConfigDir: t.TempDir(),
+		Backoff: func() wait.Backoff { b := joinclient.NewBackoff(); b.Duration /= 100; b.Cap /= 100; return b },
+		Log:     log,
 	})
 	require.NoError(t, err)
 	r.cfg = bootstrapper.Config{Node: r.node.Node, JoinClient: join, Progress: r.progress.report, WaitingAfter: 100 * time.Millisecond, Log: log}

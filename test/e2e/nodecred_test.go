@@ -197,11 +197,31 @@ func assertNoOtherIdentity(t *testing.T, admin, asNode kubernetes.Interface, sel
 	}
 }
 
-// assertRevoked checks that a removed node's credential can write nothing: not renew
-// itself, not re-create its Node, not renew its lease; and that its Node is gone.
+// assertRevoked checks that a removed node's credential can do nothing: no write (not renew
+// itself, not re-create its Node, not renew its lease; the admission policy refuses them as
+// soon as the removal is recorded) and no read (who it is, Services, its Node; the
+// removed-node authorizer refuses them within its cache time, nodeauthz.CacheTTL).
 func assertRevoked(t *testing.T, asNode kubernetes.Interface, node string) {
 	t.Helper()
 	ctx := t.Context()
+	var readErrs map[string]error
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		_, whoami := asNode.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		_, services := asNode.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+		_, own := asNode.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		readErrs = map[string]error{"who am I": whoami, "list Services": services, "get its Node": own}
+		for _, err := range readErrs {
+			if !apierrors.IsForbidden(err) {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 100*time.Millisecond, "the removed node still reads: %v", readErrs)
+	t.Logf("reads refused %s after apply returned", time.Since(start).Round(time.Millisecond))
+	for what, err := range readErrs {
+		assert.ErrorContains(t, err, "node "+node+" was removed from the cluster", what)
+	}
 	for action, call := range map[string]func() error{
 		"renew its certificate": func() error {
 			_, err := postCSR(ctx, asNode, "system:node:"+node, []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
@@ -222,6 +242,4 @@ func assertRevoked(t *testing.T, asNode kubernetes.Interface, node string) {
 		assert.True(t, apierrors.IsForbidden(err), "%s: want Forbidden, got %v", action, err)
 		assert.ErrorContains(t, err, "node "+node+" was removed from the cluster", action)
 	}
-	_, err := asNode.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	assert.True(t, apierrors.IsNotFound(err), "the removed node's Node: %v", err)
 }

@@ -77,6 +77,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
@@ -194,6 +195,9 @@ type Config struct {
 	// and kubeadm keeps it, so the first kubelet's credential lives as short as every
 	// other's (kubeadm's own would live a year).
 	KubeletKubeconfig string
+	// APIServerConfigDir is where the API server reads the removed-node authorizer's
+	// configuration (nodeauthz.ConfigDir): written before kubeadm runs.
+	APIServerConfigDir string
 	// PKIDir is kubeadm's certificates directory (/etc/kubernetes/pki): the init server
 	// creates the cluster CAs there before kubeadm runs (kubeadm uses existing CAs), so it
 	// can sign the first kubelet's serving certificate, which it writes to KubeletPKIDir
@@ -240,7 +244,7 @@ func New(cfg Config) (*Server, error) {
 	for name, v := range map[string]bool{
 		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Issuer": cfg.Issuer == nil,
 		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "AdminKubeconfig": cfg.AdminKubeconfig == "",
-		"KubeletKubeconfig": cfg.KubeletKubeconfig == "", "PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
+		"KubeletKubeconfig": cfg.KubeletKubeconfig == "", "APIServerConfigDir": cfg.APIServerConfigDir == "", "PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "",
 	} {
 		if v {
 			missing = append(missing, name)
@@ -421,6 +425,9 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 		return nil, nil, err
 	}
 	rec.step("cluster CAs created in %s; kubelet serving and client certificates issued", s.cfg.PKIDir)
+	if err := nodeauthz.WriteAPIServerFiles(s.cfg.APIServerConfigDir, filepath.Join(kubeadmconfig.CertificatesDir, pki.CACert), nodeauthz.Addr); err != nil {
+		return nil, nil, err
+	}
 
 	config, err := s.cfg.KubeadmConfig(InitParams{
 		Self: self, ClusterName: r.clusterName, KubernetesVersion: r.version,

@@ -72,10 +72,11 @@ type env struct {
 	paramsMu              sync.Mutex
 	params                []initserver.InitParams
 	pkiDir, kubeletPKIDir string
-	// kubeletConf is the kubelet's kubeconfig the server writes before kubeadm runs.
-	kubeletConf string
-	deploy      initserver.DeployFunc
-	opts        envOptions
+	// kubeletConf is the kubelet's kubeconfig the server writes before kubeadm runs;
+	// apiServerDir where the API server's authorizer files go.
+	kubeletConf, apiServerDir string
+	deploy                    initserver.DeployFunc
+	opts                      envOptions
 	// hashReads counts the init-secret hash reads of the server: an attempt that reads it
 	// goes on to a bcrypt comparison.
 	hashReads atomic.Int32
@@ -129,7 +130,7 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
-	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki"), kubeletConf: filepath.Join(t.TempDir(), "etc", "kubelet.conf")}
+	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki"), kubeletConf: filepath.Join(t.TempDir(), "etc", "kubelet.conf"), apiServerDir: filepath.Join(t.TempDir(), "constellation")}
 	e.node = bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
@@ -168,7 +169,7 @@ func (e *env) start() {
 			e.params = append(e.params, p)
 			return initserver.KubeadmConfig(settings)(p)
 		},
-		PKIDir: e.pkiDir, KubeletPKIDir: e.kubeletPKIDir, KubeletKubeconfig: e.kubeletConf,
+		PKIDir: e.pkiDir, KubeletPKIDir: e.kubeletPKIDir, KubeletKubeconfig: e.kubeletConf, APIServerConfigDir: e.apiServerDir,
 		KubernetesVersion: kubetest.Version,
 		AdminKubeconfig:   e.kubeadm.AdminKubeconfigPath,
 		NodeLogs:          func(context.Context) []byte { return []byte("kubelet: node log line\n") },
@@ -335,6 +336,10 @@ func TestInit(t *testing.T) {
 	assert.Equal(t, "system:node:control-plane-0", clientCert.Subject.CommonName)
 	assert.Equal(t, []string{"system:nodes"}, clientCert.Subject.Organization)
 	assert.WithinDuration(t, time.Now().Add(kubeletcsr.ClientValidity), clientCert.NotAfter, time.Minute)
+	// The API server's removed-node authorizer configuration.
+	authz, err := os.ReadFile(filepath.Join(e.apiServerDir, "authorization.yaml"))
+	require.NoError(t, err)
+	assert.Contains(t, string(authz), "kind: AuthorizationConfiguration")
 
 	// Progress was streamed, kubeadm's output included, in order.
 	joined := strings.Join(res.Progress, "\n")

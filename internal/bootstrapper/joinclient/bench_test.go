@@ -71,8 +71,8 @@ func BenchmarkJoinAfterServiceStarts(b *testing.B) {
 			Kubeadm: &bootstraptest.Kubeadm{}, Kubelet: &bootstraptest.Kubelet{},
 			KubeadmConfig: joinclient.KubeadmConfig(kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true}),
 			PKIDir:        filepath.Join(b.TempDir(), "pki"), KubeletPKIDir: filepath.Join(b.TempDir(), "kubelet-pki"),
-			DiscoveryFile: filepath.Join(b.TempDir(), "discovery.conf"),
-			Log:           slog.New(ticketHook{Handler: slog.NewTextHandler(&logs, nil), received: received}),
+			DiscoveryFile: filepath.Join(b.TempDir(), "discovery.conf"), APIServerConfigDir: b.TempDir(),
+			Log: slog.New(ticketHook{Handler: slog.NewTextHandler(&logs, nil), received: received}),
 		})
 		require.NoError(b, err)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -35,6 +35,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
@@ -124,6 +125,9 @@ type Config struct {
 	// join returns (kubeadm has copied it for the kubelet's TLS bootstrap, and removes that
 	// copy itself).
 	DiscoveryFile string
+	// APIServerConfigDir is where a control plane's API server reads the removed-node
+	// authorizer's configuration (nodeauthz.ConfigDir): written before kubeadm join.
+	APIServerConfigDir string
 	// Clock drives the waits between attempts (default: real clock). PollInterval is the
 	// wait while no join service answers (default PollInterval), Backoff the schedule after
 	// a service refused (default NewBackoff); see the package documentation.
@@ -144,7 +148,7 @@ func New(cfg Config) (*Client, error) {
 	for name, v := range map[string]bool{
 		"Node": cfg.Node == nil, "Metadata": cfg.Metadata == nil, "Dial": cfg.Dial == nil,
 		"Kubeadm": cfg.Kubeadm == nil, "KubeadmConfig": cfg.KubeadmConfig == nil, "Kubelet": cfg.Kubelet == nil,
-		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "", "DiscoveryFile": cfg.DiscoveryFile == "",
+		"PKIDir": cfg.PKIDir == "", "KubeletPKIDir": cfg.KubeletPKIDir == "", "DiscoveryFile": cfg.DiscoveryFile == "", "APIServerConfigDir": cfg.APIServerConfigDir == "",
 	} {
 		if v {
 			missing = append(missing, name)
@@ -257,6 +261,11 @@ func (c *Client) Join(ctx context.Context) error {
 	}
 	if err := c.writeDiscoveryFile(ticket, self.Name, clientKey); err != nil {
 		return err
+	}
+	if self.Role == metadata.ControlPlane {
+		if err := nodeauthz.WriteAPIServerFiles(c.cfg.APIServerConfigDir, filepath.Join(kubeadmconfig.CertificatesDir, pki.CACert), nodeauthz.Addr); err != nil {
+			return err
+		}
 	}
 	// The discovery file holds the client key: it lives only as long as kubeadm needs it.
 	defer os.Remove(c.cfg.DiscoveryFile)

@@ -68,7 +68,9 @@ type env struct {
 	kpkiDir string
 	// discovery is where the client writes the discovery kubeconfig for kubeadm.
 	discovery string
-	logs      cmdutil.SyncBuffer
+	// apiServerDir is where a control plane's API server files go (nodeauthz).
+	apiServerDir string
+	logs         cmdutil.SyncBuffer
 	// clock drives the client's waits: nil for the real clock and the schedule at a
 	// hundredth of its delays, a fake clock for the real schedule.
 	clock clock.Clock
@@ -108,6 +110,7 @@ func newEnv(t testing.TB, role metadata.Role, opts bootstraptest.ClusterOptions)
 	e.pkiDir = filepath.Join(t.TempDir(), "pki")
 	e.kpkiDir = filepath.Join(t.TempDir(), "kubelet-pki")
 	e.discovery = filepath.Join(t.TempDir(), "discovery.conf")
+	e.apiServerDir = filepath.Join(t.TempDir(), "constellation")
 	e.newClient()
 	return e
 }
@@ -131,7 +134,7 @@ func (e *env) newClient() {
 			e.params = append(e.params, p)
 			return joinclient.KubeadmConfig(kubeadmconfig.NodeSettings{CRISocket: "unix:///run/containerd/containerd.sock", Sandbox: true})(p)
 		},
-		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir, DiscoveryFile: e.discovery,
+		PKIDir: e.pkiDir, KubeletPKIDir: e.kpkiDir, DiscoveryFile: e.discovery, APIServerConfigDir: e.apiServerDir,
 		PollInterval: poll, Backoff: backoff, Log: slog.New(slog.NewTextHandler(&e.logs, nil)),
 	})
 	require.NoError(t, err)
@@ -273,6 +276,11 @@ func TestJoinControlPlane(t *testing.T) {
 	}
 	require.Len(t, e.params, 1)
 	assert.True(t, e.params[0].ControlPlane)
+	// The API server's removed-node authorizer configuration, written before kubeadm join.
+	authz, err := os.ReadFile(filepath.Join(e.apiServerDir, "authorization.yaml"))
+	require.NoError(t, err)
+	assert.Contains(t, string(authz), "kind: AuthorizationConfiguration")
+	assert.FileExists(t, filepath.Join(e.apiServerDir, "removed-node-authorizer.conf"))
 }
 
 // The node refuses a join service whose node is initialized for another cluster than the

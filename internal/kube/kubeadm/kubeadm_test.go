@@ -72,12 +72,14 @@ func TestInitDryRun(t *testing.T) {
 		"--kubelet-certificate-authority=",
 		"--bind-address=127.0.0.1",
 		"--cluster-signing-duration=24h0m0s",
+		"--authorization-config=/etc/kubernetes/constellation/authorization.yaml",
+		"mountPath: /etc/kubernetes/constellation",
 		`[kubeconfig] Using existing kubeconfig file: "` + filepath.Join(dir, "kubelet.conf") + `"`,
 	} {
 		assert.True(t, strings.Contains(log, want), "kubeadm output lacks %q", want)
 	}
 	// No bootstrap token, and none of the rules that let one ask for any node's certificate.
-	for _, unwanted := range []string{"[bootstrap-token]", "node-autoapprove-bootstrap", "kubeadm join"} {
+	for _, unwanted := range []string{"[bootstrap-token]", "node-autoapprove-bootstrap", "kubeadm join", "--authorization-mode"} {
 		assert.False(t, strings.Contains(log, unwanted), "kubeadm output has %q", unwanted)
 	}
 	// kubeadm kept the kubelet's kubeconfig as the init server wrote it.

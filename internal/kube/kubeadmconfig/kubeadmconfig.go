@@ -51,6 +51,10 @@
 // ClusterConfiguration:
 //   - encryptionAlgorithm ECDSA-P256: the certificates kubeadm creates match the ECDSA P-256
 //     CAs of internal/pki (kubeadm's default is RSA-2048).
+//   - apiServer.extraArgs authorization-config: the removed-node authorizer first, then Node
+//     and RBAC as kubeadm would (internal/nodeauthz; kubeadm drops its authorization-mode
+//     when this is set), with its directory mounted read-only (extraVolumes). The bootstrapper
+//     writes the files there before kubeadm runs on a control plane.
 //   - apiServer.extraArgs profiling=false (no /debug/pprof on the API server). With
 //     KubeletServingCert also kubelet-certificate-authority=<certificatesDir>/ca.crt: the API
 //     server then verifies kubelet serving certificates (for logs, exec, port-forward), which
@@ -127,6 +131,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 )
 
 // APIServerPort is the port every control-plane node's API server listens on and advertises.
@@ -221,7 +226,10 @@ func Init(p InitParams) ([]byte, error) {
 		SkipPhases:       SkippedInitPhases,
 	}
 
-	apiServerArgs := []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}
+	apiServerArgs := []kubeadmv1beta4.Arg{
+		{Name: "profiling", Value: "false"},
+		{Name: "authorization-config", Value: nodeauthz.AuthorizationConfigFile},
+	}
 	if p.KubeletServingCert {
 		apiServerArgs = append(apiServerArgs, kubeadmv1beta4.Arg{Name: "kubelet-certificate-authority", Value: path.Join(CertificatesDir, kubeadmconstants.CACertName)})
 	}
@@ -236,8 +244,14 @@ func Init(p InitParams) ([]byte, error) {
 		KubernetesVersion:    p.KubernetesVersion,
 		ControlPlaneEndpoint: endpoint,
 		APIServer: kubeadmv1beta4.APIServer{
-			ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: apiServerArgs},
-			CertSANs:              p.APIServerCertSANs,
+			ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{
+				ExtraArgs: apiServerArgs,
+				ExtraVolumes: []kubeadmv1beta4.HostPathMount{{
+					Name: "constellation-authorization", HostPath: nodeauthz.ConfigDir, MountPath: nodeauthz.ConfigDir,
+					ReadOnly: true, PathType: corev1.HostPathDirectory,
+				}},
+			},
+			CertSANs: p.APIServerCertSANs,
 		},
 		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: append(localComponentArgs(),
 			kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: kubeletcsr.ClientValidity.String()})},

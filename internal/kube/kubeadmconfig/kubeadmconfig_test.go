@@ -39,6 +39,11 @@ var (
 	localComponent = kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
 		{Name: "profiling", Value: "false"}, {Name: "bind-address", Value: "127.0.0.1"},
 	}}
+	// The removed-node authorizer's files, mounted into the API server.
+	authorizerVolume = []kubeadmv1beta4.HostPathMount{{
+		Name: "constellation-authorization", HostPath: "/etc/kubernetes/constellation", MountPath: "/etc/kubernetes/constellation",
+		ReadOnly: true, PathType: corev1.HostPathDirectory,
+	}}
 	// The controller manager also signs the certificates kubelets renew theirs to for a day.
 	controllerManager = kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
 		{Name: "profiling", Value: "false"}, {Name: "bind-address", Value: "127.0.0.1"},
@@ -145,8 +150,9 @@ func TestInit(t *testing.T) {
 				APIServer: kubeadmv1beta4.APIServer{
 					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
 						{Name: "profiling", Value: "false"},
+						{Name: "authorization-config", Value: "/etc/kubernetes/constellation/authorization.yaml"},
 						{Name: "kubelet-certificate-authority", Value: "/etc/kubernetes/pki/ca.crt"},
-					}},
+					}, ExtraVolumes: authorizerVolume},
 					CertSANs: []string{"api.constell.example", "192.0.2.10"},
 				},
 				ControllerManager:   controllerManager,
@@ -187,7 +193,10 @@ func TestInit(t *testing.T) {
 				KubernetesVersion:    "v1.34.4",
 				ControlPlaneEndpoint: "10.88.0.2:6443",
 				APIServer: kubeadmv1beta4.APIServer{
-					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}},
+					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
+						{Name: "profiling", Value: "false"},
+						{Name: "authorization-config", Value: "/etc/kubernetes/constellation/authorization.yaml"},
+					}, ExtraVolumes: authorizerVolume},
 				},
 				ControllerManager:   controllerManager,
 				Scheduler:           localComponent,
@@ -227,7 +236,10 @@ func TestInit(t *testing.T) {
 				KubernetesVersion:    "v1.34.4",
 				ControlPlaneEndpoint: "[fd00:88::2]:6443",
 				APIServer: kubeadmv1beta4.APIServer{
-					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{{Name: "profiling", Value: "false"}}},
+					ControlPlaneComponent: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
+						{Name: "profiling", Value: "false"},
+						{Name: "authorization-config", Value: "/etc/kubernetes/constellation/authorization.yaml"},
+					}, ExtraVolumes: authorizerVolume},
 				},
 				ControllerManager:   controllerManager,
 				Scheduler:           localComponent,

@@ -66,6 +66,11 @@ type Options struct {
 	// (its --controllers names, e.g. "disruption-controller"), authenticated as the admin. None
 	// by default: most tests want the objects they write to stay exactly as written.
 	Controllers []string
+	// AuthorizationConfig, when set, writes the API server's --authorization-config file
+	// (given the control plane's PKI directory, whose ca.crt the file may name) and returns its
+	// path; it replaces --authorization-mode=Node,RBAC. Constellation's control planes use one:
+	// the removed-node authorizer, then Node and RBAC (internal/nodeauthz).
+	AuthorizationConfig func(pkiDir string) (string, error)
 }
 
 // BinDir returns the directory of the built Kubernetes binaries: $CONSTELLATION_KUBE_BIN, or
@@ -173,6 +178,14 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 	if err := c.start(etcdBin, "etcd", etcdArgs...); err != nil {
 		return nil, err
 	}
+	authz := "--authorization-mode=Node,RBAC"
+	if opts.AuthorizationConfig != nil {
+		file, err := opts.AuthorizationConfig(c.PKIDir)
+		if err != nil {
+			return nil, fmt.Errorf("authorization configuration: %w", err)
+		}
+		authz = "--authorization-config=" + file
+	}
 	if err := c.start(apiserverBin, "kube-apiserver",
 		"--etcd-servers="+etcdClient,
 		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[2]), "--advertise-address=127.0.0.1",
@@ -183,7 +196,7 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 		"--service-account-signing-key-file="+filepath.Join(c.PKIDir, pki.ServiceAccountKey),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-cluster-ip-range=10.96.0.0/12",
-		"--authorization-mode=Node,RBAC",
+		authz,
 		// As kubeadm runs it: a node may write only its own Node and its pods' status.
 		"--enable-admission-plugins=NodeRestriction",
 		"--enable-bootstrap-token-auth",

@@ -39,6 +39,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
@@ -108,6 +109,16 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log.Info("node is in its cluster", "by", by)
+	// A control plane's API server asks the removed-node authorizer about every request of a
+	// node identity: from now on it must answer (nodeauthz).
+	var authzFailed <-chan error
+	if self.Instance().Role == metadata.ControlPlane {
+		authz, err := nodeauthz.Start(ctx, nodeauthz.Config{PKIDir: kubeadmconfig.CertificatesDir, Kubeconfig: adminKubeconfig, Log: log})
+		if err != nil {
+			return fmt.Errorf("node failed: %w", err)
+		}
+		authzFailed = authz.Err()
+	}
 	// From now on the kubelet is the node's work: if it dies, the node is broken and the
 	// bootstrapper exits, so the platform's watchdog reboots the node (the reboot path then
 	// brings it back with a rejoin ticket).
@@ -118,8 +129,16 @@ func Run(ctx context.Context, o Options) error {
 	case err := <-kubelet.Failed():
 		report(context.WithoutCancel(ctx), meta, log, metadata.PhaseKubeletFailed)
 		return fmt.Errorf("node failed: %w", err)
+	case err := <-authzFailed:
+		if err == nil { // closed because ctx ended
+			return nil
+		}
+		return fmt.Errorf("node failed: the removed-node authorizer stopped: %w", err)
 	}
 }
+
+// adminKubeconfig is where kubeadm writes a control plane's admin kubeconfig.
+const adminKubeconfig = "/etc/kubernetes/admin.conf"
 
 // asyncReporter reports phases to the platform in order, without blocking the caller (the
 // bootstrapper's flow): a phase that finds the queue full is dropped and logged.
@@ -191,7 +210,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	jc, err := joinclient.New(joinclient.Config{
 		Node: n, Metadata: meta, Dial: dial, Kubeadm: runner, KubeadmConfig: joinclient.KubeadmConfig(settings),
 		Kubelet: lifetimeKubelet{kubelet, ctx}, PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir,
-		DiscoveryFile: "/etc/kubernetes/constellation-join.conf", Log: log,
+		DiscoveryFile: "/etc/kubernetes/constellation-join.conf", APIServerConfigDir: nodeauthz.ConfigDir, Log: log,
 	})
 	if err != nil {
 		return "", err
@@ -218,7 +237,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		is, err := initserver.New(initserver.Config{
 			Node: n, Metadata: meta, Issuer: issuer, Kubeadm: runner,
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
-			AdminKubeconfig: "/etc/kubernetes/admin.conf", KubeletKubeconfig: kubeletcred.KubeconfigFile,
+			AdminKubeconfig: adminKubeconfig, KubeletKubeconfig: kubeletcred.KubeconfigFile, APIServerConfigDir: nodeauthz.ConfigDir,
 			PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir, NodeLogs: osys.Logs, Log: log,
 			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout),
 		})
