@@ -3,11 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"net/netip"
 	"os"
@@ -83,7 +79,7 @@ func TestNodeIdentityAttacks(t *testing.T) {
 			_, err := tokenClient.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
 			return err == nil
 		}, 30*time.Second, 100*time.Millisecond, "the token never authenticated")
-		_, err := postCSR(ctx, tokenClient, "system:node:control-plane-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
+		_, err := kubetest.PostCSR(ctx, tokenClient, "system:node:control-plane-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
 		require.True(t, apierrors.IsForbidden(err), "a bootstrap token may not even ask: %v", err)
 
 		// Even where an administrator lets tokens ask (kubeadm's kubeadm:kubelet-bootstrap
@@ -95,7 +91,7 @@ func TestNodeIdentityAttacks(t *testing.T) {
 		}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
-			name, err := postCSR(ctx, tokenClient, "system:node:control-plane-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
+			name, err := kubetest.PostCSR(ctx, tokenClient, "system:node:control-plane-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
 			if err == nil {
 				attacks = append(attacks, name)
 			}
@@ -114,7 +110,7 @@ func TestNodeIdentityAttacks(t *testing.T) {
 			{"kubernetes-admin", []string{"system:masters"}, certificatesv1.KubeAPIServerClientSignerName},
 			{"system:node:control-plane-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientSignerName},
 		} {
-			name, err := postCSR(ctx, worker0, tc.cn, tc.orgs, tc.signer)
+			name, err := kubetest.PostCSR(ctx, worker0, tc.cn, tc.orgs, tc.signer)
 			if err != nil {
 				// Refused outright (the API server's own checks): fine, and nothing to approve.
 				t.Logf("%s %v for %s refused at creation: %v", tc.cn, tc.orgs, tc.signer, err)
@@ -130,7 +126,7 @@ func TestNodeIdentityAttacks(t *testing.T) {
 			name   string
 			client kubernetes.Interface
 		}{{"worker-0", worker0}, {"worker-1", worker1}} {
-			csr, err := postCSR(ctx, c.client, "system:node:"+c.name, []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
+			csr, err := kubetest.PostCSR(ctx, c.client, "system:node:"+c.name, []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
 			require.NoError(t, err)
 			cert := waitIssued(t, admin, csr)
 			assert.Equal(t, "system:node:"+c.name, cert.Subject.CommonName)
@@ -156,7 +152,7 @@ func TestNodeIdentityAttacks(t *testing.T) {
 		// removed node would do next, renew its certificate.
 		var err error
 		require.Eventually(t, func() bool {
-			_, err = postCSR(ctx, worker0, "system:node:worker-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
+			_, err = kubetest.PostCSR(ctx, worker0, "system:node:worker-0", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
 			return apierrors.IsForbidden(err)
 		}, 30*time.Second, 50*time.Millisecond, "the removed node can still renew: %v", err)
 		t.Logf("revoked %s after the removal record was written", time.Since(removedAt).Round(time.Millisecond))
@@ -210,7 +206,7 @@ func TestNodeIdentityAttacks(t *testing.T) {
 		n.Labels = map[string]string{"still": "works"}
 		_, err = worker1.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 		require.NoError(t, err)
-		csr, err := postCSR(ctx, worker1, "system:node:worker-1", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
+		csr, err := kubetest.PostCSR(ctx, worker1, "system:node:worker-1", []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
 		require.NoError(t, err)
 		waitIssued(t, admin, csr)
 	})
@@ -285,31 +281,6 @@ func clientFor(t *testing.T, kube *kubetest.Cluster, auth rest.Config) kubernete
 	c, err := kube.ClientFor(auth)
 	require.NoError(t, err)
 	return c
-}
-
-// postCSR asks for a client certificate as client, with a fresh key, and returns the CSR's
-// name.
-func postCSR(ctx context.Context, client kubernetes.Interface, cn string, orgs []string, signer string) (string, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", err
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: orgs}}, key)
-	if err != nil {
-		return "", err
-	}
-	csr, err := client.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "csr-"},
-		Spec: certificatesv1.CertificateSigningRequestSpec{
-			Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-			SignerName: signer,
-			Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return "", err
-	}
-	return csr.Name, nil
 }
 
 // waitIssued waits until kube-controller-manager approved and signed the CSR and returns the

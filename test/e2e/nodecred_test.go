@@ -3,12 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
 )
 
@@ -117,30 +112,6 @@ func whoami(t *testing.T, c kubernetes.Interface) string {
 	return review.Status.UserInfo.Username
 }
 
-// postCSR asks, as client, for a client certificate of the subject from signer.
-func postCSR(ctx context.Context, client kubernetes.Interface, cn string, orgs []string, signer string) (string, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", err
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: orgs}}, key)
-	if err != nil {
-		return "", err
-	}
-	csr, err := client.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-attack-"},
-		Spec: certificatesv1.CertificateSigningRequestSpec{
-			Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-			SignerName: signer,
-			Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return "", err
-	}
-	return csr.Name, nil
-}
-
 // assertNoOtherIdentity has a node (asNode, authenticated as system:node:<self>) ask the
 // cluster's real kube-controller-manager for other identities: another node's (victim, a
 // control plane), the masters group, an admin. None is ever approved: each is refused when
@@ -167,7 +138,7 @@ func assertNoOtherIdentity(t *testing.T, admin, asNode kubernetes.Interface, sel
 		{"system:node:" + victim, []string{"system:nodes"}, client},
 		{"kubernetes-admin", []string{"system:masters"}, client},
 	} {
-		name, err := postCSR(ctx, asNode, a.cn, a.orgs, a.signer)
+		name, err := kubetest.PostCSR(ctx, asNode, a.cn, a.orgs, a.signer)
 		if err != nil {
 			t.Logf("%s %v from %s: refused when posted: %v", a.cn, a.orgs, a.signer, err)
 			continue
@@ -175,7 +146,7 @@ func assertNoOtherIdentity(t *testing.T, admin, asNode kubernetes.Interface, sel
 		posted = append(posted, name)
 		attacks = append(attacks, name)
 	}
-	own, err := postCSR(ctx, asNode, "system:node:"+self, []string{"system:nodes"}, kubelet)
+	own, err := kubetest.PostCSR(ctx, asNode, "system:node:"+self, []string{"system:nodes"}, kubelet)
 	require.NoError(t, err)
 	posted = append(posted, own)
 	var issued *certificatesv1.CertificateSigningRequest
@@ -224,7 +195,7 @@ func assertRevoked(t *testing.T, asNode kubernetes.Interface, node string) {
 	}
 	for action, call := range map[string]func() error{
 		"renew its certificate": func() error {
-			_, err := postCSR(ctx, asNode, "system:node:"+node, []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
+			_, err := kubetest.PostCSR(ctx, asNode, "system:node:"+node, []string{"system:nodes"}, certificatesv1.KubeAPIServerClientKubeletSignerName)
 			return err
 		},
 		"re-create its Node": func() error {
