@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/openconstellation/constellation/internal/retry"
 )
 
 // Member is an etcd member and its health.
@@ -58,6 +60,75 @@ type Client struct {
 	runner Runner
 	// healthTimeout bounds each member's health check (etcdctl --command-timeout).
 	healthTimeout time.Duration
+	// Retry paces the runs of etcdctl that failed transiently (Transient: a leader election,
+	// a request that timed out, the API server's exec connection reset); RetryFor bounds the
+	// retries of one run. Set by New; tests change them.
+	Retry    retry.Policy
+	RetryFor time.Duration
+}
+
+// DefaultRetry and DefaultRetryFor are a Client's retries: an etcd leader election after a
+// membership change takes a second or two, and etcd's strict reconfiguration check refuses
+// for 5 s after a member (re)connected.
+var (
+	DefaultRetry    = retry.Policy{Initial: 500 * time.Millisecond, Max: 5 * time.Second, Factor: 2, Jitter: 0.2}
+	DefaultRetryFor = time.Minute
+)
+
+// transientEtcdErrors are etcd's errors that pass by themselves, as etcdctl prints them: a
+// leader that changed or is being elected, a request that timed out (often because its leader
+// went away: the member just removed may have been the leader), the strict reconfiguration
+// check right after a member (re)connected, and etcdctl's own command timeout. etcdctl is a
+// subprocess: its stderr is all there is to classify by. The texts are etcd's error
+// descriptions (go.etcd.io/etcd/api/v3/v3rpc/rpctypes, v3.6), which etcdctl prints after
+// "Error: ".
+var transientEtcdErrors = []string{
+	"etcdserver: leader changed", "etcdserver: no leader",
+	"etcdserver: request timed out", // the prefix of every "request timed out" error
+	"etcdserver: unhealthy cluster", "etcdserver: too many requests",
+	context.DeadlineExceeded.Error(),
+}
+
+// Errors of etcd (rpctypes) that a removal tells apart.
+const (
+	etcdMemberNotFound = "etcdserver: member not found"
+	etcdUnhealthy      = "etcdserver: unhealthy cluster"
+)
+
+// Transient reports whether an etcdctl run that failed with err may succeed if run again:
+// etcd said so (transientEtcdErrors), or reaching etcdctl failed transiently (retry.Transient:
+// the API server's exec connection refused or reset, a 5xx).
+func Transient(err error) bool {
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		for _, t := range transientEtcdErrors {
+			if strings.Contains(exit.Stderr, t) {
+				return true
+			}
+		}
+		return false
+	}
+	return retry.Transient(err)
+}
+
+// run runs etcdctl, again while it fails transiently (within RetryFor). final, when set,
+// decides that a failed run's output is an answer anyway (endpoint health exits 1 after
+// printing every result); the run's own error is returned then.
+func (c *Client) run(ctx context.Context, final func(stdout []byte, err error) bool, args ...string) (stdout, stderr []byte, err error) {
+	ctx, cancel := context.WithTimeout(ctx, c.RetryFor)
+	defer cancel()
+	var runErr error
+	err = retry.Do(ctx, c.Retry, Transient, func(ctx context.Context) error {
+		stdout, stderr, runErr = c.runner.Run(ctx, args...)
+		if runErr == nil || (final != nil && final(stdout, runErr)) {
+			return nil
+		}
+		return runErr
+	})
+	if err != nil {
+		return stdout, stderr, err
+	}
+	return stdout, stderr, runErr
 }
 
 // DefaultHealthTimeout is how long a member may take to answer the health check (etcdctl's own
@@ -70,7 +141,7 @@ func New(runner Runner, healthTimeout time.Duration) *Client {
 	if healthTimeout <= 0 {
 		healthTimeout = DefaultHealthTimeout
 	}
-	return &Client{runner: runner, healthTimeout: healthTimeout}
+	return &Client{runner: runner, healthTimeout: healthTimeout, Retry: DefaultRetry, RetryFor: DefaultRetryFor}
 }
 
 // Members lists the cluster's members with their health, sorted by name and ID.
@@ -80,7 +151,7 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 }
 
 func (c *Client) members(ctx context.Context) ([]Member, uint64, error) {
-	stdout, _, err := c.runner.Run(ctx, "member", "list", "-w", "json")
+	stdout, _, err := c.run(ctx, nil, "member", "list", "-w", "json")
 	if err != nil {
 		return nil, 0, fmt.Errorf("listing etcd members: %w", err)
 	}
@@ -89,9 +160,10 @@ func (c *Client) members(ctx context.Context) ([]Member, uint64, error) {
 		return nil, 0, err
 	}
 	// etcdctl exits 1 when an endpoint is unhealthy, after printing every result.
-	stdout, _, err = c.runner.Run(ctx, "endpoint", "health", "--cluster", "-w", "json",
-		"--command-timeout="+c.healthTimeout.String())
 	var exit *ExitError
+	stdout, _, err = c.run(ctx, func(stdout []byte, err error) bool {
+		return errors.As(err, &exit) && exit.Code == 1 && len(stdout) > 0
+	}, "endpoint", "health", "--cluster", "-w", "json", "--command-timeout="+c.healthTimeout.String())
 	if err != nil && !(errors.As(err, &exit) && exit.Code == 1 && len(stdout) > 0) {
 		return nil, 0, fmt.Errorf("checking etcd member health: %w", err)
 	}
@@ -152,7 +224,14 @@ type RefusedError struct {
 	Node    string
 	Reason  string
 	Members []Member
+	// Unhealthy: refused only because too few of the remaining members are healthy now,
+	// which a member that is restarting or catching up changes by itself.
+	Unhealthy bool
 }
+
+// Transient makes a refusal for health retryable (retry.Transient): right after a membership
+// change or a restart a member may fail a health check for a few seconds.
+func (e *RefusedError) Transient() bool { return e.Unhealthy }
 
 func (e *RefusedError) Error() string {
 	return fmt.Sprintf("refusing to remove the etcd member of node %s: %s; members: %s", e.Node, e.Reason, listMembers(e.Members))
@@ -207,38 +286,27 @@ func (c *Client) Remove(ctx context.Context, node string) (Removal, error) {
 	return r, nil
 }
 
-// etcd refuses a reconfiguration while its leader has not been connected to a quorum of the
-// remaining voting members for HealthInterval (5 s), for example right after a member
-// restarted ("etcdserver: unhealthy cluster", strict reconfiguration check). That passes on its
-// own; Remove retries it for a while.
-const (
-	unhealthyRetryFor      = 15 * time.Second
-	unhealthyRetryInterval = time.Second
-)
-
 var errMemberNotFound = errors.New("member not found")
 
+// removeMember runs member remove, again while etcd refuses for a passing reason (Transient):
+// a reconfiguration is refused while the leader has not been connected to a quorum of the
+// remaining voting members for 5 s ("etcdserver: unhealthy cluster", strict reconfiguration
+// check), for example right after a member restarted. A removal whose answer was lost (a
+// timeout, a reset exec connection) may have been applied: the next attempt then finds no
+// member ("member not found"), which counts as removed.
 func (c *Client) removeMember(ctx context.Context, m Member) ([]byte, error) {
-	deadline := time.Now().Add(unhealthyRetryFor)
-	for {
-		stdout, stderr, err := c.runner.Run(ctx, "member", "remove", m.IDString(), "-w", "json")
+	stdout, stderr, err := c.run(ctx, func(_ []byte, err error) bool {
 		var exit *ExitError
-		if !errors.As(err, &exit) {
-			return stdout, err
-		}
-		switch {
-		case strings.Contains(string(stderr), "etcdserver: member not found"):
-			return nil, errMemberNotFound
-		case strings.Contains(string(stderr), "etcdserver: unhealthy cluster") && time.Now().Before(deadline):
-		default:
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (etcd refused while its leader had not been connected to enough members for 5 s)", err)
-		case <-time.After(unhealthyRetryInterval):
-		}
+		return errors.As(err, &exit) && strings.Contains(exit.Stderr, etcdMemberNotFound)
+	}, "member", "remove", m.IDString(), "-w", "json")
+	var exit *ExitError
+	if errors.As(err, &exit) && strings.Contains(exit.Stderr, etcdMemberNotFound) {
+		return nil, errMemberNotFound
 	}
+	if err != nil && strings.Contains(string(stderr), etcdUnhealthy) {
+		return nil, fmt.Errorf("%w (etcd refused while its leader had not been connected to enough members for 5 s)", err)
+	}
+	return stdout, err
 }
 
 func planRemove(members []Member, answeredBy uint64, node string) (Removal, error) {
@@ -278,7 +346,9 @@ func planRemove(members []Member, answeredBy uint64, node string) (Removal, erro
 			return refuse("it is the last voting member")
 		}
 		if need := voters/2 + 1; healthy < need {
-			return refuse(fmt.Sprintf("after the removal %d of the %d remaining voting members would be healthy, and etcd needs %d for quorum", healthy, voters, need))
+			r, err := refuse(fmt.Sprintf("after the removal %d of the %d remaining voting members would be healthy, and etcd needs %d for quorum", healthy, voters, need))
+			err.(*RefusedError).Unhealthy = true
+			return r, err
 		}
 	}
 	return Removal{Node: node, Member: *target, Remaining: remaining}, nil

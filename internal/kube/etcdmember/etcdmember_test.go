@@ -3,9 +3,15 @@ package etcdmember_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
+	"os"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -290,4 +296,147 @@ func TestMembersHealth(t *testing.T) {
 		"cp-0 (healthy)", "cp-1 (healthy)", "cp-2 (unhealthy: context deadline exceeded)",
 	}, got)
 	assert.Contains(t, runner.calls, "endpoint health --cluster -w json --command-timeout=5s")
+}
+
+// flakyRunner fails the first runs of a command (by its first two words) with scripted errors,
+// then answers as inner does. lost makes the first member remove apply the removal and lose
+// the answer (a timeout), as etcd does when its leader goes away mid-request.
+type flakyRunner struct {
+	inner *fakeRunner
+	fail  map[string][]error
+	lost  bool
+	runs  []string
+}
+
+func (f *flakyRunner) Run(ctx context.Context, args ...string) ([]byte, []byte, error) {
+	cmd := strings.Join(args[:2], " ")
+	f.runs = append(f.runs, cmd)
+	if errs := f.fail[cmd]; len(errs) > 0 {
+		f.fail[cmd] = errs[1:]
+		var exit *etcdmember.ExitError
+		if errors.As(errs[0], &exit) {
+			return nil, []byte(exit.Stderr), errs[0]
+		}
+		return nil, nil, errs[0]
+	}
+	if cmd == "member remove" && !slices.ContainsFunc(f.inner.members, func(m fakeMember) bool { return fmt.Sprintf("%x", m.id) == args[2] }) {
+		const stderr = "Error: etcdserver: member not found"
+		return nil, []byte(stderr), etcdmember.NewExitError(1, []byte(stderr))
+	}
+	if cmd == "member remove" && f.lost {
+		f.lost = false
+		f.inner.members = slices.DeleteFunc(f.inner.members, func(m fakeMember) bool { return fmt.Sprintf("%x", m.id) == args[2] })
+		const stderr = "Error: etcdserver: request timed out, possibly due to previous leader failure"
+		return nil, []byte(stderr), etcdmember.NewExitError(1, []byte(stderr))
+	}
+	stdout, stderr, err := f.inner.Run(ctx, args...)
+	if cmd == "member remove" && err == nil {
+		f.inner.members = slices.DeleteFunc(f.inner.members, func(m fakeMember) bool { return fmt.Sprintf("%x", m.id) == args[2] })
+	}
+	return stdout, stderr, err
+}
+
+// instantClock fires every wait at once, recording it.
+type instantClock struct {
+	now   time.Time
+	waits []time.Duration
+}
+
+func (c *instantClock) Now() time.Time { return c.now }
+func (c *instantClock) After(d time.Duration) <-chan time.Time {
+	c.waits = append(c.waits, d)
+	c.now = c.now.Add(d)
+	ch := make(chan time.Time, 1)
+	ch <- c.now
+	return ch
+}
+
+// Removing a control plane while etcd elects a leader (the member removed before was the
+// leader), or while the API server's exec connection is reset: the runs are retried, and a
+// removal whose answer was lost counts as done.
+func TestRemoveRetriesTransientFailures(t *testing.T) {
+	exit := func(stderr string) error { return etcdmember.NewExitError(1, []byte(stderr)) }
+	reset := &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	testCases := map[string]struct {
+		fail       map[string][]error
+		lost       bool
+		wantErr    []string
+		wantNoMem  bool
+		wantRuns   int
+		wantWaited int
+	}{
+		"leader changed while listing": {
+			fail:     map[string][]error{"member list": {exit("Error: etcdserver: leader changed"), exit("Error: etcdserver: no leader")}},
+			wantRuns: 5, wantWaited: 2,
+		},
+		"exec connection reset, then request timed out": {
+			fail:     map[string][]error{"endpoint health": {fmt.Errorf("exec in kube-system/etcd-cp-0: %w", reset)}, "member remove": {exit("Error: etcdserver: request timed out")}},
+			wantRuns: 5, wantWaited: 2,
+		},
+		"the removal's answer was lost: removed": {
+			lost: true, wantNoMem: true, wantRuns: 4, wantWaited: 1,
+		},
+		"strict reconfiguration check": {
+			fail:     map[string][]error{"member remove": {exit("Error: etcdserver: unhealthy cluster"), exit("Error: etcdserver: unhealthy cluster")}},
+			wantRuns: 5, wantWaited: 2,
+		},
+		"a refusal that waiting does not change: at once": {
+			fail:     map[string][]error{"member remove": {exit("Error: etcdserver: re-configuration failed due to not enough started members")}},
+			wantErr:  []string{"re-configuration failed"},
+			wantRuns: 3,
+		},
+		"transient for longer than RetryFor: first and last error": {
+			fail: map[string][]error{"member list": {
+				exit("Error: etcdserver: leader changed"), exit("Error: context deadline exceeded"), exit("Error: context deadline exceeded"),
+				exit("Error: context deadline exceeded"), exit("Error: context deadline exceeded"), exit("Error: context deadline exceeded"),
+				exit("Error: context deadline exceeded"), exit("Error: context deadline exceeded"), exit("Error: context deadline exceeded"),
+			}},
+			wantErr: []string{"listing etcd members", "context deadline exceeded", "first error: etcdctl exited with code 1: Error: etcdserver: leader changed", "gave up"},
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			runner := &flakyRunner{inner: &fakeRunner{members: three(), answeredBy: 1}, fail: tc.fail, lost: tc.lost}
+			c := etcdmember.New(runner, 0)
+			clock := &instantClock{now: time.Now()}
+			c.Retry.Clock = clock
+			c.RetryFor = 10 * time.Second
+			removal, err := c.Remove(context.Background(), "cp-1")
+			if len(tc.wantErr) > 0 {
+				require.Error(t, err)
+				for _, want := range tc.wantErr {
+					assert.Contains(t, err.Error(), want)
+				}
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantNoMem, removal.NoMember)
+			assert.NotContains(t, fakeNames(runner.inner.members), "cp-1")
+			assert.Len(t, runner.runs, tc.wantRuns, "runs: %v", runner.runs)
+			assert.Len(t, clock.waits, tc.wantWaited)
+		})
+	}
+}
+
+// A quorum refusal because a member is unhealthy says it may pass (a member catching up after a
+// membership change); a refusal for the last member does not.
+func TestRefusalTransient(t *testing.T) {
+	runner := &fakeRunner{members: three("cp-2"), answeredBy: 1}
+	_, err := etcdmember.New(runner, 0).PlanRemove(context.Background(), "cp-1")
+	var refused *etcdmember.RefusedError
+	require.ErrorAs(t, err, &refused)
+	assert.True(t, refused.Transient())
+
+	runner = &fakeRunner{members: []fakeMember{{id: 1, name: "cp-0"}}, answeredBy: 1}
+	_, err = etcdmember.New(runner, 0).PlanRemove(context.Background(), "cp-0")
+	require.ErrorAs(t, err, &refused)
+	assert.False(t, refused.Transient())
+}
+
+func fakeNames(ms []fakeMember) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.name)
+	}
+	return out
 }
