@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -145,6 +146,8 @@ type TimeoutError struct {
 	Pods    []StuckPod
 	// Report is what the drain did before it gave up.
 	Report Report
+	// LastError is the last transient failure of the API server the drain retried, if any.
+	LastError error
 }
 
 func (e *TimeoutError) Error() string {
@@ -152,8 +155,12 @@ func (e *TimeoutError) Error() string {
 	for i, p := range e.Pods {
 		pods[i] = p.String()
 	}
-	return fmt.Sprintf("draining node %q: %d pod(s) still on the node after %s: %s",
+	msg := fmt.Sprintf("draining node %q: %d pod(s) still on the node after %s: %s",
 		e.Node, len(e.Pods), e.Timeout, strings.Join(pods, "; "))
+	if e.LastError != nil {
+		msg += fmt.Sprintf(" (last API error: %v)", e.LastError)
+	}
+	return msg
 }
 
 func (e *TimeoutError) Unwrap() error { return context.DeadlineExceeded }
@@ -206,7 +213,14 @@ func Drain(ctx context.Context, client kubernetes.Interface, node string, opts O
 	defer cancel()
 
 	report := Report{Node: node}
-	cordoned, err := cordon(ctx, client, node)
+	// The API server may restart or lose its etcd leader while a node is drained: such
+	// failures are retried within the drain's time (every step is idempotent).
+	var cordoned bool
+	err := retry.Do(ctx, retry.Policy{Initial: opts.RetryInterval / 4, Max: opts.RetryInterval, Factor: 2, Jitter: 0.2}, nil, func(ctx context.Context) error {
+		var err error
+		cordoned, err = cordon(ctx, client, node)
+		return err
+	})
 	if err != nil {
 		return report, err
 	}
@@ -218,11 +232,17 @@ func Drain(ctx context.Context, client kubernetes.Interface, node string, opts O
 	d := drainer{client: client, node: node, opts: opts, timeout: timeout, seen: map[types.UID]*podState{}, skipped: map[types.UID]bool{}}
 	for {
 		remaining, err := d.round(ctx, &report)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
 			report.Took = time.Since(start)
-			if ctx.Err() != nil {
-				return report, d.stopped(ctx, report)
-			}
+			return report, d.stopped(ctx, report)
+		case err != nil && retry.Transient(err):
+			// Listing the node's pods failed for a passing reason: the next round lists again.
+			d.lastErr = err
+			opts.Log.Warn("drain round failed, will retry", "node", node, "error", err)
+			remaining = -1
+		case err != nil:
+			report.Took = time.Since(start)
 			return report, err
 		}
 		if remaining == 0 {
@@ -322,6 +342,8 @@ type drainer struct {
 	timeout time.Duration
 	seen    map[types.UID]*podState
 	skipped map[types.UID]bool
+	// lastErr is the last transient failure of a round, named if the drain times out.
+	lastErr error
 }
 
 // round lists the pods on the node, evicts those not yet evicted, records pods that are gone,
@@ -479,7 +501,7 @@ func terminatingReason(p *corev1.Pod) string {
 // stopped is the error of a drain whose context ended: a *TimeoutError when its time was up,
 // the context's error (wrapped, naming the pods still there) when the caller canceled it.
 func (d *drainer) stopped(ctx context.Context, report Report) error {
-	e := &TimeoutError{Node: d.node, Timeout: d.timeout, Report: report}
+	e := &TimeoutError{Node: d.node, Timeout: d.timeout, Report: report, LastError: d.lastErr}
 	for _, st := range d.seen {
 		e.Pods = append(e.Pods, StuckPod{Pod: st.ref, Budgets: st.budgets, Reason: st.reason})
 	}
