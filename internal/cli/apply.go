@@ -137,7 +137,11 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 			want[n.Name] = true
 		}
 	}
-	if err := waitNodesReady(ctx, out, t, client, st.Nodes, want); err != nil {
+	prog := newProgress(t)
+	stop := prog.start(ctx)
+	err = waitNodesReady(ctx, out, t, prog, client, platform, st.Nodes, want, false)
+	stop()
+	if err != nil {
 		return err
 	}
 	// Every node that joined has its disk record now.
@@ -271,8 +275,8 @@ func initError(creds *atls.RecordingCredentials, err error, answered bool) error
 
 // waitNodesReady is waitReady, and on failure says why: what the join service refused of the
 // nodes that are missing.
-func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, client kubernetes.Interface, nodes []state.Node, want map[string]bool) error {
-	err := waitReady(ctx, t, client, want)
+func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, prog *progress, client kubernetes.Interface, platform provider.Provider, nodes []state.Node, want map[string]bool, quietIfReady bool) error {
+	err := waitReady(ctx, t, prog, client, platform, want, quietIfReady)
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -289,61 +293,124 @@ func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, client ku
 
 // waitReady waits until every node in want joined (its Node object exists), is Ready, and
 // runs a ready verification service: a node counts as ready when it can be verified. Each
-// step is a phase line.
-func waitReady(ctx context.Context, t *phaseTimer, client kubernetes.Interface, want map[string]bool) error {
+// step is a phase line, except for nodes that are ready at the first look when quietIfReady
+// (an apply that adds one node does not announce the others). While it waits, prog says per
+// node what is missing (with what the platform reports of the node, when platform is set)
+// and the last error of the API server.
+func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, platform provider.Provider, want map[string]bool, quietIfReady bool) error {
 	joined, ready := map[string]bool{}, map[string]bool{}
-	var lastErr error
+	first, waited := true, false
+	for n := range want {
+		prog.waiting(n, "to register with Kubernetes")
+	}
 	for {
-		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err == nil {
-			var verifiers *corev1.PodList
-			verifiers, err = client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService})
-			if err == nil {
-				verifiable := map[string]bool{}
-				for _, p := range verifiers.Items {
-					if podReady(p) {
-						verifiable[p.Spec.NodeName] = true
-					}
-				}
-				for _, n := range nodes.Items {
-					if !want[n.Name] {
-						continue
-					}
-					if !joined[n.Name] {
-						// Workers often join while init still waits for the services: say
-						// when the node registered, not only when we saw it.
-						joined[n.Name] = true
-						t.phase("join", fmt.Sprintf("%s (Node registered at %.1fs)", n.Name, n.CreationTimestamp.Sub(t.start).Seconds()))
-					}
-					if !ready[n.Name] && isReady(n) && verifiable[n.Name] {
-						ready[n.Name] = true
-						t.phase("ready", n.Name+" (Ready, verification service up)")
+		reported := map[string]string{}
+		if platform != nil {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if nodes, err := platform.Nodes(pctx); err == nil {
+				for _, n := range nodes {
+					reported[n.Name] = fmt.Sprintf("platform: %s", n.State)
+					if n.Reported != "" {
+						reported[n.Name] += ", bootstrapper: " + n.Reported
 					}
 				}
 			}
+			cancel()
 		}
-		lastErr = err
+		err := readyRound(ctx, t, prog, client, want, joined, ready, reported, first && quietIfReady)
+		if err != nil {
+			for n := range want {
+				if !ready[n] {
+					prog.failed(n, fmt.Errorf("Kubernetes API: %w", err))
+				}
+			}
+		}
 		var missing []string
 		for n := range want {
 			if !ready[n] {
 				missing = append(missing, n)
 			}
 		}
+		if first {
+			waited = len(missing) > 0
+			first = false
+		}
 		if len(missing) == 0 {
-			t.phase("all ready", fmt.Sprintf("%d nodes", len(ready)))
+			if !quietIfReady || waited {
+				t.phase("all ready", fmt.Sprintf("%d nodes", len(ready)))
+			}
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			slices.Sort(missing)
-			err := fmt.Errorf("nodes not ready (Ready with a running verification service): %s: %w", strings.Join(missing, ", "), ctx.Err())
-			if lastErr != nil {
-				err = fmt.Errorf("%w (last API error: %v)", err, lastErr)
-			}
-			return err
+			return fmt.Errorf("nodes not ready (Ready with a running verification service): %s: %w", prog.summary(), ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// readyRound is one look of waitReady.
+func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, want, joined, ready map[string]bool, reported map[string]string, quiet bool) error {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	nodes, err := client.CoreV1().Nodes().List(lctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	verifiers, err := client.CoreV1().Pods(clusterrecord.Namespace).List(lctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService})
+	if err != nil {
+		return err
+	}
+	verifiable := map[string]bool{}
+	for _, p := range verifiers.Items {
+		if podReady(p) {
+			verifiable[p.Spec.NodeName] = true
+		}
+	}
+	registered := map[string]bool{}
+	for _, n := range nodes.Items {
+		if !want[n.Name] {
+			continue
+		}
+		registered[n.Name] = true
+		if quiet && isReady(n) && verifiable[n.Name] {
+			joined[n.Name], ready[n.Name] = true, true
+			prog.done(n.Name)
+			continue
+		}
+		if !joined[n.Name] {
+			// Workers often join while init still waits for the services: say
+			// when the node registered, not only when we saw it.
+			joined[n.Name] = true
+			t.phase("join", fmt.Sprintf("%s (Node registered at %.1fs)", n.Name, n.CreationTimestamp.Sub(t.start).Seconds()))
+		}
+		switch {
+		case ready[n.Name]:
+		case isReady(n) && verifiable[n.Name]:
+			ready[n.Name] = true
+			prog.done(n.Name)
+			t.phase("ready", n.Name+" (Ready, verification service up)")
+		case !isReady(n):
+			what := "its kubelet to report Ready"
+			if c := readyCondition(n); c != nil && c.Reason != "" {
+				what += " (now: " + untrusted.Text(c.Reason) + ")"
+			}
+			prog.waiting(n.Name, what)
+		default:
+			prog.waiting(n.Name, "its verification service to run")
+		}
+	}
+	for n := range want {
+		if !registered[n] {
+			what := "to register with Kubernetes"
+			if r := reported[n]; r != "" {
+				what += " (" + r + ")"
+			}
+			prog.waiting(n, what)
+		}
+	}
+	return nil
 }
 
 // toolPath names a command for the user to run: its bare name when it is on PATH outside

@@ -111,7 +111,8 @@ func newApplyCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			return apply(ctx, cmd.OutOrStdout(), newPhaseTimer(cmd.OutOrStdout()), ws, o)
+			out := newSyncWriter(cmd.OutOrStdout())
+			return apply(ctx, out, newPhaseTimer(out), ws, o)
 		},
 	}
 	addImagesFlag(cmd, &o.imagesDir)

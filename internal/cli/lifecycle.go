@@ -19,6 +19,7 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -32,7 +33,7 @@ func inWorkspace(timeout *time.Duration, run func(ctx context.Context, out io.Wr
 		}
 		ctx, cancel := context.WithTimeout(cmd.Context(), *timeout)
 		defer cancel()
-		return run(ctx, cmd.OutOrStdout(), ws, args)
+		return run(ctx, newSyncWriter(cmd.OutOrStdout()), ws, args)
 	}
 }
 
@@ -74,8 +75,19 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 	refreshDisksBeforeShutdown(ctx, out, workspace, st, platform)
 	t := newPhaseTimer(out)
 	start := time.Now()
+	prog := newProgress(t)
+	stop := prog.start(ctx)
+	defer stop()
 	for _, name := range names {
-		if err := platform.RebootNode(ctx, name); err != nil {
+		// A reboot whose answer was lost may have happened: rebooting again is harmless (the
+		// wait below counts boots after start), so the request is simply retried.
+		prog.waiting(name, "the platform to reboot it")
+		err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+			err := platform.RebootNode(ctx, name)
+			prog.failed(name, err)
+			return err
+		})
+		if err != nil {
 			return err
 		}
 		t.phase("reboot", name+" rebooted by the platform")
@@ -87,7 +99,7 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 	if err != nil {
 		return err
 	}
-	return waitBack(ctx, t, platform, client, names, start, start)
+	return waitBack(ctx, t, prog, platform, client, names, start, start)
 }
 
 // waitBack waits until each named node, booted after bootedAfter, is back in its cluster and
@@ -99,35 +111,54 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 // heartbeat) since that boot: only its new kubelet can have. A node that kept running (the
 // workers during a control plane's recovery) must have renewed its lease since
 // heartbeatAfter (kubelets renew every 10 s; their status heartbeat may be minutes old).
-func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, client kubernetes.Interface, names []string, bootedAfter, heartbeatAfter time.Time) error {
+func waitBack(ctx context.Context, t *phaseTimer, prog *progress, platform provider.Provider, client kubernetes.Interface, names []string, bootedAfter, heartbeatAfter time.Time) error {
 	back, ready := map[string]bool{}, map[string]bool{}
 	bootedAt := map[string]time.Time{}
-	var last string
+	for _, n := range names {
+		prog.waiting(n, "its bootstrapper to report it is back in its cluster")
+	}
 	for {
-		nodes, err := platform.Nodes(ctx)
-		if err == nil {
-			for _, n := range nodes {
-				if !slices.Contains(names, n.Name) || back[n.Name] {
-					continue
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		nodes, err := platform.Nodes(pctx)
+		cancel()
+		if err != nil {
+			for _, n := range names {
+				if !back[n] {
+					prog.failed(n, fmt.Errorf("platform: %w", err))
 				}
-				if n.BootedAt.After(bootedAfter.Add(-time.Second)) && metadata.InCluster(n.Reported) {
-					back[n.Name], bootedAt[n.Name] = true, n.BootedAt
-					t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
-				} else {
-					last = fmt.Sprintf("%s: %s %s", n.Name, n.State, n.Reported)
+			}
+		}
+		for _, n := range nodes {
+			if !slices.Contains(names, n.Name) || back[n.Name] {
+				continue
+			}
+			if n.BootedAt.After(bootedAfter.Add(-time.Second)) && metadata.InCluster(n.Reported) {
+				back[n.Name], bootedAt[n.Name] = true, n.BootedAt
+				t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
+			} else {
+				reported := n.Reported
+				if reported == "" {
+					reported = "nothing reported yet"
 				}
+				prog.waiting(n.Name, fmt.Sprintf("its bootstrapper to report it is back in its cluster (platform: %s, bootstrapper: %s)", n.State, reported))
 			}
 		}
 		for _, name := range names {
 			if !back[name] || ready[name] {
 				continue
 			}
-			ok, why := servingAgain(ctx, client, name, bootedAt[name], heartbeatAfter)
+			kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			ok, why, err := servingAgain(kctx, client, name, bootedAt[name], heartbeatAfter)
+			cancel()
+			if err != nil {
+				prog.failed(name, fmt.Errorf("Kubernetes API: %w", err))
+			}
 			if !ok {
-				last = name + ": " + why
+				prog.waiting(name, why)
 				continue
 			}
 			ready[name] = true
+			prog.done(name)
 			t.phase("ready", name+" (Ready by a fresh kubelet heartbeat, verification service up)")
 		}
 		if len(ready) == len(names) {
@@ -135,47 +166,41 @@ func waitBack(ctx context.Context, t *phaseTimer, platform provider.Provider, cl
 		}
 		select {
 		case <-ctx.Done():
-			var missing []string
-			for _, n := range names {
-				if !ready[n] {
-					missing = append(missing, n)
-				}
-			}
-			return fmt.Errorf("not back in the cluster: %s (last: %s): %w", strings.Join(missing, ", "), last, ctx.Err())
+			return fmt.Errorf("not back in the cluster: %s: %w", prog.summary(), ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
 
 // servingAgain checks one node of waitBack, and says what is missing.
-func servingAgain(ctx context.Context, client kubernetes.Interface, name string, bootedAt, heartbeatAfter time.Time) (bool, string) {
+func servingAgain(ctx context.Context, client kubernetes.Interface, name string, bootedAt, heartbeatAfter time.Time) (bool, string, error) {
 	node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return false, err.Error()
+		return false, "its Node object", err
 	}
 	c := readyCondition(*node)
 	if c == nil || c.Status != corev1.ConditionTrue {
-		return false, "not Ready"
+		return false, "its kubelet to report Ready", nil
 	}
 	second := func(t time.Time) time.Time { return t.Truncate(time.Second) }
 	if bootedAt.After(heartbeatAfter) {
 		if c.LastHeartbeatTime.Time.Before(second(bootedAt)) {
-			return false, "no status from its kubelet since it booted"
+			return false, "a status from its kubelet since it booted", nil
 		}
 	} else {
 		lease, err := client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, err.Error()
+			return false, "its kubelet's lease", err
 		}
 		if lease.Spec.RenewTime == nil || lease.Spec.RenewTime.Time.Before(second(heartbeatAfter)) {
-			return false, "its kubelet has not renewed its lease yet"
+			return false, "its kubelet to renew its lease", nil
 		}
 	}
 	pods, err := client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService, FieldSelector: "spec.nodeName=" + name,
 	})
 	if err != nil {
-		return false, err.Error()
+		return false, "its verification service", err
 	}
 	for _, p := range pods.Items {
 		if !podReady(p) {
@@ -188,10 +213,10 @@ func servingAgain(ctx context.Context, client kubernetes.Interface, name string,
 			}
 		}
 		if fresh {
-			return true, ""
+			return true, "", nil
 		}
 	}
-	return false, "its verification service is not running again yet"
+	return false, "its verification service to run again", nil
 }
 
 func readyCondition(n corev1.Node) *corev1.NodeCondition {
@@ -246,10 +271,20 @@ with 'constellation recover'; the other nodes then rejoin by themselves.`,
 			if err != nil {
 				return err
 			}
-			if err := platform.Start(ctx); err != nil {
+			// Starting takes a while (every node boots): say so, per node, every few seconds.
+			prog := newProgress(newPhaseTimer(out))
+			for _, n := range st.Nodes {
+				prog.waiting(n.Name, "the platform to boot it")
+			}
+			stop := prog.start(ctx)
+			err = platform.Start(ctx)
+			stop()
+			if err != nil {
 				return fmt.Errorf("starting the cluster: %w", err)
 			}
-			if err := refreshEndpoints(ctx, ws, st, platform); err != nil {
+			if err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+				return refreshEndpoints(ctx, ws, st, platform)
+			}); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "started %d nodes. Once they wait for recovery, run: %s recover -C %s\n", len(st.Nodes), toolPath("constellation"), ws)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,7 +54,7 @@ service verified its attestation. Files go to <workspace>/mini; remove with 'min
 			ws, _ := cmd.Flags().GetString("workspace")
 			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 			defer cancel()
-			return miniUp(ctx, cmd.OutOrStdout(), ws, o)
+			return miniUp(ctx, newSyncWriter(cmd.OutOrStdout()), ws, o)
 		},
 	}
 	exe, _ := os.Executable()
@@ -225,10 +226,12 @@ func miniDown(ctx context.Context, out io.Writer, workspace string) error {
 	return terminate(ctx, out, workspace, true)
 }
 
-// phaseTimer prints phases with their wall time (the mini up benchmark reads them).
+// phaseTimer prints phases with their wall time (the mini up benchmark reads them). It is safe
+// for concurrent use: a command's progress reporter prints through it while the command runs.
 type phaseTimer struct {
 	out   io.Writer
 	start time.Time
+	mu    sync.Mutex
 	last  time.Time
 }
 
@@ -238,7 +241,17 @@ func newPhaseTimer(out io.Writer) *phaseTimer {
 }
 
 func (p *phaseTimer) phase(name, detail string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	now := time.Now()
 	fmt.Fprintf(p.out, "[%6.1fs] %-10s %s (%.1fs)\n", now.Sub(p.start).Seconds(), name, detail, now.Sub(p.last).Seconds())
 	p.last = now
+}
+
+// note prints a line in the phase format that is not a phase: the time since the last phase
+// keeps counting.
+func (p *phaseTimer) note(now time.Time, name, detail string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.out, "[%6.1fs] %-10s %s\n", now.Sub(p.start).Seconds(), name, detail)
 }

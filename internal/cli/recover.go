@@ -6,16 +6,18 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/recovery"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
@@ -83,15 +85,20 @@ func recoverCluster(ctx context.Context, out io.Writer, workspace string, diskOv
 	}
 	t := newPhaseTimer(out)
 	start := time.Now()
+	prog := newProgress(t)
+	stop := prog.start(ctx)
+	defer stop()
 	rec := controlPlaneRecovery{platform: platform, validator: validator, master: master, st: st, disks: disks}
-	recovered, err := rec.run(ctx, t)
+	recovered, err := rec.run(ctx, t, prog)
 	if err != nil {
 		return err
 	}
 	if err := recordRecoveredDisks(out, workspace, st, recovered, disks); err != nil {
 		return err
 	}
-	if err := refreshEndpoints(ctx, workspace, st, platform); err != nil {
+	if err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+		return refreshEndpoints(ctx, workspace, st, platform)
+	}); err != nil {
 		return err
 	}
 	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
@@ -106,7 +113,7 @@ func recoverCluster(ctx context.Context, out io.Writer, workspace string, diskOv
 	}
 	// Every node must be back (its bootstrapper reported so) and Ready by a kubelet heartbeat
 	// after recovery started: Node objects still say Ready from before the shutdown.
-	if err := waitBack(ctx, t, platform, client, names, time.Time{}, start); err != nil {
+	if err := waitBack(ctx, t, prog, platform, client, names, time.Time{}, start); err != nil {
 		return err
 	}
 	// The cluster's records are readable again.
@@ -128,31 +135,68 @@ type controlPlaneRecovery struct {
 	// disks are the disks whose keys the control planes may get (recoveryDisks): every
 	// control plane has one.
 	disks map[string]string
+	// recover is recovery.Recover (tests: a fake); clock paces the attempts (cliClock).
+	recover func(context.Context, recovery.Config) ([]byte, error)
+	clock   clock.Clock
+}
+
+// recoveryPace is how often recover attempts one node: never more often than the node's
+// recovery server admits a caller (recovery.MinAttemptInterval), and after each refusal of the
+// node (its limits said no) twice as long as the time before, up to a minute, with jitter. A
+// node that asks for a longer wait (RetryInfo) gets it.
+var recoveryPace = retry.Policy{Initial: recovery.MinAttemptInterval, Max: time.Minute, Factor: 2, Jitter: 0.2}
+
+// platformPoll is how often recover asks the platform what the control planes report (a
+// local call, and not the node's budget).
+const platformPoll = time.Second
+
+// nodeAttempts is the schedule of one control plane's recovery.
+type nodeAttempts struct {
+	next    time.Time
+	backoff *wait.Backoff
 }
 
 // run repeats until every control plane is back in its cluster, and returns those that
 // recovered through it (the others rejoined by themselves). Security failures end it at once.
-func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer) (map[string]bool, error) {
+// Each node is attempted at recoveryPace; prog says per node what is awaited and its first and
+// last errors.
+func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer, prog *progress) (map[string]bool, error) {
 	st, platform := r.st, r.platform
+	recoverFn, clk := r.recover, r.clock
+	if recoverFn == nil {
+		recoverFn = recovery.Recover
+	}
+	if clk == nil {
+		clk = cliClock
+	}
 	recovered := map[string]bool{}
 	var controlPlanes []state.Node
 	for _, n := range st.Nodes {
 		if n.Role == metadata.ControlPlane {
 			controlPlanes = append(controlPlanes, n)
+			prog.waiting(n.Name, "to report that it waits for recovery")
 		}
 	}
 	// A control plane is done when it is back in its cluster: recovered here, or rejoined by
 	// itself (another control plane's join service came back first).
 	done := map[string]bool{}
-	last := map[string]string{}
+	attempts := map[string]*nodeAttempts{}
 	for len(done) < len(controlPlanes) {
 		reported := map[string]string{}
-		if nodes, err := platform.Nodes(ctx); err == nil {
-			for _, n := range nodes {
-				reported[n.Name] = n.Reported
-				if n.State == provider.Stopped {
-					return nil, fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		nodes, err := platform.Nodes(pctx)
+		cancel()
+		if err != nil {
+			for _, n := range controlPlanes {
+				if !done[n.Name] {
+					prog.failed(n.Name, fmt.Errorf("platform: %w", err))
 				}
+			}
+		}
+		for _, n := range nodes {
+			reported[n.Name] = n.Reported
+			if n.State == provider.Stopped {
+				return nil, fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
 			}
 		}
 		for _, n := range controlPlanes {
@@ -161,14 +205,30 @@ func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer) (map[strin
 			}
 			if metadata.InCluster(reported[n.Name]) {
 				done[n.Name] = true
+				prog.done(n.Name)
 				t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported[n.Name]))
 				continue
 			}
 			if reported[n.Name] != metadata.PhaseWaitingForRecovery {
-				last[n.Name] = "booting: " + reported[n.Name]
+				what := reported[n.Name]
+				if what == "" {
+					what = "nothing reported yet"
+				}
+				prog.waiting(n.Name, "to report that it waits for recovery (bootstrapper: "+what+")")
 				continue
 			}
-			_, err := recovery.Recover(ctx, recovery.Config{
+			a := attempts[n.Name]
+			if a == nil {
+				a = &nodeAttempts{backoff: recoveryPace.Backoff()}
+				attempts[n.Name] = a
+			}
+			now := clk.Now()
+			if now.Before(a.next) {
+				prog.waiting(n.Name, fmt.Sprintf("its keys over attested TLS (next attempt in %s)", a.next.Sub(now).Round(time.Second)))
+				continue
+			}
+			prog.waiting(n.Name, "its keys over attested TLS")
+			_, err := recoverFn(ctx, recovery.Config{
 				Endpoint: nodeEndpoint(n, provider.RecoverPort), Dial: platform.Dialer(), Validator: r.validator,
 				ExpectedNode: n.Name, Disk: r.disks[n.Name],
 				MasterSecret: r.master, MeasurementSalt: st.MeasurementSalt, ClusterID: st.ClusterID,
@@ -176,13 +236,29 @@ func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer) (map[strin
 			switch {
 			case err == nil:
 				done[n.Name], recovered[n.Name] = true, true
+				prog.done(n.Name)
 				t.phase("recovered", n.Name+" got its keys over attested TLS and re-entered the cluster")
+			case errors.Is(err, recovery.ErrBusy):
+				// The node's limits refused: wait longer each time, and at least as long as
+				// the node asked.
+				prog.failed(n.Name, err)
+				delay := a.backoff.Step()
+				if d, ok := retry.After(err); ok && d > delay {
+					delay = d
+				}
+				a.next = clk.Now().Add(delay)
 			case recovery.Retryable(err), errors.Is(err, recovery.ErrNotWaiting):
-				// Not up yet, busy, or back already (the platform's report tells next round).
-				last[n.Name] = err.Error()
+				// Not up yet, or back already (the platform's report tells next round): the
+				// next attempt no sooner than the node admits one.
+				prog.failed(n.Name, err)
+				a.next = clk.Now().Add(recovery.MinAttemptInterval)
 			default:
 				// Security failures are final: nothing was sent, and retrying would not change it.
-				return nil, fmt.Errorf("recovering %s: %w%s", n.Name, err, wrongDiskHint(st, err))
+				err = fmt.Errorf("recovering %s: %w%s", n.Name, err, wrongDiskHint(st, err))
+				if h := prog.history(n.Name); h.Attempts() > 0 && h.First().Error() != err.Error() {
+					err = fmt.Errorf("%w (its first error was: %v)", err, h.First())
+				}
+				return nil, err
 			}
 		}
 		if len(done) == len(controlPlanes) {
@@ -190,14 +266,8 @@ func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer) (map[strin
 		}
 		select {
 		case <-ctx.Done():
-			var waiting []string
-			for _, n := range controlPlanes {
-				if !done[n.Name] {
-					waiting = append(waiting, fmt.Sprintf("%s (%s)", n.Name, last[n.Name]))
-				}
-			}
-			return nil, fmt.Errorf("control planes not recovered: %s: %w", strings.Join(waiting, "; "), ctx.Err())
-		case <-time.After(time.Second):
+			return nil, fmt.Errorf("control planes not recovered: %s: %w", prog.summary(), ctx.Err())
+		case <-clk.After(platformPoll):
 		}
 	}
 	return recovered, nil

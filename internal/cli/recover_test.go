@@ -185,7 +185,8 @@ func TestRecoverSendsEachNodeOnlyItsRecordedDisk(t *testing.T) {
 	defer cancel()
 	var out bytes.Buffer
 	rec := controlPlaneRecovery{platform: platform, validator: bootstraptest.Validator(t, ca), master: keys.Master, st: st, disks: disks}
-	_, err = rec.run(ctx, newPhaseTimer(&out))
+	t0 := newPhaseTimer(&out)
+	_, err = rec.run(ctx, t0, newProgress(t0))
 
 	require.ErrorIs(t, err, recovery.ErrWrongDisk)
 	assert.ErrorContains(t, err, "recovering control-plane-1")
@@ -229,7 +230,8 @@ func TestRecoverWithDiskOverride(t *testing.T) {
 	defer cancel()
 	var out bytes.Buffer
 	rec := controlPlaneRecovery{platform: platform, validator: bootstraptest.Validator(t, ca), master: keys.Master, st: st, disks: disks}
-	recovered, err := rec.run(ctx, newPhaseTimer(&out))
+	t0 := newPhaseTimer(&out)
+	recovered, err := rec.run(ctx, t0, newProgress(t0))
 	require.NoError(t, err)
 	assert.True(t, n.Unlocked(t))
 	require.NoError(t, recordRecoveredDisks(&out, ws, st, recovered, disks))

@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -116,11 +118,14 @@ type scaleOptions struct {
 
 // reconcile brings an initialized cluster's node counts to the configuration's: it says what
 // it changes, then adds nodes (they join through the join service) and removes nodes.
+//
+// Every step is idempotent, so an apply that was interrupted anywhere (killed, its machine
+// rebooted) is finished by the next: first the state file is made to agree with the
+// platform (syncWithPlatform: machines made for an earlier apply are adopted, removals it
+// began are finished), then the plan is made from that, and apply waits until every node is
+// Ready whether or not it changes anything. Transient failures of the API server and the
+// platform are retried (internal/retry).
 func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State, o scaleOptions) error {
-	plan, err := planScale(conf, st, workspace)
-	if err != nil {
-		return err
-	}
 	restConfig, err := newKubeConfig(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
 		return err
@@ -129,49 +134,226 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err != nil {
 		return err
 	}
-	if plan.empty() {
-		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
-		return recordDisks(ctx, out, workspace, st, client)
-	}
-	plan.print(out)
 	platform, err := platformOf(workspace, st)
 	if err != nil {
 		return err
 	}
-	statePath := filepath.Join(workspace, state.FileName)
-	if len(plan.add) > 0 {
-		created, err := platform.CreateNodes(ctx, plan.add)
-		// Record what the platform made, even half-way: the state file is the record.
-		if nodes, lerr := platform.Nodes(ctx); lerr == nil {
-			recordNodes(st, nodes)
-			if werr := state.Write(statePath, st); werr != nil {
-				return errors.Join(err, werr)
-			}
-		}
-		if err != nil {
+	prog := newProgress(t)
+	stop := prog.start(ctx)
+	defer stop()
+	r := &reconciler{out: out, t: t, prog: prog, client: client, restConfig: restConfig, platform: platform,
+		st: st, statePath: filepath.Join(workspace, state.FileName), o: o}
+	if err := r.syncWithPlatform(ctx); err != nil {
+		return err
+	}
+	plan, err := planScale(conf, st, workspace)
+	if err != nil {
+		return err
+	}
+	if plan.empty() {
+		// An earlier apply may have been interrupted while its nodes joined.
+		if err := r.waitAllReady(ctx); err != nil {
 			return err
 		}
-		want := map[string]bool{}
-		for _, n := range created {
-			want[n.Name] = true
-		}
-		t.phase("create", fmt.Sprintf("%d node(s) booting", len(created)))
-		if err := waitNodesReady(ctx, out, t, client, st.Nodes, want); err != nil {
+		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
+		return recordDisks(ctx, out, workspace, st, client)
+	}
+	plan.print(out)
+	if len(plan.add) > 0 {
+		if err := r.createNodes(ctx, plan.add); err != nil {
 			return err
 		}
 	}
+	// Every node Ready before any is removed: the new ones, and those an interrupted apply
+	// left joining. A removal must not count on a member that is still joining.
+	if err := r.waitAllReady(ctx); err != nil {
+		return err
+	}
 	for _, n := range plan.remove {
-		if err := removeNode(ctx, out, t, client, restConfig, platform, n, o); err != nil {
-			return fmt.Errorf("removing %s: %w", n.Name, err)
-		}
-		st.Removed = append(st.Removed, state.RemovedNode{Name: n.Name, Role: n.Role, RemovedAt: time.Now().UTC()})
-		st.Nodes = slices.DeleteFunc(st.Nodes, func(s state.Node) bool { return s.Name == n.Name })
-		if err := state.Write(statePath, st); err != nil {
-			return err
+		if err := r.remove(ctx, n); err != nil {
+			return fmt.Errorf("removing %s (apply again to finish; every step is idempotent): %w", n.Name, err)
 		}
 	}
 	fmt.Fprintf(out, "applied: %d control plane(s) and %d worker(s)\n", plan.wantCP, plan.wantW)
 	return recordDisks(ctx, out, workspace, st, client)
+}
+
+// reconciler is one apply of an initialized cluster.
+type reconciler struct {
+	out        io.Writer
+	t          *phaseTimer
+	prog       *progress
+	client     kubernetes.Interface
+	restConfig *rest.Config
+	platform   provider.Provider
+	st         *state.State
+	statePath  string
+	o          scaleOptions
+}
+
+// do runs one idempotent step of node, again while it fails transiently (retry.Transient),
+// within bound (or ctx, when sooner); each failure is the node's progress.
+func (r *reconciler) do(ctx context.Context, node, what string, bound time.Duration, op func(context.Context) error) error {
+	if bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, bound)
+		defer cancel()
+	}
+	if node != "" {
+		r.prog.waiting(node, what)
+	}
+	err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+		err := op(ctx)
+		if node != "" {
+			r.prog.failed(node, err)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// platformNodes lists the platform's nodes, retrying transient failures.
+func (r *reconciler) platformNodes(ctx context.Context) ([]provider.Node, error) {
+	var nodes []provider.Node
+	err := r.do(ctx, "", "listing the platform's nodes", time.Minute, func(ctx context.Context) error {
+		var err error
+		nodes, err = r.platform.Nodes(ctx)
+		return err
+	})
+	return nodes, err
+}
+
+func (r *reconciler) writeState() error { return state.Write(r.statePath, r.st) }
+
+// syncWithPlatform makes the state file agree with the platform before anything is planned,
+// so that no machine is orphaned by an apply that was interrupted:
+//   - a machine the state file does not know, and that is not a removed node, was created
+//     for an earlier apply that ended before it recorded it: it is adopted (it joins, or
+//     already did, through the join service like any new node);
+//   - a machine of a node the state file records as removed is deleted (its name is refused
+//     by the join service anyway);
+//   - a node of the state file without a machine was being removed when an earlier apply
+//     ended (the machine is deleted last): its removal is finished.
+func (r *reconciler) syncWithPlatform(ctx context.Context) error {
+	nodes, err := r.platformNodes(ctx)
+	if err != nil {
+		return err
+	}
+	inState, removed, onPlatform := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, n := range r.st.Nodes {
+		inState[n.Name] = true
+	}
+	for _, n := range r.st.Removed {
+		removed[n.Name] = true
+	}
+	changed := false
+	for _, n := range nodes {
+		onPlatform[n.Name] = true
+		switch {
+		case removed[n.Name]:
+			fmt.Fprintf(r.out, "the platform still has %s, which %s records as removed: deleting its machine\n", n.Name, state.FileName)
+			if err := r.deleteMachine(ctx, n.Name); err != nil {
+				return err
+			}
+		case !inState[n.Name]:
+			fmt.Fprintf(r.out, "adopting %s: the platform created it for an earlier apply that ended before recording it\n", n.Name)
+			r.st.Nodes = append(r.st.Nodes, state.Node{Name: n.Name, Role: n.Role, IPs: n.IPs, Unexpected: n.Unexpected})
+			changed = true
+		}
+	}
+	if changed {
+		if err := r.writeState(); err != nil {
+			return err
+		}
+	}
+	for _, n := range slices.Clone(r.st.Nodes) {
+		if onPlatform[n.Name] {
+			continue
+		}
+		fmt.Fprintf(r.out, "%s has no machine any more: an earlier apply was removing it; finishing the removal\n", n.Name)
+		if err := r.remove(ctx, n); err != nil {
+			return fmt.Errorf("finishing the removal of %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// createNodes asks the platform for the nodes it does not have yet, and records those it has.
+// Creating is not idempotent on the platform (a second request for a name fails), so each
+// attempt first asks what exists: a request whose answer was lost is not made again.
+func (r *reconciler) createNodes(ctx context.Context, specs []provider.NodeSpec) error {
+	err := r.do(ctx, "", "creating nodes", 0, func(ctx context.Context) error {
+		have, err := r.platform.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		var missing []provider.NodeSpec
+		for _, s := range specs {
+			if !slices.ContainsFunc(have, func(n provider.Node) bool { return n.Name == s.Name }) {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		_, err = r.platform.CreateNodes(ctx, missing)
+		return err
+	})
+	// Record what the platform made, even half-way: the state file is the record.
+	if nodes, lerr := r.platformNodes(ctx); lerr == nil {
+		for _, n := range nodes {
+			if slices.ContainsFunc(specs, func(s provider.NodeSpec) bool { return s.Name == n.Name }) &&
+				!slices.ContainsFunc(r.st.Nodes, func(s state.Node) bool { return s.Name == n.Name }) {
+				r.st.Nodes = append(r.st.Nodes, state.Node{Name: n.Name, Role: n.Role, IPs: n.IPs, Unexpected: n.Unexpected})
+			}
+		}
+		if werr := r.writeState(); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	r.t.phase("create", fmt.Sprintf("%d node(s) booting", len(specs)))
+	return nil
+}
+
+// waitAllReady waits until every node of the state file that should be admitted is Ready and
+// verifiable; nodes that already are say nothing.
+func (r *reconciler) waitAllReady(ctx context.Context) error {
+	want := map[string]bool{}
+	for _, n := range r.st.Nodes {
+		if !n.Unexpected {
+			want[n.Name] = true
+		}
+	}
+	return waitNodesReady(ctx, r.out, r.t, r.prog, r.client, r.platform, r.st.Nodes, want, true)
+}
+
+// deleteMachine deletes a node's machine; one that is gone already is no error.
+func (r *reconciler) deleteMachine(ctx context.Context, name string) error {
+	return r.do(ctx, name, "deleting the machine", 0, func(ctx context.Context) error {
+		if err := r.platform.DeleteNode(ctx, name); err != nil && !errors.Is(err, provider.ErrNoNode) {
+			return err
+		}
+		return nil
+	})
+}
+
+// remove removes node n (removeNode) and records it as removed in the state file.
+func (r *reconciler) remove(ctx context.Context, n state.Node) error {
+	if err := r.removeNode(ctx, n); err != nil {
+		return err
+	}
+	r.prog.done(n.Name)
+	if !slices.ContainsFunc(r.st.Removed, func(rm state.RemovedNode) bool { return rm.Name == n.Name }) {
+		r.st.Removed = append(r.st.Removed, state.RemovedNode{Name: n.Name, Role: n.Role, RemovedAt: time.Now().UTC()})
+	}
+	r.st.Nodes = slices.DeleteFunc(r.st.Nodes, func(s state.Node) bool { return s.Name == n.Name })
+	return r.writeState()
 }
 
 // recordDisks is apply's refresh of the disk records, once every node it added is Ready (and

@@ -44,11 +44,19 @@ import (
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
+
+// MinAttemptInterval is how often a recovery server admits an attested handshake, and a
+// Recover call, from one caller once its burst is spent (recoveryserver.DefaultHandshakeLimits
+// and DefaultAttemptLimits: one per 5 s, burst 4). A client that attempts a node no more
+// often than this never runs into the node's limits, which would otherwise refuse it and
+// hide why its earlier attempts failed.
+const MinAttemptInterval = 5 * time.Second
 
 // DefaultTimeout bounds a recovery whose context has no deadline: two calls, and on the node
 // a key check, an unlock and a kubelet restart.
@@ -275,7 +283,12 @@ func (cfg Config) callError(what string, creds *atls.RecordingCredentials, err e
 	case codes.FailedPrecondition:
 		return fmt.Errorf("recover %s: %w: %s", cfg.Endpoint, ErrNotWaiting, st.Message())
 	case codes.ResourceExhausted:
-		return fmt.Errorf("recover %s: %s: %w: %s", cfg.Endpoint, what, ErrBusy, st.Message())
+		busy := fmt.Errorf("recover %s: %s: %w: %s", cfg.Endpoint, what, ErrBusy, st.Message())
+		// A node that says when to come back is taken at its word (retry.After).
+		if d, ok := retry.After(err); ok {
+			return retry.WithDelay(busy, d)
+		}
+		return busy
 	case codes.Unavailable:
 		return fmt.Errorf("recover %s: %w (a node still booting, back in its cluster, or a worker): %w", cfg.Endpoint, ErrUnreachable, err)
 	}
