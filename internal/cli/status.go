@@ -7,12 +7,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
@@ -21,6 +23,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/untrusted"
+	"github.com/openconstellation/constellation/pkg/verify"
 )
 
 // statusReport is `constellation status -o json`. Each view is gathered on its own: a view
@@ -123,7 +126,7 @@ the others are still shown.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			r, err := clusterStatusReport(ctx, ws, !noVerify)
+			r, err := clusterStatusReport(ctx, ws, !noVerify, timeout)
 			if err != nil {
 				return err
 			}
@@ -137,16 +140,81 @@ the others are still shown.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
-	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up after this long")
+	cmd.Flags().DurationVar(&timeout, "timeout", DefaultStatusTimeout, "answer within this long: a view that has not answered by then is reported as such")
 	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "skip the attestation view (no fresh evidence is asked for)")
 	return cmd
 }
 
-func clusterStatusReport(ctx context.Context, workspace string, withAttestation bool) (*statusReport, error) {
+// DefaultStatusTimeout is status's budget: it answers within it whatever is down. Each view
+// gets the budget less statusMargin as its own deadline, the margin being for assembling and
+// printing the report.
+const (
+	DefaultStatusTimeout = 2 * time.Second
+	statusMargin         = 250 * time.Millisecond
+)
+
+func clusterStatusReport(ctx context.Context, workspace string, withAttestation bool, budget time.Duration) (*statusReport, error) {
 	st, platform, err := loadState(workspace)
 	if err != nil {
 		return nil, err
 	}
+	return statusOf(ctx, workspace, st, platform, withAttestation, budget)
+}
+
+// statusView is one view of status, gathered on its own with its own deadline. run computes
+// into its own variables and returns how to merge them into the report (merge runs only if
+// the view answered in time, on the caller's goroutine).
+type statusView struct {
+	name string
+	// what names who did not answer when the view times out.
+	what string
+	run  func(ctx context.Context) (merge func(r *statusReport, byName map[string]*nodeStatus))
+}
+
+// gatherViews runs views in parallel, each with a context whose deadline is deadline from
+// now, and returns the merges of those that answered by then (in the order of views) and a
+// note for each that did not. It does not wait for a view past its deadline: a view that
+// ignores its context is abandoned, and what it computes later is dropped.
+func gatherViews(ctx context.Context, deadline time.Duration, views []statusView) (merges []func(*statusReport, map[string]*nodeStatus), notes []string) {
+	type result struct {
+		i     int
+		merge func(*statusReport, map[string]*nodeStatus)
+	}
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	results := make(chan result, len(views))
+	for i, v := range views {
+		go func() {
+			results <- result{i: i, merge: v.run(ctx)}
+		}()
+	}
+	got := make([]func(*statusReport, map[string]*nodeStatus), len(views))
+	answered := make([]bool, len(views))
+	for range views {
+		select {
+		case res := <-results:
+			got[res.i], answered[res.i] = res.merge, true
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	for i, v := range views {
+		if !answered[i] {
+			notes = append(notes, fmt.Sprintf("%s: no answer within %s: %s did not answer", v.name, deadline.Round(time.Millisecond), v.what))
+			continue
+		}
+		if got[i] != nil {
+			merges = append(merges, got[i])
+		}
+	}
+	return merges, notes
+}
+
+// statusOf gathers the views of status in parallel, each within budget (less statusMargin):
+// the platform's, Kubernetes', the attestation view and the refresh of the disk records.
+// A view that fails or does not answer in time becomes a note; the others are still shown.
+func statusOf(ctx context.Context, workspace string, st *state.State, platform provider.Provider, withAttestation bool, budget time.Duration) (*statusReport, error) {
 	r := &statusReport{Cluster: clusterStatus{Name: st.Name, Provider: st.Provider, Phase: string(st.Phase), APIServer: st.APIServerEndpoint}}
 	if st.Phase == state.Initialized {
 		r.Cluster.ClusterID = fmt.Sprintf("%x", []byte(st.ClusterID))
@@ -161,175 +229,192 @@ func clusterStatusReport(ctx context.Context, workspace string, withAttestation 
 	for _, rm := range st.Removed {
 		r.Removed = append(r.Removed, removedStatus{Name: rm.Name, Role: string(rm.Role), RemovedAt: rm.RemovedAt, Admission: "refused: removed from the cluster"})
 	}
+	deadline := max(budget-statusMargin, budget/2)
 
-	// The platform's view.
-	running := false
-	if nodes, err := platform.Nodes(ctx); err != nil {
-		r.Errors = append(r.Errors, "platform: "+err.Error())
-	} else {
-		for _, n := range nodes {
-			ns, ok := byName[n.Name]
-			if !ok {
-				r.Errors = append(r.Errors, fmt.Sprintf("platform: node %s is not in %s", n.Name, state.FileName))
-				continue
+	// Whether the cluster runs is the platform's to say; the other views do not wait for it
+	// (it may be the one that hangs) but are dropped when it says nothing runs.
+	var platformAnswered, running bool
+	views := []statusView{{
+		name: "platform", what: "the platform (" + st.Provider + " provider)",
+		run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
+			nodes, err := platform.Nodes(ctx)
+			return func(r *statusReport, byName map[string]*nodeStatus) {
+				platformAnswered = true
+				if err != nil {
+					platformAnswered = false
+					r.Errors = append(r.Errors, "platform: "+err.Error())
+					return
+				}
+				for _, n := range nodes {
+					ns, ok := byName[n.Name]
+					if !ok {
+						r.Errors = append(r.Errors, fmt.Sprintf("platform: node %s is not in %s", n.Name, state.FileName))
+						continue
+					}
+					v := &providerView{State: n.State, Reported: n.Reported, Detail: n.Detail, Boots: n.Boots, Events: n.Events}
+					if !n.BootedAt.IsZero() {
+						b := n.BootedAt
+						v.BootedAt = &b
+					}
+					ns.Provider = v
+					running = running || n.State == provider.Running
+				}
 			}
-			v := &providerView{State: n.State, Reported: n.Reported, Detail: n.Detail, Boots: n.Boots, Events: n.Events}
-			if !n.BootedAt.IsZero() {
-				b := n.BootedAt
-				v.BootedAt = &b
-			}
-			ns.Provider = v
-			running = running || n.State == provider.Running
-		}
+		},
+	}}
+	adminConf := filepath.Join(workspace, AdminConfFile)
+	_, confErr := os.Stat(adminConf)
+	kubeWhat := "the Kubernetes API server"
+	if st.APIServerEndpoint != "" {
+		kubeWhat += " at " + st.APIServerEndpoint
 	}
-	if !running {
-		r.Errors = append(r.Errors, "the cluster is not running: Kubernetes and attestation views skipped")
-		return r, nil
-	}
-
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	// Kubernetes' view, if the workspace has the admin kubeconfig.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		errs, services := kubernetesStatus(ctx, workspace, byName, &mu)
-		mu.Lock()
-		r.Errors = append(r.Errors, errs...)
-		r.Services = services
-		mu.Unlock()
-	}()
-	// The attestation view: fresh evidence of every node, in parallel.
+	views = append(views, statusView{
+		name: "kubernetes", what: kubeWhat,
+		run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
+			return kubernetesStatus(ctx, workspace)
+		},
+	})
 	if withAttestation && st.Phase == state.Initialized {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := attestationStatusOf(ctx, workspace, st, byName, &mu); err != nil {
-				mu.Lock()
-				r.Errors = append(r.Errors, "attestation: "+err.Error())
-				mu.Unlock()
-			}
-		}()
+		views = append(views, statusView{
+			name: "attestation", what: "the nodes' verification services",
+			run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
+				return attestationStatusOf(ctx, workspace, st, platform)
+			},
+		})
 	}
-	wg.Wait()
 	// Every status refreshes the state file's disk records, so that they are there when a
-	// power cut takes the cluster down without anyone running stop.
-	if st.Phase == state.Initialized {
-		if _, err := os.Stat(filepath.Join(workspace, AdminConfFile)); err == nil {
-			r.Errors = append(r.Errors, statusDisks(ctx, workspace, st)...)
-			for _, n := range st.Nodes {
-				byName[n.Name].Disk = n.Disk
+	// power cut takes the cluster down without anyone running stop. It works on a copy: the
+	// other views read st meanwhile.
+	if st.Phase == state.Initialized && confErr == nil {
+		views = append(views, statusView{
+			name: "disks", what: kubeWhat + " (disk records)",
+			run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
+				cp := *st
+				cp.Nodes = slices.Clone(st.Nodes)
+				notes := statusDisks(ctx, workspace, &cp)
+				return func(r *statusReport, byName map[string]*nodeStatus) {
+					r.Errors = append(r.Errors, notes...)
+					for _, n := range cp.Nodes {
+						byName[n.Name].Disk = n.Disk
+					}
+				}
+			},
+		})
+	}
+	merges, notes := gatherViews(ctx, deadline, views)
+	for _, m := range merges {
+		m(r, byName)
+	}
+	r.Errors = append(r.Errors, notes...)
+	if platformAnswered && !running {
+		// A stopped cluster: the other views could only say that nothing answers.
+		for i := range r.Nodes {
+			r.Nodes[i].Kubernetes, r.Nodes[i].Attestation = nil, nil
+		}
+		r.Services = nil
+		kept := r.Errors[:0]
+		for _, e := range r.Errors {
+			if strings.HasPrefix(e, "platform") {
+				kept = append(kept, e)
 			}
 		}
+		r.Errors = append(kept, "the cluster is not running: Kubernetes and attestation views skipped")
 	}
 	return r, nil
 }
 
-// statusDisks refreshes the disk records and returns what status reports of it.
-func statusDisks(ctx context.Context, workspace string, st *state.State) []string {
-	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
-	if err != nil {
-		return []string{"disks: " + err.Error()}
+// kubernetesStatus is Kubernetes' view: the nodes and the in-cluster services, if the
+// workspace has the admin kubeconfig.
+func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport, map[string]*nodeStatus) {
+	fail := func(msg string) func(*statusReport, map[string]*nodeStatus) {
+		return func(r *statusReport, _ map[string]*nodeStatus) { r.Errors = append(r.Errors, msg) }
 	}
-	report, err := refreshDisks(ctx, workspace, st, client)
-	if err != nil {
-		return []string{"disks: could not refresh the disk records: " + err.Error()}
-	}
-	var notes []string
-	for _, s := range report.Replaced {
-		notes = append(notes, "disks: record replaced: "+s)
-	}
-	for _, s := range report.Problems {
-		notes = append(notes, "disks: "+s)
-	}
-	return notes
-}
-
-func kubernetesStatus(ctx context.Context, workspace string, byName map[string]*nodeStatus, mu *sync.Mutex) ([]string, []serviceStatus) {
 	path := filepath.Join(workspace, AdminConfFile)
 	if _, err := os.Stat(path); err != nil {
-		return []string{"kubernetes: no admin kubeconfig (" + AdminConfFile + "): Kubernetes view skipped"}, nil
+		return fail("kubernetes: no admin kubeconfig (" + AdminConfFile + "): Kubernetes view skipped")
 	}
 	client, err := newKubeClient(path)
 	if err != nil {
-		return []string{"kubernetes: " + err.Error()}, nil
+		return fail("kubernetes: " + err.Error())
 	}
-	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	nodes, err := client.CoreV1().Nodes().List(kctx, metav1.ListOptions{})
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return []string{"kubernetes: listing nodes: " + untrusted.Text(err.Error())}, nil
+		return fail("kubernetes: listing nodes: " + untrusted.Text(err.Error()))
 	}
-	var errs []string
-	mu.Lock()
-	for _, ns := range byName {
-		ns.Kubernetes = &kubernetesView{}
-	}
-	for _, n := range nodes.Items {
-		ns, ok := byName[n.Name]
-		if !ok {
-			errs = append(errs, fmt.Sprintf("kubernetes: node %s is not in %s", n.Name, state.FileName))
-			continue
+	ds, dsErr := client.AppsV1().DaemonSets(clusterrecord.Namespace).List(ctx, metav1.ListOptions{})
+	return func(r *statusReport, byName map[string]*nodeStatus) {
+		for _, ns := range byName {
+			ns.Kubernetes = &kubernetesView{}
 		}
-		// A node's kubelet writes its Node's status: version and reason are the node's text.
-		v := &kubernetesView{Registered: true, Version: untrusted.Text(n.Status.NodeInfo.KubeletVersion)}
-		if c := readyCondition(n); c != nil {
-			v.Ready = c.Status == "True"
-			if !v.Ready {
-				v.Reason = untrusted.Text(c.Reason)
+		for _, n := range nodes.Items {
+			ns, ok := byName[n.Name]
+			if !ok {
+				r.Errors = append(r.Errors, fmt.Sprintf("kubernetes: node %s is not in %s", n.Name, state.FileName))
+				continue
 			}
-		}
-		ns.Kubernetes = v
-	}
-	mu.Unlock()
-	var services []serviceStatus
-	ds, err := client.AppsV1().DaemonSets(clusterrecord.Namespace).List(kctx, metav1.ListOptions{})
-	if err != nil {
-		return append(errs, "kubernetes: listing the services: "+untrusted.Text(err.Error())), nil
-	}
-	for _, name := range []string{deploy.JoinService, deploy.KeyService, deploy.VerificationService} {
-		s := serviceStatus{Name: name}
-		for _, d := range ds.Items {
-			if d.Labels["app.kubernetes.io/name"] == name || d.Name == name {
-				s.Desired, s.Ready = d.Status.DesiredNumberScheduled, d.Status.NumberReady
+			// A node's kubelet writes its Node's status: version and reason are the node's text.
+			v := &kubernetesView{Registered: true, Version: untrusted.Text(n.Status.NodeInfo.KubeletVersion)}
+			if c := readyCondition(n); c != nil {
+				v.Ready = c.Status == "True"
+				if !v.Ready {
+					v.Reason = untrusted.Text(c.Reason)
+				}
 			}
+			ns.Kubernetes = v
 		}
-		services = append(services, s)
+		if dsErr != nil {
+			r.Errors = append(r.Errors, "kubernetes: listing the services: "+untrusted.Text(dsErr.Error()))
+			return
+		}
+		for _, name := range []string{deploy.JoinService, deploy.KeyService, deploy.VerificationService} {
+			s := serviceStatus{Name: name}
+			for _, d := range ds.Items {
+				if d.Labels["app.kubernetes.io/name"] == name || d.Name == name {
+					s.Desired, s.Ready = d.Status.DesiredNumberScheduled, d.Status.NumberReady
+				}
+			}
+			r.Services = append(r.Services, s)
+		}
 	}
-	return errs, services
 }
 
-func attestationStatusOf(ctx context.Context, workspace string, st *state.State, byName map[string]*nodeStatus, mu *sync.Mutex) error {
+// attestationStatusOf is the attestation view: fresh evidence of every node, in parallel.
+func attestationStatusOf(ctx context.Context, workspace string, st *state.State, platform provider.Provider) func(*statusReport, map[string]*nodeStatus) {
+	fail := func(err error) func(*statusReport, map[string]*nodeStatus) {
+		return func(r *statusReport, _ map[string]*nodeStatus) { r.Errors = append(r.Errors, "attestation: "+err.Error()) }
+	}
 	conf, err := config.Load(filepath.Join(workspace, config.FileName))
 	if err != nil {
-		return err
+		return fail(err)
 	}
-	verifier, err := newVerifier(ctx, workspace, conf, st)
+	_, validator, err := clusterAttestation(ctx, platform, conf)
 	if err != nil {
-		return err
+		return fail(err)
 	}
-	vctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
+	verifier := &verify.Verifier{Validator: validator, ClusterID: st.ClusterID, DialOptions: []grpc.DialOption{grpc.WithContextDialer(platform.Dialer())}}
+	results := make([]*attestationStatus, len(st.Nodes))
 	var wg sync.WaitGroup
-	for _, n := range st.Nodes {
+	for i, n := range st.Nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			a := &attestationStatus{CheckedAt: time.Now().UTC()}
-			res, err := verifier.Verify(vctx, n.Name, nodeEndpoint(n, provider.VerificationPort))
+			res, err := verifier.Verify(ctx, n.Name, nodeEndpoint(n, provider.VerificationPort))
 			if err != nil {
 				a.Error = err.Error()
 			} else {
 				a.Verified = true
 				a.ReferenceSet = res.ReferenceSet
 			}
-			mu.Lock()
-			byName[n.Name].Attestation = a
-			mu.Unlock()
+			results[i] = a
 		}()
 	}
 	wg.Wait()
-	return nil
+	return func(_ *statusReport, byName map[string]*nodeStatus) {
+		for i, n := range st.Nodes {
+			byName[n.Name].Attestation = results[i]
+		}
+	}
 }
 
 func printStatus(out io.Writer, r *statusReport) {
@@ -412,4 +497,24 @@ func firstLine(s string) string {
 		s = s[:120] + "…"
 	}
 	return s
+}
+
+// statusDisks refreshes the disk records and returns what status reports of it.
+func statusDisks(ctx context.Context, workspace string, st *state.State) []string {
+	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
+	if err != nil {
+		return []string{"disks: " + err.Error()}
+	}
+	report, err := refreshDisks(ctx, workspace, st, client)
+	if err != nil {
+		return []string{"disks: could not refresh the disk records: " + err.Error()}
+	}
+	var notes []string
+	for _, s := range report.Replaced {
+		notes = append(notes, "disks: record replaced: "+s)
+	}
+	for _, s := range report.Problems {
+		notes = append(notes, "disks: "+s)
+	}
+	return notes
 }
