@@ -381,7 +381,9 @@ func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport,
 // attestationStatusOf is the attestation view: fresh evidence of every node, in parallel.
 func attestationStatusOf(ctx context.Context, workspace string, st *state.State, platform provider.Provider) func(*statusReport, map[string]*nodeStatus) {
 	fail := func(err error) func(*statusReport, map[string]*nodeStatus) {
-		return func(r *statusReport, _ map[string]*nodeStatus) { r.Errors = append(r.Errors, "attestation: "+err.Error()) }
+		return func(r *statusReport, _ map[string]*nodeStatus) {
+			r.Errors = append(r.Errors, "attestation: "+err.Error())
+		}
 	}
 	conf, err := config.Load(filepath.Join(workspace, config.FileName))
 	if err != nil {

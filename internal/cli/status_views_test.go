@@ -50,7 +50,9 @@ func TestGatherViews(t *testing.T) {
 		{name: "polite", what: "the API server", run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
 			record("polite", ctx)
 			<-ctx.Done()
-			return func(r *statusReport, _ map[string]*nodeStatus) { r.Errors = append(r.Errors, "polite: "+ctx.Err().Error()) }
+			return func(r *statusReport, _ map[string]*nodeStatus) {
+				r.Errors = append(r.Errors, "polite: "+ctx.Err().Error())
+			}
 		}},
 	}
 	merges, notes := gatherViews(context.Background(), deadline, views)
