@@ -321,7 +321,7 @@ func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubern
 		if err != nil {
 			for n := range want {
 				if !ready[n] {
-					prog.failed(n, fmt.Errorf("Kubernetes API: %w", err))
+					prog.failed(n, fmt.Errorf("the Kubernetes API: %w", err))
 				}
 			}
 		}

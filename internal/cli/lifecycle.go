@@ -151,7 +151,7 @@ func waitBack(ctx context.Context, t *phaseTimer, prog *progress, platform provi
 			ok, why, err := servingAgain(kctx, client, name, bootedAt[name], heartbeatAfter)
 			cancel()
 			if err != nil {
-				prog.failed(name, fmt.Errorf("Kubernetes API: %w", err))
+				prog.failed(name, fmt.Errorf("the Kubernetes API: %w", err))
 			}
 			if !ok {
 				prog.waiting(name, why)

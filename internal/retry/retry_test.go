@@ -108,6 +108,14 @@ func TestAfter(t *testing.T) {
 	}
 }
 
+// fakeDeadline has a deadline on the fake clock's time line; it never ends by itself.
+type fakeDeadline struct {
+	context.Context
+	deadline time.Time
+}
+
+func (f fakeDeadline) Deadline() (time.Time, bool) { return f.deadline, true }
+
 // recordingClock fires every wait at once and records it.
 type recordingClock struct {
 	now   time.Time
@@ -171,11 +179,9 @@ func TestDo(t *testing.T) {
 			p.Clock = clock
 			ctx := context.Background()
 			if tc.ctxFor > 0 {
-				var cancel context.CancelFunc
 				// The deadline is on the fake clock's time line: Do compares it with
 				// clock.Now, which starts at 1000 s.
-				ctx, cancel = context.WithDeadline(ctx, clock.now.Add(tc.ctxFor))
-				defer cancel()
+				ctx = fakeDeadline{Context: ctx, deadline: clock.now.Add(tc.ctxFor)}
 			}
 			calls := 0
 			err := Do(ctx, p, nil, func(context.Context) error {
