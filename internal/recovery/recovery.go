@@ -58,6 +58,9 @@ import (
 // hide why its earlier attempts failed.
 const MinAttemptInterval = 5 * time.Second
 
+// MaxRetryAfter bounds the wait a node may ask for when it refuses for now.
+const MaxRetryAfter = 2 * time.Minute
+
 // DefaultTimeout bounds a recovery whose context has no deadline: two calls, and on the node
 // a key check, an unlock and a kubelet restart.
 const DefaultTimeout = 2 * time.Minute
@@ -275,6 +278,7 @@ func (cfg Config) callError(what string, creds *atls.RecordingCredentials, err e
 		return fmt.Errorf("recover %s: %s: %w; nothing was sent", cfg.Endpoint, what, hsErr)
 	}
 	// The status is the node's: its message is the node's text, made one bounded line.
+	orig := err
 	err = untrusted.Status(err)
 	st := status.Convert(err)
 	switch st.Code() {
@@ -284,9 +288,10 @@ func (cfg Config) callError(what string, creds *atls.RecordingCredentials, err e
 		return fmt.Errorf("recover %s: %w: %s", cfg.Endpoint, ErrNotWaiting, st.Message())
 	case codes.ResourceExhausted:
 		busy := fmt.Errorf("recover %s: %s: %w: %s", cfg.Endpoint, what, ErrBusy, st.Message())
-		// A node that says when to come back is taken at its word (retry.After).
-		if d, ok := retry.After(err); ok {
-			return retry.WithDelay(busy, d)
+		// A node that says when to come back is taken at its word (retry.After), within
+		// MaxRetryAfter: the delay is the node's to say, not to inflate.
+		if d, ok := retry.After(orig); ok {
+			return retry.WithDelay(busy, min(d, MaxRetryAfter))
 		}
 		return busy
 	case codes.Unavailable:

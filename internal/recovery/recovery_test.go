@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -419,4 +420,14 @@ func hostile(n int) string {
 func (f *fakeNode) Recover(context.Context, *recoverpb.RecoverRequest) (*recoverpb.RecoverResponse, error) {
 	f.recovered = true
 	return &recoverpb.RecoverResponse{ClusterId: f.clusterID}, nil
+}
+
+// recover paces its attempts by the node's limits: MinAttemptInterval is the refill of one
+// handshake and one Recover call of the recovery server's defaults.
+func TestMinAttemptIntervalIsTheNodesRefill(t *testing.T) {
+	for name, limits := range map[string]rate.Limit{
+		"handshakes": recoveryserver.DefaultHandshakeLimits.Rate, "attempts": recoveryserver.DefaultAttemptLimits.Rate,
+	} {
+		assert.Equal(t, recovery.MinAttemptInterval, time.Duration(float64(time.Second)/float64(limits)), name)
+	}
 }

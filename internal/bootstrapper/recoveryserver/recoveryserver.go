@@ -43,10 +43,12 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
@@ -207,6 +209,20 @@ func (s *Server) Hello(context.Context, *recoverpb.HelloRequest) (*recoverpb.Hel
 	return &recoverpb.HelloResponse{DiskUuid: id}, nil
 }
 
+// retryLater is the ResourceExhausted status of a refusal by limits, telling the caller
+// (RetryInfo) to come back no sooner than one attempt's token refills: a client that retries
+// faster only meets the refusal again.
+func retryLater(err error, limits handshakelimit.Limits) error {
+	st := status.New(codes.ResourceExhausted, err.Error())
+	if limits.Rate > 0 && limits.Rate != rate.Inf {
+		refill := time.Duration(float64(time.Second) / float64(limits.Rate))
+		if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(refill)}); derr == nil {
+			st = withInfo
+		}
+	}
+	return st.Err()
+}
+
 // Recover re-enters the node into its cluster (see the package documentation).
 func (s *Server) Recover(ctx context.Context, req *recoverpb.RecoverRequest) (*recoverpb.RecoverResponse, error) {
 	var remote net.Addr
@@ -218,7 +234,7 @@ func (s *Server) Recover(ctx context.Context, req *recoverpb.RecoverRequest) (*r
 	if err != nil {
 		// Not logged as a warning: a flood would flood the log; the caller is told.
 		log.Debug("recovery refused", "reason", handshakelimit.Reason(err), "err", err)
-		return nil, status.Error(codes.ResourceExhausted, err.Error())
+		return nil, retryLater(err, s.attempts.Limits())
 	}
 	defer release()
 	if err := CheckRequest(req); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/recovery"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -211,6 +212,10 @@ func TestKeyGuessingIsRateLimited(t *testing.T) {
 	}
 	_, err := client.Recover(context.Background(), guess)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	// The refusal says when to come back: when one attempt's token refilled.
+	delay, ok := retry.After(err)
+	assert.True(t, ok, "RetryInfo")
+	assert.Equal(t, recovery.MinAttemptInterval, delay)
 	right := &recoverpb.RecoverRequest{StateDiskKey: e.keys.DiskKey(t, e.node), MeasurementSecret: e.keys.MeasurementSecret(t), MeasurementSalt: e.keys.MeasurementSalt}
 	_, err = client.Recover(context.Background(), right)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
