@@ -359,7 +359,12 @@ func (r *reconciler) remove(ctx context.Context, n state.Node) error {
 // recordDisks is apply's refresh of the disk records, once every node it added is Ready (and
 // on every apply, so an apply that failed to record is repaired by the next).
 func recordDisks(ctx context.Context, out io.Writer, workspace string, st *state.State, client kubernetes.Interface) error {
-	report, err := refreshDisks(ctx, workspace, st, client)
+	var report state.DiskReport
+	err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+		var err error
+		report, err = refreshDisks(ctx, workspace, st, client)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("recording the nodes' disks (recover needs them; apply again to retry): %w", err)
 	}
