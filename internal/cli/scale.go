@@ -152,7 +152,7 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	}
 	if plan.empty() {
 		// An earlier apply may have been interrupted while its nodes joined.
-		if err := r.waitAllReady(ctx); err != nil {
+		if err := r.waitAllReady(ctx, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
@@ -165,8 +165,9 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 		}
 	}
 	// Every node Ready before any is removed: the new ones, and those an interrupted apply
-	// left joining. A removal must not count on a member that is still joining.
-	if err := r.waitAllReady(ctx); err != nil {
+	// left joining. A removal must not count on a member that is still joining. Nodes to be
+	// removed are not waited for: an interrupted removal may have deleted their Node already.
+	if err := r.waitAllReady(ctx, plan.remove); err != nil {
 		return err
 	}
 	for _, n := range plan.remove {
@@ -321,12 +322,12 @@ func (r *reconciler) createNodes(ctx context.Context, specs []provider.NodeSpec)
 	return nil
 }
 
-// waitAllReady waits until every node of the state file that should be admitted is Ready and
-// verifiable; nodes that already are say nothing.
-func (r *reconciler) waitAllReady(ctx context.Context) error {
+// waitAllReady waits until every node of the state file that should be admitted, except
+// those in leaving, is Ready and verifiable; nodes that already are say nothing.
+func (r *reconciler) waitAllReady(ctx context.Context, leaving []state.Node) error {
 	want := map[string]bool{}
 	for _, n := range r.st.Nodes {
-		if !n.Unexpected {
+		if !n.Unexpected && !slices.ContainsFunc(leaving, func(l state.Node) bool { return l.Name == n.Name }) {
 			want[n.Name] = true
 		}
 	}
