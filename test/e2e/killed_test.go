@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
 )
@@ -85,7 +87,9 @@ func (d *dayTwo) requireConsistent(controlPlanes ...string) {
 // TestKilledCommands SIGKILLs the CLI in the middle of apply scaling up and down (workers and
 // control planes), of reboot and of recover, at step boundaries read from its output, and runs
 // the command again: it converges, with no orphaned machine, etcd members equal to the control
-// planes, and a workload's data intact.
+// planes, and a workload's data intact. A kill inside the platform's create request races with
+// the request; the machine it leaves behind is also made directly, so that adoption is always
+// exercised.
 func TestKilledCommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("creates a local cluster")
@@ -122,6 +126,25 @@ func TestKilledCommands(t *testing.T) {
 		st, err := state.Load(filepath.Join(ws, state.FileName))
 		require.NoError(t, err)
 		assert.True(t, slices.ContainsFunc(st.Removed, func(r state.RemovedNode) bool { return r.Name == "worker-1" }))
+	})
+
+	t.Run("an apply killed after the platform created a node, before recording it", func(t *testing.T) {
+		d := d.on(t)
+		// What the platform has after such a kill: a machine the state file does not know
+		// (the kill above may land before or after the request; this is the case after it).
+		platform := &cluster.Local{Dir: filepath.Join(ws, "mini"), Exe: bin}
+		_, err := platform.CreateNodes(t.Context(), []provider.NodeSpec{{Name: "worker-2", Role: metadata.Worker, Image: filepath.Join(ws, "mini", "image")}})
+		require.NoError(t, err)
+		d.setCounts(1, 2)
+		out := d.run("apply")
+		t.Logf("%s", out)
+		assert.Contains(t, out, "adopting worker-2")
+		assert.NotContains(t, out, "+ worker-", "nothing else is created")
+		d.requireHealthy("control-plane-0", "worker-0", "worker-2")
+		d.requireConsistent("control-plane-0")
+		d.setCounts(1, 1)
+		d.run("apply")
+		d.requireConsistent("control-plane-0")
 	})
 
 	t.Run("apply adding control planes, killed while they join", func(t *testing.T) {
