@@ -1,0 +1,300 @@
+package vtpm_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm-tools/client"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
+)
+
+var testVariant = variant.QEMUVTPM
+
+// legacyAKHandle holds go-tpm-tools' own AK (AKTemplateRSA: DA-protected) in the tests: the
+// key this project's AKs were before they had noDA, and the kind of key a platform may
+// provide (GCE's AK template lacks noDA).
+const legacyAKHandle = tpmutil.Handle(0x81000100)
+
+// loadLegacyAK is an IssuerConfig.LoadAK for the DA-protected AK.
+func loadLegacyAK(rw io.ReadWriter) (*client.Key, error) {
+	return client.NewCachedKey(rw, tpm2.HandleOwner, client.AKTemplateRSA(), legacyAKHandle)
+}
+
+// TestAKTemplate: both AKs are restricted signing keys that never leave the TPM, without
+// dictionary-attack protection, and an AK of the earlier template (DA-protected) at the
+// handle is replaced by one of the current template.
+func TestAKTemplate(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	for _, alg := range vtpm.AKAlgorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			tmpl, err := alg.Template()
+			require.NoError(t, err)
+			assert.Equal(t, tpm2.FlagSignerDefault|tpm2.FlagNoDA, tmpl.Attributes)
+
+			// An AK of the earlier template at the AK's handle, as an earlier version left it.
+			old := client.AKTemplateRSA()
+			if alg == vtpm.AKECC {
+				old = client.AKTemplateECC()
+			}
+			var oldPub tpm2.Public
+			require.NoError(t, tpm.With(func(rw io.ReadWriter) error {
+				k, err := client.NewCachedKey(rw, tpm2.HandleOwner, old, alg.Handle())
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				oldPub = k.PublicArea()
+				return nil
+			}))
+			require.Zero(t, oldPub.Attributes&tpm2.FlagNoDA)
+
+			iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: testVariant, AK: alg})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = iss.Close() })
+			pub, err := tpm2.DecodePublic(iss.AKPublic())
+			require.NoError(t, err)
+			assert.Equal(t, vtpm.AKAttributes, pub.Attributes, "the AK at the handle is of the current template")
+			assert.True(t, pub.MatchesTemplate(tmpl))
+			_, err = vtpm.CheckAKAttributes(pub)
+			assert.NoError(t, err, "validators accept it")
+			_, err = iss.Issue(t.Context(), attestation.PurposeVerify, make([]byte, 32))
+			assert.NoError(t, err)
+		})
+	}
+}
+
+// restartableSwtpm is a swtpm whose state directory outlives its processes: a machine's TPM
+// across power cycles.
+type restartableSwtpm struct {
+	t    *testing.T
+	dir  string
+	proc *swtpm.Process
+}
+
+func newRestartableSwtpm(t *testing.T) *restartableSwtpm {
+	// os.MkdirTemp, not t.TempDir: socket paths are limited to 107 bytes.
+	dir, err := os.MkdirTemp("", "swtpm-da")
+	require.NoError(t, err)
+	s := &restartableSwtpm{t: t, dir: dir}
+	t.Cleanup(func() {
+		if s.proc != nil {
+			_ = s.proc.Kill()
+		}
+		_ = os.RemoveAll(dir)
+	})
+	s.start()
+	return s
+}
+
+func (s *restartableSwtpm) start() {
+	s.t.Helper()
+	proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: s.dir})
+	require.NoError(s.t, err)
+	s.proc = proc
+}
+
+// powerCut kills swtpm (no TPM2_Shutdown) and starts it again on the same state.
+func (s *restartableSwtpm) powerCut() {
+	s.t.Helper()
+	require.NoError(s.t, s.proc.Kill())
+	s.start()
+}
+
+// use opens the TPM for fn, as the node's processes do (one connection at a time).
+func (s *restartableSwtpm) use(fn func(tpm *vtpm.TPM)) {
+	s.t.Helper()
+	tpm, err := s.proc.Open(context.Background())
+	require.NoError(s.t, err)
+	defer tpm.Close()
+	fn(tpm)
+}
+
+// quoteAll loads every AK (as the provider does at boot) and quotes with each (as the node
+// does). It returns the first error.
+func quoteAll(tpm *vtpm.TPM, cfgs ...vtpm.IssuerConfig) error {
+	for _, cfg := range cfgs {
+		iss, err := vtpm.NewIssuer(tpm, cfg)
+		if err != nil {
+			return err
+		}
+		_, err = iss.Issue(context.Background(), attestation.PurposeVerify, make([]byte, 32))
+		iss.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestPowerLossNeverBlocksQuotes: a TPM whose power is cut (swtpm killed, no TPM2_Shutdown)
+// and restored again and again still quotes with both AKs after every restart, and its
+// dictionary-attack counter stays at zero. The same sequence with a DA-protected AK (the
+// earlier template) locks the TPM out after MAX_AUTH_FAIL power cuts: that is the failure
+// this guards against, reproduced.
+func TestPowerLossNeverBlocksQuotes(t *testing.T) {
+	ours := []vtpm.IssuerConfig{{Variant: testVariant, AK: vtpm.AKRSA}, {Variant: testVariant, AK: vtpm.AKECC}}
+	legacy := []vtpm.IssuerConfig{{Variant: testVariant, LoadAK: loadLegacyAK}}
+	const cuts = 8 // more than swtpm's MAX_AUTH_FAIL (3)
+
+	t.Run("our AKs", func(t *testing.T) {
+		s := newRestartableSwtpm(t)
+		for i := range cuts + 1 {
+			s.use(func(tpm *vtpm.TPM) {
+				require.NoError(t, quoteAll(tpm, ours...), "after %d power cuts", i)
+				da, err := tpm.DAState()
+				require.NoError(t, err)
+				assert.Zero(t, da.FailedTries, "after %d power cuts: nothing DA-protected was used", i)
+				assert.False(t, da.LockedOut())
+			})
+			s.powerCut()
+		}
+	})
+
+	t.Run("a DA-protected AK locks out", func(t *testing.T) {
+		s := newRestartableSwtpm(t)
+		var maxTries uint32
+		s.use(func(tpm *vtpm.TPM) {
+			da, err := tpm.DAState()
+			require.NoError(t, err)
+			maxTries = da.MaxTries
+		})
+		require.NotZero(t, maxTries)
+		for i := range int(maxTries) {
+			s.use(func(tpm *vtpm.TPM) { require.NoError(t, quoteAll(tpm, legacy...), "after %d power cuts", i) })
+			s.powerCut()
+		}
+		s.use(func(tpm *vtpm.TPM) {
+			err := quoteAll(tpm, legacy...)
+			require.Error(t, err)
+			assert.True(t, vtpm.IsLockout(err), "%v", err)
+			da, err := tpm.DAState()
+			require.NoError(t, err)
+			assert.Equal(t, maxTries, da.FailedTries)
+			assert.True(t, da.InLockout)
+			// Our AKs quote on the very TPM that refuses the DA-protected one.
+			assert.NoError(t, quoteAll(tpm, ours...))
+		})
+	})
+}
+
+// TestStopIsAPowerLossToo: swtpm stopped by SIGTERM gets no TPM2_Shutdown either (nor does
+// a provider's reboot send one): after a DA-protected object was used, the next start-up
+// counts a failure. An orderly TPM2_Shutdown before it does not.
+func TestStopIsAPowerLossToo(t *testing.T) {
+	s := newRestartableSwtpm(t)
+	failedTries := func() uint32 {
+		var n uint32
+		s.use(func(tpm *vtpm.TPM) {
+			da, err := tpm.DAState()
+			require.NoError(t, err)
+			n = da.FailedTries
+		})
+		return n
+	}
+	useLegacy := func() {
+		s.use(func(tpm *vtpm.TPM) {
+			require.NoError(t, quoteAll(tpm, vtpm.IssuerConfig{Variant: testVariant, LoadAK: loadLegacyAK}))
+		})
+	}
+	useLegacy()
+	require.NoError(t, s.proc.Stop())
+	s.start()
+	assert.Equal(t, uint32(1), failedTries(), "SIGTERM: no orderly shutdown")
+
+	useLegacy()
+	s.use(func(tpm *vtpm.TPM) {
+		require.NoError(t, tpm.With(func(rw io.ReadWriter) error { return tpm2.Shutdown(rw, tpm2.StartupClear) }))
+	})
+	require.NoError(t, s.proc.Stop())
+	s.start()
+	assert.Equal(t, uint32(1), failedTries(), "TPM2_Shutdown first: an orderly shutdown counts nothing")
+}
+
+// lockOut puts tpm into dictionary-attack lockout the way an attacker guessing a password
+// does: with DA parameters made tiny (maxTries 2, one failure forgiven every recovery), two
+// wrong passwords for a DA-protected key. The lockout authorization is empty, as on a fresh
+// TPM.
+func lockOut(t *testing.T, tpm *vtpm.TPM, recovery time.Duration) {
+	t.Helper()
+	lockoutAuth := tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth}
+	require.NoError(t, tpm.With(func(rw io.ReadWriter) error {
+		if err := tpm2.DictionaryAttackParameters(rw, lockoutAuth, 2, uint32(recovery/time.Second), 1); err != nil {
+			return err
+		}
+		tmpl := tpm2.Public{
+			Type: tpm2.AlgECC, NameAlg: tpm2.AlgSHA256,
+			Attributes: tpm2.FlagSign | tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin | tpm2.FlagUserWithAuth,
+			ECCParameters: &tpm2.ECCParams{
+				Sign:    &tpm2.SigScheme{Alg: tpm2.AlgECDSA, Hash: tpm2.AlgSHA256},
+				CurveID: tpm2.CurveNISTP256,
+			},
+		}
+		key, _, err := tpm2.CreatePrimary(rw, tpm2.HandleOwner, tpm2.PCRSelection{}, "", "the password", tmpl)
+		if err != nil {
+			return err
+		}
+		defer tpm2.FlushContext(rw, key)
+		digest := sha256.Sum256([]byte("anything"))
+		for range 2 {
+			if _, err := tpm2.Sign(rw, key, "a guess", digest[:], nil, nil); err == nil {
+				return errors.New("the TPM signed with a wrong password")
+			}
+		}
+		return nil
+	}))
+	da, err := tpm.DAState()
+	require.NoError(t, err)
+	require.True(t, da.LockedOut(), "two wrong passwords lock the TPM out: %+v", da)
+}
+
+// TestLockoutIsReported: a TPM in lockout that refuses a DA-protected AK is reported with
+// the reason, its DA state and when the lockout clears, and it does clear by then; our AKs
+// quote throughout.
+func TestLockoutIsReported(t *testing.T) {
+	backends(t, func(t *testing.T, tpm *vtpm.TPM) {
+		const recovery = 2 * time.Second
+		lockOut(t, tpm, recovery)
+		legacy, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: testVariant, LoadAK: loadLegacyAK})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = legacy.Close() })
+		now := time.Now()
+		f := vtpm.CheckQuote(t.Context(), legacy, tpm, now)
+		require.NotNil(t, f, "the DA-protected AK cannot quote")
+		assert.True(t, f.Lockout())
+		require.NotNil(t, f.DA, "%v", f.DAErr)
+		assert.True(t, f.DA.InLockout)
+		assert.Equal(t, uint32(2), f.DA.MaxTries)
+		assert.Equal(t, recovery, f.DA.RecoveryTime)
+		by, ok := f.ClearsBy()
+		require.True(t, ok)
+		assert.Equal(t, now.Add(time.Duration(f.DA.FailedTries-1)*recovery), by)
+		reason := f.Reason()
+		assert.Contains(t, reason, "dictionary-attack lockout")
+		assert.Contains(t, reason, by.UTC().Format(time.RFC3339))
+		assert.Contains(t, reason, "2 of 2 authorization failures")
+
+		ours, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: testVariant})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ours.Close() })
+		assert.Nil(t, vtpm.CheckQuote(t.Context(), ours, nil, now), "our AK quotes in lockout")
+
+		// The lockout ends by the time reported (with a second for the TPM's clock).
+		require.Eventually(t, func() bool {
+			return vtpm.CheckQuote(t.Context(), legacy, nil, time.Now()) == nil
+		}, time.Until(by)+time.Second, 100*time.Millisecond, "the lockout clears by %s", by)
+	})
+}
