@@ -2,8 +2,6 @@ package vtpm_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"errors"
 	"io"
 	"os"
 	"testing"
@@ -11,7 +9,6 @@ import (
 
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
-	"github.com/google/go-tpm/tpmutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -23,16 +20,6 @@ import (
 )
 
 var testVariant = variant.QEMUVTPM
-
-// legacyAKHandle holds go-tpm-tools' own AK (AKTemplateRSA: DA-protected) in the tests: the
-// key this project's AKs were before they had noDA, and the kind of key a platform may
-// provide (GCE's AK template lacks noDA).
-const legacyAKHandle = tpmutil.Handle(0x81000100)
-
-// loadLegacyAK is an IssuerConfig.LoadAK for the DA-protected AK.
-func loadLegacyAK(rw io.ReadWriter) (*client.Key, error) {
-	return client.NewCachedKey(rw, tpm2.HandleOwner, client.AKTemplateRSA(), legacyAKHandle)
-}
 
 // TestAKTemplate: both AKs are restricted signing keys that never leave the TPM, without
 // dictionary-attack protection, and an AK of the earlier template (DA-protected) at the
@@ -147,7 +134,7 @@ func quoteAll(tpm *vtpm.TPM, cfgs ...vtpm.IssuerConfig) error {
 // this guards against, reproduced.
 func TestPowerLossNeverBlocksQuotes(t *testing.T) {
 	ours := []vtpm.IssuerConfig{{Variant: testVariant, AK: vtpm.AKRSA}, {Variant: testVariant, AK: vtpm.AKECC}}
-	legacy := []vtpm.IssuerConfig{{Variant: testVariant, LoadAK: loadLegacyAK}}
+	legacy := []vtpm.IssuerConfig{{Variant: testVariant, LoadAK: vtpmtest.LoadDAProtectedAK}}
 	const cuts = 8 // more than swtpm's MAX_AUTH_FAIL (3)
 
 	t.Run("our AKs", func(t *testing.T) {
@@ -207,7 +194,7 @@ func TestStopIsAPowerLossToo(t *testing.T) {
 	}
 	useLegacy := func() {
 		s.use(func(tpm *vtpm.TPM) {
-			require.NoError(t, quoteAll(tpm, vtpm.IssuerConfig{Variant: testVariant, LoadAK: loadLegacyAK}))
+			require.NoError(t, quoteAll(tpm, vtpm.IssuerConfig{Variant: testVariant, LoadAK: vtpmtest.LoadDAProtectedAK}))
 		})
 	}
 	useLegacy()
@@ -224,51 +211,14 @@ func TestStopIsAPowerLossToo(t *testing.T) {
 	assert.Equal(t, uint32(1), failedTries(), "TPM2_Shutdown first: an orderly shutdown counts nothing")
 }
 
-// lockOut puts tpm into dictionary-attack lockout the way an attacker guessing a password
-// does: with DA parameters made tiny (maxTries 2, one failure forgiven every recovery), two
-// wrong passwords for a DA-protected key. The lockout authorization is empty, as on a fresh
-// TPM.
-func lockOut(t *testing.T, tpm *vtpm.TPM, recovery time.Duration) {
-	t.Helper()
-	lockoutAuth := tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth}
-	require.NoError(t, tpm.With(func(rw io.ReadWriter) error {
-		if err := tpm2.DictionaryAttackParameters(rw, lockoutAuth, 2, uint32(recovery/time.Second), 1); err != nil {
-			return err
-		}
-		tmpl := tpm2.Public{
-			Type: tpm2.AlgECC, NameAlg: tpm2.AlgSHA256,
-			Attributes: tpm2.FlagSign | tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin | tpm2.FlagUserWithAuth,
-			ECCParameters: &tpm2.ECCParams{
-				Sign:    &tpm2.SigScheme{Alg: tpm2.AlgECDSA, Hash: tpm2.AlgSHA256},
-				CurveID: tpm2.CurveNISTP256,
-			},
-		}
-		key, _, err := tpm2.CreatePrimary(rw, tpm2.HandleOwner, tpm2.PCRSelection{}, "", "the password", tmpl)
-		if err != nil {
-			return err
-		}
-		defer tpm2.FlushContext(rw, key)
-		digest := sha256.Sum256([]byte("anything"))
-		for range 2 {
-			if _, err := tpm2.Sign(rw, key, "a guess", digest[:], nil, nil); err == nil {
-				return errors.New("the TPM signed with a wrong password")
-			}
-		}
-		return nil
-	}))
-	da, err := tpm.DAState()
-	require.NoError(t, err)
-	require.True(t, da.LockedOut(), "two wrong passwords lock the TPM out: %+v", da)
-}
-
 // TestLockoutIsReported: a TPM in lockout that refuses a DA-protected AK is reported with
 // the reason, its DA state and when the lockout clears, and it does clear by then; our AKs
 // quote throughout.
 func TestLockoutIsReported(t *testing.T) {
 	backends(t, func(t *testing.T, tpm *vtpm.TPM) {
 		const recovery = 2 * time.Second
-		lockOut(t, tpm, recovery)
-		legacy, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: testVariant, LoadAK: loadLegacyAK})
+		vtpmtest.LockOut(t, tpm, recovery)
+		legacy, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: testVariant, LoadAK: vtpmtest.LoadDAProtectedAK})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = legacy.Close() })
 		now := time.Now()
