@@ -52,6 +52,7 @@ func TestPowerCut(t *testing.T) {
 			i, ok := s.node("worker-0")
 			return ok && s.Nodes[i].Provider != nil && s.Nodes[i].Provider.Boots == 2 && s.Nodes[i].Provider.Reported == "rejoined"
 		}, 2*time.Minute, time.Second, "worker-0 boots again and rejoins by itself")
+		waitFreshReady(t, d.kubeconfig, "worker-0", before)
 		d.requireHealthy(nodes...)
 		t.Logf("worker-0 back, Ready and verified %.1fs after its power cut", time.Since(before).Seconds())
 		i, _ := s.node("worker-0")
@@ -249,4 +250,36 @@ func processesIn(t *testing.T, ns string) []string {
 		}
 	}
 	return found
+}
+
+// waitFreshReady waits (2 minutes at most) until node's kubelet reported Ready after since:
+// a Node keeps its Ready condition for a while after its kubelet died, so only a heartbeat
+// after the power came back counts.
+func waitFreshReady(t testing.TB, kubeconfig, node string, since time.Time) {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	cfg.Timeout = 10 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	deadline := time.Now().Add(2 * time.Minute)
+	last := "not read"
+	for time.Now().Before(deadline) {
+		n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+		} else {
+			for _, c := range n.Status.Conditions {
+				if c.Type != corev1.NodeReady {
+					continue
+				}
+				if c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Time.Before(since.Truncate(time.Second)) {
+					return
+				}
+				last = fmt.Sprintf("Ready=%s, heartbeat %s", c.Status, c.LastHeartbeatTime.Format(time.RFC3339))
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: no Ready heartbeat since %s (last: %s)", node, since.Format(time.RFC3339), last)
 }
