@@ -45,6 +45,9 @@ func TestPowerCut(t *testing.T) {
 		before := time.Now()
 		out := d.run("mini", "power-cut", "worker-0")
 		t.Logf("%s", out)
+		// It returns once the node booted again: any kubelet heartbeat from now on is the new
+		// boot's.
+		booted := time.Now()
 		assert.Empty(t, processesIn(t, mnt), "nothing of the node's last boot runs: its mount namespace, and its tmpfs, are gone")
 		var s statusJSON
 		require.Eventually(t, func() bool {
@@ -52,7 +55,7 @@ func TestPowerCut(t *testing.T) {
 			i, ok := s.node("worker-0")
 			return ok && s.Nodes[i].Provider != nil && s.Nodes[i].Provider.Boots == 2 && s.Nodes[i].Provider.Reported == "rejoined"
 		}, 2*time.Minute, time.Second, "worker-0 boots again and rejoins by itself")
-		waitFreshReady(t, d.kubeconfig, "worker-0", before)
+		waitFreshReady(t, d.kubeconfig, "worker-0", booted)
 		d.requireHealthy(nodes...)
 		t.Logf("worker-0 back, Ready and verified %.1fs after its power cut", time.Since(before).Seconds())
 		i, _ := s.node("worker-0")
@@ -252,9 +255,10 @@ func processesIn(t *testing.T, ns string) []string {
 	return found
 }
 
-// waitFreshReady waits (2 minutes at most) until node's kubelet reported Ready after since:
-// a Node keeps its Ready condition for a while after its kubelet died, so only a heartbeat
-// after the power came back counts.
+// waitFreshReady waits (2 minutes at most) until node's kubelet reported Ready since since
+// (heartbeats have whole seconds), which must be after the node booted: a Node keeps its
+// Ready condition for a while after its kubelet died, so only a heartbeat of the kubelet of
+// the new boot counts (as `constellation reboot` waits).
 func waitFreshReady(t testing.TB, kubeconfig, node string, since time.Time) {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)

@@ -12,6 +12,10 @@
 // namespaces. Only the node's folder survives a reboot: its encrypted state, its TPM's NV and
 // its logs, as a disk, a TPM and a serial console do.
 //
+// A power cut (of a node, through the control API, or of the whole cluster with the provider,
+// Local.PowerCut) is a reboot without any warning: the node's processes and its swtpm are
+// killed at one instant, and nothing in memory survives.
+//
 // The provider is also the machine's watchdog: a node whose bootstrapper exits (the
 // bootstrapper exits when the node's kubelet dies after the node joined, see nodeboot) is
 // rebooted, and the event is recorded and shown in the node's provider view. A node that fails

@@ -13,6 +13,8 @@
 //
 // The node's TPM (a swtpm, which serves one connection at a time) is opened per use, by the
 // bootstrapper as by the in-cluster services of the node: nobody holds it between uses.
+// Before the node offers anything that attests, its TPM must have quoted once (tpmcheck);
+// until it does, the node reports tpm-cannot-quote and why.
 package nodeboot
 
 import (
