@@ -27,7 +27,7 @@ func newMiniCmd() *cobra.Command {
 		Use:   "mini",
 		Short: "Run a local confidential cluster on this machine",
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniProviderCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniProviderCmd(), newMiniPowerCutCmd())
 	return cmd
 }
 
@@ -101,6 +101,46 @@ func newMiniProviderCmd() *cobra.Command {
 			return cluster.Serve(ctx, spec, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 		},
 	}
+}
+
+func newMiniPowerCutCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "power-cut [NODE]",
+		Short: "Cut the power of a node, or of the whole local cluster and its provider",
+		Long: `Cut the power of a node of the local cluster: its processes and its vTPM are killed at
+one instant (no orderly TPM shutdown, nothing in memory survives), then it boots again, as a
+machine that powers on when power returns. Without NODE, cut the power of the whole cluster
+and of its provider, as a crash of the host does; turn it on again with 'constellation start'
+and give the control planes their keys with 'constellation recover'. For testing what a
+power loss does to a cluster.`,
+		Hidden: true,
+		Args:   cobra.MaximumNArgs(1),
+		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, args []string) error {
+			_, platform, err := loadState(ws)
+			if err != nil {
+				return err
+			}
+			local, ok := platform.(*cluster.Local)
+			if !ok {
+				return errors.New("power-cut works on local clusters only")
+			}
+			if len(args) == 1 {
+				if err := local.PowerCutNode(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "cut the power of %s; it booted again\n", args[0])
+				return nil
+			}
+			if err := local.PowerCut(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "cut the power of every node and of the provider. Turn the cluster on with: %s start -C %s\n", toolPath("constellation"), ws)
+			return nil
+		}),
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "give up after this long")
+	return cmd
 }
 
 // miniDir is the folder below the workspace that mini up owns entirely.

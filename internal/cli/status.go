@@ -61,10 +61,12 @@ type nodeStatus struct {
 type providerView struct {
 	State    provider.NodeState `json:"state"`
 	Reported string             `json:"reported,omitempty"`
-	Detail   string             `json:"detail,omitempty"`
-	Boots    int                `json:"boots"`
-	BootedAt *time.Time         `json:"bootedAt,omitempty"`
-	Events   []provider.Event   `json:"events,omitempty"`
+	// ReportedDetail explains Reported (why the TPM cannot quote, when that clears).
+	ReportedDetail string           `json:"reportedDetail,omitempty"`
+	Detail         string           `json:"detail,omitempty"`
+	Boots          int              `json:"boots"`
+	BootedAt       *time.Time       `json:"bootedAt,omitempty"`
+	Events         []provider.Event `json:"events,omitempty"`
 }
 
 // kubernetesView is Kubernetes' view of a node.
@@ -251,7 +253,7 @@ func statusOf(ctx context.Context, workspace string, st *state.State, platform p
 						r.Errors = append(r.Errors, fmt.Sprintf("platform: node %s is not in %s", n.Name, state.FileName))
 						continue
 					}
-					v := &providerView{State: n.State, Reported: n.Reported, Detail: n.Detail, Boots: n.Boots, Events: n.Events}
+					v := &providerView{State: n.State, Reported: n.Reported, ReportedDetail: n.ReportedDetail, Detail: n.Detail, Boots: n.Boots, Events: n.Events}
 					if !n.BootedAt.IsZero() {
 						b := n.BootedAt
 						v.BootedAt = &b
@@ -462,9 +464,12 @@ func printStatus(out io.Writer, r *statusReport) {
 	}
 	tw.Flush()
 	for _, n := range r.Nodes {
-		if p := n.Provider; p != nil && (p.Detail != "" || len(p.Events) > 1) {
+		if p := n.Provider; p != nil && (p.Detail != "" || p.ReportedDetail != "" || len(p.Events) > 1) {
 			if p.Detail != "" {
 				fmt.Fprintf(out, "  %s: %s\n", n.Name, p.Detail)
+			}
+			if p.ReportedDetail != "" {
+				fmt.Fprintf(out, "  %s: %s: %s\n", n.Name, p.Reported, p.ReportedDetail)
 			}
 			for _, e := range lastN(p.Events, 3) {
 				fmt.Fprintf(out, "  %s  %s: %s\n", e.Time.Local().Format(time.TimeOnly), n.Name, e.Message)

@@ -21,6 +21,11 @@ const (
 	// PhaseKubeletFailed: the node's kubelet died after the node was in its cluster; the
 	// bootstrapper exits and the platform's watchdog reboots the node.
 	PhaseKubeletFailed = "kubelet-failed"
+	// PhaseTPMCannotQuote: the node's TPM does not quote with its attestation key, so the
+	// node can prove nothing and offers nothing; the report's detail says why (for a
+	// dictionary-attack lockout, when it clears). The bootstrapper checks again until it
+	// quotes, then goes on.
+	PhaseTPMCannotQuote = "tpm-cannot-quote"
 )
 
 // InCluster reports whether phase says the node's bootstrapper brought it into its cluster.

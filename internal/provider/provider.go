@@ -61,6 +61,9 @@ type Node struct {
 	// Reported is the last phase the node's bootstrapper reported through the platform's
 	// metadata (for example waiting-for-recovery); empty if it reported nothing this boot.
 	Reported string `json:"reported,omitempty"`
+	// ReportedDetail is the bootstrapper's explanation of Reported, when it gave one (for
+	// example why its TPM cannot quote); escaped, one line.
+	ReportedDetail string `json:"reportedDetail,omitempty"`
 	// Detail explains State (for example why the machine was rebooted or failed).
 	Detail string `json:"detail,omitempty"`
 	// Boots counts the machine's boots (1 after creation); BootedAt is the last one.

@@ -134,7 +134,23 @@ func (p *Process) Open(ctx context.Context) (*vtpm.TPM, error) {
 	return vtpm.Open(ctx, p.Addr())
 }
 
-// Stop terminates swtpm (SIGTERM, then SIGKILL after 5 s) and waits for it to exit.
+// Kill cuts the TPM's power: SIGKILL, so it gets no TPM2_Shutdown and no chance to finish
+// the command in flight, as in a power loss. It waits for swtpm to exit. The state directory
+// keeps whatever swtpm had written; the next Start is a start-up after a power loss.
+func (p *Process) Kill() error {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	_ = os.Remove(p.sock)
+	_ = os.Remove(p.ctrl)
+	return nil
+}
+
+// Stop terminates swtpm (SIGTERM, then SIGKILL after 5 s) and waits for it to exit. Nobody
+// sends TPM2_Shutdown either: for the TPM this is a power loss too, as a machine's reset is.
 func (p *Process) Stop() error {
 	select {
 	case <-p.exited:

@@ -54,6 +54,10 @@ var (
 	PurposeATLSClient = Purpose{"atls-client"}
 	// PurposeVerify: the verification service's answer to a caller's nonce.
 	PurposeVerify = Purpose{"verify"}
+	// PurposeSelfCheck: evidence a node makes for itself, to learn whether its TPM quotes
+	// before it offers any interface that attests (vtpm.CheckQuote). It is discarded, and no
+	// validator expects it.
+	PurposeSelfCheck = Purpose{"self-check"}
 )
 
 // String returns the purpose's label.

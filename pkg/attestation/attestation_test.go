@@ -22,7 +22,7 @@ func TestReportData(t *testing.T) {
 	assert.Equal(t, hex.EncodeToString(want[:]), hex.EncodeToString(got))
 	assert.Len(t, got, attestation.ReportDataSize)
 
-	purposes := []attestation.Purpose{attestation.PurposeATLSServer, attestation.PurposeATLSClient, attestation.PurposeVerify}
+	purposes := []attestation.Purpose{attestation.PurposeATLSServer, attestation.PurposeATLSClient, attestation.PurposeVerify, attestation.PurposeSelfCheck}
 	seen := map[string]attestation.Purpose{}
 	for _, p := range purposes {
 		rd, err := attestation.ReportData(p, data)

@@ -41,6 +41,7 @@ type nodeJSON struct {
 	Role     string
 	Provider *struct {
 		State, Reported, Detail string
+		ReportedDetail          string
 		Boots                   int
 		Events                  []struct{ Message string }
 	}

@@ -47,58 +47,6 @@ type HardwareSource interface {
 	Hardware(ctx context.Context, akPublic []byte, nonce []byte) (*hardwarepb.Hardware, error)
 }
 
-// AKAlgorithm selects which of the TPM's two attestation keys an issuer quotes with.
-//
-// The trade-off is who pays: an RSA-2048 quote costs ~5 ms on swtpm and ~45 µs to verify;
-// an ECC P-256 quote costs ~1.5 ms on swtpm and ~105 µs to verify (docs/benchmarks.md).
-// Nodes use RSA (the default): their evidence is verified by every join, so verify cost
-// is what scales. A service that quotes once per incoming connection (the join service in
-// mutual attestation) uses ECC: its quote is on the critical path of every join, while
-// each peer verifies it only once.
-//
-// Both AKs are primary keys under the owner hierarchy made persistent at go-tpm-tools'
-// default handles, so each is created once per TPM and is stable across restarts: the
-// platform certifies both once and stores the certificates at their NV indexes.
-type AKAlgorithm int
-
-const (
-	// AKRSA is the RSA-2048 AK at client.DefaultAKRSAHandle, certified at AKCertNVIndex.
-	AKRSA AKAlgorithm = iota
-	// AKECC is the ECC P-256 AK at client.DefaultAKECCHandle, certified at AKCertNVIndexECC.
-	AKECC
-)
-
-// AKAlgorithms lists every AK algorithm, for platforms that certify all of them.
-var AKAlgorithms = []AKAlgorithm{AKRSA, AKECC}
-
-func (a AKAlgorithm) String() string {
-	switch a {
-	case AKRSA:
-		return "rsa"
-	case AKECC:
-		return "ecc"
-	}
-	return fmt.Sprintf("AKAlgorithm(%d)", int(a))
-}
-
-// CertNVIndex returns the NV index where the platform stores this AK's certificate.
-func (a AKAlgorithm) CertNVIndex() uint32 {
-	if a == AKECC {
-		return AKCertNVIndexECC
-	}
-	return AKCertNVIndex
-}
-
-func (a AKAlgorithm) load(rw io.ReadWriter) (*client.Key, error) {
-	switch a {
-	case AKRSA:
-		return client.AttestationKeyRSA(rw)
-	case AKECC:
-		return client.AttestationKeyECC(rw)
-	}
-	return nil, fmt.Errorf("unknown AK algorithm %d", int(a))
-}
-
 // Issuer quotes the whole SHA-256 PCR bank with an attestation key (see AKAlgorithm).
 type Issuer struct {
 	tpm      *TPM

@@ -157,6 +157,17 @@ func (p PerUseTPM) ExtendPCR(idx int, digest []byte) error {
 	return p.use(func(t *TPM) error { return t.ExtendPCR(idx, digest) })
 }
 
+// DAState is TPM.DAState on a freshly opened TPM.
+func (p PerUseTPM) DAState() (DAState, error) {
+	var out DAState
+	err := p.use(func(t *TPM) error {
+		var err error
+		out, err = t.DAState()
+		return err
+	})
+	return out, err
+}
+
 // ReadPlatformNV is TPM.ReadPlatformNV on a freshly opened TPM.
 func (p PerUseTPM) ReadPlatformNV(index uint32) ([]byte, error) {
 	var out []byte

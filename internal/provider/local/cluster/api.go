@@ -20,6 +20,7 @@ import (
 //	GET    /v1/nodes               []provider.Node
 //	POST   /v1/nodes               []provider.NodeSpec → []provider.Node (created and booted)
 //	POST   /v1/nodes/{name}/reboot
+//	POST   /v1/nodes/{name}/power-cut  cuts the node's power and restores it (returns once it booted)
 //	DELETE /v1/nodes/{name}
 //	GET    /v1/endpoints           provider.Endpoints
 //	POST   /v1/stop                turns every node off and ends the provider (folders kept)
@@ -75,6 +76,22 @@ func (p *Provider) serveAPI(ctx context.Context) error {
 		}
 		p.event(n, "reboot requested")
 		if err := p.reboot(n, "reboot requested"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /v1/nodes/{name}/power-cut", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		p.mu.Lock()
+		n, ok := p.nodes[name]
+		p.mu.Unlock()
+		if !ok {
+			http.Error(w, "no node "+name, http.StatusNotFound)
+			return
+		}
+		p.event(n, "power cut")
+		if err := p.powerCut(n); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}

@@ -12,6 +12,10 @@
 // namespaces. Only the node's folder survives a reboot: its encrypted state, its TPM's NV and
 // its logs, as a disk, a TPM and a serial console do.
 //
+// A power cut (of a node, through the control API, or of the whole cluster with the provider,
+// Local.PowerCut) is a reboot without any warning: the node's processes and its swtpm are
+// killed at one instant, and nothing in memory survives.
+//
 // The provider is also the machine's watchdog: a node whose bootstrapper exits (the
 // bootstrapper exits when the node's kubelet dies after the node joined, see nodeboot) is
 // rebooted, and the event is recorded and shown in the node's provider view. A node that fails
@@ -535,9 +539,32 @@ func (p *Provider) reboot(n *node, why string) error {
 	return p.bootLocked(n, why)
 }
 
+// powerCut cuts n's power and restores it: every process of the node and its swtpm end at
+// one instant (SIGKILL while the node is frozen: the TPM gets no TPM2_Shutdown and may be
+// in the middle of a command), its network namespace goes, and so does everything only in
+// memory, its tmpfs among it (the node's mount namespace ends with its last process). Then
+// the node boots, as a machine set to power on when power returns. Only what the node wrote
+// to its folder survives, as on a disk.
+func (p *Provider) powerCut(n *node) error {
+	n.ops.Lock()
+	defer n.ops.Unlock()
+	p.setState(n, provider.Rebooting, "power cut")
+	if err := p.powerOffHow(n, true); err != nil {
+		p.setState(n, provider.Failed, err.Error())
+		return err
+	}
+	return p.bootLocked(n, "power restored after a power cut")
+}
+
 // powerOff ends n's current boot: every process of the node, its swtpm and its network
 // namespace. Its folder (disk, TPM state, logs) stays. Call with n.ops held.
-func (p *Provider) powerOff(n *node) error {
+func (p *Provider) powerOff(n *node) error { return p.powerOffHow(n, false) }
+
+// powerOffHow is powerOff; cut kills the swtpm with the node's processes (a power cut)
+// instead of stopping it after them. Neither sends the TPM TPM2_Shutdown: the node's
+// processes are killed, so no OS shutdown says goodbye to the TPM, and for the TPM either
+// is a power loss (docs/node-lifecycle.md, "Power loss and the TPM").
+func (p *Provider) powerOffHow(n *node, cut bool) error {
 	p.mu.Lock()
 	n.ending = true
 	exited, tpm := n.exited, n.tpm
@@ -546,7 +573,11 @@ func (p *Provider) powerOff(n *node) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var errs []error
-	if err := p.cgroup.Child(n.spec.Name).Kill(ctx); err != nil {
+	var whileFrozen func()
+	if cut && tpm != nil {
+		whileFrozen = func() { _ = tpm.Kill() }
+	}
+	if err := p.cgroup.Child(n.spec.Name).KillFrozen(ctx, whileFrozen); err != nil {
 		errs = append(errs, err)
 	}
 	if exited != nil {
@@ -676,9 +707,10 @@ func (p *Provider) deleteNode(name string) error {
 func (p *Provider) view(n *node) provider.Node {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	rep := p.meta.Report(n.spec.Name)
 	return provider.Node{
 		NodeSpec: n.spec.NodeSpec, IPs: []netip.Addr{sandbox.NodeAddr(n.spec.Index)},
-		State: n.state, Detail: n.detail, Reported: p.meta.Report(n.spec.Name),
+		State: n.state, Detail: n.detail, Reported: rep.Phase, ReportedDetail: rep.Detail,
 		Boots: n.boots, BootedAt: n.bootedAt, Events: slices.Clone(n.events),
 	}
 }

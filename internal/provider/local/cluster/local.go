@@ -180,6 +180,39 @@ func (l *Local) RebootNode(ctx context.Context, name string) error {
 	return nil
 }
 
+// PowerCutNode cuts a node's power and restores it (the provider's power cut): the node's
+// processes and its TPM end at one instant, with no orderly TPM shutdown, and it boots again.
+// It returns once the node booted. Not part of provider.Provider: a test of the platform's
+// worst case, which clouds offer at most as a forced reset.
+func (l *Local) PowerCutNode(ctx context.Context, name string) error {
+	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/power-cut", nil, nil); err != nil {
+		return fmt.Errorf("cutting the power of %s: %w", name, err)
+	}
+	return nil
+}
+
+// PowerCut cuts the power of the whole cluster, as a crash of the host does: every process
+// of the cluster (the provider, every node's processes, every swtpm) is frozen and killed at
+// one instant. No TPM gets TPM2_Shutdown, nothing is torn down, nothing in memory survives;
+// the node folders keep what was written to them. What the provider would have removed
+// (network namespaces, cgroups, its socket and status file) is left, as after a crash of the
+// provider alone; the provider that Start runs removes it. PowerCut returns once the
+// provider process is gone.
+func (l *Local) PowerCut(ctx context.Context) error {
+	s, err := ReadStatus(l.Dir)
+	if err != nil || !isProviderProcess(s.PID, l.Dir) {
+		return fmt.Errorf("%w: the local provider of %s does not run: nothing to cut", provider.ErrNotRunning, l.Dir)
+	}
+	cg, err := sandbox.NewCgroup("cmini-" + NetworkID(l.Dir))
+	if err != nil {
+		return err
+	}
+	if err := cg.Kill(ctx); err != nil {
+		return fmt.Errorf("cutting the power of the cluster: %w", err)
+	}
+	return waitGone(ctx, s.PID, l.Dir)
+}
+
 // DeleteNode deletes a node and its disk.
 func (l *Local) DeleteNode(ctx context.Context, name string) error {
 	if err := l.call(ctx, http.MethodDelete, "/v1/nodes/"+name, nil, nil); err != nil {

@@ -38,6 +38,9 @@ func TestLocalStopped(t *testing.T) {
 		"delete":    func() error { return l.DeleteNode(t.Context(), "worker-3") },
 		"create":    func() error { _, err := l.CreateNodes(t.Context(), nil); return err },
 		"endpoints": func() error { _, err := l.Endpoints(t.Context()); return err },
+		"power cut": func() error { return l.PowerCutNode(t.Context(), "worker-3") },
+		// Nothing runs, so nothing to cut: not a silent success.
+		"power cut of the cluster": func() error { return l.PowerCut(t.Context()) },
 	} {
 		err := call()
 		assert.True(t, errors.Is(err, provider.ErrNotRunning), "%s: %v", name, err)

@@ -157,7 +157,16 @@ func (c *Client) InitSecretHash(ctx context.Context) ([]byte, error) {
 // provider, as a cloud shows guest attributes). Best effort for the caller: the platform
 // trusts it for nothing.
 func (c *Client) Report(ctx context.Context, phase string) error {
-	body, err := json.Marshal(map[string]string{"phase": phase})
+	return c.ReportDetail(ctx, phase, "")
+}
+
+// ReportDetail is Report with a line explaining the phase (at most
+// metaserver.MaxDetailBytes; the platform shows it escaped).
+func (c *Client) ReportDetail(ctx context.Context, phase, detail string) error {
+	if len(detail) > metaserver.MaxDetailBytes {
+		detail = detail[:metaserver.MaxDetailBytes]
+	}
+	body, err := json.Marshal(metaserver.Report{Phase: phase, Detail: detail})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Node is what the metadata service knows of a node. Beyond metadata.Instance it carries the
@@ -34,13 +35,13 @@ type Server struct {
 	nodes     []Node
 	endpoints []string
 	hash      []byte
-	// reports are the phases nodes reported about themselves this boot, by node name.
-	reports map[string]string
+	// reports are what nodes reported about themselves this boot, by node name.
+	reports map[string]Report
 }
 
 // New returns a server for nodes, join endpoints and the init-secret hash.
 func New(nodes []Node, joinEndpoints []string, initSecretHash []byte) *Server {
-	return &Server{nodes: nodes, endpoints: joinEndpoints, hash: initSecretHash, reports: map[string]string{}}
+	return &Server{nodes: nodes, endpoints: joinEndpoints, hash: initSecretHash, reports: map[string]Report{}}
 }
 
 // SetNodes replaces the node list (nodes added or removed while serving).
@@ -74,7 +75,7 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		var rep Report
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1024)).Decode(&rep); err != nil {
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxReportBody)).Decode(&rep); err != nil {
 			http.Error(w, "malformed report: "+err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -82,8 +83,11 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "malformed report: phase must match "+phasePattern.String(), http.StatusBadRequest)
 			return
 		}
+		// The detail is the node's text and reaches the operator's terminal: one bounded line
+		// without control characters.
+		rep.Detail = untrusted.Text(rep.Detail)
 		s.mu.Lock()
-		s.reports[n.Name] = rep.Phase
+		s.reports[n.Name] = rep
 		s.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})
@@ -94,13 +98,24 @@ func (s *Server) Handler() http.Handler {
 type Report struct {
 	// Phase is the bootstrapper's phase, such as waiting-for-recovery.
 	Phase string `json:"phase"`
+	// Detail explains the phase when it needs explaining (why the TPM cannot quote, and when
+	// that clears); empty otherwise.
+	Detail string `json:"detail,omitempty"`
 }
+
+// MaxDetailBytes bounds a report's detail as the node sends it; the server keeps at most
+// untrusted.MaxTextBytes of it, escaped.
+const MaxDetailBytes = 512
+
+// maxReportBody bounds a report's request: a phase and a detail of MaxDetailBytes, each
+// byte of which JSON may escape into six.
+const maxReportBody = 4 << 10
 
 // phasePattern bounds what a node may report: a short lower-case word list.
 var phasePattern = regexp.MustCompile(`\A[a-z][a-z-]{0,63}\z`)
 
-// Report returns the phase node last reported ("" if none this boot).
-func (s *Server) Report(node string) string {
+// Report returns what node last reported (zero if nothing this boot).
+func (s *Server) Report(node string) Report {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.reports[node]

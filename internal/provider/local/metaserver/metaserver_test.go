@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -13,6 +14,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	. "github.com/openconstellation/constellation/internal/provider/local/metaserver"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 func TestServeNodeByAddress(t *testing.T) {
@@ -45,12 +47,25 @@ func TestServeNodeByAddress(t *testing.T) {
 	// The node reports its phase; the provider reads it by name, until it clears it at a
 	// boot. Malformed phases are refused.
 	require.NoError(t, c.Report(ctx, "waiting-for-recovery"))
-	assert.Equal(t, "waiting-for-recovery", srv.Report("worker-0"))
+	assert.Equal(t, Report{Phase: "waiting-for-recovery"}, srv.Report("worker-0"))
 	assert.Empty(t, srv.Report("control-plane-0"), "a report is the reporting node's own")
 	for _, bad := range []string{"", "Waiting", "a b", "x\n", string(make([]byte, 65))} {
 		assert.ErrorContains(t, c.Report(ctx, bad), "400", "%q", bad)
 	}
-	assert.Equal(t, "waiting-for-recovery", srv.Report("worker-0"), "a refused report changes nothing")
+	assert.Equal(t, Report{Phase: "waiting-for-recovery"}, srv.Report("worker-0"), "a refused report changes nothing")
+
+	// A detail explains the phase. It is the node's text: the provider keeps one bounded
+	// line without control characters.
+	require.NoError(t, c.ReportDetail(ctx, metadata.PhaseTPMCannotQuote, "the TPM is in lockout; clears by 12:00"))
+	assert.Equal(t, Report{Phase: metadata.PhaseTPMCannotQuote, Detail: "the TPM is in lockout; clears by 12:00"}, srv.Report("worker-0"))
+	require.NoError(t, c.ReportDetail(ctx, metadata.PhaseTPMCannotQuote, strings.Repeat("\x1b[2J\r\n", 200)))
+	got := srv.Report("worker-0").Detail
+	assert.NotContains(t, got, "\x1b")
+	assert.NotContains(t, got, "\n")
+	assert.LessOrEqual(t, len(got), untrusted.MaxTextBytes+32)
+	require.NoError(t, c.Report(ctx, "booting"))
+	assert.Equal(t, Report{Phase: "booting"}, srv.Report("worker-0"), "a report without detail clears the detail")
+
 	srv.ClearReport("worker-0")
 	assert.Empty(t, srv.Report("worker-0"))
 

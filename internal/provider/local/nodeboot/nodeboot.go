@@ -13,6 +13,8 @@
 //
 // The node's TPM (a swtpm, which serves one connection at a time) is opened per use, by the
 // bootstrapper as by the in-cluster services of the node: nobody holds it between uses.
+// Before the node offers anything that attests, its TPM must have quoted once (tpmcheck);
+// until it does, the node reports tpm-cannot-quote and why.
 package nodeboot
 
 import (
@@ -33,6 +35,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
+	"github.com/openconstellation/constellation/internal/bootstrapper/tpmcheck"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
@@ -45,6 +48,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -140,23 +144,24 @@ func Run(ctx context.Context, o Options) error {
 // adminKubeconfig is where kubeadm writes a control plane's admin kubeconfig.
 const adminKubeconfig = "/etc/kubernetes/admin.conf"
 
-// asyncReporter reports phases to the platform in order, without blocking the caller (the
-// bootstrapper's flow): a phase that finds the queue full is dropped and logged.
-func asyncReporter(ctx context.Context, meta *metadataclient.Client, log *slog.Logger) func(string) {
-	queue := make(chan string, 16)
+// asyncReporter reports phases (and their details) to the platform in order, without
+// blocking the caller (the bootstrapper's flow): a phase that finds the queue full is dropped
+// and logged.
+func asyncReporter(ctx context.Context, meta *metadataclient.Client, log *slog.Logger) func(phase, detail string) {
+	queue := make(chan metaserver.Report, 16)
 	go func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case phase := <-queue:
-				report(ctx, meta, log, phase)
+			case r := <-queue:
+				reportDetail(ctx, meta, log, r.Phase, r.Detail)
 			}
 		}
 	}()
-	return func(phase string) {
+	return func(phase, detail string) {
 		select {
-		case queue <- phase:
+		case queue <- metaserver.Report{Phase: phase, Detail: detail}:
 		default:
 			log.Warn("phase report dropped: the platform's metadata service is slow", "phase", phase)
 		}
@@ -166,7 +171,11 @@ func asyncReporter(ctx context.Context, meta *metadataclient.Client, log *slog.L
 // report tells the platform the bootstrapper's phase (diagnosis for the operator, shown by
 // `constellation status`); failures are logged, never fatal.
 func report(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, phase string) {
-	if err := meta.Report(ctx, phase); err != nil {
+	reportDetail(ctx, meta, log, phase, "")
+}
+
+func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, phase, detail string) {
+	if err := meta.ReportDetail(ctx, phase, detail); err != nil {
 		log.Warn("reporting the node's phase to the platform", "phase", phase, "err", err)
 	}
 }
@@ -174,7 +183,15 @@ func report(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, 
 func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
 	open := vtpm.OpenAddr("unix:" + nodeos.TPMSocket)
 	tpm := vtpm.PerUseTPM{Open: open}
-	issuer, err := choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: open, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(nodeos.EventLog)})
+	progress := asyncReporter(ctx, meta, log)
+	// Everything the node offers starts with a quote: make sure there is one, and say why
+	// not while there is none, instead of failing every handshake silently.
+	issuer, err := tpmcheck.Wait(ctx, tpmcheck.Config{
+		NewIssuer: func(ctx context.Context) (attestation.Issuer, error) {
+			return choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: open, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(nodeos.EventLog)})
+		},
+		DA: tpm, Report: progress, Log: log,
+	})
 	if err != nil {
 		return "", fmt.Errorf("loading the node's attestation key: %w", err)
 	}
@@ -215,7 +232,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	if err != nil {
 		return "", err
 	}
-	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: asyncReporter(ctx, meta, log)}
+	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: func(phase string) { progress(phase, "") }}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
 		rs, err := recoveryserver.New(recoveryserver.Config{
 			Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log,

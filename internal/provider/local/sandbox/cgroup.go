@@ -176,9 +176,18 @@ func (c Cgroup) Pids() ([]int, error) {
 
 // Kill ends every process in c and below (freezing first where the freezer exists, so
 // nothing forks while it is being killed) and waits until none is left.
-func (c Cgroup) Kill(ctx context.Context) error {
+func (c Cgroup) Kill(ctx context.Context) error { return c.KillFrozen(ctx, nil) }
+
+// KillFrozen is Kill that runs whileFrozen (if not nil) once c is frozen, before any of its
+// processes is killed: a power cut ends a node's processes and its TPM, which runs outside
+// the node's cgroup, at one instant, so that no process of the node sees its TPM go. Where
+// the freezer is missing, whileFrozen runs right before the kill.
+func (c Cgroup) KillFrozen(ctx context.Context, whileFrozen func()) error {
 	freezer := filepath.Join(CgroupFS, "freezer", string(c), "freezer.state")
 	frozen := os.WriteFile(freezer, []byte("FROZEN"), 0o644) == nil
+	if whileFrozen != nil {
+		whileFrozen()
+	}
 	for {
 		pids, err := c.Pids()
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,4 +81,44 @@ func TestNetworkAndCgroup(t *testing.T) {
 	assert.Empty(t, n.Leftovers())
 	_, err = os.Stat(NSPath(n.BridgeNS()))
 	assert.True(t, os.IsNotExist(err))
+}
+
+// TestKillFrozen: the callback runs while every process of the cgroup is frozen and alive
+// (a power cut kills the node's TPM then, before any of the node's processes can see it
+// go), and afterwards none is left.
+func TestKillFrozen(t *testing.T) {
+	idBytes := make([]byte, 3)
+	_, _ = rand.Read(idBytes)
+	cg, err := NewCgroup("cmini-test-" + hex.EncodeToString(idBytes))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cg.Kill(context.Background()); _ = cg.Remove() })
+	node := cg.Child("node")
+	require.NoError(t, node.Create())
+	var pids []int
+	for range 2 {
+		sleep := exec.Command("sleep", "600")
+		require.NoError(t, sleep.Start())
+		go func() { _ = sleep.Wait() }()
+		require.NoError(t, node.Add(sleep.Process.Pid))
+		pids = append(pids, sleep.Process.Pid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	called := false
+	require.NoError(t, node.KillFrozen(ctx, func() {
+		called = true
+		for _, pid := range pids {
+			assert.NoError(t, syscall.Kill(pid, 0), "process %d is alive while the callback runs", pid)
+		}
+		state, err := os.ReadFile(filepath.Join(CgroupFS, "freezer", string(node), "freezer.state"))
+		if err != nil {
+			t.Logf("no freezer (%v): the callback runs right before the kill", err)
+			return
+		}
+		assert.Contains(t, []string{"FROZEN\n", "FREEZING\n"}, string(state))
+	}))
+	assert.True(t, called)
+	left, err := node.Pids()
+	require.NoError(t, err)
+	assert.Empty(t, left)
 }

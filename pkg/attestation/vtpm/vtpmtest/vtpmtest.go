@@ -5,7 +5,10 @@ package vtpmtest
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -13,8 +16,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm-tools/simulator"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/swtpm"
@@ -138,4 +145,52 @@ func (q *QuoteCounter) forward(client net.Conn, upstream string) {
 			return
 		}
 	}
+}
+
+// daProtectedAKHandle holds the DA-protected AK of LoadDAProtectedAK.
+const daProtectedAKHandle = tpmutil.Handle(0x81000100)
+
+// LoadDAProtectedAK is a vtpm.IssuerConfig.LoadAK for go-tpm-tools' own AK (AKTemplateRSA,
+// without noDA): the key this project's AKs were before they had noDA, and the kind of key a
+// platform may provide (GCE's AK template lacks noDA). Quoting with it is an authorization of
+// a DA-protected object.
+func LoadDAProtectedAK(rw io.ReadWriter) (*client.Key, error) {
+	return client.NewCachedKey(rw, tpm2.HandleOwner, client.AKTemplateRSA(), daProtectedAKHandle)
+}
+
+// LockOut puts tpm into dictionary-attack lockout the way a password guesser does: with DA
+// parameters made tiny (two failures allowed, one forgiven every recovery, which must be
+// whole seconds), two wrong passwords for a DA-protected key. It needs the lockout
+// authorization empty, as on a fresh TPM.
+func LockOut(t testing.TB, tpm *vtpm.TPM, recovery time.Duration) {
+	t.Helper()
+	lockoutAuth := tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth}
+	require.NoError(t, tpm.With(func(rw io.ReadWriter) error {
+		if err := tpm2.DictionaryAttackParameters(rw, lockoutAuth, 2, uint32(recovery/time.Second), 1); err != nil {
+			return fmt.Errorf("setting DA parameters: %w", err)
+		}
+		tmpl := tpm2.Public{
+			Type: tpm2.AlgECC, NameAlg: tpm2.AlgSHA256,
+			Attributes: tpm2.FlagSign | tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin | tpm2.FlagUserWithAuth,
+			ECCParameters: &tpm2.ECCParams{
+				Sign:    &tpm2.SigScheme{Alg: tpm2.AlgECDSA, Hash: tpm2.AlgSHA256},
+				CurveID: tpm2.CurveNISTP256,
+			},
+		}
+		key, _, err := tpm2.CreatePrimary(rw, tpm2.HandleOwner, tpm2.PCRSelection{}, "", "the password", tmpl)
+		if err != nil {
+			return fmt.Errorf("creating a key with a password: %w", err)
+		}
+		defer tpm2.FlushContext(rw, key)
+		digest := sha256.Sum256([]byte("anything"))
+		for range 2 {
+			if _, err := tpm2.Sign(rw, key, "a guess", digest[:], nil, nil); err == nil {
+				return errors.New("the TPM signed with a wrong password")
+			}
+		}
+		return nil
+	}))
+	da, err := tpm.DAState()
+	require.NoError(t, err)
+	require.True(t, da.LockedOut(), "two wrong passwords lock the TPM out: %+v", da)
 }
