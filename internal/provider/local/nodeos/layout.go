@@ -19,11 +19,14 @@ package nodeos
 // there can no longer be reached by its path. So:
 //
 //   - no overlay on the storage: the directories that persist (PersistentDirs) are bind mounts
-//     of directories of the storage; the rest of /etc and /var/lib is volatile, in overlays
-//     whose upper layers are on the node's tmpfs;
-//   - nothing is mounted or bound in the storage but what mountState binds right after the
-//     unlock: the kubelet's directories of pod volume mount points and sockets
-//     (kubeletVolatileDirs) are on the tmpfs, bound over the kubelet's root directory.
+//     of directories of the storage, mounted on directories of the tmpfs overlays; the files
+//     that persist alone (PersistentFiles) are symbolic links into the storage;
+//   - nothing is mounted on a directory of the storage and no socket is bound in it: the rest
+//     of /etc and /var/lib, the kubelet's root directory with its pod volume mount points and
+//     sockets included, is volatile, in overlays whose upper layers are on the node's tmpfs.
+//     The kubelet needs that anyway: its root directory must be on a file system cAdvisor
+//     knows (ext*, xfs, btrfs, overlay, tmpfs, ...), or its container manager does not start
+//     ("failed to get rootfs info ... could not find device in cached partitions map").
 
 import (
 	"fmt"
@@ -48,19 +51,22 @@ type PersistentDir struct {
 var PersistentDirs = []PersistentDir{
 	// PKI, kubeconfigs, static pod manifests, the removed-node authorizer's configuration.
 	{Path: "/etc/kubernetes", Mode: 0o755},
-	// kubeadm's kubelet configuration and flags, the kubelet's certificates and checkpoints.
-	{Path: kubeletRoot, Mode: 0o750},
+	// The kubelet's client and serving certificates.
+	{Path: kubeletRoot + "/pki", Mode: 0o700},
 	// etcd's data (control planes; etcd wants 0700).
 	{Path: "/var/lib/etcd", Mode: 0o700},
 }
 
-const kubeletRoot = "/var/lib/kubelet"
+// PersistentFiles are the files kubeadm writes into the kubelet's volatile root directory at
+// init and join, and the kubelet reads at every start: symbolic links to files of the storage
+// (kubeadm writes them with os.WriteFile, which follows the link).
+var PersistentFiles = []string{
+	kubeletRoot + "/config.yaml",
+	kubeletRoot + "/kubeadm-flags.env",
+	kubeletRoot + "/instance-config.yaml",
+}
 
-// kubeletVolatileDirs are the directories below the kubelet's root directory where it mounts
-// pod volumes (pods, plugins) and binds unix sockets (plugins_registry, pod-resources,
-// device-plugins). They are on the tmpfs: nothing of the node is mounted or bound in the
-// storage, and no pod, volume or plugin survives a boot anyway.
-var kubeletVolatileDirs = []string{"pods", "plugins", "plugins_registry", "pod-resources", "device-plugins"}
+const kubeletRoot = "/var/lib/kubelet"
 
 // volatileOverlays are overlaid at boot with upper layers on the tmpfs.
 var volatileOverlays = []string{"/etc", "/var/lib"}
@@ -88,8 +94,8 @@ func (l layout) mountVolatile() error {
 	return nil
 }
 
-// mountState binds PersistentDirs from the unlocked storage mounted at dir, then the
-// kubelet's volatile directories from the tmpfs over them.
+// mountState binds PersistentDirs and links PersistentFiles from the unlocked storage mounted
+// at dir.
 func (l layout) mountState(dir string) error {
 	// Earlier images kept the upper layers of /etc and /var/lib overlays in the storage. Such
 	// a node's state is not where this image looks for it: refuse rather than come up as an
@@ -99,19 +105,25 @@ func (l layout) mountState(dir string) error {
 			return fmt.Errorf("the state storage has the layout of an earlier node image (overlay layer %s): this image does not read it", old)
 		}
 	}
-	// Every directory in the storage that something is mounted on or below is made (or
-	// looked up) here, right after the unlock: nothing in this gocryptfs mount was deleted
-	// yet, so none of them can be a node go-fuse loses (see the top of this file), and none is
-	// ever deleted.
 	for _, d := range PersistentDirs {
 		if err := os.MkdirAll(filepath.Join(dir, d.Path), d.Mode); err != nil {
 			return fmt.Errorf("creating %s in the state storage: %w", d.Path, err)
 		}
 	}
-	for _, v := range kubeletVolatileDirs {
-		if err := os.MkdirAll(filepath.Join(dir, kubeletRoot, v), 0o750); err != nil {
-			return fmt.Errorf("creating %s in the state storage: %w", filepath.Join(kubeletRoot, v), err)
+	for _, f := range PersistentFiles {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o750); err != nil {
+			return fmt.Errorf("creating %s in the state storage: %w", filepath.Dir(f), err)
 		}
+	}
+	// The kubelet bind-mounts its root directory onto itself, without what is mounted below
+	// it, unless that directory is on a shared mount. So it is a shared mount of its own
+	// before the kubelet starts, with the persistent directories below it.
+	root := l.path(kubeletRoot)
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return fmt.Errorf("creating %s: %w", kubeletRoot, err)
+	}
+	if err := bindDir(root, root); err != nil {
+		return err
 	}
 	for _, d := range PersistentDirs {
 		target := l.path(d.Path)
@@ -131,19 +143,15 @@ func (l layout) mountState(dir string) error {
 			return err
 		}
 	}
-	for _, v := range kubeletVolatileDirs {
-		src := filepath.Join(l.volatile, "kubelet", v)
-		if err := os.MkdirAll(src, 0o750); err != nil {
-			return fmt.Errorf("creating %s: %w", src, err)
+	for _, f := range PersistentFiles {
+		if _, err := os.Lstat(l.path(f)); err == nil {
+			return fmt.Errorf("%s was written before the state storage is mounted", f)
 		}
-		if err := bindDir(src, l.path(kubeletRoot, v)); err != nil {
-			return err
+		if err := os.Symlink(filepath.Join(dir, f), l.path(f)); err != nil {
+			return fmt.Errorf("linking %s to the state storage: %w", f, err)
 		}
 	}
-	// The kubelet bind-mounts its root directory onto itself, without what is mounted below
-	// it, unless that directory is on a shared mount. Shared, it leaves the mounts as they are
-	// and the volatile directories stay where they are.
-	if err := syscall.Mount("", l.path(kubeletRoot), "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
+	if err := syscall.Mount("", root, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
 		return fmt.Errorf("making %s a shared mount: %w", kubeletRoot, err)
 	}
 	return nil

@@ -193,32 +193,36 @@ func TestLayout(t *testing.T) {
 	require.NoError(t, n.l.mountState(n.storage.MountPoint))
 
 	for path, want := range map[string]int64{
-		"/etc": overlayMagic, "/var/lib": overlayMagic,
-		"/etc/kubernetes": fuseMagic, "/var/lib/kubelet": fuseMagic, "/var/lib/etcd": fuseMagic,
-		"/var/lib/kubelet/pods": tmpfsMagic, "/var/lib/kubelet/plugins": tmpfsMagic,
-		"/var/lib/kubelet/plugins_registry": tmpfsMagic, "/var/lib/kubelet/pod-resources": tmpfsMagic,
-		"/var/lib/kubelet/device-plugins": tmpfsMagic,
+		"/etc": overlayMagic, "/var/lib": overlayMagic, "/var/lib/kubelet": overlayMagic,
+		"/etc/kubernetes": fuseMagic, "/var/lib/kubelet/pki": fuseMagic, "/var/lib/etcd": fuseMagic,
 	} {
 		assert.Equal(t, fmt.Sprintf("%x", want), fmt.Sprintf("%x", fsType(t, n.l.path(path))), path)
+	}
+	for _, f := range PersistentFiles {
+		target, err := os.Readlink(n.l.path(f))
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(n.storage.MountPoint, f), target, "%s links into the storage", f)
 	}
 	for _, upper := range []string{"etc", "var-lib"} {
 		assert.Equal(t, int64(tmpfsMagic), fsType(t, filepath.Join(n.l.volatile, upper, "upper")), "the upper layer of %s is on the tmpfs", upper)
 	}
 	// The kubelet leaves a shared root directory as it is (it would bind it onto itself
-	// without the volatile directories otherwise).
+	// without the persistent directories below it otherwise).
 	assert.Contains(t, strings.Join(mountOptionalFields(t, n.l.path(kubeletRoot)), " "), "shared:")
 
 	persistent := map[string]string{
-		"/etc/kubernetes/pki/ca.key":         secret,
-		"/etc/kubernetes/admin.conf":         "apiVersion: v1\nkind: Config\n",
-		"/var/lib/kubelet/config.yaml":       "kind: KubeletConfiguration\n",
-		"/var/lib/kubelet/pki/kubelet.key":   secret,
-		"/var/lib/kubelet/cpu_manager_state": "{}",
-		"/var/lib/etcd/member/snap/db":       secret,
+		"/etc/kubernetes/pki/ca.key":              secret,
+		"/etc/kubernetes/admin.conf":              "apiVersion: v1\nkind: Config\n",
+		"/var/lib/kubelet/config.yaml":            "kind: KubeletConfiguration\n",
+		"/var/lib/kubelet/kubeadm-flags.env":      "KUBELET_KUBEADM_ARGS=\"\"\n",
+		"/var/lib/kubelet/instance-config.yaml":   "kind: KubeletConfiguration\n",
+		"/var/lib/kubelet/pki/kubelet-client.pem": secret,
+		"/var/lib/etcd/member/snap/db":            secret,
 	}
 	volatile := map[string]string{
 		"/etc/hosts": "10.42.0.10\tnode\n",
 		"/var/lib/cni/networks/constellation/10.244.0.2":                   "container id",
+		"/var/lib/kubelet/dra_manager_state":                               "{}",
 		"/var/lib/kubelet/pods/uid/volumes/kubernetes.io~empty-dir/data/f": secret,
 		"/var/lib/kubelet/plugins_registry/reg":                            "",
 	}
@@ -327,7 +331,8 @@ func TestKubeletLoadOnState(t *testing.T) {
 		"this layout": {
 			mount: func(t *testing.T, n *testNode) ([]string, string) {
 				require.NoError(t, n.l.mountState(n.storage.MountPoint))
-				return []string{n.l.path(kubeletRoot), n.l.path("/etc/kubernetes"), n.l.path("/var/lib/etcd")}, n.l.path(kubeletRoot, "pods")
+				dirs := []string{n.l.path(kubeletRoot), n.l.path(kubeletRoot, "pki"), n.l.path("/etc/kubernetes"), n.l.path("/var/lib/etcd")}
+				return dirs, n.l.path(kubeletRoot, "pods")
 			},
 		},
 		"overlays on the storage (the layout before)": {
@@ -345,9 +350,9 @@ func TestKubeletLoadOnState(t *testing.T) {
 			unsafe: true,
 			mount: func(t *testing.T, n *testNode) ([]string, string) {
 				require.NoError(t, n.l.mountState(n.storage.MountPoint))
-				pods := filepath.Join(n.storage.MountPoint, kubeletRoot, "pods-in-the-storage")
+				pods := n.l.path("/etc/kubernetes/pods")
 				require.NoError(t, os.MkdirAll(pods, 0o750))
-				return []string{n.l.path(kubeletRoot)}, pods
+				return []string{n.l.path("/etc/kubernetes")}, pods
 			},
 		},
 	}
