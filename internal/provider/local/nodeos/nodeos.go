@@ -4,12 +4,12 @@
 // imports the node images, mounts the encrypted state once the bootstrapper unlocked it, and
 // supervises the kubelet (the systemd of a real node image).
 //
-// What is encrypted: the directories that hold the cluster's state and must outlive a boot
-// (/etc/kubernetes, /var/lib/kubelet, /var/lib/etcd: keys, kubeconfigs, etcd data, kubelet
-// state) are bind mounts of directories of the unlocked gocryptfs state storage, so they only
-// reach the disk encrypted. Everything else the node writes to /etc and /var/lib goes to
-// overlays whose upper layers are on the node's /run tmpfs: never on a disk, gone at the next
-// boot. containerd's root is on the same tmpfs: images (public) and container layers never
+// What is encrypted: what holds the cluster's state and must outlive a boot (/etc/kubernetes,
+// /var/lib/kubelet/pki, /var/lib/etcd, kubeadm's kubelet files: keys, kubeconfigs,
+// certificates, etcd data) is bind-mounted or linked from the unlocked gocryptfs state
+// storage, so it only reaches the disk encrypted. Everything else the node writes to /etc and
+// /var/lib, the kubelet's pod volumes and checkpoints included, goes to overlays whose upper
+// layers are on the node's /run tmpfs: never on a disk, gone at the next boot. containerd's root is on the same tmpfs: images (public) and container layers never
 // reach the disk. /var/log is an overlay whose upper layer is in the workspace (logs are for
 // the operator, like a serial console). See layout.go for why no overlay lies on the storage.
 package nodeos
@@ -121,8 +121,9 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 	return o, nil
 }
 
-// MountState binds the node's persistent directories (PersistentDirs) from the unlocked state
-// storage at dir, and writes the node's identity files. The pod addresses the CNI plugin
+// MountState binds the node's persistent directories (PersistentDirs) and links its persistent
+// files (PersistentFiles) from the unlocked state storage at dir, and writes the node's
+// identity files. The pod addresses the CNI plugin
 // (host-local) records in /var/lib/cni are volatile: no container survives a boot.
 func (o *OS) MountState(dir, hostname string, ip netip.Addr) error {
 	if err := nodeLayout.mountState(dir); err != nil {
