@@ -47,18 +47,7 @@ type testNode struct {
 // temporary directory, and the gocryptfs daemon, is gone when the test ends, whatever it did.
 func newTestNode(t *testing.T) *testNode {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("mounts tmpfs, overlays, gocryptfs and bind mounts")
-	}
-	// Needs root for the mounts; CI and make test run as root.
-	require.Zero(t, os.Geteuid(), "needs root for mounts")
-	tmp := t.TempDir()
-	// Registered after TempDir's cleanup, so it runs first: unmount, then remove.
-	t.Cleanup(func() { unmountBelow(t, tmp) })
-	// A mount of its own, private: nothing mounted below propagates to or from the host's
-	// other mount namespaces.
-	require.NoError(t, syscall.Mount(tmp, tmp, "", syscall.MS_BIND, ""))
-	require.NoError(t, syscall.Mount("", tmp, "", syscall.MS_PRIVATE|syscall.MS_REC, ""))
+	tmp := privateTempDir(t)
 
 	n := &testNode{tmp: tmp, l: layout{root: filepath.Join(tmp, "host"), volatile: filepath.Join(tmp, "run", "volatile")}}
 	require.NoError(t, os.MkdirAll(n.l.path("etc"), 0o755))
