@@ -320,7 +320,9 @@ func assertEncrypted(t *testing.T, stateDir string) {
 		return nil
 	})
 	require.NoError(t, err)
-	assert.Greater(t, files, 20, "the state storage holds the node's files (encrypted)")
+	// A worker's persistent files (kubeconfigs, certificates, kubeadm's kubelet files) and
+	// gocryptfs' own (a diriv per directory, the configuration): about 20.
+	assert.Greater(t, files, 12, "the state storage holds the node's files (encrypted)")
 }
 
 // adminClientKey returns the admin kubeconfig's client key as kubeadm writes it into the
