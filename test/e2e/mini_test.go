@@ -5,12 +5,14 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -183,9 +185,13 @@ func TestMiniUp(t *testing.T) {
 	assert.Contains(t, string(out), "already up")
 
 	// The nodes' state reaches the disk only encrypted: no key, certificate or etcd file
-	// in plaintext below the nodes' backing folders (logs excepted: they are the console).
+	// in plaintext below the nodes' backing folders, and a secret the cluster holds (the
+	// admin kubeconfig's key, in control-plane-0's /etc/kubernetes/admin.conf) nowhere in the
+	// nodes' folders, logs and /var/log layers included.
+	secrets := adminClientKey(t, kubeconfig)
 	for _, n := range admitted {
 		assertEncrypted(t, filepath.Join(ws, "mini", "nodes", n, "state"))
+		assertNowhere(t, filepath.Join(ws, "mini", "nodes", n), secrets...)
 	}
 
 	down()
@@ -297,7 +303,7 @@ func assertEncrypted(t *testing.T, stateDir string) {
 		require.NoError(t, err)
 		// gocryptfs encrypts names: none of the node's plaintext names may appear.
 		switch d.Name() {
-		case "etcd", "member", "wal", "snap", "pki", "kubelet", "kubernetes", "ca.key", "admin.conf", "var-lib", "etc", "upper":
+		case "etcd", "member", "wal", "snap", "pki", "kubelet", "kubernetes", "ca.key", "admin.conf", "var", "lib", "etc", "var-lib", "upper":
 			t.Errorf("plaintext name %s in the state storage", path)
 		}
 		if !d.Type().IsRegular() {
@@ -314,7 +320,45 @@ func assertEncrypted(t *testing.T, stateDir string) {
 		return nil
 	})
 	require.NoError(t, err)
-	assert.Greater(t, files, 20, "the state storage holds the node's files (encrypted)")
+	// A worker's persistent files (kubeconfigs, certificates, kubeadm's kubelet files) and
+	// gocryptfs' own (a diriv per directory, the configuration): about 20.
+	assert.Greater(t, files, 12, "the state storage holds the node's files (encrypted)")
+}
+
+// adminClientKey returns the admin kubeconfig's client key as kubeadm writes it into the
+// control plane's admin.conf (base64 of the PEM) and the first line of the PEM's body.
+func adminClientKey(t *testing.T, kubeconfig string) [][]byte {
+	t.Helper()
+	data, err := os.ReadFile(kubeconfig)
+	require.NoError(t, err)
+	m := regexp.MustCompile(`client-key-data: (\S+)`).FindSubmatch(data)
+	require.NotNil(t, m, "client-key-data in %s", kubeconfig)
+	pem, err := base64.StdEncoding.DecodeString(string(m[1]))
+	require.NoError(t, err)
+	lines := strings.Split(string(pem), "\n")
+	require.Greater(t, len(lines), 2)
+	require.Greater(t, len(lines[1]), 40, "a line of the key's body")
+	return [][]byte{m[1], []byte(lines[1])}
+}
+
+// assertNowhere checks that no file below dir contains any of secrets.
+func assertNowhere(t *testing.T, dir string, secrets ...[]byte) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		require.NoError(t, err)
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, s := range secrets {
+			if bytes.Contains(data, s) {
+				t.Errorf("a cluster secret in the clear in %s", path)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
 }
 
 // assertNoLeftovers checks that nothing of cluster id remains: processes, namespaces,

@@ -4,11 +4,14 @@
 // imports the node images, mounts the encrypted state once the bootstrapper unlocked it, and
 // supervises the kubelet (the systemd of a real node image).
 //
-// What is encrypted: /etc and /var/lib of the node are overlays whose upper (writable)
-// layers live in the gocryptfs state storage, so the cluster's keys, kubeconfigs, etcd data
-// and kubelet state only reach the disk encrypted. containerd's root is on the node's /run
-// tmpfs: images (public) and container layers never reach the disk. /var/log is an overlay
-// whose upper layer is in the workspace (logs are for the operator, like a serial console).
+// What is encrypted: what holds the cluster's state and must outlive a boot (/etc/kubernetes,
+// /var/lib/kubelet/pki, /var/lib/etcd, kubeadm's kubelet files: keys, kubeconfigs,
+// certificates, etcd data) is bind-mounted or linked from the unlocked gocryptfs state
+// storage, so it only reaches the disk encrypted. Everything else the node writes to /etc and
+// /var/lib, the kubelet's pod volumes and checkpoints included, goes to overlays whose upper
+// layers are on the node's /run tmpfs: never on a disk, gone at the next boot. containerd's root is on the same tmpfs: images (public) and container layers never
+// reach the disk. /var/log is an overlay whose upper layer is in the workspace (logs are for
+// the operator, like a serial console). See layout.go for why no overlay lies on the storage.
 package nodeos
 
 import (
@@ -71,7 +74,7 @@ type OS struct {
 func (c Config) LogDir() string { return filepath.Join(c.NodeDir, "logs") }
 
 // Boot prepares the sandbox: /run as tmpfs, the TPM socket at TPMSocket, /var/log overlay,
-// hostname, containerd with the images imported.
+// /etc and /var/lib overlays on the tmpfs, hostname, containerd with the images imported.
 func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -100,7 +103,12 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 	if err := bindFileReadOnly(filepath.Join(cfg.NodeDir, "tpm", local.EventLogFile), EventLog); err != nil {
 		return nil, fmt.Errorf("attaching the boot's event log: %w", err)
 	}
-	if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log")); err != nil {
+	if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log"), true); err != nil {
+		return nil, err
+	}
+	// Before anything of the node runs: from here on, nothing the node writes to /etc or
+	// /var/lib reaches the host's directories or a disk.
+	if err := nodeLayout.mountVolatile(); err != nil {
 		return nil, err
 	}
 	o := &OS{cfg: cfg}
@@ -113,18 +121,13 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 	return o, nil
 }
 
-// MountState mounts the node's /etc and /var/lib overlays with their writable layers in the
-// unlocked state storage at dir, and writes the node's identity files.
+// MountState binds the node's persistent directories (PersistentDirs) and links its persistent
+// files (PersistentFiles) from the unlocked state storage at dir, and writes the node's
+// identity files. The pod addresses the CNI plugin
+// (host-local) records in /var/lib/cni are volatile: no container survives a boot.
 func (o *OS) MountState(dir, hostname string, ip netip.Addr) error {
-	for _, target := range []string{"/etc", "/var/lib"} {
-		if err := overlay(target, filepath.Join(dir, strings.ReplaceAll(strings.Trim(target, "/"), "/", "-"))); err != nil {
-			return err
-		}
-	}
-	// No container survives a boot: pod addresses the CNI plugin (host-local) recorded in an
-	// earlier boot, in the persistent /var/lib, are stale and would leak the pod range.
-	if err := os.RemoveAll("/var/lib/cni/networks"); err != nil {
-		return fmt.Errorf("clearing stale pod addresses: %w", err)
+	if err := nodeLayout.mountState(dir); err != nil {
+		return err
 	}
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost\n%s\t%s\n", ip, hostname)
 	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
@@ -390,16 +393,21 @@ func ParseKubeadmFlags(env string) []string {
 	return nil
 }
 
-func overlay(target, dir string) error {
+// overlay mounts an overlay on target with target as its lower layer and its upper and work
+// directories in dir. userxattr keeps overlayfs' metadata in user.* extended attributes: the
+// workspace's /var/log upper layer has always been mounted with it, and overlayfs would not
+// understand that layer's metadata without it.
+func overlay(target, dir string, userxattr bool) error {
 	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
 	for _, d := range []string{upper, work} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
-	// userxattr: the upper layer may be gocryptfs, which stores user.* extended attributes
-	// only; overlayfs then keeps its metadata there.
-	opts := fmt.Sprintf("userxattr,lowerdir=%s,upperdir=%s,workdir=%s", target, upper, work)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", target, upper, work)
+	if userxattr {
+		opts = "userxattr," + opts
+	}
 	if err := syscall.Mount("overlay", target, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mounting overlay on %s: %w", target, err)
 	}
