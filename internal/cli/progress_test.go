@@ -77,7 +77,12 @@ func TestProgressCadence(t *testing.T) {
 	assert.Contains(t, p.summary(), "control-plane-0 (waiting for its keys over attested TLS; last error: rate limited")
 	assert.NotContains(t, p.summary(), "worker-0")
 
+	// No error since: the last one is shown with its age (the calls succeed again).
+	clock.Step(5 * time.Second)
+	lines = waitForLines(t, out, 4)
+	assert.Contains(t, lines[3], "control-plane-0: its keys over attested TLS; last error (10s ago): rate limited")
+
 	stop()
 	clock.Step(time.Minute)
-	assert.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), 3, "no report after stop")
+	assert.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), 4, "no report after stop")
 }
