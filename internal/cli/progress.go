@@ -67,6 +67,16 @@ func (p *progress) waiting(node, what string) {
 	w.what, w.done = what, false
 }
 
+// step says the command now runs a new step for node, what: the errors of its earlier steps
+// are not this step's (they were retried away, or the step before would have failed).
+func (p *progress) step(node, what string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.node(node)
+	w.what, w.done = what, false
+	w.errs, w.errAt = retry.History{}, time.Time{}
+}
+
 // failed records an error of node's current wait.
 func (p *progress) failed(node string, err error) {
 	if err == nil {

@@ -86,3 +86,18 @@ func TestProgressCadence(t *testing.T) {
 	clock.Step(time.Minute)
 	assert.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), 4, "no report after stop")
 }
+
+// A new step of a node starts with no errors: the errors of the step before were retried
+// away, and shown under the new step they would name the wrong cause.
+func TestProgressStepForgetsEarlierErrors(t *testing.T) {
+	p := newProgress(newPhaseTimer(&lockedBuffer{}))
+	p.step("control-plane-1", "finding an etcd member to run etcdctl on")
+	p.failed("control-plane-1", errors.New("no running and ready etcd static pod"))
+	assert.Contains(t, p.describe("control-plane-1"), "last error: no running and ready etcd static pod")
+	p.step("control-plane-1", "recording the removal in the cluster")
+	assert.Equal(t, "recording the removal in the cluster", p.describe("control-plane-1"))
+	// waiting keeps the errors: a wait says what it waits for now, and its errors go on.
+	p.failed("control-plane-1", errors.New("connection refused"))
+	p.waiting("control-plane-1", "its keys over attested TLS (next attempt in 4s)")
+	assert.Contains(t, p.describe("control-plane-1"), "last error: connection refused")
+}
