@@ -116,27 +116,38 @@ func TestFaults(t *testing.T) {
 		d := d.on(t)
 		d.setCounts(1, 2)
 		apply := d.start("apply")
-		// The worker's bootstrapper logs "node opened" right before it asks the join
-		// services for a ticket: kill the join service then, so that the first attempts
-		// find it gone.
+		apply.waitLine(`^\[\s*[0-9.]+s\] create\s`, 2*time.Minute)
+		// From the moment worker-1 boots, its join service is killed whenever it runs, until
+		// worker-1 has seen an attempt fail: a single kill races the node's first request
+		// (which takes milliseconds) and may miss it. Killed twice, the service waits out its
+		// kubelet's restart back-off (10 s) while the node asks.
 		nodeLog := filepath.Join(ws, "mini", "nodes", "worker-1", "logs", "bootstrapper.log")
-		waitFile(t, nodeLog, `"msg":"node opened"`, 2*time.Minute)
+		failedAttempt := regexp.MustCompile(`"msg":"(waiting for a join service|join attempt refused)"`)
 		start := time.Now()
-		pids := nodeProcesses(t, ws, "control-plane-0", "joinservice")
-		require.NotEmpty(t, pids, "the join service runs on control-plane-0")
-		for _, pid := range pids {
-			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		kills := 0
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			if data, err := os.ReadFile(nodeLog); err == nil && failedAttempt.Match(data) {
+				break
+			}
+			require.False(t, time.Now().After(deadline), "worker-1 saw no failed join attempt within 2m while its join service was killed %d times", kills)
+			for _, pid := range nodeProcesses(t, ws, "control-plane-0", "joinservice") {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					kills++
+				}
+			}
 		}
+		require.Positive(t, kills, "the join service ran on control-plane-0 and was killed")
+		t.Logf("killed the join service %d time(s) until worker-1's attempt failed", kills)
 		out, err := apply.wait()
 		require.NoError(t, err, "apply: %s", out)
 		t.Logf("apply converged %.1fs after the join service was killed:\n%s", time.Since(start).Seconds(), out)
-		// The kill cut the first attempt (the join service answered it with nothing: a
-		// refusal for the node's back-off) or left nothing listening (unreachable).
+		// The worker got its ticket after attempts that found no join service (unreachable)
+		// or one killed mid-answer (refused, for the node's back-off).
 		ticket := matchFile(t, nodeLog, `"msg":"ticket received".*"unreachableAttempts":(\d+),"refusedAttempts":(\d+)`)
 		t.Logf("worker-1: %s", ticket[0])
 		unreachable, _ := strconv.Atoi(ticket[1])
 		refused, _ := strconv.Atoi(ticket[2])
-		assert.Positive(t, unreachable+refused, "worker-1's first attempt failed: the join service was killed under it")
+		assert.Positive(t, unreachable+refused, "the ticket counts worker-1's failed attempts")
 		nothingLost(d, "control-plane-0", "worker-0", "worker-1")
 	})
 
