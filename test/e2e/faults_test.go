@@ -241,43 +241,78 @@ func swtpmPID(t *testing.T, ws, node string) int {
 	return 0
 }
 
-// etcdLeader names the node whose etcd member leads, as etcdctl endpoint status says.
-func etcdLeader(t *testing.T, kubeconfig string) string {
+// etcdctl runs etcdctl with args (JSON output) in control-plane-0's etcd pod, as its
+// health-check client.
+func etcdctl(t testing.TB, kubeconfig string, args ...string) string {
 	t.Helper()
-	etcdctl := func(args ...string) string {
-		return kubectl(t, kubeconfig, append([]string{"-n", "kube-system", "exec", "etcd-control-plane-0", "--", "etcdctl",
-			"--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
-			"--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt", "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key",
-			"-w", "json"}, args...)...)
-	}
+	return kubectl(t, kubeconfig, append([]string{"-n", "kube-system", "exec", "etcd-control-plane-0", "--", "etcdctl",
+		"--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
+		"--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt", "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key",
+		"-w", "json"}, args...)...)
+}
+
+// etcdMember is one member of etcdctl member list.
+type etcdMember struct {
+	ID         uint64
+	Name       string
+	ClientURLs []string
+}
+
+// etcdLeaderMember finds the member that leads, as etcdctl endpoint status says, and the
+// whole member list.
+func etcdLeaderMember(t testing.TB, kubeconfig string) (etcdMember, []etcdMember) {
+	t.Helper()
 	var statuses []struct {
 		Status struct {
-			Header struct {
-				MemberID uint64 `json:"member_id"`
-			}
 			Leader uint64
 		}
 	}
-	out := etcdctl("endpoint", "status", "--cluster")
+	out := etcdctl(t, kubeconfig, "endpoint", "status", "--cluster")
 	require.NoError(t, json.Unmarshal([]byte(out), &statuses), "%s", out)
 	require.NotEmpty(t, statuses)
 	leader := statuses[0].Status.Leader
 	require.NotZero(t, leader, "etcd has a leader: %s", out)
-	var members struct {
-		Members []struct {
-			ID   uint64
-			Name string
-		}
-	}
-	out = etcdctl("member", "list")
+	var members struct{ Members []etcdMember }
+	out = etcdctl(t, kubeconfig, "member", "list")
 	require.NoError(t, json.Unmarshal([]byte(out), &members), "%s", out)
 	for _, m := range members.Members {
 		if m.ID == leader {
-			return m.Name
+			return m, members.Members
 		}
 	}
 	t.Fatalf("the leader %x is no member: %s", leader, out)
-	return ""
+	return etcdMember{}, nil
+}
+
+// etcdLeader names the node whose etcd member leads.
+func etcdLeader(t testing.TB, kubeconfig string) string {
+	t.Helper()
+	m, _ := etcdLeaderMember(t, kubeconfig)
+	return m.Name
+}
+
+// moveEtcdLeader makes the member of node etcd's leader (etcdctl move-leader, sent to every
+// member's endpoint: etcdctl finds the leader among them).
+func moveEtcdLeader(t testing.TB, kubeconfig, node string) {
+	t.Helper()
+	leader, members := etcdLeaderMember(t, kubeconfig)
+	if leader.Name == node {
+		return
+	}
+	var target uint64
+	var endpoints []string
+	for _, m := range members {
+		endpoints = append(endpoints, m.ClientURLs...)
+		if m.Name == node {
+			target = m.ID
+		}
+	}
+	require.NotZero(t, target, "%s has an etcd member", node)
+	kubectl(t, kubeconfig, "-n", "kube-system", "exec", "etcd-control-plane-0", "--", "etcdctl",
+		"--endpoints="+strings.Join(endpoints, ","), "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
+		"--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt", "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key",
+		"move-leader", strconv.FormatUint(target, 16))
+	require.Equal(t, node, etcdLeader(t, kubeconfig), "etcd's leader after move-leader")
 }
 
 // waitFile waits until the file at path has a line matching pattern.

@@ -75,7 +75,7 @@ func miniUp(t *testing.T, bin, ws string, args ...string) []byte {
 	return out
 }
 
-func kubectl(t *testing.T, kubeconfig string, args ...string) string {
+func kubectl(t testing.TB, kubeconfig string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(filepath.Join(repoOutput(t), "kube", "bin", "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
 	require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
