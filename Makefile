@@ -27,8 +27,10 @@ build: deps ## build the binaries into _output/bin
 test: deps proto-check lint unit fuzz ## install what is needed, then run every test (CI runs this)
 	@echo "make test: all checks passed"
 
+# The end-to-end tests (test/e2e) create clusters one after the other in one test binary, and
+# together take longer than go test's default 10 minutes per package.
 unit: deps kube images ## unit and integration tests (real swtpm, simulator TPM, kube-apiserver + etcd)
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 30m ./...
 
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
 	@./hack/fuzz.sh $(FUZZTIME)

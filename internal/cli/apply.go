@@ -299,7 +299,9 @@ func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, prog *pro
 // and the last error of the API server.
 func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, platform provider.Provider, want map[string]bool, quietIfReady bool) error {
 	joined, ready := map[string]bool{}, map[string]bool{}
-	first, waited := true, false
+	// The first look that reached the API server decides what is quiet: a look that failed
+	// (an API server restarting) saw nothing.
+	looked, waited := false, false
 	for n := range want {
 		prog.waiting(n, "to register with Kubernetes")
 	}
@@ -317,7 +319,7 @@ func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubern
 			}
 			cancel()
 		}
-		err := readyRound(ctx, t, prog, client, want, joined, ready, reported, first && quietIfReady)
+		err := readyRound(ctx, t, prog, client, want, joined, ready, reported, !looked && quietIfReady)
 		if err != nil {
 			for n := range want {
 				if !ready[n] {
@@ -331,9 +333,9 @@ func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubern
 				missing = append(missing, n)
 			}
 		}
-		if first {
+		if !looked && err == nil {
 			waited = len(missing) > 0
-			first = false
+			looked = true
 		}
 		if len(missing) == 0 {
 			if !quietIfReady || waited {
@@ -383,7 +385,12 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 			// Workers often join while init still waits for the services: say
 			// when the node registered, not only when we saw it.
 			joined[n.Name] = true
-			t.phase("join", fmt.Sprintf("%s (Node registered at %.1fs)", n.Name, n.CreationTimestamp.Sub(t.start).Seconds()))
+			at := n.CreationTimestamp.Sub(t.start)
+			when := fmt.Sprintf("at %.1fs", at.Seconds())
+			if at < 0 {
+				when = "before this command started"
+			}
+			t.phase("join", fmt.Sprintf("%s (Node registered %s)", n.Name, when))
 		}
 		switch {
 		case ready[n.Name]:

@@ -38,7 +38,11 @@ type progress struct {
 type nodeWait struct {
 	what string
 	errs retry.History
-	done bool
+	// errAt is when the last error was recorded: an error older than a report interval is
+	// shown with its age, so a wait whose calls succeed again (an API server back after a
+	// restart) does not read as failing still.
+	errAt time.Time
+	done  bool
 }
 
 func newProgress(t *phaseTimer) *progress {
@@ -63,6 +67,16 @@ func (p *progress) waiting(node, what string) {
 	w.what, w.done = what, false
 }
 
+// step says the command now runs a new step for node, what: the errors of its earlier steps
+// are not this step's (they were retried away, or the step before would have failed).
+func (p *progress) step(node, what string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.node(node)
+	w.what, w.done = what, false
+	w.errs, w.errAt = retry.History{}, time.Time{}
+}
+
 // failed records an error of node's current wait.
 func (p *progress) failed(node string, err error) {
 	if err == nil {
@@ -70,7 +84,9 @@ func (p *progress) failed(node string, err error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.node(node).errs.Add(err)
+	w := p.node(node)
+	w.errs.Add(err)
+	w.errAt = p.clock.Now()
 }
 
 // done says the command no longer waits for node.
@@ -84,10 +100,10 @@ func (p *progress) done(node string) {
 func (p *progress) describe(node string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.describeLocked(node)
+	return p.describeLocked(node, p.clock.Now())
 }
 
-func (p *progress) describeLocked(node string) string {
+func (p *progress) describeLocked(node string, now time.Time) string {
 	w, ok := p.nodes[node]
 	if !ok {
 		return "not started"
@@ -97,7 +113,11 @@ func (p *progress) describeLocked(node string) string {
 		if s != "" {
 			s += "; "
 		}
-		s += fmt.Sprintf("last error: %s", &w.errs)
+		age := ""
+		if d := now.Sub(w.errAt); d > p.every {
+			age = fmt.Sprintf(" (%s ago)", d.Round(time.Second))
+		}
+		s += fmt.Sprintf("last error%s: %s", age, &w.errs)
 		if n := w.errs.Attempts(); n > 1 {
 			s += fmt.Sprintf(" [%d errors]", n)
 		}
@@ -144,7 +164,7 @@ func (p *progress) report(now time.Time) {
 	defer p.mu.Unlock()
 	for _, n := range p.order {
 		if w := p.nodes[n]; !w.done {
-			p.t.note(now, "waiting", fmt.Sprintf("%s: %s", n, p.describeLocked(n)))
+			p.t.note(now, "waiting", fmt.Sprintf("%s: %s", n, p.describeLocked(n, p.clock.Now())))
 		}
 	}
 }

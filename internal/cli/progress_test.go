@@ -77,7 +77,27 @@ func TestProgressCadence(t *testing.T) {
 	assert.Contains(t, p.summary(), "control-plane-0 (waiting for its keys over attested TLS; last error: rate limited")
 	assert.NotContains(t, p.summary(), "worker-0")
 
+	// No error since: the last one is shown with its age (the calls succeed again).
+	clock.Step(5 * time.Second)
+	lines = waitForLines(t, out, 4)
+	assert.Contains(t, lines[3], "control-plane-0: its keys over attested TLS; last error (10s ago): rate limited")
+
 	stop()
 	clock.Step(time.Minute)
-	assert.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), 3, "no report after stop")
+	assert.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), 4, "no report after stop")
+}
+
+// A new step of a node starts with no errors: the errors of the step before were retried
+// away, and shown under the new step they would name the wrong cause.
+func TestProgressStepForgetsEarlierErrors(t *testing.T) {
+	p := newProgress(newPhaseTimer(&lockedBuffer{}))
+	p.step("control-plane-1", "finding an etcd member to run etcdctl on")
+	p.failed("control-plane-1", errors.New("no running and ready etcd static pod"))
+	assert.Contains(t, p.describe("control-plane-1"), "last error: no running and ready etcd static pod")
+	p.step("control-plane-1", "recording the removal in the cluster")
+	assert.Equal(t, "recording the removal in the cluster", p.describe("control-plane-1"))
+	// waiting keeps the errors: a wait says what it waits for now, and its errors go on.
+	p.failed("control-plane-1", errors.New("connection refused"))
+	p.waiting("control-plane-1", "its keys over attested TLS (next attempt in 4s)")
+	assert.Contains(t, p.describe("control-plane-1"), "last error: connection refused")
 }

@@ -201,7 +201,7 @@ func (r *reconciler) do(ctx context.Context, node, what string, bound time.Durat
 		defer cancel()
 	}
 	if node != "" {
-		r.prog.waiting(node, what)
+		r.prog.step(node, what)
 	}
 	err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
 		err := op(ctx)

@@ -58,7 +58,7 @@ func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 		}
 		fmt.Fprintf(r.out, "  etcd: %s\n", plan)
 	}
-	r.prog.waiting(n.Name, "drain (its pods evicted, PodDisruptionBudgets respected)")
+	r.prog.step(n.Name, "drain (its pods evicted, PodDisruptionBudgets respected)")
 	report, err := drain.Drain(ctx, r.client, n.Name, drain.Options{Timeout: r.o.drainTimeout})
 	switch {
 	case errors.Is(err, drain.ErrNodeNotFound):

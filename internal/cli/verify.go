@@ -17,6 +17,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/verify"
 )
@@ -27,6 +28,8 @@ type verifyOptions struct {
 	endpoint string
 	output   string
 	timeout  time.Duration
+	// wait is how long a node whose verification service does not answer is asked again.
+	wait time.Duration
 }
 
 func newVerifyCmd() *cobra.Command {
@@ -45,7 +48,10 @@ By default every node of constellation-state.yaml is verified; --node picks some
 verifies one verification service by address (as the node --node names, or the node of the
 state with that address). Evidence counts for a node only if its signing key is certified by
 the platform for that node's name: a node that relays another node's evidence fails.
-Exits non-zero unless every node verified.`,
+A node whose verification service does not answer (connection refused, unavailable, busy:
+the service restarting, the node rebooting) is asked again for up to --wait, with a line on
+standard error every 5 s saying what verify waits for; evidence that was refused fails at
+once. Exits non-zero unless every node verified.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, _ := cmd.Flags().GetString("workspace")
@@ -54,13 +60,14 @@ Exits non-zero unless every node verified.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 			defer cancel()
-			return runVerify(ctx, cmd.OutOrStdout(), ws, o)
+			return runVerify(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), ws, o)
 		},
 	}
 	cmd.Flags().StringSliceVar(&o.nodes, "node", nil, "verify only these nodes (names from constellation-state.yaml; repeatable)")
 	cmd.Flags().StringVar(&o.endpoint, "endpoint", "", "verify the verification service at host:port instead of the state's nodes")
 	cmd.Flags().StringVarP(&o.output, "output", "o", "text", "output format: text or json")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long")
+	cmd.Flags().DurationVar(&o.wait, "wait", time.Minute, "ask a node whose verification service does not answer again for up to this long (0: once)")
 	return cmd
 }
 
@@ -78,7 +85,7 @@ type verifyReport struct {
 	Result   *verify.Result `json:"result,omitempty"`
 }
 
-func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOptions) error {
+func runVerify(ctx context.Context, out, errOut io.Writer, workspace string, o verifyOptions) error {
 	conf, err := config.Load(filepath.Join(workspace, config.FileName))
 	if err != nil {
 		return err
@@ -101,9 +108,12 @@ func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOpt
 
 	reports := make([]verifyReport, 0, len(targets))
 	failed := 0
+	prog := newProgress(newPhaseTimer(newSyncWriter(errOut)))
+	stop := prog.start(ctx)
+	defer stop()
 	for _, target := range targets {
 		r := verifyReport{verifyTarget: target}
-		res, err := verifier.Verify(ctx, target.Node, target.Endpoint)
+		res, err := verifyWaiting(ctx, prog, target, o.wait, verifier.Verify)
 		r.Result = res
 		if err != nil {
 			r.Error = err.Error()
@@ -130,6 +140,50 @@ func runVerify(ctx context.Context, out io.Writer, workspace string, o verifyOpt
 		fmt.Fprintf(out, "%d of %d nodes verified: cluster %s (%x)\n", len(targets), len(targets), st.Name, []byte(st.ClusterID))
 	}
 	return nil
+}
+
+// verifyRetry is the back-off between attempts at a node that did not answer (tests shorten it).
+var verifyRetry = retry.Default
+
+// verifyWaiting verifies target with verifyFn, asking again for up to wait while the node's
+// verification service does not answer (retry.Transient: refused or lost connections,
+// Unavailable, ResourceExhausted, timeouts). A restarting service or a rebooting node is back
+// within seconds, and an operator who runs verify right then wants its answer, not a failure.
+// An answer that was checked and failed (evidence refused, another node's evidence, another
+// cluster's marker) is never retried. A node that never answers fails with the first and the
+// last error, and what to do.
+func verifyWaiting(ctx context.Context, prog *progress, target verifyTarget, wait time.Duration,
+	verifyFn func(ctx context.Context, node, endpoint string) (*verify.Result, error),
+) (*verify.Result, error) {
+	name := target.Node
+	prog.waiting(name, "its verification service at "+target.Endpoint+" to answer")
+	defer prog.done(name)
+	retryable := func(err error) bool { return wait > 0 && retry.Transient(err) }
+	wctx := ctx
+	if wait > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	var res *verify.Result
+	var answered bool
+	err := retry.Do(wctx, verifyRetry, func(err error) bool { return !answered && retryable(err) }, func(ctx context.Context) error {
+		var err error
+		res, err = verifyFn(ctx, target.Node, target.Endpoint)
+		// A result means the node answered and its evidence was checked: final.
+		answered = res != nil
+		prog.failed(name, err)
+		return err
+	})
+	if err != nil && !answered && retry.Transient(err) {
+		waited := ""
+		if wait > 0 {
+			waited = fmt.Sprintf(" within %s", wait)
+		}
+		return res, fmt.Errorf("%w; the verification service of %s did not answer%s: check the node with 'constellation status' "+
+			"(is it running and Ready, are the verification service's pods ready?), then run 'constellation verify' again", err, name, waited)
+	}
+	return res, err
 }
 
 // verifyTargets are the verification services to ask: the state's nodes (those --node

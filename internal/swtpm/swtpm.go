@@ -129,6 +129,14 @@ func (p *Process) Addr() string { return "unix:" + p.sock }
 // Pid is the process ID of swtpm.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
+// Exited is closed once swtpm has exited, whoever ended it: a node's platform watches it
+// the way a machine notices its TPM chip failing.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// ExitErr is how swtpm ended (its wait status, e.g. "signal: killed"); call it only after
+// Exited is closed.
+func (p *Process) ExitErr() error { return p.waitErr }
+
 // Open connects to the TPM. swtpm serves one connection at a time.
 func (p *Process) Open(ctx context.Context) (*vtpm.TPM, error) {
 	return vtpm.Open(ctx, p.Addr())

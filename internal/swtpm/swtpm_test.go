@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,4 +65,25 @@ func TestStartErrors(t *testing.T) {
 	_, err = swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(shortTempDir(t), "a,b")})
 	assert.ErrorContains(t, err, `path "`)
 	assert.ErrorContains(t, err, "contains a comma")
+}
+
+// TestExited: a swtpm that dies on its own (a failed TPM chip) is noticed through Exited,
+// with how it ended; Stop afterwards is harmless.
+func TestExited(t *testing.T) {
+	proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: shortTempDir(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proc.Stop() })
+	select {
+	case <-proc.Exited():
+		t.Fatal("Exited is closed while swtpm runs")
+	default:
+	}
+	require.NoError(t, syscall.Kill(proc.Pid(), syscall.SIGKILL))
+	select {
+	case <-proc.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Exited is not closed 10 s after swtpm was killed")
+	}
+	assert.ErrorContains(t, proc.ExitErr(), "signal: killed")
+	assert.NoError(t, proc.Stop())
 }

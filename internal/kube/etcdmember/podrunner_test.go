@@ -89,6 +89,30 @@ func TestPodRunnerThroughAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "etcd-m0", other.Pod)
 
+	// The runner's pod is lost: m0's Node is deleted while its mirror pod lingers, Running
+	// and Ready (the pod garbage collector removes it later). The run that finds out is
+	// transient, the next one runs in another pod, and a new runner never picks that pod.
+	lost, err := etcdmember.NewPodRunner(ctx, kube.AdminConfig, kube.Admin, "m1")
+	require.NoError(t, err)
+	assert.Equal(t, "etcd-m0", lost.Pod)
+	require.NoError(t, kube.Admin.CoreV1().Nodes().Delete(ctx, "m0", metav1.DeleteOptions{}))
+	_, _, err = lost.Run(ctx, "member", "list")
+	var lostErr *etcdmember.LostPodError
+	require.ErrorAs(t, err, &lostErr)
+	assert.True(t, etcdmember.Transient(err), "%v", err)
+	assert.Contains(t, err.Error(), "exec in kube-system/etcd-m0")
+	_, _, err = lost.Run(ctx, "member", "list")
+	require.NoError(t, err)
+	assert.Equal(t, "etcd-m2", lost.Pod)
+	fresh, err := etcdmember.NewPodRunner(ctx, kube.AdminConfig, kube.Admin, "m1")
+	require.NoError(t, err)
+	assert.Equal(t, "etcd-m2", fresh.Pod, "a pod whose node is gone is never picked")
+	_, err = etcdmember.NewPodRunner(ctx, kube.AdminConfig, kube.Admin, "m2")
+	var noPod *etcdmember.NoPodError
+	require.ErrorAs(t, err, &noPod)
+	assert.True(t, etcdmember.Transient(err))
+	assert.Contains(t, err.Error(), "etcd-m0 on m0 (node gone)")
+
 	// No other control plane with a running etcd: a clear error.
 	zero := int64(0)
 	require.NoError(t, kube.Admin.CoreV1().Pods("kube-system").Delete(ctx, "etcd-m0", metav1.DeleteOptions{GracePeriodSeconds: &zero}))
@@ -138,6 +162,7 @@ func (k *execKubelet) addNode(t *testing.T, kube *kubetest.Cluster, name string,
 	require.NoError(t, err)
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}
 	node.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(k.port)
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
 	_, err = kube.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	k.mu.Lock()

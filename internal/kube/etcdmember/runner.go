@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
@@ -70,27 +72,83 @@ var PodFlags = []string{
 const EtcdPodLabels = "component=etcd,tier=control-plane"
 
 // PodRunner runs etcdctl in the etcd static pod of a control plane, through the API server's
-// pods/exec (as kubectl exec does).
+// pods/exec (as kubectl exec does). It keeps to one pod while etcdctl can be reached there.
+// When it cannot (that etcd's container restarting, its node deleted: a deleted node's mirror
+// pod lingers, still Running and Ready, until the pod garbage collector removes it), the
+// run's error is transient (LostPodError) and the next run picks a pod again, so a caller's
+// retry reaches another member instead of failing on one that is gone.
 type PodRunner struct {
-	config *rest.Config
-	client kubernetes.Interface
-	// Node is the control plane whose etcd pod runs etcdctl; Pod is that pod.
+	config  *rest.Config
+	client  kubernetes.Interface
+	exclude string
+
+	mu sync.Mutex
+	// Node is the control plane whose etcd pod runs etcdctl; Pod is that pod. Both are empty
+	// after a run lost the pod, until the next run picked another.
 	Node, Pod string
 }
 
 // NewPodRunner returns a runner in the etcd pod of a control plane other than exclude (the node
-// being removed): a Running and Ready mirror pod etcd-<node> in kube-system, the first by name.
+// being removed): a Running and Ready mirror pod etcd-<node> in kube-system whose node exists
+// and is Ready, the first by name. When there is none it returns a *NoPodError (transient: an
+// etcd that restarts is back within seconds).
 func NewPodRunner(ctx context.Context, config *rest.Config, client kubernetes.Interface, exclude string) (*PodRunner, error) {
-	pods, err := client.CoreV1().Pods(EtcdNamespace).List(ctx, metav1.ListOptions{LabelSelector: EtcdPodLabels})
+	r := &PodRunner{config: config, client: client, exclude: exclude}
+	if err := r.pick(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// NoPodError says that no etcd pod qualifies to run etcdctl in right now.
+type NoPodError struct {
+	Exclude string
+	// Seen lists the etcd pods found and why each does not qualify.
+	Seen []string
+}
+
+func (e *NoPodError) Error() string {
+	seen := e.Seen
+	if len(seen) == 0 {
+		seen = []string{"none"}
+	}
+	return fmt.Sprintf("no running and ready etcd static pod on a control plane other than %s to run etcdctl in (etcd pods: %s)", e.Exclude, strings.Join(seen, ", "))
+}
+
+// Transient: etcd pods restart (a killed member, a rebooted control plane) within seconds.
+func (e *NoPodError) Transient() bool { return true }
+
+// LostPodError is a run that did not reach etcdctl in its pod; the next run picks a pod again.
+type LostPodError struct{ Err error }
+
+func (e *LostPodError) Error() string {
+	return e.Err.Error() + " (etcdctl not reached there: the next attempt picks an etcd pod again)"
+}
+func (e *LostPodError) Unwrap() error { return e.Err }
+
+// Transient: another member, or the same one restarted, answers the next attempt.
+func (e *LostPodError) Transient() bool { return true }
+
+// pick chooses the pod to run in.
+func (r *PodRunner) pick(ctx context.Context) error {
+	pods, err := r.client.CoreV1().Pods(EtcdNamespace).List(ctx, metav1.ListOptions{LabelSelector: EtcdPodLabels})
 	if err != nil {
-		return nil, fmt.Errorf("finding etcd pods: %w", err)
+		return fmt.Errorf("finding etcd pods: %w", err)
+	}
+	nodes, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("finding the etcd pods' nodes: %w", err)
+	}
+	readyNodes := map[string]bool{}
+	for _, n := range nodes.Items {
+		readyNodes[n.Name] = n.DeletionTimestamp == nil && nodeReady(&n)
 	}
 	sort.Slice(pods.Items, func(i, j int) bool { return pods.Items[i].Name < pods.Items[j].Name })
 	var seen []string
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		seen = append(seen, p.Name+" on "+p.Spec.NodeName+" ("+string(p.Status.Phase)+")")
-		if p.Spec.NodeName == "" || p.Spec.NodeName == exclude || p.Name != "etcd-"+p.Spec.NodeName {
+		if p.Spec.NodeName == "" || p.Spec.NodeName == r.exclude || p.Name != "etcd-"+p.Spec.NodeName {
 			continue
 		}
 		// A mirror pod: the kubelet of that node runs it from kubeadm's manifest.
@@ -100,17 +158,34 @@ func NewPodRunner(ctx context.Context, config *rest.Config, client kubernetes.In
 		if p.Status.Phase != corev1.PodRunning || !ready(p) {
 			continue
 		}
-		return &PodRunner{config: config, client: client, Node: p.Spec.NodeName, Pod: p.Name}, nil
+		// The status of a deleted node's mirror pod is its kubelet's last word.
+		if ready, ok := readyNodes[p.Spec.NodeName]; !ok {
+			seen[len(seen)-1] = p.Name + " on " + p.Spec.NodeName + " (node gone)"
+			continue
+		} else if !ready {
+			seen[len(seen)-1] = p.Name + " on " + p.Spec.NodeName + " (node not Ready)"
+			continue
+		}
+		r.mu.Lock()
+		r.Node, r.Pod = p.Spec.NodeName, p.Name
+		r.mu.Unlock()
+		return nil
 	}
-	if len(seen) == 0 {
-		seen = []string{"none"}
-	}
-	return nil, fmt.Errorf("no running and ready etcd static pod on a control plane other than %s to run etcdctl in (etcd pods: %s)", exclude, strings.Join(seen, ", "))
+	return &NoPodError{Exclude: r.exclude, Seen: seen}
 }
 
 func ready(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue
 		}
 	}
@@ -123,10 +198,37 @@ func (r *PodRunner) Command(args ...string) []string {
 	return append(cmd, args...)
 }
 
-// Run runs etcdctl in the pod.
+// Run runs etcdctl in the pod, picking one first when the last run lost its pod. A failure
+// to reach etcdctl (not etcdctl's own exit, nor a refusal of the exec itself) is a
+// *LostPodError.
 func (r *PodRunner) Run(ctx context.Context, args ...string) ([]byte, []byte, error) {
+	r.mu.Lock()
+	pod := r.Pod
+	r.mu.Unlock()
+	if pod == "" {
+		if err := r.pick(ctx); err != nil {
+			return nil, nil, err
+		}
+		r.mu.Lock()
+		pod = r.Pod
+		r.mu.Unlock()
+	}
+	stdout, stderr, err := r.exec(ctx, pod, args)
+	var exit *ExitError
+	if err != nil && !errors.As(err, &exit) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) && ctx.Err() == nil {
+		r.mu.Lock()
+		if r.Pod == pod {
+			r.Node, r.Pod = "", ""
+		}
+		r.mu.Unlock()
+		err = &LostPodError{Err: err}
+	}
+	return stdout, stderr, err
+}
+
+func (r *PodRunner) exec(ctx context.Context, pod string, args []string) ([]byte, []byte, error) {
 	req := r.client.CoreV1().RESTClient().Post().
-		Namespace(EtcdNamespace).Resource("pods").Name(r.Pod).SubResource("exec").
+		Namespace(EtcdNamespace).Resource("pods").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: EtcdContainer,
 			Command:   r.Command(args...),
@@ -136,17 +238,17 @@ func (r *PodRunner) Run(ctx context.Context, args ...string) ([]byte, []byte, er
 	// As kubectl exec: WebSockets, falling back to SPDY for servers that do not upgrade them.
 	spdy, err := remotecommand.NewSPDYExecutor(r.config, "POST", req.URL())
 	if err != nil {
-		return nil, nil, fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, r.Pod, err)
+		return nil, nil, fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, pod, err)
 	}
 	ws, err := remotecommand.NewWebSocketExecutor(r.config, "GET", req.URL().String())
 	if err != nil {
-		return nil, nil, fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, r.Pod, err)
+		return nil, nil, fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, pod, err)
 	}
 	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, r.Pod, err)
+		return nil, nil, fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, pod, err)
 	}
 	stdout, stderr := &limitedBuffer{limit: MaxOutputBytes}, &limitedBuffer{limit: MaxOutputBytes}
 	err = exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr})
@@ -156,7 +258,7 @@ func (r *PodRunner) Run(ctx context.Context, args ...string) ([]byte, []byte, er
 	case errors.As(err, &exitErr) && exitErr.Exited():
 		err = NewExitError(exitErr.ExitStatus(), stderr.Bytes())
 	default:
-		err = fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, r.Pod, err)
+		err = fmt.Errorf("exec in %s/%s: %w", EtcdNamespace, pod, err)
 	}
 	return stdout.Bytes(), stderr.Bytes(), err
 }

@@ -478,37 +478,84 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 	n.boots++
 	n.bootedAt = time.Now().UTC()
 	n.state, n.detail = provider.Running, ""
+	boot := n.boots
 	p.mu.Unlock()
 	p.event(n, "booted ("+why+")")
-	go p.watch(n, cmd, exited)
+	go p.watch(n, cmd, exited, boot)
+	go p.watchTPM(n, tpmProc, boot)
 	p.log.Info("node started", "node", name, "pid", cmd.Process.Pid, "ip", sandbox.NodeAddr(i))
 	return nil
 }
 
 // watch waits for a boot's bootstrapper to exit. An exit the provider did not cause is a
 // node failure: the node is rebooted, unless it keeps failing right after booting.
-func (p *Provider) watch(n *node, cmd *exec.Cmd, exited chan struct{}) {
+func (p *Provider) watch(n *node, cmd *exec.Cmd, exited chan struct{}, boot int) {
 	err := cmd.Wait()
 	p.mu.Lock()
 	close(exited)
-	ending := n.ending
-	sinceBoot := time.Since(n.bootedAt)
-	if !ending {
-		if sinceBoot < crashWindow {
-			n.crashes++
-		} else {
-			n.crashes = 1
-		}
-	}
-	crashes := n.crashes
+	failed := p.claimFailureLocked(n, boot)
 	p.mu.Unlock()
-	if ending || p.ctx.Err() != nil {
+	if !failed {
 		return
 	}
 	why := "bootstrapper exited"
 	if err != nil {
 		why += " (" + err.Error() + ")"
 	}
+	p.failed(n, why)
+}
+
+// watchTPM waits for a boot's swtpm to exit. The provider plays the node's hardware, and a
+// swtpm that exits while the node runs is its TPM chip failing: nothing on the node can
+// attest or unseal any more, and nothing on the node can repair that, so it is a node failure
+// as a bootstrapper's exit is. A real machine's watchdog (or its operator) would
+// power-cycle it; here the power cycle starts a new swtpm on the TPM's kept state, as a reset
+// brings a TPM back, and the node rejoins.
+func (p *Provider) watchTPM(n *node, tpm *swtpm.Process, boot int) {
+	select {
+	case <-tpm.Exited():
+	case <-p.ctx.Done():
+		return
+	}
+	p.mu.Lock()
+	failed := p.claimFailureLocked(n, boot)
+	p.mu.Unlock()
+	if !failed {
+		return
+	}
+	why := "TPM failed (swtpm exited"
+	if err := tpm.ExitErr(); err != nil {
+		why += ": " + err.Error()
+	}
+	p.failed(n, why+")")
+}
+
+// claimFailureLocked reports whether a failure seen by a watcher of boot is for it to handle:
+// not when the provider itself is ending that boot (reboot, power cut, deletion, stop), nor
+// when the boot is over or another watcher of it already claimed a failure (the bootstrapper
+// and the TPM of one boot can fail together: the node is rebooted once). Call with p.mu held.
+func (p *Provider) claimFailureLocked(n *node, boot int) bool {
+	if n.ending || n.boots != boot || p.ctx.Err() != nil {
+		return false
+	}
+	// The boot is ending now: the reboot below powers it off.
+	n.ending = true
+	return true
+}
+
+// failed handles a node failure a watcher claimed: it records an event naming the failure
+// (and the last line of the node's log) and reboots the node, or leaves it off when it failed
+// crashLimit times in a row within crashWindow of booting.
+func (p *Provider) failed(n *node, why string) {
+	p.mu.Lock()
+	sinceBoot := time.Since(n.bootedAt)
+	if sinceBoot < crashWindow {
+		n.crashes++
+	} else {
+		n.crashes = 1
+	}
+	crashes := n.crashes
+	p.mu.Unlock()
 	why += fmt.Sprintf(" after %s", sinceBoot.Round(time.Second))
 	if tail := lastLogLine(filepath.Join(p.nodeDir(n.spec.Name), "logs", "bootstrapper.log")); tail != "" {
 		why += ": " + tail
