@@ -315,22 +315,6 @@ func moveEtcdLeader(t testing.TB, kubeconfig, node string) {
 	require.Equal(t, node, etcdLeader(t, kubeconfig), "etcd's leader after move-leader")
 }
 
-// waitFile waits until the file at path has a line matching pattern.
-func waitFile(t *testing.T, path, pattern string, timeout time.Duration) {
-	t.Helper()
-	re := regexp.MustCompile(pattern)
-	deadline := time.Now().Add(timeout)
-	for {
-		if data, err := os.ReadFile(path); err == nil && re.Match(data) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s has no line matching %q after %s", path, pattern, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // matchFile returns the last match of pattern in the file at path, and fails if none.
 func matchFile(t *testing.T, path, pattern string) []string {
 	t.Helper()
