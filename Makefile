@@ -35,11 +35,12 @@ unit: deps kube images ## unit and integration tests (real swtpm, simulator TPM,
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
 	@./hack/fuzz.sh $(FUZZTIME)
 
-lint: deps ## gofmt, go vet, staticcheck, go mod tidy check
+lint: deps ## gofmt, go vet, staticcheck, go mod tidy check, citations only of what is in the repo
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
 	@./hack/check-tidy.sh
+	@./hack/check-citations.sh
 
 proto: deps ## regenerate the protobuf/gRPC code under api/
 	@for p in $(PROTOS); do protoc -I . --go_out=. --go_opt=paths=source_relative \

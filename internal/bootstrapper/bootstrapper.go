@@ -1,5 +1,6 @@
-// Package bootstrapper is the first service on every node (DESIGN 1.2). It brings the node
-// into its cluster and then exits:
+// Package bootstrapper is the first service on every node (docs/design.md "1.2 The
+// bootstrapper: init or join, decided once"). It brings the node into its cluster and then
+// exits:
 //
 //   - a rebooted node (its state storage belongs to a cluster) asks a join service for a
 //     rejoin ticket, re-enters (PCR 15, unlock) and restarts the kubelet. A rebooted

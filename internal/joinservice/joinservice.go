@@ -1,6 +1,7 @@
-// Package joinservice admits attested nodes into the cluster (DESIGN 1.5, 3.2, 3.4, 3.5). It
-// serves gRPC over the attested channel only, in mutual mode: it verifies every node's
-// evidence, and presents its own so that nodes can refuse an impostor (ServiceCheck).
+// Package joinservice admits attested nodes into the cluster (docs/design.md "1.5 Joins",
+// "1.8 Reference values change without a gap"). It serves gRPC over the attested channel
+// only, in mutual mode: it verifies every node's evidence, and presents its own so that nodes
+// can refuse an impostor (ServiceCheck).
 //
 // An admission, in order, stopping at the first failure:
 //
@@ -417,7 +418,8 @@ func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurement
 	return diskKey, measurementSecret, nil
 }
 
-// diskKeyID returns the key id of a state disk: its UUID in lower case (DESIGN 2).
+// diskKeyID returns the key id of a state disk: its UUID in lower case (docs/design.md
+// "2.2 Derived keys").
 func diskKeyID(uuid string) (string, error) {
 	id, err := diskowner.CanonicalUUID(uuid)
 	if err != nil {

@@ -448,7 +448,8 @@ func TestJoinWorker(t *testing.T) {
 	require.Len(t, resp.KubernetesComponents, 1)
 	assert.Empty(t, resp.ControlPlaneFiles, "a worker gets no CA keys")
 
-	// The node can now pin the service to this cluster (DESIGN 3.2).
+	// The node can now pin the service to this cluster (docs/design.md "1.5.1 The node
+	// checks the join service").
 	require.NoError(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, resp.MeasurementSalt))
 	assert.Error(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, []byte("another cluster's salt")))
 

@@ -1,5 +1,5 @@
-// Package kms holds the key hierarchy of a cluster (DESIGN section 2, the contract between
-// components): the master secret, HKDF-SHA256 derivation of every other key from it, the
+// Package kms holds the key hierarchy of a cluster (docs/design.md "2. Keys", the contract
+// between components): the master secret, HKDF-SHA256 derivation of every other key from it, the
 // measurement secret, the cluster ID, and the PCR 15 value that marks an initialized node.
 package kms
 
@@ -84,7 +84,8 @@ func ClusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
 	return derive(measurementSecret, measurementSalt, clusterIDInfo, 32)
 }
 
-// InitializedPCR is the PCR that carries the initialized marker (DESIGN 2).
+// InitializedPCR is the PCR that carries the initialized marker (docs/design.md "2.4 The
+// initialized marker (PCR 15)").
 const InitializedPCR = 15
 
 // InitializedPCR15 is the SHA-256 PCR 15 value of a node that extended the cluster ID once

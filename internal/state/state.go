@@ -79,8 +79,8 @@ type State struct {
 	// Nodes are the nodes the provider created, control planes first.
 	Nodes []Node `json:"nodes"`
 	// ClusterID identifies the initialized cluster (hex, 32 bytes): HKDF of the measurement
-	// secret and salt (DESIGN 2); nodes extend it into PCR 15. Set exactly when Phase is
-	// initialized.
+	// secret and salt (docs/design.md "2.3 Cluster ID"); nodes extend it into PCR 15. Set
+	// exactly when Phase is initialized.
 	ClusterID HexBytes `json:"clusterID,omitempty"`
 	// MeasurementSalt is the salt sent at init (hex, 32 bytes). Not secret: with the master
 	// secret it determines the cluster ID. Set exactly when Phase is initialized.
@@ -199,7 +199,8 @@ func Write(path string, s *State) error {
 }
 
 // InitializedPCR15 is the PCR 15 value every node of this initialized cluster shows
-// (DESIGN 2): what `constellation verify` compares a node's evidence with.
+// (docs/design.md "2.4 The initialized marker (PCR 15)"): what `constellation verify`
+// compares a node's evidence with.
 func (s *State) InitializedPCR15() ([]byte, error) {
 	if s.Phase != Initialized || len(s.ClusterID) != ClusterIDSize {
 		return nil, fmt.Errorf("cluster %q is not initialized", s.Name)

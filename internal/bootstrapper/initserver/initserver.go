@@ -12,7 +12,7 @@
 // number of calls, and each costs a bcrypt comparison and is a guess. Then, in this order:
 //
 //  1. check the request (every problem named at once); nothing has changed yet;
-//  2. derive the measurement secret, cluster ID and state-disk key (DESIGN 2);
+//  2. derive the measurement secret, cluster ID and state-disk key (docs/design.md "2. Keys");
 //  3. take the node lock, extending PCR 15 with the cluster ID: the point of no return;
 //  4. re-key, mark and unlock the state storage;
 //  5. generate the kubeadm configuration and run `kubeadm init`;

@@ -234,7 +234,8 @@ func TestInit(t *testing.T) {
 	require.NoError(t, res.Err)
 	require.NotNil(t, res.Success)
 
-	// The cluster ID follows DESIGN 2, and PCR 15 carries it (extended exactly once).
+	// The cluster ID follows docs/design.md "2.3 Cluster ID", and PCR 15 carries it
+	// (extended exactly once).
 	ms, err := master.MeasurementSecret()
 	require.NoError(t, err)
 	wantID, err := kms.ClusterID(ms, req.MeasurementSalt)
