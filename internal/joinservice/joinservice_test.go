@@ -436,7 +436,7 @@ func TestJoinWorker(t *testing.T) {
 	require.NoError(t, err)
 
 	// Keys: derived from the master secret, the disk key by the lower-case UUID.
-	wantDisk, err := e.secret.DeriveKey(strings.ToLower(j.diskUUID), joinservice.StateDiskKeySize)
+	wantDisk, err := e.secret.StateDiskKey(strings.ToLower(j.diskUUID))
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, resp.StateDiskKey)
 	wantMS, err := e.secret.MeasurementSecret()

@@ -14,6 +14,7 @@ import (
 	"os"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/statedisk"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
@@ -67,6 +68,15 @@ func (m MasterSecret) DeriveKey(id string, length int) ([]byte, error) {
 		return nil, err
 	}
 	return derive(m.Key, m.Salt, derivedKeyLabel+id, length)
+}
+
+// StateDiskKey derives the key of the state disk with the given UUID: the derived key whose id
+// is the UUID in lower case, statedisk.KeySize bytes (docs/design.md "2.2 Derived keys"). It is
+// the one home of a disk key's derivation: the init node, `constellation recover` and the tests
+// call it, and the key service computes the same bytes when the join service asks it for the
+// disk's id and statedisk.KeySize. Callers pass the canonical, lower-case UUID.
+func (m MasterSecret) StateDiskKey(diskUUID string) ([]byte, error) {
+	return m.DeriveKey(diskUUID, statedisk.KeySize)
 }
 
 // MeasurementSecret derives the measurement secret that, with the measurement salt,

@@ -207,7 +207,7 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	if diskUUID != cfg.Disk {
 		return nil, &DiskError{Endpoint: cfg.Endpoint, Node: cfg.ExpectedNode, Named: diskUUID, Recorded: cfg.Disk}
 	}
-	diskKey, err := cfg.MasterSecret.DeriveKey(cfg.Disk, statedisk.KeySize)
+	diskKey, err := cfg.MasterSecret.StateDiskKey(cfg.Disk)
 	if err != nil {
 		return nil, err
 	}

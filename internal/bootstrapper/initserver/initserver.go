@@ -79,7 +79,6 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
@@ -405,7 +404,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if err != nil {
 		return nil, nil, err
 	}
-	diskKey, err := r.master.DeriveKey(diskUUID, statedisk.KeySize)
+	diskKey, err := r.master.StateDiskKey(diskUUID)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -352,7 +352,7 @@ func TestInit(t *testing.T) {
 	// The storage is keyed with the disk key derived from its UUID; the random key is gone.
 	uuid, err := e.node.Storage.UUID()
 	require.NoError(t, err)
-	diskKey, err := master.DeriveKey(uuid, statedisk.KeySize)
+	diskKey, err := master.StateDiskKey(uuid)
 	require.NoError(t, err)
 	initialized, err := e.node.Storage.Initialized()
 	require.NoError(t, err)
