@@ -50,6 +50,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -68,12 +69,16 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(stallHelperEnv); spec != "" {
 		os.Exit(runStallHelper(spec))
 	}
+	flag.Parse()
+	if testing.Short() {
+		// The unit tier: every test that needs kube skips (newEnv).
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "joinservice-kube")
 	if err != nil {
 		panic(err)
 	}
 	// Benchmarks measure what a real cluster does, with etcd fsyncing every commit.
-	flag.Parse()
 	benchmarking := flag.Lookup("test.bench").Value.String() != ""
 	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{Fsync: benchmarking})
 	if err != nil {
@@ -139,6 +144,7 @@ type envOptions struct {
 
 func newEnv(t testing.TB, opts envOptions) *env {
 	t.Helper()
+	testtier.Integration(t, "etcd and kube-apiserver")
 	if opts.serviceImg == nil {
 		opts.serviceImg = imageV1
 	}

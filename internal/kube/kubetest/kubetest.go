@@ -39,6 +39,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/testtier"
 )
 
 // Version is the Kubernetes version hack/build-kube.sh builds.
@@ -116,6 +117,7 @@ func Binary(name string) (string, error) {
 // Start starts a control plane for t and stops it when t ends.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	testtier.Integration(t, "etcd and kube-apiserver")
 	c, err := StartProcesses(context.Background(), t.TempDir(), opts)
 	if err != nil {
 		t.Fatalf("starting Kubernetes control plane: %v", err)
@@ -391,6 +393,7 @@ type Shared struct {
 // Get returns the shared control plane, starting it on first use.
 func (s *Shared) Get(t testing.TB) *Cluster {
 	t.Helper()
+	testtier.Integration(t, "etcd and kube-apiserver")
 	s.once.Do(func() {
 		if s.dir, s.err = os.MkdirTemp("", "kubetest"); s.err != nil {
 			return
