@@ -7,10 +7,10 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api -name '*.proto')
 
-.PHONY: help deps kube images build test unit fuzz lint proto proto-check bench up down clean
+.PHONY: help deps kube images build test unit integration e2e fuzz lint proto proto-check bench up down clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 deps: ## install missing Debian packages and pinned Go tools
 	@./hack/install-deps.sh
@@ -24,22 +24,33 @@ images: deps kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ou
 build: deps ## build the binaries into _output/bin
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-test: deps proto-check lint unit fuzz ## install what is needed, then run every test (CI runs this)
+test: deps proto-check lint unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)
 	@echo "make test: all checks passed"
 
-# The end-to-end tests (test/e2e) create clusters one after the other in one test binary, and
-# together take longer than go test's default 10 minutes per package.
-unit: deps kube images ## unit and integration tests (real swtpm, simulator TPM, kube-apiserver + etcd)
-	$(GO) test -count=1 -timeout 30m ./...
+# The test tiers (README.md "Tests"). unit needs Go and nothing built: no root, no _output.
+unit: ## unit tier: go test -short, no root, no Kubernetes build (seconds to a minute)
+	$(GO) test -short -count=1 ./...
+
+# Every package but test/e2e, without -short: the tests the unit tier skips run here (real
+# swtpm, gocryptfs, cryptsetup, containerd, etcd and kube-apiserver; internal/nodeimage
+# imports the built images). 30 minutes per test binary, as before the tiers were split.
+integration: deps kube images ## integration tier: real swtpm, kube-apiserver + etcd, containerd (root)
+	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/test/e2e')
+
+# The end-to-end tests create clusters one after the other in one test binary, and together
+# take longer than go test's default 10 minutes per package.
+e2e: deps kube images ## end-to-end tier: test/e2e, local clusters from the built binaries and images (root)
+	$(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
 	@./hack/fuzz.sh $(FUZZTIME)
 
-lint: deps ## gofmt, go vet, staticcheck, go mod tidy check
+lint: deps ## gofmt, go vet, staticcheck, go mod tidy check, citations only of what is in the repo
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
 	@./hack/check-tidy.sh
+	@./hack/check-citations.sh
 
 proto: deps ## regenerate the protobuf/gRPC code under api/
 	@for p in $(PROTOS); do protoc -I . --go_out=. --go_opt=paths=source_relative \

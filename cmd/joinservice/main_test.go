@@ -187,7 +187,7 @@ func TestRun(t *testing.T) {
 	cert, err := pki.ParseCert(ticket.KubeletClientCert)
 	require.NoError(t, err)
 	assert.Equal(t, "system:node:worker-0", cert.Subject.CommonName, "the binary signs the node's own client certificate")
-	wantDisk, err := master.DeriveKey(uuid, joinservice.StateDiskKeySize)
+	wantDisk, err := master.StateDiskKey(uuid)
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, ticket.StateDiskKey)
 	assert.Equal(t, ms, ticket.MeasurementSecret)

@@ -76,7 +76,7 @@ func TestRun(t *testing.T) {
 	uuid := "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 	diskKey, err := client.DataKey(ctx, uuid, 32)
 	require.NoError(t, err)
-	want, err = master.DeriveKey(uuid, 32)
+	want, err = master.StateDiskKey(uuid)
 	require.NoError(t, err)
 	assert.Equal(t, want, diskKey)
 	_, err = client.DataKey(ctx, "key-encryption-key", 32)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -17,6 +18,7 @@ import (
 // startPause builds pause and starts it as PID 1 of a new PID namespace (as in a pod).
 func startPause(t *testing.T) *exec.Cmd {
 	t.Helper()
+	testtier.Integration(t, "a PID namespace, as root")
 	bin := filepath.Join(t.TempDir(), "pause")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")

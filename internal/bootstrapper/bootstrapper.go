@@ -1,5 +1,6 @@
-// Package bootstrapper is the first service on every node (DESIGN 1.2). It brings the node
-// into its cluster and then exits:
+// Package bootstrapper is the first service on every node (docs/design.md "1.2 The
+// bootstrapper: init or join, decided once"). It brings the node into its cluster and then
+// exits:
 //
 //   - a rebooted node (its state storage belongs to a cluster) asks a join service for a
 //     rejoin ticket, re-enters (PCR 15, unlock) and restarts the kubelet. A rebooted
@@ -91,44 +92,72 @@ func Run(ctx context.Context, cfg Config) (string, error) {
 }
 
 // reenter brings a rebooted node back: by rejoin, or on a control plane by recovery,
-// whichever delivers keys first (the node lock lets exactly one re-enter the node).
+// whichever delivers keys first (the node lock lets exactly one re-enter the node). In order:
+//
+//  1. on a control plane, serve the recovery server;
+//  2. start the rejoin;
+//  3. wait for whichever re-enters the node, saying after a while what it waits for.
 func reenter(ctx context.Context, cfg Config) (string, error) {
-	log := cfg.Log
 	rejoinCtx, stopRejoin := context.WithCancel(ctx)
 	defer stopRejoin()
-	// Never closed on workers.
-	var committed, finished <-chan struct{}
-	waitingPhase := metadata.PhaseWaitingForJoinService
-	waitingMsg := "no join service answers: waiting for the control planes to come back (the rejoin keeps retrying)"
-	if rs := cfg.RecoveryServer; rs != nil {
-		if cfg.RecoveryListener == nil {
-			return "", errors.New("recovery server without a listener")
-		}
-		g := rs.NewGRPCServer()
-		serveErr := make(chan error, 1)
-		go func() { serveErr <- g.Serve(cfg.RecoveryListener) }()
-		// GracefulStop lets a running Recover answer; the server stops when Run returns,
-		// whichever way the node came back.
-		defer g.GracefulStop()
-		go func() {
-			select {
-			case err := <-serveErr:
-				if err != nil {
-					log.Error("recovery server stopped", "err", err)
-				}
-			case <-rejoinCtx.Done():
-			}
-		}()
-		committed, finished = rs.Committed(), rs.Finished()
-		waitingPhase = metadata.PhaseWaitingForRecovery
-		waitingMsg = "no join service answers: waiting for rejoin or for `constellation recover`"
-		log.Info("state storage belongs to a cluster: rejoining; serving recovery", "addr", cfg.RecoveryListener.Addr().String())
-	} else {
-		log.Info("state storage belongs to a cluster: rejoining")
+	w, stopRecovery, err := serveRecovery(rejoinCtx, cfg)
+	if err != nil {
+		return "", err
 	}
-
+	// The recovery server stops when Run returns, whichever way the node came back.
+	defer stopRecovery()
 	rejoinErr := make(chan error, 1)
 	go func() { rejoinErr <- cfg.JoinClient.Rejoin(rejoinCtx) }()
+	return awaitReentry(ctx, cfg, w, rejoinErr, stopRejoin)
+}
+
+// reentryWait is what a rebooted node waits for besides its rejoin.
+type reentryWait struct {
+	// committed and finished are the recovery server's; never closed on workers.
+	committed, finished <-chan struct{}
+	// phase and msg are reported when neither came after Config.WaitingAfter.
+	phase, msg string
+}
+
+// serveRecovery serves the recovery server of a control plane until rejoinCtx ends; the
+// returned stop lets a running Recover answer. On a worker it serves nothing.
+func serveRecovery(rejoinCtx context.Context, cfg Config) (reentryWait, func(), error) {
+	log := cfg.Log
+	rs := cfg.RecoveryServer
+	if rs == nil {
+		log.Info("state storage belongs to a cluster: rejoining")
+		return reentryWait{
+			phase: metadata.PhaseWaitingForJoinService,
+			msg:   "no join service answers: waiting for the control planes to come back (the rejoin keeps retrying)",
+		}, func() {}, nil
+	}
+	if cfg.RecoveryListener == nil {
+		return reentryWait{}, nil, errors.New("recovery server without a listener")
+	}
+	g := rs.NewGRPCServer()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.Serve(cfg.RecoveryListener) }()
+	go func() {
+		select {
+		case err := <-serveErr:
+			if err != nil {
+				log.Error("recovery server stopped", "err", err)
+			}
+		case <-rejoinCtx.Done():
+		}
+	}()
+	log.Info("state storage belongs to a cluster: rejoining; serving recovery", "addr", cfg.RecoveryListener.Addr().String())
+	return reentryWait{
+		committed: rs.Committed(), finished: rs.Finished(),
+		phase: metadata.PhaseWaitingForRecovery,
+		msg:   "no join service answers: waiting for rejoin or for `constellation recover`",
+	}, g.GracefulStop, nil
+}
+
+// awaitReentry waits until the rejoin (rejoinErr) or the recovery re-entered the node, and
+// returns which. When the recovery takes the node lock first, it stops the rejoin.
+func awaitReentry(ctx context.Context, cfg Config, w reentryWait, rejoinErr <-chan error, stopRejoin func()) (string, error) {
+	log := cfg.Log
 	waitingAfter := cfg.WaitingAfter
 	if waitingAfter <= 0 {
 		waitingAfter = DefaultWaitingAfter
@@ -137,7 +166,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 	defer waiting.Stop()
 	recovered := func() (string, error) {
 		select {
-		case <-finished:
+		case <-w.finished:
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}
@@ -161,7 +190,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 				return recovered()
 			}
 			select {
-			case <-committed:
+			case <-w.committed:
 				return recovered()
 			default:
 			}
@@ -169,7 +198,7 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 				return "", ctx.Err()
 			}
 			return "", fmt.Errorf("rejoin: %w", err)
-		case <-committed:
+		case <-w.committed:
 			log.Info("the recovery took the node lock: stopping the rejoin")
 			stopRejoin()
 			<-rejoinErr
@@ -178,8 +207,8 @@ func reenter(ctx context.Context, cfg Config) (string, error) {
 			select {
 			case <-cfg.Node.Claimed():
 			default:
-				log.Warn(waitingMsg)
-				cfg.Progress(waitingPhase)
+				log.Warn(w.msg)
+				cfg.Progress(w.phase)
 			}
 		}
 	}

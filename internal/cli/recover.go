@@ -159,118 +159,160 @@ type nodeAttempts struct {
 // run repeats until every control plane is back in its cluster, and returns those that
 // recovered through it (the others rejoined by themselves). Security failures end it at once.
 // Each node is attempted at recoveryPace; prog says per node what is awaited and its first and
-// last errors.
+// last errors. Each round:
+//
+//  1. asks the platform what every node reports (a stopped node ends the command);
+//  2. for each control plane not done: back in its cluster, not yet waiting for recovery, or
+//     waiting, when it is attempted if its pace allows;
+//  3. waits platformPoll, unless every control plane is done.
 func (r controlPlaneRecovery) run(ctx context.Context, t *phaseTimer, prog *progress) (map[string]bool, error) {
-	st, platform := r.st, r.platform
-	recoverFn, clk := r.recover, r.clock
-	if recoverFn == nil {
-		recoverFn = recovery.Recover
-	}
-	if clk == nil {
-		clk = cliClock
-	}
-	recovered := map[string]bool{}
-	var controlPlanes []state.Node
-	for _, n := range st.Nodes {
-		if n.Role == metadata.ControlPlane {
-			controlPlanes = append(controlPlanes, n)
-			prog.waiting(n.Name, "to report that it waits for recovery")
-		}
-	}
-	// A control plane is done when it is back in its cluster: recovered here, or rejoined by
-	// itself (another control plane's join service came back first).
-	done := map[string]bool{}
-	attempts := map[string]*nodeAttempts{}
-	for len(done) < len(controlPlanes) {
-		reported := map[string]string{}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		nodes, err := platform.Nodes(pctx)
-		cancel()
+	l := r.newRecoveryLoop(t, prog)
+	for !l.allDone() {
+		reported, err := l.reports(ctx)
 		if err != nil {
-			for _, n := range controlPlanes {
-				if !done[n.Name] {
-					prog.failed(n.Name, fmt.Errorf("platform: %w", err))
-				}
-			}
+			return nil, err
 		}
-		for _, n := range nodes {
-			reported[n.Name] = n.Reported
-			if n.State == provider.Stopped {
-				return nil, fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
-			}
-		}
-		for _, n := range controlPlanes {
-			if done[n.Name] {
-				continue
-			}
-			if metadata.InCluster(reported[n.Name]) {
-				done[n.Name] = true
-				prog.done(n.Name)
-				t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported[n.Name]))
-				continue
-			}
-			if reported[n.Name] != metadata.PhaseWaitingForRecovery {
-				what := reported[n.Name]
-				if what == "" {
-					what = "nothing reported yet"
-				}
-				prog.waiting(n.Name, "to report that it waits for recovery (bootstrapper: "+what+")")
-				continue
-			}
-			a := attempts[n.Name]
-			if a == nil {
-				a = &nodeAttempts{backoff: recoveryPace.Backoff()}
-				attempts[n.Name] = a
-			}
-			now := clk.Now()
-			if now.Before(a.next) {
-				prog.waiting(n.Name, fmt.Sprintf("its keys over attested TLS (next attempt in %s)", a.next.Sub(now).Round(time.Second)))
-				continue
-			}
-			prog.waiting(n.Name, "its keys over attested TLS")
-			_, err := recoverFn(ctx, recovery.Config{
-				Endpoint: nodeEndpoint(n, provider.RecoverPort), Dial: platform.Dialer(), Validator: r.validator,
-				ExpectedNode: n.Name, Disk: r.disks[n.Name],
-				MasterSecret: r.master, MeasurementSalt: st.MeasurementSalt, ClusterID: st.ClusterID,
-			})
-			switch {
-			case err == nil:
-				done[n.Name], recovered[n.Name] = true, true
-				prog.done(n.Name)
-				t.phase("recovered", n.Name+" got its keys over attested TLS and re-entered the cluster")
-			case errors.Is(err, recovery.ErrBusy):
-				// The node's limits refused: wait longer each time, and at least as long as
-				// the node asked.
-				prog.failed(n.Name, err)
-				delay := a.backoff.Step()
-				if d, ok := retry.After(err); ok && d > delay {
-					delay = d
-				}
-				a.next = clk.Now().Add(delay)
-			case recovery.Retryable(err), errors.Is(err, recovery.ErrNotWaiting):
-				// Not up yet, or back already (the platform's report tells next round): the
-				// next attempt no sooner than the node admits one.
-				prog.failed(n.Name, err)
-				a.next = clk.Now().Add(recovery.MinAttemptInterval)
-			default:
-				// Security failures are final: nothing was sent, and retrying would not change it.
-				err = fmt.Errorf("recovering %s: %w%s", n.Name, err, wrongDiskHint(st, err))
-				if h := prog.history(n.Name); h.Attempts() > 0 && h.First().Error() != err.Error() {
-					err = fmt.Errorf("%w (its first error was: %v)", err, h.First())
-				}
+		for _, n := range l.controlPlanes {
+			if err := l.step(ctx, n, reported[n.Name]); err != nil {
 				return nil, err
 			}
 		}
-		if len(done) == len(controlPlanes) {
+		if l.allDone() {
 			break
 		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("control planes not recovered: %s: %w", prog.summary(), ctx.Err())
-		case <-clk.After(platformPoll):
+		case <-l.clock.After(platformPoll):
 		}
 	}
-	return recovered, nil
+	return l.recovered, nil
+}
+
+// recoveryLoop is the state of one run of controlPlaneRecovery.
+type recoveryLoop struct {
+	controlPlaneRecovery
+	t    *phaseTimer
+	prog *progress
+	// controlPlanes are the nodes to bring back; a control plane is done when it is back in
+	// its cluster: recovered here, or rejoined by itself (another control plane's join
+	// service came back first).
+	controlPlanes []state.Node
+	done          map[string]bool
+	recovered     map[string]bool
+	attempts      map[string]*nodeAttempts
+}
+
+func (r controlPlaneRecovery) newRecoveryLoop(t *phaseTimer, prog *progress) *recoveryLoop {
+	if r.recover == nil {
+		r.recover = recovery.Recover
+	}
+	if r.clock == nil {
+		r.clock = cliClock
+	}
+	l := &recoveryLoop{controlPlaneRecovery: r, t: t, prog: prog, done: map[string]bool{}, recovered: map[string]bool{}, attempts: map[string]*nodeAttempts{}}
+	for _, n := range r.st.Nodes {
+		if n.Role == metadata.ControlPlane {
+			l.controlPlanes = append(l.controlPlanes, n)
+			prog.waiting(n.Name, "to report that it waits for recovery")
+		}
+	}
+	return l
+}
+
+func (l *recoveryLoop) allDone() bool { return len(l.done) >= len(l.controlPlanes) }
+
+// reports asks the platform what each node's bootstrapper reports. A platform that does not
+// answer is each waiting node's failure; a stopped node ends the command.
+func (l *recoveryLoop) reports(ctx context.Context) (map[string]string, error) {
+	reported := map[string]string{}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	nodes, err := l.platform.Nodes(pctx)
+	cancel()
+	if err != nil {
+		for _, n := range l.controlPlanes {
+			if !l.done[n.Name] {
+				l.prog.failed(n.Name, fmt.Errorf("platform: %w", err))
+			}
+		}
+	}
+	for _, n := range nodes {
+		reported[n.Name] = n.Reported
+		if n.State == provider.Stopped {
+			return nil, fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
+		}
+	}
+	return reported, nil
+}
+
+// step moves control plane n on by what it reports.
+func (l *recoveryLoop) step(ctx context.Context, n state.Node, reported string) error {
+	switch {
+	case l.done[n.Name]:
+		return nil
+	case metadata.InCluster(reported):
+		l.done[n.Name] = true
+		l.prog.done(n.Name)
+		l.t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported))
+		return nil
+	case reported != metadata.PhaseWaitingForRecovery:
+		what := reported
+		if what == "" {
+			what = "nothing reported yet"
+		}
+		l.prog.waiting(n.Name, "to report that it waits for recovery (bootstrapper: "+what+")")
+		return nil
+	}
+	a := l.attempts[n.Name]
+	if a == nil {
+		a = &nodeAttempts{backoff: recoveryPace.Backoff()}
+		l.attempts[n.Name] = a
+	}
+	now := l.clock.Now()
+	if now.Before(a.next) {
+		l.prog.waiting(n.Name, fmt.Sprintf("its keys over attested TLS (next attempt in %s)", a.next.Sub(now).Round(time.Second)))
+		return nil
+	}
+	l.prog.waiting(n.Name, "its keys over attested TLS")
+	return l.attempt(ctx, n, a)
+}
+
+// attempt sends control plane n its keys once; a refusal sets its next attempt, a security
+// failure is final.
+func (l *recoveryLoop) attempt(ctx context.Context, n state.Node, a *nodeAttempts) error {
+	_, err := l.recover(ctx, recovery.Config{
+		Endpoint: nodeEndpoint(n, provider.RecoverPort), Dial: l.platform.Dialer(), Validator: l.validator,
+		ExpectedNode: n.Name, Disk: l.disks[n.Name],
+		MasterSecret: l.master, MeasurementSalt: l.st.MeasurementSalt, ClusterID: l.st.ClusterID,
+	})
+	switch {
+	case err == nil:
+		l.done[n.Name], l.recovered[n.Name] = true, true
+		l.prog.done(n.Name)
+		l.t.phase("recovered", n.Name+" got its keys over attested TLS and re-entered the cluster")
+	case errors.Is(err, recovery.ErrBusy):
+		// The node's limits refused: wait longer each time, and at least as long as
+		// the node asked.
+		l.prog.failed(n.Name, err)
+		delay := a.backoff.Step()
+		if d, ok := retry.After(err); ok && d > delay {
+			delay = d
+		}
+		a.next = l.clock.Now().Add(delay)
+	case recovery.Retryable(err), errors.Is(err, recovery.ErrNotWaiting):
+		// Not up yet, or back already (the platform's report tells next round): the
+		// next attempt no sooner than the node admits one.
+		l.prog.failed(n.Name, err)
+		a.next = l.clock.Now().Add(recovery.MinAttemptInterval)
+	default:
+		// Security failures are final: nothing was sent, and retrying would not change it.
+		err = fmt.Errorf("recovering %s: %w%s", n.Name, err, wrongDiskHint(l.st, err))
+		if h := l.prog.history(n.Name); h.Attempts() > 0 && h.First().Error() != err.Error() {
+			err = fmt.Errorf("%w (its first error was: %v)", err, h.First())
+		}
+		return err
+	}
+	return nil
 }
 
 // wrongDiskHint explains a recovery.DiskError: whose disk the node named, and what to do.

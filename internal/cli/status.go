@@ -216,7 +216,31 @@ func gatherViews(ctx context.Context, deadline time.Duration, views []statusView
 // statusOf gathers the views of status in parallel, each within budget (less statusMargin):
 // the platform's, Kubernetes', the attestation view and the refresh of the disk records.
 // A view that fails or does not answer in time becomes a note; the others are still shown.
+// In order:
+//
+//  1. the report starts from what the state file knows;
+//  2. every view runs at once, each with the same deadline;
+//  3. the views that answered are merged into the report, the others become notes;
+//  4. if the platform says nothing runs, the other views are dropped.
 func statusOf(ctx context.Context, workspace string, st *state.State, platform provider.Provider, withAttestation bool, budget time.Duration) (*statusReport, error) {
+	r, byName := statusFromState(st)
+	// Whether the cluster runs is the platform's to say; the other views do not wait for it
+	// (it may be the one that hangs) but are dropped when it says nothing runs.
+	var pv platformAnswer
+	views := append([]statusView{platformStatusView(st, platform, &pv)}, clusterStatusViews(workspace, st, platform, withAttestation)...)
+	merges, notes := gatherViews(ctx, max(budget-statusMargin, budget/2), views)
+	for _, m := range merges {
+		m(r, byName)
+	}
+	r.Errors = append(r.Errors, notes...)
+	if pv.answered && !pv.running {
+		skipStoppedViews(r)
+	}
+	return r, nil
+}
+
+// statusFromState is the report as far as the state file knows it, and its nodes by name.
+func statusFromState(st *state.State) (*statusReport, map[string]*nodeStatus) {
 	r := &statusReport{Cluster: clusterStatus{Name: st.Name, Provider: st.Provider, Phase: string(st.Phase), APIServer: st.APIServerEndpoint}}
 	if st.Phase == state.Initialized {
 		r.Cluster.ClusterID = fmt.Sprintf("%x", []byte(st.ClusterID))
@@ -231,22 +255,26 @@ func statusOf(ctx context.Context, workspace string, st *state.State, platform p
 	for _, rm := range st.Removed {
 		r.Removed = append(r.Removed, removedStatus{Name: rm.Name, Role: string(rm.Role), RemovedAt: rm.RemovedAt, Admission: "refused: removed from the cluster"})
 	}
-	deadline := max(budget-statusMargin, budget/2)
+	return r, byName
+}
 
-	// Whether the cluster runs is the platform's to say; the other views do not wait for it
-	// (it may be the one that hangs) but are dropped when it says nothing runs.
-	var platformAnswered, running bool
-	views := []statusView{{
+// platformAnswer is what the platform view said, once merged: whether it answered without
+// an error, and whether any node runs.
+type platformAnswer struct{ answered, running bool }
+
+// platformStatusView is the platform's view of every node; its merge records in pv whether
+// the cluster runs.
+func platformStatusView(st *state.State, platform provider.Provider, pv *platformAnswer) statusView {
+	return statusView{
 		name: "platform", what: "the platform (" + st.Provider + " provider)",
 		run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
 			nodes, err := platform.Nodes(ctx)
 			return func(r *statusReport, byName map[string]*nodeStatus) {
-				platformAnswered = true
 				if err != nil {
-					platformAnswered = false
 					r.Errors = append(r.Errors, "platform: "+err.Error())
 					return
 				}
+				pv.answered = true
 				for _, n := range nodes {
 					ns, ok := byName[n.Name]
 					if !ok {
@@ -259,23 +287,28 @@ func statusOf(ctx context.Context, workspace string, st *state.State, platform p
 						v.BootedAt = &b
 					}
 					ns.Provider = v
-					running = running || n.State == provider.Running
+					pv.running = pv.running || n.State == provider.Running
 				}
 			}
 		},
-	}}
-	adminConf := filepath.Join(workspace, AdminConfFile)
-	_, confErr := os.Stat(adminConf)
+	}
+}
+
+// clusterStatusViews are the views that ask the cluster itself: Kubernetes, the nodes'
+// attestation (if asked for and initialized) and the refresh of the disk records (if
+// initialized and the workspace has the admin kubeconfig).
+func clusterStatusViews(workspace string, st *state.State, platform provider.Provider, withAttestation bool) []statusView {
+	_, confErr := os.Stat(filepath.Join(workspace, AdminConfFile))
 	kubeWhat := "the Kubernetes API server"
 	if st.APIServerEndpoint != "" {
 		kubeWhat += " at " + st.APIServerEndpoint
 	}
-	views = append(views, statusView{
+	views := []statusView{{
 		name: "kubernetes", what: kubeWhat,
 		run: func(ctx context.Context) func(*statusReport, map[string]*nodeStatus) {
 			return kubernetesStatus(ctx, workspace)
 		},
-	})
+	}}
 	if withAttestation && st.Phase == state.Initialized {
 		views = append(views, statusView{
 			name: "attestation", what: "the nodes' verification services",
@@ -303,26 +336,23 @@ func statusOf(ctx context.Context, workspace string, st *state.State, platform p
 			},
 		})
 	}
-	merges, notes := gatherViews(ctx, deadline, views)
-	for _, m := range merges {
-		m(r, byName)
+	return views
+}
+
+// skipStoppedViews drops what the other views said of a stopped cluster: they could only say
+// that nothing answers.
+func skipStoppedViews(r *statusReport) {
+	for i := range r.Nodes {
+		r.Nodes[i].Kubernetes, r.Nodes[i].Attestation = nil, nil
 	}
-	r.Errors = append(r.Errors, notes...)
-	if platformAnswered && !running {
-		// A stopped cluster: the other views could only say that nothing answers.
-		for i := range r.Nodes {
-			r.Nodes[i].Kubernetes, r.Nodes[i].Attestation = nil, nil
+	r.Services = nil
+	kept := r.Errors[:0]
+	for _, e := range r.Errors {
+		if strings.HasPrefix(e, "platform") {
+			kept = append(kept, e)
 		}
-		r.Services = nil
-		kept := r.Errors[:0]
-		for _, e := range r.Errors {
-			if strings.HasPrefix(e, "platform") {
-				kept = append(kept, e)
-			}
-		}
-		r.Errors = append(kept, "the cluster is not running: Kubernetes and attestation views skipped")
 	}
-	return r, nil
+	r.Errors = append(kept, "the cluster is not running: Kubernetes and attestation views skipped")
 }
 
 // kubernetesStatus is Kubernetes' view: the nodes and the in-cluster services, if the

@@ -11,8 +11,9 @@
 //	Secret    constellation-keyservice-tls ca.crt, keyservice.{crt,key}, joinservice.{crt,key}   deploy, created once
 //
 // The first two never change: the cluster ID and the master secret are fixed at init. The
-// attestation ConfigMap changes during upgrades (DESIGN 3.4: add the new reference set, roll
-// the nodes, retire the old set); the join service reloads its reference sets from it.
+// attestation ConfigMap changes during upgrades (docs/design.md "1.8 Reference values change
+// without a gap": add the new reference set, roll the nodes, retire the old set); the join
+// service reloads its reference sets from it.
 package clusterrecord
 
 import (

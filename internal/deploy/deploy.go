@@ -1,6 +1,6 @@
-// Package deploy deploys the in-cluster services (DESIGN 1.4): the join service and the key
-// service on every control-plane node, the verification service on every node, with what
-// they need in kube-system (docs/services.md).
+// Package deploy deploys the in-cluster services (docs/design.md "1.4 The in-cluster
+// services"): the join service and the key service on every control-plane node, the
+// verification service on every node, with what they need in kube-system (docs/services.md).
 //
 // The manifests are Go values (client-go's typed apply configurations), compiled into the
 // binary, not YAML templates: field names and types are checked by the compiler, parameters

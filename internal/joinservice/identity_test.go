@@ -152,7 +152,7 @@ func TestDiskKeysFollowIdentity(t *testing.T) {
 			}
 			recorded := e.logLines("admission rejected")
 			if tc.wantCode == codes.OK {
-				want, err := e.secret.DeriveKey(strings.ToLower(tc.disk), 32)
+				want, err := e.secret.StateDiskKey(strings.ToLower(tc.disk))
 				require.NoError(t, err)
 				assert.Equal(t, want, diskKey)
 				return

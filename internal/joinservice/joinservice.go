@@ -1,6 +1,7 @@
-// Package joinservice admits attested nodes into the cluster (DESIGN 1.5, 3.2, 3.4, 3.5). It
-// serves gRPC over the attested channel only, in mutual mode: it verifies every node's
-// evidence, and presents its own so that nodes can refuse an impostor (ServiceCheck).
+// Package joinservice admits attested nodes into the cluster (docs/design.md "1.5 Joins",
+// "1.8 Reference values change without a gap"). It serves gRPC over the attested channel
+// only, in mutual mode: it verifies every node's evidence, and presents its own so that nodes
+// can refuse an impostor (ServiceCheck).
 //
 // An admission, in order, stopping at the first failure:
 //
@@ -55,6 +56,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -65,10 +67,6 @@ import (
 type Keys interface {
 	DataKey(ctx context.Context, id string, length int) ([]byte, error)
 }
-
-// StateDiskKeySize is the length of a state-disk key. The key unlocks the disk (a LUKS2
-// keyslot passphrase, a gocryptfs master key); 32 bytes is 256 bits of strength for both.
-const StateDiskKeySize = 32
 
 // Defaults of Config.
 const (
@@ -408,7 +406,8 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 }
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {
-	if diskKey, err = s.cfg.Keys.DataKey(ctx, diskID, StateDiskKeySize); err != nil {
+	// The key service derives what kms.MasterSecret.StateDiskKey derives for this disk.
+	if diskKey, err = s.cfg.Keys.DataKey(ctx, diskID, statedisk.KeySize); err != nil {
 		return nil, nil, deny(codes.Unavailable, "key-service", "deriving state-disk key: %v", err)
 	}
 	if measurementSecret, err = s.cfg.Keys.DataKey(ctx, kms.MeasurementID, kms.DerivedKeySize); err != nil {
@@ -417,7 +416,8 @@ func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurement
 	return diskKey, measurementSecret, nil
 }
 
-// diskKeyID returns the key id of a state disk: its UUID in lower case (DESIGN 2).
+// diskKeyID returns the key id of a state disk: its UUID in lower case (docs/design.md
+// "2.2 Derived keys").
 func diskKeyID(uuid string) (string, error) {
 	id, err := diskowner.CanonicalUUID(uuid)
 	if err != nil {

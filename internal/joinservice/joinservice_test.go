@@ -50,6 +50,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -68,12 +69,16 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(stallHelperEnv); spec != "" {
 		os.Exit(runStallHelper(spec))
 	}
+	flag.Parse()
+	if testing.Short() {
+		// The unit tier: every test that needs kube skips (newEnv).
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "joinservice-kube")
 	if err != nil {
 		panic(err)
 	}
 	// Benchmarks measure what a real cluster does, with etcd fsyncing every commit.
-	flag.Parse()
 	benchmarking := flag.Lookup("test.bench").Value.String() != ""
 	kube, err = kubetest.StartProcesses(context.Background(), dir, kubetest.Options{Fsync: benchmarking})
 	if err != nil {
@@ -139,6 +144,7 @@ type envOptions struct {
 
 func newEnv(t testing.TB, opts envOptions) *env {
 	t.Helper()
+	testtier.Integration(t, "etcd and kube-apiserver")
 	if opts.serviceImg == nil {
 		opts.serviceImg = imageV1
 	}
@@ -436,7 +442,7 @@ func TestJoinWorker(t *testing.T) {
 	require.NoError(t, err)
 
 	// Keys: derived from the master secret, the disk key by the lower-case UUID.
-	wantDisk, err := e.secret.DeriveKey(strings.ToLower(j.diskUUID), joinservice.StateDiskKeySize)
+	wantDisk, err := e.secret.StateDiskKey(strings.ToLower(j.diskUUID))
 	require.NoError(t, err)
 	assert.Equal(t, wantDisk, resp.StateDiskKey)
 	wantMS, err := e.secret.MeasurementSecret()
@@ -448,7 +454,8 @@ func TestJoinWorker(t *testing.T) {
 	require.Len(t, resp.KubernetesComponents, 1)
 	assert.Empty(t, resp.ControlPlaneFiles, "a worker gets no CA keys")
 
-	// The node can now pin the service to this cluster (DESIGN 3.2).
+	// The node can now pin the service to this cluster (docs/design.md "1.5.1 The node
+	// checks the join service").
 	require.NoError(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, resp.MeasurementSalt))
 	assert.Error(t, joinservice.CheckClusterID(j.lastPeer, resp.MeasurementSecret, []byte("another cluster's salt")))
 

@@ -1,5 +1,5 @@
-// Package kms holds the key hierarchy of a cluster (DESIGN section 2, the contract between
-// components): the master secret, HKDF-SHA256 derivation of every other key from it, the
+// Package kms holds the key hierarchy of a cluster (docs/design.md "2. Keys", the contract
+// between components): the master secret, HKDF-SHA256 derivation of every other key from it, the
 // measurement secret, the cluster ID, and the PCR 15 value that marks an initialized node.
 package kms
 
@@ -14,6 +14,7 @@ import (
 	"os"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/statedisk"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
@@ -69,6 +70,15 @@ func (m MasterSecret) DeriveKey(id string, length int) ([]byte, error) {
 	return derive(m.Key, m.Salt, derivedKeyLabel+id, length)
 }
 
+// StateDiskKey derives the key of the state disk with the given UUID: the derived key whose id
+// is the UUID in lower case, statedisk.KeySize bytes (docs/design.md "2.2 Derived keys"). It is
+// the one home of a disk key's derivation: the init node, `constellation recover` and the tests
+// call it, and the key service computes the same bytes when the join service asks it for the
+// disk's id and statedisk.KeySize. Callers pass the canonical, lower-case UUID.
+func (m MasterSecret) StateDiskKey(diskUUID string) ([]byte, error) {
+	return m.DeriveKey(diskUUID, statedisk.KeySize)
+}
+
 // MeasurementSecret derives the measurement secret that, with the measurement salt,
 // determines the cluster ID.
 func (m MasterSecret) MeasurementSecret() ([]byte, error) {
@@ -84,7 +94,8 @@ func ClusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
 	return derive(measurementSecret, measurementSalt, clusterIDInfo, 32)
 }
 
-// InitializedPCR is the PCR that carries the initialized marker (DESIGN 2).
+// InitializedPCR is the PCR that carries the initialized marker (docs/design.md "2.4 The
+// initialized marker (PCR 15)").
 const InitializedPCR = 15
 
 // InitializedPCR15 is the SHA-256 PCR 15 value of a node that extended the cluster ID once

@@ -76,6 +76,12 @@ func TestDeriveKey(t *testing.T) {
 	ms, err := m.MeasurementSecret()
 	require.NoError(t, err)
 	assert.Equal(t, want, ms)
+	const disk = "c0ffee00-0000-4000-8000-000000000001"
+	want, err = derive(m.Key, m.Salt, "key-"+disk, 32)
+	require.NoError(t, err)
+	diskKey, err := m.StateDiskKey(disk)
+	require.NoError(t, err)
+	assert.Equal(t, want, diskKey, "a disk key is the derived key of its UUID, 32 bytes")
 
 	for _, bad := range []int{0, -1, MaxDerivedSize + 1} {
 		_, err := m.DeriveKey("x", bad)

@@ -277,6 +277,12 @@ type History struct {
 }
 
 // writeArchive writes the archive of spec to file atomically and returns its hash and size.
+// In order:
+//
+//  1. the layer tar, into a temporary file, hashed on the way (its diff ID);
+//  2. the image config and the manifest naming the config and the layer;
+//  3. the archive: the layer's directory, the layer, the config, the manifest;
+//  4. synced, made readable and renamed into place.
 func writeArchive(spec Spec, file string) (sum string, size int64, err error) {
 	dir := filepath.Dir(file)
 	layer, err := os.CreateTemp(dir, ".layer-*")
@@ -287,35 +293,11 @@ func writeArchive(spec Spec, file string) (sum string, size int64, err error) {
 		layer.Close()
 		os.Remove(layer.Name())
 	}()
-	lh := sha256.New()
-	if err := writeLayer(io.MultiWriter(layer, lh), spec); err != nil {
-		return "", 0, err
-	}
-	layerSize, err := layer.Seek(0, io.SeekCurrent)
+	diffID, layerSize, err := writeLayerFile(layer, spec)
 	if err != nil {
 		return "", 0, err
 	}
-	if _, err := layer.Seek(0, io.SeekStart); err != nil {
-		return "", 0, err
-	}
-	diffID := hex.EncodeToString(lh.Sum(nil))
-
-	cfg, err := json.Marshal(Config{
-		Architecture: runtime.GOARCH,
-		OS:           runtime.GOOS,
-		Config: ContainerConfig{
-			Entrypoint: spec.Entrypoint, Cmd: spec.Cmd, Env: spec.env(), WorkingDir: spec.WorkingDir,
-		},
-		RootFS:  RootFS{Type: "layers", DiffIDs: []string{"sha256:" + diffID}},
-		History: []History{{Created: epoch, CreatedBy: "constellation nodeimage"}},
-	})
-	if err != nil {
-		return "", 0, err
-	}
-	cfgSum := sha256.Sum256(cfg)
-	cfgName := hex.EncodeToString(cfgSum[:]) + ".json"
-	layerName := diffID + "/layer.tar"
-	manifest, err := json.Marshal([]Manifest{{Config: cfgName, RepoTags: []string{spec.Ref}, Layers: []string{layerName}}})
+	meta, err := imageMetadata(spec, diffID)
 	if err != nil {
 		return "", 0, err
 	}
@@ -332,35 +314,100 @@ func writeArchive(spec Spec, file string) (sum string, size int64, err error) {
 	}()
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(out, h)}
-	tw := tar.NewWriter(cw)
-	if err := addDir(tw, diffID, 0o755); err != nil {
+	if err := packArchive(cw, meta, layer, layerSize); err != nil {
 		return "", 0, err
 	}
-	if err := addReader(tw, layerName, 0o644, layerSize, layer); err != nil {
+	if err := install(out, file); err != nil {
 		return "", 0, err
-	}
-	if err := addBytes(tw, cfgName, cfg); err != nil {
-		return "", 0, err
-	}
-	if err := addBytes(tw, "manifest.json", manifest); err != nil {
-		return "", 0, err
-	}
-	if err := tw.Close(); err != nil {
-		return "", 0, fmt.Errorf("writing archive: %w", err)
-	}
-	if err := out.Sync(); err != nil {
-		return "", 0, fmt.Errorf("writing archive: %w", err)
-	}
-	if err := out.Close(); err != nil {
-		return "", 0, fmt.Errorf("writing archive: %w", err)
-	}
-	if err := os.Chmod(out.Name(), 0o644); err != nil {
-		return "", 0, err
-	}
-	if err := os.Rename(out.Name(), file); err != nil {
-		return "", 0, fmt.Errorf("writing archive: %w", err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), cw.n, nil
+}
+
+// writeLayerFile writes the layer tar of spec to layer and rewinds it; it returns the layer's
+// diff ID (hex SHA-256 of the tar) and size.
+func writeLayerFile(layer *os.File, spec Spec) (diffID string, size int64, err error) {
+	lh := sha256.New()
+	if err := writeLayer(io.MultiWriter(layer, lh), spec); err != nil {
+		return "", 0, err
+	}
+	size, err = layer.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return "", 0, err
+	}
+	if _, err := layer.Seek(0, io.SeekStart); err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(lh.Sum(nil)), size, nil
+}
+
+// archiveMetadata is what an archive holds besides its layer: the layer's directory and
+// name, the image config and its name, the manifest.
+type archiveMetadata struct {
+	diffID, layerName, cfgName string
+	cfg, manifest              []byte
+}
+
+// imageMetadata is the image config of spec with the layer diffID, and the manifest.
+func imageMetadata(spec Spec, diffID string) (archiveMetadata, error) {
+	cfg, err := json.Marshal(Config{
+		Architecture: runtime.GOARCH,
+		OS:           runtime.GOOS,
+		Config: ContainerConfig{
+			Entrypoint: spec.Entrypoint, Cmd: spec.Cmd, Env: spec.env(), WorkingDir: spec.WorkingDir,
+		},
+		RootFS:  RootFS{Type: "layers", DiffIDs: []string{"sha256:" + diffID}},
+		History: []History{{Created: epoch, CreatedBy: "constellation nodeimage"}},
+	})
+	if err != nil {
+		return archiveMetadata{}, err
+	}
+	cfgSum := sha256.Sum256(cfg)
+	m := archiveMetadata{diffID: diffID, layerName: diffID + "/layer.tar", cfgName: hex.EncodeToString(cfgSum[:]) + ".json", cfg: cfg}
+	m.manifest, err = json.Marshal([]Manifest{{Config: m.cfgName, RepoTags: []string{spec.Ref}, Layers: []string{m.layerName}}})
+	if err != nil {
+		return archiveMetadata{}, err
+	}
+	return m, nil
+}
+
+// packArchive writes the docker archive to w: the layer's directory, the layer (size bytes
+// from layer), the config, the manifest.
+func packArchive(w io.Writer, m archiveMetadata, layer io.Reader, size int64) error {
+	tw := tar.NewWriter(w)
+	if err := addDir(tw, m.diffID, 0o755); err != nil {
+		return err
+	}
+	if err := addReader(tw, m.layerName, 0o644, size, layer); err != nil {
+		return err
+	}
+	if err := addBytes(tw, m.cfgName, m.cfg); err != nil {
+		return err
+	}
+	if err := addBytes(tw, "manifest.json", m.manifest); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	return nil
+}
+
+// install syncs and closes the temporary archive out, makes it readable and renames it to
+// file.
+func install(out *os.File, file string) error {
+	if err := out.Sync(); err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	if err := os.Chmod(out.Name(), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(out.Name(), file); err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	return nil
 }
 
 // writeLayer writes the layer tar of spec: every directory, then every file, sorted by path,

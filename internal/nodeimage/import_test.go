@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -37,6 +38,7 @@ type containerd struct {
 // namespace of containerd, so it goes away with containerd. Stopped (by PID) when t ends.
 func startContainerd(t *testing.T) *containerd {
 	t.Helper()
+	testtier.Integration(t, "containerd, as root")
 	bin, err := exec.LookPath("containerd")
 	require.NoError(t, err, "containerd is not installed (make deps)")
 	ctr, err := exec.LookPath("ctr")
@@ -392,6 +394,7 @@ func TestImportControlPlane(t *testing.T) {
 // imagesDir returns _output/images of the repository (built by `make images`).
 func imagesDir(t *testing.T) string {
 	t.Helper()
+	testtier.Integration(t, "the images of make images")
 	wd, err := os.Getwd()
 	require.NoError(t, err)
 	for dir := wd; ; dir = filepath.Dir(dir) {

@@ -140,7 +140,12 @@ type Config struct {
 
 // Recover hands the node at cfg.Endpoint its disk key and the measurement secret and salt,
 // once its evidence passed every check (see the package documentation), and returns the
-// cluster ID the node re-entered with (equal to cfg.ClusterID).
+// cluster ID the node re-entered with (equal to cfg.ClusterID). In order:
+//
+//  1. the master secret and measurement salt must give the state file's cluster ID;
+//  2. an attested connection that checks the node's evidence, name and cluster;
+//  3. Hello: the node names its disk, which must be the disk recorded for it;
+//  4. Recover: the disk's key and the measurement secret, and the node's cluster ID back.
 func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -150,17 +155,9 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("node", cfg.ExpectedNode, "endpoint", cfg.Endpoint)
-	measurementSecret, err := cfg.MasterSecret.MeasurementSecret()
+	measurementSecret, clusterID, err := cfg.clusterKeys()
 	if err != nil {
 		return nil, err
-	}
-	clusterID, err := kms.ClusterID(measurementSecret, cfg.MeasurementSalt)
-	if err != nil {
-		return nil, err
-	}
-	if !bytes.Equal(clusterID, cfg.ClusterID) {
-		return nil, fmt.Errorf("recover: %w: the master secret and measurement salt give cluster ID %x, the state file names %x: they belong to different clusters; nothing was sent",
-			ErrWrongCluster, clusterID, cfg.ClusterID)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		timeout := cfg.Timeout
@@ -171,43 +168,16 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-
-	check := nodeCheck{Validator: cfg.Validator, node: cfg.ExpectedNode, clusterID: clusterID}
-	atlsCreds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{check}})
+	client, creds, closeConn, err := cfg.dial(clusterID)
 	if err != nil {
 		return nil, err
 	}
-	creds := atlsCreds.Recording()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if cfg.Dial != nil {
-		opts = append(opts, grpc.WithContextDialer(cfg.Dial))
-	}
-	conn, err := grpc.NewClient("passthrough:///"+cfg.Endpoint, opts...)
+	defer closeConn()
+	diskUUID, err := cfg.recordedDisk(ctx, client, creds)
 	if err != nil {
-		return nil, fmt.Errorf("recover %s: %w", cfg.Endpoint, err)
+		return nil, err
 	}
-	defer conn.Close()
-	client := recoverpb.NewRecoverServiceClient(conn)
-
-	var p peer.Peer
-	hello, err := client.Hello(ctx, &recoverpb.HelloRequest{}, grpc.Peer(&p))
-	if err != nil {
-		return nil, cfg.callError("asking for the node's disk", creds, err)
-	}
-	// Fail closed should the connection not be the checked one.
-	if info, ok := p.AuthInfo.(atls.AuthInfo); !ok || info.Peer == nil {
-		return nil, fmt.Errorf("recover %s: %w: the connection is not attested", cfg.Endpoint, ErrEvidence)
-	}
-	diskUUID := hello.GetDiskUuid()
-	if !statedisk.ValidUUID(diskUUID) {
-		return nil, fmt.Errorf("recover %s: the node names its disk %s, not a lower-case UUID; nothing was sent", cfg.Endpoint, untrusted.Quote(diskUUID))
-	}
-	// Keys follow identity: only the key of the disk recorded for this node, never the key
-	// of whatever disk it names.
-	if diskUUID != cfg.Disk {
-		return nil, &DiskError{Endpoint: cfg.Endpoint, Node: cfg.ExpectedNode, Named: diskUUID, Recorded: cfg.Disk}
-	}
-	diskKey, err := cfg.MasterSecret.DeriveKey(cfg.Disk, statedisk.KeySize)
+	diskKey, err := cfg.MasterSecret.StateDiskKey(cfg.Disk)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +193,68 @@ func Recover(ctx context.Context, cfg Config) ([]byte, error) {
 	}
 	log.Info("node recovered", "clusterID", hex.EncodeToString(clusterID))
 	return clusterID, nil
+}
+
+// clusterKeys derives the measurement secret and the cluster ID, which must be the state
+// file's: otherwise the master secret and the salt belong to different clusters.
+func (cfg Config) clusterKeys() (measurementSecret, clusterID []byte, err error) {
+	measurementSecret, err = cfg.MasterSecret.MeasurementSecret()
+	if err != nil {
+		return nil, nil, err
+	}
+	clusterID, err = kms.ClusterID(measurementSecret, cfg.MeasurementSalt)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !bytes.Equal(clusterID, cfg.ClusterID) {
+		return nil, nil, fmt.Errorf("recover: %w: the master secret and measurement salt give cluster ID %x, the state file names %x: they belong to different clusters; nothing was sent",
+			ErrWrongCluster, clusterID, cfg.ClusterID)
+	}
+	return measurementSecret, clusterID, nil
+}
+
+// dial returns a client of the node's recovery server over attested TLS, whose handshake
+// checks the node's evidence, that it is cfg.ExpectedNode, and its cluster.
+func (cfg Config) dial(clusterID []byte) (recoverpb.RecoverServiceClient, *atls.RecordingCredentials, func(), error) {
+	check := nodeCheck{Validator: cfg.Validator, node: cfg.ExpectedNode, clusterID: clusterID}
+	atlsCreds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{check}})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	creds := atlsCreds.Recording()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if cfg.Dial != nil {
+		opts = append(opts, grpc.WithContextDialer(cfg.Dial))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+cfg.Endpoint, opts...)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("recover %s: %w", cfg.Endpoint, err)
+	}
+	return recoverpb.NewRecoverServiceClient(conn), creds, func() { conn.Close() }, nil
+}
+
+// recordedDisk asks the node which disk it waits with over the attested connection, and
+// returns it if it is the disk recorded for the node.
+func (cfg Config) recordedDisk(ctx context.Context, client recoverpb.RecoverServiceClient, creds *atls.RecordingCredentials) (string, error) {
+	var p peer.Peer
+	hello, err := client.Hello(ctx, &recoverpb.HelloRequest{}, grpc.Peer(&p))
+	if err != nil {
+		return "", cfg.callError("asking for the node's disk", creds, err)
+	}
+	// Fail closed should the connection not be the checked one.
+	if info, ok := p.AuthInfo.(atls.AuthInfo); !ok || info.Peer == nil {
+		return "", fmt.Errorf("recover %s: %w: the connection is not attested", cfg.Endpoint, ErrEvidence)
+	}
+	diskUUID := hello.GetDiskUuid()
+	if !statedisk.ValidUUID(diskUUID) {
+		return "", fmt.Errorf("recover %s: the node names its disk %s, not a lower-case UUID; nothing was sent", cfg.Endpoint, untrusted.Quote(diskUUID))
+	}
+	// Keys follow identity: only the key of the disk recorded for this node, never the key
+	// of whatever disk it names.
+	if diskUUID != cfg.Disk {
+		return "", &DiskError{Endpoint: cfg.Endpoint, Node: cfg.ExpectedNode, Named: diskUUID, Recorded: cfg.Disk}
+	}
+	return diskUUID, nil
 }
 
 // Retryable reports whether a recovery that failed with err may succeed later without

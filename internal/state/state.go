@@ -79,8 +79,8 @@ type State struct {
 	// Nodes are the nodes the provider created, control planes first.
 	Nodes []Node `json:"nodes"`
 	// ClusterID identifies the initialized cluster (hex, 32 bytes): HKDF of the measurement
-	// secret and salt (DESIGN 2); nodes extend it into PCR 15. Set exactly when Phase is
-	// initialized.
+	// secret and salt (docs/design.md "2.3 Cluster ID"); nodes extend it into PCR 15. Set
+	// exactly when Phase is initialized.
 	ClusterID HexBytes `json:"clusterID,omitempty"`
 	// MeasurementSalt is the salt sent at init (hex, 32 bytes). Not secret: with the master
 	// secret it determines the cluster ID. Set exactly when Phase is initialized.
@@ -199,7 +199,8 @@ func Write(path string, s *State) error {
 }
 
 // InitializedPCR15 is the PCR 15 value every node of this initialized cluster shows
-// (DESIGN 2): what `constellation verify` compares a node's evidence with.
+// (docs/design.md "2.4 The initialized marker (PCR 15)"): what `constellation verify`
+// compares a node's evidence with.
 func (s *State) InitializedPCR15() ([]byte, error) {
 	if s.Phase != Initialized || len(s.ClusterID) != ClusterIDSize {
 		return nil, fmt.Errorf("cluster %q is not initialized", s.Name)
@@ -219,108 +220,146 @@ func (s *State) ControlPlanes() []Node {
 }
 
 // Validate checks every field and reports every problem (errors.Join of
-// *strictyaml.FieldError), or nil.
+// *strictyaml.FieldError), or nil. The checks, in the order their problems are reported:
+//
+//  1. the cluster's own fields: version, name, provider, creation time, endpoints;
+//  2. the nodes: names, roles, addresses and disks, each unique, and a control plane;
+//  3. the removed nodes: names never reused;
+//  4. the phase and the fields only an initialized cluster has.
 func (s *State) Validate() error {
-	var problems []error
-	bad := func(path, format string, args ...any) {
-		problems = append(problems, &strictyaml.FieldError{Path: path, Err: fmt.Errorf(format, args...)})
-	}
+	var p problems
+	s.checkCluster(&p)
+	names := s.checkNodes(&p)
+	s.checkRemoved(&p, names)
+	s.checkPhase(&p)
+	return errors.Join(p...)
+}
+
+// problems collects the *strictyaml.FieldError of every problem Validate finds.
+type problems []error
+
+func (p *problems) bad(path, format string, args ...any) {
+	*p = append(*p, &strictyaml.FieldError{Path: path, Err: fmt.Errorf(format, args...)})
+}
+
+func (s *State) checkCluster(p *problems) {
 	switch s.Version {
 	case Version1:
 	case "":
-		bad("version", "missing (this CLI reads %s)", Version1)
+		p.bad("version", "missing (this CLI reads %s)", Version1)
 	default:
-		bad("version", "%q is not supported (this CLI reads %s)", s.Version, Version1)
+		p.bad("version", "%q is not supported (this CLI reads %s)", s.Version, Version1)
 	}
 	if s.Name == "" {
-		bad("name", "missing")
+		p.bad("name", "missing")
 	} else if errs := validation.IsDNS1123Label(s.Name); len(errs) > 0 {
-		bad("name", "%q is not a DNS label: %v", s.Name, errs)
+		p.bad("name", "%q is not a DNS label: %v", s.Name, errs)
 	}
 	if s.Provider != ProviderLocal {
-		bad("provider", "%q is not a provider (known: %s)", s.Provider, ProviderLocal)
+		p.bad("provider", "%q is not a provider (known: %s)", s.Provider, ProviderLocal)
 	}
 	if s.CreatedAt.IsZero() {
-		bad("createdAt", "missing")
+		p.bad("createdAt", "missing")
 	}
 	if err := checkEndpoint(s.InitEndpoint); err != nil {
-		bad("initEndpoint", "%w", err)
+		p.bad("initEndpoint", "%w", err)
 	}
 	if s.APIServerEndpoint != "" {
 		if err := checkEndpoint(s.APIServerEndpoint); err != nil {
-			bad("apiServerEndpoint", "%w", err)
+			p.bad("apiServerEndpoint", "%w", err)
 		}
 	}
+}
 
+// nodesSeen is what the nodes before the one checked claimed: names, addresses and disks
+// belong to one node each.
+type nodesSeen struct {
+	names map[string]int // name -> index
+	ips   map[netip.Addr]string
+	disks map[string]int
+}
+
+// checkNodes checks every node and returns the index of each valid name.
+func (s *State) checkNodes(p *problems) map[string]int {
 	if len(s.Nodes) == 0 {
-		bad("nodes", "no nodes")
+		p.bad("nodes", "no nodes")
 	}
-	names := map[string]int{}
-	ips := map[netip.Addr]string{}
-	disks := map[string]int{}
+	seen := nodesSeen{names: map[string]int{}, ips: map[netip.Addr]string{}, disks: map[string]int{}}
 	controlPlanes := 0
 	for i, n := range s.Nodes {
-		p := fmt.Sprintf("nodes[%d]", i)
-		if n.Name == "" {
-			bad(p+".name", "missing")
-		} else if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
-			bad(p+".name", "%q is not a DNS name: %v", n.Name, errs)
-		} else if first, dup := names[n.Name]; dup {
-			bad(p+".name", "%q is also the name of nodes[%d]", n.Name, first)
-		} else {
-			names[n.Name] = i
-		}
-		switch {
-		case n.Role == metadata.ControlPlane:
+		if n.Role == metadata.ControlPlane {
 			controlPlanes++
-		case !n.Role.Valid():
-			bad(p+".role", "%q is not a role (known: %s, %s)", n.Role, metadata.ControlPlane, metadata.Worker)
 		}
-		if len(n.IPs) == 0 {
-			bad(p+".ips", "no IP address")
-		}
-		for j, ip := range n.IPs {
-			switch other, dup := ips[ip]; {
-			case !ip.IsValid() || ip.IsUnspecified():
-				bad(fmt.Sprintf("%s.ips[%d]", p, j), "unusable address %v", ip)
-			case dup:
-				bad(fmt.Sprintf("%s.ips[%d]", p, j), "%s is also an address of %s", ip, other)
-			default:
-				ips[ip] = n.Name
-			}
-		}
-		if n.Disk != "" {
-			switch j, dup := disks[n.Disk]; {
-			case !statedisk.ValidUUID(n.Disk):
-				bad(p+".disk", "%q is not a lower-case UUID", n.Disk)
-			case dup:
-				// A disk belongs to one node: its key goes to that node only.
-				bad(p+".disk", "%s is also the disk of nodes[%d]", n.Disk, j)
-			case s.Phase != Initialized:
-				bad(p+".disk", "set, but the cluster is not initialized (phase %s)", s.Phase)
-			default:
-				disks[n.Disk] = i
-			}
-		}
+		s.checkNode(p, i, n, &seen)
 	}
 	if len(s.Nodes) > 0 && controlPlanes == 0 {
-		bad("nodes", "no control-plane node")
+		p.bad("nodes", "no control-plane node")
 	}
+	return seen.names
+}
+
+func (s *State) checkNode(p *problems, i int, n Node, seen *nodesSeen) {
+	path := fmt.Sprintf("nodes[%d]", i)
+	if n.Name == "" {
+		p.bad(path+".name", "missing")
+	} else if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
+		p.bad(path+".name", "%q is not a DNS name: %v", n.Name, errs)
+	} else if first, dup := seen.names[n.Name]; dup {
+		p.bad(path+".name", "%q is also the name of nodes[%d]", n.Name, first)
+	} else {
+		seen.names[n.Name] = i
+	}
+	if n.Role != metadata.ControlPlane && !n.Role.Valid() {
+		p.bad(path+".role", "%q is not a role (known: %s, %s)", n.Role, metadata.ControlPlane, metadata.Worker)
+	}
+	if len(n.IPs) == 0 {
+		p.bad(path+".ips", "no IP address")
+	}
+	for j, ip := range n.IPs {
+		switch other, dup := seen.ips[ip]; {
+		case !ip.IsValid() || ip.IsUnspecified():
+			p.bad(fmt.Sprintf("%s.ips[%d]", path, j), "unusable address %v", ip)
+		case dup:
+			p.bad(fmt.Sprintf("%s.ips[%d]", path, j), "%s is also an address of %s", ip, other)
+		default:
+			seen.ips[ip] = n.Name
+		}
+	}
+	if n.Disk == "" {
+		return
+	}
+	switch j, dup := seen.disks[n.Disk]; {
+	case !statedisk.ValidUUID(n.Disk):
+		p.bad(path+".disk", "%q is not a lower-case UUID", n.Disk)
+	case dup:
+		// A disk belongs to one node: its key goes to that node only.
+		p.bad(path+".disk", "%s is also the disk of nodes[%d]", n.Disk, j)
+	case s.Phase != Initialized:
+		p.bad(path+".disk", "set, but the cluster is not initialized (phase %s)", s.Phase)
+	default:
+		seen.disks[n.Disk] = i
+	}
+}
+
+// checkRemoved checks the removed nodes; names maps the current nodes' names to their index.
+func (s *State) checkRemoved(p *problems, names map[string]int) {
 	for i, r := range s.Removed {
-		p := fmt.Sprintf("removed[%d]", i)
+		path := fmt.Sprintf("removed[%d]", i)
 		if errs := validation.IsDNS1123Subdomain(r.Name); len(errs) > 0 {
-			bad(p+".name", "%q is not a DNS name: %v", r.Name, errs)
+			p.bad(path+".name", "%q is not a DNS name: %v", r.Name, errs)
 		} else if j, dup := names[r.Name]; dup {
-			bad(p+".name", "%q is also the name of nodes[%d]: a removed node's name is never reused", r.Name, j)
+			p.bad(path+".name", "%q is also the name of nodes[%d]: a removed node's name is never reused", r.Name, j)
 		}
 		if !r.Role.Valid() {
-			bad(p+".role", "%q is not a role (known: %s, %s)", r.Role, metadata.ControlPlane, metadata.Worker)
+			p.bad(path+".role", "%q is not a role (known: %s, %s)", r.Role, metadata.ControlPlane, metadata.Worker)
 		}
 		if r.RemovedAt.IsZero() {
-			bad(p+".removedAt", "missing")
+			p.bad(path+".removedAt", "missing")
 		}
 	}
+}
 
+func (s *State) checkPhase(p *problems) {
 	switch s.Phase {
 	case Created:
 		for _, f := range []struct {
@@ -328,27 +367,26 @@ func (s *State) Validate() error {
 			set  bool
 		}{{"initializedAt", !s.InitializedAt.IsZero()}, {"clusterID", s.ClusterID != nil}, {"measurementSalt", s.MeasurementSalt != nil}} {
 			if f.set {
-				bad(f.path, "set, but the cluster is not initialized (phase %s)", Created)
+				p.bad(f.path, "set, but the cluster is not initialized (phase %s)", Created)
 			}
 		}
 	case Initialized:
 		if s.InitializedAt.IsZero() {
-			bad("initializedAt", "missing (the cluster is initialized)")
+			p.bad("initializedAt", "missing (the cluster is initialized)")
 		} else if s.InitializedAt.Before(s.CreatedAt) {
-			bad("initializedAt", "%s is before createdAt %s", s.InitializedAt.Format(time.RFC3339), s.CreatedAt.Format(time.RFC3339))
+			p.bad("initializedAt", "%s is before createdAt %s", s.InitializedAt.Format(time.RFC3339), s.CreatedAt.Format(time.RFC3339))
 		}
 		if len(s.ClusterID) != ClusterIDSize {
-			bad("clusterID", "has %d bytes, want %d", len(s.ClusterID), ClusterIDSize)
+			p.bad("clusterID", "has %d bytes, want %d", len(s.ClusterID), ClusterIDSize)
 		}
 		if len(s.MeasurementSalt) != MeasurementSaltSize {
-			bad("measurementSalt", "has %d bytes, want %d", len(s.MeasurementSalt), MeasurementSaltSize)
+			p.bad("measurementSalt", "has %d bytes, want %d", len(s.MeasurementSalt), MeasurementSaltSize)
 		}
 	case "":
-		bad("phase", "missing (%s or %s)", Created, Initialized)
+		p.bad("phase", "missing (%s or %s)", Created, Initialized)
 	default:
-		bad("phase", "%q is not a phase (known: %s, %s)", s.Phase, Created, Initialized)
+		p.bad("phase", "%q is not a phase (known: %s, %s)", s.Phase, Created, Initialized)
 	}
-	return errors.Join(problems...)
 }
 
 // checkEndpoint checks a host:port.

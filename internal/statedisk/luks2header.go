@@ -258,10 +258,28 @@ func readLUKS2Copy(r io.ReaderAt, offset uint64, primary *luks2Copy) (*luks2Copy
 	return c, nil
 }
 
+// check refuses a header that is not exactly what this package creates, naming every
+// problem: its config, its one segment, its keyslots, its one digest, its tokens.
 func (md *luks2Metadata) check(hdrSize uint64) error {
 	var problems []error
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	md.checkConfig(hdrSize, fail)
+	md.checkSegments(fail)
+	md.checkKeyslots(fail)
+	md.checkDigests(fail)
+	for id, t := range md.Tokens {
+		if t.Type != MarkerTokenType || len(t.Keyslots) != 0 {
+			fail("token %s of type %q: only an empty %s token is allowed", id, t.Type, MarkerTokenType)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("LUKS2 header refused: %w", errors.Join(problems...))
+	}
+	return nil
+}
 
+// checkConfig: the JSON area fills the header, no flags, no requirements.
+func (md *luks2Metadata) checkConfig(hdrSize uint64, fail func(string, ...any)) {
 	if want := strconv.FormatUint(hdrSize-luks2BinaryHeaderSize, 10); md.Config.JSONSize != want {
 		fail("config json_size %q, want %s", md.Config.JSONSize, want)
 	}
@@ -271,7 +289,10 @@ func (md *luks2Metadata) check(hdrSize uint64) error {
 	if md.Config.Requirements != nil {
 		fail("config requirements %q: none allowed", md.Config.Requirements.Mandatory)
 	}
+}
 
+// checkSegments: exactly one segment, encrypted with integrity protection, no flags.
+func (md *luks2Metadata) checkSegments(fail func(string, ...any)) {
 	if len(md.Segments) != 1 {
 		fail("%d segments, want exactly one", len(md.Segments))
 	}
@@ -295,7 +316,11 @@ func (md *luks2Metadata) check(hdrSize uint64) error {
 			fail("segment %s flags %q: none allowed", id, s.Flags)
 		}
 	}
+}
 
+// checkKeyslots: at least one keyslot, each of our key size, splitter, area and argon2id
+// cost.
+func (md *luks2Metadata) checkKeyslots(fail func(string, ...any)) {
 	if len(md.Keyslots) == 0 {
 		fail("no keyslots")
 	}
@@ -319,7 +344,10 @@ func (md *luks2Metadata) check(hdrSize uint64) error {
 				id, k.KDF.Time, k.KDF.Memory, k.KDF.CPUs, len(k.KDF.Salt), luks2MinArgonTime, luks2MinArgonMemory)
 		}
 	}
+}
 
+// checkDigests: exactly one PBKDF2-SHA256 digest, covering every keyslot and segment.
+func (md *luks2Metadata) checkDigests(fail func(string, ...any)) {
 	if len(md.Digests) != 1 {
 		fail("%d digests, want exactly one", len(md.Digests))
 	}
@@ -331,16 +359,6 @@ func (md *luks2Metadata) check(hdrSize uint64) error {
 			fail("digest %s does not cover exactly every keyslot and segment", id)
 		}
 	}
-
-	for id, t := range md.Tokens {
-		if t.Type != MarkerTokenType || len(t.Keyslots) != 0 {
-			fail("token %s of type %q: only an empty %s token is allowed", id, t.Type, MarkerTokenType)
-		}
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("LUKS2 header refused: %w", errors.Join(problems...))
-	}
-	return nil
 }
 
 // sameSet reports whether ids names every key of m exactly once and nothing else.

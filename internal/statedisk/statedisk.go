@@ -28,7 +28,9 @@ import (
 	"regexp"
 )
 
-// KeySize is the size of a state-disk key (kms derives it with this length).
+// KeySize is the size of a state-disk key, the one name of that size (kms.MasterSecret.StateDiskKey
+// derives it with this length). The key unlocks the storage (a LUKS2 keyslot passphrase, a
+// gocryptfs master key); 32 bytes is 256 bits of strength for both.
 const KeySize = 32
 
 // ErrWrongKey is returned when a key does not unlock the storage.

@@ -142,97 +142,135 @@ var (
 )
 
 // check compares the decoded JSON value v with type t and appends a *FieldError for every
-// problem below path.
+// problem below path. The first rule that applies decides:
+//
+//  1. a type with its own JSON decoder gets exactly what encoding/json would give it;
+//  2. null leaves the field unset;
+//  3. a type with its own text decoder gets a string;
+//  4. otherwise the kind decides: pointers and interfaces, mappings (structs, maps), lists,
+//     scalars.
 func check(path string, t reflect.Type, v any, problems *[]error) {
-	bad := func(format string, args ...any) {
+	bad := badAt(path, problems)
+	switch {
+	case reflect.PointerTo(t).Implements(jsonUnmarshaler) || t.Implements(jsonUnmarshaler):
+		checkJSONUnmarshaler(t, v, bad)
+	case v == nil:
+		// null leaves the field unset, as in encoding/json
+	case reflect.PointerTo(t).Implements(textUnmarshaler) || t.Implements(textUnmarshaler):
+		checkTextUnmarshaler(t, v, bad)
+	case t.Kind() == reflect.Pointer:
+		check(path, t.Elem(), v, problems)
+	case t.Kind() == reflect.Interface:
+		// any value
+	case t.Kind() == reflect.Struct:
+		checkStruct(path, t, v, problems)
+	case t.Kind() == reflect.Map:
+		checkMap(path, t, v, problems)
+	case t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
+		checkList(path, t, v, problems)
+	default:
+		checkScalar(t, v, bad)
+	}
+}
+
+// badAt returns a function appending a *FieldError at path to problems.
+func badAt(path string, problems *[]error) func(format string, args ...any) {
+	return func(format string, args ...any) {
 		*problems = append(*problems, &FieldError{Path: path, Err: fmt.Errorf(format, args...)})
 	}
-	// A type with its own decoder gets exactly what encoding/json would give it (null too).
-	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || t.Implements(jsonUnmarshaler) {
-		raw, err := json.Marshal(v)
-		if err != nil {
-			bad("%w", err)
-			return
-		}
-		if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
-			bad("%w", err)
-		}
+}
+
+// checkJSONUnmarshaler gives v to t's own decoder (null too).
+func checkJSONUnmarshaler(t reflect.Type, v any, bad func(string, ...any)) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		bad("%w", err)
 		return
 	}
-	if v == nil {
-		return // null leaves the field unset, as in encoding/json
+	if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
+		bad("%w", err)
 	}
-	if reflect.PointerTo(t).Implements(textUnmarshaler) || t.Implements(textUnmarshaler) {
-		s, ok := v.(string)
+}
+
+// checkTextUnmarshaler gives v, which must be a string, to t's own text decoder.
+func checkTextUnmarshaler(t reflect.Type, v any, bad func(string, ...any)) {
+	s, ok := v.(string)
+	if !ok {
+		bad("must be a string, got %s%s", describe(v), quoteHint(v))
+		return
+	}
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if err := reflect.New(t).Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(s)); err != nil {
+		bad("%w", err)
+	}
+}
+
+// checkStruct checks every key of the mapping v, in sorted order, against t's JSON fields.
+func checkStruct(path string, t reflect.Type, v any, problems *[]error) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		badAt(path, problems)("must be a mapping, got %s", describe(v))
+		return
+	}
+	fields := jsonFields(t)
+	for _, k := range sortedKeys(obj) {
+		sub := join(path, k)
+		f, ok := fields[k]
 		if !ok {
-			bad("must be a string, got %s%s", describe(v), quoteHint(v))
-			return
+			*problems = append(*problems, &FieldError{Path: sub, Err: unknownField(k, fields)})
+			continue
 		}
-		if t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		if err := reflect.New(t).Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(s)); err != nil {
-			bad("%w", err)
-		}
+		check(sub, f.Type, obj[k], problems)
+	}
+}
+
+// checkMap checks every value of the mapping v, in sorted key order, against t's elements.
+func checkMap(path string, t reflect.Type, v any, problems *[]error) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		badAt(path, problems)("must be a mapping, got %s", describe(v))
 		return
 	}
+	if t.Key().Kind() != reflect.String {
+		// Only string-keyed maps appear in our files; let encoding/json decide the rest.
+		return
+	}
+	for _, k := range sortedKeys(obj) {
+		check(join(path, k), t.Elem(), obj[k], problems)
+	}
+}
+
+func sortedKeys(obj map[string]any) []string {
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// checkList checks the list v against the slice or array type t, element by element.
+func checkList(path string, t reflect.Type, v any, problems *[]error) {
+	bad := badAt(path, problems)
+	list, ok := v.([]any)
+	if !ok {
+		bad("must be a list, got %s", describe(v))
+		return
+	}
+	if t.Kind() == reflect.Array && len(list) != t.Len() {
+		bad("must be a list of %d, got %d", t.Len(), len(list))
+		return
+	}
+	for i, elem := range list {
+		check(fmt.Sprintf("%s[%d]", path, i), t.Elem(), elem, problems)
+	}
+}
+
+// checkScalar checks a string, bool or number against t, numbers against t's size.
+func checkScalar(t reflect.Type, v any, bad func(string, ...any)) {
 	switch t.Kind() {
-	case reflect.Pointer:
-		check(path, t.Elem(), v, problems)
-	case reflect.Interface:
-		// any value
-	case reflect.Struct:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			bad("must be a mapping, got %s", describe(v))
-			return
-		}
-		fields := jsonFields(t)
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			sub := join(path, k)
-			f, ok := fields[k]
-			if !ok {
-				*problems = append(*problems, &FieldError{Path: sub, Err: unknownField(k, fields)})
-				continue
-			}
-			check(sub, f.Type, obj[k], problems)
-		}
-	case reflect.Map:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			bad("must be a mapping, got %s", describe(v))
-			return
-		}
-		if t.Key().Kind() != reflect.String {
-			// Only string-keyed maps appear in our files; let encoding/json decide the rest.
-			return
-		}
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			check(join(path, k), t.Elem(), obj[k], problems)
-		}
-	case reflect.Slice, reflect.Array:
-		list, ok := v.([]any)
-		if !ok {
-			bad("must be a list, got %s", describe(v))
-			return
-		}
-		if t.Kind() == reflect.Array && len(list) != t.Len() {
-			bad("must be a list of %d, got %d", t.Len(), len(list))
-			return
-		}
-		for i, elem := range list {
-			check(fmt.Sprintf("%s[%d]", path, i), t.Elem(), elem, problems)
-		}
 	case reflect.String:
 		if _, ok := v.(string); !ok {
 			bad("must be a string, got %s%s", describe(v), quoteHint(v))

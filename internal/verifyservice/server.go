@@ -1,7 +1,8 @@
-// Package verify is the verification service (DESIGN 1.7) and its client: a node answers a
-// caller's fresh nonce with evidence of its current state, over gRPC and HTTP, and
-// `constellation verify` checks that evidence against its reference values and the node's
-// PCR 15 against the cluster ID it expects, so a user knows they talk to their cluster.
+// Package verifyservice is the verification service (docs/design.md "1.7 Verification from
+// outside"; its client is pkg/verify): a node answers a caller's fresh nonce with evidence of
+// its current state, over gRPC and HTTP, and `constellation verify` checks that evidence
+// against its reference values and the node's PCR 15 against the cluster ID it expects, so a
+// user knows they talk to their cluster.
 //
 // The evidence is self-authenticating (the node's attestation key signs the PCR values and the
 // caller's nonce), so the service is served without TLS. It proves the node's state when it

@@ -275,11 +275,56 @@ func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *asyncW
 	return c.run(ctx, conn, w, role, exporter)
 }
 
+// run is the attestation exchange (docs/atls.md "Protocol"), in order:
+//
+//  1. hellos: each side says the variant it issues and those it accepts;
+//  2. decide both directions before any expensive work: the validator for the peer's
+//     evidence, and whether we must attest;
+//  3. our evidence, bound to this connection's exporter, if the peer requires it;
+//  4. the peer's evidence, validated, and our verdict on it;
+//  5. the peer's verdict on ours.
 func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
-	local := func(reason string, format string, args ...any) error {
-		return &Error{Local: true, Reason: reason, Err: fmt.Errorf(format, args...)}
+	hello, peerHello, err := c.exchangeHellos(conn, w)
+	if err != nil {
+		return nil, err
 	}
-	hello := &atlspb.Hello{Version: protocolVersion}
+	validator, err := c.chooseValidator(hello, peerHello)
+	if err != nil {
+		return nil, err
+	}
+	mustAttest := len(peerHello.AcceptedVariants) > 0
+	if mustAttest {
+		if err := c.attest(ctx, w, role, exporter, hello, peerHello); err != nil {
+			return nil, err
+		}
+	}
+	var verified *attestation.Verified
+	if validator != nil {
+		if verified, err = c.verifyPeer(ctx, conn, w, role, exporter, validator, peerHello); err != nil {
+			return nil, err
+		}
+	}
+	if mustAttest {
+		f, err := c.read(conn, maxHelloFrame)
+		if err != nil {
+			return nil, err
+		}
+		if v := f.GetVerdict(); v == nil || !v.Accepted {
+			// The frame's kind, not its content: a peer's strings stay out of the error.
+			return nil, localError("protocol", "expected an accepting Verdict, got %T", f.Kind)
+		}
+	}
+	return verified, nil
+}
+
+// localError is an *Error of this side.
+func localError(reason string, format string, args ...any) error {
+	return &Error{Local: true, Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// exchangeHellos sends our Hello and reads the peer's, which must speak our version.
+func (c *Credentials) exchangeHellos(conn *tls.Conn, w *asyncWriter) (hello, peerHello *atlspb.Hello, err error) {
+	hello = &atlspb.Hello{Version: protocolVersion}
 	if c.cfg.Issuer != nil {
 		hello.IssuerVariant = c.cfg.Issuer.Variant().String()
 	}
@@ -290,79 +335,77 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, r
 
 	f, err := c.read(conn, maxHelloFrame)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	peerHello := f.GetHello()
+	peerHello = f.GetHello()
 	if peerHello == nil {
-		return nil, local("protocol", "expected Hello, got %T", f.Kind)
+		return nil, nil, localError("protocol", "expected Hello, got %T", f.Kind)
 	}
 	if peerHello.Version != protocolVersion {
-		return nil, local("protocol", "peer speaks protocol version %d, we speak %d", peerHello.Version, protocolVersion)
+		return nil, nil, localError("protocol", "peer speaks protocol version %d, we speak %d", peerHello.Version, protocolVersion)
 	}
+	return hello, peerHello, nil
+}
 
-	// Decide both directions before doing any expensive work.
+// chooseValidator returns our validator of the variant the peer issues, nil if we do not
+// require evidence, or an error if the peer offers nothing we accept.
+func (c *Credentials) chooseValidator(hello, peerHello *atlspb.Hello) (attestation.Validator, error) {
+	if len(c.cfg.Validators) == 0 {
+		return nil, nil
+	}
+	if peerHello.IssuerVariant == "" {
+		return nil, localError("incompatible", "no compatible evidence: peer does not attest; we require one of [%s]", strings.Join(hello.AcceptedVariants, ", "))
+	}
 	var validator attestation.Validator
-	if len(c.cfg.Validators) > 0 {
-		if peerHello.IssuerVariant == "" {
-			return nil, local("incompatible", "no compatible evidence: peer does not attest; we require one of [%s]", strings.Join(hello.AcceptedVariants, ", "))
-		}
-		for _, v := range c.cfg.Validators {
-			if v.Variant().String() == peerHello.IssuerVariant {
-				validator = v
-			}
-		}
-		if validator == nil {
-			return nil, local("incompatible", "no compatible evidence: peer offers %s; we accept [%s]", untrusted.Quote(peerHello.IssuerVariant), strings.Join(hello.AcceptedVariants, ", "))
+	for _, v := range c.cfg.Validators {
+		if v.Variant().String() == peerHello.IssuerVariant {
+			validator = v
 		}
 	}
-	mustAttest := len(peerHello.AcceptedVariants) > 0
-	if mustAttest {
-		if c.cfg.Issuer == nil {
-			return nil, local("incompatible", "no compatible evidence: peer requires one of %s; we do not attest", untrusted.QuoteList(peerHello.AcceptedVariants))
-		}
-		if !slices.Contains(peerHello.AcceptedVariants, hello.IssuerVariant) {
-			return nil, local("incompatible", "no compatible evidence: we offer %s; peer accepts %s", hello.IssuerVariant, untrusted.QuoteList(peerHello.AcceptedVariants))
-		}
-		evidence, err := c.cfg.Issuer.Issue(ctx, role.purpose(), exporter)
-		if err != nil {
-			return nil, local("issue", "issuing evidence: %w", err)
-		}
-		w.send(&atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: hello.IssuerVariant, Evidence: evidence}}})
+	if validator == nil {
+		return nil, localError("incompatible", "no compatible evidence: peer offers %s; we accept [%s]", untrusted.Quote(peerHello.IssuerVariant), strings.Join(hello.AcceptedVariants, ", "))
 	}
+	return validator, nil
+}
 
-	var verified *attestation.Verified
-	if validator != nil {
-		f, err := c.read(conn, c.cfg.MaxEvidenceSize+frameOverhead)
-		if errors.Is(err, errFrameTooLarge) {
-			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrTooLarge), Err: fmt.Errorf("%w: %w", attestation.ErrTooLarge, errors.Unwrap(err))}
-		}
-		if err != nil {
-			return nil, err
-		}
-		ev := f.GetEvidence()
-		if ev == nil {
-			return nil, local("protocol", "expected Evidence, got %T", f.Kind)
-		}
-		if ev.Variant != peerHello.IssuerVariant {
-			return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, untrusted.Quote(peerHello.IssuerVariant), untrusted.Quote(ev.Variant))}
-		}
-		verified, err = validator.Validate(ctx, ev.Evidence, role.peer().purpose(), exporter)
-		if err != nil {
-			return nil, &Error{Local: true, Reason: attestation.Reason(err), Err: err}
-		}
-		w.send(&atlspb.Frame{Kind: &atlspb.Frame_Verdict{Verdict: &atlspb.Verdict{Accepted: true}}})
+// attest sends our evidence for the peer, which requires it, bound to exporter.
+func (c *Credentials) attest(ctx context.Context, w *asyncWriter, role Role, exporter []byte, hello, peerHello *atlspb.Hello) error {
+	if c.cfg.Issuer == nil {
+		return localError("incompatible", "no compatible evidence: peer requires one of %s; we do not attest", untrusted.QuoteList(peerHello.AcceptedVariants))
 	}
+	if !slices.Contains(peerHello.AcceptedVariants, hello.IssuerVariant) {
+		return localError("incompatible", "no compatible evidence: we offer %s; peer accepts %s", hello.IssuerVariant, untrusted.QuoteList(peerHello.AcceptedVariants))
+	}
+	evidence, err := c.cfg.Issuer.Issue(ctx, role.purpose(), exporter)
+	if err != nil {
+		return localError("issue", "issuing evidence: %w", err)
+	}
+	w.send(&atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: hello.IssuerVariant, Evidence: evidence}}})
+	return nil
+}
 
-	if mustAttest {
-		f, err := c.read(conn, maxHelloFrame)
-		if err != nil {
-			return nil, err
-		}
-		if v := f.GetVerdict(); v == nil || !v.Accepted {
-			// The frame's kind, not its content: a peer's strings stay out of the error.
-			return nil, local("protocol", "expected an accepting Verdict, got %T", f.Kind)
-		}
+// verifyPeer reads the peer's evidence, validates it for exporter and the peer's purpose,
+// and sends our accepting verdict.
+func (c *Credentials) verifyPeer(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte, validator attestation.Validator, peerHello *atlspb.Hello) (*attestation.Verified, error) {
+	f, err := c.read(conn, c.cfg.MaxEvidenceSize+frameOverhead)
+	if errors.Is(err, errFrameTooLarge) {
+		return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrTooLarge), Err: fmt.Errorf("%w: %w", attestation.ErrTooLarge, errors.Unwrap(err))}
 	}
+	if err != nil {
+		return nil, err
+	}
+	ev := f.GetEvidence()
+	if ev == nil {
+		return nil, localError("protocol", "expected Evidence, got %T", f.Kind)
+	}
+	if ev.Variant != peerHello.IssuerVariant {
+		return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, untrusted.Quote(peerHello.IssuerVariant), untrusted.Quote(ev.Variant))}
+	}
+	verified, err := validator.Validate(ctx, ev.Evidence, role.peer().purpose(), exporter)
+	if err != nil {
+		return nil, &Error{Local: true, Reason: attestation.Reason(err), Err: err}
+	}
+	w.send(&atlspb.Frame{Kind: &atlspb.Frame_Verdict{Verdict: &atlspb.Verdict{Accepted: true}}})
 	return verified, nil
 }
 

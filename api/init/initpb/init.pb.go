@@ -30,7 +30,7 @@ const (
 
 type InitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The master secret (DESIGN 2): 32-byte key and 32-byte salt.
+	// The master secret (docs/design.md "2.1 Master secret"): 32-byte key and 32-byte salt.
 	MasterSecret []byte `protobuf:"bytes,1,opt,name=master_secret,json=masterSecret,proto3" json:"master_secret,omitempty"`
 	MasterSalt   []byte `protobuf:"bytes,2,opt,name=master_salt,json=masterSalt,proto3" json:"master_salt,omitempty"`
 	// The measurement salt (32 bytes): with the measurement secret it gives the cluster ID.

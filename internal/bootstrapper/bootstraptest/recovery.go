@@ -19,7 +19,6 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
@@ -59,7 +58,7 @@ func (k ClusterKeys) DiskKey(t testing.TB, n *Node) []byte {
 	t.Helper()
 	id, err := n.Storage.UUID()
 	require.NoError(t, err)
-	key, err := k.Master.DeriveKey(id, statedisk.KeySize)
+	key, err := k.Master.StateDiskKey(id)
 	require.NoError(t, err)
 	return key
 }

@@ -12,7 +12,7 @@
 // number of calls, and each costs a bcrypt comparison and is a guess. Then, in this order:
 //
 //  1. check the request (every problem named at once); nothing has changed yet;
-//  2. derive the measurement secret, cluster ID and state-disk key (DESIGN 2);
+//  2. derive the measurement secret, cluster ID and state-disk key (docs/design.md "2. Keys");
 //  3. take the node lock, extending PCR 15 with the cluster ID: the point of no return;
 //  4. re-key, mark and unlock the state storage;
 //  5. generate the kubeadm configuration and run `kubeadm init`;
@@ -79,7 +79,6 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
@@ -405,7 +404,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if err != nil {
 		return nil, nil, err
 	}
-	diskKey, err := r.master.DeriveKey(diskUUID, statedisk.KeySize)
+	diskKey, err := r.master.StateDiskKey(diskUUID)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -234,7 +234,8 @@ func TestInit(t *testing.T) {
 	require.NoError(t, res.Err)
 	require.NotNil(t, res.Success)
 
-	// The cluster ID follows DESIGN 2, and PCR 15 carries it (extended exactly once).
+	// The cluster ID follows docs/design.md "2.3 Cluster ID", and PCR 15 carries it
+	// (extended exactly once).
 	ms, err := master.MeasurementSecret()
 	require.NoError(t, err)
 	wantID, err := kms.ClusterID(ms, req.MeasurementSalt)
@@ -351,7 +352,7 @@ func TestInit(t *testing.T) {
 	// The storage is keyed with the disk key derived from its UUID; the random key is gone.
 	uuid, err := e.node.Storage.UUID()
 	require.NoError(t, err)
-	diskKey, err := master.DeriveKey(uuid, statedisk.KeySize)
+	diskKey, err := master.StateDiskKey(uuid)
 	require.NoError(t, err)
 	initialized, err := e.node.Storage.Initialized()
 	require.NoError(t, err)

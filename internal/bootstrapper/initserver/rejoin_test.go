@@ -20,7 +20,6 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
-	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/pkg/atls"
@@ -66,7 +65,7 @@ func TestInitNodeDiskRejoinedOnlyByItself(t *testing.T) {
 	}
 	resp, err := dial(t, e.node).IssueRejoinTicket(ctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: diskUUID, ClientCertificateRequest: clientCSR("control-plane-0")})
 	require.NoError(t, err)
-	want, err := cluster.Master.DeriveKey(diskUUID, joinservice.StateDiskKeySize)
+	want, err := cluster.Master.StateDiskKey(diskUUID)
 	require.NoError(t, err)
 	assert.Equal(t, want, resp.StateDiskKey)
 

@@ -179,7 +179,13 @@ func New(cfg Config) (*Client, error) {
 // Join gets a join ticket, commits the node to the ticket's cluster (node lock and PCR 15,
 // storage), writes the PKI files and runs `kubeadm join`. It retries join services until
 // one issues a valid ticket, and returns ErrInitWon as soon as init takes the node lock, or
-// ctx's error when ctx ends.
+// ctx's error when ctx ends. In order:
+//
+//  1. the request: the node's name and disk, the kubelet's two keys and their CSRs;
+//  2. the ticket, from whichever join service issues a valid one of the node's cluster;
+//  3. commit: node lock, PCR 15, state storage re-keyed and unlocked;
+//  4. the files: PKI, the discovery kubeconfig, the API server's authorizer files;
+//  5. kubeadm join.
 func (c *Client) Join(ctx context.Context) error {
 	self, err := c.self(ctx)
 	if err != nil {
@@ -189,30 +195,58 @@ func (c *Client) Join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Two keys, one per certificate: the serving key never authenticates the node, the client
-	// key never serves.
-	servingKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return fmt.Errorf("kubelet serving key: %w", err)
-	}
-	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return fmt.Errorf("kubelet client key: %w", err)
-	}
-	servingCSR, err := kubeletcsr.ServingRequest(kubeletcsr.Node{Name: self.Name, Addresses: self.IPs}, servingKey)
+	keys, req, err := joinRequest(self, diskUUID)
 	if err != nil {
 		return err
 	}
-	clientCSR, err := kubeletcsr.ClientRequest(self.Name, clientKey)
+	ticket, err := c.awaitTicket(ctx, req, self, keys)
 	if err != nil {
 		return err
 	}
-	req := &joinpb.IssueJoinTicketRequest{
+	if err := c.commit(ctx, ticket); err != nil {
+		return err
+	}
+	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked", "disk", diskUUID)
+	if err := c.writeJoinFiles(ticket, self, keys); err != nil {
+		return err
+	}
+	// The discovery file holds the client key: it lives only as long as kubeadm needs it.
+	defer os.Remove(c.cfg.DiscoveryFile)
+	return c.kubeadmJoin(ctx, ticket, self)
+}
+
+// kubeletKeys are the kubelet's two keys, one per certificate: the serving key never
+// authenticates the node, the client key never serves.
+type kubeletKeys struct{ serving, client *ecdsa.PrivateKey }
+
+// joinRequest makes the kubelet's keys and the join ticket request for them.
+func joinRequest(self metadata.Instance, diskUUID string) (kubeletKeys, *joinpb.IssueJoinTicketRequest, error) {
+	var keys kubeletKeys
+	var err error
+	if keys.serving, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+		return keys, nil, fmt.Errorf("kubelet serving key: %w", err)
+	}
+	if keys.client, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+		return keys, nil, fmt.Errorf("kubelet client key: %w", err)
+	}
+	servingCSR, err := kubeletcsr.ServingRequest(kubeletcsr.Node{Name: self.Name, Addresses: self.IPs}, keys.serving)
+	if err != nil {
+		return keys, nil, err
+	}
+	clientCSR, err := kubeletcsr.ClientRequest(self.Name, keys.client)
+	if err != nil {
+		return keys, nil, err
+	}
+	return keys, &joinpb.IssueJoinTicketRequest{
 		DiskUuid: diskUUID, CertificateRequest: servingCSR, ClientCertificateRequest: clientCSR,
 		IsControlPlane: self.Role == metadata.ControlPlane,
-	}
+	}, nil
+}
 
-	// Stop as soon as init wins: the loser of the race must not keep asking for tickets.
+// awaitTicket asks join services for a ticket until one issues a valid ticket of the
+// service's own cluster. It stops with ErrInitWon as soon as init takes the node lock: the
+// loser of the race must not keep asking for tickets.
+func (c *Client) awaitTicket(ctx context.Context, req *joinpb.IssueJoinTicketRequest, self metadata.Instance, keys kubeletKeys) (*joinpb.IssueJoinTicketResponse, error) {
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
 	go func() {
@@ -223,12 +257,12 @@ func (c *Client) Join(ctx context.Context) error {
 		}
 	}()
 	var ticket *joinpb.IssueJoinTicketResponse
-	err = c.retry(waitCtx, func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error {
+	err := c.retry(waitCtx, func(ctx context.Context, client joinpb.JoinServiceClient, sameCluster func(measurementSecret, measurementSalt []byte) error, opts ...grpc.CallOption) error {
 		resp, err := client.IssueJoinTicket(ctx, req, opts...)
 		if err != nil {
 			return err
 		}
-		if err := checkTicket(resp, self, servingKey.Public(), clientKey.Public()); err != nil {
+		if err := checkTicket(resp, self, keys.serving.Public(), keys.client.Public()); err != nil {
 			return fmt.Errorf("invalid join ticket: %w", err)
 		}
 		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
@@ -240,11 +274,16 @@ func (c *Client) Join(ctx context.Context) error {
 	stopWaiting()
 	if err != nil {
 		if c.cfg.Node.LockHolder() != "" {
-			return fmt.Errorf("%w (lock taken by %s)", ErrInitWon, c.cfg.Node.LockHolder())
+			return nil, fmt.Errorf("%w (lock taken by %s)", ErrInitWon, c.cfg.Node.LockHolder())
 		}
-		return err
+		return nil, err
 	}
+	return ticket, nil
+}
 
+// commit takes the node lock for the ticket's cluster (PCR 15) and re-keys and unlocks the
+// state storage with the ticket's disk key.
+func (c *Client) commit(ctx context.Context, ticket *joinpb.IssueJoinTicketResponse) error {
 	clusterID, err := kms.ClusterID(ticket.MeasurementSecret, ticket.MeasurementSalt)
 	if err != nil {
 		return err
@@ -255,28 +294,35 @@ func (c *Client) Join(ctx context.Context) error {
 		}
 		return err
 	}
-	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked", "disk", diskUUID)
-	if err := c.writePKI(ticket, servingKey); err != nil {
+	return nil
+}
+
+// writeJoinFiles writes the PKI files, the discovery kubeconfig with the client key, and on
+// a control plane the API server's files for the removed-node authorizer.
+func (c *Client) writeJoinFiles(ticket *joinpb.IssueJoinTicketResponse, self metadata.Instance, keys kubeletKeys) error {
+	if err := c.writePKI(ticket, keys.serving); err != nil {
 		return err
 	}
-	if err := c.writeDiscoveryFile(ticket, self.Name, clientKey); err != nil {
+	if err := c.writeDiscoveryFile(ticket, self.Name, keys.client); err != nil {
 		return err
 	}
 	if self.Role == metadata.ControlPlane {
-		if err := nodeauthz.WriteAPIServerFiles(c.cfg.APIServerConfigDir, filepath.Join(kubeadmconfig.CertificatesDir, pki.CACert), nodeauthz.Addr); err != nil {
-			return err
-		}
+		return nodeauthz.WriteAPIServerFiles(c.cfg.APIServerConfigDir, filepath.Join(kubeadmconfig.CertificatesDir, pki.CACert), nodeauthz.Addr)
 	}
-	// The discovery file holds the client key: it lives only as long as kubeadm needs it.
-	defer os.Remove(c.cfg.DiscoveryFile)
+	return nil
+}
+
+// kubeadmJoin runs kubeadm join with the configuration for this node and ticket.
+func (c *Client) kubeadmJoin(ctx context.Context, ticket *joinpb.IssueJoinTicketResponse, self metadata.Instance) error {
+	controlPlane := self.Role == metadata.ControlPlane
 	config, err := c.cfg.KubeadmConfig(JoinParams{
-		Self: self, DiscoveryFile: c.cfg.DiscoveryFile, ControlPlane: self.Role == metadata.ControlPlane,
+		Self: self, DiscoveryFile: c.cfg.DiscoveryFile, ControlPlane: controlPlane,
 		KubernetesVersion: ticket.KubernetesVersion,
 	})
 	if err != nil {
 		return fmt.Errorf("generating the kubeadm join configuration: %w", err)
 	}
-	c.cfg.Log.Info("running kubeadm join", "apiServer", untrusted.Quote(ticket.ApiServerEndpoint), "controlPlane", req.IsControlPlane)
+	c.cfg.Log.Info("running kubeadm join", "apiServer", untrusted.Quote(ticket.ApiServerEndpoint), "controlPlane", controlPlane)
 	if err := c.cfg.Kubeadm.Join(ctx, config, logWriter{c.cfg.Log}); err != nil {
 		return err
 	}

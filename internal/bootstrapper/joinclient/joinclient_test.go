@@ -168,7 +168,7 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	// The storage is keyed with the disk key of its UUID and marked.
 	uuid, err := e.node.Storage.UUID()
 	require.NoError(t, err)
-	diskKey, err := e.cluster.Master.DeriveKey(uuid, statedisk.KeySize)
+	diskKey, err := e.cluster.Master.StateDiskKey(uuid)
 	require.NoError(t, err)
 	initialized, err := e.node.Storage.Initialized()
 	require.NoError(t, err)

@@ -1,9 +1,9 @@
 // Package nodelock decides, once per boot, whether a node initializes a new cluster or joins
 // an existing one. Init (the CLI's request) and join (the node's own attempt) race on a
 // fresh node; exactly one wins, and the winner marks the node as belonging to its cluster by
-// extending PCR 15 with the cluster ID before anything irreversible happens (DESIGN 2). From
-// then on the node's evidence names its cluster, and it can never attest as a fresh node
-// again in this boot.
+// extending PCR 15 with the cluster ID before anything irreversible happens (docs/design.md
+// "2.4 The initialized marker (PCR 15)"). From then on the node's evidence names its cluster,
+// and it can never attest as a fresh node again in this boot.
 //
 // The lock lives in the TPM as well as in memory: PCR 15 starts at zero on every boot and
 // cannot be reset, so a non-zero PCR 15 means the lock was taken earlier in this boot (by a

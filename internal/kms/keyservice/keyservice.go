@@ -1,6 +1,7 @@
-// Package keyservice serves keys derived from the master secret (DESIGN 2) over gRPC with
-// mutual TLS: only callers with a client certificate from the cluster's key-service client CA
-// are served, and each only for the key ids its Policy grants (DESIGN 3.3).
+// Package keyservice serves keys derived from the master secret (docs/design.md "2.2 Derived
+// keys") over gRPC with mutual TLS: only callers with a client certificate from the cluster's
+// key-service client CA are served, and each only for the key ids its Policy grants
+// (docs/design.md "1.9 The key service answers only whom it must").
 package keyservice
 
 import (

@@ -11,8 +11,9 @@ import (
 )
 
 // Policy authorizes callers, named by the common name of their client certificate, for key
-// ids. Upstream's key service answered anyone who could reach it (DESIGN 3.3); ours answers
-// only the callers listed here, and only for their ids.
+// ids. Upstream's key service answered anyone who could reach it; ours answers only the
+// callers listed here, and only for their ids (docs/design.md "1.9 The key service answers
+// only whom it must").
 //
 // JSON form (the key service's policy file):
 //
@@ -26,7 +27,8 @@ type Grant struct {
 	// KeyIDPrefixes: the caller may derive any id that starts with one of these.
 	KeyIDPrefixes []string `json:"keyIDPrefixes"`
 	// StateDiskKeys: the caller may derive state-disk keys, whose ids are lower-case UUIDs
-	// (DESIGN 2). A prefix cannot express "any UUID", and no other id looks like one.
+	// (docs/design.md "2.2 Derived keys"). A prefix cannot express "any UUID", and no other
+	// id looks like one.
 	StateDiskKeys bool `json:"stateDiskKeys"`
 }
 

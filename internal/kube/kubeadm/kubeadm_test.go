@@ -18,12 +18,14 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/testtier"
 )
 
 // runner runs the real kubeadm in dry-run mode, with its dry-run directory (where it
 // writes certificates, kubeconfigs and manifests instead of /etc/kubernetes) in a temporary
 // directory, so the host is not touched.
 func runner(t *testing.T) (kubeadm.Runner, string) {
+	testtier.Integration(t, "kubeadm (make kube)")
 	bin, err := kubetest.Binary("kubeadm")
 	require.NoError(t, err)
 	dir := t.TempDir()

@@ -26,12 +26,14 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/testtier"
 )
 
 // runKubeadm runs the real kubeadm with args, and env added to the environment, and returns
 // its stdout and stderr.
 func runKubeadm(t *testing.T, env []string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	testtier.Integration(t, "kubeadm (make kube)")
 	bin, err := kubetest.Binary("kubeadm")
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

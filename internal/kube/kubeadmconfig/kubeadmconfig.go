@@ -209,23 +209,33 @@ type JoinParams struct {
 }
 
 // Init returns the configuration file for `kubeadm init`: InitConfiguration,
-// ClusterConfiguration and KubeletConfiguration.
+// ClusterConfiguration and KubeletConfiguration, and kube-proxy's, one after the other:
+//
+//  1. the node: its registration and the API server's local endpoint;
+//  2. the cluster: etcd, networks, the control-plane components' hardened flags;
+//  3. the kubelet: webhook authentication and authorization, its serving certificate;
+//  4. kube-proxy in nftables mode.
 func Init(p InitParams) ([]byte, error) {
 	if err := p.validate(); err != nil {
 		return nil, fmt.Errorf("invalid kubeadm init parameters: %w", err)
 	}
 	nodeIP := p.NodeIP.Unmap()
-	endpoint := p.ControlPlaneEndpoint
-	if endpoint == "" {
-		endpoint = netip.AddrPortFrom(nodeIP, APIServerPort).String()
-	}
-
 	initCfg := &kubeadmv1beta4.InitConfiguration{
 		NodeRegistration: nodeRegistration(p.NodeName, nodeIP, p.CRISocket, p.Sandbox, true),
 		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: nodeIP.String(), BindPort: APIServerPort},
 		SkipPhases:       SkippedInitPhases,
 	}
+	return encode(initCfg, clusterConfiguration(p, nodeIP), initKubeletConfiguration(p), kubeProxyConfiguration(p))
+}
 
+// clusterConfiguration is the cluster's kubeadm configuration: etcd's data directory, the
+// networks, the control-plane endpoint (this node's unless p names one), and the API
+// server, controller manager and scheduler with their hardened flags.
+func clusterConfiguration(p InitParams, nodeIP netip.Addr) *kubeadmv1beta4.ClusterConfiguration {
+	endpoint := p.ControlPlaneEndpoint
+	if endpoint == "" {
+		endpoint = netip.AddrPortFrom(nodeIP, APIServerPort).String()
+	}
 	apiServerArgs := []kubeadmv1beta4.Arg{
 		{Name: "profiling", Value: "false"},
 		{Name: "authorization-config", Value: nodeauthz.AuthorizationConfigFile},
@@ -264,7 +274,11 @@ func Init(p InitParams) ([]byte, error) {
 	if p.PodCIDR.IsValid() {
 		clusterCfg.Networking.PodSubnet = p.PodCIDR.String()
 	}
+	return clusterCfg
+}
 
+// initKubeletConfiguration is the kubelet configuration kubeadm init uploads for every node.
+func initKubeletConfiguration(p InitParams) *kubeletv1beta1.KubeletConfiguration {
 	kubeletCfg := &kubeletv1beta1.KubeletConfiguration{
 		Authentication: kubeletv1beta1.KubeletAuthentication{
 			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: path.Join(CertificatesDir, kubeadmconstants.CACertName)},
@@ -284,16 +298,19 @@ func Init(p InitParams) ([]byte, error) {
 		kubeletCfg.CgroupDriver = "cgroupfs"
 		kubeletCfg.FailSwapOn = ptr.To(false)
 	}
-	// kube-proxy in nftables mode (the sandbox's kube-proxy image carries nft; nftables is
-	// kube-proxy's current mode). A sandbox node shares the host's conntrack table, whose
-	// size only the host may set: maxPerCore 0 leaves it alone.
+	return kubeletCfg
+}
+
+// kubeProxyConfiguration runs kube-proxy in nftables mode (the sandbox's kube-proxy image
+// carries nft; nftables is kube-proxy's current mode). A sandbox node shares the host's
+// conntrack table, whose size only the host may set: maxPerCore 0 leaves it alone.
+func kubeProxyConfiguration(p InitParams) *kubeproxyv1alpha1.KubeProxyConfiguration {
 	proxyCfg := &kubeproxyv1alpha1.KubeProxyConfiguration{Mode: "nftables"}
 	if p.Sandbox {
 		proxyCfg.Conntrack.MaxPerCore = ptr.To[int32](0)
 		proxyCfg.Conntrack.Min = ptr.To[int32](0)
 	}
-
-	return encode(initCfg, clusterCfg, kubeletCfg, proxyCfg)
+	return proxyCfg
 }
 
 // Join returns the configuration file for `kubeadm join`: a JoinConfiguration. The kubelet's

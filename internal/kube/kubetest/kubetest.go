@@ -39,6 +39,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/testtier"
 )
 
 // Version is the Kubernetes version hack/build-kube.sh builds.
@@ -116,6 +117,7 @@ func Binary(name string) (string, error) {
 // Start starts a control plane for t and stops it when t ends.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	testtier.Integration(t, "etcd and kube-apiserver")
 	c, err := StartProcesses(context.Background(), t.TempDir(), opts)
 	if err != nil {
 		t.Fatalf("starting Kubernetes control plane: %v", err)
@@ -125,7 +127,12 @@ func Start(t testing.TB, opts Options) *Cluster {
 }
 
 // StartProcesses starts etcd and kube-apiserver with state under dir and waits until the API
-// server is ready (at most 60 s or ctx). The caller must call Stop.
+// server is ready (at most 60 s or ctx). The caller must call Stop. In order:
+//
+//  1. find the binaries and three free ports (etcd client, etcd peer, API server);
+//  2. the PKI: cluster CAs, the API server's serving certificate, the admin kubeconfig;
+//  3. etcd, then kube-apiserver, then wait until it is ready;
+//  4. kube-controller-manager, if opts name controllers.
 func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, err error) {
 	etcdBin, err := Binary("etcd")
 	if err != nil {
@@ -150,12 +157,36 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 	c.Host = "127.0.0.1:" + strconv.Itoa(ports[2])
 	c.Endpoint = "https://" + c.Host
 
-	now := time.Now()
-	if c.PKI, err = pki.NewCluster(now); err != nil {
+	if err := c.writeCredentials(); err != nil {
 		return nil, err
 	}
-	if err := c.PKI.Write(c.PKIDir); err != nil {
+	if err := c.startEtcd(etcdBin, etcdClient, etcdPeer, opts.Fsync); err != nil {
 		return nil, err
+	}
+	if err := c.startAPIServer(apiserverBin, etcdClient, ports[2], opts.AuthorizationConfig); err != nil {
+		return nil, err
+	}
+	if err := c.waitReady(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	if len(opts.Controllers) > 0 {
+		if err := c.startControllerManager(opts.Controllers); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// writeCredentials creates the cluster's CAs in PKIDir, the API server's serving certificate
+// and the admin kubeconfig.
+func (c *Cluster) writeCredentials() error {
+	now := time.Now()
+	var err error
+	if c.PKI, err = pki.NewCluster(now); err != nil {
+		return err
+	}
+	if err := c.PKI.Write(c.PKIDir); err != nil {
+		return err
 	}
 	if err := c.writeLeaf("apiserver", pki.Leaf{
 		CommonName: "kube-apiserver", Server: true,
@@ -163,39 +194,43 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 		IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 96, 0, 1)},
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	adminCert, adminKey, err := c.PKI.CA.NewLeaf(pki.Leaf{CommonName: "kubernetes-admin", Organizations: []string{"system:masters"}, Client: true, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour)})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := c.writeAdmin(adminCert, adminKey); err != nil {
-		return nil, err
-	}
+	return c.writeAdmin(adminCert, adminKey)
+}
 
-	etcdArgs := []string{
-		"--name=kubetest", "--data-dir=" + filepath.Join(dir, "etcd"),
-		"--listen-client-urls=" + etcdClient, "--advertise-client-urls=" + etcdClient,
-		"--listen-peer-urls=" + etcdPeer, "--initial-advertise-peer-urls=" + etcdPeer,
-		"--initial-cluster=kubetest=" + etcdPeer, "--log-level=warn",
+// startEtcd starts a one-member etcd with its data under Dir; without fsync unless asked.
+func (c *Cluster) startEtcd(bin, client, peer string, fsync bool) error {
+	args := []string{
+		"--name=kubetest", "--data-dir=" + filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=kubetest=" + peer, "--log-level=warn",
 	}
-	if !opts.Fsync {
-		etcdArgs = append(etcdArgs, "--unsafe-no-fsync")
+	if !fsync {
+		args = append(args, "--unsafe-no-fsync")
 	}
-	if err := c.start(etcdBin, "etcd", etcdArgs...); err != nil {
-		return nil, err
-	}
+	return c.start(bin, "etcd", args...)
+}
+
+// startAPIServer starts kube-apiserver on 127.0.0.1:port against etcd, authorizing with
+// Node and RBAC or with the file authorizationConfig writes.
+func (c *Cluster) startAPIServer(bin, etcdClient string, port int, authorizationConfig func(pkiDir string) (string, error)) error {
 	authz := "--authorization-mode=Node,RBAC"
-	if opts.AuthorizationConfig != nil {
-		file, err := opts.AuthorizationConfig(c.PKIDir)
+	if authorizationConfig != nil {
+		file, err := authorizationConfig(c.PKIDir)
 		if err != nil {
-			return nil, fmt.Errorf("authorization configuration: %w", err)
+			return fmt.Errorf("authorization configuration: %w", err)
 		}
 		authz = "--authorization-config=" + file
 	}
-	if err := c.start(apiserverBin, "kube-apiserver",
+	return c.start(bin, "kube-apiserver",
 		"--etcd-servers="+etcdClient,
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[2]), "--advertise-address=127.0.0.1",
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port), "--advertise-address=127.0.0.1",
 		"--tls-cert-file="+filepath.Join(c.PKIDir, "apiserver.crt"),
 		"--tls-private-key-file="+filepath.Join(c.PKIDir, "apiserver.key"),
 		"--client-ca-file="+filepath.Join(c.PKIDir, pki.CACert),
@@ -209,19 +244,8 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 		"--enable-bootstrap-token-auth",
 		// The endpoint reconciler refuses loopback addresses; tests do not need it.
 		"--endpoint-reconciler-type=none",
-		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
-	); err != nil {
-		return nil, err
-	}
-	if err := c.waitReady(ctx, 60*time.Second); err != nil {
-		return nil, err
-	}
-	if len(opts.Controllers) > 0 {
-		if err := c.startControllerManager(opts.Controllers); err != nil {
-			return nil, err
-		}
-	}
-	return c, nil
+		"--cert-dir="+filepath.Join(c.Dir, "apiserver-certs"),
+	)
 }
 
 // startControllerManager runs kube-controller-manager with the given controllers against the
@@ -391,6 +415,7 @@ type Shared struct {
 // Get returns the shared control plane, starting it on first use.
 func (s *Shared) Get(t testing.TB) *Cluster {
 	t.Helper()
+	testtier.Integration(t, "etcd and kube-apiserver")
 	s.once.Do(func() {
 		if s.dir, s.err = os.MkdirTemp("", "kubetest"); s.err != nil {
 			return

@@ -8,7 +8,8 @@ import (
 )
 
 // Active holds the reference sets in force for one variant and lets a watcher swap them while
-// validations run (DESIGN 3.4: upgrades add a set, roll the nodes, then retire the old set).
+// validations run (docs/design.md "1.8 Reference values change without a gap": upgrades add
+// a set, roll the nodes, then retire the old set).
 //
 // A validation reads the sets once (Load) and decides against that snapshot. Store is atomic:
 // once it returns, no later Load sees a retired set, so a caller that re-checks its decision

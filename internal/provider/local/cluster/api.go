@@ -24,6 +24,8 @@ import (
 //	DELETE /v1/nodes/{name}
 //	GET    /v1/endpoints           provider.Endpoints
 //	POST   /v1/stop                turns every node off and ends the provider (folders kept)
+//
+// serveAPI listens on the socket, serves the API until ctx ends, and returns once it listens.
 func (p *Provider) serveAPI(ctx context.Context) error {
 	path := filepath.Join(p.spec.Dir, SocketFile)
 	_ = os.Remove(path)
@@ -35,68 +37,28 @@ func (p *Provider) serveAPI(ctx context.Context) error {
 		l.Close()
 		return err
 	}
+	srv := &http.Server{Handler: p.apiHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return nil
+}
+
+// apiHandler routes the control API's requests (listed above).
+func (p *Provider) apiHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/nodes", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, p.views())
 	})
-	mux.HandleFunc("POST /v1/nodes", func(w http.ResponseWriter, r *http.Request) {
-		var specs []provider.NodeSpec
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&specs); err != nil {
-			http.Error(w, "malformed node list: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		added, err := p.addNodes(specs)
-		if err != nil && len(added) == 0 {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		var out []provider.Node
-		for _, a := range added {
-			p.mu.Lock()
-			n := p.nodes[a.Name]
-			p.mu.Unlock()
-			if n != nil {
-				out = append(out, p.view(n))
-			}
-		}
-		writeJSON(w, out)
-	})
-	mux.HandleFunc("POST /v1/nodes/{name}/reboot", func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		p.mu.Lock()
-		n, ok := p.nodes[name]
-		p.mu.Unlock()
-		if !ok {
-			http.Error(w, "no node "+name, http.StatusNotFound)
-			return
-		}
-		p.event(n, "reboot requested")
-		if err := p.reboot(n, "reboot requested"); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	mux.HandleFunc("POST /v1/nodes/{name}/power-cut", func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		p.mu.Lock()
-		n, ok := p.nodes[name]
-		p.mu.Unlock()
-		if !ok {
-			http.Error(w, "no node "+name, http.StatusNotFound)
-			return
-		}
-		p.event(n, "power cut")
-		if err := p.powerCut(n); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
+	mux.HandleFunc("POST /v1/nodes", p.handleAddNodes)
+	mux.HandleFunc("POST /v1/nodes/{name}/reboot", p.nodeAction("reboot requested", func(n *node) error {
+		return p.reboot(n, "reboot requested")
+	}))
+	mux.HandleFunc("POST /v1/nodes/{name}/power-cut", p.nodeAction("power cut", p.powerCut))
 	mux.HandleFunc("DELETE /v1/nodes/{name}", func(w http.ResponseWriter, r *http.Request) {
 		err := p.deleteNode(r.PathValue("name"))
 		switch {
@@ -116,15 +78,56 @@ func (p *Provider) serveAPI(ctx context.Context) error {
 		p.log.Info("stop requested: turning every node off, keeping their disks")
 		p.stop()
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	return nil
+	return mux
+}
+
+// handleAddNodes creates and boots the nodes of the request's list and answers with them.
+func (p *Provider) handleAddNodes(w http.ResponseWriter, r *http.Request) {
+	var specs []provider.NodeSpec
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&specs); err != nil {
+		http.Error(w, "malformed node list: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	added, err := p.addNodes(specs)
+	if err != nil && len(added) == 0 {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var out []provider.Node
+	for _, a := range added {
+		p.mu.Lock()
+		n := p.nodes[a.Name]
+		p.mu.Unlock()
+		if n != nil {
+			out = append(out, p.view(n))
+		}
+	}
+	writeJSON(w, out)
+}
+
+// nodeAction handles a request on the node named in the path: event goes into its events,
+// then act runs on it.
+func (p *Provider) nodeAction(event string, act func(*node) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		p.mu.Lock()
+		n, ok := p.nodes[name]
+		p.mu.Unlock()
+		if !ok {
+			http.Error(w, "no node "+name, http.StatusNotFound)
+			return
+		}
+		p.event(n, event)
+		if err := act(n); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

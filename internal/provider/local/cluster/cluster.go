@@ -378,6 +378,16 @@ func (p *Provider) boot(n *node, why string) error {
 	return p.bootLocked(n, why)
 }
 
+// bootLocked boots n with n.ops held, in the order a machine powers on:
+//
+//  1. the node's directories, and a new network namespace (a machine's network stack is
+//     new at every boot);
+//  2. its swtpm, power-cycled, with the image measured, the AK certified and the platform
+//     hierarchy locked (firmware's part);
+//  3. its cgroup and the bootstrapper in the node's namespaces;
+//  4. the watchers of the bootstrapper and the swtpm.
+//
+// A failure marks the node failed, with an event.
 func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 	ctx := p.ctx
 	if ctx.Err() != nil {
@@ -390,86 +400,15 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 			p.event(n, "boot failed: "+retErr.Error())
 		}
 	}()
-	i, name := n.spec.Index, n.spec.Name
-	dir := p.nodeDir(name)
-	for _, d := range []string{"tpm", "logs", "state"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
-			return err
-		}
-	}
-	// The node's network namespace is new at every boot, as a machine's network stack is.
-	if err := p.net.DeleteNode(ctx, name, i); err != nil {
+	if err := p.prepareNode(ctx, n); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	var peers []int
-	for _, o := range p.nodes {
-		peers = append(peers, o.spec.Index)
-	}
-	p.mu.Unlock()
-	if err := p.net.AddNode(ctx, name, i, peers); err != nil {
-		return fmt.Errorf("network of %s: %w", name, err)
-	}
-	tpmProc, err := swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(dir, "tpm")})
+	tpmProc, err := p.startTPM(ctx, n)
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	n.tpm = tpmProc
-	p.mu.Unlock()
-	image, err := local.ImageComponents(n.spec.Image)
+	cmd, err := p.startBootstrapper(n)
 	if err != nil {
-		return err
-	}
-	tpm, err := tpmProc.Open(ctx)
-	if err != nil {
-		return err
-	}
-	// The firmware's event log of this boot replaces the last boot's (the power cycle reset
-	// the PCRs); it is written before the node starts, which reads it (nodeos).
-	bootLog, err := local.MeasureLogged(tpm, image)
-	if err == nil {
-		err = local.WriteEventLog(filepath.Join(dir, "tpm", local.EventLogFile), bootLog)
-	}
-	if err == nil {
-		err = local.CertifyAK(tpm, p.ca, name, n.spec.Role, time.Now())
-	}
-	if err == nil {
-		err = local.LockPlatform(tpm)
-	}
-	tpm.Close()
-	if err != nil {
-		return err
-	}
-	cg := p.cgroup.Child(name)
-	if err := cg.Create(); err != nil {
-		return err
-	}
-	if err := cg.Child("pods").Create(); err != nil {
-		return err
-	}
-	procs, err := cg.Procs()
-	if err != nil {
-		return err
-	}
-	args := []string{"--node-dir", dir, "--image-dir", n.spec.Image}
-	for _, img := range p.spec.Images {
-		args = append(args, "--image", img)
-	}
-	// The launcher puts itself into the node's cgroup before it execs into the node's
-	// namespaces, so nothing the node starts escapes the cgroup.
-	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`
-	cmdArgs := append([]string{"-c", script, "launch", "nsenter", "--net=" + sandbox.NSPath(p.net.NodeNS(name)), "--",
-		"unshare", "--mount", "--uts", "--propagation", "private", "--", filepath.Join(n.spec.Image, "bootstrapper")}, args...)
-	logf, err := os.OpenFile(filepath.Join(dir, "logs", "bootstrapper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command("sh", cmdArgs...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	p.meta.ClearReport(name)
-	if err := cmd.Start(); err != nil {
 		return err
 	}
 	exited := make(chan struct{})
@@ -483,8 +422,109 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 	p.event(n, "booted ("+why+")")
 	go p.watch(n, cmd, exited, boot)
 	go p.watchTPM(n, tpmProc, boot)
-	p.log.Info("node started", "node", name, "pid", cmd.Process.Pid, "ip", sandbox.NodeAddr(i))
+	p.log.Info("node started", "node", n.spec.Name, "pid", cmd.Process.Pid, "ip", sandbox.NodeAddr(n.spec.Index))
 	return nil
+}
+
+// prepareNode makes n's directories and a new network namespace, linked to every node.
+func (p *Provider) prepareNode(ctx context.Context, n *node) error {
+	i, name := n.spec.Index, n.spec.Name
+	dir := p.nodeDir(name)
+	for _, d := range []string{"tpm", "logs", "state"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	if err := p.net.DeleteNode(ctx, name, i); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	var peers []int
+	for _, o := range p.nodes {
+		peers = append(peers, o.spec.Index)
+	}
+	p.mu.Unlock()
+	if err := p.net.AddNode(ctx, name, i, peers); err != nil {
+		return fmt.Errorf("network of %s: %w", name, err)
+	}
+	return nil
+}
+
+// startTPM starts n's swtpm (a power cycle: PCRs reset) and plays firmware: measures the
+// image with its event log, certifies the AK, locks the platform hierarchy.
+func (p *Provider) startTPM(ctx context.Context, n *node) (*swtpm.Process, error) {
+	dir := p.nodeDir(n.spec.Name)
+	tpmProc, err := swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(dir, "tpm")})
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	n.tpm = tpmProc
+	p.mu.Unlock()
+	image, err := local.ImageComponents(n.spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	tpm, err := tpmProc.Open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The firmware's event log of this boot replaces the last boot's (the power cycle reset
+	// the PCRs); it is written before the node starts, which reads it (nodeos).
+	bootLog, err := local.MeasureLogged(tpm, image)
+	if err == nil {
+		err = local.WriteEventLog(filepath.Join(dir, "tpm", local.EventLogFile), bootLog)
+	}
+	if err == nil {
+		err = local.CertifyAK(tpm, p.ca, n.spec.Name, n.spec.Role, time.Now())
+	}
+	if err == nil {
+		err = local.LockPlatform(tpm)
+	}
+	tpm.Close()
+	if err != nil {
+		return nil, err
+	}
+	return tpmProc, nil
+}
+
+// startBootstrapper creates n's cgroup and starts the bootstrapper in it and in the node's
+// namespaces, logging to the node's bootstrapper.log.
+func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
+	name := n.spec.Name
+	dir := p.nodeDir(name)
+	cg := p.cgroup.Child(name)
+	if err := cg.Create(); err != nil {
+		return nil, err
+	}
+	if err := cg.Child("pods").Create(); err != nil {
+		return nil, err
+	}
+	procs, err := cg.Procs()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--node-dir", dir, "--image-dir", n.spec.Image}
+	for _, img := range p.spec.Images {
+		args = append(args, "--image", img)
+	}
+	// The launcher puts itself into the node's cgroup before it execs into the node's
+	// namespaces, so nothing the node starts escapes the cgroup.
+	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`
+	cmdArgs := append([]string{"-c", script, "launch", "nsenter", "--net=" + sandbox.NSPath(p.net.NodeNS(name)), "--",
+		"unshare", "--mount", "--uts", "--propagation", "private", "--", filepath.Join(n.spec.Image, "bootstrapper")}, args...)
+	logf, err := os.OpenFile(filepath.Join(dir, "logs", "bootstrapper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command("sh", cmdArgs...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	p.meta.ClearReport(name)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return cmd, nil
 }
 
 // watch waits for a boot's bootstrapper to exit. An exit the provider did not cause is a

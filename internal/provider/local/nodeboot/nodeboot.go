@@ -180,40 +180,22 @@ func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Lo
 	}
 }
 
+// bringIn brings the node into its cluster, in order:
+//
+//  1. attestation: the node's issuer, once its TPM quotes, and its check of the join service;
+//  2. the node: its lock and its state storage, opened;
+//  3. the join client;
+//  4. on a control plane, the recovery server (rebooted) or the init server (fresh);
+//  5. the bootstrapper, which picks init, join, rejoin or recovery.
 func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
-	open := vtpm.OpenAddr("unix:" + nodeos.TPMSocket)
-	tpm := vtpm.PerUseTPM{Open: open}
+	tpm := vtpm.PerUseTPM{Open: vtpm.OpenAddr("unix:" + nodeos.TPMSocket)}
 	progress := asyncReporter(ctx, meta, log)
-	// Everything the node offers starts with a quote: make sure there is one, and say why
-	// not while there is none, instead of failing every handshake silently.
-	issuer, err := tpmcheck.Wait(ctx, tpmcheck.Config{
-		NewIssuer: func(ctx context.Context) (attestation.Issuer, error) {
-			return choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: open, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(nodeos.EventLog)})
-		},
-		DA: tpm, Report: progress, Log: log,
-	})
-	if err != nil {
-		return "", fmt.Errorf("loading the node's attestation key: %w", err)
-	}
-	// Before anything touches the network: the join service must be a certified control
-	// plane of this node's image (or a configured set), initialized; the AK root comes from
-	// the node's own TPM (joinservice.ServiceCheck).
-	serviceValidator, err := joinservice.ServiceCheck{Variant: local.Variant, Log: log}.Validator(tpm)
-	if err != nil {
-		return "", err
-	}
-	lock, err := nodelock.New(tpm)
+	issuer, serviceValidator, err := nodeAttestation(ctx, tpm, progress, log)
 	if err != nil {
 		return "", err
 	}
 	inst := self.Instance()
-	storage := &stateStorage{
-		Storage: &statedisk.Gocryptfs{Dir: filepath.Join(o.NodeDir, "state"), MountPoint: nodeos.StateMount},
-		mount: func() error {
-			return osys.MountState(nodeos.StateMount, self.Name, firstIP(inst))
-		},
-	}
-	n, err := node.Open(ctx, lock, storage)
+	n, err := openNode(ctx, o, tpm, self, osys)
 	if err != nil {
 		return "", err
 	}
@@ -234,21 +216,10 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	}
 	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: func(phase string) { progress(phase, "") }}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
-		rs, err := recoveryserver.New(recoveryserver.Config{
-			Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log,
-			RenewKubeletCredential: func() error {
-				return kubeletcred.RenewWithCA(kubeadmconfig.CertificatesDir, kubeletcred.CertDir, inst.Name, time.Now())
-			},
-		})
-		if err != nil {
+		if cfg.RecoveryServer, cfg.RecoveryListener, err = recoveryServer(ctx, o, n, issuer, inst, kubelet, log); err != nil {
 			return "", err
 		}
-		l, err := net.Listen("tcp", o.RecoverAddr)
-		if err != nil {
-			return "", fmt.Errorf("listening for recovery: %w", err)
-		}
-		defer l.Close()
-		cfg.RecoveryServer, cfg.RecoveryListener = rs, l
+		defer cfg.RecoveryListener.Close()
 	}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Fresh {
 		is, err := initserver.New(initserver.Config{
@@ -269,6 +240,65 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		cfg.InitServer, cfg.InitListener = is, l
 	}
 	return bootstrapper.Run(ctx, cfg)
+}
+
+// nodeAttestation waits until the node's TPM quotes and returns the node's issuer, and the
+// node's check of the join service.
+func nodeAttestation(ctx context.Context, tpm vtpm.PerUseTPM, progress func(phase, detail string), log *slog.Logger) (attestation.Issuer, attestation.Validator, error) {
+	// Everything the node offers starts with a quote: make sure there is one, and say why
+	// not while there is none, instead of failing every handshake silently.
+	issuer, err := tpmcheck.Wait(ctx, tpmcheck.Config{
+		NewIssuer: func(ctx context.Context) (attestation.Issuer, error) {
+			return choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: tpm.Open, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(nodeos.EventLog)})
+		},
+		DA: tpm, Report: progress, Log: log,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the node's attestation key: %w", err)
+	}
+	// Before anything touches the network: the join service must be a certified control
+	// plane of this node's image (or a configured set), initialized; the AK root comes from
+	// the node's own TPM (joinservice.ServiceCheck).
+	serviceValidator, err := joinservice.ServiceCheck{Variant: local.Variant, Log: log}.Validator(tpm)
+	if err != nil {
+		return nil, nil, err
+	}
+	return issuer, serviceValidator, nil
+}
+
+// openNode opens the node: its lock (PCR 15) and its gocryptfs state storage, mounted where
+// the node keeps its state once unlocked.
+func openNode(ctx context.Context, o Options, tpm vtpm.PerUseTPM, self metaserver.Node, osys *nodeos.OS) (*node.Node, error) {
+	lock, err := nodelock.New(tpm)
+	if err != nil {
+		return nil, err
+	}
+	inst := self.Instance()
+	storage := &stateStorage{
+		Storage: &statedisk.Gocryptfs{Dir: filepath.Join(o.NodeDir, "state"), MountPoint: nodeos.StateMount},
+		mount: func() error {
+			return osys.MountState(nodeos.StateMount, self.Name, firstIP(inst))
+		},
+	}
+	return node.Open(ctx, lock, storage)
+}
+
+// recoveryServer is the recovery server of a rebooted control plane, with its listener.
+func recoveryServer(ctx context.Context, o Options, n *node.Node, issuer attestation.Issuer, inst metadata.Instance, kubelet *nodeos.Supervisor, log *slog.Logger) (*recoveryserver.Server, net.Listener, error) {
+	rs, err := recoveryserver.New(recoveryserver.Config{
+		Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log,
+		RenewKubeletCredential: func() error {
+			return kubeletcred.RenewWithCA(kubeadmconfig.CertificatesDir, kubeletcred.CertDir, inst.Name, time.Now())
+		},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := net.Listen("tcp", o.RecoverAddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening for recovery: %w", err)
+	}
+	return rs, l, nil
 }
 
 // DefaultDeployWaitTimeout bounds how long init waits for the in-cluster services: their

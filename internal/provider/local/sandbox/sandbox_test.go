@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -21,6 +22,7 @@ import (
 // from the bridge namespace and from the other node (through the bridge), runs a process in
 // a cgroup, and removes everything again.
 func TestNetworkAndCgroup(t *testing.T) {
+	testtier.Integration(t, "network namespaces and cgroups, as root")
 	idBytes := make([]byte, 3)
 	_, _ = rand.Read(idBytes)
 	n := Network{ID: hex.EncodeToString(idBytes)}
@@ -87,6 +89,7 @@ func TestNetworkAndCgroup(t *testing.T) {
 // (a power cut kills the node's TPM then, before any of the node's processes can see it
 // go), and afterwards none is left.
 func TestKillFrozen(t *testing.T) {
+	testtier.Integration(t, "cgroups, as root")
 	idBytes := make([]byte, 3)
 	_, _ = rand.Read(idBytes)
 	cg, err := NewCgroup("cmini-test-" + hex.EncodeToString(idBytes))
