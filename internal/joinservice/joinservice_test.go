@@ -165,7 +165,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		id, err := kms.ClusterID(ms, e.salt)
 		require.NoError(t, err)
 		digest := sha256.Sum256(id)
-		require.NoError(t, serviceTPM.ExtendPCR(joinservice.ClusterIDRegister, digest[:]))
+		require.NoError(t, serviceTPM.ExtendPCR(int(markerRegister), digest[:]))
 	}
 	// The service quotes with its ECC AK (vtpm.AKAlgorithm): its quote is on every join's path.
 	var issuer attestation.Issuer
@@ -911,3 +911,6 @@ func clientCertOf(t *testing.T, certPEM []byte, key *ecdsa.PrivateKey, name stri
 	assert.ElementsMatch(t, []string{"system:nodes", "system:authenticated"}, user.Groups)
 	return cert
 }
+
+// markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 func skipShort(t *testing.T) {
@@ -177,7 +178,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 			keys.CommitAndReboot(t, n)
 			if tc.otherMark {
 				other := sha256.Sum256([]byte("another cluster"))
-				require.NoError(t, n.TPM.ExtendPCR(kms.InitializedPCR, other[:]))
+				require.NoError(t, n.TPM.ExtendPCR(int(markerRegister), other[:]))
 			}
 			var opts bootstraptest.RecoveryServerOptions
 			if tc.issuer != nil {
@@ -431,3 +432,6 @@ func TestMinAttemptIntervalIsTheNodesRefill(t *testing.T) {
 		assert.Equal(t, recovery.MinAttemptInterval, time.Duration(float64(time.Second)/float64(limits)), name)
 	}
 }
+
+// markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

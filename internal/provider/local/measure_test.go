@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -80,6 +79,5 @@ func TestPCRMapIsTheVariantRegisterMap(t *testing.T) {
 	id, ok := variant.QEMUVTPM.ClusterIDRegister()
 	require.True(t, ok)
 	assert.Equal(t, uint32(local.PCRClusterID), id)
-	assert.Equal(t, uint32(kms.InitializedPCR), id)
 	require.NoError(t, m.Validate(variant.QEMUVTPM))
 }

@@ -3,7 +3,6 @@ package tdx
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/sha512"
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/hex"
@@ -44,7 +43,7 @@ const (
 // starts at zero, so the marker is SHA-384(0^48 || SHA-384(clusterID)). It is the TDX
 // counterpart of attestation.ClusterIDMarker (SHA-256, for PCR 15).
 func ClusterIDMarker(clusterID []byte) []byte {
-	return attestation.ClusterIDMarkerOf(sha512.Size384, clusterID)
+	return variant.QEMUTDX.ClusterIDMarker(clusterID)
 }
 
 // ReportDataFor returns the REPORTDATA a TD quote for purpose over data must carry:
