@@ -60,7 +60,7 @@ func TestRun(t *testing.T) {
 	})
 
 	// This TPM's AK is not certified: the validator accepts that, so the evidence verifies.
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: local.ExpectedPCRs(image)}}, AcceptUnauthenticatedAK: true})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: local.ExpectedPCRs(image)}}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	nonce := bytes.Repeat([]byte{7}, 16)
 	var body verifyservice.HTTPResponse

@@ -181,7 +181,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 
 	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}})
 	require.NoError(t, err)
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: e.active, AKRoots: e.akCA.Pool()})
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{Active: e.active}, AKRoots: e.akCA.Pool()})
 	require.NoError(t, err)
 
 	e.directory = joinservice.StaticDirectory{

@@ -113,7 +113,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 		local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
 	}
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets:           measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}}},
 		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)

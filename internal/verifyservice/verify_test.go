@@ -147,8 +147,8 @@ func servePlainGRPC(t *testing.T, register func(*grpc.Server)) string {
 func validator(t *testing.T, ca *akca.CA) attestation.Validator {
 	t.Helper()
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
-		AKRoots:       ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}}},
+		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
 	return v
@@ -355,9 +355,8 @@ func TestVerifyUncertifiedSigner(t *testing.T) {
 	ca := newCA(t, "local AK CA")
 	n := startNode(t, ca, nodeOptions{marker: clusterID})
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets:           measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}}, Log: slog.New(slog.DiscardHandler)},
 		AcceptUnauthenticatedAK: true,
-		Log:                     slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 	res, err := verify.Verify(context.Background(), "worker-0", n.grpcAddr, noRoots, clusterID)

@@ -15,7 +15,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -23,6 +26,23 @@ import (
 // quote document without event log is about 1.5 KiB; 256 KiB leaves room for event logs and
 // certificate chains while bounding what an unauthenticated peer can make us parse.
 const DefaultMaxEvidenceSize = 256 << 10
+
+// ValidatorCommon is what every variant's validator configuration shares (each embeds it):
+// the reference sets evidence is checked against, and how the validator runs.
+type ValidatorCommon struct {
+	// ReferenceSets are the accepted values of the variant's image registers
+	// (measurements.ReferenceSets.Validate for the variant must accept them).
+	ReferenceSets measurements.ReferenceSets
+	// Active, when set, replaces ReferenceSets: the validator reads the sets from it on every
+	// validation, so a watcher can swap them without a restart (measurements.Active).
+	Active *measurements.Active
+	// MaxEvidenceSize defaults to DefaultMaxEvidenceSize.
+	MaxEvidenceSize int
+	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
+	Now func() time.Time
+	// Log defaults to discarding.
+	Log *slog.Logger
+}
 
 // Nonce sizes a caller may bind evidence to.
 const (

@@ -539,8 +539,8 @@ func TestCLIRefusesUnexpectedNode(t *testing.T) {
 	e := newEnv(t)
 	other := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("another bootstrapper"))}
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: local.ExpectedPCRs(other)}},
-		AKRoots:       e.ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: local.ExpectedPCRs(other)}}},
+		AKRoots:         e.ca.Pool(),
 	})
 	require.NoError(t, err)
 	req, _ := request(t)

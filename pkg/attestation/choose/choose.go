@@ -431,19 +431,27 @@ func ParseAKRoots(pemData string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// common is what every variant's validator configuration takes from a reference and the
+// options: the reference sets (or the hot-reloaded ones) and how the validator runs.
+func common(ref Reference, opts Options) attestation.ValidatorCommon {
+	return attestation.ValidatorCommon{ReferenceSets: ref.Measurements, Active: opts.Active, MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log}
+}
+
 // qemu-vtpm is defined by its package (the AK trusted through the platform's AK CA, the
 // event log required): the registry only maps the reference onto its configuration.
 func newQEMUVTPMValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon:         common(ref, opts),
+		AKRoots:                 roots,
+		AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
 	})
 }
 
 func newQEMUTDXValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return tdx.NewValidator(tdx.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, Reference: *ref.TDX, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		Reference:       *ref.TDX,
+		Collateral:      opts.Collateral,
 	})
 }
 
@@ -456,29 +464,36 @@ func newQEMUTDXIssuer(_ context.Context, v variant.Variant, env IssuerEnv) (atte
 
 func newAWSSEVSNPValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return awssnp.NewValidator(awssnp.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, Hardware: *ref.SNP, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		Hardware:        *ref.SNP,
+		Collateral:      opts.Collateral,
 	})
 }
 
 func newGCPSEVSNPValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
+		Hardware:        *ref.SNP,
+		Collateral:      opts.Collateral,
 	})
 }
 
 func newAzureSEVSNPValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return azuresnp.NewValidator(azuresnp.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
+		Hardware:        *ref.SNP,
+		Collateral:      opts.Collateral,
 	})
 }
 
 func newAzureTDXValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return azuretdx.NewValidator(azuretdx.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.TDX, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
+		Hardware:        *ref.TDX,
+		Collateral:      opts.Collateral,
 	})
 }
 
@@ -552,21 +567,21 @@ func perUseIssuer(ctx context.Context, v variant.Variant, env IssuerEnv, cfg vtp
 
 func newTrustedLaunchValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return trustedlaunch.NewValidator(trustedlaunch.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
 	})
 }
 
 func newGCPSEVESValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return gcpes.NewValidator(gcpes.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
 	})
 }
 
 func newNitroTPMValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return nitrotpm.NewValidator(nitrotpm.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon:         common(ref, opts),
+		AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
 	})
 }
