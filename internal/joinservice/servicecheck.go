@@ -122,8 +122,11 @@ func (v serviceValidator) Validate(ctx context.Context, evidence []byte, purpose
 		return nil, fmt.Errorf("%w: the join service's node %q is certified as %q, not as a %s", attestation.ErrUntrustedSigner,
 			verified.SignerName, verified.SignerRole, metadata.ControlPlane)
 	}
-	// The variant's entry says which register carries the marker.
-	reg, _ := verified.Variant.ClusterIDRegister()
+	// The variant says which register carries the marker.
+	reg, ok := verified.Variant.ClusterIDRegister()
+	if !ok {
+		return nil, fmt.Errorf("%w: the join service's evidence names no variant", attestation.ErrMalformed)
+	}
 	marker := verified.Registers[reg]
 	if len(marker) == 0 || bytes.Equal(marker, make([]byte, len(marker))) {
 		return nil, fmt.Errorf("%w: the join service's node is not initialized (%s is zero)", attestation.ErrMeasurementPolicy, verified.Variant.RegisterName(reg))
@@ -143,7 +146,10 @@ func CheckClusterID(service *attestation.Verified, measurementSecret, measuremen
 	if err != nil {
 		return err
 	}
-	reg, _ := service.Variant.ClusterIDRegister()
+	reg, ok := service.Variant.ClusterIDRegister()
+	if !ok {
+		return fmt.Errorf("%w: the join service's evidence names no variant", attestation.ErrMalformed)
+	}
 	if want := service.Variant.ClusterIDMarker(id); !bytes.Equal(service.Registers[reg], want) {
 		return fmt.Errorf("%w: join service belongs to another cluster: %s is %x, this cluster's marker is %x",
 			attestation.ErrMeasurementPolicy, service.Variant.RegisterName(reg), service.Registers[reg], want)

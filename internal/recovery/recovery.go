@@ -322,8 +322,11 @@ func (c nodeCheck) Validate(ctx context.Context, evidence []byte, purpose attest
 	if verified.SignerRole != metadata.ControlPlane {
 		return nil, fmt.Errorf("%w: node %q is certified as %s", ErrNotControlPlane, c.node, untrusted.Quote(string(verified.SignerRole)))
 	}
-	// The variant's entry says which register carries the cluster-ID marker.
-	reg, _ := verified.Variant.ClusterIDRegister()
+	// The variant says which register carries the cluster-ID marker.
+	reg, ok := verified.Variant.ClusterIDRegister()
+	if !ok {
+		return nil, fmt.Errorf("%w: the evidence names no variant", ErrEvidence)
+	}
 	marker, ok := verified.Registers[reg]
 	if !ok {
 		return nil, fmt.Errorf("%w: the evidence does not cover %s", ErrEvidence, verified.Variant.RegisterName(reg))
