@@ -1,12 +1,16 @@
-// Package choose is the registry of attestation implementations: given a variant, it builds
-// the Validator (from a Reference) or the Issuer (from a node's devices). Nothing else names a
-// variant to pick code: the configuration, the init request, the join service, a node's check
-// of the join service and `constellation verify` all come here with the variant they were
-// given.
+// Package choose is the catalog of attestation implementations and the one reference type
+// they are built from. BuiltIns lists one Entry per implemented variant (its hardware block,
+// how it trusts attestation keys, its constructors); given a variant, the registry builds the
+// Validator (from a Reference) or the Issuer (from a node's devices). Nothing else decides by
+// variant: the configuration, the init request, the cluster record, the join service, a
+// node's check of the join service and `constellation verify` all come here with the
+// variant they were given.
 //
 // A third party verifies a node with this package and pkg/verify:
 //
-//	ref := choose.Reference{Variant: variant.AzureSEVSNP, Measurements: sets, SNP: &snpRef}
+//	ref := choose.Reference{Variant: variant.AzureSEVSNP, Values: choose.Values{
+//		Measurements: sets, HardwareValues: choose.HardwareValues{SNP: &snpRef},
+//	}}
 //	v, err := choose.NewValidator(ref, choose.Options{})
 //	res, err := verify.Verify(ctx, "node-0", "10.0.0.5:30081", v, clusterID)
 //
@@ -46,7 +50,8 @@ import (
 
 // Reference is everything evidence of one variant is checked against: what a cluster records
 // (kube-system/constellation-attestation), what the configuration file holds, and what a
-// verifier outside the cluster needs. The JSON form is the one in the cluster record.
+// verifier outside the cluster needs. It keeps this one shape from the configuration file to
+// every validator; its JSON form (Encode, DecodeReference) is what the init request carries.
 type Reference struct {
 	Variant variant.Variant `json:"variant"`
 	Values
@@ -69,7 +74,7 @@ type Values struct {
 
 // HardwareValues are the part of Values that is neither measurements nor AK roots: what a
 // variant requires of the hardware report beside the registers, or its explicit opt-in. The
-// cluster records them as their own document (hardware.json).
+// cluster records them under their own key (hardware.json).
 type HardwareValues struct {
 	// SNP is the SEV-SNP hardware reference (product lines, minimum TCB, guest policy,
 	// VMPL, measurement, ID-key digests): required by azure-sev-snp, aws-sev-snp and
