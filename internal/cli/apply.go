@@ -196,12 +196,9 @@ func clusterAttestation(ctx context.Context, platform provider.Provider, conf *c
 	}
 	ref.AKRoots = string(pa.AKRootsPEM) + ref.AKRoots
 	// The whole reference goes to the join service, so it admits nodes by what this CLI
-	// verified the first node with: it is checked once here by a cluster's rules (the
-	// configuration file's own check could not: the platform's roots were not in it yet).
-	if err := ref.ValidateForCluster(); err != nil {
-		return choose.Reference{}, nil, fmt.Errorf("attestation: %w", err)
-	}
-	validator, err := choose.NewValidator(ref, choose.Options{})
+	// verified the first node with: building the validator checks it once, by a cluster's
+	// rules (the configuration file's check could not: the platform's roots were not in it).
+	validator, err := choose.NewValidator(ref, choose.Options{Cluster: true})
 	if err != nil {
 		return choose.Reference{}, nil, fmt.Errorf("attestation: %w", err)
 	}

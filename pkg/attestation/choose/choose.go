@@ -138,6 +138,10 @@ type Options struct {
 	Log *slog.Logger
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
+	// Cluster makes NewValidator check the reference by a cluster's rules
+	// (Reference.ValidateForCluster) rather than Validate's, so that the CLI checks the
+	// reference it verifies a cluster's nodes with, and sends with init, once.
+	Cluster bool
 }
 
 // IssuerEnv is what a node offers an issuer: its TPM and the hardware devices of its
@@ -297,6 +301,11 @@ func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
 	for _, fe := range ValidateValues(ref.Variant, ref.Values) {
 		return nil, fe
 	}
+	if opts.Cluster {
+		for _, fe := range clusterRules(ref) {
+			return nil, fe
+		}
+	}
 	roots, err := ParseAKRoots(ref.AKRoots)
 	if err != nil {
 		return nil, &FieldError{"akRoots", err}
@@ -412,6 +421,16 @@ func optInVariants() []string {
 // the init request and the CLI's reference for a cluster are checked by it.
 func (r Reference) ValidateForCluster() error {
 	errs := []error{r.Validate()}
+	for _, fe := range clusterRules(r) {
+		errs = append(errs, fe)
+	}
+	return errors.Join(errs...)
+}
+
+// clusterRules are what ValidateForCluster checks beyond Validate: the AK policy of the
+// variant's entry, as a cluster runs with it.
+func clusterRules(r Reference) []*FieldError {
+	var errs []*FieldError
 	if e, ok := registry[r.Variant]; ok && e.AK == AKRootsRequired {
 		if strings.TrimSpace(r.AKRoots) == "" {
 			errs = append(errs, &FieldError{"akRoots", errors.New("no certificate (the platform's AK CA is required: without it any key could sign evidence)")})
@@ -420,7 +439,7 @@ func (r Reference) ValidateForCluster() error {
 			errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("a %s cluster trusts its nodes' attestation keys through the platform's AK roots only", r.Variant)})
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // ParseAKRoots parses PEM CA certificates into a pool: every PEM block a CA certificate,

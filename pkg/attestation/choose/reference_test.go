@@ -88,4 +88,11 @@ func TestValidateForCluster(t *testing.T) {
 	}
 	// Outside a cluster the opt-in replaces the roots.
 	assert.NoError(t, optIn.Validate())
+	// NewValidator applies the same rules when asked to build a cluster's validator.
+	_, err := NewValidator(optIn, Options{})
+	assert.NoError(t, err)
+	_, err = NewValidator(optIn, Options{Cluster: true})
+	assert.ErrorContains(t, err, "akRoots: no certificate", "the opt-in does not replace the roots of a cluster")
+	_, err = NewValidator(noRoots, Options{Cluster: true})
+	assert.ErrorContains(t, err, "akRoots: no certificate")
 }
