@@ -15,6 +15,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
@@ -44,7 +45,7 @@ func tdxReference() *tdx.Reference {
 
 // writeRecord writes what the DaemonSet mounts for att into a new directory; without
 // hardware.json if drop says so (a record of an init before the key existed).
-func writeRecord(t *testing.T, att clusterrecord.Attestation, drop bool) string {
+func writeRecord(t *testing.T, att choose.Reference, drop bool) string {
 	t.Helper()
 	clusterID := bytes.Repeat([]byte{7}, 32)
 	record, err := json.Marshal(clusterrecord.Cluster{
@@ -52,7 +53,7 @@ func writeRecord(t *testing.T, att clusterrecord.Attestation, drop bool) string 
 		KubernetesVersion: "v1.34.4", InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(clusterID)),
 	})
 	require.NoError(t, err)
-	data, err := att.Data()
+	data, err := clusterrecord.AttestationData(att)
 	require.NoError(t, err)
 	dir := t.TempDir()
 	writeFile(t, dir, clusterrecord.ClusterKey, record)
@@ -68,19 +69,19 @@ func writeRecord(t *testing.T, att clusterrecord.Attestation, drop bool) string 
 // The join service of a cluster on a hardware variant reads the variant's hardware block
 // from the record and builds its validator from it, with the hot-reloaded reference sets.
 func TestReadConfigHardwareVariants(t *testing.T) {
-	for name, att := range map[string]clusterrecord.Attestation{
-		"aws-sev-snp": {Variant: variant.AWSSEVSNP, ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSSEVSNP, nil)}},
-			Hardware: clusterrecord.Hardware{SNP: snpReference()}},
-		"qemu-tdx": {Variant: variant.QEMUTDX, ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUTDX, nil)}},
-			Hardware: clusterrecord.Hardware{TDX: tdxReference()}},
+	for name, att := range map[string]choose.Reference{
+		"aws-sev-snp": {Variant: variant.AWSSEVSNP, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSSEVSNP, nil)}},
+			HardwareValues: choose.HardwareValues{SNP: snpReference()}}},
+		"qemu-tdx": {Variant: variant.QEMUTDX, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUTDX, nil)}},
+			HardwareValues: choose.HardwareValues{TDX: tdxReference()}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := writeRecord(t, att, false)
 			_, got, err := readConfig(dir)
 			require.NoError(t, err)
-			assert.Equal(t, att.Reference(), got.Reference())
+			assert.Equal(t, att, got)
 
-			active, err := measurements.NewActive(got.Variant, got.ReferenceSets)
+			active, err := measurements.NewActive(got.Variant, got.Measurements)
 			require.NoError(t, err)
 			v, err := newValidator(got, active, slog.New(slog.DiscardHandler))
 			require.NoError(t, err)
@@ -97,22 +98,15 @@ func TestReadConfigHardwareVariants(t *testing.T) {
 // A record of an older init (no hardware.json) of a variant without a hardware block still
 // starts the service.
 func TestReadConfigWithoutHardwareKey(t *testing.T) {
-	att := clusterrecord.Attestation{
-		Variant:       variant.AWSNitroTPM,
-		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSNitroTPM, nil)}},
-		Hardware:      clusterrecord.Hardware{AcceptUnauthenticatedAK: true},
-	}
+	att := choose.Reference{Variant: variant.AWSNitroTPM, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSNitroTPM, nil)}}, HardwareValues: choose.HardwareValues{AcceptUnauthenticatedAK: true}}}
 	// aws-nitro-tpm's opt-in lives in hardware.json: without it the record is refused.
 	_, _, err := readConfig(writeRecord(t, att, true))
 	assert.ErrorContains(t, err, "acceptUnauthenticatedAK: required")
 
-	att = clusterrecord.Attestation{
-		Variant:       variant.AzureTrustedLaunch,
-		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AzureTrustedLaunch, nil)}},
-	}
+	att = choose.Reference{Variant: variant.AzureTrustedLaunch, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AzureTrustedLaunch, nil)}}}}
 	_, got, err := readConfig(writeRecord(t, att, true))
 	require.NoError(t, err)
-	assert.Equal(t, att.Reference(), got.Reference())
+	assert.Equal(t, att, got)
 }
 
 // The service run as its DaemonSet runs it on an SEV-SNP record gets past its validator to
@@ -123,13 +117,13 @@ func TestRunBuildsHardwareValidator(t *testing.T) {
 	args := func(dir string) []string {
 		return []string{"--api-server-endpoint=10.42.0.10:6443", "--config-dir=" + dir, "--tpm=unix:/nonexistent"}
 	}
-	dir := writeRecord(t, clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: sets, Hardware: clusterrecord.Hardware{SNP: snpReference()}}, false)
+	dir := writeRecord(t, choose.Reference{Variant: variant.AWSSEVSNP, Values: choose.Values{Measurements: sets, HardwareValues: choose.HardwareValues{SNP: snpReference()}}}, false)
 	err := run(context.Background(), args(dir), func(string) string { return "" }, io.Discard)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "TPM: issuer aws-sev-snp: opening the TPM")
 	assert.NotContains(t, err.Error(), "attestation")
 
-	tdxBlock, err := json.Marshal(clusterrecord.Hardware{SNP: snpReference(), TDX: tdxReference()})
+	tdxBlock, err := json.Marshal(choose.HardwareValues{SNP: snpReference(), TDX: tdxReference()})
 	require.NoError(t, err)
 	writeFile(t, dir, clusterrecord.HardwareKey, tdxBlock)
 	err = run(context.Background(), args(dir), func(string) string { return "" }, io.Discard)

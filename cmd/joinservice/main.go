@@ -113,15 +113,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 
-	cluster, att, err := readConfig(f.configDir)
+	cluster, ref, err := readConfig(f.configDir)
 	if err != nil {
 		return err
 	}
-	active, err := measurements.NewActive(att.Variant, att.ReferenceSets)
+	active, err := measurements.NewActive(ref.Variant, ref.Measurements)
 	if err != nil {
 		return err
 	}
-	validator, err := newValidator(att, active, log)
+	validator, err := newValidator(ref, active, log)
 	if err != nil {
 		return err
 	}
@@ -131,7 +131,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if f.eventLog != "" {
 		env.EventLog = vtpm.ReadEventLog(f.eventLog)
 	}
-	issuer, err := choose.NewIssuer(ctx, att.Variant, env)
+	issuer, err := choose.NewIssuer(ctx, ref.Variant, env)
 	if err != nil {
 		return fmt.Errorf("TPM: %w", err)
 	}
@@ -186,8 +186,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if f.metricsAddr != "" {
 		servers = append(servers, cmdutil.Metrics(f.metricsAddr, reg))
 	}
-	log.Info("join service starting", "cluster", cluster.Name, "clusterID", cluster.ClusterID, "variant", att.Variant.String(),
-		"referenceSets", setNames(att.ReferenceSets), "apiServer", f.apiServerEndpoint)
+	log.Info("join service starting", "cluster", cluster.Name, "clusterID", cluster.ClusterID, "variant", ref.Variant.String(),
+		"referenceSets", setNames(ref.Measurements), "apiServer", f.apiServerEndpoint)
 	err = cmdutil.Run(ctx, log, servers...)
 	cancel()
 	if werr := <-watchErr; werr != nil {
@@ -202,8 +202,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 // watcher of reference-sets.json); the variant, the AK roots and the hardware block
 // (hardware.json) are read once at start: a change to them restarts the service (an upgrade
 // rolls the DaemonSet).
-func newValidator(att clusterrecord.Attestation, active *measurements.Active, log *slog.Logger) (attestation.Validator, error) {
-	ref := att.Reference()
+func newValidator(ref choose.Reference, active *measurements.Active, log *slog.Logger) (attestation.Validator, error) {
 	ref.Measurements = nil
 	validator, err := choose.NewValidator(ref, choose.Options{Active: active, Log: log})
 	if err != nil {
@@ -215,7 +214,7 @@ func newValidator(att clusterrecord.Attestation, active *measurements.Active, lo
 // readConfig reads and checks the mounted cluster record and attestation configuration. A
 // missing hardware.json is no hardware block (the record of an older init, whose variant
 // had none).
-func readConfig(dir string) (clusterrecord.Cluster, clusterrecord.Attestation, error) {
+func readConfig(dir string) (clusterrecord.Cluster, choose.Reference, error) {
 	read := func(name string) ([]byte, error) {
 		p := filepath.Join(dir, name)
 		info, err := os.Stat(p)
@@ -234,19 +233,19 @@ func readConfig(dir string) (clusterrecord.Cluster, clusterrecord.Attestation, e
 			continue
 		}
 		if err != nil {
-			return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("configuration: %w", err)
+			return clusterrecord.Cluster{}, choose.Reference{}, fmt.Errorf("configuration: %w", err)
 		}
 		files[i] = data
 	}
 	cluster, err := clusterrecord.ParseCluster(files[0])
 	if err != nil {
-		return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("%s: %w", filepath.Join(dir, clusterrecord.ClusterKey), err)
+		return clusterrecord.Cluster{}, choose.Reference{}, fmt.Errorf("%s: %w", filepath.Join(dir, clusterrecord.ClusterKey), err)
 	}
-	att, err := clusterrecord.ParseAttestation(files[1], files[2], files[3], files[4])
+	ref, err := clusterrecord.ParseAttestation(files[1], files[2], files[3], files[4])
 	if err != nil {
-		return clusterrecord.Cluster{}, clusterrecord.Attestation{}, fmt.Errorf("attestation configuration in %s: %w", dir, err)
+		return clusterrecord.Cluster{}, choose.Reference{}, fmt.Errorf("attestation configuration in %s: %w", dir, err)
 	}
-	return cluster, att, nil
+	return cluster, ref, nil
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

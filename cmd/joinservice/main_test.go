@@ -41,6 +41,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -70,7 +71,7 @@ func node(t *testing.T, ca *akca.CA, name string, role metadata.Role, marker []b
 	require.NoError(t, local.LockPlatform(tpm))
 	if marker != nil {
 		d := sha256.Sum256(marker)
-		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, d[:]))
+		require.NoError(t, tpm.ExtendPCR(int(markerRegister), d[:]))
 	}
 	return proc.Addr(), logPath
 }
@@ -105,11 +106,10 @@ func TestRun(t *testing.T) {
 		KubernetesVersion: "v1.34.4", InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(clusterID)),
 	})
 	require.NoError(t, err)
-	att, err := clusterrecord.Attestation{
-		Variant:       variant.QEMUVTPM,
-		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
-		AKRootsPEM:    pki.EncodeCert(ca.Certificate()),
-	}.Data()
+	att, err := clusterrecord.AttestationData(choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{
+		Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		AKRoots:      string(pki.EncodeCert(ca.Certificate())),
+	}})
 	require.NoError(t, err)
 	writeFile(t, configDir, clusterrecord.ClusterKey, record)
 	for k, v := range att {
@@ -290,3 +290,6 @@ func freeAddr(t *testing.T) string {
 	require.NoError(t, ln.Close())
 	return addr
 }
+
+// markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

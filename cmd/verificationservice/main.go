@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,7 +43,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	tpmAddr := fs.String("tpm", "unix:/run/constellation/tpm.sock", "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per request")
 	eventLogPath := fs.String("event-log", "", "the node's TCG event log, sent with every evidence (empty: none)")
 	akName := fs.String("ak", "rsa", "attestation key: rsa (the node's AK) or ecc")
-	variantName := fs.String("variant", "qemu-vtpm", "attestation variant written into the evidence")
+	variantName := fs.String("variant", "", "attestation variant of the node, from the cluster's record (deploy sets it); required")
 	maxWaiting := fs.Int("max-waiting", verifyservice.DefaultMaxWaiting, "requests in progress at once, across callers; more are refused (503)")
 	peerRate := fs.Float64("peer-rate", float64(verifyservice.DefaultPeerRate), "requests per second per caller address; more are refused (429)")
 	peerBurst := fs.Int("peer-burst", verifyservice.DefaultPeerBurst, "requests a caller address may make at once after idling")
@@ -60,6 +61,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if v <= 0 {
 			return fmt.Errorf("--%s %v: must be positive", name, v)
 		}
+	}
+	// The variant is the cluster's (its record names it): the service has no default, so
+	// nothing here decides it.
+	if *variantName == "" {
+		return errors.New("--variant is required: the node's attestation variant, as the cluster record names it (for example qemu-vtpm)")
 	}
 	v, err := variant.FromString(*variantName)
 	if err != nil {

@@ -47,7 +47,7 @@ func TestRun(t *testing.T) {
 	var logs cmdutil.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--grpc-listen=" + grpcAddr, "--metrics-listen=" + metricsAddr, "--event-log=" + logPath}, func(k string) string { return env[k] }, &logs)
+		done <- run(ctx, []string{"--grpc-listen=" + grpcAddr, "--metrics-listen=" + metricsAddr, "--event-log=" + logPath, "--variant=qemu-vtpm"}, func(k string) string { return env[k] }, &logs)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -60,7 +60,7 @@ func TestRun(t *testing.T) {
 	})
 
 	// This TPM's AK is not certified: the validator accepts that, so the evidence verifies.
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: local.ExpectedPCRs(image)}}, AcceptUnauthenticatedAK: true})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: local.ExpectedPCRs(image)}}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	nonce := bytes.Repeat([]byte{7}, 16)
 	var body verifyservice.HTTPResponse
@@ -102,7 +102,7 @@ func TestRunLimitsCallers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// One request per 1000 s: no token refills while the test runs.
-	args := []string{"--tpm=" + counter.Addr(), "--grpc-listen=" + freeAddr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2"}
+	args := []string{"--tpm=" + counter.Addr(), "--grpc-listen=" + freeAddr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2", "--variant=qemu-vtpm"}
 	go func() { done <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
@@ -155,9 +155,10 @@ func TestRunRefuses(t *testing.T) {
 		args []string
 		want string
 	}{
-		"unknown AK":      {args: []string{"--ak=dsa"}, want: `--ak "dsa": want rsa or ecc`},
+		"unknown AK":      {args: []string{"--variant=qemu-vtpm", "--ak=dsa"}, want: `--ak "dsa": want rsa or ecc`},
 		"unknown variant": {args: []string{"--variant=tpm-9000"}, want: `unknown attestation variant "tpm-9000"`},
-		"no TPM":          {args: []string{"--tpm=unix:/nonexistent/tpm.sock"}, want: "TPM: connecting to TPM at unix:/nonexistent/tpm.sock"},
+		"no variant":      {args: []string{}, want: "--variant is required"},
+		"no TPM":          {args: []string{"--variant=qemu-vtpm", "--tpm=unix:/nonexistent/tpm.sock"}, want: "TPM: connecting to TPM at unix:/nonexistent/tpm.sock"},
 		"bad log level":   {args: []string{"--log-level=loud"}, want: `log level "loud"`},
 		"zero peer rate":  {args: []string{"--peer-rate=0"}, want: "--peer-rate 0: must be positive"},
 	} {

@@ -56,11 +56,11 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	if err != nil {
 		return fmt.Errorf("the init secret of the local cluster: %w", err)
 	}
-	attest, validator, err := clusterAttestation(ctx, platform, conf)
+	ref, validator, err := clusterAttestation(ctx, platform, conf)
 	if err != nil {
 		return err
 	}
-	attestData, err := attest.Data()
+	encodedRef, err := ref.Encode()
 	if err != nil {
 		return err
 	}
@@ -78,10 +78,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		InitSecret: initSecret, ClusterName: conf.Name, KubernetesVersion: conf.KubernetesVersion,
 		ApiServerCertSans: []string{"127.0.0.1", "localhost"},
 		ServiceCidr:       conf.Network.ServiceCIDR, PodCidr: conf.Network.PodCIDR,
-		AttestationVariant: attestData[clusterrecord.VariantKey],
-		ReferenceSets:      []byte(attestData[clusterrecord.ReferenceSetsKey]),
-		AkRoots:            attest.AKRootsPEM,
-		Hardware:           []byte(attestData[clusterrecord.HardwareKey]),
+		AttestationReference: encodedRef,
 	}
 	// The master secret is written before it leaves this machine: a lost answer must not
 	// lose the key to the cluster's state.
@@ -184,31 +181,28 @@ func pointKubeconfig(workspace, apiServer string) error {
 // status and recover, and by the join service (it is sent with init): the configured
 // variant's reference values, with the AK roots the platform certifies its nodes' keys with
 // added to any the configuration names. The configured variant must be the platform's.
-func clusterAttestation(ctx context.Context, platform provider.Provider, conf *config.Config) (clusterrecord.Attestation, attestation.Validator, error) {
+func clusterAttestation(ctx context.Context, platform provider.Provider, conf *config.Config) (choose.Reference, attestation.Validator, error) {
 	ref, err := conf.Attestation.Reference()
 	if err != nil {
-		return clusterrecord.Attestation{}, nil, err
+		return choose.Reference{}, nil, err
 	}
 	pa, err := platform.Attestation(ctx)
 	if err != nil {
-		return clusterrecord.Attestation{}, nil, err
+		return choose.Reference{}, nil, err
 	}
 	if pa.Variant != ref.Variant {
-		return clusterrecord.Attestation{}, nil, fmt.Errorf("%s: attestation.%s: the platform's nodes attest with %s (attestation.%s)",
+		return choose.Reference{}, nil, fmt.Errorf("%s: attestation.%s: the platform's nodes attest with %s (attestation.%s)",
 			config.FileName, config.FieldName(ref.Variant), pa.Variant, config.FieldName(pa.Variant))
 	}
 	ref.AKRoots = string(pa.AKRootsPEM) + ref.AKRoots
-	validator, err := choose.NewValidator(ref, choose.Options{})
-	if err != nil {
-		return clusterrecord.Attestation{}, nil, fmt.Errorf("attestation: %w", err)
-	}
 	// The whole reference goes to the join service, so it admits nodes by what this CLI
-	// verified the first node with.
-	attest := clusterrecord.Attestation{
-		Variant: ref.Variant, ReferenceSets: ref.Measurements, AKRootsPEM: []byte(ref.AKRoots),
-		Hardware: ref.HardwareValues,
+	// verified the first node with: building the validator checks it once, by a cluster's
+	// rules (the configuration file's check could not: the platform's roots were not in it).
+	validator, err := choose.NewValidator(ref, choose.Options{Cluster: true})
+	if err != nil {
+		return choose.Reference{}, nil, fmt.Errorf("attestation: %w", err)
 	}
-	return attest, validator, nil
+	return ref, validator, nil
 }
 
 // callInit runs the Init RPC, printing progress lines, and returns the success message.

@@ -42,17 +42,22 @@ func TestClusterAttestationCarriesTheHardwareBlock(t *testing.T) {
 	attest, validator, err := clusterAttestation(context.Background(), attestingPlatform{att: provider.Attestation{Variant: variant.AWSSEVSNP}}, conf)
 	require.NoError(t, err)
 	assert.Equal(t, variant.AWSSEVSNP, validator.Variant())
-	assert.Equal(t, &ref, attest.Hardware.SNP)
+	assert.Equal(t, &ref, attest.SNP)
 
-	// Through the record's encoding, as the init server writes it and the join service reads it.
-	data, err := attest.Data()
+	// Through the init request's encoding, then the record's, as the init server writes it
+	// and the join service reads it.
+	encoded, err := attest.Encode()
+	require.NoError(t, err)
+	sent, err := choose.DecodeReference(encoded)
+	require.NoError(t, err)
+	data, err := clusterrecord.AttestationData(sent)
 	require.NoError(t, err)
 	got, err := clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]), []byte(data[clusterrecord.ReferenceSetsKey]),
 		[]byte(data[clusterrecord.AKRootsKey]), []byte(data[clusterrecord.HardwareKey]))
 	require.NoError(t, err)
 	want, err := conf.Attestation.Reference()
 	require.NoError(t, err)
-	assert.Equal(t, want, got.Reference())
+	assert.Equal(t, want, got)
 
 	// The platform's variant must be the configured one.
 	_, _, err = clusterAttestation(context.Background(), attestingPlatform{att: provider.Attestation{Variant: variant.QEMUVTPM}}, conf)

@@ -106,7 +106,7 @@ func TestInitHostileNode(t *testing.T) {
 		logs:     logs,
 		err:      status.Error(codes.Internal, hostile(256<<10)),
 	})
-	v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true})
+	v, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -135,7 +135,7 @@ func TestInitHostileNode(t *testing.T) {
 func TestInitRefusedNodeNamesTheMismatch(t *testing.T) {
 	addr, _ := initNode(t, hostileInit{})
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets:           measurements.ReferenceSets{{Name: "expected", Measurements: measurementstest.Image(qemu.Variant, nil)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "expected", Measurements: measurementstest.Image(qemu.Variant, nil)}}},
 		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)

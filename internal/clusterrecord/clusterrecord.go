@@ -5,9 +5,10 @@
 //	Secret    constellation-mastersecret   mastersecret.json    kms.MasterSecret (JSON)       init server, immutable
 //	ConfigMap constellation-cluster        cluster.json         Cluster (JSON)                init server, immutable
 //	ConfigMap constellation-attestation    variant              "qemu-vtpm"                   deploy, updated on upgrades
+//	  (one choose.Reference)
 //	                                       reference-sets.json  measurements.ReferenceSets
 //	                                       ak-roots.pem         PEM certificates of the platform's AK CA(s)
-//	                                       hardware.json        Hardware (JSON): the variant's snp/tdx block
+//	                                       hardware.json        choose.HardwareValues (JSON): the variant's snp/tdx block
 //	Secret    constellation-keyservice-tls ca.crt, keyservice.{crt,key}, joinservice.{crt,key}   deploy, created once
 //
 // The first two never change: the cluster ID and the master secret are fixed at init. The
@@ -18,7 +19,6 @@ package clusterrecord
 
 import (
 	"bytes"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -27,7 +27,6 @@ import (
 	"regexp"
 
 	"github.com/openconstellation/constellation/internal/kms"
-	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -148,161 +147,99 @@ func (c Cluster) ID() []byte {
 	return id
 }
 
-// Attestation is the content of ConfigMap constellation-attestation: the whole
-// choose.Reference of the cluster's variant, one part per key.
-type Attestation struct {
-	Variant       variant.Variant
-	ReferenceSets measurements.ReferenceSets
-	// AKRootsPEM are the certificates of the platform's AK CA(s).
-	AKRootsPEM []byte
-	// Hardware is the variant's hardware reference (which SEV-SNP or TDX reports it accepts).
-	Hardware Hardware
-}
+// The attestation ConfigMap is the cluster's choose.Reference, one part per key: the
+// reference sets have a key of their own because the join service hot-reloads them
+// (measurements.Watcher) while an upgrade rolls the nodes, and the rest is read once at
+// start. AttestationData writes a reference into the keys, ParseAttestation reads one back;
+// both check it by choose.Reference.ValidateForCluster, so no other shape of it exists.
 
-// Hardware is the variant's hardware block (choose.HardwareValues). Its JSON form is the
-// record's hardware.json and the init request's hardware field; the keys are the
-// configuration file's.
-type Hardware = choose.HardwareValues
-
-// ParseHardware decodes hardware.json strictly: an unknown field is an error, so a
-// misspelled or misplaced setting (measurements and AK roots have keys of their own) is not
-// silently dropped from what nodes are checked against. Empty input is no hardware block
-// (records written before the key existed). The block is checked against its variant by
-// Attestation.Validate.
-func ParseHardware(data []byte) (Hardware, error) {
-	if len(data) > MaxSize {
-		return Hardware{}, fmt.Errorf("%s: %d bytes, limit %d", HardwareKey, len(data), MaxSize)
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return Hardware{}, nil
-	}
-	// One object and nothing after it (json.Unmarshal refuses trailing data).
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(data, &keys); err != nil {
-		return Hardware{}, fmt.Errorf("%s: %w", HardwareKey, err)
-	}
-	for key, home := range map[string]string{"measurements": ReferenceSetsKey, "akRoots": AKRootsKey} {
-		if _, ok := keys[key]; ok {
-			return Hardware{}, fmt.Errorf("%s: %q is not a hardware value (it has its own key, %s)", HardwareKey, key, home)
-		}
-	}
-	var h Hardware
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&h); err != nil {
-		return Hardware{}, fmt.Errorf("%s: %w", HardwareKey, err)
-	}
-	return h, nil
-}
-
-// Reference returns what evidence is checked against (choose.NewValidator).
-func (a Attestation) Reference() choose.Reference {
-	return choose.Reference{Variant: a.Variant, Values: choose.Values{
-		Measurements: a.ReferenceSets, AKRoots: string(a.AKRootsPEM), HardwareValues: a.Hardware,
-	}}
-}
-
-// akRootsRequired reports whether variant v trusts a node's attestation key only through
-// the configured AK roots: without them, any key could sign its evidence. The other variants
-// pin their cloud's roots (used when none are configured), bind the key through the hardware
-// report, have no TPM, or opt out explicitly (aws-nitro-tpm, acceptUnauthenticatedAK).
-func akRootsRequired(v variant.Variant) bool { return v == variant.QEMUVTPM }
-
-// Validate checks the record as choose.Reference.Validate does for its variant (the variant
-// is implemented, the reference sets are of its registers, its hardware block is present and
-// valid, no other variant's block is), and the AK roots: required where the variant needs
-// them, and wherever given, nothing but CA certificates.
-func (a Attestation) Validate() error {
-	var problems []error
-	if a.Variant.IsZero() {
-		problems = append(problems, errors.New("no attestation variant"))
-	} else {
-		// The AK roots are checked below, by the stricter rules of the record.
-		ref := a.Reference()
-		ref.AKRoots = ""
-		if err := ref.Validate(); err != nil {
-			problems = append(problems, err)
-		}
-	}
-	if akRootsRequired(a.Variant) || len(bytes.TrimSpace(a.AKRootsPEM)) > 0 {
-		if _, err := ParseAKRoots(a.AKRootsPEM); err != nil {
-			problems = append(problems, err)
-		}
-	}
-	if akRootsRequired(a.Variant) && a.Hardware.AcceptUnauthenticatedAK {
-		// choose accepts the opt-in for qemu-vtpm instead of roots (tests); a cluster
-		// trusts its nodes' keys through the platform's roots only.
-		problems = append(problems, fmt.Errorf("acceptUnauthenticatedAK: a %s cluster trusts its nodes' attestation keys through the platform's AK roots only", a.Variant))
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("invalid attestation configuration: %w", errors.Join(problems...))
-	}
-	return nil
-}
-
-// Data returns the ConfigMap data of a. hardware.json is written for every variant ("{}"
-// without a block), so the join service's projection of the keys finds it.
-func (a Attestation) Data() (map[string]string, error) {
-	if err := a.Validate(); err != nil {
+// AttestationData returns the ConfigMap data of the cluster reference ref. hardware.json is
+// written for every variant ("{}" without a block), so the join service's projection of the
+// keys finds it.
+func AttestationData(ref choose.Reference) (map[string]string, error) {
+	if err := validateReference(ref); err != nil {
 		return nil, err
 	}
-	sets, err := json.MarshalIndent(a.ReferenceSets, "", "  ")
+	sets, err := json.MarshalIndent(ref.Measurements, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("encoding reference sets: %w", err)
 	}
-	hw, err := json.MarshalIndent(a.Hardware, "", "  ")
+	hw, err := json.MarshalIndent(ref.HardwareValues, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("encoding the hardware reference: %w", err)
 	}
 	return map[string]string{
-		VariantKey:       a.Variant.String(),
+		VariantKey:       ref.Variant.String(),
 		ReferenceSetsKey: string(sets) + "\n",
-		AKRootsKey:       string(a.AKRootsPEM),
+		AKRootsKey:       ref.AKRoots,
 		HardwareKey:      string(hw) + "\n",
 	}, nil
 }
 
-// ParseAttestation decodes and checks the values of the attestation ConfigMap. hardware may
-// be nil: a record written before hardware.json existed has no hardware block, which only
-// variants without one accept.
-func ParseAttestation(variantName, referenceSets, akRoots, hardware []byte) (Attestation, error) {
+// ParseAttestation decodes and checks the values of the attestation ConfigMap into the
+// cluster's reference. hardware may be nil: a record written before hardware.json existed
+// has no hardware block, which only variants without one accept.
+func ParseAttestation(variantName, referenceSets, akRoots, hardware []byte) (choose.Reference, error) {
 	v, err := variant.FromString(string(bytes.TrimSpace(variantName)))
 	if err != nil {
-		return Attestation{}, err
+		return choose.Reference{}, err
 	}
 	if len(referenceSets) > MaxSize {
-		return Attestation{}, fmt.Errorf("reference sets of %d bytes, limit %d", len(referenceSets), MaxSize)
+		return choose.Reference{}, fmt.Errorf("reference sets of %d bytes, limit %d", len(referenceSets), MaxSize)
+	}
+	if len(akRoots) > MaxSize {
+		return choose.Reference{}, fmt.Errorf("AK roots of %d bytes, limit %d", len(akRoots), MaxSize)
 	}
 	sets, err := measurements.DecodeReferenceSets(referenceSets, v)
 	if err != nil {
-		return Attestation{}, err
+		return choose.Reference{}, err
 	}
-	hw, err := ParseHardware(hardware)
+	hw, err := parseHardware(hardware)
 	if err != nil {
-		return Attestation{}, err
+		return choose.Reference{}, err
 	}
-	if len(akRoots) == 0 {
-		akRoots = nil // an empty ConfigMap value is no roots
+	ref := choose.Reference{Variant: v, Values: choose.Values{Measurements: sets, AKRoots: string(akRoots), HardwareValues: hw}}
+	if err := validateReference(ref); err != nil {
+		return choose.Reference{}, err
 	}
-	a := Attestation{Variant: v, ReferenceSets: sets, AKRootsPEM: akRoots, Hardware: hw}
-	if err := a.Validate(); err != nil {
-		return Attestation{}, err
-	}
-	return a, nil
+	return ref, nil
 }
 
-// ParseAKRoots returns the pool of the PEM certificates in data: at least one, every PEM
-// block a CA certificate, nothing else in the file but whitespace.
-func ParseAKRoots(data []byte) (*x509.CertPool, error) {
+func validateReference(ref choose.Reference) error {
+	if err := ref.ValidateForCluster(); err != nil {
+		return fmt.Errorf("invalid attestation configuration: %w", err)
+	}
+	return nil
+}
+
+// parseHardware decodes hardware.json strictly: an unknown field is an error, so a
+// misspelled or misplaced setting (measurements and AK roots have keys of their own) is not
+// silently dropped from what nodes are checked against. Empty input is no hardware block
+// (records written before the key existed). The block is checked against its variant with
+// the rest of the reference.
+func parseHardware(data []byte) (choose.HardwareValues, error) {
+	var none choose.HardwareValues
 	if len(data) > MaxSize {
-		return nil, fmt.Errorf("AK roots of %d bytes, limit %d", len(data), MaxSize)
+		return none, fmt.Errorf("%s: %d bytes, limit %d", HardwareKey, len(data), MaxSize)
 	}
-	pool, n, err := pki.ParseCAPool(data)
-	if err != nil {
-		return nil, fmt.Errorf("AK roots: %w", err)
+	if len(bytes.TrimSpace(data)) == 0 {
+		return none, nil
 	}
-	if n == 0 {
-		return nil, errors.New("AK roots: no certificate (the platform's AK CA is required: without it any key could sign evidence)")
+	// One object and nothing after it (json.Unmarshal refuses trailing data).
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return none, fmt.Errorf("%s: %w", HardwareKey, err)
 	}
-	return pool, nil
+	for key, home := range map[string]string{"measurements": ReferenceSetsKey, "akRoots": AKRootsKey} {
+		if _, ok := keys[key]; ok {
+			return none, fmt.Errorf("%s: %q is not a hardware value (it has its own key, %s)", HardwareKey, key, home)
+		}
+	}
+	var h choose.HardwareValues
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		return none, fmt.Errorf("%s: %w", HardwareKey, err)
+	}
+	return h, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
@@ -88,8 +89,8 @@ func TestAttestation(t *testing.T) {
 	require.NoError(t, err)
 	rootPEM := pki.EncodeCert(ca.Certificate())
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{1}, 32)})}}
-	a := clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: rootPEM}
-	data, err := a.Data()
+	a := choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(rootPEM)}}
+	data, err := clusterrecord.AttestationData(a)
 	require.NoError(t, err)
 	assert.Equal(t, "qemu-vtpm", data[clusterrecord.VariantKey])
 	assert.JSONEq(t, "{}", data[clusterrecord.HardwareKey])
@@ -107,38 +108,38 @@ func TestAttestation(t *testing.T) {
 	keyPEM, err := pki.EncodeKey(mustCA(t).Key)
 	require.NoError(t, err)
 	for name, tc := range map[string]struct {
-		a    clusterrecord.Attestation
+		a    choose.Reference
 		want []string
 	}{
-		"no variant":              {a: clusterrecord.Attestation{ReferenceSets: sets, AKRootsPEM: rootPEM}, want: []string{"no attestation variant"}},
-		"no sets":                 {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, AKRootsPEM: rootPEM}, want: []string{"measurements: at least one reference-value set is required"}},
-		"root is a leaf":          {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: pki.EncodeCert(notCA)}, want: []string{"is not a CA certificate"}},
-		"a key among the roots":   {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: append(pki.EncodeCert(leaf), keyPEM...)}, want: []string{"PEM block 2 is a"}},
-		"garbage after roots":     {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: append(bytes.Clone(rootPEM), "junk"...)}, want: []string{"not PEM after certificate 1"}},
-		"qemu-vtpm without roots": {a: clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets}, want: []string{"AK roots: no certificate"}},
+		"no variant":              {a: choose.Reference{Values: choose.Values{Measurements: sets, AKRoots: string(rootPEM)}}, want: []string{"no attestation variant"}},
+		"no sets":                 {a: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{AKRoots: string(rootPEM)}}, want: []string{"measurements: at least one reference-value set is required"}},
+		"root is a leaf":          {a: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(pki.EncodeCert(notCA))}}, want: []string{"is not a CA certificate"}},
+		"a key among the roots":   {a: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(append(pki.EncodeCert(leaf), keyPEM...))}}, want: []string{"PEM block 2 is a"}},
+		"garbage after roots":     {a: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(append(bytes.Clone(rootPEM), "junk"...))}}, want: []string{"not PEM after certificate 1"}},
+		"qemu-vtpm without roots": {a: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets}}, want: []string{"akRoots: no certificate"}},
 		"hardware block on qemu-vtpm": {
-			a:    clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: rootPEM, Hardware: clusterrecord.Hardware{SNP: snpReference()}},
+			a:    choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(rootPEM), HardwareValues: choose.HardwareValues{SNP: snpReference()}}},
 			want: []string{"snp: qemu-vtpm evidence has no SEV-SNP report"},
 		},
 		"opt-in on qemu-vtpm": {
-			a:    clusterrecord.Attestation{Variant: variant.QEMUVTPM, ReferenceSets: sets, AKRootsPEM: rootPEM, Hardware: clusterrecord.Hardware{AcceptUnauthenticatedAK: true}},
+			a:    choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(rootPEM), HardwareValues: choose.HardwareValues{AcceptUnauthenticatedAK: true}}},
 			want: []string{"acceptUnauthenticatedAK"},
 		},
 		"snp variant without its block": {
-			a:    clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: snpSets()},
+			a:    choose.Reference{Variant: variant.AWSSEVSNP, Values: choose.Values{Measurements: snpSets()}},
 			want: []string{"snp: required"},
 		},
 		"tdx block on an snp variant": {
-			a:    clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: snpSets(), Hardware: clusterrecord.Hardware{SNP: snpReference(), TDX: tdxReference()}},
+			a:    choose.Reference{Variant: variant.AWSSEVSNP, Values: choose.Values{Measurements: snpSets(), HardwareValues: choose.HardwareValues{SNP: snpReference(), TDX: tdxReference()}}},
 			want: []string{"tdx: aws-sev-snp evidence has no TD quote"},
 		},
 		"bad roots on a variant that needs none": {
-			a:    clusterrecord.Attestation{Variant: variant.AWSSEVSNP, ReferenceSets: snpSets(), AKRootsPEM: []byte("junk"), Hardware: clusterrecord.Hardware{SNP: snpReference()}},
-			want: []string{"AK roots"},
+			a:    choose.Reference{Variant: variant.AWSSEVSNP, Values: choose.Values{Measurements: snpSets(), AKRoots: string([]byte("junk")), HardwareValues: choose.HardwareValues{SNP: snpReference()}}},
+			want: []string{"akRoots"},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := tc.a.Data()
+			_, err := clusterrecord.AttestationData(tc.a)
 			for _, w := range tc.want {
 				assert.ErrorContains(t, err, w)
 			}
@@ -181,20 +182,19 @@ func tdxReference() *tdx.Reference {
 // The whole reference of a hardware variant survives the ConfigMap: what the join service
 // builds its validator from is what the CLI verified the first node with.
 func TestAttestationHardwareRoundTrip(t *testing.T) {
-	for name, a := range map[string]clusterrecord.Attestation{
-		"aws-sev-snp": {Variant: variant.AWSSEVSNP, ReferenceSets: snpSets(), Hardware: clusterrecord.Hardware{SNP: snpReference()}},
-		"qemu-tdx":    {Variant: variant.QEMUTDX, ReferenceSets: tdxSets(), Hardware: clusterrecord.Hardware{TDX: tdxReference()}},
-		"aws-nitro-tpm": {Variant: variant.AWSNitroTPM, ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSNitroTPM, nil)}},
-			Hardware: clusterrecord.Hardware{AcceptUnauthenticatedAK: true}},
+	for name, a := range map[string]choose.Reference{
+		"aws-sev-snp": {Variant: variant.AWSSEVSNP, Values: choose.Values{Measurements: snpSets(), HardwareValues: choose.HardwareValues{SNP: snpReference()}}},
+		"qemu-tdx":    {Variant: variant.QEMUTDX, Values: choose.Values{Measurements: tdxSets(), HardwareValues: choose.HardwareValues{TDX: tdxReference()}}},
+		"aws-nitro-tpm": {Variant: variant.AWSNitroTPM, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSNitroTPM, nil)}},
+			HardwareValues: choose.HardwareValues{AcceptUnauthenticatedAK: true}}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			data, err := a.Data()
+			data, err := clusterrecord.AttestationData(a)
 			require.NoError(t, err)
 			got, err := clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]), []byte(data[clusterrecord.HardwareKey]))
 			require.NoError(t, err)
 			assert.Equal(t, a, got)
-			assert.Equal(t, a.Reference(), got.Reference())
-			require.NoError(t, got.Reference().Validate())
+			require.NoError(t, got.ValidateForCluster())
 
 			// Without its hardware.json (a record of an older init) the variant is refused.
 			_, err = clusterrecord.ParseAttestation([]byte(data[clusterrecord.VariantKey]), []byte(data[clusterrecord.ReferenceSetsKey]), []byte(data[clusterrecord.AKRootsKey]), nil)
@@ -223,16 +223,11 @@ func TestParseHardwareRefuses(t *testing.T) {
 		"oversized":            {data: strings.Repeat(" ", clusterrecord.MaxSize+1), want: "hardware.json: 1048577 bytes, limit"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := clusterrecord.ParseHardware([]byte(tc.data))
-			assert.ErrorContains(t, err, tc.want)
-			// The same through the record: the error names the key.
+			// The error names the key.
 			_, err = clusterrecord.ParseAttestation([]byte("aws-sev-snp"), sets, nil, []byte(tc.data))
-			assert.ErrorContains(t, err, "hardware.json")
+			assert.ErrorContains(t, err, tc.want)
 		})
 	}
-	h, err := clusterrecord.ParseHardware([]byte(" \n"))
-	require.NoError(t, err)
-	assert.Equal(t, clusterrecord.Hardware{}, h)
 }
 
 func mustCA(t *testing.T) *pki.CA {
@@ -250,40 +245,15 @@ func FuzzParseRecords(f *testing.F) {
 	f.Add(rec, pki.EncodeCert(ca.Certificate()))
 	f.Add([]byte(`{}`), []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
 	f.Add([]byte(`null`), []byte(""))
+	sets, err := json.Marshal(measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}})
+	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, cluster, roots []byte) {
 		if c, err := clusterrecord.ParseCluster(cluster); err == nil {
 			assert.Len(t, c.ID(), 32)
 			assert.NotEmpty(t, c.Salt())
 		}
-		if pool, err := clusterrecord.ParseAKRoots(roots); err == nil {
-			assert.NotNil(t, pool)
+		if ref, err := clusterrecord.ParseAttestation([]byte("qemu-vtpm"), sets, roots, nil); err == nil {
+			assert.NotEmpty(t, strings.TrimSpace(ref.AKRoots), "a qemu-vtpm record needs AK roots")
 		}
-	})
-}
-
-func FuzzParseHardware(f *testing.F) {
-	snpJSON, err := json.Marshal(clusterrecord.Hardware{SNP: snpReference()})
-	require.NoError(f, err)
-	tdxJSON, err := json.Marshal(clusterrecord.Hardware{TDX: tdxReference()})
-	require.NoError(f, err)
-	f.Add(snpJSON)
-	f.Add(tdxJSON)
-	f.Add([]byte(`{"acceptUnauthenticatedAK":true}`))
-	f.Add([]byte(`{}`))
-	f.Add([]byte(`{"measurements":[]}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		h, err := clusterrecord.ParseHardware(data)
-		if err != nil {
-			return
-		}
-		// What parses re-encodes to what parses and encodes the same (Data writes what
-		// ParseAttestation reads).
-		again, err := json.Marshal(h)
-		require.NoError(t, err)
-		h2, err := clusterrecord.ParseHardware(again)
-		require.NoError(t, err)
-		twice, err := json.Marshal(h2)
-		require.NoError(t, err)
-		assert.Equal(t, string(again), string(twice))
 	})
 }

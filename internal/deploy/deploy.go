@@ -32,6 +32,7 @@ import (
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 )
 
 // Config parameterizes the deployment.
@@ -42,7 +43,7 @@ type Config struct {
 	Image string
 	// Attestation is what the join service admits nodes by: written to ConfigMap
 	// constellation-attestation.
-	Attestation clusterrecord.Attestation
+	Attestation choose.Reference
 	// MetadataURL is the platform's metadata service, where the join service looks nodes up
 	// (default metadataclient.DefaultURL).
 	MetadataURL string
@@ -65,7 +66,7 @@ func (c Config) params() (params, error) {
 	if !nodeimage.IsPinnedRef(c.Image) {
 		problems = append(problems, fmt.Errorf("image %q: want registry/name:tag or registry/name@sha256:digest", c.Image))
 	}
-	data, err := c.Attestation.Data()
+	data, err := clusterrecord.AttestationData(c.Attestation)
 	if err != nil {
 		problems = append(problems, err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -50,12 +51,8 @@ func config(t *testing.T) deploy.Config {
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
 	return deploy.Config{
-		Image: image,
-		Attestation: clusterrecord.Attestation{
-			Variant:       variant.QEMUVTPM,
-			ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{1}, 32)})}},
-			AKRootsPEM:    pki.EncodeCert(ca.Certificate()),
-		},
+		Image:       image,
+		Attestation: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{1}, 32)})}}, AKRoots: string(pki.EncodeCert(ca.Certificate()))}},
 	}
 }
 
@@ -386,7 +383,7 @@ func TestApply(t *testing.T) {
 
 	// An upgrade adds a reference set: only the attestation ConfigMap changes.
 	before = versions(t, c)
-	cfg.Attestation.ReferenceSets = append(cfg.Attestation.ReferenceSets, measurements.ReferenceSet{Name: "image-v2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{2}, 32)})})
+	cfg.Attestation.Measurements = append(cfg.Attestation.Measurements, measurements.ReferenceSet{Name: "image-v2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{2}, 32)})})
 	require.NoError(t, deploy.Apply(ctx, c, cfg, nil))
 	after := versions(t, c)
 	assert.NotEqual(t, before["ConfigMap"], after["ConfigMap"])
@@ -453,12 +450,12 @@ func TestApplyRefused(t *testing.T) {
 	t.Run("invalid configuration", func(t *testing.T) {
 		cfg := config(t)
 		cfg.Image = "constellation/services"
-		cfg.Attestation.ReferenceSets = nil
-		cfg.Attestation.AKRootsPEM = nil
+		cfg.Attestation.Measurements = nil
+		cfg.Attestation.AKRoots = ""
 		cfg.LogLevel = "trace"
 		cfg.MetadataURL = "ftp://10.42.0.1"
 		err := deploy.Apply(ctx, nil, cfg, nil) // no client: nothing may be sent
-		for _, want := range []string{`image "constellation/services"`, "at least one reference-value set is required", "AK roots: no certificate", `log level "trace"`, "ftp://10.42.0.1"} {
+		for _, want := range []string{`image "constellation/services"`, "at least one reference-value set is required", "akRoots: no certificate", `log level "trace"`, "ftp://10.42.0.1"} {
 			assert.ErrorContains(t, err, want)
 		}
 	})

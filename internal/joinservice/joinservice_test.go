@@ -171,7 +171,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		id, err := kms.ClusterID(ms, e.salt)
 		require.NoError(t, err)
 		digest := sha256.Sum256(id)
-		require.NoError(t, serviceTPM.ExtendPCR(joinservice.ClusterIDRegister, digest[:]))
+		require.NoError(t, serviceTPM.ExtendPCR(int(markerRegister), digest[:]))
 	}
 	// The service quotes with its ECC AK (vtpm.AKAlgorithm): its quote is on every join's path.
 	var issuer attestation.Issuer
@@ -187,7 +187,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 
 	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}})
 	require.NoError(t, err)
-	validator, err := qemu.NewValidator(qemu.ValidatorConfig{Active: e.active, AKRoots: e.akCA.Pool()})
+	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{Active: e.active}, AKRoots: e.akCA.Pool()})
 	require.NoError(t, err)
 
 	e.directory = joinservice.StaticDirectory{
@@ -918,3 +918,6 @@ func clientCertOf(t *testing.T, certPEM []byte, key *ecdsa.PrivateKey, name stri
 	assert.ElementsMatch(t, []string{"system:nodes", "system:authenticated"}, user.Groups)
 	return cert
 }
+
+// markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

@@ -18,9 +18,6 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
-// ClusterIDRegister is the register that carries the initialized marker (PCR 15).
-const ClusterIDRegister = kms.InitializedPCR
-
 // ServiceCheck is how a joining node verifies the join service before it takes anything from
 // it (docs/joinservice.md, "How a node checks the join service"): upstream's join client
 // verified nothing and would hand its CSR to, and take keys from, anyone.
@@ -125,9 +122,14 @@ func (v serviceValidator) Validate(ctx context.Context, evidence []byte, purpose
 		return nil, fmt.Errorf("%w: the join service's node %q is certified as %q, not as a %s", attestation.ErrUntrustedSigner,
 			verified.SignerName, verified.SignerRole, metadata.ControlPlane)
 	}
-	marker := verified.Registers[ClusterIDRegister]
+	// The variant says which register carries the marker.
+	reg, ok := verified.Variant.ClusterIDRegister()
+	if !ok {
+		return nil, fmt.Errorf("%w: the join service's evidence names no variant", attestation.ErrMalformed)
+	}
+	marker := verified.Registers[reg]
 	if len(marker) == 0 || bytes.Equal(marker, make([]byte, len(marker))) {
-		return nil, fmt.Errorf("%w: the join service's node is not initialized (PCR %d is zero)", attestation.ErrMeasurementPolicy, ClusterIDRegister)
+		return nil, fmt.Errorf("%w: the join service's node is not initialized (%s is zero)", attestation.ErrMeasurementPolicy, verified.Variant.RegisterName(reg))
 	}
 	return verified, nil
 }
@@ -144,9 +146,13 @@ func CheckClusterID(service *attestation.Verified, measurementSecret, measuremen
 	if err != nil {
 		return err
 	}
-	if want := kms.InitializedPCR15(id); !bytes.Equal(service.Registers[ClusterIDRegister], want) {
-		return fmt.Errorf("%w: join service belongs to another cluster: PCR %d is %x, this cluster's marker is %x",
-			attestation.ErrMeasurementPolicy, ClusterIDRegister, service.Registers[ClusterIDRegister], want)
+	reg, ok := service.Variant.ClusterIDRegister()
+	if !ok {
+		return fmt.Errorf("%w: the join service's evidence names no variant", attestation.ErrMalformed)
+	}
+	if want := service.Variant.ClusterIDMarker(id); !bytes.Equal(service.Registers[reg], want) {
+		return fmt.Errorf("%w: join service belongs to another cluster: %s is %x, this cluster's marker is %x",
+			attestation.ErrMeasurementPolicy, service.Variant.RegisterName(reg), service.Registers[reg], want)
 	}
 	return nil
 }

@@ -94,12 +94,10 @@ func ClusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
 	return derive(measurementSecret, measurementSalt, clusterIDInfo, 32)
 }
 
-// InitializedPCR is the PCR that carries the initialized marker (docs/design.md "2.4 The
-// initialized marker (PCR 15)").
-const InitializedPCR = 15
-
 // InitializedPCR15 is the SHA-256 PCR 15 value of a node that extended the cluster ID once
-// into a reset PCR: SHA256(0^32 || SHA256(clusterID)).
+// into a reset PCR: SHA256(0^32 || SHA256(clusterID)), what the cluster record states for
+// the local provider's nodes. Which register carries a variant's marker, and its value, is
+// the variant's (variant.Variant.ClusterIDRegister, ClusterIDMarker).
 func InitializedPCR15(clusterID []byte) []byte { return attestation.ClusterIDMarker(clusterID) }
 
 func derive(ikm, salt []byte, info string, length int) ([]byte, error) {

@@ -354,12 +354,17 @@ func (c nodeCheck) Validate(ctx context.Context, evidence []byte, purpose attest
 	if verified.SignerRole != metadata.ControlPlane {
 		return nil, fmt.Errorf("%w: node %q is certified as %s", ErrNotControlPlane, c.node, untrusted.Quote(string(verified.SignerRole)))
 	}
-	marker, ok := verified.Registers[kms.InitializedPCR]
+	// The variant says which register carries the cluster-ID marker.
+	reg, ok := verified.Variant.ClusterIDRegister()
 	if !ok {
-		return nil, fmt.Errorf("%w: the evidence does not cover PCR %d", ErrEvidence, kms.InitializedPCR)
+		return nil, fmt.Errorf("%w: the evidence names no variant", ErrEvidence)
 	}
-	if !bytes.Equal(marker, make([]byte, len(marker))) && !bytes.Equal(marker, kms.InitializedPCR15(c.clusterID)) {
-		return nil, fmt.Errorf("%w: node %q is committed to another cluster in this boot (PCR %d is %x)", ErrNotWaiting, c.node, kms.InitializedPCR, marker)
+	marker, ok := verified.Registers[reg]
+	if !ok {
+		return nil, fmt.Errorf("%w: the evidence does not cover %s", ErrEvidence, verified.Variant.RegisterName(reg))
+	}
+	if !bytes.Equal(marker, make([]byte, len(marker))) && !bytes.Equal(marker, verified.Variant.ClusterIDMarker(c.clusterID)) {
+		return nil, fmt.Errorf("%w: node %q is committed to another cluster in this boot (%s is %x)", ErrNotWaiting, c.node, verified.Variant.RegisterName(reg), marker)
 	}
 	return verified, nil
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 func skipShort(t *testing.T) {
@@ -112,7 +113,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 		local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
 	}
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets:           measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}}},
 		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)
@@ -177,7 +178,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 			keys.CommitAndReboot(t, n)
 			if tc.otherMark {
 				other := sha256.Sum256([]byte("another cluster"))
-				require.NoError(t, n.TPM.ExtendPCR(kms.InitializedPCR, other[:]))
+				require.NoError(t, n.TPM.ExtendPCR(int(markerRegister), other[:]))
 			}
 			var opts bootstraptest.RecoveryServerOptions
 			if tc.issuer != nil {
@@ -431,3 +432,6 @@ func TestMinAttemptIntervalIsTheNodesRefill(t *testing.T) {
 		assert.Equal(t, recovery.MinAttemptInterval, time.Duration(float64(time.Second)/float64(limits)), name)
 	}
 }
+
+// markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

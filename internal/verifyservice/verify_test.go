@@ -88,7 +88,7 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	require.NoError(t, local.CertifyAK(tpm, ca, name, metadata.Worker, time.Now()))
 	if opts.marker != nil {
 		digest := sha256.Sum256(opts.marker)
-		require.NoError(t, tpm.ExtendPCR(kms.InitializedPCR, digest[:]))
+		require.NoError(t, tpm.ExtendPCR(int(markerRegister), digest[:]))
 	}
 	// The service opens the TPM per request: release this connection.
 	require.NoError(t, tpm.Close())
@@ -147,8 +147,8 @@ func servePlainGRPC(t *testing.T, register func(*grpc.Server)) string {
 func validator(t *testing.T, ca *akca.CA) attestation.Validator {
 	t.Helper()
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
-		AKRoots:       ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}}},
+		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
 	return v
@@ -237,7 +237,7 @@ func TestVerify(t *testing.T) {
 		},
 		"PCR 15 rewritten in transit to this cluster's marker": {
 			node:    &nodeOptions{marker: otherClusterID},
-			proxy:   editEvidence(func(e *vtpmpb.Evidence) { e.Pcrs[kms.InitializedPCR] = kms.InitializedPCR15(clusterID) }),
+			proxy:   editEvidence(func(e *vtpmpb.Evidence) { e.Pcrs[markerRegister] = kms.InitializedPCR15(clusterID) }),
 			wantErr: attestation.ErrBadSignature,
 		},
 		"evidence for another nonce (replayed)": {
@@ -355,9 +355,8 @@ func TestVerifyUncertifiedSigner(t *testing.T) {
 	ca := newCA(t, "local AK CA")
 	n := startNode(t, ca, nodeOptions{marker: clusterID})
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets:           measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}}, Log: slog.New(slog.DiscardHandler)},
 		AcceptUnauthenticatedAK: true,
-		Log:                     slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 	res, err := verify.Verify(context.Background(), "worker-0", n.grpcAddr, noRoots, clusterID)
@@ -429,7 +428,7 @@ func TestHTTP(t *testing.T) {
 		require.NoError(t, err)
 		verified, err := validator(t, ca).Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
-		assert.Equal(t, kms.InitializedPCR15(clusterID), verified.Registers[kms.InitializedPCR])
+		assert.Equal(t, kms.InitializedPCR15(clusterID), verified.Registers[markerRegister])
 	})
 
 	for name, tc := range map[string]struct {
@@ -574,3 +573,6 @@ func FuzzParseNonceQuery(f *testing.F) {
 		assert.LessOrEqual(t, len(query), len("nonce=")+2*attestation.MaxNonceSize)
 	})
 }
+
+// markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

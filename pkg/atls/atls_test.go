@@ -64,7 +64,7 @@ func bootNode(t testing.TB, tpm *vtpm.TPM) *node {
 // the tests' AKs are uncertified, so the validator accepts that (one test configures roots).
 func (n *node) validator(t testing.TB) attestation.Validator {
 	t.Helper()
-	v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}, AcceptUnauthenticatedAK: true})
+	v, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	return v
 }
@@ -228,14 +228,14 @@ func TestRejected(t *testing.T) {
 	require.NoError(t, err)
 	ca, err := akca.New("AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
-	withRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}, AKRoots: ca.Pool()})
+	withRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}}, AKRoots: ca.Pool()})
 	require.NoError(t, err)
 	wrongRef := measurements.M{}
 	for k, v := range n.ref {
 		wrongRef[k] = v
 	}
 	wrongRef[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{0xab}, 32)}
-	wrongMeasurements, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "image-v2", Measurements: wrongRef}}, AcceptUnauthenticatedAK: true})
+	wrongMeasurements, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v2", Measurements: wrongRef}}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 
 	testCases := map[string]struct {

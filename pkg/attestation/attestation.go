@@ -13,10 +13,12 @@ package attestation
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/sha512"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -24,6 +26,23 @@ import (
 // quote document without event log is about 1.5 KiB; 256 KiB leaves room for event logs and
 // certificate chains while bounding what an unauthenticated peer can make us parse.
 const DefaultMaxEvidenceSize = 256 << 10
+
+// ValidatorCommon is what every variant's validator configuration shares (each embeds it):
+// the reference sets evidence is checked against, and how the validator runs.
+type ValidatorCommon struct {
+	// ReferenceSets are the accepted values of the variant's image registers
+	// (measurements.ReferenceSets.Validate for the variant must accept them).
+	ReferenceSets measurements.ReferenceSets
+	// Active, when set, replaces ReferenceSets: the validator reads the sets from it on every
+	// validation, so a watcher can swap them without a restart (measurements.Active).
+	Active *measurements.Active
+	// MaxEvidenceSize defaults to DefaultMaxEvidenceSize.
+	MaxEvidenceSize int
+	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
+	Now func() time.Time
+	// Log defaults to discarding.
+	Log *slog.Logger
+}
 
 // Nonce sizes a caller may bind evidence to.
 const (
@@ -112,29 +131,13 @@ const (
 // Valid reports whether r is a known role.
 func (r Role) Valid() bool { return r == RoleControlPlane || r == RoleWorker }
 
-// ClusterIDMarker is the value of the cluster-ID register (PCR 15 of a TPM variant) of a
-// node that extended the cluster ID once into the reset register:
+// ClusterIDMarker is the value of a SHA-256 cluster-ID register (PCR 15 of a TPM variant) of
+// a node that extended the cluster ID once into the reset register:
 // SHA256(0^32 || SHA256(clusterID)). A verifier compares it with the register to learn
-// whether a node belongs to a given cluster (docs/attestation.md).
+// whether a node belongs to a given cluster (docs/attestation.md); the marker of any
+// variant's register is variant.Variant.ClusterIDMarker.
 func ClusterIDMarker(clusterID []byte) []byte {
-	digest := sha256.Sum256(clusterID)
-	v := sha256.Sum256(append(make([]byte, 32), digest[:]...))
-	return v[:]
-}
-
-// ClusterIDMarkerOf returns the cluster-ID marker of a register of registerLen bytes: a
-// SHA-256 PCR (32, ClusterIDMarker) or a SHA-384 TDX RTMR (48:
-// SHA384(0^48 || SHA384(clusterID))). Nil for any other size: no marker can match.
-func ClusterIDMarkerOf(registerLen int, clusterID []byte) []byte {
-	switch registerLen {
-	case sha256.Size:
-		return ClusterIDMarker(clusterID)
-	case sha512.Size384:
-		digest := sha512.Sum384(clusterID)
-		v := sha512.Sum384(append(make([]byte, sha512.Size384), digest[:]...))
-		return v[:]
-	}
-	return nil
+	return variant.ClusterIDMarkerOf(sha256.Size, clusterID)
 }
 
 // Issuer produces evidence of the platform it runs on, bound to a purpose and caller data.

@@ -238,7 +238,7 @@ func newResult(endpoint string, nonce []byte, v *attestation.Verified) *Result {
 
 // checkClusterID compares the marker register with the value clusterID implies.
 func checkClusterID(v *attestation.Verified, clusterID []byte) ClusterIDCheck {
-	want := attestation.ClusterIDMarkerOf(v.Variant.RegisterLen(), clusterID)
+	want := v.Variant.ClusterIDMarker(clusterID)
 	reg, ok := v.Variant.ClusterIDRegister()
 	if !ok {
 		// A variant without a marker register cannot show membership: never a match.

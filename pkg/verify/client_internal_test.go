@@ -31,6 +31,6 @@ func TestCheckClusterIDPerVariant(t *testing.T) {
 		got := checkClusterID(&attestation.Verified{Variant: tc.v, Registers: map[uint32][]byte{tc.reg: tc.value}}, id)
 		assert.Equal(t, tc.match, got.Match, name)
 	}
-	assert.Len(t, attestation.ClusterIDMarkerOf(48, id), 48)
-	assert.Nil(t, attestation.ClusterIDMarkerOf(20, id))
+	assert.Len(t, variant.ClusterIDMarkerOf(48, id), 48)
+	assert.Nil(t, variant.ClusterIDMarkerOf(20, id))
 }

@@ -45,7 +45,7 @@ func hostile(n int) string {
 // without escape sequences or line breaks.
 func TestHostileService(t *testing.T) {
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets:           measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(qemu.Variant, nil)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(qemu.Variant, nil)}}},
 		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)

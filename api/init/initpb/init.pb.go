@@ -49,18 +49,13 @@ type InitRequest struct {
 	// The pod network, e.g. "10.244.0.0/16"; empty for none (no node CIDR allocation).
 	PodCidr string `protobuf:"bytes,10,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
 	// What the join service admits nodes by, as the CLI verified this node with it (written to
-	// ConfigMap kube-system/constellation-attestation): the attestation variant ("qemu-vtpm"),
-	// the reference sets as JSON (measurements.ReferenceSets) and the PEM certificates of the
-	// platform's AK CA(s) (required by variants that trust the AK only through them). None of
-	// them when the node deploys no services.
-	AttestationVariant string `protobuf:"bytes,11,opt,name=attestation_variant,json=attestationVariant,proto3" json:"attestation_variant,omitempty"`
-	ReferenceSets      []byte `protobuf:"bytes,12,opt,name=reference_sets,json=referenceSets,proto3" json:"reference_sets,omitempty"`
-	AkRoots            []byte `protobuf:"bytes,13,opt,name=ak_roots,json=akRoots,proto3" json:"ak_roots,omitempty"`
-	// The variant's hardware reference as JSON (clusterrecord.Hardware: the "snp" or "tdx" block,
-	// "acceptUnauthenticatedAK"), the record's hardware.json; empty for a variant without one.
-	Hardware      []byte `protobuf:"bytes,14,opt,name=hardware,proto3" json:"hardware,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// ConfigMap kube-system/constellation-attestation): the cluster's attestation reference
+	// (choose.Reference: variant, reference sets, AK roots, hardware block) in its canonical
+	// encoding, JSON as choose.Reference.Encode writes it. Empty when the node deploys no
+	// services.
+	AttestationReference []byte `protobuf:"bytes,15,opt,name=attestation_reference,json=attestationReference,proto3" json:"attestation_reference,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -163,30 +158,9 @@ func (x *InitRequest) GetPodCidr() string {
 	return ""
 }
 
-func (x *InitRequest) GetAttestationVariant() string {
+func (x *InitRequest) GetAttestationReference() []byte {
 	if x != nil {
-		return x.AttestationVariant
-	}
-	return ""
-}
-
-func (x *InitRequest) GetReferenceSets() []byte {
-	if x != nil {
-		return x.ReferenceSets
-	}
-	return nil
-}
-
-func (x *InitRequest) GetAkRoots() []byte {
-	if x != nil {
-		return x.AkRoots
-	}
-	return nil
-}
-
-func (x *InitRequest) GetHardware() []byte {
-	if x != nil {
-		return x.Hardware
+		return x.AttestationReference
 	}
 	return nil
 }
@@ -437,7 +411,7 @@ var File_api_init_initpb_init_proto protoreflect.FileDescriptor
 
 const file_api_init_initpb_init_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/init/initpb/init.proto\x12\x15constellation.init.v1\x1a\x1aapi/join/joinpb/join.proto\"\xd0\x04\n" +
+	"\x1aapi/init/initpb/init.proto\x12\x15constellation.init.v1\x1a\x1aapi/join/joinpb/join.proto\"\xc7\x04\n" +
 	"\vInitRequest\x12#\n" +
 	"\rmaster_secret\x18\x01 \x01(\fR\fmasterSecret\x12\x1f\n" +
 	"\vmaster_salt\x18\x02 \x01(\fR\n" +
@@ -451,11 +425,8 @@ const file_api_init_initpb_init_proto_rawDesc = "" +
 	"\x14api_server_cert_sans\x18\b \x03(\tR\x11apiServerCertSans\x12!\n" +
 	"\fservice_cidr\x18\t \x01(\tR\vserviceCidr\x12\x19\n" +
 	"\bpod_cidr\x18\n" +
-	" \x01(\tR\apodCidr\x12/\n" +
-	"\x13attestation_variant\x18\v \x01(\tR\x12attestationVariant\x12%\n" +
-	"\x0ereference_sets\x18\f \x01(\fR\rreferenceSets\x12\x19\n" +
-	"\bak_roots\x18\r \x01(\fR\aakRoots\x12\x1a\n" +
-	"\bhardware\x18\x0e \x01(\fR\bhardware\"\xcd\x01\n" +
+	" \x01(\tR\apodCidr\x123\n" +
+	"\x15attestation_reference\x18\x0f \x01(\fR\x14attestationReferenceJ\x04\b\v\x10\fJ\x04\b\f\x10\rJ\x04\b\r\x10\x0eJ\x04\b\x0e\x10\x0fR\x13attestation_variantR\x0ereference_setsR\bak_rootsR\bhardware\"\xcd\x01\n" +
 	"\fInitResponse\x12A\n" +
 	"\bprogress\x18\x01 \x01(\v2#.constellation.init.v1.InitProgressH\x00R\bprogress\x12>\n" +
 	"\asuccess\x18\x02 \x01(\v2\".constellation.init.v1.InitSuccessH\x00R\asuccess\x122\n" +

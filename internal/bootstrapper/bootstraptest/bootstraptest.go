@@ -24,6 +24,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -174,8 +175,8 @@ func (n *Node) ReadEventLog() ([]byte, error) { return n.EventLog, nil }
 func Validator(t testing.TB, ca *akca.CA) *vtpm.Validator {
 	t.Helper()
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}},
-		AKRoots:       ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}}},
+		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
 	return v

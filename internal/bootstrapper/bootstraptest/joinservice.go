@@ -81,7 +81,7 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 		marker = sha256.Sum256([]byte("another cluster"))
 	}
 	if !opts.NoMarker {
-		require.NoError(t, service.TPM.ExtendPCR(joinservice.ClusterIDRegister, marker[:]))
+		require.NoError(t, service.TPM.ExtendPCR(int(clusterIDRegister), marker[:]))
 	}
 	var issuer attestation.Issuer
 	if opts.SoftwareAK {
@@ -89,7 +89,7 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 		for i, m := range local.ExpectedPCRs(Image) {
 			pcrs[i] = m.Expected
 		}
-		pcrs[joinservice.ClusterIDRegister] = kms.InitializedPCR15(c.ClusterID)
+		pcrs[clusterIDRegister] = local.Variant.ClusterIDMarker(c.ClusterID)
 		soft := NewSoftwareIssuer(t, pcrs)
 		soft.EventLog, err = local.ImageEventLog(Image)
 		require.NoError(t, err)
@@ -138,3 +138,7 @@ type masterKeys struct{ master kms.MasterSecret }
 func (k masterKeys) DataKey(_ context.Context, id string, length int) ([]byte, error) {
 	return k.master.DeriveKey(id, length)
 }
+
+// clusterIDRegister is the register of the local provider's variant that carries the
+// cluster-ID marker.
+var clusterIDRegister, _ = local.Variant.ClusterIDRegister()

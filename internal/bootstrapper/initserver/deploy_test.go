@@ -3,7 +3,6 @@ package initserver_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -98,35 +98,34 @@ func TestInitDeployNeedsAttestation(t *testing.T) {
 	assert.Empty(t, e.node.Node.LockHolder())
 }
 
-// withAttestation adds the attestation configuration of the test image (AK roots: the test
+// withAttestation adds the attestation reference of the test image (AK roots: the test
 // provider's CA) to req and returns it as the node should parse it.
-func withAttestation(t *testing.T, e *env, req *initpb.InitRequest) clusterrecord.Attestation {
-	a := clusterrecord.Attestation{
-		Variant:       variant.QEMUVTPM,
-		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
-		AKRootsPEM:    pki.EncodeCert(e.ca.Certificate()),
-	}
-	data, err := a.Data()
-	require.NoError(t, err)
-	req.AttestationVariant = data[clusterrecord.VariantKey]
-	req.ReferenceSets = []byte(data[clusterrecord.ReferenceSetsKey])
-	req.AkRoots = a.AKRootsPEM
-	req.Hardware = []byte(data[clusterrecord.HardwareKey])
-	parsed, err := clusterrecord.ParseAttestation([]byte(req.AttestationVariant), req.ReferenceSets, req.AkRoots, req.Hardware)
+func withAttestation(t *testing.T, e *env, req *initpb.InitRequest) choose.Reference {
+	ref := choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{
+		Measurements: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		AKRoots:      string(pki.EncodeCert(e.ca.Certificate())),
+	}}
+	setReference(t, req, ref)
+	parsed, err := choose.DecodeReference(req.AttestationReference)
 	require.NoError(t, err)
 	return parsed
 }
 
+// setReference puts ref into req as the CLI encodes it, unchecked: the node must check it.
+func setReference(t *testing.T, req *initpb.InitRequest, ref choose.Reference) {
+	data, err := ref.Encode()
+	require.NoError(t, err)
+	req.AttestationReference = data
+}
+
 // snpHardware is a valid hardware reference of the SEV-SNP variants (built as
-// pkg/attestation/choose's tests do), as the init request carries it.
-func snpHardware(t *testing.T) []byte {
+// pkg/attestation/choose's tests do).
+func snpHardware() *snp.Reference {
 	ref := snp.DefaultReference("milan-2025")
 	ref.Products = []string{"Milan"}
 	ref.MinimumTCB = map[string]snp.TCB{"Milan": {Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115}}
 	ref.Measurements = snp.Digests{bytes.Repeat([]byte{1}, 48)}
-	data, err := json.Marshal(clusterrecord.Hardware{SNP: &ref})
-	require.NoError(t, err)
-	return data
+	return &ref
 }
 
 // forgetDeployment removes what a deployment created in the shared API server.

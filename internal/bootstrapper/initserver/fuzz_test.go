@@ -55,7 +55,7 @@ func FuzzParseRequest(f *testing.F) {
 	}
 	for _, sets := range []string{full(""), `[{"name":"a","measurements":{"0":` + zero + `}}]`, full("warn11"), full("pcr15")} {
 		att := proto.Clone(good).(*initpb.InitRequest)
-		att.AttestationVariant, att.ReferenceSets, att.AkRoots = "qemu-vtpm", []byte(sets), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+		att.AttestationReference = []byte(`{"variant":"qemu-vtpm","measurements":` + sets + `,"akRoots":"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"}`)
 		if seed, err = proto.Marshal(att); err != nil {
 			f.Fatal(err)
 		}
@@ -64,7 +64,7 @@ func FuzzParseRequest(f *testing.F) {
 	// A hardware reference: refused on qemu-vtpm, required by the SEV-SNP variants.
 	for _, v := range []string{"qemu-vtpm", "aws-sev-snp"} {
 		att := proto.Clone(good).(*initpb.InitRequest)
-		att.AttestationVariant, att.ReferenceSets, att.Hardware = v, []byte(full("")), []byte(`{"snp":{"name":"milan","products":["Milan"]}}`)
+		att.AttestationReference = []byte(`{"variant":"` + v + `","measurements":` + full("") + `,"snp":{"name":"milan","products":["Milan"]}}`)
 		if seed, err = proto.Marshal(att); err != nil {
 			f.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		}
 		if r.attestation != nil {
-			if err := r.attestation.Validate(); err != nil {
+			if err := r.attestation.ValidateForCluster(); err != nil {
 				t.Fatalf("accepted an invalid attestation configuration: %v", err)
 			}
 		}

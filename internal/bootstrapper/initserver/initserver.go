@@ -81,6 +81,7 @@ import (
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 )
 
 // Names of what init records in the cluster (internal/clusterrecord).
@@ -168,7 +169,7 @@ type Deployment struct {
 	Cluster ClusterRecord
 	// Attestation is what the join service admits nodes by, from the init request (set
 	// whenever Config.Deploy is).
-	Attestation clusterrecord.Attestation
+	Attestation choose.Reference
 	// Progress streams one line to the CLI (and into the init's log).
 	Progress func(msg string)
 }

@@ -43,8 +43,10 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // One real kube-apiserver + etcd for the package, started by the first test that needs it
@@ -423,29 +425,35 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 			code:   codes.InvalidArgument, want: []string{"v1.33.0 is not the version this node's image runs (v1.34.4)"},
 		},
 		"attestation configuration incomplete": {
-			mutate: func(r *initpb.InitRequest) { r.AttestationVariant = "qemu-vtpm" },
-			code:   codes.InvalidArgument, want: []string{"variant and reference sets go together, AK roots and hardware reference need them (got variant true, reference sets false, AK roots false, hardware false)"},
+			mutate: func(r *initpb.InitRequest) { setReference(t, r, choose.Reference{Variant: variant.QEMUVTPM}) },
+			code:   codes.InvalidArgument, want: []string{"attestation configuration: measurements: at least one reference-value set is required"},
 		},
 		// The hardware block must be the variant's: a record the join service could not build
 		// its validator from is never committed.
 		"hardware block for the wrong variant": {
-			mutate: func(r *initpb.InitRequest) { withAttestation(t, e, r); r.Hardware = snpHardware(t) },
-			code:   codes.InvalidArgument, want: []string{"attestation configuration: invalid attestation configuration: snp: qemu-vtpm evidence has no SEV-SNP report"},
+			mutate: func(r *initpb.InitRequest) {
+				ref := withAttestation(t, e, r)
+				ref.SNP = snpHardware()
+				setReference(t, r, ref)
+			},
+			code: codes.InvalidArgument, want: []string{"attestation configuration: snp: qemu-vtpm evidence has no SEV-SNP report"},
 		},
 		"hardware block without a variant": {
-			mutate: func(r *initpb.InitRequest) { r.Hardware = snpHardware(t) },
-			code:   codes.InvalidArgument, want: []string{"(got variant false, reference sets false, AK roots false, hardware true)"},
+			mutate: func(r *initpb.InitRequest) {
+				setReference(t, r, choose.Reference{Values: choose.Values{HardwareValues: choose.HardwareValues{SNP: snpHardware()}}})
+			},
+			code: codes.InvalidArgument, want: []string{`attestation configuration: decoding the attestation reference: unknown attestation variant ""`},
 		},
 		"hardware reference malformed": {
 			mutate: func(r *initpb.InitRequest) {
 				withAttestation(t, e, r)
-				r.Hardware = []byte(`{"snp":{},"measurements":[]}`)
+				r.AttestationReference = append(r.AttestationReference[:len(r.AttestationReference)-1], `,"snp":{},"hardware":{}}`...)
 			},
-			code: codes.InvalidArgument, want: []string{`attestation configuration: hardware.json: "measurements" is not a hardware value`},
+			code: codes.InvalidArgument, want: []string{`attestation configuration: decoding the attestation reference: json: unknown field "hardware"`},
 		},
 		"attestation configuration malformed": {
 			mutate: func(r *initpb.InitRequest) {
-				r.AttestationVariant, r.ReferenceSets, r.AkRoots = "qemu-vtpm", []byte(`[{"name":"x"`), []byte("not PEM")
+				r.AttestationReference = []byte(`{"variant":"qemu-vtpm","measurements":[{"name":"x"`)
 			},
 			code: codes.InvalidArgument, want: []string{"attestation configuration:"},
 		},
@@ -532,8 +540,8 @@ func TestCLIRefusesUnexpectedNode(t *testing.T) {
 	e := newEnv(t)
 	other := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("another bootstrapper"))}
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: local.ExpectedPCRs(other)}},
-		AKRoots:       e.ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: local.ExpectedPCRs(other)}}},
+		AKRoots:         e.ca.Pool(),
 	})
 	require.NoError(t, err)
 	req, _ := request(t)

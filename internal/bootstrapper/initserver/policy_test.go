@@ -1,7 +1,6 @@
 package initserver_test
 
 import (
-	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,6 +11,7 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -37,10 +37,7 @@ func TestInitRefusesLooseReferenceSets(t *testing.T) {
 				{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)},
 				{Name: "loose", Measurements: tc.M},
 			}
-			// Encoded by hand: clusterrecord.Attestation.Data would refuse to encode it.
-			data, err := json.Marshal(sets)
-			require.NoError(t, err)
-			req.AttestationVariant, req.ReferenceSets, req.AkRoots = variant.QEMUVTPM.String(), data, pki.EncodeCert(e.ca.Certificate())
+			setReference(t, req, choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(pki.EncodeCert(e.ca.Certificate()))}})
 
 			res := e.call(req)
 			assert.Equal(t, codes.InvalidArgument, status.Code(res.Err), "%v", res.Err)

@@ -12,6 +12,7 @@ import (
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -29,7 +30,7 @@ type request struct {
 	serviceCIDR     netip.Prefix // invalid when not given
 	podCIDR         netip.Prefix // invalid when not given
 	// attestation is what the join service admits nodes by; nil when the request has none.
-	attestation *clusterrecord.Attestation
+	attestation *choose.Reference
 }
 
 var (
@@ -97,17 +98,15 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 	}
 	// The whole reference of the variant, checked by the record's rules (which AK roots and
 	// which hardware block the variant needs) before anything is committed.
-	v, sets, roots, hw := req.GetAttestationVariant(), req.GetReferenceSets(), req.GetAkRoots(), req.GetHardware()
-	switch {
-	case v == "" && len(sets) == 0 && len(roots) == 0 && len(hw) == 0:
-	case v == "" || len(sets) == 0:
-		bad("attestation configuration: variant and reference sets go together, AK roots and hardware reference need them (got variant %t, reference sets %t, AK roots %t, hardware %t)", v != "", len(sets) > 0, len(roots) > 0, len(hw) > 0)
-	default:
-		a, err := clusterrecord.ParseAttestation([]byte(v), sets, roots, hw)
+	if data := req.GetAttestationReference(); len(data) > 0 {
+		ref, err := choose.DecodeReference(data)
+		if err == nil {
+			err = ref.ValidateForCluster()
+		}
 		if err != nil {
 			bad("attestation configuration: %w", err)
 		} else {
-			r.attestation = &a
+			r.attestation = &ref
 		}
 	}
 	if len(problems) > 0 {

@@ -2,7 +2,6 @@ package initserver
 
 import (
 	"bytes"
-	"encoding/json"
 	"strings"
 	"testing"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/api/join/joinpb"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -21,15 +21,16 @@ import (
 func TestParseRequestRefusesLooseReferenceSets(t *testing.T) {
 	for name, tc := range measurementstest.LooseSets(measurementstest.Image(variant.QEMUVTPM, nil)) {
 		t.Run(name, func(t *testing.T) {
-			sets, err := json.Marshal(measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}})
+			ref, err := choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{
+				Measurements: measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}},
+				AKRoots:      "roots are checked after the sets",
+			}}.Encode()
 			require.NoError(t, err)
 			req := &initpb.InitRequest{
 				MasterSecret: bytes.Repeat([]byte{1}, 32), MasterSalt: bytes.Repeat([]byte{2}, 32),
 				MeasurementSalt: bytes.Repeat([]byte{3}, 32), ClusterName: "demo", KubernetesVersion: "v1.34.4",
 				KubernetesComponents: []*joinpb.KubernetesComponent{{Name: "kubelet", Url: "file:///k", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"}},
-				AttestationVariant:   "qemu-vtpm",
-				ReferenceSets:        sets,
-				AkRoots:              []byte("roots are checked after the sets"),
+				AttestationReference: ref,
 			}
 			_, err = parseRequest(req, "v1.34.4")
 			require.Error(t, err)

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -35,8 +34,8 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", metadata.Worker, time.Now()))
 
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}},
-		AKRoots:       ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}}},
+		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
 	nonce := make([]byte, 32)
@@ -61,8 +60,8 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 
 	modified := append([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1 + backdoor"))}, image[1:]...)
 	val, err = qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: local.ExpectedPCRs(modified)}},
-		AKRoots:       ca.Pool(),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: local.ExpectedPCRs(modified)}}},
+		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
 	_, err = val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
@@ -80,6 +79,5 @@ func TestPCRMapIsTheVariantRegisterMap(t *testing.T) {
 	id, ok := variant.QEMUVTPM.ClusterIDRegister()
 	require.True(t, ok)
 	assert.Equal(t, uint32(local.PCRClusterID), id)
-	assert.Equal(t, uint32(kms.InitializedPCR), id)
 	require.NoError(t, m.Validate(variant.QEMUVTPM))
 }

@@ -37,8 +37,6 @@ import (
 	"crypto/sha512"
 	"crypto/x509"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/client"
@@ -47,7 +45,6 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/snpissuer"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -154,20 +151,15 @@ func (c *HardwareCheck) check(ctx context.Context, hw *hardwarepb.Hardware, repo
 
 // ValidatorConfig configures an aws-sev-snp validator.
 type ValidatorConfig struct {
-	// ReferenceSets are the accepted PCR values; Active replaces them with hot-reloaded sets
-	// (see vtpm.ValidatorConfig).
-	ReferenceSets measurements.ReferenceSets
-	Active        *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// Hardware is what the SEV-SNP report must show (launch measurement, minimum TCB,
 	// policy).
 	Hardware snp.Reference
 	// Collateral is the cache AMD's CRLs come from (and are fetched through). Required.
 	Collateral *collateral.Cache
 	// SNPRoots are the trusted AMD chains; nil means snp.PinnedRoots. Tests set fake roots.
-	SNPRoots        *snp.Roots
-	MaxEvidenceSize int
-	Now             func() time.Time
-	Log             *slog.Logger
+	SNPRoots *snp.Roots
 }
 
 // NewValidator returns a validator for aws-sev-snp evidence.
@@ -177,13 +169,9 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 		return nil, err
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon: cfg.ValidatorCommon,
 		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
 		Hardware:        check,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
 	})
 }
 

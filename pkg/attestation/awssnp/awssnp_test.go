@@ -135,12 +135,10 @@ func newVerifier(t testing.TB, ref snp.Reference, pcrs measurements.M, platforms
 	roots, err := snp.NewRoots(chains...)
 	require.NoError(t, err)
 	v, err := awssnp.NewValidator(awssnp.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: pcrs}},
-		Hardware:      ref,
-		Collateral:    collateral.New(collateral.Config{Fetcher: a, Now: c.Now}),
-		SNPRoots:      roots,
-		Now:           c.Now,
-		Log:           slog.New(slog.DiscardHandler),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: pcrs}}, Now: c.Now, Log: slog.New(slog.DiscardHandler)},
+		Hardware:        ref,
+		Collateral:      collateral.New(collateral.Config{Fetcher: a, Now: c.Now}),
+		SNPRoots:        roots,
 	})
 	require.NoError(t, err)
 	return &verifier{clock: c, amd: a, v: v}

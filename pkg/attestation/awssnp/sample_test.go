@@ -65,9 +65,9 @@ func TestRealSample(t *testing.T) {
 	require.NoError(t, err)
 
 	check, err := NewHardwareCheck(ValidatorConfig{
-		Hardware:   sampleReference(t, hw),
-		Collateral: collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
-		Now:        func() time.Time { return sampleTime },
+		ValidatorCommon: attestation.ValidatorCommon{Now: func() time.Time { return sampleTime }},
+		Hardware:        sampleReference(t, hw),
+		Collateral:      collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
 	})
 	require.NoError(t, err)
 	_, err = check.check(context.Background(), hw, want)
@@ -112,9 +112,9 @@ func TestRealSample(t *testing.T) {
 // aws-sev-snp report for the caller.
 func TestRealSampleRefusals(t *testing.T) {
 	check, err := NewHardwareCheck(ValidatorConfig{
-		Hardware:   sampleReference(t, loadSample(t)),
-		Collateral: collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
-		Now:        func() time.Time { return sampleTime },
+		ValidatorCommon: attestation.ValidatorCommon{Now: func() time.Time { return sampleTime }},
+		Hardware:        sampleReference(t, loadSample(t)),
+		Collateral:      collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
 	})
 	require.NoError(t, err)
 	want, err := hex.DecodeString(sampleReportData)
@@ -168,9 +168,9 @@ func FuzzHardwareCheck(f *testing.F) {
 	ref.MinimumTCB[snp.Milan] = snp.TCB{}
 	ref.Measurements = snp.Digests{make([]byte, 48)}
 	check, err := NewHardwareCheck(ValidatorConfig{
-		Hardware:   ref,
-		Collateral: collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
-		Now:        func() time.Time { return sampleTime },
+		ValidatorCommon: attestation.ValidatorCommon{Now: func() time.Time { return sampleTime }},
+		Hardware:        ref,
+		Collateral:      collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
 	})
 	require.NoError(f, err)
 	want, err := hex.DecodeString(sampleReportData)

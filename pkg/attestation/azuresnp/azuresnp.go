@@ -29,7 +29,6 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -40,9 +39,8 @@ var Variant = variant.AzureSEVSNP
 
 // ValidatorConfig configures an azure-sev-snp validator.
 type ValidatorConfig struct {
-	ReferenceSets measurements.ReferenceSets
-	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots: see vtpm.ValidatorConfig.
 	AKRoots *x509.CertPool
 	// Hardware is what the SEV-SNP report must show (snp.Reference.Validate must accept it).
@@ -50,10 +48,7 @@ type ValidatorConfig struct {
 	// Collateral is the cache AMD's CRLs (and VCEKs the evidence lacks) come from. Required.
 	Collateral *collateral.Cache
 	// Roots are the trusted AMD chains; nil means snp.PinnedRoots. Only tests set it.
-	Roots           *snp.Roots
-	MaxEvidenceSize int
-	Now             func() time.Time
-	Log             *slog.Logger
+	Roots *snp.Roots
 }
 
 // NewValidator returns a validator for azure-sev-snp evidence.
@@ -63,14 +58,10 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 		return nil, err
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon: cfg.ValidatorCommon,
 		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
 		AKRoots:         cfg.AKRoots,
 		Hardware:        check,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
 	})
 }
 

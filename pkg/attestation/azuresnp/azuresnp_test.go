@@ -210,11 +210,10 @@ func (f *fakeAMD) Certificates(context.Context) ([][]byte, error) {
 func (f *fakeAMD) validator(t testing.TB, sets measurements.ReferenceSets) *vtpm.Validator {
 	t.Helper()
 	v, err := azuresnp.NewValidator(azuresnp.ValidatorConfig{
-		ReferenceSets: sets,
-		Hardware:      f.ref,
-		Collateral:    f.cache,
-		Roots:         f.roots,
-		Now:           func() time.Time { return testNow },
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return testNow }},
+		Hardware:        f.ref,
+		Collateral:      f.cache,
+		Roots:           f.roots,
 	})
 	require.NoError(t, err)
 	return v

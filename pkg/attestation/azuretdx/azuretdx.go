@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/x509"
 	"fmt"
-	"log/slog"
 	"time"
 
 	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
@@ -14,7 +13,6 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -25,18 +23,14 @@ var Variant = variant.AzureTDX
 
 // ValidatorConfig configures an azure-tdx validator.
 type ValidatorConfig struct {
-	ReferenceSets measurements.ReferenceSets
-	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots: see vtpm.ValidatorConfig.
 	AKRoots *x509.CertPool
 	// Hardware is what the TD quote must show (tdx.Reference.Validate must accept it).
 	Hardware tdx.Reference
 	// Collateral is the cache Intel's TCB info, QE identity and CRLs come from. Required.
-	Collateral      *collateral.Cache
-	MaxEvidenceSize int
-	Now             func() time.Time
-	Log             *slog.Logger
+	Collateral *collateral.Cache
 }
 
 // NewValidator returns a validator for azure-tdx evidence.
@@ -46,14 +40,10 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 		return nil, err
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon: cfg.ValidatorCommon,
 		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
 		AKRoots:         cfg.AKRoots,
 		Hardware:        check,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
 	})
 }
 

@@ -193,7 +193,7 @@ func hclReport(t testing.TB, ak *rsa.PublicKey) []byte {
 // validator is NewValidator with the fake Intel signature check (testCheck).
 func (n *node) validator(t testing.TB) *vtpm.Validator {
 	t.Helper()
-	v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: Variant, ReferenceSets: n.sets, Hardware: testCheck(t)})
+	v, err := vtpm.NewValidator(vtpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: n.sets}, Variant: Variant, Hardware: testCheck(t)})
 	require.NoError(t, err)
 	return v
 }

@@ -1,12 +1,16 @@
-// Package choose is the registry of attestation implementations: given a variant, it builds
-// the Validator (from a Reference) or the Issuer (from a node's devices). Nothing else names a
-// variant to pick code: the configuration, the init request, the join service, a node's check
-// of the join service and `constellation verify` all come here with the variant they were
-// given.
+// Package choose is the catalog of attestation implementations and the one reference type
+// they are built from. BuiltIns lists one Entry per implemented variant (its hardware block,
+// how it trusts attestation keys, its constructors); given a variant, the registry builds the
+// Validator (from a Reference) or the Issuer (from a node's devices). Nothing else decides by
+// variant: the configuration, the init request, the cluster record, the join service, a
+// node's check of the join service and `constellation verify` all come here with the
+// variant they were given.
 //
 // A third party verifies a node with this package and pkg/verify:
 //
-//	ref := choose.Reference{Variant: variant.AzureSEVSNP, Measurements: sets, SNP: &snpRef}
+//	ref := choose.Reference{Variant: variant.AzureSEVSNP, Values: choose.Values{
+//		Measurements: sets, HardwareValues: choose.HardwareValues{SNP: &snpRef},
+//	}}
 //	v, err := choose.NewValidator(ref, choose.Options{})
 //	res, err := verify.Verify(ctx, "node-0", "10.0.0.5:30081", v, clusterID)
 //
@@ -14,8 +18,10 @@
 package choose
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,7 +50,8 @@ import (
 
 // Reference is everything evidence of one variant is checked against: what a cluster records
 // (kube-system/constellation-attestation), what the configuration file holds, and what a
-// verifier outside the cluster needs. The JSON form is the one in the cluster record.
+// verifier outside the cluster needs. It keeps this one shape from the configuration file to
+// every validator; its JSON form (Encode, DecodeReference) is what the init request carries.
 type Reference struct {
 	Variant variant.Variant `json:"variant"`
 	Values
@@ -67,7 +74,7 @@ type Values struct {
 
 // HardwareValues are the part of Values that is neither measurements nor AK roots: what a
 // variant requires of the hardware report beside the registers, or its explicit opt-in. The
-// cluster records them as their own document (hardware.json).
+// cluster records them under their own key (hardware.json).
 type HardwareValues struct {
 	// SNP is the SEV-SNP hardware reference (product lines, minimum TCB, guest policy,
 	// VMPL, measurement, ID-key digests): required by azure-sev-snp, aws-sev-snp and
@@ -85,6 +92,39 @@ type HardwareValues struct {
 	AcceptUnauthenticatedAK bool `json:"acceptUnauthenticatedAK,omitempty"`
 }
 
+// MaxEncodedReferenceSize bounds an encoded Reference that DecodeReference accepts (it
+// arrives from the network: the init request).
+const MaxEncodedReferenceSize = 1 << 20
+
+// Encode returns the canonical encoding of r: its JSON form, the one DecodeReference reads.
+// The init request carries a reference in it.
+func (r Reference) Encode() ([]byte, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the attestation reference: %w", err)
+	}
+	return data, nil
+}
+
+// DecodeReference decodes the canonical encoding of a reference (Encode) strictly, refusing
+// unknown fields and trailing data. It does not check the reference: the caller does, once,
+// by the rules of its trust boundary (Validate, or ValidateForCluster for a cluster's).
+func DecodeReference(data []byte) (Reference, error) {
+	if len(data) > MaxEncodedReferenceSize {
+		return Reference{}, fmt.Errorf("attestation reference of %d bytes, limit %d", len(data), MaxEncodedReferenceSize)
+	}
+	var r Reference
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Reference{}, fmt.Errorf("decoding the attestation reference: %w", err)
+	}
+	if dec.More() {
+		return Reference{}, errors.New("decoding the attestation reference: data after the JSON value")
+	}
+	return r, nil
+}
+
 // Options are how validators run (not what they accept).
 type Options struct {
 	// Active, when set, replaces Reference.Measurements with hot-reloaded sets (the join
@@ -98,6 +138,10 @@ type Options struct {
 	Log *slog.Logger
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
+	// Cluster makes NewValidator check the reference by a cluster's rules
+	// (Reference.ValidateForCluster) rather than Validate's, so that the CLI checks the
+	// reference it verifies a cluster's nodes with, and sends with init, once.
+	Cluster bool
 }
 
 // IssuerEnv is what a node offers an issuer: its TPM and the hardware devices of its
@@ -125,50 +169,89 @@ type IssuerEnv struct {
 	Collateral *collateral.Cache
 }
 
-// entry is one implemented variant.
-type entry struct {
-	// validator builds the variant's validator from a checked ref and its parsed AK roots
-	// (nil if none are configured).
-	validator func(ref Reference, akRoots *x509.CertPool, opts Options) (attestation.Validator, error)
-	issuer    func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error)
-	hardware  hardwareKind
-	// noAKRoots marks variants whose AK no certificate vouches for (the hardware report
-	// names it, or nothing does): configured AK roots would be ignored, so they are refused.
-	noAKRoots bool
-	// optIn marks variants that take acceptUnauthenticatedAK: aws-nitro-tpm, which requires
-	// it, and qemu-vtpm, whose validator refuses to run without AK roots unless it is set.
-	optIn bool
+// Entry is one implemented variant: the variant itself (its name, OID and registers, with the
+// cluster-ID register and its marker: pkg/attestation/variant) and everything else
+// Constellation decides by variant. Code outside this entry asks it, never the variant's name.
+type Entry struct {
+	Variant variant.Variant
+	// Hardware is the hardware block the variant's reference requires (and the only one it
+	// accepts).
+	Hardware HardwareKind
+	// AK is how the variant trusts a node's attestation key, and so which of AK roots and
+	// acceptUnauthenticatedAK its reference takes.
+	AK AKPolicy
+	// NewValidator builds the variant's validator from a checked reference and its parsed AK
+	// roots (nil if none are configured).
+	NewValidator func(ref Reference, akRoots *x509.CertPool, opts Options) (attestation.Validator, error)
+	// NewIssuer builds the variant's issuer on a node's devices.
+	NewIssuer func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error)
 }
 
-// registry maps each implemented variant to its constructors.
-var registry = map[variant.Variant]entry{
-	variant.QEMUVTPM: {validator: newQEMUVTPMValidator, hardware: hardwareNone, optIn: true, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-		return perUseIssuer(ctx, v, env, qemu.VTPMIssuerConfig(qemu.IssuerConfig{AK: env.AK, EventLog: env.EventLog}))
-	}},
-	variant.QEMUTDX:     {validator: newQEMUTDXValidator, issuer: newQEMUTDXIssuer, hardware: hardwareTDX, noAKRoots: true},
-	variant.AWSSEVSNP:   {validator: newAWSSEVSNPValidator, issuer: newAWSSEVSNPIssuer, hardware: hardwareSNP, noAKRoots: true},
-	variant.GCPSEVSNP:   {validator: newGCPSEVSNPValidator, issuer: newGCPSEVSNPIssuer, hardware: hardwareSNP},
-	variant.AzureSEVSNP: {validator: newAzureSEVSNPValidator, issuer: newAzureSEVSNPIssuer, hardware: hardwareSNP},
-	variant.AzureTDX:    {validator: newAzureTDXValidator, issuer: newAzureTDXIssuer, hardware: hardwareTDX},
-	variant.AzureTrustedLaunch: {validator: newTrustedLaunchValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-		return perUseIssuer(ctx, v, env, trustedlaunch.VTPMIssuerConfig(trustedlaunch.IssuerConfig{EventLog: env.EventLog}))
-	}},
-	variant.GCPSEVES: {validator: newGCPSEVESValidator, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-		return perUseIssuer(ctx, v, env, gcpes.VTPMIssuerConfig(gcpes.IssuerConfig{EventLog: env.EventLog}))
-	}},
-	variant.AWSNitroTPM: {validator: newNitroTPMValidator, noAKRoots: true, optIn: true, issuer: func(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-		return perUseIssuer(ctx, v, env, nitrotpm.VTPMIssuerConfig(nitrotpm.IssuerConfig{EventLog: env.EventLog}))
-	}},
-}
+// HardwareKind is which hardware block a variant requires.
+type HardwareKind int
 
-// hardwareKind is which hardware block a variant requires.
-type hardwareKind int
-
+// Hardware kinds.
 const (
-	hardwareNone hardwareKind = iota
-	hardwareSNP
-	hardwareTDX
+	// HardwareNone: the variant's evidence has no hardware report beside its registers.
+	HardwareNone HardwareKind = iota
+	// HardwareSNP: an SEV-SNP report, checked against Reference.SNP.
+	HardwareSNP
+	// HardwareTDX: a TD quote, checked against Reference.TDX.
+	HardwareTDX
 )
+
+// AKPolicy is how a variant trusts the key that signs its evidence.
+type AKPolicy int
+
+// AK policies.
+const (
+	// AKCertified: a certificate chaining to AK roots vouches for the key (or a hardware
+	// report binds it); configured roots replace or extend the platform's pinned ones and
+	// may be omitted. acceptUnauthenticatedAK is refused.
+	AKCertified AKPolicy = iota
+	// AKRootsRequired: only the configured AK roots vouch for the key (the platform's own
+	// CA, nothing pinned). A cluster's reference must have them; outside a cluster (tests,
+	// experiments) acceptUnauthenticatedAK may replace them.
+	AKRootsRequired
+	// AKBoundByHardware: the hardware report names the key (or there is no key): AK roots
+	// would be ignored, so they are refused, and so is acceptUnauthenticatedAK.
+	AKBoundByHardware
+	// AKUnauthenticated: nothing vouches for the key: acceptUnauthenticatedAK is required
+	// and AK roots, which nothing would check, are refused.
+	AKUnauthenticated
+)
+
+// takesRoots reports whether configured AK roots are used by a variant of policy p.
+func (p AKPolicy) takesRoots() bool { return p == AKCertified || p == AKRootsRequired }
+
+// takesOptIn reports whether acceptUnauthenticatedAK is allowed by policy p.
+func (p AKPolicy) takesOptIn() bool { return p == AKRootsRequired || p == AKUnauthenticated }
+
+// BuiltIns lists the variants this build implements, one entry each. Adding a variant is
+// adding its entry here (and its literal in pkg/attestation/variant): docs/attestation.md,
+// "Adding a variant".
+func BuiltIns() []Entry {
+	return []Entry{
+		{Variant: variant.QEMUVTPM, Hardware: HardwareNone, AK: AKRootsRequired, NewValidator: newQEMUVTPMValidator, NewIssuer: newQEMUVTPMIssuer},
+		{Variant: variant.QEMUTDX, Hardware: HardwareTDX, AK: AKBoundByHardware, NewValidator: newQEMUTDXValidator, NewIssuer: newQEMUTDXIssuer},
+		{Variant: variant.AWSSEVSNP, Hardware: HardwareSNP, AK: AKBoundByHardware, NewValidator: newAWSSEVSNPValidator, NewIssuer: newAWSSEVSNPIssuer},
+		{Variant: variant.AWSNitroTPM, Hardware: HardwareNone, AK: AKUnauthenticated, NewValidator: newNitroTPMValidator, NewIssuer: newNitroTPMIssuer},
+		{Variant: variant.GCPSEVSNP, Hardware: HardwareSNP, AK: AKCertified, NewValidator: newGCPSEVSNPValidator, NewIssuer: newGCPSEVSNPIssuer},
+		{Variant: variant.GCPSEVES, Hardware: HardwareNone, AK: AKCertified, NewValidator: newGCPSEVESValidator, NewIssuer: newGCPSEVESIssuer},
+		{Variant: variant.AzureSEVSNP, Hardware: HardwareSNP, AK: AKCertified, NewValidator: newAzureSEVSNPValidator, NewIssuer: newAzureSEVSNPIssuer},
+		{Variant: variant.AzureTDX, Hardware: HardwareTDX, AK: AKCertified, NewValidator: newAzureTDXValidator, NewIssuer: newAzureTDXIssuer},
+		{Variant: variant.AzureTrustedLaunch, Hardware: HardwareNone, AK: AKCertified, NewValidator: newTrustedLaunchValidator, NewIssuer: newTrustedLaunchIssuer},
+	}
+}
+
+// registry indexes BuiltIns by variant.
+var registry = func() map[variant.Variant]Entry {
+	m := map[variant.Variant]Entry{}
+	for _, e := range BuiltIns() {
+		m[e.Variant] = e
+	}
+	return m
+}()
 
 // ErrNotImplemented is wrapped when a variant is known but has no implementation.
 var ErrNotImplemented = errors.New("attestation variant not implemented")
@@ -184,9 +267,10 @@ func Implemented() []variant.Variant {
 	return out
 }
 
-func lookup(v variant.Variant) (entry, error) {
+// Lookup returns the entry of variant v, or an error wrapping ErrNotImplemented.
+func Lookup(v variant.Variant) (Entry, error) {
 	if v.IsZero() {
-		return entry{}, errors.New("no attestation variant")
+		return Entry{}, errors.New("no attestation variant")
 	}
 	e, ok := registry[v]
 	if !ok {
@@ -194,7 +278,7 @@ func lookup(v variant.Variant) (entry, error) {
 		for _, v := range Implemented() {
 			names = append(names, v.String())
 		}
-		return entry{}, fmt.Errorf("%w: %s (implemented: %v)", ErrNotImplemented, v, names)
+		return Entry{}, fmt.Errorf("%w: %s (implemented: %v)", ErrNotImplemented, v, names)
 	}
 	return e, nil
 }
@@ -202,7 +286,7 @@ func lookup(v variant.Variant) (entry, error) {
 // NewValidator returns the validator of ref.Variant, checking evidence against ref. It fails
 // if ref does not satisfy what the variant requires (Validate).
 func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
-	e, err := lookup(ref.Variant)
+	e, err := Lookup(ref.Variant)
 	if err != nil {
 		return nil, err
 	}
@@ -217,6 +301,11 @@ func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
 	for _, fe := range ValidateValues(ref.Variant, ref.Values) {
 		return nil, fe
 	}
+	if opts.Cluster {
+		for _, fe := range clusterRules(ref) {
+			return nil, fe
+		}
+	}
 	roots, err := ParseAKRoots(ref.AKRoots)
 	if err != nil {
 		return nil, &FieldError{"akRoots", err}
@@ -228,7 +317,7 @@ func NewValidator(ref Reference, opts Options) (attestation.Validator, error) {
 			opts.Collateral = collateral.New(collateral.Config{Fetcher: collateral.NewHTTPFetcher(nil), Now: opts.Now})
 		}
 	}
-	return e.validator(ref, roots, opts)
+	return e.NewValidator(ref, roots, opts)
 }
 
 // defaultCollateral is shared by validators built without a cache: documents are per URL,
@@ -237,11 +326,11 @@ var defaultCollateral = collateral.New(collateral.Config{Fetcher: collateral.New
 
 // NewIssuer returns the issuer of variant v on the node's devices.
 func NewIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
-	e, err := lookup(v)
+	e, err := Lookup(v)
 	if err != nil {
 		return nil, err
 	}
-	return e.issuer(ctx, v, env)
+	return e.NewIssuer(ctx, v, env)
 }
 
 // FieldError is a problem with one field of Values, named by its JSON key path
@@ -258,7 +347,7 @@ func (e *FieldError) Unwrap() error { return e.Err }
 // reference sets of its registers, and every other field is one the variant uses, well
 // formed. Problems are *FieldError, joined.
 func (r Reference) Validate() error {
-	if _, err := lookup(r.Variant); err != nil {
+	if _, err := Lookup(r.Variant); err != nil {
 		return err
 	}
 	var errs []error
@@ -278,16 +367,16 @@ func (r Reference) Validate() error {
 // variant's hardware block is present, valid, and the only one.
 func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 	var errs []*FieldError
+	e := registry[v]
 	if _, err := ParseAKRoots(vals.AKRoots); err != nil {
 		errs = append(errs, &FieldError{"akRoots", err})
-	} else if registry[v].noAKRoots && strings.TrimSpace(vals.AKRoots) != "" {
+	} else if !e.AK.takesRoots() && strings.TrimSpace(vals.AKRoots) != "" {
 		errs = append(errs, &FieldError{"akRoots", fmt.Errorf("%s does not trust its attestation key through a certificate, so AK roots would be ignored", v)})
 	}
-	kind := registry[v].hardware
 	switch {
-	case kind == hardwareSNP && vals.SNP == nil:
+	case e.Hardware == HardwareSNP && vals.SNP == nil:
 		errs = append(errs, &FieldError{"snp", fmt.Errorf("required: %s evidence carries an SEV-SNP report", v)})
-	case kind == hardwareSNP:
+	case e.Hardware == HardwareSNP:
 		if err := vals.SNP.Validate(); err != nil {
 			errs = append(errs, &FieldError{"snp", err})
 		}
@@ -295,9 +384,9 @@ func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 		errs = append(errs, &FieldError{"snp", fmt.Errorf("%s evidence has no SEV-SNP report", v)})
 	}
 	switch {
-	case kind == hardwareTDX && vals.TDX == nil:
+	case e.Hardware == HardwareTDX && vals.TDX == nil:
 		errs = append(errs, &FieldError{"tdx", fmt.Errorf("required: %s evidence carries a TD quote", v)})
-	case kind == hardwareTDX:
+	case e.Hardware == HardwareTDX:
 		if err := vals.TDX.Validate(); err != nil {
 			errs = append(errs, &FieldError{"tdx", err})
 		}
@@ -305,13 +394,50 @@ func ValidateValues(v variant.Variant, vals Values) []*FieldError {
 		errs = append(errs, &FieldError{"tdx", fmt.Errorf("%s evidence has no TD quote", v)})
 	}
 	switch {
-	case vals.AcceptUnauthenticatedAK && !registry[v].optIn:
-		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s authenticates its attestation key; this opt-in is for aws-nitro-tpm and qemu-vtpm only", v)})
+	case vals.AcceptUnauthenticatedAK && !e.AK.takesOptIn():
+		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s authenticates its attestation key; this opt-in is for %s only", v, strings.Join(optInVariants(), " and "))})
 	case vals.AcceptUnauthenticatedAK && strings.TrimSpace(vals.AKRoots) != "":
 		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("%s with AK roots: every AK must chain to them, so the opt-in would be ignored", v)})
+	case !vals.AcceptUnauthenticatedAK && e.AK == AKUnauthenticated:
+		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("required: nothing authenticates an %s attestation key, so anyone who can run a TPM can produce passing evidence; set it to true to accept that", v)})
 	}
-	if !vals.AcceptUnauthenticatedAK && v == variant.AWSNitroTPM {
-		errs = append(errs, &FieldError{"acceptUnauthenticatedAK", errors.New("required: nothing authenticates an aws-nitro-tpm attestation key, so anyone who can run a TPM can produce passing evidence; set it to true to accept that")})
+	return errs
+}
+
+// optInVariants names the variants that take acceptUnauthenticatedAK, for messages.
+func optInVariants() []string {
+	var names []string
+	for _, v := range Implemented() {
+		if registry[v].AK.takesOptIn() {
+			names = append(names, v.String())
+		}
+	}
+	return names
+}
+
+// ValidateForCluster checks ref as Validate does, and what a cluster runs with beyond: a
+// variant whose attestation keys only configured roots vouch for (AKRootsRequired) must have
+// them, and the opt-in that replaces them outside a cluster is refused. The cluster record,
+// the init request and the CLI's reference for a cluster are checked by it.
+func (r Reference) ValidateForCluster() error {
+	errs := []error{r.Validate()}
+	for _, fe := range clusterRules(r) {
+		errs = append(errs, fe)
+	}
+	return errors.Join(errs...)
+}
+
+// clusterRules are what ValidateForCluster checks beyond Validate: the AK policy of the
+// variant's entry, as a cluster runs with it.
+func clusterRules(r Reference) []*FieldError {
+	var errs []*FieldError
+	if e, ok := registry[r.Variant]; ok && e.AK == AKRootsRequired {
+		if strings.TrimSpace(r.AKRoots) == "" {
+			errs = append(errs, &FieldError{"akRoots", errors.New("no certificate (the platform's AK CA is required: without it any key could sign evidence)")})
+		}
+		if r.AcceptUnauthenticatedAK {
+			errs = append(errs, &FieldError{"acceptUnauthenticatedAK", fmt.Errorf("a %s cluster trusts its nodes' attestation keys through the platform's AK roots only", r.Variant)})
+		}
 	}
 	return errs
 }
@@ -329,19 +455,27 @@ func ParseAKRoots(pemData string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// common is what every variant's validator configuration takes from a reference and the
+// options: the reference sets (or the hot-reloaded ones) and how the validator runs.
+func common(ref Reference, opts Options) attestation.ValidatorCommon {
+	return attestation.ValidatorCommon{ReferenceSets: ref.Measurements, Active: opts.Active, MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log}
+}
+
 // qemu-vtpm is defined by its package (the AK trusted through the platform's AK CA, the
 // event log required): the registry only maps the reference onto its configuration.
 func newQEMUVTPMValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return qemu.NewValidator(qemu.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon:         common(ref, opts),
+		AKRoots:                 roots,
+		AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
 	})
 }
 
 func newQEMUTDXValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return tdx.NewValidator(tdx.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, Reference: *ref.TDX, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		Reference:       *ref.TDX,
+		Collateral:      opts.Collateral,
 	})
 }
 
@@ -354,29 +488,36 @@ func newQEMUTDXIssuer(_ context.Context, v variant.Variant, env IssuerEnv) (atte
 
 func newAWSSEVSNPValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return awssnp.NewValidator(awssnp.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, Hardware: *ref.SNP, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		Hardware:        *ref.SNP,
+		Collateral:      opts.Collateral,
 	})
 }
 
 func newGCPSEVSNPValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
+		Hardware:        *ref.SNP,
+		Collateral:      opts.Collateral,
 	})
 }
 
 func newAzureSEVSNPValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return azuresnp.NewValidator(azuresnp.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.SNP, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
+		Hardware:        *ref.SNP,
+		Collateral:      opts.Collateral,
 	})
 }
 
 func newAzureTDXValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return azuretdx.NewValidator(azuretdx.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots, Hardware: *ref.TDX, Collateral: opts.Collateral,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
+		Hardware:        *ref.TDX,
+		Collateral:      opts.Collateral,
 	})
 }
 
@@ -425,6 +566,22 @@ func newAzureTDXIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (a
 	return azuretdx.NewIssuer(tpm, env.AzureQuotes)
 }
 
+func newQEMUVTPMIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	return perUseIssuer(ctx, v, env, qemu.VTPMIssuerConfig(qemu.IssuerConfig{AK: env.AK, EventLog: env.EventLog}))
+}
+
+func newTrustedLaunchIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	return perUseIssuer(ctx, v, env, trustedlaunch.VTPMIssuerConfig(trustedlaunch.IssuerConfig{EventLog: env.EventLog}))
+}
+
+func newGCPSEVESIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	return perUseIssuer(ctx, v, env, gcpes.VTPMIssuerConfig(gcpes.IssuerConfig{EventLog: env.EventLog}))
+}
+
+func newNitroTPMIssuer(ctx context.Context, v variant.Variant, env IssuerEnv) (attestation.Issuer, error) {
+	return perUseIssuer(ctx, v, env, nitrotpm.VTPMIssuerConfig(nitrotpm.IssuerConfig{EventLog: env.EventLog}))
+}
+
 func perUseIssuer(ctx context.Context, v variant.Variant, env IssuerEnv, cfg vtpm.IssuerConfig) (attestation.Issuer, error) {
 	if env.TPM == nil {
 		return nil, fmt.Errorf("issuer %s: no TPM", v)
@@ -434,21 +591,21 @@ func perUseIssuer(ctx context.Context, v variant.Variant, env IssuerEnv, cfg vtp
 
 func newTrustedLaunchValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return trustedlaunch.NewValidator(trustedlaunch.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
 	})
 }
 
 func newGCPSEVESValidator(ref Reference, roots *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return gcpes.NewValidator(gcpes.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AKRoots: roots,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon: common(ref, opts),
+		AKRoots:         roots,
 	})
 }
 
 func newNitroTPMValidator(ref Reference, _ *x509.CertPool, opts Options) (attestation.Validator, error) {
 	return nitrotpm.NewValidator(nitrotpm.ValidatorConfig{
-		ReferenceSets: ref.Measurements, Active: opts.Active, AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
-		MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log,
+		ValidatorCommon:         common(ref, opts),
+		AcceptUnauthenticatedAK: ref.AcceptUnauthenticatedAK,
 	})
 }

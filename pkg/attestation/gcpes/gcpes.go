@@ -16,16 +16,13 @@ package gcpes
 import (
 	"crypto/x509"
 	"fmt"
-	"log/slog"
 	"strings"
-	"time"
 
 	pb "github.com/google/go-eventlog/proto/state"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/gce"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -70,17 +67,13 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 
 // ValidatorConfig configures a gcp-sev-es validator.
 type ValidatorConfig struct {
-	ReferenceSets measurements.ReferenceSets
-	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots replaces Google's pinned roots: for tests. Nil (production) means the pinned
 	// roots.
 	AKRoots *x509.CertPool
 	// AKIntermediates are added to Google's pinned intermediates.
 	AKIntermediates []*x509.Certificate
-	MaxEvidenceSize int
-	Now             func() time.Time
-	Log             *slog.Logger
 }
 
 // NewValidator returns a validator for gcp-sev-es evidence.
@@ -91,16 +84,12 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 	}
 	inter := gce.IntermediatePool(cfg.AKIntermediates...)
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon: cfg.ValidatorCommon,
 		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
 		AKRoots:         roots,
 		AKIntermediates: inter,
 		EventLog:        vtpm.EventLogRequired,
 		EventLogCheck:   CheckSEVES,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
 	})
 }
 

@@ -70,13 +70,13 @@ func TestRealGCEEvidence(t *testing.T) {
 	evidence, log, pcrs := realGCE(t)
 	sets := measurements.ReferenceSets{{Name: "zero", Measurements: measurementstest.Image(gcpes.Variant, nil)}}
 
-	v, err := gcpes.NewValidator(gcpes.ValidatorConfig{ReferenceSets: sets, Now: func() time.Time { return testNow }})
+	v, err := gcpes.NewValidator(gcpes.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return testNow }}})
 	require.NoError(t, err)
 	_, err = v.Validate(context.Background(), evidence, attestation.PurposeVerify, data)
 	require.ErrorIs(t, err, attestation.ErrNonceMismatch, "AK certificate and signature pass, only the nonce differs")
 
 	other := vtpmtest.NewCA(t, "not Google", nil)
-	v, err = gcpes.NewValidator(gcpes.ValidatorConfig{ReferenceSets: sets, AKRoots: other.Pool(), Now: func() time.Time { return testNow }})
+	v, err = gcpes.NewValidator(gcpes.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return testNow }}, AKRoots: other.Pool()})
 	require.NoError(t, err)
 	_, err = v.Validate(context.Background(), evidence, attestation.PurposeVerify, data)
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
@@ -149,10 +149,9 @@ func gceVMOn(t *testing.T, tpm *vtpm.TPM, boot []eventlogtest.Measurement) ([]by
 	pcrs, err := tpm.ReadPCRs()
 	require.NoError(t, err)
 	return ev, gcpes.ValidatorConfig{
-		ReferenceSets:   measurements.ReferenceSets{{Name: "v1", Measurements: measurementstest.FromRegisters(gcpes.Variant, pcrs)}},
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: measurementstest.FromRegisters(gcpes.Variant, pcrs)}}, Now: func() time.Time { return testNow }},
 		AKRoots:         root.Pool(),
 		AKIntermediates: []*x509.Certificate{inter.Cert},
-		Now:             func() time.Time { return testNow },
 	}
 }
 

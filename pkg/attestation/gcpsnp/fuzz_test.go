@@ -33,10 +33,10 @@ func FuzzHardwareCheck(f *testing.F) {
 	require.NoError(f, err)
 	c := &clock{now: start}
 	check, err := gcpsnp.NewHardwareCheck(gcpsnp.ValidatorConfig{
-		Hardware:   reference("Milan"),
-		Collateral: collateral.New(collateral.Config{Fetcher: serve(f, p), Now: c.Now}),
-		SNPRoots:   roots,
-		Now:        c.Now,
+		ValidatorCommon: attestation.ValidatorCommon{Now: c.Now},
+		Hardware:        reference("Milan"),
+		Collateral:      collateral.New(collateral.Config{Fetcher: serve(f, p), Now: c.Now}),
+		SNPRoots:        roots,
 	})
 	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, report, cert []byte) {

@@ -36,8 +36,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/client"
@@ -46,7 +44,6 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/gce"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/snpissuer"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -141,10 +138,8 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 
 // ValidatorConfig configures a gcp-sev-snp validator.
 type ValidatorConfig struct {
-	// ReferenceSets are the accepted PCR values; Active replaces them with hot-reloaded sets
-	// (see vtpm.ValidatorConfig).
-	ReferenceSets measurements.ReferenceSets
-	Active        *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots must have issued the AK certificate; nil means Google's pinned roots
 	// (gce.RootPool). Never optional: without it the quote's key could be anyone's.
 	AKRoots *x509.CertPool
@@ -155,10 +150,7 @@ type ValidatorConfig struct {
 	// Required.
 	Collateral *collateral.Cache
 	// SNPRoots are the trusted AMD chains; nil means snp.PinnedRoots. Tests set fake roots.
-	SNPRoots        *snp.Roots
-	MaxEvidenceSize int
-	Now             func() time.Time
-	Log             *slog.Logger
+	SNPRoots *snp.Roots
 }
 
 // NewValidator returns a validator for gcp-sev-snp evidence.
@@ -172,15 +164,11 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 		roots = gce.RootPool()
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon: cfg.ValidatorCommon,
 		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
 		AKRoots:         roots,
 		AKIntermediates: gce.IntermediatePool(),
 		Hardware:        check,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
 	})
 }
 

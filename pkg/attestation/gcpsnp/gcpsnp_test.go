@@ -176,13 +176,11 @@ func newValidator(t testing.TB, ref snp.Reference, pcrs measurements.M, c *clock
 	roots, err := snp.NewRoots(chains...)
 	require.NoError(t, err)
 	v, err := gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: pcrs}},
-		AKRoots:       google().Pool(),
-		Hardware:      ref,
-		Collateral:    collateral.New(collateral.Config{Fetcher: fetcher, Now: c.Now}),
-		SNPRoots:      roots,
-		Now:           c.Now,
-		Log:           slog.New(slog.DiscardHandler),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: pcrs}}, Now: c.Now, Log: slog.New(slog.DiscardHandler)},
+		AKRoots:         google().Pool(),
+		Hardware:        ref,
+		Collateral:      collateral.New(collateral.Config{Fetcher: fetcher, Now: c.Now}),
+		SNPRoots:        roots,
 	})
 	require.NoError(t, err)
 	return v
@@ -453,11 +451,10 @@ func TestRelayedReportAttackControl(t *testing.T) {
 	pcrs, err := tpmB.ReadPCRs()
 	require.NoError(t, err)
 	v, err := vtpm.NewValidator(vtpm.ValidatorConfig{
-		Variant:       gcpsnp.Variant,
-		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: measurementstest.FromRegisters(gcpsnp.Variant, pcrs)}},
-		AKRoots:       google().Pool(),
-		Hardware:      nonceOnly{sv},
-		Now:           c.Now,
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: measurementstest.FromRegisters(gcpsnp.Variant, pcrs)}}, Now: c.Now},
+		Variant:         gcpsnp.Variant,
+		AKRoots:         google().Pool(),
+		Hardware:        nonceOnly{sv},
 	})
 	require.NoError(t, err)
 
@@ -482,11 +479,10 @@ func TestDefaultAKRootsAreGoogles(t *testing.T) {
 	require.NoError(t, err)
 	c := &clock{now: start}
 	v, err := gcpsnp.NewValidator(gcpsnp.ValidatorConfig{
-		ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: node.pcrs}},
-		Hardware:      reference("Milan"),
-		Collateral:    collateral.New(collateral.Config{Fetcher: serve(t, node.platform), Now: c.Now}),
-		SNPRoots:      roots,
-		Now:           c.Now,
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: node.pcrs}}, Now: c.Now},
+		Hardware:        reference("Milan"),
+		Collateral:      collateral.New(collateral.Config{Fetcher: serve(t, node.platform), Now: c.Now}),
+		SNPRoots:        roots,
 	})
 	require.NoError(t, err)
 	_, err = v.Validate(context.Background(), node.issue(t, nonce), attestation.PurposeVerify, nonce)

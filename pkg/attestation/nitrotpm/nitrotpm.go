@@ -14,10 +14,8 @@ package nitrotpm
 
 import (
 	"errors"
-	"log/slog"
-	"time"
 
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -51,15 +49,11 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 
 // ValidatorConfig configures an aws-nitro-tpm validator.
 type ValidatorConfig struct {
-	ReferenceSets measurements.ReferenceSets
-	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AcceptUnauthenticatedAK must be set: the caller accepts evidence whose signing key
 	// nothing vouches for (see the package documentation).
 	AcceptUnauthenticatedAK bool
-	MaxEvidenceSize         int
-	Now                     func() time.Time
-	Log                     *slog.Logger
 }
 
 // NewValidator returns a validator for aws-nitro-tpm evidence, only if the caller accepted
@@ -69,13 +63,9 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 		return nil, errors.New("aws-nitro-tpm: AWS does not certify NitroTPM attestation keys, so this evidence proves nothing about where a node runs; set AcceptUnauthenticatedAK to use it anyway")
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon:         cfg.ValidatorCommon,
 		Variant:                 Variant,
-		ReferenceSets:           cfg.ReferenceSets,
-		Active:                  cfg.Active,
 		EventLog:                vtpm.EventLogRequired,
 		AcceptUnauthenticatedAK: true,
-		MaxEvidenceSize:         cfg.MaxEvidenceSize,
-		Now:                     cfg.Now,
-		Log:                     cfg.Log,
 	})
 }

@@ -36,13 +36,13 @@ func boot(t *testing.T, tpm *vtpm.TPM) ([]byte, measurements.ReferenceSets) {
 }
 
 func TestRefusedWithoutOptIn(t *testing.T) {
-	_, err := nitrotpm.NewValidator(nitrotpm.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "zero", Measurements: measurementstest.Image(nitrotpm.Variant, nil)}}})
+	_, err := nitrotpm.NewValidator(nitrotpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "zero", Measurements: measurementstest.Image(nitrotpm.Variant, nil)}}}})
 	assert.ErrorContains(t, err, "AcceptUnauthenticatedAK")
 }
 
 func TestNitroTPM(t *testing.T) {
 	ev, sets := boot(t, vtpmtest.Simulator(t))
-	v, err := nitrotpm.NewValidator(nitrotpm.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true})
+	v, err := nitrotpm.NewValidator(nitrotpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 
 	got, err := v.Validate(context.Background(), ev, attestation.PurposeVerify, data)
@@ -92,7 +92,7 @@ func TestAnyTPMPasses(t *testing.T) {
 	_, sets := boot(t, vtpmtest.Simulator(t))
 	attackerTPM, _ := vtpmtest.Swtpm(t)
 	forged, _ := boot(t, attackerTPM)
-	v, err := nitrotpm.NewValidator(nitrotpm.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true})
+	v, err := nitrotpm.NewValidator(nitrotpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	got, err := v.Validate(context.Background(), forged, attestation.PurposeVerify, data)
 	require.NoError(t, err, "nothing ties the AK to AWS")

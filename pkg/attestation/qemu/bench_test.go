@@ -55,7 +55,7 @@ func BenchmarkValidate(b *testing.B) {
 
 	for name, roots := range map[string]bool{"no-ak-roots": false, "ak-roots-cached": true} {
 		b.Run(name, func(b *testing.B) {
-			cfg := qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true}
+			cfg := qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, AcceptUnauthenticatedAK: true}
 			if roots {
 				cfg.AKRoots, cfg.AcceptUnauthenticatedAK = ca.Pool(), false
 			}

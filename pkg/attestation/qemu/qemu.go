@@ -12,10 +12,8 @@ package qemu
 
 import (
 	"crypto/x509"
-	"log/slog"
-	"time"
 
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -49,9 +47,8 @@ func NewIssuer(tpm *vtpm.TPM, akCert []byte, eventLog func() ([]byte, error)) (*
 
 // ValidatorConfig configures a qemu-vtpm validator.
 type ValidatorConfig struct {
-	ReferenceSets measurements.ReferenceSets
-	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots: the platform's AK CA (the local provider's). Every AK must carry a certificate
 	// chaining to them. Required unless AcceptUnauthenticatedAK is set.
 	AKRoots *x509.CertPool
@@ -60,9 +57,6 @@ type ValidatorConfig struct {
 	// vtpm.ValidatorConfig.AcceptUnauthenticatedAK). Every result then carries
 	// vtpm.UnauthenticatedAKWarning. For tests and experiments, never for a cluster.
 	AcceptUnauthenticatedAK bool
-	MaxEvidenceSize         int
-	Now                     func() time.Time
-	Log                     *slog.Logger
 }
 
 // NewValidator returns a validator for qemu-vtpm evidence. It fails without AK roots unless
@@ -71,14 +65,10 @@ type ValidatorConfig struct {
 // log is required and replayed against the quoted PCRs.
 func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon:         cfg.ValidatorCommon,
 		Variant:                 Variant,
-		ReferenceSets:           cfg.ReferenceSets,
-		Active:                  cfg.Active,
 		AKRoots:                 cfg.AKRoots,
 		AcceptUnauthenticatedAK: cfg.AcceptUnauthenticatedAK,
 		EventLog:                vtpm.EventLogRequired,
-		MaxEvidenceSize:         cfg.MaxEvidenceSize,
-		Now:                     cfg.Now,
-		Log:                     cfg.Log,
 	})
 }

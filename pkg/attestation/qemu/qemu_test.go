@@ -108,8 +108,8 @@ func TestRoundTrip(t *testing.T) {
 			iss, err = qemu.NewIssuer(tpm, nil, log)
 			require.NoError(t, err)
 			val, err := qemu.NewValidator(qemu.ValidatorConfig{
-				ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}, AKRoots: ca.Pool(),
-				Now: func() time.Time { return testNow },
+				ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}, Now: func() time.Time { return testNow }},
+				AKRoots:         ca.Pool(),
 			})
 			require.NoError(t, err)
 
@@ -156,7 +156,7 @@ func TestRejections(t *testing.T) {
 	}
 
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true, MaxEvidenceSize: 8 << 10})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, MaxEvidenceSize: 8 << 10}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 
 	testCases := map[string]struct {
@@ -307,11 +307,11 @@ func TestAKCertificate(t *testing.T) {
 	assert.Error(t, err)
 
 	withRoots := func(now time.Time) *vtpm.Validator {
-		v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool(), Now: func() time.Time { return now }})
+		v, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return now }}, AKRoots: ca.Pool()})
 		require.NoError(t, err)
 		return v
 	}
-	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: true})
+	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 
 	t.Run("certified AK accepted", func(t *testing.T) {
@@ -350,7 +350,7 @@ func TestAKCertificate(t *testing.T) {
 	}
 	t.Run("expiry is checked on cache hits", func(t *testing.T) {
 		now := testNow
-		v, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: sets, AKRoots: ca.Pool(), Now: func() time.Time { return now }})
+		v, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return now }}, AKRoots: ca.Pool()})
 		require.NoError(t, err)
 		_, err = v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
@@ -402,7 +402,7 @@ func TestPolicy(t *testing.T) {
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: tc.sets, AcceptUnauthenticatedAK: true})
+			val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: tc.sets}, AcceptUnauthenticatedAK: true})
 			require.NoError(t, err)
 			got, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 			if len(tc.wantErrMsgs) > 0 {
@@ -436,7 +436,7 @@ func TestIssuerNonceSize(t *testing.T) {
 func FuzzValidate(f *testing.F) {
 	tpm := vtpmtest.SimulatorFixedSeed(f, 42)
 	ref, iss, ev := bootAndIssue(f, tpm)
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}, AcceptUnauthenticatedAK: true})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}}, AcceptUnauthenticatedAK: true})
 	require.NoError(f, err)
 	f.Add(ev)
 	f.Add(ev[:len(ev)/2])
@@ -462,7 +462,7 @@ func FuzzValidate(f *testing.F) {
 func TestValidatorRefusesLooseSets(t *testing.T) {
 	full := measurementstest.Image(qemu.Variant, nil)
 	for name, tc := range measurementstest.LooseSets(full) {
-		_, err := qemu.NewValidator(qemu.ValidatorConfig{ReferenceSets: measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}}, AcceptUnauthenticatedAK: true})
+		_, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "loose", Measurements: tc.M}}}, AcceptUnauthenticatedAK: true})
 		require.Error(t, err, name)
 		assert.ErrorContains(t, err, `reference set "loose": `+tc.Want, name)
 	}
@@ -494,7 +494,7 @@ func TestSoftwareKey(t *testing.T) {
 	require.NoError(t, err)
 	constructors := map[string]func(roots bool, optIn bool) (attestation.Validator, error){
 		"qemu.NewValidator": func(roots, optIn bool) (attestation.Validator, error) {
-			cfg := qemu.ValidatorConfig{ReferenceSets: sets, AcceptUnauthenticatedAK: optIn, Now: func() time.Time { return testNow }}
+			cfg := qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return testNow }}, AcceptUnauthenticatedAK: optIn}
 			if roots {
 				cfg.AKRoots = ca.Pool()
 			}

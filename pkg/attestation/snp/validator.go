@@ -206,30 +206,52 @@ func policy(format string, args ...any) error {
 // parseReport decodes the report and the signer's certificate and determines the product
 // line. Nothing here is trusted yet.
 func parseReport(report []byte, certs [][]byte) (*parsed, error) {
+	r, signer, err := decodeReport(report)
+	if err != nil {
+		return nil, err
+	}
+	p := &parsed{raw: report, report: r, signer: signer}
+	if p.key, err = signerCertificate(certs, signer); err != nil {
+		return nil, err
+	}
+	if p.product, err = productLine(r, signer, p.key); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// decodeReport parses the report strictly (exact size, known format, ECDSA P-384) and
+// returns it with the kind of key that signed it, which must be a VCEK or a VLEK.
+func decodeReport(report []byte) (*spb.Report, abi.ReportSigner, error) {
+	var none abi.ReportSigner
 	if len(report) != abi.ReportSize {
-		return nil, malformed("report of %d bytes, want %d", len(report), abi.ReportSize)
+		return nil, none, malformed("report of %d bytes, want %d", len(report), abi.ReportSize)
 	}
 	if err := abi.ValidateReportFormat(report); err != nil {
-		return nil, malformed("report: %v", err)
+		return nil, none, malformed("report: %v", err)
 	}
 	r, err := abi.ReportToProto(report)
 	if err != nil {
-		return nil, malformed("report: %v", err)
+		return nil, none, malformed("report: %v", err)
 	}
 	if r.GetSignatureAlgo() != abi.SignEcdsaP384Sha384 {
-		return nil, malformed("report SIGNATURE_ALGO %d, want %d (ECDSA P-384 with SHA-384)", r.GetSignatureAlgo(), abi.SignEcdsaP384Sha384)
+		return nil, none, malformed("report SIGNATURE_ALGO %d, want %d (ECDSA P-384 with SHA-384)", r.GetSignatureAlgo(), abi.SignEcdsaP384Sha384)
 	}
 	info, err := abi.ParseSignerInfo(r.GetSignerInfo())
 	if err != nil {
-		return nil, malformed("report SIGNING_KEY: %v", err)
+		return nil, none, malformed("report SIGNING_KEY: %v", err)
 	}
-	p := &parsed{raw: report, report: r, signer: info.SigningKey}
-	switch p.signer {
+	switch info.SigningKey {
 	case abi.VcekReportSigner, abi.VlekReportSigner:
 	default:
-		return nil, untrusted("report SIGNING_KEY is %v, want VCEK or VLEK", p.signer)
+		return nil, none, untrusted("report SIGNING_KEY is %v, want VCEK or VLEK", info.SigningKey)
 	}
+	return r, info.SigningKey, nil
+}
 
+// signerCertificate returns the certificate of the signing key (VCEK or VLEK) among the
+// certificates that came with the report, or nil if none did (a VCEK is then fetched).
+func signerCertificate(certs [][]byte, signer abi.ReportSigner) (*x509.Certificate, error) {
 	var all []*x509.Certificate
 	for i, c := range certs {
 		parsed, err := parseCertificates(c)
@@ -241,50 +263,54 @@ func parseReport(report []byte, certs [][]byte) (*parsed, error) {
 			return nil, malformed("more than %d certificates", MaxCertificates)
 		}
 	}
-	wantCN := "SEV-" + p.signerName()
+	var key *x509.Certificate
+	wantCN := "SEV-" + signer.String()
 	for _, cert := range all {
 		if cert.Subject.CommonName != wantCN {
 			// The ARK, ASK and ASVK the host sends along are never trusted; a key of the
 			// other kind is not the one that signed.
 			continue
 		}
-		if p.key != nil {
-			return nil, malformed("two %s certificates", p.signerName())
+		if key != nil {
+			return nil, malformed("two %s certificates", signer)
 		}
-		p.key = cert
+		key = cert
 	}
+	return key, nil
+}
 
-	// The product line: from the report's CPUID (version 3 and later) and from the key's
-	// certificate; if both are there they must agree.
+// productLine determines the product line from the report's CPUID (version 3 and later)
+// and from the key's certificate (if it came with the report); if both are there they must
+// agree.
+func productLine(r *spb.Report, signer abi.ReportSigner, key *x509.Certificate) (string, error) {
 	var fromReport, fromKey string
 	if fms := r.GetCpuid1EaxFms(); fms != 0 {
 		fromReport = kds.ProductLineFromFms(fms)
 		if !slices.Contains(ProductLines, fromReport) {
-			return nil, untrusted("report CPUID family/model 0x%08x is no known SEV-SNP product line", fms)
+			return "", untrusted("report CPUID family/model 0x%08x is no known SEV-SNP product line", fms)
 		}
 	}
-	if p.key != nil {
-		exts, err := kds.CertificateExtensions(p.key, p.signer)
+	if key != nil {
+		exts, err := kds.CertificateExtensions(key, signer)
 		if err != nil {
-			return nil, malformed("%s certificate extensions: %v", p.signerName(), err)
+			return "", malformed("%s certificate extensions: %v", signer, err)
 		}
 		// VCEKs name "Milan-B0"; Genoa VCEKs and VLEKs name only the line.
 		fromKey = kds.ProductLineOfProductName(exts.ProductName)
 		if !slices.Contains(ProductLines, fromKey) {
-			return nil, untrusted("%s certificate product name %q is no known SEV-SNP product line", p.signerName(), exts.ProductName)
+			return "", untrusted("%s certificate product name %q is no known SEV-SNP product line", signer, exts.ProductName)
 		}
 	}
 	switch {
 	case fromReport != "" && fromKey != "" && fromReport != fromKey:
-		return nil, untrusted("product line: report CPUID says %s, %s certificate says %s", fromReport, p.signerName(), fromKey)
+		return "", untrusted("product line: report CPUID says %s, %s certificate says %s", fromReport, signer, fromKey)
 	case fromReport != "":
-		p.product = fromReport
+		return fromReport, nil
 	case fromKey != "":
-		p.product = fromKey
+		return fromKey, nil
 	default:
-		return nil, malformed("product line unknown: a version %d report (no CPUID) without its %s certificate", r.GetVersion(), p.signerName())
+		return "", malformed("product line unknown: a version %d report (no CPUID) without its %s certificate", r.GetVersion(), signer)
 	}
-	return p, nil
 }
 
 // parseCertificates parses one DER certificate or PEM certificates (a bundle, as cloud
@@ -320,79 +346,118 @@ func parseCertificates(b []byte) ([]*x509.Certificate, error) {
 // --- Step 2: verify --------------------------------------------------------------------
 
 // verify establishes that the report was signed by a VCEK or VLEK that chains to the pinned
-// roots of its product line, with no intermediate revoked.
+// roots of its product line, with no intermediate revoked. In order: the product line is
+// accepted and has pinned roots, the signing key's certificate is at hand (fetched for a
+// VCEK the evidence lacks), the intermediate is not revoked, and the key's chain and the
+// report's signature verify (once per key and report: remembered after).
 func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb.Collateral) error {
-	if !slices.Contains(v.ref.Products, p.product) {
-		return untrusted("product line %s is not accepted by reference %q (products %s)", p.product, v.ref.Name, strings.Join(v.ref.Products, ", "))
-	}
-	roots, ok := v.roots.Product(p.product)
-	if !ok {
-		return untrusted("no pinned roots for product line %s", p.product)
+	roots, err := v.productRoots(p.product)
+	if err != nil {
+		return err
 	}
 	now := v.now()
 	getter := collateral.SNPGetter{S: v.cache.Session(ctx, carried)}
-
 	if p.key == nil {
-		if p.signer == abi.VlekReportSigner {
-			return untrusted("VLEK-signed report without its VLEK certificate (AMD does not publish VLEKs)")
-		}
-		if isZero(p.report.GetChipId()) {
-			return untrusted("VCEK missing, and the report's CHIP_ID is masked: the VCEK cannot be fetched")
-		}
-		url := kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb()))
-		der, err := getter.GetContext(ctx, url)
-		if err != nil {
-			return fmt.Errorf("%w: SEV-SNP VCEK: %w", attestation.ErrUntrustedSigner, err)
-		}
-		fetched, err := parseCertificates(der)
-		if err != nil || len(fetched) != 1 {
-			return untrusted("VCEK from %s: not one certificate (%v)", url, err)
-		}
-		p.key = fetched[0]
-		exts, err := kds.CertificateExtensions(p.key, p.signer)
-		if err != nil {
-			return untrusted("VCEK from %s: extensions: %v", url, err)
-		}
-		if got := kds.ProductLineOfProductName(exts.ProductName); got != p.product {
-			return untrusted("product line: report says %s, VCEK certificate says %s", p.product, got)
+		if p.key, err = fetchVCEK(ctx, getter, p); err != nil {
+			return err
 		}
 	}
-
-	// The intermediate that certifies the signer: ASK for a VCEK, ASVK for a VLEK.
-	intermediate, intermediateName := roots.ASK, "ASK"
-	if p.signer == abi.VlekReportSigner {
-		intermediate, intermediateName = roots.ASVK, "ASVK"
-	}
+	intermediate, intermediateName := signerIntermediate(roots, p.signer)
 	if !v.skipRevocation {
 		if err := v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
 			return err
 		}
 	}
-
-	// A key whose certificate go-sev-guest already accepted needs only its validity at now
-	// and the report signature checked (the CRL was checked above, every time).
 	keyID := keyMemoKey{product: p.product, signer: p.signer, digest: sha256.Sum256(p.key.Raw)}
 	if w, ok := v.keys.Get(keyID); ok {
-		if now.Before(w.notBefore) || now.After(w.notAfter) {
-			return untrusted("%s certificate: chain not valid at %s (valid %s to %s): expired or not yet valid", p.signerName(),
-				now.UTC().Format(time.RFC3339), w.notBefore.UTC().Format(time.RFC3339), w.notAfter.UTC().Format(time.RFC3339))
-		}
-		sk := signedKey{key: keyID, report: sha256.Sum256(p.raw)}
-		if _, ok := v.signed.Get(sk); ok {
-			return nil
-		}
-		if err := verify.SnpReportSignature(p.raw, p.key); err != nil {
-			return fmt.Errorf("%w: SEV-SNP report signature does not verify with the %s: %v", attestation.ErrBadSignature, p.signerName(), err)
-		}
-		v.signed.Put(sk, struct{}{})
+		return v.verifyRememberedKey(p, keyID, w, now)
+	}
+	if err := v.verifyChainAndSignature(ctx, getter, p, roots, intermediate, now); err != nil {
+		return err
+	}
+	// What go-sev-guest checked depends only on the certificate's bytes, the product line and
+	// the roots (fixed per validator), except the time, which is kept as the chain's validity.
+	var w validity
+	w.notBefore, w.notAfter = memo.ValidityOf([]*x509.Certificate{p.key, intermediate, roots.ARK})
+	v.keys.Put(keyID, w)
+	return nil
+}
+
+// productRoots returns the pinned roots of product, which the Reference must accept.
+func (v *Validator) productRoots(product string) (ProductRoots, error) {
+	if !slices.Contains(v.ref.Products, product) {
+		return ProductRoots{}, untrusted("product line %s is not accepted by reference %q (products %s)", product, v.ref.Name, strings.Join(v.ref.Products, ", "))
+	}
+	roots, ok := v.roots.Product(product)
+	if !ok {
+		return ProductRoots{}, untrusted("no pinned roots for product line %s", product)
+	}
+	return roots, nil
+}
+
+// fetchVCEK fetches the VCEK of the report's chip and reported TCB from AMD's KDS (through
+// the collateral session); its product line must be the report's. A VLEK cannot be fetched.
+func fetchVCEK(ctx context.Context, getter collateral.SNPGetter, p *parsed) (*x509.Certificate, error) {
+	if p.signer == abi.VlekReportSigner {
+		return nil, untrusted("VLEK-signed report without its VLEK certificate (AMD does not publish VLEKs)")
+	}
+	if isZero(p.report.GetChipId()) {
+		return nil, untrusted("VCEK missing, and the report's CHIP_ID is masked: the VCEK cannot be fetched")
+	}
+	url := kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb()))
+	der, err := getter.GetContext(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: SEV-SNP VCEK: %w", attestation.ErrUntrustedSigner, err)
+	}
+	fetched, err := parseCertificates(der)
+	if err != nil || len(fetched) != 1 {
+		return nil, untrusted("VCEK from %s: not one certificate (%v)", url, err)
+	}
+	exts, err := kds.CertificateExtensions(fetched[0], p.signer)
+	if err != nil {
+		return nil, untrusted("VCEK from %s: extensions: %v", url, err)
+	}
+	if got := kds.ProductLineOfProductName(exts.ProductName); got != p.product {
+		return nil, untrusted("product line: report says %s, VCEK certificate says %s", p.product, got)
+	}
+	return fetched[0], nil
+}
+
+// signerIntermediate returns the intermediate that certifies the signer: the ASK for a
+// VCEK, the ASVK for a VLEK.
+func signerIntermediate(roots ProductRoots, signer abi.ReportSigner) (*x509.Certificate, string) {
+	if signer == abi.VlekReportSigner {
+		return roots.ASVK, "ASVK"
+	}
+	return roots.ASK, "ASK"
+}
+
+// verifyRememberedKey checks a report signed by a key whose certificate go-sev-guest already
+// accepted: only the chain's validity at now and the report signature (the CRL was checked
+// before, every time), the signature once per report.
+func (v *Validator) verifyRememberedKey(p *parsed, keyID keyMemoKey, w validity, now time.Time) error {
+	if now.Before(w.notBefore) || now.After(w.notAfter) {
+		return untrusted("%s certificate: chain not valid at %s (valid %s to %s): expired or not yet valid", p.signerName(),
+			now.UTC().Format(time.RFC3339), w.notBefore.UTC().Format(time.RFC3339), w.notAfter.UTC().Format(time.RFC3339))
+	}
+	sk := signedKey{key: keyID, report: sha256.Sum256(p.raw)}
+	if _, ok := v.signed.Get(sk); ok {
 		return nil
 	}
+	if err := verify.SnpReportSignature(p.raw, p.key); err != nil {
+		return fmt.Errorf("%w: SEV-SNP report signature does not verify with the %s: %v", attestation.ErrBadSignature, p.signerName(), err)
+	}
+	v.signed.Put(sk, struct{}{})
+	return nil
+}
 
-	// go-sev-guest checks the key's certificate (fields AMD's KDS sets, chain to our roots
-	// at now), the CRL once more and the report signature. A fresh AMDRootCerts per check:
-	// the library caches a CRL inside it and holds its lock while fetching, neither of
-	// which may outlive one check. Its revocation check reads the CRL of ProductCerts.Ask
-	// and looks for Ask's serial; for a VLEK the intermediate is the ASVK, so it goes there.
+// verifyChainAndSignature has go-sev-guest check the key's certificate (fields AMD's KDS
+// sets, chain to our roots at now), the CRL once more and the report signature. A fresh
+// AMDRootCerts per check: the library caches a CRL inside it and holds its lock while
+// fetching, neither of which may outlive one check. Its revocation check reads the CRL of
+// ProductCerts.Ask and looks for Ask's serial; for a VLEK the intermediate is the ASVK, so it
+// goes there.
+func (v *Validator) verifyChainAndSignature(ctx context.Context, getter collateral.SNPGetter, p *parsed, roots ProductRoots, intermediate *x509.Certificate, now time.Time) error {
 	chain := &spb.CertificateChain{AskCert: roots.ASK.Raw, ArkCert: roots.ARK.Raw, Extras: map[string][]byte{}}
 	if p.signer == abi.VcekReportSigner {
 		chain.VcekCert = p.key.Raw
@@ -424,11 +489,6 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 		}
 		return untrusted("%s certificate: %v", p.signerName(), err)
 	}
-	// What go-sev-guest checked depends only on the certificate's bytes, the product line and
-	// the roots (fixed per validator), except the time, which is kept as the chain's validity.
-	var w validity
-	w.notBefore, w.notAfter = memo.ValidityOf([]*x509.Certificate{p.key, intermediate, roots.ARK})
-	v.keys.Put(keyID, w)
 	return nil
 }
 
@@ -527,12 +587,36 @@ func isZero(b []byte) bool {
 
 // --- Step 3: validate ------------------------------------------------------------------
 
-// validate compares the authentic report with the caller's data and the Reference.
+// validate compares the authentic report with the caller's data and the Reference, one
+// policy at a time, and returns the claims only after every one passed.
 func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardware, error) {
-	r := p.report
-	ref := v.ref
+	wantData, err := checkReportData(p.report, reportData)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.checkGuestPolicy(p.report); err != nil {
+		return nil, err
+	}
+	tcbs, err := v.checkFirmware(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.checkPlatform(p.report); err != nil {
+		return nil, err
+	}
+	warnings, err := v.checkLaunch(p.report)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.secondOpinion(p, wantData); err != nil {
+		return nil, err
+	}
+	return v.claims(p, tcbs, warnings), nil
+}
 
-	// REPORT_DATA binds the report to the caller's nonce or key.
+// checkReportData checks that REPORT_DATA binds the report to the caller's nonce or key,
+// and returns the expected 64 bytes.
+func checkReportData(r *spb.Report, reportData []byte) ([]byte, error) {
 	if len(reportData) == 0 || len(reportData) > abi.ReportDataSize {
 		return nil, fmt.Errorf("%w: SEV-SNP expected report data of %d bytes, want 1..%d", attestation.ErrNonceMismatch, len(reportData), abi.ReportDataSize)
 	}
@@ -541,80 +625,104 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 	if !bytes.Equal(r.GetReportData(), wantData) {
 		return nil, fmt.Errorf("%w: SEV-SNP REPORT_DATA %s, want %s", attestation.ErrNonceMismatch, hex.EncodeToString(r.GetReportData()), hex.EncodeToString(wantData))
 	}
+	return wantData, nil
+}
 
-	// Guest policy.
+// checkGuestPolicy checks the guest policy (no debugging, migration agent and SMT as the
+// Reference allows, minimum ABI) and the VMPL.
+func (v *Validator) checkGuestPolicy(r *spb.Report) error {
+	ref := v.ref
 	pol, err := abi.ParseSnpPolicy(r.GetPolicy())
 	if err != nil {
-		return nil, malformed("POLICY: %v", err)
+		return malformed("POLICY: %v", err)
 	}
 	if pol.Debug {
-		return nil, policy("POLICY allows debugging (the host can read and write guest memory)")
+		return policy("POLICY allows debugging (the host can read and write guest memory)")
 	}
 	if pol.MigrateMA && !ref.GuestPolicy.AllowMigrationAgent {
-		return nil, policy("POLICY allows a migration agent, reference %q does not", ref.Name)
+		return policy("POLICY allows a migration agent, reference %q does not", ref.Name)
 	}
 	if pol.SMT && ref.GuestPolicy.ForbidSMT {
-		return nil, policy("POLICY allows SMT, reference %q forbids it", ref.Name)
+		return policy("POLICY allows SMT, reference %q forbids it", ref.Name)
 	}
 	if got, want := uint16(pol.ABIMajor)<<8|uint16(pol.ABIMinor), uint16(ref.GuestPolicy.MinimumABIMajor)<<8|uint16(ref.GuestPolicy.MinimumABIMinor); got < want {
-		return nil, policy("POLICY ABI %d.%d below minimum %d.%d", pol.ABIMajor, pol.ABIMinor, ref.GuestPolicy.MinimumABIMajor, ref.GuestPolicy.MinimumABIMinor)
+		return policy("POLICY ABI %d.%d below minimum %d.%d", pol.ABIMajor, pol.ABIMinor, ref.GuestPolicy.MinimumABIMajor, ref.GuestPolicy.MinimumABIMinor)
 	}
 	if r.GetVmpl() != ref.VMPL {
-		return nil, policy("VMPL %d, want %d", r.GetVmpl(), ref.VMPL)
+		return policy("VMPL %d, want %d", r.GetVmpl(), ref.VMPL)
 	}
+	return nil
+}
 
-	// Firmware.
-	minimum := ref.MinimumTCB[p.product]
-	tcbs := []struct {
-		name string
-		tcb  TCB
-	}{
-		{"committed", TCBFromVersion(p.product, r.GetCommittedTcb())},
-		{"launch", TCBFromVersion(p.product, r.GetLaunchTcb())},
-		{"reported", TCBFromVersion(p.product, r.GetReportedTcb())},
+// reportTCBs are the committed, launch and reported TCBs of a report, in that order.
+type reportTCBs [3]TCB
+
+// checkFirmware checks the committed, launch and reported TCBs against the minimum of the
+// product line, and the committed firmware API version; it returns the TCBs for the claims.
+func (v *Validator) checkFirmware(p *parsed) (reportTCBs, error) {
+	r := p.report
+	tcbs := reportTCBs{
+		TCBFromVersion(p.product, r.GetCommittedTcb()),
+		TCBFromVersion(p.product, r.GetLaunchTcb()),
+		TCBFromVersion(p.product, r.GetReportedTcb()),
 	}
-	for _, t := range tcbs {
-		if c, got, want := t.tcb.below(minimum); c != "" {
-			return nil, policy("%s TCB %s %d below minimum %d", t.name, c, got, want)
+	minimum := v.ref.MinimumTCB[p.product]
+	for i, name := range []string{"committed", "launch", "reported"} {
+		if c, got, want := tcbs[i].below(minimum); c != "" {
+			return tcbs, policy("%s TCB %s %d below minimum %d", name, c, got, want)
 		}
 	}
-	if m := ref.MinimumFirmware; m != nil {
+	if m := v.ref.MinimumFirmware; m != nil {
 		got := FirmwareVersion{Major: uint8(r.GetCommittedMajor()), Minor: uint8(r.GetCommittedMinor())}
 		if uint16(got.Major)<<8|uint16(got.Minor) < uint16(m.Major)<<8|uint16(m.Minor) {
-			return nil, policy("committed firmware API version %s below minimum %s", got, m)
+			return tcbs, policy("committed firmware API version %s below minimum %s", got, m)
 		}
 	}
+	return tcbs, nil
+}
 
-	// Platform.
+// checkPlatform checks PLATFORM_INFO where the Reference asks (TSME required, SMT
+// forbidden).
+func (v *Validator) checkPlatform(r *spb.Report) error {
 	info, _ := abi.ParseSnpPlatformInfo(r.GetPlatformInfo()) // unknown bits are new features, not failures
-	if ref.PlatformInfo.RequireTSME && !info.TSMEEnabled {
-		return nil, policy("PLATFORM_INFO: TSME not enabled, reference %q requires it", ref.Name)
+	if v.ref.PlatformInfo.RequireTSME && !info.TSMEEnabled {
+		return policy("PLATFORM_INFO: TSME not enabled, reference %q requires it", v.ref.Name)
 	}
-	if ref.PlatformInfo.ForbidSMT && info.SMTEnabled {
-		return nil, policy("PLATFORM_INFO: SMT enabled, reference %q forbids it", ref.Name)
+	if v.ref.PlatformInfo.ForbidSMT && info.SMTEnabled {
+		return policy("PLATFORM_INFO: SMT enabled, reference %q forbids it", v.ref.Name)
 	}
+	return nil
+}
 
-	// Launch.
-	var warnings []string
+// checkLaunch checks the launch: MEASUREMENT among the accepted values, the ID key (or
+// author key) digest among the accepted ones, enforced or warn-only (a warning then).
+func (v *Validator) checkLaunch(r *spb.Report) (warnings []string, err error) {
+	ref := v.ref
 	if len(ref.Measurements) > 0 && !ref.Measurements.contains(r.GetMeasurement()) {
 		return nil, policy("MEASUREMENT %s is not accepted by reference %q", hex.EncodeToString(r.GetMeasurement()), ref.Name)
 	}
-	if len(ref.IDKeyDigests) > 0 {
-		signer, _ := abi.ParseSignerInfo(r.GetSignerInfo())
-		trusted := ref.IDKeyDigests.contains(r.GetIdKeyDigest()) ||
-			(signer.AuthorKeyEn && ref.IDKeyDigests.contains(r.GetAuthorKeyDigest()))
-		if !trusted {
-			msg := fmt.Sprintf("ID_KEY_DIGEST %s (AUTHOR_KEY_DIGEST %s) is not accepted by reference %q",
-				hex.EncodeToString(r.GetIdKeyDigest()), hex.EncodeToString(r.GetAuthorKeyDigest()), ref.Name)
-			if ref.IDKeyEnforcement != EnforceWarnOnly {
-				return nil, policy("%s", msg)
-			}
-			warnings = append(warnings, msg)
-			v.log.Warn("SEV-SNP ID key not accepted (warn-only)", "reference", ref.Name, "idKeyDigest", hex.EncodeToString(r.GetIdKeyDigest()))
-		}
+	if len(ref.IDKeyDigests) == 0 {
+		return nil, nil
 	}
+	signer, _ := abi.ParseSignerInfo(r.GetSignerInfo())
+	if ref.IDKeyDigests.contains(r.GetIdKeyDigest()) || (signer.AuthorKeyEn && ref.IDKeyDigests.contains(r.GetAuthorKeyDigest())) {
+		return nil, nil
+	}
+	msg := fmt.Sprintf("ID_KEY_DIGEST %s (AUTHOR_KEY_DIGEST %s) is not accepted by reference %q",
+		hex.EncodeToString(r.GetIdKeyDigest()), hex.EncodeToString(r.GetAuthorKeyDigest()), ref.Name)
+	if ref.IDKeyEnforcement != EnforceWarnOnly {
+		return nil, policy("%s", msg)
+	}
+	v.log.Warn("SEV-SNP ID key not accepted (warn-only)", "reference", ref.Name, "idKeyDigest", hex.EncodeToString(r.GetIdKeyDigest()))
+	return []string{msg}, nil
+}
 
-	// A second opinion from go-sev-guest, with the same requirements where it has them.
+// secondOpinion has go-sev-guest validate the report with the same requirements where it has
+// them (reported TCB equal to the key's, CHIP_ID equal to the VCEK's HWID, committed not
+// above current).
+func (v *Validator) secondOpinion(p *parsed, wantData []byte) error {
+	ref := v.ref
+	minimum := ref.MinimumTCB[p.product]
 	vmpl := int(ref.VMPL)
 	opts := &validate.Options{
 		GuestPolicy: abi.SnpPolicy{
@@ -640,17 +748,22 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 	} else {
 		chain.VlekCert = p.key.Raw
 	}
-	if err := validate.SnpAttestation(&spb.Attestation{Report: r, CertificateChain: chain}, opts); err != nil {
-		return nil, policy("report: %v", err)
+	if err := validate.SnpAttestation(&spb.Attestation{Report: p.report, CertificateChain: chain}, opts); err != nil {
+		return policy("report: %v", err)
 	}
+	return nil
+}
 
+// claims are what a report that passed every check shows.
+func (v *Validator) claims(p *parsed, tcbs reportTCBs, warnings []string) *attestation.Hardware {
+	r := p.report
 	return &attestation.Hardware{
 		Technology: Technology,
 		Product:    p.product,
 		Signer:     p.signerName(),
 		TCB: fmt.Sprintf("committed %s; launch %s; reported %s; firmware %d.%d build %d",
-			tcbs[0].tcb, tcbs[1].tcb, tcbs[2].tcb, r.GetCommittedMajor(), r.GetCommittedMinor(), r.GetCommittedBuild()),
-		Reference: ref.Name,
+			tcbs[0], tcbs[1], tcbs[2], r.GetCommittedMajor(), r.GetCommittedMinor(), r.GetCommittedBuild()),
+		Reference: v.ref.Name,
 		Measurements: map[string][]byte{
 			"MEASUREMENT":       r.GetMeasurement(),
 			"HOST_DATA":         r.GetHostData(),
@@ -661,5 +774,5 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 			"REPORT_ID":         r.GetReportId(),
 		},
 		Warnings: warnings,
-	}, nil
+	}
 }

@@ -134,9 +134,9 @@ func TestIssuerCarriesCollateral(t *testing.T) {
 	assert.ElementsMatch(t, []string{urlTCBInfo, urlQEIdentity, urlPCKCRL, fakeRootCRLURL}, urls)
 
 	v, err := NewValidator(ValidatorConfig{
-		ReferenceSets: cannedSets(t),
-		Reference:     cannedReference(t),
-		Collateral:    collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now}),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: cannedSets(t)},
+		Reference:       cannedReference(t),
+		Collateral:      collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now}),
 	})
 	require.NoError(t, err)
 	v.roots = intel.roots()

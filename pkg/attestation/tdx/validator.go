@@ -3,14 +3,12 @@ package tdx
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/sha512"
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -44,7 +42,7 @@ const (
 // starts at zero, so the marker is SHA-384(0^48 || SHA-384(clusterID)). It is the TDX
 // counterpart of attestation.ClusterIDMarker (SHA-256, for PCR 15).
 func ClusterIDMarker(clusterID []byte) []byte {
-	return attestation.ClusterIDMarkerOf(sha512.Size384, clusterID)
+	return variant.QEMUTDX.ClusterIDMarker(clusterID)
 }
 
 // ReportDataFor returns the REPORTDATA a TD quote for purpose over data must carry:
@@ -62,20 +60,13 @@ func ReportDataFor(purpose attestation.Purpose, data []byte) ([64]byte, error) {
 
 // ValidatorConfig configures a qemu-tdx validator.
 type ValidatorConfig struct {
-	// ReferenceSets are the accepted values of MRTD and RTMR0..2 (registers 0..3).
-	ReferenceSets measurements.ReferenceSets
-	// Active, when set, replaces ReferenceSets (hot-reloaded sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// Reference is the hardware reference the quote's TDX module, attributes, XFAM and TCB
 	// must match.
 	Reference Reference
 	// Collateral is the shared collateral cache (required).
 	Collateral *collateral.Cache
-	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
-	MaxEvidenceSize int
-	// Now defaults to the collateral cache's time.
-	Now func() time.Time
-	Log *slog.Logger
 }
 
 // Validator checks qemu-tdx evidence: a hardwarepb.TDX message holding a TD quote.

@@ -24,9 +24,9 @@ var testNonce = bytes.Repeat([]byte{0x42}, 32)
 func newTestValidator(t testing.TB, intel *fakeIntel, ref Reference) *Validator {
 	t.Helper()
 	v, err := NewValidator(ValidatorConfig{
-		ReferenceSets: cannedSets(t),
-		Reference:     ref,
-		Collateral:    newCache(&fixedClock{t: cannedNow}, intel.pcs()),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: cannedSets(t)},
+		Reference:       ref,
+		Collateral:      newCache(&fixedClock{t: cannedNow}, intel.pcs()),
 	})
 	require.NoError(t, err)
 	v.roots = intel.roots()
@@ -186,9 +186,9 @@ func TestValidatorRejects(t *testing.T) {
 func TestValidatorPinsIntelRoot(t *testing.T) {
 	intel := newFakeIntel(t)
 	v, err := NewValidator(ValidatorConfig{
-		ReferenceSets: cannedSets(t),
-		Reference:     cannedReference(t),
-		Collateral:    newCache(&fixedClock{t: cannedNow}, intel.pcs()),
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: cannedSets(t)},
+		Reference:       cannedReference(t),
+		Collateral:      newCache(&fixedClock{t: cannedNow}, intel.pcs()),
 	})
 	require.NoError(t, err)
 	ev := evidence(t, intel.quote(t, boundReportData(t, attestation.PurposeVerify, testNonce), nil))
@@ -207,11 +207,11 @@ func TestNewValidatorConfig(t *testing.T) {
 		cfg ValidatorConfig
 		msg string
 	}{
-		"no collateral":            {cfg: ValidatorConfig{ReferenceSets: cannedSets(t), Reference: cannedReference(t)}, msg: "collateral"},
-		"no reference":             {cfg: ValidatorConfig{ReferenceSets: cannedSets(t), Collateral: cache}, msg: "mrSeam"},
-		"debug reference":          {cfg: ValidatorConfig{ReferenceSets: cannedSets(t), Reference: debugRef, Collateral: cache}, msg: "DEBUG"},
+		"no collateral":            {cfg: ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: cannedSets(t)}, Reference: cannedReference(t)}, msg: "collateral"},
+		"no reference":             {cfg: ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: cannedSets(t)}, Collateral: cache}, msg: "mrSeam"},
+		"debug reference":          {cfg: ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: cannedSets(t)}, Reference: debugRef, Collateral: cache}, msg: "DEBUG"},
 		"no reference sets":        {cfg: ValidatorConfig{Reference: cannedReference(t), Collateral: cache}, msg: "no reference-value set"},
-		"set pins cluster-ID RTMR": {cfg: ValidatorConfig{ReferenceSets: withClusterID, Reference: cannedReference(t), Collateral: cache}, msg: "TDX register 4 must not be in a reference set"},
+		"set pins cluster-ID RTMR": {cfg: ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: withClusterID}, Reference: cannedReference(t), Collateral: cache}, msg: "TDX register 4 must not be in a reference set"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -17,11 +17,9 @@ import (
 	_ "embed"
 	"encoding/pem"
 	"fmt"
-	"log/slog"
-	"time"
 
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -110,17 +108,13 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 
 // ValidatorConfig configures an azure-trustedlaunch validator.
 type ValidatorConfig struct {
-	ReferenceSets measurements.ReferenceSets
-	// Active: see vtpm.ValidatorConfig (hot-reloaded reference sets).
-	Active *measurements.Active
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots replaces the pinned Azure root: for tests, and for a CA that replaces it
 	// before this package does. Nil (production) means the pinned root.
 	AKRoots *x509.CertPool
 	// AKIntermediates are added to the known Azure intermediates.
 	AKIntermediates []*x509.Certificate
-	MaxEvidenceSize int
-	Now             func() time.Time
-	Log             *slog.Logger
 }
 
 // NewValidator returns a validator for azure-trustedlaunch evidence: the AK must be certified
@@ -136,14 +130,10 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 		inter.AddCert(c)
 	}
 	return vtpm.NewValidator(vtpm.ValidatorConfig{
+		ValidatorCommon: cfg.ValidatorCommon,
 		Variant:         Variant,
-		ReferenceSets:   cfg.ReferenceSets,
-		Active:          cfg.Active,
 		AKRoots:         roots,
 		AKIntermediates: inter,
 		EventLog:        vtpm.EventLogRequired,
-		MaxEvidenceSize: cfg.MaxEvidenceSize,
-		Now:             cfg.Now,
-		Log:             cfg.Log,
 	})
 }

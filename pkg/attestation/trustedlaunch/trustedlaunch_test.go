@@ -73,10 +73,9 @@ func newAzureVM(t *testing.T, tpm *vtpm.TPM) *azureVM {
 
 func (vm *azureVM) validator(t *testing.T, mod func(*trustedlaunch.ValidatorConfig)) *vtpm.Validator {
 	cfg := trustedlaunch.ValidatorConfig{
-		ReferenceSets:   vm.sets,
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: vm.sets, Now: func() time.Time { return testNow }},
 		AKRoots:         vm.root.Pool(),
 		AKIntermediates: []*x509.Certificate{vm.inter.Cert},
-		Now:             func() time.Time { return testNow },
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -5,6 +5,8 @@
 package variant
 
 import (
+	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/asn1"
 	"fmt"
 	"sort"
@@ -12,8 +14,11 @@ import (
 	"strings"
 )
 
-// Variant identifies one kind of attestation evidence. Variants are comparable values (==,
-// map keys): every field is.
+// Variant identifies one kind of attestation evidence and carries the facts of it that do
+// not depend on an implementation: its name, OID and registers. Variants are comparable
+// values (==, map keys): every field is. What Constellation does with a variant (its
+// hardware block, how its attestation key is trusted, its issuer and validator) is its entry
+// in pkg/attestation/choose (BuiltIns).
 type Variant struct {
 	name string
 	// oid is the dotted object identifier (a string, so that Variant stays comparable).
@@ -25,21 +30,42 @@ type Variant struct {
 	registerCount uint32
 	// registerName is how a register is named in messages ("PCR", "RTMR").
 	registerName string
+	// imageRegisters is what the variant's images measure at boot: registers
+	// [0, imageRegisters), every one of which a reference set must enforce.
+	imageRegisters uint32
+	// clusterIDRegister carries the cluster-ID marker instead: it is extended at init/join,
+	// so its value belongs to one cluster and is checked against the cluster ID, never by
+	// reference values.
+	clusterIDRegister uint32
 }
 
-// The variants Constellation knows. Only those with an Issuer/Validator implementation can be
-// used; the others are registered so configs naming them get a precise "not implemented" error
-// rather than "unknown variant".
+// The variants Constellation knows, one literal each: name, OID, register length, count and
+// name, then the register map of its images (registers below the first number are measured
+// at boot, the second carries the cluster-ID marker). The map of each:
+//
+//   - qemu-vtpm, the local provider's images (docs/attestation.md): PCRs 0..14 each hold an
+//     image measurement (11 the bootstrapper, 12 the node configuration, the others zero,
+//     which a set must still pin: a nonzero value there means something else booted), PCR 15
+//     the cluster-ID marker. PCRs 16..23 are resettable or extendable by software at run time
+//     and measure nothing of the image.
+//   - The cloud vTPM variants (azure-*, aws-*, gcp-*) boot the same image layout on the
+//     cloud's vTPM: PCRs 0..14 (firmware and boot chain as the cloud's firmware measures them,
+//     then the image's own), PCR 15 the cluster-ID marker.
+//   - qemu-tdx (pkg/attestation/tdx): register 0 is MRTD (the TD's initial memory: the
+//     virtual firmware), registers 1..3 are RTMR0..2 (firmware configuration, then the kernel
+//     and boot loader, then the kernel command line and initrd, as TDVF and the kernel extend
+//     them). Register 4 is RTMR3, which no firmware or kernel extends: it carries the
+//     cluster-ID marker.
 var (
-	QEMUVTPM           = Variant{"qemu-vtpm", "1.3.9900.5.1", 32, 24, "PCR"}
-	QEMUTDX            = Variant{"qemu-tdx", "1.3.9900.5.99", 48, 5, "TDX register"}
-	AWSNitroTPM        = Variant{"aws-nitro-tpm", "1.3.9900.1.1", 32, 24, "PCR"}
-	AWSSEVSNP          = Variant{"aws-sev-snp", "1.3.9900.1.2", 32, 24, "PCR"}
-	GCPSEVES           = Variant{"gcp-sev-es", "1.3.9900.2.1", 32, 24, "PCR"}
-	GCPSEVSNP          = Variant{"gcp-sev-snp", "1.3.9900.2.2", 32, 24, "PCR"}
-	AzureSEVSNP        = Variant{"azure-sev-snp", "1.3.9900.4.1", 32, 24, "PCR"}
-	AzureTrustedLaunch = Variant{"azure-trustedlaunch", "1.3.9900.4.2", 32, 24, "PCR"}
-	AzureTDX           = Variant{"azure-tdx", "1.3.9900.4.3", 32, 24, "PCR"}
+	QEMUVTPM           = Variant{"qemu-vtpm", "1.3.9900.5.1", 32, 24, "PCR", 15, 15}
+	QEMUTDX            = Variant{"qemu-tdx", "1.3.9900.5.99", 48, 5, "TDX register", 4, 4}
+	AWSNitroTPM        = Variant{"aws-nitro-tpm", "1.3.9900.1.1", 32, 24, "PCR", 15, 15}
+	AWSSEVSNP          = Variant{"aws-sev-snp", "1.3.9900.1.2", 32, 24, "PCR", 15, 15}
+	GCPSEVES           = Variant{"gcp-sev-es", "1.3.9900.2.1", 32, 24, "PCR", 15, 15}
+	GCPSEVSNP          = Variant{"gcp-sev-snp", "1.3.9900.2.2", 32, 24, "PCR", 15, 15}
+	AzureSEVSNP        = Variant{"azure-sev-snp", "1.3.9900.4.1", 32, 24, "PCR", 15, 15}
+	AzureTrustedLaunch = Variant{"azure-trustedlaunch", "1.3.9900.4.2", 32, 24, "PCR", 15, 15}
+	AzureTDX           = Variant{"azure-tdx", "1.3.9900.4.3", 32, 24, "PCR", 15, 15}
 )
 
 var all = []Variant{QEMUVTPM, QEMUTDX, AWSNitroTPM, AWSSEVSNP, GCPSEVES, GCPSEVSNP, AzureSEVSNP, AzureTrustedLaunch, AzureTDX}
@@ -108,70 +134,47 @@ func (v Variant) RegisterName(idx uint32) string {
 	return fmt.Sprintf("%s %d", v.registerName, idx)
 }
 
-// registerMap is what the images of a variant measure at boot: the registers a reference set
-// must enforce, and the register that carries the cluster-ID marker instead (extended at
-// init/join, so its value belongs to one cluster and is checked against the cluster ID, never
-// by reference values). Only variants with an implementation have one.
-type registerMap struct {
-	image     []uint32
-	clusterID uint32
-}
-
-var registerMaps = map[string]registerMap{
-	// The local provider's images (docs/attestation.md): PCRs 0..14 each hold an image
-	// measurement (11 the bootstrapper, 12 the node configuration, the others zero, which a
-	// set must still pin: a nonzero value there means something else booted), PCR 15 the
-	// cluster-ID marker. PCRs 16..23 are resettable or extendable by software at run time
-	// and measure nothing of the image.
-	QEMUVTPM.name: {image: registerRange(0, 15), clusterID: 15},
-	// Azure's confidential VMs boot the same image layout on the HCL's vTPM: PCRs 0..14
-	// (firmware and boot chain as Azure's firmware measures them, then the image's own),
-	// PCR 15 the cluster-ID marker.
-	AzureSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
-	AzureTDX.name:    {image: registerRange(0, 15), clusterID: 15},
-	// qemu-tdx (pkg/attestation/tdx): register 0 is MRTD (the TD's initial memory: the
-	// virtual firmware), registers 1..3 are RTMR0..2 (firmware configuration, then the
-	// kernel and boot loader, then the kernel command line and initrd, as TDVF and the
-	// kernel extend them). Register 4 is RTMR3, which no firmware or kernel extends: it
-	// carries the cluster-ID marker.
-	QEMUTDX.name: {image: registerRange(0, 4), clusterID: 4},
-	// The SEV-SNP vTPM variants boot the same image layout on the cloud's vTPM: PCRs 0..14
-	// (firmware and boot chain as the cloud's firmware measures them, then the image's own),
-	// PCR 15 the cluster-ID marker.
-	AWSSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
-	GCPSEVSNP.name: {image: registerRange(0, 15), clusterID: 15},
-	// The cloud TPM-only variants boot the same image layout on the cloud's vTPM: PCRs
-	// 0..14 (firmware and boot chain as the cloud's firmware measures them, then the image's
-	// own), PCR 15 the cluster-ID marker.
-	AzureTrustedLaunch.name: {image: registerRange(0, 15), clusterID: 15},
-	GCPSEVES.name:           {image: registerRange(0, 15), clusterID: 15},
-	AWSNitroTPM.name:        {image: registerRange(0, 15), clusterID: 15},
-}
-
-func registerRange(from, to uint32) []uint32 {
-	out := make([]uint32, 0, to-from)
-	for i := from; i < to; i++ {
+// ImageRegisters returns, in ascending order, the registers the images of v measure: a
+// reference set for v must enforce every one of them and may name no other. Nil for the
+// zero Variant, whose sets cannot be checked.
+func (v Variant) ImageRegisters() []uint32 {
+	if v.IsZero() {
+		return nil
+	}
+	out := make([]uint32, 0, v.imageRegisters)
+	for i := range v.imageRegisters {
 		out = append(out, i)
 	}
 	return out
 }
 
-// ImageRegisters returns, in ascending order, the registers the images of v measure: a
-// reference set for v must enforce every one of them and may name no other. Nil means the
-// variant's register map is unknown (not implemented), and no reference set can be checked.
-func (v Variant) ImageRegisters() []uint32 {
-	m, ok := registerMaps[v.name]
-	if !ok {
-		return nil
-	}
-	return append([]uint32(nil), m.image...)
+// ClusterIDRegister returns the register that carries the cluster-ID marker of v (false for
+// the zero Variant): it is set at init/join, so a reference set must never include it.
+func (v Variant) ClusterIDRegister() (uint32, bool) {
+	return v.clusterIDRegister, !v.IsZero()
 }
 
-// ClusterIDRegister returns the register that carries the cluster-ID marker of v, if v has
-// one: it is set at init/join, so a reference set must never include it.
-func (v Variant) ClusterIDRegister() (uint32, bool) {
-	m, ok := registerMaps[v.name]
-	return m.clusterID, ok
+// ClusterIDMarker returns the value of v's cluster-ID register on a node that extended
+// clusterID once into the reset register (ClusterIDMarkerOf with v's register length).
+func (v Variant) ClusterIDMarker(clusterID []byte) []byte {
+	return ClusterIDMarkerOf(v.registerLen, clusterID)
+}
+
+// ClusterIDMarkerOf returns the cluster-ID marker of a register of registerLen bytes:
+// H(0^n || H(clusterID)) with the register's hash, SHA-256 for a 32-byte PCR, SHA-384 for a
+// 48-byte TDX RTMR. Nil for any other size: no marker can match.
+func ClusterIDMarkerOf(registerLen int, clusterID []byte) []byte {
+	switch registerLen {
+	case sha256.Size:
+		digest := sha256.Sum256(clusterID)
+		m := sha256.Sum256(append(make([]byte, sha256.Size), digest[:]...))
+		return m[:]
+	case sha512.Size384:
+		digest := sha512.Sum384(clusterID)
+		m := sha512.Sum384(append(make([]byte, sha512.Size384), digest[:]...))
+		return m[:]
+	}
+	return nil
 }
 
 // MarshalText implements encoding.TextMarshaler, so variants appear by name in JSON and YAML.

@@ -41,3 +41,19 @@ func TestUnknownVariant(t *testing.T) {
 	assert.Error(t, json.Unmarshal([]byte(`"qemu"`), &v))
 	assert.True(t, v.IsZero())
 }
+
+// Every variant's cluster-ID register is a register of it outside its image registers, and
+// its marker has the register's length.
+func TestClusterIDRegisterAndMarker(t *testing.T) {
+	id := []byte("cluster")
+	for _, v := range All() {
+		reg, ok := v.ClusterIDRegister()
+		require.True(t, ok, v.String())
+		assert.Less(t, reg, v.RegisterCount(), v.String())
+		assert.NotContains(t, v.ImageRegisters(), reg, v.String())
+		assert.Len(t, v.ClusterIDMarker(id), v.RegisterLen(), v.String())
+	}
+	_, ok := Variant{}.ClusterIDRegister()
+	assert.False(t, ok)
+	assert.Nil(t, Variant{}.ImageRegisters())
+}

@@ -85,7 +85,7 @@ func TestEventLogPolicy(t *testing.T) {
 	// One validator sees genuine evidence, then the same quote with a lying log: the replay
 	// it remembers from the genuine log must not admit the other.
 	t.Run("remembered replay does not admit another log", func(t *testing.T) {
-		v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: vtpm.EventLogRequired})
+		v, err := vtpm.NewValidator(vtpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, EventLog: vtpm.EventLogRequired})
 		require.NoError(t, err)
 		for range 2 {
 			_, err = v.Validate(context.Background(), withLog, attestation.PurposeVerify, data)
@@ -97,7 +97,7 @@ func TestEventLogPolicy(t *testing.T) {
 	})
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			v, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: tc.policy, EventLogCheck: tc.check})
+			v, err := vtpm.NewValidator(vtpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, EventLog: tc.policy, EventLogCheck: tc.check})
 			require.NoError(t, err)
 			_, err = v.Validate(context.Background(), tc.evidence, attestation.PurposeVerify, data)
 			if tc.wantErr == nil {
@@ -114,10 +114,10 @@ func TestEventLogPolicyConfig(t *testing.T) {
 	sets := measurements.ReferenceSets{{Name: "zero", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}}
 	check := func(*eventlog.Log) error { return nil }
 	for _, p := range []vtpm.EventLogPolicy{vtpm.EventLogReplayIfPresent, vtpm.EventLogIgnore} {
-		_, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: p, EventLogCheck: check})
+		_, err := vtpm.NewValidator(vtpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, EventLog: p, EventLogCheck: check})
 		assert.ErrorContains(t, err, "needs the event log policy required", p.String())
 	}
-	_, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: sets, EventLog: 42})
+	_, err := vtpm.NewValidator(vtpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets}, Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, EventLog: 42})
 	assert.ErrorContains(t, err, "unknown event log policy")
 }
 
@@ -160,8 +160,10 @@ func TestAKTrustIsExplicit(t *testing.T) {
 	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, data)
 	require.NoError(t, err)
 	v, err := vtpm.NewValidator(vtpm.ValidatorConfig{
-		Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, EventLog: vtpm.EventLogRequired,
-		ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: measurementstest.FromRegisters(variant.QEMUVTPM, pcrs)}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: measurementstest.FromRegisters(variant.QEMUVTPM, pcrs)}}},
+		Variant:                 variant.QEMUVTPM,
+		AcceptUnauthenticatedAK: true,
+		EventLog:                vtpm.EventLogRequired,
 	})
 	require.NoError(t, err)
 	got, err := v.Validate(context.Background(), ev, attestation.PurposeVerify, data)

@@ -43,7 +43,7 @@ func TestPerUseIssuer(t *testing.T) {
 			free()
 
 			// Concurrent uses are serialized and all succeed; every evidence validates.
-			val, err := vtpm.NewValidator(vtpm.ValidatorConfig{Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true, ReferenceSets: measurements.ReferenceSets{{Name: "fresh", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}}})
+			val, err := vtpm.NewValidator(vtpm.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "fresh", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}}}, Variant: variant.QEMUVTPM, AcceptUnauthenticatedAK: true})
 			require.NoError(t, err)
 			var wg sync.WaitGroup
 			errs := make([]error, 6)

@@ -33,11 +33,9 @@ import (
 
 // ValidatorConfig configures a TPM-quote validator.
 type ValidatorConfig struct {
-	Variant       variant.Variant
-	ReferenceSets measurements.ReferenceSets
-	// Active, when set, replaces ReferenceSets: the validator reads the sets from it on every
-	// validation, so a watcher can swap them without a restart (measurements.Active).
-	Active *measurements.Active
+	Variant variant.Variant
+	// The reference sets (or Active), MaxEvidenceSize, Now and Log.
+	attestation.ValidatorCommon
 	// AKRoots, when set, must have issued the certificate the evidence carries for its AK.
 	// Without roots, something else must vouch for the AK (Hardware, whose report names the
 	// key), or the caller must accept that nothing does (AcceptUnauthenticatedAK).
@@ -68,11 +66,6 @@ type ValidatorConfig struct {
 	// together with AKRoots (it would be ignored); every result then has SignerCertified false
 	// and carries UnauthenticatedAKWarning.
 	AcceptUnauthenticatedAK bool
-	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
-	MaxEvidenceSize int
-	// Now defaults to time.Now; tests inject a fixed clock for certificate validity.
-	Now func() time.Time
-	Log *slog.Logger
 }
 
 // EventLogPolicy says what a validator does with the measurement event log of evidence.
