@@ -15,7 +15,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -42,8 +45,33 @@ const (
 	MeasurementSaltSize = 32
 )
 
-// Providers that can have created a cluster.
+// ProviderLocal is the local provider: the one a state file may name without registration.
 const ProviderLocal = "local"
+
+var (
+	providersMu sync.RWMutex
+	providers   = map[string]bool{ProviderLocal: true}
+)
+
+// RegisterProvider makes name a provider a state file may name. The provider catalog
+// (internal/provider/catalog) registers every provider it knows.
+func RegisterProvider(name string) {
+	providersMu.Lock()
+	defer providersMu.Unlock()
+	providers[name] = true
+}
+
+// knownProvider reports whether name is a registered provider, and lists them all.
+func knownProvider(name string) (bool, string) {
+	providersMu.RLock()
+	defer providersMu.RUnlock()
+	names := make([]string, 0, len(providers))
+	for n := range providers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return providers[name], strings.Join(names, ", ")
+}
 
 // Phase is how far the cluster got.
 type Phase string
@@ -62,7 +90,7 @@ type State struct {
 	Version string `json:"version"`
 	// Name is the cluster's name (from the configuration), a DNS label.
 	Name string `json:"name"`
-	// Provider created the nodes: local.
+	// Provider created the nodes: the name of a registered provider (local).
 	Provider string `json:"provider"`
 	// Phase is created or initialized.
 	Phase Phase `json:"phase"`
@@ -237,8 +265,8 @@ func (s *State) Validate() error {
 	} else if errs := validation.IsDNS1123Label(s.Name); len(errs) > 0 {
 		bad("name", "%q is not a DNS label: %v", s.Name, errs)
 	}
-	if s.Provider != ProviderLocal {
-		bad("provider", "%q is not a provider (known: %s)", s.Provider, ProviderLocal)
+	if ok, known := knownProvider(s.Provider); !ok {
+		bad("provider", "%q is not a provider (known: %s)", s.Provider, known)
 	}
 	if s.CreatedAt.IsZero() {
 		bad("createdAt", "missing")
