@@ -30,8 +30,8 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/metadata/platforms"
 	"github.com/openconstellation/constellation/internal/nodeimage"
-	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 )
 
 // Config parameterizes the deployment.
@@ -44,7 +44,7 @@ type Config struct {
 	// constellation-attestation.
 	Attestation clusterrecord.Attestation
 	// MetadataURL is the platform's metadata service, where the join service looks nodes up
-	// (default metadataclient.DefaultURL).
+	// (default: the DefaultURL of the services' platform, internal/metadata/platforms).
 	MetadataURL string
 	// LogLevel of the services: debug, info, warn or error (default info).
 	LogLevel string
@@ -70,11 +70,15 @@ func (c Config) params() (params, error) {
 		problems = append(problems, err)
 	}
 	p := params{image: c.Image, metadataURL: c.MetadataURL, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data}
-	if p.metadataURL == "" {
-		p.metadataURL = metadataclient.DefaultURL
-	}
-	if _, err := metadataclient.New(p.metadataURL, nil); err != nil {
+	if platform, err := platforms.Lookup(platforms.Default); err != nil {
 		problems = append(problems, err)
+	} else {
+		if p.metadataURL == "" {
+			p.metadataURL = platform.DefaultURL
+		}
+		if _, err := platform.Open(p.metadataURL); err != nil {
+			problems = append(problems, err)
+		}
 	}
 	switch p.logLevel {
 	case "":
