@@ -12,7 +12,8 @@
 //   - --key-service-tls-dir: ca.crt, joinservice.crt/.key (Secret constellation-keyservice-tls)
 //     for the key service at --key-service;
 //   - the Kubernetes API: in-cluster (service account; KUBERNETES_SERVICE_HOST/PORT set to the
-//     node's own API server) or --kubeconfig;
+//     node's own API server) or --kubeconfig; the service also writes its recent refusals
+//     there, under --node-name (internal/joinservice/refusals);
 //   - --platform, --metadata-url: the platform's instance list, naming nodes by their certified
 //     AK (internal/metadata/platforms).
 //
@@ -46,6 +47,7 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/metadata/platforms"
@@ -66,7 +68,7 @@ func main() {
 
 type flags struct {
 	listen, configDir, pkiDir, tpm, eventLog, platform, metadataURL, keyService, keyServiceTLSDir string
-	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                                          string
+	apiServerEndpoint, kubeconfig, metricsAddr, logLevel, nodeName                                string
 	// Handshake admission (internal/handshakelimit); 0: the service's defaults.
 	rateLimit                               float64
 	rateBurst, perPeer, concurrent, waiting int
@@ -84,7 +86,8 @@ type flags struct {
 //  4. connect to what it needs: the key service, the Kubernetes API and the platform's
 //     metadata (connect);
 //  5. build the service with every admission check wired in (joinservice.New);
-//  6. serve it, with the reference-set watcher and the metrics, until ctx ends (serve).
+//  6. serve it, with the reference-set watcher, the publisher of its refusals and the
+//     metrics, until ctx ends (serve).
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	f, err := parseFlags(args, getenv, stderr)
 	if err != nil {
@@ -132,7 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log.Info("join service starting", "cluster", cluster.Name, "clusterID", cluster.ClusterID, "variant", att.Variant.String(),
 		"referenceSets", setNames(att.ReferenceSets), "apiServer", f.apiServerEndpoint)
-	return serve(ctx, f, svc, a.active, reg, log)
+	return serve(ctx, f, svc, a.active, deps.kube, reg, log)
 }
 
 // parseFlags reads the flags (and their CONSTELLATION_ environment variables) and checks
@@ -162,6 +165,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (fl
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 0, fmt.Sprintf("deadline of a connection's handshake (TLS, attestation, HTTP/2 preface) from its accept (0: %v)", joinservice.DefaultAcceptLimits.Timeout))
 	fs.StringVar(&f.metricsAddr, "metrics-listen", "", "Prometheus metrics listen address (empty: none)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.nodeName, "node-name", getenv("NODE_NAME"), "the node the service runs on, naming its refusals in the cluster (default: $NODE_NAME, else the host name)")
 	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
 		return flags{}, err
 	}
@@ -238,13 +242,23 @@ func connect(f flags) (dependencies, error) {
 }
 
 // serve serves the service (and the metrics, when asked) until ctx ends, while a watcher
-// reloads the reference sets when their file changes.
-func serve(ctx context.Context, f flags, svc *joinservice.Service, active *measurements.Active, reg *prometheus.Registry, log *slog.Logger) error {
+// reloads the reference sets when their file changes and a publisher writes the service's
+// refusals into the cluster for the CLI (internal/joinservice/refusals).
+func serve(ctx context.Context, f flags, svc *joinservice.Service, active *measurements.Active, kube kubernetes.Interface, reg *prometheus.Registry, log *slog.Logger) error {
+	node := f.nodeName
+	if node == "" {
+		var err error
+		if node, err = os.Hostname(); err != nil {
+			return fmt.Errorf("--node-name is empty and the host name unknown: %w", err)
+		}
+	}
 	watcher := &measurements.Watcher{Path: filepath.Join(f.configDir, clusterrecord.ReferenceSetsKey), Active: active, Log: log}
-	watchErr := make(chan error, 1)
+	publisher := &refusals.Publisher{Client: kube, Node: node, Book: svc.Refusals(), Log: log}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	watchErr, publishErr := make(chan error, 1), make(chan error, 1)
 	go func() { watchErr <- watcher.Run(ctx) }()
+	go func() { publishErr <- publisher.Run(ctx) }()
 
 	servers := []cmdutil.Server{cmdutil.GRPC("joinservice", f.listen, svc.NewGRPCServer())}
 	if f.metricsAddr != "" {
@@ -255,6 +269,10 @@ func serve(ctx context.Context, f flags, svc *joinservice.Service, active *measu
 	if werr := <-watchErr; werr != nil {
 		log.Error("reference-set watcher failed", "error", werr)
 		err = errors.Join(err, werr)
+	}
+	if perr := <-publishErr; perr != nil {
+		log.Error("refusals publisher failed", "error", perr)
+		err = errors.Join(err, perr)
 	}
 	return err
 }

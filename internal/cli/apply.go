@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +28,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
@@ -525,8 +525,8 @@ func (r rejections) String() string {
 	if r.count == 0 {
 		return "the join service has no record of it (it did not reach the join service, or is still booting)"
 	}
-	// The join service's log line: its reason label and error text (which quote the peer)
-	// are printed as one escaped, bounded line each.
+	// The join service's refusal: its reason label and error text (which quote the peer) are
+	// printed as one escaped, bounded line each.
 	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, untrusted.Text(r.reason), untrusted.Text(r.last))
 }
 
@@ -534,7 +534,7 @@ func (r rejections) String() string {
 // expected to join: longer than the join client's longest back-off (30 s) plus a handshake.
 const rejectionWait = 45 * time.Second
 
-// waitRejected polls the join services' decision logs until they record a refusal of ip, or
+// waitRejected polls the join services' published refusals until they record a refusal of ip, or
 // wait has passed, or ctx ends; it returns what they recorded by then.
 func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, wait time.Duration) rejections {
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -552,35 +552,12 @@ func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, w
 	}
 }
 
-// joinRejections reads the join services' logs (one JSON line per decision, see
-// docs/joinservice.md) for the admissions they rejected from ip.
+// joinRejections reads what the join services refused of ip: the refusals they publish in
+// the cluster (internal/joinservice/refusals, docs/joinservice.md), read with the admin
+// credentials.
 func joinRejections(ctx context.Context, client kubernetes.Interface, ip string) rejections {
-	var r rejections
-	pods, err := client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.JoinService})
-	if err != nil {
-		return r
-	}
-	tail := int64(2000)
-	for _, p := range pods.Items {
-		data, err := client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			var rec struct {
-				Msg, Peer, Reason, Error string
-				// Suppressed counts the similar rejections the service did not log
-				// (it rate-limits rejection lines per peer and reason).
-				Suppressed int
-			}
-			if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "admission rejected" || rec.Peer != ip {
-				continue
-			}
-			r.count += 1 + max(rec.Suppressed, 0)
-			r.reason, r.last = rec.Reason, rec.Error
-		}
-	}
-	return r
+	r := refusals.Of(ctx, client, ip)
+	return rejections{count: r.Count, reason: r.Reason, last: r.Error}
 }
 
 func podReady(p corev1.Pod) bool {

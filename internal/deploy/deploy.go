@@ -30,6 +30,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/metadata/platforms"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 )
@@ -139,10 +140,25 @@ func objects(p params) []object {
 			_, err := c.RbacV1().RoleBindings(diskowner.Namespace).Apply(ctx, binding, o)
 			return err
 		}})
+	refusalsRole, refusalsBinding := joinRefusalsRole(), joinRefusalsRoleBinding()
+	objs = append(objs,
+		object{"Role", joinRefusalsName, ns, refusalsRole, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.RbacV1().Roles(ns).Apply(ctx, refusalsRole, o)
+			return err
+		}},
+		object{"RoleBinding", joinRefusalsName, ns, refusalsBinding, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.RbacV1().RoleBindings(ns).Apply(ctx, refusalsBinding, o)
+			return err
+		}})
 	objs = append(objs, nodeIdentityObjects()...)
+	refusalsCM := joinRefusalsConfigMap()
 	objs = append(objs,
 		object{"ConfigMap", clusterrecord.AttestationConfigMapName, ns, cm, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, cm, o)
+			return err
+		}},
+		object{"ConfigMap", refusals.ConfigMapName, ns, refusalsCM, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, refusalsCM, o)
 			return err
 		}},
 	)
