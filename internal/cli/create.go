@@ -175,6 +175,11 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", config.FileName, err)
 	}
+	return createOn(ctx, t, statePath, platform, workspace, conf, o)
+}
+
+// createOn creates the cluster with platform and records it in the state file at statePath.
+func createOn(ctx context.Context, t *phaseTimer, statePath string, platform provider.Platform, workspace string, conf *config.Config, o createOptions) (*state.State, error) {
 	running, err := platform.Create(ctx, createRequest(workspace, conf, o))
 	if err != nil {
 		return nil, err
