@@ -18,11 +18,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -45,32 +45,19 @@ const (
 	MeasurementSaltSize = 32
 )
 
-// ProviderLocal is the local provider: the one a state file may name without registration.
+// ProviderLocal is the local provider: the one a state file may always name.
 const ProviderLocal = "local"
 
-var (
-	providersMu sync.RWMutex
-	providers   = map[string]bool{ProviderLocal: true}
-)
-
-// RegisterProvider makes name a provider a state file may name. The provider catalog
-// (internal/provider/catalog) registers every provider it knows.
-func RegisterProvider(name string) {
-	providersMu.Lock()
-	defer providersMu.Unlock()
-	providers[name] = true
-}
-
-// knownProvider reports whether name is a registered provider, and lists them all.
+// knownProvider reports whether name is a provider a state file may name: local, or one
+// whose configuration rules are registered (the provider catalog, internal/provider/catalog,
+// registers every provider it knows), and lists them all.
 func knownProvider(name string) (bool, string) {
-	providersMu.RLock()
-	defer providersMu.RUnlock()
-	names := make([]string, 0, len(providers))
-	for n := range providers {
-		names = append(names, n)
+	names := config.RegisteredProviders()
+	if !slices.Contains(names, ProviderLocal) {
+		names = append(names, ProviderLocal)
+		slices.Sort(names)
 	}
-	slices.Sort(names)
-	return providers[name], strings.Join(names, ", ")
+	return slices.Contains(names, name), strings.Join(names, ", ")
 }
 
 // Phase is how far the cluster got.

@@ -1,7 +1,8 @@
 // Package catalog is the list of the providers this CLI supports: the CLI looks a provider up
 // by the name its configuration block (provider.<name>) or its state file gives.
 // Registering a provider here also registers its configuration rules with internal/config
-// (config.RegisterProvider), so that a configuration is checked by its provider's rules.
+// (config.RegisterProvider), so that a configuration is checked by its provider's rules and
+// a state file may name it (internal/state).
 //
 // A new provider adds its folder below internal/provider and one line to builtins
 // (docs/providers.md).
@@ -16,7 +17,6 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider"
 	localplatform "github.com/openconstellation/constellation/internal/provider/local/platform"
-	"github.com/openconstellation/constellation/internal/state"
 )
 
 // builtins are the providers of this CLI: one line each.
@@ -42,7 +42,6 @@ func Register(p provider.Platform) {
 	defer mu.Unlock()
 	platforms[p.Name()] = p
 	config.RegisterProvider(p.Name(), p.ConfigRules())
-	state.RegisterProvider(p.Name())
 }
 
 // Lookup returns the provider named name.
