@@ -75,3 +75,23 @@ func TestUnknownProvider(t *testing.T) {
 	_, err := providerOf(&state.State{Provider: "no-such-cloud"})
 	assert.ErrorContains(t, err, `provider "no-such-cloud" is not supported by this CLI`)
 }
+
+// TestConfigChecksProviderRules: the CLI's configuration checks include the local provider's
+// rules, which the catalog registers (internal/config itself names no provider's code).
+func TestConfigChecksProviderRules(t *testing.T) {
+	ws := t.TempDir()
+	image := filepath.Join(ws, "image")
+	writeImage(t, image, "v1")
+	out, err := run(t, "-C", ws, "config", "generate", "local", "--image", image)
+	require.NoError(t, err, out)
+	path := filepath.Join(ws, config.FileName)
+	c, err := config.Load(path)
+	require.NoError(t, err)
+	c.Network.PodCIDR = "10.42.0.0/16"
+	err = config.Write(path, c, true)
+	assert.ErrorContains(t, err, "network.podCIDR: 10.42.0.0/16 overlaps the local provider's node network 10.42.0.0/24")
+	c.Network.PodCIDR = config.DefaultPodCIDR
+	c.Provider.Local.Workers = 245
+	err = config.Write(path, c, true)
+	assert.ErrorContains(t, err, "provider.local: 1 control planes and 245 workers are 246 nodes, more than the 245 addresses")
+}

@@ -326,7 +326,9 @@ func ReferenceSetName(prefix string, m measurements.M) string {
 }
 
 // Validate checks every field and reports every problem (errors.Join of
-// *strictyaml.FieldError, in field order), or nil.
+// *strictyaml.FieldError, in field order), or nil. The configured provider's rules (its
+// variant, node limit and networks) are checked when they are registered (RegisterProvider:
+// the CLI's provider catalog registers them); without them, the rules every provider shares.
 func (c *Config) Validate() error {
 	v := &validator{}
 	switch c.Version {
@@ -348,14 +350,14 @@ func (c *Config) Validate() error {
 		v.bad("kubernetesVersion", "%q is not supported (supported: %s)", c.KubernetesVersion, strings.Join(SupportedKubernetesVersions, ", "))
 	}
 
+	// The provider's own rules apply when they are registered (the CLI registers every
+	// provider it supports through its catalog); without them only the rules that hold for
+	// every provider are checked.
 	name := c.Provider.Name()
 	rules := registeredRules(name)
-	switch {
-	case name == "":
-		v.bad("provider", "no provider configured (supported: %s)", strings.Join(RegisteredProviders(), ", "))
-	case rules == nil:
-		v.bad("provider."+name, "provider %s is not supported by this CLI (supported: %s)", name, strings.Join(RegisteredProviders(), ", "))
-	default:
+	if name == "" {
+		v.bad("provider", "no provider configured (supported: %s)", strings.Join(providerBlocks, ", "))
+	} else {
 		c.validateLocal(v, c.Provider.Local, rules)
 	}
 
@@ -384,8 +386,10 @@ func (c *Config) validateLocal(v *validator, l *LocalConfig, rules ProviderRules
 	if l.Workers < 0 {
 		v.bad("provider.local.workers", "must be at least 0, got %d", l.Workers)
 	}
-	if err := rules.CheckNodes(l.ControlPlanes, l.Workers); err != nil {
-		v.add("provider.local", err)
+	if rules != nil {
+		if err := rules.CheckNodes(l.ControlPlanes, l.Workers); err != nil {
+			v.add("provider.local", err)
+		}
 	}
 	if l.Image == "" {
 		v.bad("provider.local.image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")

@@ -34,7 +34,8 @@ var (
 
 // RegisterProvider makes Validate check the configurations of provider name (the key of
 // its block under provider) by rules. The provider catalog calls it for every provider it
-// registers.
+// registers; a program without the catalog that wants a provider's rules checked registers
+// them itself.
 func RegisterProvider(name string, rules ProviderRules) {
 	providersMu.Lock()
 	defer providersMu.Unlock()
@@ -70,6 +71,9 @@ func (p ProviderConfig) Name() string {
 
 // ProviderLocal is the name of the local provider's block.
 const ProviderLocal = "local"
+
+// providerBlocks are the providers the schema has a block for (ProviderConfig's fields).
+var providerBlocks = []string{ProviderLocal}
 
 // nodes is the number of nodes the provider block asks for.
 func (p ProviderConfig) nodes() int {
