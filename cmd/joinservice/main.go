@@ -12,8 +12,10 @@
 //   - --key-service-tls-dir: ca.crt, joinservice.crt/.key (Secret constellation-keyservice-tls)
 //     for the key service at --key-service;
 //   - the Kubernetes API: in-cluster (service account; KUBERNETES_SERVICE_HOST/PORT set to the
-//     node's own API server) or --kubeconfig;
-//   - --metadata-url: the platform's instance list, naming nodes by their certified AK.
+//     node's own API server) or --kubeconfig; the service also writes its recent refusals
+//     there, under --node-name (internal/joinservice/refusals);
+//   - --platform, --metadata-url: the platform's instance list, naming nodes by their certified
+//     AK (internal/metadata/platforms).
 //
 // Every flag can also be set by the environment variable CONSTELLATION_<FLAG> (upper case,
 // '-' as '_'); the command line wins.
@@ -33,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -44,8 +47,10 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
-	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/metadata/platforms"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -62,8 +67,8 @@ func main() {
 }
 
 type flags struct {
-	listen, configDir, pkiDir, tpm, eventLog, metadataURL, keyService, keyServiceTLSDir string
-	apiServerEndpoint, kubeconfig, metricsAddr, logLevel                                string
+	listen, configDir, pkiDir, tpm, eventLog, platform, metadataURL, keyService, keyServiceTLSDir string
+	apiServerEndpoint, kubeconfig, metricsAddr, logLevel, nodeName                                string
 	// Handshake admission (internal/handshakelimit); 0: the service's defaults.
 	rateLimit                               float64
 	rateBurst, perPeer, concurrent, waiting int
@@ -72,94 +77,47 @@ type flags struct {
 	handshakeTimeout        time.Duration
 }
 
+// run is the join service, in order:
+//
+//  1. parse and check the flags (parseFlags);
+//  2. read the cluster record and the attestation configuration the DaemonSet mounts
+//     (readConfig);
+//  3. build how nodes are verified and how the service attests itself (newAttestation);
+//  4. connect to what it needs: the key service, the Kubernetes API and the platform's
+//     metadata (connect);
+//  5. build the service with every admission check wired in (joinservice.New);
+//  6. serve it, with the reference-set watcher, the publisher of its refusals and the
+//     metrics, until ctx ends (serve).
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("joinservice", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var f flags
-	fs.StringVar(&f.listen, "listen", ":30090", "listen address (mutual aTLS gRPC)")
-	fs.StringVar(&f.configDir, "config-dir", "/etc/constellation/config", "directory of cluster.json, variant, reference-sets.json and ak-roots.pem")
-	fs.StringVar(&f.pkiDir, "pki-dir", deploy.PKIDir, "the control plane's PKI directory (kubeadm layout)")
-	fs.StringVar(&f.tpm, "tpm", "unix:"+deploy.TPMSocket, "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per use")
-	fs.StringVar(&f.eventLog, "event-log", "", "the node's TCG event log, sent with every evidence (empty: none)")
-	fs.StringVar(&f.metadataURL, "metadata-url", metadataclient.DefaultURL, "the platform's metadata service")
-	fs.StringVar(&f.keyService, "key-service", fmt.Sprintf("127.0.0.1:%d", deploy.KeyServicePort), "key service address")
-	fs.StringVar(&f.keyServiceTLSDir, "key-service-tls-dir", "/etc/constellation/keyservice-tls", "directory of ca.crt, joinservice.crt and joinservice.key")
-	fs.StringVar(&f.apiServerEndpoint, "api-server-endpoint", "", "host:port of the API server joining nodes use (required)")
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster service account)")
-	fs.Float64Var(&f.rateLimit, "handshake-rate", 0, fmt.Sprintf("attested handshakes per second per peer address (0: %v)", float64(joinservice.DefaultRateLimit)))
-	fs.IntVar(&f.rateBurst, "handshake-burst", 0, fmt.Sprintf("handshakes a peer address may make at once after idling (0: %d)", joinservice.DefaultRateBurst))
-	fs.IntVar(&f.perPeer, "max-handshakes-per-peer", 0, fmt.Sprintf("handshakes in progress per peer address (0: %d)", joinservice.DefaultMaxHandshakesPerPeer))
-	fs.IntVar(&f.concurrent, "max-concurrent-handshakes", 0, fmt.Sprintf("handshakes quoting and verifying at once (0: %d)", joinservice.DefaultMaxConcurrentHandshakes))
-	fs.IntVar(&f.waiting, "max-waiting-handshakes", 0, fmt.Sprintf("handshakes waiting for a turn; more are refused at once (0: %d)", joinservice.DefaultMaxWaitingHandshakes))
-	fs.IntVar(&f.pendingPerPeer, "max-pending-per-peer", 0, fmt.Sprintf("connections per peer address whose handshake has not finished; more are refused when accepted (0: %d)", joinservice.DefaultAcceptLimits.PerPeer))
-	fs.IntVar(&f.pending, "max-pending", 0, fmt.Sprintf("connections whose handshake has not finished, in all (0: %d)", joinservice.DefaultAcceptLimits.Total))
-	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 0, fmt.Sprintf("deadline of a connection's handshake (TLS, attestation, HTTP/2 preface) from its accept (0: %v)", joinservice.DefaultAcceptLimits.Timeout))
-	fs.StringVar(&f.metricsAddr, "metrics-listen", "", "Prometheus metrics listen address (empty: none)")
-	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
+	f, err := parseFlags(args, getenv, stderr)
+	if err != nil {
 		return err
-	}
-	if f.apiServerEndpoint == "" {
-		return errors.New("--api-server-endpoint is required")
-	}
-	for name, v := range map[string]float64{"handshake-rate": f.rateLimit, "handshake-burst": float64(f.rateBurst), "max-handshakes-per-peer": float64(f.perPeer), "max-concurrent-handshakes": float64(f.concurrent), "max-waiting-handshakes": float64(f.waiting),
-		"max-pending-per-peer": float64(f.pendingPerPeer), "max-pending": float64(f.pending), "handshake-timeout": f.handshakeTimeout.Seconds()} {
-		if v < 0 {
-			return fmt.Errorf("--%s %v: must not be negative (0: the default)", name, v)
-		}
 	}
 	log, err := cmdutil.Logger(stderr, f.logLevel)
 	if err != nil {
 		return err
 	}
-
 	cluster, ref, err := readConfig(f.configDir)
 	if err != nil {
 		return err
 	}
-	active, err := measurements.NewActive(ref.Variant, ref.Measurements)
+	a, err := newAttestation(ctx, f, ref, log)
 	if err != nil {
 		return err
 	}
-	validator, err := newValidator(ref, active, log)
+	deps, err := connect(f)
 	if err != nil {
 		return err
 	}
-	// The service quotes once per join, on the join's critical path: the ECC AK is the
-	// cheaper one to quote with (vtpm.AKAlgorithm).
-	env := choose.IssuerEnv{TPM: vtpm.OpenAddr(f.tpm), AK: vtpm.AKECC}
-	if f.eventLog != "" {
-		env.EventLog = vtpm.ReadEventLog(f.eventLog)
-	}
-	issuer, err := choose.NewIssuer(ctx, ref.Variant, env)
-	if err != nil {
-		return fmt.Errorf("TPM: %w", err)
-	}
-	cert, serverCAs, err := keyservice.LoadCertAndCA(f.keyServiceTLSDir, clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey, clusterrecord.KeyServiceCAKey)
-	if err != nil {
-		return err
-	}
-	keys, err := keyservice.NewClient(f.keyService, deploy.KeyServiceServerName, cert, serverCAs)
-	if err != nil {
-		return err
-	}
-	defer keys.Close()
-	kube, err := kubeClient(f.kubeconfig)
-	if err != nil {
-		return err
-	}
-	meta, err := metadataclient.New(f.metadataURL, nil)
-	if err != nil {
-		return err
-	}
+	defer deps.keys.Close()
 	reg := cmdutil.Registry()
 	svc, err := joinservice.New(joinservice.Config{
-		Issuer: issuer, Validator: validator, Active: active,
-		Keys:                    keys,
+		Issuer: a.issuer, Validator: a.validator, Active: a.active,
+		Keys:                    deps.keys,
 		MeasurementSalt:         cluster.Salt(),
-		Kube:                    kube,
+		Kube:                    deps.kube,
 		PKIDir:                  f.pkiDir,
-		Platform:                joinservice.CertifiedNames{Directory: joinservice.ListerDirectory{Lister: meta}},
+		Platform:                joinservice.CertifiedNames{Directory: joinservice.ListerDirectory{Lister: deps.meta}},
 		APIServerEndpoint:       f.apiServerEndpoint,
 		KubernetesVersion:       cluster.KubernetesVersion,
 		KubernetesComponents:    components(cluster),
@@ -175,24 +133,146 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	log.Info("join service starting", "cluster", cluster.Name, "clusterID", cluster.ClusterID, "variant", ref.Variant.String(),
+		"referenceSets", setNames(ref.Measurements), "apiServer", f.apiServerEndpoint)
+	return serve(ctx, f, svc, a.active, deps.kube, reg, log)
+}
 
+// parseFlags reads the flags (and their CONSTELLATION_ environment variables) and checks
+// them.
+func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (flags, error) {
+	fs := flag.NewFlagSet("joinservice", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f flags
+	fs.StringVar(&f.listen, "listen", ":30090", "listen address (mutual aTLS gRPC)")
+	fs.StringVar(&f.configDir, "config-dir", "/etc/constellation/config", "directory of cluster.json, variant, reference-sets.json and ak-roots.pem")
+	fs.StringVar(&f.pkiDir, "pki-dir", deploy.PKIDir, "the control plane's PKI directory (kubeadm layout)")
+	fs.StringVar(&f.tpm, "tpm", "unix:"+deploy.TPMSocket, "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per use")
+	fs.StringVar(&f.eventLog, "event-log", "", "the node's TCG event log, sent with every evidence (empty: none)")
+	fs.StringVar(&f.platform, "platform", platforms.Default, "the platform the cluster runs on (internal/metadata/platforms)")
+	fs.StringVar(&f.metadataURL, "metadata-url", "", "the platform's metadata service (empty: the platform's default)")
+	fs.StringVar(&f.keyService, "key-service", fmt.Sprintf("127.0.0.1:%d", deploy.KeyServicePort), "key service address")
+	fs.StringVar(&f.keyServiceTLSDir, "key-service-tls-dir", "/etc/constellation/keyservice-tls", "directory of ca.crt, joinservice.crt and joinservice.key")
+	fs.StringVar(&f.apiServerEndpoint, "api-server-endpoint", "", "host:port of the API server joining nodes use (required)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster service account)")
+	fs.Float64Var(&f.rateLimit, "handshake-rate", 0, fmt.Sprintf("attested handshakes per second per peer address (0: %v)", float64(joinservice.DefaultRateLimit)))
+	fs.IntVar(&f.rateBurst, "handshake-burst", 0, fmt.Sprintf("handshakes a peer address may make at once after idling (0: %d)", joinservice.DefaultRateBurst))
+	fs.IntVar(&f.perPeer, "max-handshakes-per-peer", 0, fmt.Sprintf("handshakes in progress per peer address (0: %d)", joinservice.DefaultMaxHandshakesPerPeer))
+	fs.IntVar(&f.concurrent, "max-concurrent-handshakes", 0, fmt.Sprintf("handshakes quoting and verifying at once (0: %d)", joinservice.DefaultMaxConcurrentHandshakes))
+	fs.IntVar(&f.waiting, "max-waiting-handshakes", 0, fmt.Sprintf("handshakes waiting for a turn; more are refused at once (0: %d)", joinservice.DefaultMaxWaitingHandshakes))
+	fs.IntVar(&f.pendingPerPeer, "max-pending-per-peer", 0, fmt.Sprintf("connections per peer address whose handshake has not finished; more are refused when accepted (0: %d)", joinservice.DefaultAcceptLimits.PerPeer))
+	fs.IntVar(&f.pending, "max-pending", 0, fmt.Sprintf("connections whose handshake has not finished, in all (0: %d)", joinservice.DefaultAcceptLimits.Total))
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 0, fmt.Sprintf("deadline of a connection's handshake (TLS, attestation, HTTP/2 preface) from its accept (0: %v)", joinservice.DefaultAcceptLimits.Timeout))
+	fs.StringVar(&f.metricsAddr, "metrics-listen", "", "Prometheus metrics listen address (empty: none)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.nodeName, "node-name", getenv("NODE_NAME"), "the node the service runs on, naming its refusals in the cluster (default: $NODE_NAME, else the host name)")
+	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
+		return flags{}, err
+	}
+	if f.apiServerEndpoint == "" {
+		return flags{}, errors.New("--api-server-endpoint is required")
+	}
+	for name, v := range map[string]float64{"handshake-rate": f.rateLimit, "handshake-burst": float64(f.rateBurst), "max-handshakes-per-peer": float64(f.perPeer), "max-concurrent-handshakes": float64(f.concurrent), "max-waiting-handshakes": float64(f.waiting),
+		"max-pending-per-peer": float64(f.pendingPerPeer), "max-pending": float64(f.pending), "handshake-timeout": f.handshakeTimeout.Seconds()} {
+		if v < 0 {
+			return flags{}, fmt.Errorf("--%s %v: must not be negative (0: the default)", name, v)
+		}
+	}
+	return f, nil
+}
+
+// serviceAttestation is how the service verifies nodes and attests itself to them.
+type serviceAttestation struct {
+	active    *measurements.Active
+	validator attestation.Validator
+	issuer    attestation.Issuer
+}
+
+// newAttestation builds the reference sets in force (hot-reloaded by serve), the validator
+// nodes are admitted by, and the issuer of the service's own evidence from the node's TPM.
+func newAttestation(ctx context.Context, f flags, ref choose.Reference, log *slog.Logger) (serviceAttestation, error) {
+	active, err := measurements.NewActive(ref.Variant, ref.Measurements)
+	if err != nil {
+		return serviceAttestation{}, err
+	}
+	validator, err := newValidator(ref, active, log)
+	if err != nil {
+		return serviceAttestation{}, err
+	}
+	// The service quotes once per join, on the join's critical path: the ECC AK is the
+	// cheaper one to quote with (vtpm.AKAlgorithm).
+	env := choose.IssuerEnv{TPM: vtpm.OpenAddr(f.tpm), AK: vtpm.AKECC}
+	if f.eventLog != "" {
+		env.EventLog = vtpm.ReadEventLog(f.eventLog)
+	}
+	issuer, err := choose.NewIssuer(ctx, ref.Variant, env)
+	if err != nil {
+		return serviceAttestation{}, fmt.Errorf("TPM: %w", err)
+	}
+	return serviceAttestation{active: active, validator: validator, issuer: issuer}, nil
+}
+
+// dependencies are the services the join service calls.
+type dependencies struct {
+	keys *keyservice.Client
+	kube kubernetes.Interface
+	meta metadata.Lister
+}
+
+// connect builds the clients of the key service (mutual TLS), the Kubernetes API and the
+// platform's metadata. The caller closes keys.
+func connect(f flags) (dependencies, error) {
+	cert, serverCAs, err := keyservice.LoadCertAndCA(f.keyServiceTLSDir, clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey, clusterrecord.KeyServiceCAKey)
+	if err != nil {
+		return dependencies{}, err
+	}
+	kube, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return dependencies{}, err
+	}
+	meta, err := platforms.Open(f.platform, f.metadataURL)
+	if err != nil {
+		return dependencies{}, err
+	}
+	keys, err := keyservice.NewClient(f.keyService, deploy.KeyServiceServerName, cert, serverCAs)
+	if err != nil {
+		return dependencies{}, err
+	}
+	return dependencies{keys: keys, kube: kube, meta: meta}, nil
+}
+
+// serve serves the service (and the metrics, when asked) until ctx ends, while a watcher
+// reloads the reference sets when their file changes and a publisher writes the service's
+// refusals into the cluster for the CLI (internal/joinservice/refusals).
+func serve(ctx context.Context, f flags, svc *joinservice.Service, active *measurements.Active, kube kubernetes.Interface, reg *prometheus.Registry, log *slog.Logger) error {
+	node := f.nodeName
+	if node == "" {
+		var err error
+		if node, err = os.Hostname(); err != nil {
+			return fmt.Errorf("--node-name is empty and the host name unknown: %w", err)
+		}
+	}
 	watcher := &measurements.Watcher{Path: filepath.Join(f.configDir, clusterrecord.ReferenceSetsKey), Active: active, Log: log}
-	watchErr := make(chan error, 1)
+	publisher := &refusals.Publisher{Client: kube, Node: node, Book: svc.Refusals(), Log: log}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	watchErr, publishErr := make(chan error, 1), make(chan error, 1)
 	go func() { watchErr <- watcher.Run(ctx) }()
+	go func() { publishErr <- publisher.Run(ctx) }()
 
 	servers := []cmdutil.Server{cmdutil.GRPC("joinservice", f.listen, svc.NewGRPCServer())}
 	if f.metricsAddr != "" {
 		servers = append(servers, cmdutil.Metrics(f.metricsAddr, reg))
 	}
-	log.Info("join service starting", "cluster", cluster.Name, "clusterID", cluster.ClusterID, "variant", ref.Variant.String(),
-		"referenceSets", setNames(ref.Measurements), "apiServer", f.apiServerEndpoint)
-	err = cmdutil.Run(ctx, log, servers...)
+	err := cmdutil.Run(ctx, log, servers...)
 	cancel()
 	if werr := <-watchErr; werr != nil {
 		log.Error("reference-set watcher failed", "error", werr)
 		err = errors.Join(err, werr)
+	}
+	if perr := <-publishErr; perr != nil {
+		log.Error("refusals publisher failed", "error", perr)
+		err = errors.Join(err, perr)
 	}
 	return err
 }

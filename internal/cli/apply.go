@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +28,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
@@ -45,33 +45,88 @@ const (
 )
 
 // initAndWait initializes the cluster on its first control plane over attested TLS and waits
-// until every node that should be admitted is Ready.
+// until every node that should be admitted is Ready. In order:
+//
+//  1. build the init request: a new master secret, the provider's init secret and the
+//     cluster's attestation (initRequest);
+//  2. write the master secret into the workspace, before it leaves this machine;
+//  3. initialize the first control plane over attested TLS (callInit);
+//  4. write the admin kubeconfig and record the initialized cluster (recordInitialized);
+//  5. record the init node's disk, wait for every expected node to be Ready and verifiable,
+//     record the disks of the nodes that joined (waitForNodes);
+//  6. report the nodes the join service refused as expected (reportUnexpected).
 func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State) error {
-	dir := filepath.Join(workspace, miniDir)
 	platform, err := platformOf(workspace, st)
 	if err != nil {
 		return err
 	}
-	initSecret, err := os.ReadFile(filepath.Join(dir, initSecretFile))
+	ir, err := initRequest(ctx, workspace, conf, st, platform)
 	if err != nil {
-		return fmt.Errorf("the init secret of the local cluster: %w", err)
+		return err
+	}
+	// The master secret is written before it leaves this machine: a lost answer must not
+	// lose the key to the cluster's state.
+	if err := kms.WriteMasterSecretFile(filepath.Join(workspace, MasterSecretFile), ir.master); err != nil {
+		return fmt.Errorf("writing the master secret: %w", err)
+	}
+	first := st.Nodes[0]
+	fmt.Fprintf(out, "initializing %s over attested TLS (it must prove it boots the expected image)\n", first.Name)
+	success, err := callInit(ctx, out, st.InitEndpoint, ir.validator, platform.Dialer(), ir.req)
+	if err != nil {
+		return err
+	}
+	t.phase("init", fmt.Sprintf("%s initialized the cluster, ID %x", first.Name, success.ClusterId))
+	adminConf, err := recordInitialized(workspace, st, success, ir.req.MeasurementSalt)
+	if err != nil {
+		return err
+	}
+	client, err := newKubeClient(adminConf)
+	if err != nil {
+		return err
+	}
+	if err := waitForNodes(ctx, out, t, workspace, st, client, platform); err != nil {
+		return err
+	}
+	reportUnexpected(ctx, out, client, st.Nodes)
+	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
+		adminConf, toolPath("kubectl"), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
+	return nil
+}
+
+// preparedInit is an init request with what checking and answering it needs.
+type preparedInit struct {
+	req       *initpb.InitRequest
+	master    kms.MasterSecret
+	validator attestation.Validator
+}
+
+// initRequest builds the init request of the cluster: a new master secret and measurement
+// salt, the init secret the provider generated at create, and the attestation the cluster
+// records (clusterAttestation), with the validator the first node is checked by.
+func initRequest(ctx context.Context, workspace string, conf *config.Config, st *state.State, platform provider.Provider) (preparedInit, error) {
+	p, err := providerOf(st)
+	if err != nil {
+		return preparedInit{}, err
+	}
+	initSecret, err := p.InitSecret(workspace)
+	if err != nil {
+		return preparedInit{}, err
 	}
 	ref, validator, err := clusterAttestation(ctx, platform, conf)
 	if err != nil {
-		return err
+		return preparedInit{}, err
 	}
 	encodedRef, err := ref.Encode()
 	if err != nil {
-		return err
+		return preparedInit{}, err
 	}
-	first := st.Nodes[0]
 	master, err := kms.NewMasterSecret()
 	if err != nil {
-		return err
+		return preparedInit{}, err
 	}
 	salt := make([]byte, 32)
 	if _, err := rand.Read(salt); err != nil {
-		return err
+		return preparedInit{}, err
 	}
 	req := &initpb.InitRequest{
 		MasterSecret: master.Key, MasterSalt: master.Salt, MeasurementSalt: salt,
@@ -80,21 +135,16 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		ServiceCidr:       conf.Network.ServiceCIDR, PodCidr: conf.Network.PodCIDR,
 		AttestationReference: encodedRef,
 	}
-	// The master secret is written before it leaves this machine: a lost answer must not
-	// lose the key to the cluster's state.
-	if err := kms.WriteMasterSecretFile(filepath.Join(workspace, MasterSecretFile), master); err != nil {
-		return fmt.Errorf("writing the master secret: %w", err)
-	}
-	fmt.Fprintf(out, "initializing %s over attested TLS (it must prove it boots the expected image)\n", first.Name)
-	success, err := callInit(ctx, out, st.InitEndpoint, validator, platform.Dialer(), req)
-	if err != nil {
-		return err
-	}
-	t.phase("init", fmt.Sprintf("%s initialized the cluster, ID %x", first.Name, success.ClusterId))
+	return preparedInit{req: req, master: master, validator: validator}, nil
+}
 
+// recordInitialized writes the admin kubeconfig of the init node's answer, pointed at the
+// platform's API server endpoint, and records the initialized cluster in the state file. It
+// returns the kubeconfig's path.
+func recordInitialized(workspace string, st *state.State, success *initpb.InitSuccess, measurementSalt []byte) (string, error) {
 	kubeconfig, err := clientcmd.Load(success.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("reading the admin kubeconfig: %w", err)
+		return "", fmt.Errorf("reading the admin kubeconfig: %w", err)
 	}
 	for _, c := range kubeconfig.Clusters {
 		c.Server = "https://" + st.APIServerEndpoint
@@ -104,22 +154,23 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	// (clientcmd.WriteToFile would keep the mode of an existing file and follow a symlink).
 	adminConfData, err := clientcmd.Write(*kubeconfig)
 	if err != nil {
-		return fmt.Errorf("encoding the admin kubeconfig: %w", err)
+		return "", fmt.Errorf("encoding the admin kubeconfig: %w", err)
 	}
 	if err := fileutil.WriteAtomic(adminConf, adminConfData, 0o600); err != nil {
-		return fmt.Errorf("writing the admin kubeconfig: %w", err)
+		return "", fmt.Errorf("writing the admin kubeconfig: %w", err)
 	}
 
 	st.Phase, st.InitializedAt = state.Initialized, time.Now().UTC()
-	st.ClusterID, st.MeasurementSalt = success.ClusterId, salt
+	st.ClusterID, st.MeasurementSalt = success.ClusterId, measurementSalt
 	if err := state.Write(filepath.Join(workspace, state.FileName), st); err != nil {
-		return err
+		return "", err
 	}
+	return adminConf, nil
+}
 
-	client, err := newKubeClient(adminConf)
-	if err != nil {
-		return err
-	}
+// waitForNodes records the init node's disk, waits until every node that should be admitted
+// is Ready and verifiable, and then records the disks of the nodes that joined.
+func waitForNodes(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, st *state.State, client kubernetes.Interface, platform provider.Provider) error {
 	// The init node's disk, recorded by the init server before it answered: recorded here at
 	// once, so that a power cut while the other nodes join still leaves it recoverable.
 	// The other nodes have not joined yet: only what was recorded is worth saying.
@@ -136,7 +187,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	}
 	prog := newProgress(t)
 	stop := prog.start(ctx)
-	err = waitNodesReady(ctx, out, t, prog, client, platform, st.Nodes, want, false)
+	err := waitNodesReady(ctx, out, t, prog, client, platform, st.Nodes, want, false)
 	stop()
 	if err != nil {
 		return err
@@ -147,17 +198,18 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return fmt.Errorf("recording the nodes' disks (recover needs them; apply again to retry): %w", err)
 	}
 	printDiskReport(out, report)
-	// Nodes that are not expected to join (tests: another image) are reported, once the join
-	// service has refused them: such a node may be in its join back-off when the others are
-	// ready, so wait for its next attempt (bounded by rejectionWait).
-	for _, n := range st.Nodes {
+	return nil
+}
+
+// reportUnexpected reports the nodes that are not expected to join (tests: another image),
+// once the join service has refused them: such a node may be in its join back-off when the
+// others are ready, so wait for its next attempt (bounded by rejectionWait).
+func reportUnexpected(ctx context.Context, out io.Writer, client kubernetes.Interface, nodes []state.Node) {
+	for _, n := range nodes {
 		if n.Unexpected {
 			fmt.Fprintf(out, "not admitted  %s (%s): %s\n", n.Name, n.IPs[0], waitRejected(ctx, client, n.IPs[0].String(), rejectionWait))
 		}
 	}
-	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
-		adminConf, toolPath("kubectl"), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
-	return nil
 }
 
 // pointKubeconfig points the workspace's admin kubeconfig at apiServer (host:port).
@@ -467,8 +519,8 @@ func (r rejections) String() string {
 	if r.count == 0 {
 		return "the join service has no record of it (it did not reach the join service, or is still booting)"
 	}
-	// The join service's log line: its reason label and error text (which quote the peer)
-	// are printed as one escaped, bounded line each.
+	// The join service's refusal: its reason label and error text (which quote the peer) are
+	// printed as one escaped, bounded line each.
 	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, untrusted.Text(r.reason), untrusted.Text(r.last))
 }
 
@@ -476,7 +528,7 @@ func (r rejections) String() string {
 // expected to join: longer than the join client's longest back-off (30 s) plus a handshake.
 const rejectionWait = 45 * time.Second
 
-// waitRejected polls the join services' decision logs until they record a refusal of ip, or
+// waitRejected polls the join services' published refusals until they record a refusal of ip, or
 // wait has passed, or ctx ends; it returns what they recorded by then.
 func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, wait time.Duration) rejections {
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -494,35 +546,12 @@ func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, w
 	}
 }
 
-// joinRejections reads the join services' logs (one JSON line per decision, see
-// docs/joinservice.md) for the admissions they rejected from ip.
+// joinRejections reads what the join services refused of ip: the refusals they publish in
+// the cluster (internal/joinservice/refusals, docs/joinservice.md), read with the admin
+// credentials.
 func joinRejections(ctx context.Context, client kubernetes.Interface, ip string) rejections {
-	var r rejections
-	pods, err := client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.JoinService})
-	if err != nil {
-		return r
-	}
-	tail := int64(2000)
-	for _, p := range pods.Items {
-		data, err := client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			var rec struct {
-				Msg, Peer, Reason, Error string
-				// Suppressed counts the similar rejections the service did not log
-				// (it rate-limits rejection lines per peer and reason).
-				Suppressed int
-			}
-			if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "admission rejected" || rec.Peer != ip {
-				continue
-			}
-			r.count += 1 + max(rec.Suppressed, 0)
-			r.reason, r.last = rec.Reason, rec.Error
-		}
-	}
-	return r
+	r := refusals.Of(ctx, client, ip)
+	return rejections{count: r.Count, reason: r.Reason, last: r.Error}
 }
 
 func podReady(p corev1.Pod) bool {

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/openconstellation/constellation/internal/config"
-	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
@@ -67,7 +67,7 @@ kept unless --force is given.`,
 		},
 	}
 	cmd.Flags().StringVar(&o.name, "name", "constellation", "cluster name (a DNS label)")
-	cmd.Flags().StringVar(&o.image, "image", "", "node image directory ("+strings.Join(local.ImageFiles(), ", ")+"); default: lay out the default image")
+	cmd.Flags().StringVar(&o.image, "image", "", "node image directory ("+strings.Join(imageFiles(), ", ")+"); default: lay out the default image")
 	exe, _ := os.Executable()
 	out := filepath.Dir(filepath.Dir(exe))
 	cmd.Flags().StringVar(&o.kubeBin, "kube-bin", filepath.Join(out, "kube", "bin"), "directory of the Kubernetes binaries (make kube), for the default image")
@@ -101,11 +101,12 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	} else if !info.IsDir() {
 		return fmt.Errorf("node image %s is not a directory", imageDir)
 	}
-	image, err := local.ImageComponents(imageDir)
+	platform := localPlatform()
+	reference, err := platform.ReferenceValues(imageDir)
 	if err != nil {
 		return fmt.Errorf("measuring the node image %s: %w", imageDir, err)
 	}
-	expected := local.ExpectedPCRs(image)
+	expected := reference.Measurements
 	setName := config.ReferenceSetName("local-", expected)
 
 	c := config.Default()
@@ -134,16 +135,20 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	fmt.Fprintf(out, "Wrote %s: cluster %q, %d control plane(s), %d worker(s), Kubernetes %s.\n",
 		path, c.Name, o.controlPlanes, o.workers, c.KubernetesVersion)
 	fmt.Fprintf(out, "Reference values %q, computed from the node image %s:\n", setName, imageDir)
-	byPCR := map[int][]string{}
-	for _, comp := range image {
-		byPCR[comp.PCR] = append(byPCR[comp.PCR], comp.Name)
-	}
 	for _, i := range expected.Indices() {
-		if names, ok := byPCR[int(i)]; ok {
+		if names, ok := reference.Components[i]; ok {
 			fmt.Fprintf(out, "  PCR %-2d %x  (%s)\n", i, expected[i].Expected, strings.Join(names, ", "))
 		}
 	}
 	fmt.Fprintf(out, "  PCRs 0-14 not listed must read zero.\n")
+	return nil
+}
+
+// imageFiles names the files of a local node image, for the help text.
+func imageFiles() []string {
+	if images, ok := localPlatform().(provider.NodeImages); ok {
+		return images.ImageFiles()
+	}
 	return nil
 }
 

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -11,24 +10,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/crypto/bcrypt"
 
-	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/config"
-	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
-	"github.com/openconstellation/constellation/internal/provider/local"
-	"github.com/openconstellation/constellation/internal/provider/local/cluster"
-	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
 	"github.com/openconstellation/constellation/internal/state"
-)
-
-// Files of the local provider in miniDir that create writes and init reads.
-const (
-	akCAKeyFile    = "ak-ca-key.pem"
-	initSecretFile = "init-secret"
 )
 
 // createOptions are what creating nodes needs beyond the configuration.
@@ -177,101 +164,55 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 	return initAndWait(ctx, out, t, workspace, conf, st)
 }
 
-// createCluster creates the nodes conf describes with the local provider and records them
-// in a new state file (phase created).
+// createCluster creates the nodes conf describes with its provider and records them in a new
+// state file (phase created).
 func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, o createOptions) (*state.State, error) {
 	statePath := filepath.Join(workspace, state.FileName)
 	if _, err := os.Stat(statePath); err == nil {
 		return nil, fmt.Errorf("%s exists: the workspace already has a cluster (remove it with 'constellation terminate')", statePath)
 	}
+	platform, err := catalog.Lookup(conf.Provider.Name())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", config.FileName, err)
+	}
+	return createOn(ctx, t, statePath, platform, workspace, conf, o)
+}
+
+// createOn creates the cluster with platform and records it in the state file at statePath.
+func createOn(ctx context.Context, t *phaseTimer, statePath string, platform provider.Platform, workspace string, conf *config.Config, o createOptions) (*state.State, error) {
+	running, err := platform.Create(ctx, createRequest(workspace, conf, o))
+	if err != nil {
+		return nil, err
+	}
+	st, err := recordCreated(ctx, statePath, conf, platform.Name(), running)
+	if err != nil {
+		return nil, err
+	}
+	t.phase("create", fmt.Sprintf("%d nodes booting", len(st.Nodes)))
+	return st, nil
+}
+
+// createRequest is what the provider creates for conf: its control planes and workers, named
+// by role and index, each booting the configured image.
+func createRequest(workspace string, conf *config.Config, o createOptions) provider.CreateRequest {
+	req := provider.CreateRequest{
+		Workspace: workspace, Config: conf, ImagesDir: o.imagesDir,
+		UnexpectedWorkerBootstrapper: o.extraWorkerBootstrapper, KubeBin: o.kubeBin,
+	}
 	lc := conf.Provider.Local
-	if lc == nil {
-		return nil, fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
-	}
-	if v := conf.Attestation.Variant(); v != local.Variant {
-		return nil, fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, config.FieldName(local.Variant))
-	}
-	// The sandbox network assigns fixed ranges (docs/local-provider.md).
-	if conf.Network.PodCIDR != sandbox.PodCIDR.String() || conf.Network.ServiceCIDR != sandbox.ServiceCIDR.String() {
-		return nil, fmt.Errorf("%s: network: the local provider uses podCIDR %s and serviceCIDR %s (got %s and %s)",
-			config.FileName, sandbox.PodCIDR, sandbox.ServiceCIDR, conf.Network.PodCIDR, conf.Network.ServiceCIDR)
-	}
-	dir := filepath.Join(workspace, miniDir)
-	if _, err := cluster.ReadSpec(dir); err == nil {
-		return nil, fmt.Errorf("%s has a local cluster: remove it with 'constellation terminate' or 'constellation mini down'", dir)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	imageDir := lc.Image
-	if !filepath.IsAbs(imageDir) {
-		imageDir = filepath.Join(workspace, imageDir)
-	}
-	index, err := nodeimage.ReadIndex(o.imagesDir)
-	if err != nil {
-		return nil, fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
-	}
-
-	ca, err := akca.New("constellation local AK CA", time.Now(), 365*24*time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	caCert, caKey, err := ca.PEM()
-	if err != nil {
-		return nil, err
-	}
-	caPath, caKeyPath := filepath.Join(dir, akCAFile), filepath.Join(dir, akCAKeyFile)
-	// Key material goes through fileutil: a 0600 temporary file created exclusively, so a
-	// leftover or planted file at any name neither redirects the key nor lends it its mode.
-	if err := fileutil.WriteAtomic(caPath, caCert, 0o644); err != nil {
-		return nil, err
-	}
-	if err := fileutil.WriteAtomic(caKeyPath, caKey, 0o600); err != nil {
-		return nil, err
-	}
-	// The init secret gates who may initialize: the provider publishes only its hash.
-	initSecret := make([]byte, 32)
-	if _, err := rand.Read(initSecret); err != nil {
-		return nil, err
-	}
-	if err := fileutil.WriteAtomic(filepath.Join(dir, initSecretFile), initSecret, 0o600); err != nil {
-		return nil, err
-	}
-	hash, err := bcrypt.GenerateFromPassword(initSecret, bcrypt.DefaultCost)
-	if err != nil {
-		return nil, err
-	}
-
-	spec := cluster.Spec{Dir: dir, Images: index.Files(o.imagesDir), InitSecretHash: string(hash), AKCACert: caPath, AKCAKey: caKeyPath}
+	imageDir := lc.ImagePath(workspace)
 	for i := 0; i < lc.ControlPlanes; i++ {
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{NodeSpec: provider.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: metadata.ControlPlane, Image: imageDir}})
+		req.Nodes = append(req.Nodes, provider.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: metadata.ControlPlane, Image: imageDir})
 	}
 	for i := 0; i < lc.Workers; i++ {
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{NodeSpec: provider.NodeSpec{Name: fmt.Sprintf("worker-%d", i), Role: metadata.Worker, Image: imageDir}})
+		req.Nodes = append(req.Nodes, provider.NodeSpec{Name: fmt.Sprintf("worker-%d", i), Role: metadata.Worker, Image: imageDir})
 	}
-	if o.extraWorkerBootstrapper != "" {
-		data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
-		if err != nil {
-			return nil, err
-		}
-		nodeConfig, err := local.ParseNodeConfig(data)
-		if err != nil {
-			return nil, err
-		}
-		other := filepath.Join(dir, "image-other")
-		if err := buildNodeImage(other, o.extraWorkerBootstrapper, o.kubeBin, nodeConfig); err != nil {
-			return nil, err
-		}
-		spec.Nodes = append(spec.Nodes, cluster.NodeSpec{NodeSpec: provider.NodeSpec{Name: "worker-other", Role: metadata.Worker, Image: other, Unexpected: true}})
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	platform, err := cluster.Launch(ctx, exe, spec)
-	if err != nil {
-		return nil, err
-	}
+	return req
+}
+
+// recordCreated writes the state file of a cluster its provider just created: its nodes and
+// endpoints as the platform lists them, phase created.
+func recordCreated(ctx context.Context, statePath string, conf *config.Config, providerName string, platform provider.Provider) (*state.State, error) {
 	nodes, err := platform.Nodes(ctx)
 	if err != nil {
 		return nil, err
@@ -281,7 +222,7 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 		return nil, err
 	}
 	st := &state.State{
-		Version: state.Version1, Name: conf.Name, Provider: state.ProviderLocal, Phase: state.Created,
+		Version: state.Version1, Name: conf.Name, Provider: providerName, Phase: state.Created,
 		CreatedAt: time.Now().UTC(), APIServerEndpoint: endpoints.APIServer,
 	}
 	recordNodes(st, nodes)
@@ -289,7 +230,6 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 	if err := state.Write(statePath, st); err != nil {
 		return nil, err
 	}
-	t.phase("create", fmt.Sprintf("%d nodes booting", len(spec.Nodes)))
 	return st, nil
 }
 
@@ -297,43 +237,56 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 // of it), then the files of the cluster; generatedConfigToo also removes a configuration mini
 // up generated (mini down).
 func terminate(ctx context.Context, out io.Writer, workspace string, generatedConfigToo bool) error {
-	dir := filepath.Join(workspace, miniDir)
-	_, statErr := os.Stat(dir)
-	_, stateErr := os.Stat(filepath.Join(workspace, state.FileName))
-	if errors.Is(statErr, os.ErrNotExist) && errors.Is(stateErr, os.ErrNotExist) {
+	platforms := platformsIn(workspace)
+	if _, err := os.Stat(filepath.Join(workspace, state.FileName)); errors.Is(err, os.ErrNotExist) && len(platforms) == 0 {
 		fmt.Fprintln(out, "no cluster in", workspace)
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	// A state file may be missing (create failed half-way) or unreadable: the local
-	// provider's folder alone says what to remove.
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	var platform provider.Provider = &cluster.Local{Dir: dir, Exe: exe}
-	nodes := 0
-	if spec, err := cluster.ReadSpec(dir); err == nil {
-		nodes = len(spec.Nodes)
-	}
-	if err := platform.Destroy(ctx); err != nil {
-		return fmt.Errorf("removing the cluster: %w", err)
-	}
 	// The cluster's files go with it: its state and keys protect nothing any more. A
 	// configuration mini up generated goes too (mini down); one the user wrote stays.
 	files := []string{AdminConfFile, MasterSecretFile, state.FileName}
-	if _, err := os.Stat(filepath.Join(dir, generatedConfigMarker)); err == nil && generatedConfigToo {
-		files = append(files, config.FileName)
+	nodes := 0
+	for _, p := range platforms {
+		if _, err := os.Stat(filepath.Join(p.Folder(workspace), generatedConfigMarker)); err == nil && generatedConfigToo {
+			files = append(files, config.FileName)
+		}
+		n, err := p.Remove(ctx, workspace)
+		if err != nil {
+			return err
+		}
+		nodes += n
 	}
 	for _, f := range files {
 		if err := os.Remove(filepath.Join(workspace, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
 	fmt.Fprintf(out, "removed the cluster (%d nodes) and its files from %s\n", nodes, workspace)
 	return nil
+}
+
+// platformsIn returns the providers that may hold a cluster of workspace: the state file's,
+// and every provider whose folder exists there (a state file may be missing, create failed
+// half-way, or unreadable: the provider's folder alone says what to remove).
+func platformsIn(workspace string) []provider.Platform {
+	var out []provider.Platform
+	named := ""
+	if st, err := state.Load(filepath.Join(workspace, state.FileName)); err == nil {
+		if p, err := catalog.Lookup(st.Provider); err == nil {
+			out, named = append(out, p), p.Name()
+		}
+	}
+	for _, p := range catalog.All() {
+		if p.Name() == named {
+			continue
+		}
+		if folder := p.Folder(workspace); folder != "" {
+			if _, err := os.Stat(folder); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }

@@ -196,7 +196,7 @@ func recoveryDisks(st *state.State, overrides []string) (disks map[string]string
 			problems = append(problems, fmt.Errorf("no disk is recorded for control plane %s in %s, and recover sends a node only the key of its recorded disk "+
 				"(the CLI records disks while the cluster runs: apply, status, reboot, stop; this cluster went down before %s's was recorded). "+
 				"Find the UUID of the disk attached to %s on the platform (local provider: %s in the workspace), and if you trust it, run recover with --disk %s=UUID",
-				name, state.FileName, name, name, filepath.Join(miniDir, "nodes", name, "state", "uuid"), name))
+				name, state.FileName, name, name, filepath.Join(localPlatform().Folder(""), "nodes", name, "state", "uuid"), name))
 		}
 	}
 	if len(problems) > 0 {

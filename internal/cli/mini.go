@@ -2,11 +2,9 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -17,9 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/openconstellation/constellation/internal/config"
-	"github.com/openconstellation/constellation/internal/nodeimage"
-	"github.com/openconstellation/constellation/internal/provider/local"
-	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
 )
 
 func newMiniCmd() *cobra.Command {
@@ -88,17 +85,13 @@ func newMiniProviderCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			data, err := os.ReadFile(args[0])
-			if err != nil {
-				return err
-			}
-			var spec cluster.Spec
-			if err := json.Unmarshal(data, &spec); err != nil {
-				return fmt.Errorf("reading %s: %w", args[0], err)
+			daemon, ok := localPlatform().(provider.Daemon)
+			if !ok {
+				return errors.New("the local provider runs no process of its own")
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return cluster.Serve(ctx, spec, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+			return daemon.Serve(ctx, args)
 		},
 	}
 }
@@ -121,18 +114,18 @@ power loss does to a cluster.`,
 			if err != nil {
 				return err
 			}
-			local, ok := platform.(*cluster.Local)
+			cutter, ok := platform.(provider.PowerCutter)
 			if !ok {
 				return errors.New("power-cut works on local clusters only")
 			}
 			if len(args) == 1 {
-				if err := local.PowerCutNode(ctx, args[0]); err != nil {
+				if err := cutter.PowerCutNode(ctx, args[0]); err != nil {
 					return err
 				}
 				fmt.Fprintf(out, "cut the power of %s; it booted again\n", args[0])
 				return nil
 			}
-			if err := local.PowerCut(ctx); err != nil {
+			if err := cutter.PowerCut(ctx); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "cut the power of every node and of the provider. Turn the cluster on with: %s start -C %s\n", toolPath("constellation"), ws)
@@ -143,14 +136,18 @@ power loss does to a cluster.`,
 	return cmd
 }
 
-// miniDir is the folder below the workspace that mini up owns entirely.
-const miniDir = "mini"
-
-// generatedConfigMarker in miniDir records that mini up wrote the workspace's configuration.
+// generatedConfigMarker in the local provider's folder (which mini up owns entirely) records
+// that mini up wrote the workspace's configuration.
 const generatedConfigMarker = "generated-config"
 
-// akCAFile in miniDir is the certificate of the provider's AK CA (cluster.AKCAFile).
-const akCAFile = cluster.AKCAFile
+// localPlatform is the provider mini runs: the local one, always in the catalog.
+func localPlatform() provider.Platform {
+	p, err := catalog.Lookup(config.ProviderLocal)
+	if err != nil {
+		panic(err) // a built-in of internal/provider/catalog
+	}
+	return p
+}
 
 func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions) (retErr error) {
 	if o.controlPlanes < 1 || o.workers < 0 || o.controlPlanes+o.workers > 50 {
@@ -160,7 +157,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(workspace, miniDir)
+	dir := localPlatform().Folder(workspace)
 	if _, err := os.Stat(dir); err == nil {
 		return fmt.Errorf("%s exists: a local cluster is already up; run 'constellation mini down' first", dir)
 	}
@@ -196,66 +193,14 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	return apply(ctx, out, t, workspace, createOptions{imagesDir: o.imagesDir, extraWorkerBootstrapper: o.extraWorkerBootstrapper, kubeBin: o.kubeBin})
 }
 
-// layOutDefaultImage lays out the default node image in dir: the bootstrapper next to this
-// binary, the Kubernetes node binaries of kubeBin, and a node configuration naming the
-// services image of the container image index in imagesDir.
+// layOutDefaultImage lays out the local provider's default node image in dir
+// (provider.NodeImages).
 func layOutDefaultImage(dir, kubeBin, imagesDir string) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
+	images, ok := localPlatform().(provider.NodeImages)
+	if !ok {
+		return errors.New("the local provider lays out no node image")
 	}
-	index, err := nodeimage.ReadIndex(imagesDir)
-	if err != nil {
-		return fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
-	}
-	services, err := index.Find(nodeimage.ServicesRepo)
-	if err != nil {
-		return fmt.Errorf("the node's container images (run 'make images' first): %w", err)
-	}
-	nodeConfig := local.NodeConfig{KubernetesVersion: config.DefaultKubernetesVersion, Provider: "local", ServicesImage: services.Ref}
-	return buildNodeImage(dir, filepath.Join(filepath.Dir(exe), "bootstrapper"), kubeBin, nodeConfig)
-}
-
-// buildNodeImage lays out a node image directory: the bootstrapper, the Kubernetes node
-// binaries, the containerd configuration and the node configuration.
-func buildNodeImage(dir, bootstrapper, kubeBin string, nodeConfig local.NodeConfig) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	for dst, src := range map[string]string{"bootstrapper": bootstrapper, "kubelet": filepath.Join(kubeBin, "kubelet"), "kubeadm": filepath.Join(kubeBin, "kubeadm")} {
-		if err := copyFile(src, filepath.Join(dir, dst), 0o755); err != nil {
-			return fmt.Errorf("node image: %w", err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(local.ContainerdConfig), 0o644); err != nil {
-		return err
-	}
-	data, err := nodeConfig.Marshal()
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, local.NodeConfigFile), data, 0o644)
-}
-
-func copyFile(src, dst string, perm os.FileMode) error {
-	// A hard link when possible: the image's files are measured, never modified.
-	if err := os.Link(src, dst); err == nil {
-		return nil
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	outf, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(outf, in); err != nil {
-		outf.Close()
-		return err
-	}
-	return outf.Close()
+	return images.LayOutDefaultImage(dir, kubeBin, imagesDir)
 }
 
 func miniDown(ctx context.Context, out io.Writer, workspace string) error {

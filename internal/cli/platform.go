@@ -3,28 +3,32 @@ package cli
 import (
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 
 	"github.com/openconstellation/constellation/internal/provider"
-	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
 // platformOf returns the platform that runs the workspace's cluster: the one seam between
-// the CLI and a platform (provider.Provider). Only creating a cluster is platform-specific
-// (createCluster); everything after it goes through this interface and the state file.
+// the CLI and a platform (provider.Provider), opened by the provider the state file names
+// (internal/provider/catalog). Everything after creating the cluster goes through this
+// interface and the state file.
 func platformOf(workspace string, st *state.State) (provider.Provider, error) {
-	switch st.Provider {
-	case state.ProviderLocal:
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		return &cluster.Local{Dir: filepath.Join(workspace, miniDir), Exe: exe}, nil
-	default:
-		return nil, fmt.Errorf("%s: provider %q is not supported by this CLI", state.FileName, st.Provider)
+	p, err := providerOf(st)
+	if err != nil {
+		return nil, err
 	}
+	return p.Open(workspace)
+}
+
+// providerOf returns the provider that created the state's cluster.
+func providerOf(st *state.State) (provider.Platform, error) {
+	p, err := catalog.Lookup(st.Provider)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", state.FileName, err)
+	}
+	return p, nil
 }
 
 // loadState reads the workspace's state file and its platform.

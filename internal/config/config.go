@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
-	localprovider "github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -57,18 +56,11 @@ const MaxFileSize = 1 << 20
 // SupportedKubernetesVersions are the Kubernetes versions nodes can run.
 var SupportedKubernetesVersions = []string{DefaultKubernetesVersion}
 
-// localNodeNetwork is the node network of the local provider (docs/local-provider.md): node
-// i has address 10.42.0.(10+i), so at most maxLocalNodes nodes fit.
-var localNodeNetwork = netip.MustParsePrefix("10.42.0.0/24")
-
 const (
-	maxLocalNodes = 245
 	// Service networks: kube-apiserver refuses IPv4 ranges larger than /12, and the cluster
 	// DNS service takes the 10th address, so a range needs at least 16 addresses.
 	minServicePrefixBits = 12
 	maxServicePrefixBits = 28
-	// nodePodPrefixBits is the pod network of one local node (docs/local-provider.md).
-	nodePodPrefixBits = 24
 )
 
 // Config is constellation-conf.yaml.
@@ -334,7 +326,9 @@ func ReferenceSetName(prefix string, m measurements.M) string {
 }
 
 // Validate checks every field and reports every problem (errors.Join of
-// *strictyaml.FieldError, in field order), or nil.
+// *strictyaml.FieldError, in field order), or nil. The configured provider's rules (its
+// variant, node limit and networks) are checked when they are registered (RegisterProvider:
+// the CLI's provider catalog registers them); without them, the rules every provider shares.
 func (c *Config) Validate() error {
 	v := &validator{}
 	switch c.Version {
@@ -356,14 +350,18 @@ func (c *Config) Validate() error {
 		v.bad("kubernetesVersion", "%q is not supported (supported: %s)", c.KubernetesVersion, strings.Join(SupportedKubernetesVersions, ", "))
 	}
 
-	local := c.Provider.Local
-	if local == nil {
-		v.bad("provider", "no provider configured (supported: local)")
+	// The provider's own rules apply when they are registered (the CLI registers every
+	// provider it supports through its catalog); without them only the rules that hold for
+	// every provider are checked.
+	name := c.Provider.Name()
+	rules := registeredRules(name)
+	if name == "" {
+		v.bad("provider", "no provider configured (supported: %s)", strings.Join(providerBlocks, ", "))
 	} else {
-		c.validateLocal(v, local)
+		c.validateLocal(v, c.Provider.Local, rules)
 	}
 
-	c.validateAttestation(v, localprovider.Variant) // the variant of the only provider
+	c.validateAttestation(v, name, rules)
 
 	pod := v.prefix("network.podCIDR", c.Network.PodCIDR)
 	svc := v.prefix("network.serviceCIDR", c.Network.ServiceCIDR)
@@ -373,35 +371,25 @@ func (c *Config) Validate() error {
 	if pod.IsValid() && svc.IsValid() && pod.Overlaps(svc) {
 		v.bad("network", "podCIDR %s and serviceCIDR %s overlap", pod, svc)
 	}
-	if local != nil {
-		for _, n := range []struct {
-			field string
-			p     netip.Prefix
-		}{{"network.podCIDR", pod}, {"network.serviceCIDR", svc}} {
-			if n.p.IsValid() && n.p.Overlaps(localNodeNetwork) {
-				v.bad(n.field, "%s overlaps the local provider's node network %s", n.p, localNodeNetwork)
-			}
-		}
-		if nodes := local.ControlPlanes + local.Workers; pod.IsValid() && nodes > 0 {
-			if pod.Bits() > nodePodPrefixBits {
-				v.bad("network.podCIDR", "%s is smaller than the /%d each local node gets", pod, nodePodPrefixBits)
-			} else if room := 1 << min(nodePodPrefixBits-pod.Bits(), 16); nodes > room {
-				v.bad("network.podCIDR", "%s holds %d node networks (/%d), the cluster has %d nodes", pod, room, nodePodPrefixBits, nodes)
-			}
+	if rules != nil {
+		for _, fe := range rules.CheckNetworks(pod, svc, c.Provider.nodes()) {
+			v.add(fe.Path, fe.Err)
 		}
 	}
 	return v.err()
 }
 
-func (c *Config) validateLocal(v *validator, l *LocalConfig) {
+func (c *Config) validateLocal(v *validator, l *LocalConfig, rules ProviderRules) {
 	if l.ControlPlanes < 1 {
 		v.bad("provider.local.controlPlanes", "must be at least 1, got %d", l.ControlPlanes)
 	}
 	if l.Workers < 0 {
 		v.bad("provider.local.workers", "must be at least 0, got %d", l.Workers)
 	}
-	if l.ControlPlanes >= 1 && l.Workers >= 0 && l.ControlPlanes+l.Workers > maxLocalNodes {
-		v.bad("provider.local", "%d control planes and %d workers are %d nodes, more than the %d addresses of the node network %s", l.ControlPlanes, l.Workers, l.ControlPlanes+l.Workers, maxLocalNodes, localNodeNetwork)
+	if rules != nil {
+		if err := rules.CheckNodes(l.ControlPlanes, l.Workers); err != nil {
+			v.add("provider.local", err)
+		}
 	}
 	if l.Image == "" {
 		v.bad("provider.local.image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
@@ -409,19 +397,23 @@ func (c *Config) validateLocal(v *validator, l *LocalConfig) {
 }
 
 // validateAttestation checks that exactly one variant is configured, that it is the one the
-// provider's nodes attest with, and each configured block by its variant's rules.
-func (c *Config) validateAttestation(v *validator, want variant.Variant) {
+// provider's nodes attest with (when the provider is known), and each configured block by its
+// variant's rules.
+func (c *Config) validateAttestation(v *validator, provider string, rules ProviderRules) {
 	set := c.Attestation.set()
 	switch {
+	case len(set) == 0 && rules == nil:
+		v.bad("attestation", "no attestation variant configured")
 	case len(set) == 0:
-		v.bad("attestation", "no attestation variant configured (the local provider's nodes attest with %s)", FieldName(want))
+		v.bad("attestation", "no attestation variant configured (the %s provider's nodes attest with %s)", provider, FieldName(rules.Variant()))
 	case len(set) > 1:
 		fields := make([]string, len(set))
 		for i, b := range set {
 			fields[i] = b.field
 		}
 		v.bad("attestation", "%s are configured: configure exactly one variant", strings.Join(fields, " and "))
-	case set[0].variant != want:
+	case rules != nil && set[0].variant != rules.Variant():
+		want := rules.Variant()
 		v.bad("attestation."+set[0].field, "variant %s does not match the provider's nodes, which attest with %s (attestation.%s)", set[0].variant, want, FieldName(want))
 	}
 	for _, b := range set {

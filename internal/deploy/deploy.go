@@ -30,8 +30,9 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
+	"github.com/openconstellation/constellation/internal/metadata/platforms"
 	"github.com/openconstellation/constellation/internal/nodeimage"
-	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 )
 
@@ -45,7 +46,7 @@ type Config struct {
 	// constellation-attestation.
 	Attestation choose.Reference
 	// MetadataURL is the platform's metadata service, where the join service looks nodes up
-	// (default metadataclient.DefaultURL).
+	// (default: the DefaultURL of the services' platform, internal/metadata/platforms).
 	MetadataURL string
 	// LogLevel of the services: debug, info, warn or error (default info).
 	LogLevel string
@@ -71,11 +72,15 @@ func (c Config) params() (params, error) {
 		problems = append(problems, err)
 	}
 	p := params{image: c.Image, metadataURL: c.MetadataURL, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data}
-	if p.metadataURL == "" {
-		p.metadataURL = metadataclient.DefaultURL
-	}
-	if _, err := metadataclient.New(p.metadataURL, nil); err != nil {
+	if platform, err := platforms.Lookup(platforms.Default); err != nil {
 		problems = append(problems, err)
+	} else {
+		if p.metadataURL == "" {
+			p.metadataURL = platform.DefaultURL
+		}
+		if _, err := platform.Open(p.metadataURL); err != nil {
+			problems = append(problems, err)
+		}
 	}
 	switch p.logLevel {
 	case "":
@@ -136,10 +141,25 @@ func objects(p params) []object {
 			_, err := c.RbacV1().RoleBindings(diskowner.Namespace).Apply(ctx, binding, o)
 			return err
 		}})
+	refusalsRole, refusalsBinding := joinRefusalsRole(), joinRefusalsRoleBinding()
+	objs = append(objs,
+		object{"Role", joinRefusalsName, ns, refusalsRole, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.RbacV1().Roles(ns).Apply(ctx, refusalsRole, o)
+			return err
+		}},
+		object{"RoleBinding", joinRefusalsName, ns, refusalsBinding, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.RbacV1().RoleBindings(ns).Apply(ctx, refusalsBinding, o)
+			return err
+		}})
 	objs = append(objs, nodeIdentityObjects()...)
+	refusalsCM := joinRefusalsConfigMap()
 	objs = append(objs,
 		object{"ConfigMap", clusterrecord.AttestationConfigMapName, ns, cm, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, cm, o)
+			return err
+		}},
+		object{"ConfigMap", refusals.ConfigMapName, ns, refusalsCM, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, refusalsCM, o)
 			return err
 		}},
 	)

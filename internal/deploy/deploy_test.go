@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -25,6 +26,7 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -161,10 +163,13 @@ func TestApply(t *testing.T) {
 		"applied Namespace constellation-disks",
 		"applied Role constellation-disks/constellation-join-service",
 		"applied RoleBinding constellation-disks/constellation-join-service",
+		"applied Role kube-system/constellation-join-service-refusals",
+		"applied RoleBinding kube-system/constellation-join-service-refusals",
 		"applied ClusterRoleBinding kubeadm:node-autoapprove-certificate-rotation",
 		"applied ValidatingAdmissionPolicy constellation-removed-nodes",
 		"applied ValidatingAdmissionPolicyBinding constellation-removed-nodes",
 		"applied ConfigMap kube-system/constellation-attestation",
+		"applied ConfigMap kube-system/constellation-join-refusals",
 		"applied DaemonSet kube-system/constellation-key-service",
 		"applied DaemonSet kube-system/constellation-join-service",
 		"applied DaemonSet kube-system/constellation-verification-service",
@@ -219,6 +224,18 @@ func TestApply(t *testing.T) {
 		owner, err := store.Claim(ctx, uuid, "worker-0")
 		require.NoError(t, err)
 		assert.Equal(t, "worker-0", owner)
+
+		// It publishes its refusals, under its node's key, into the one object deploy made.
+		book := refusals.NewBook()
+		book.Add("10.42.0.99", "attestation", "PCR 11: expected …", time.Now())
+		pctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- (&refusals.Publisher{Client: sa, Node: "control-plane-0", Book: book, Interval: 10 * time.Millisecond}).Run(pctx)
+		}()
+		require.Eventually(t, func() bool { return refusals.Of(ctx, c, "10.42.0.99").Count == 1 }, 10*time.Second, 20*time.Millisecond)
+		stop()
+		require.NoError(t, <-done)
 		owner, err = store.Claim(ctx, uuid, "worker-1")
 		require.NoError(t, err)
 		assert.Equal(t, "worker-0", owner, "first writer wins")
@@ -248,6 +265,14 @@ func TestApply(t *testing.T) {
 			},
 			"list the records": func() error {
 				_, err := sa.CoreV1().ConfigMaps(diskowner.Namespace).List(ctx, metav1.ListOptions{})
+				return err
+			},
+			"apply another ConfigMap in kube-system": func() error {
+				_, err := sa.CoreV1().ConfigMaps(ns).Apply(ctx, corev1ac.ConfigMap(clusterrecord.AttestationConfigMapName, ns).WithData(map[string]string{"x": "y"}), metav1.ApplyOptions{FieldManager: "test", Force: true})
+				return err
+			},
+			"read the refusals": func() error {
+				_, err := sa.CoreV1().ConfigMaps(ns).Get(ctx, refusals.ConfigMapName, metav1.GetOptions{})
 				return err
 			},
 		} {
@@ -611,9 +636,10 @@ func TestRender(t *testing.T) {
 		"ServiceAccount/kube-system/constellation-key-service", "ServiceAccount/kube-system/constellation-join-service", "ServiceAccount/kube-system/constellation-verification-service",
 		"Namespace//constellation-disks",
 		"Role/constellation-disks/constellation-join-service", "RoleBinding/constellation-disks/constellation-join-service",
+		"Role/kube-system/constellation-join-service-refusals", "RoleBinding/kube-system/constellation-join-service-refusals",
 		"ClusterRoleBinding//kubeadm:node-autoapprove-certificate-rotation",
 		"ValidatingAdmissionPolicy//constellation-removed-nodes", "ValidatingAdmissionPolicyBinding//constellation-removed-nodes",
-		"ConfigMap/kube-system/constellation-attestation",
+		"ConfigMap/kube-system/constellation-attestation", "ConfigMap/kube-system/constellation-join-refusals",
 		"DaemonSet/kube-system/constellation-key-service", "DaemonSet/kube-system/constellation-join-service", "DaemonSet/kube-system/constellation-verification-service",
 	}, kinds)
 	assert.Contains(t, string(out), "image: "+image)

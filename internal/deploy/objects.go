@@ -15,6 +15,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 )
 
 // Names of the deployed objects. Each service has a ServiceAccount and a DaemonSet of its name;
@@ -98,6 +99,31 @@ func joinServiceRoleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
 	return rbacv1ac.RoleBinding(JoinService, diskowner.Namespace).WithLabels(labels(JoinService)).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(JoinService)).
 		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(JoinService).WithNamespace(clusterrecord.Namespace))
+}
+
+// joinRefusalsRole lets the join service publish its refusals for the CLI
+// (internal/joinservice/refusals): patch (server-side apply) of the one ConfigMap deploy
+// creates for them, by name, and nothing else in kube-system. Without create it can make
+// no object there, that one included.
+func joinRefusalsRole() *rbacv1ac.RoleApplyConfiguration {
+	return rbacv1ac.Role(joinRefusalsName, clusterrecord.Namespace).WithLabels(labels(JoinService)).
+		WithRules(rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").WithResourceNames(refusals.ConfigMapName).WithVerbs("patch"))
+}
+
+func joinRefusalsRoleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
+	return rbacv1ac.RoleBinding(joinRefusalsName, clusterrecord.Namespace).WithLabels(labels(JoinService)).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(joinRefusalsName)).
+		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(JoinService).WithNamespace(clusterrecord.Namespace))
+}
+
+// joinRefusalsName names the join service's Role and RoleBinding for its refusals.
+const joinRefusalsName = JoinService + "-refusals"
+
+// joinRefusalsConfigMap is where the join services publish their refusals, each under its
+// node's key (internal/joinservice/refusals). Deploy applies it without data, so it owns
+// none of the services' keys.
+func joinRefusalsConfigMap() *corev1ac.ConfigMapApplyConfiguration {
+	return corev1ac.ConfigMap(refusals.ConfigMapName, refusals.Namespace).WithLabels(labels(JoinService))
 }
 
 func attestationConfigMap(data map[string]string) *corev1ac.ConfigMapApplyConfiguration {

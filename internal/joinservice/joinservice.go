@@ -29,7 +29,9 @@
 // (internal/kube/kubeletcsr; docs/joinservice.md, "Node credentials").
 //
 // Every decision is one log line (accepted or rejected, naming peer, node, variant, and the
-// matching set or the reason) and is counted in Prometheus metrics.
+// matching set or the reason) and is counted in Prometheus metrics; every refusal is also
+// kept in a bounded book by peer (Refusals), which cmd/joinservice publishes in the cluster
+// for the CLI (internal/joinservice/refusals).
 package joinservice
 
 import (
@@ -53,6 +55,7 @@ import (
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -148,10 +151,12 @@ type Service struct {
 	acceptLimiter *handshakelimit.AcceptLimiter
 	// logLimiter keeps floods of rejections out of the log (counters count them all).
 	logLimiter *logLimiter
-	owners     diskowner.Store
-	creds      credentials.TransportCredentials
-	log        *slog.Logger
-	metrics    *metrics
+	// refusals are the recent refusals by peer, which cmd/joinservice publishes for the CLI.
+	refusals *refusals.Book
+	owners   diskowner.Store
+	creds    credentials.TransportCredentials
+	log      *slog.Logger
+	metrics  *metrics
 }
 
 // New checks cfg, loads the cluster CA and returns the service.
@@ -194,6 +199,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg: cfg, ca: ca, log: cfg.Log, metrics: m, limiter: limiter,
 		logLimiter: newLogLimiter(rejectLogInterval, rejectLogRate, rejectLogBurst, cfg.Now),
+		refusals:   refusals.NewBook(),
 		owners:     diskowner.Store{Client: cfg.Kube},
 	}
 	s.acceptLimiter, err = handshakelimit.NewAcceptLimiter(cfg.AcceptLimits.Or(DefaultAcceptLimits), s.observeAccept)
@@ -213,6 +219,10 @@ func New(cfg Config) (*Service, error) {
 	s.creds = observedCredentials{Credentials: creds, svc: s}
 	return s, nil
 }
+
+// Refusals returns the book of the service's recent refusals, for publishing
+// (refusals.Publisher).
+func (s *Service) Refusals() *refusals.Book { return s.refusals }
 
 // NewGRPCServer returns the gRPC server to serve the service with: mutual attested-channel
 // credentials, every connection bounded from the moment it is accepted (step 0), the

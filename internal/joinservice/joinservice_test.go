@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,7 @@ import (
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
@@ -646,6 +648,12 @@ func TestRejections(t *testing.T) {
 			lines := e.logLines("admission rejected")
 			require.Len(t, lines, logsBefore+1, "one log line per decision")
 			assert.Equal(t, tc.wantReason, lines[len(lines)-1]["reason"])
+			// The refusal is in the book the CLI reads (internal/joinservice/refusals), once.
+			book, _ := e.svc.Refusals().Snapshot()
+			idx := slices.IndexFunc(book, func(r refusals.Refusal) bool { return r.Peer == lines[len(lines)-1]["peer"] })
+			require.GreaterOrEqual(t, idx, 0, "the refusal of %v is in the book", lines[len(lines)-1]["peer"])
+			assert.Equal(t, 1, book[idx].Count)
+			assert.Equal(t, tc.wantReason, book[idx].Reason)
 		})
 	}
 

@@ -2,8 +2,10 @@
 // nodes: it creates, lists, reboots and deletes nodes, stops and starts the whole cluster,
 // and tells the CLI where the cluster's endpoints are and how to reach them.
 //
-// The CLI depends only on this interface; the local sandbox provider
-// (internal/provider/local/cluster) implements it today, clouds later. Nothing here is trusted
+// The CLI depends only on this interface and Platform (platform.go), the part that creates
+// a cluster; the local sandbox provider (internal/provider/local/platform and
+// internal/provider/local/cluster) implements them today, clouds later, each registered in
+// internal/provider/catalog (docs/providers.md). Nothing here is trusted
 // for security: what a node runs is proven by its attestation, never by what the provider
 // says. The provider's view is what a cloud console shows: which machines exist, whether they
 // run, and what the machine reported about itself (a cloud's guest attributes or serial

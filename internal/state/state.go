@@ -15,11 +15,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -42,8 +45,20 @@ const (
 	MeasurementSaltSize = 32
 )
 
-// Providers that can have created a cluster.
+// ProviderLocal is the local provider: the one a state file may always name.
 const ProviderLocal = "local"
+
+// knownProvider reports whether name is a provider a state file may name: local, or one
+// whose configuration rules are registered (the provider catalog, internal/provider/catalog,
+// registers every provider it knows), and lists them all.
+func knownProvider(name string) (bool, string) {
+	names := config.RegisteredProviders()
+	if !slices.Contains(names, ProviderLocal) {
+		names = append(names, ProviderLocal)
+		slices.Sort(names)
+	}
+	return slices.Contains(names, name), strings.Join(names, ", ")
+}
 
 // Phase is how far the cluster got.
 type Phase string
@@ -62,7 +77,7 @@ type State struct {
 	Version string `json:"version"`
 	// Name is the cluster's name (from the configuration), a DNS label.
 	Name string `json:"name"`
-	// Provider created the nodes: local.
+	// Provider created the nodes: the name of a registered provider (local).
 	Provider string `json:"provider"`
 	// Phase is created or initialized.
 	Phase Phase `json:"phase"`
@@ -255,8 +270,8 @@ func (s *State) checkCluster(p *problems) {
 	} else if errs := validation.IsDNS1123Label(s.Name); len(errs) > 0 {
 		p.bad("name", "%q is not a DNS label: %v", s.Name, errs)
 	}
-	if s.Provider != ProviderLocal {
-		p.bad("provider", "%q is not a provider (known: %s)", s.Provider, ProviderLocal)
+	if ok, known := knownProvider(s.Provider); !ok {
+		p.bad("provider", "%q is not a provider (known: %s)", s.Provider, known)
 	}
 	if s.CreatedAt.IsZero() {
 		p.bad("createdAt", "missing")

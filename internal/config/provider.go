@@ -1,0 +1,84 @@
+package config
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/openconstellation/constellation/internal/strictyaml"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// ProviderRules are the checks of a configuration that depend on its provider: the variant
+// its nodes attest with, how many nodes it can run, and which networks it reserves or how it
+// cuts them. Each provider implements them in its own package (the local provider:
+// internal/provider/local.ConfigRules), and the provider catalog registers them
+// (internal/provider/catalog): this package names no provider's code.
+type ProviderRules interface {
+	// Variant is the attestation variant the provider's nodes attest with: the one variant
+	// the configuration may hold.
+	Variant() variant.Variant
+	// CheckNodes says what is wrong with the node counts as a whole (reported at
+	// provider.<name>), or nil. Each count alone was checked already.
+	CheckNodes(controlPlanes, workers int) error
+	// CheckNetworks reports what is wrong with the pod and service networks for a cluster of
+	// nodes nodes, as errors naming network.podCIDR or network.serviceCIDR. A network that
+	// did not parse is the zero Prefix.
+	CheckNetworks(pod, svc netip.Prefix, nodes int) []*strictyaml.FieldError
+}
+
+var (
+	providersMu sync.RWMutex
+	providers   = map[string]ProviderRules{}
+)
+
+// RegisterProvider makes Validate check the configurations of provider name (the key of
+// its block under provider) by rules. The provider catalog calls it for every provider it
+// registers; a program without the catalog that wants a provider's rules checked registers
+// them itself.
+func RegisterProvider(name string, rules ProviderRules) {
+	providersMu.Lock()
+	defer providersMu.Unlock()
+	providers[name] = rules
+}
+
+// RegisteredProviders returns the names of the providers with registered rules, sorted.
+func RegisteredProviders() []string {
+	providersMu.RLock()
+	defer providersMu.RUnlock()
+	names := make([]string, 0, len(providers))
+	for n := range providers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func registeredRules(name string) ProviderRules {
+	providersMu.RLock()
+	defer providersMu.RUnlock()
+	return providers[name]
+}
+
+// Name returns the name of the configured provider (the key of its block: "local"), or ""
+// if none is configured.
+func (p ProviderConfig) Name() string {
+	if p.Local != nil {
+		return ProviderLocal
+	}
+	return ""
+}
+
+// ProviderLocal is the name of the local provider's block.
+const ProviderLocal = "local"
+
+// providerBlocks are the providers the schema has a block for (ProviderConfig's fields).
+var providerBlocks = []string{ProviderLocal}
+
+// nodes is the number of nodes the provider block asks for.
+func (p ProviderConfig) nodes() int {
+	if p.Local != nil {
+		return p.Local.ControlPlanes + p.Local.Workers
+	}
+	return 0
+}

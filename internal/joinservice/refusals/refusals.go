@@ -1,0 +1,232 @@
+// Package refusals is how the join service's recent refusals reach the CLI: each join service
+// keeps a bounded book of the peers it refused (Book: per peer address, the exact count, the
+// last reason and error), and publishes it into one ConfigMap of the cluster (ConfigMapName in
+// Namespace), under a key of its own node, with server-side apply (Publisher). The CLI reads
+// that object with its admin credentials (Read, Of) to say why a node did not join.
+//
+// Why a Kubernetes object: the CLI reaches the cluster through the API server only, with the
+// admin kubeconfig; the join service already writes its disk records there. The API server
+// authenticates both sides (the service account writes, RBAC restricts it to this one object;
+// the admin reads), so nothing new listens on the network and no reader outside the cluster's
+// administrators learns whom the service refused. docs/joinservice.md, "Refusals the CLI
+// reads", has the alternatives.
+//
+// Everything in a refusal but the count and the time comes from, or quotes, the peer: readers
+// print it as untrusted text (pkg/untrusted).
+package refusals
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+)
+
+// Where the books are published: one ConfigMap, one key per join service (its node's name).
+const (
+	Namespace     = clusterrecord.Namespace
+	ConfigMapName = "constellation-join-refusals"
+)
+
+// Defaults of a Book and a Publisher.
+const (
+	// MaxPeers bounds a book: the peers refused last are kept. A ConfigMap holds at most 1 MiB
+	// for every join service's book; 64 peers with errors of maxError bytes are under 100 KiB.
+	MaxPeers = 64
+	// maxError bounds a refusal's error text.
+	maxError = 1024
+	// DefaultInterval is how often a changed book is published.
+	DefaultInterval = 2 * time.Second
+	// writeTimeout bounds one publication.
+	writeTimeout = 10 * time.Second
+)
+
+// Refusal is what a join service refused of one peer address.
+type Refusal struct {
+	// Peer is the refused connection's source address.
+	Peer string `json:"peer"`
+	// Count is how many admissions of Peer were refused, exactly (the log's limiter does not
+	// apply here), since the service started or since the book last dropped the peer.
+	Count int `json:"count"`
+	// Reason is the last refusal's reason label (docs/joinservice.md, "Observability").
+	Reason string `json:"reason"`
+	// Error is the last refusal's error text, at most 1 KiB.
+	Error string `json:"error"`
+	// Last is when Peer was last refused.
+	Last time.Time `json:"last"`
+}
+
+// Book is a join service's refusals, bounded to the MaxPeers peers refused last. It is safe
+// for concurrent use.
+type Book struct {
+	mu      sync.Mutex
+	byPeer  map[string]*Refusal
+	version uint64 // counts changes, so a publisher writes only a changed book
+}
+
+// NewBook returns an empty book.
+func NewBook() *Book { return &Book{byPeer: map[string]*Refusal{}} }
+
+// Add records a refusal of peer.
+func (b *Book) Add(peer, reason, errText string, now time.Time) {
+	if len(errText) > maxError {
+		errText = errText[:maxError] + "…(cut)"
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.byPeer[peer]
+	if !ok {
+		if len(b.byPeer) >= MaxPeers {
+			b.dropOldestLocked()
+		}
+		r = &Refusal{Peer: peer}
+		b.byPeer[peer] = r
+	}
+	r.Count++
+	r.Reason, r.Error, r.Last = reason, errText, now
+	b.version++
+}
+
+func (b *Book) dropOldestLocked() {
+	var oldest *Refusal
+	for _, r := range b.byPeer {
+		if oldest == nil || r.Last.Before(oldest.Last) {
+			oldest = r
+		}
+	}
+	if oldest != nil {
+		delete(b.byPeer, oldest.Peer)
+	}
+}
+
+// Snapshot returns the book's refusals, the most recent first, and its version.
+func (b *Book) Snapshot() ([]Refusal, uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Refusal, 0, len(b.byPeer))
+	for _, r := range b.byPeer {
+		out = append(out, *r)
+	}
+	slices.SortFunc(out, func(a, b Refusal) int { return b.Last.Compare(a.Last) })
+	return out, b.version
+}
+
+// Publisher writes a book into the cluster whenever it changed, at most once per Interval.
+type Publisher struct {
+	Client kubernetes.Interface
+	// Node names the key the book is written under: the join service's node.
+	Node string
+	Book *Book
+	// Interval defaults to DefaultInterval.
+	Interval time.Duration
+	Log      *slog.Logger
+}
+
+// Run publishes until ctx ends. A failed write is logged and tried again at the next tick:
+// the book is diagnostics, and the service admits nodes whether or not it is published.
+func (p *Publisher) Run(ctx context.Context) error {
+	if p.Client == nil || p.Book == nil || p.Node == "" {
+		return errors.New("refusals publisher: client, book and node name are required")
+	}
+	interval := p.Interval
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	log := p.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	var published uint64
+	failing := false
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		refusals, version := p.Book.Snapshot()
+		if version == published {
+			continue
+		}
+		if err := p.publish(ctx, refusals); err != nil {
+			if !failing {
+				log.Warn("publishing the refusals failed; trying again", "error", err)
+			}
+			failing = true
+			continue
+		}
+		if failing {
+			log.Info("publishing the refusals works again")
+		}
+		published, failing = version, false
+	}
+}
+
+// publish writes refusals under the node's key, owning only that key (server-side apply
+// with a field manager per node), so the join services of several control planes never
+// overwrite each other.
+func (p *Publisher) publish(ctx context.Context, refusals []Refusal) error {
+	data, err := json.Marshal(refusals)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	cm := corev1ac.ConfigMap(ConfigMapName, Namespace).WithData(map[string]string{p.Node: string(data)})
+	_, err = p.Client.CoreV1().ConfigMaps(Namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: "joinservice-" + p.Node, Force: true})
+	if err != nil {
+		return fmt.Errorf("writing %s/%s: %w", Namespace, ConfigMapName, err)
+	}
+	return nil
+}
+
+// Read returns every join service's published refusals, by the join service's node.
+func Read(ctx context.Context, client kubernetes.Interface) (map[string][]Refusal, error) {
+	cm, err := client.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the join service's refusals: %w", err)
+	}
+	out := map[string][]Refusal{}
+	var problems []error
+	for node, data := range cm.Data {
+		var rs []Refusal
+		if err := json.Unmarshal([]byte(data), &rs); err != nil {
+			problems = append(problems, fmt.Errorf("the refusals of the join service on %q: %w", node, err))
+			continue
+		}
+		out[node] = rs
+	}
+	return out, errors.Join(problems...)
+}
+
+// Of sums what every join service refused of peer: the count of all refusals, and the
+// reason and error of the last one. The zero Refusal if none refused it (or none could be
+// read).
+func Of(ctx context.Context, client kubernetes.Interface, peer string) Refusal {
+	books, _ := Read(ctx, client)
+	sum := Refusal{Peer: peer}
+	for _, book := range books {
+		for _, r := range book {
+			if r.Peer != peer {
+				continue
+			}
+			sum.Count += max(r.Count, 0)
+			if !r.Last.Before(sum.Last) {
+				sum.Reason, sum.Error, sum.Last = r.Reason, r.Error, r.Last
+			}
+		}
+	}
+	return sum
+}

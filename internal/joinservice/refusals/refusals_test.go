@@ -1,0 +1,85 @@
+package refusals
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func TestBook(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	testCases := map[string]struct {
+		add  func(b *Book)
+		want []Refusal
+	}{
+		"empty": {add: func(*Book) {}, want: []Refusal{}},
+		"counts every refusal of a peer, keeps the last reason": {
+			add: func(b *Book) {
+				b.Add("10.0.0.1", "rate-limited", "too many", t0)
+				b.Add("10.0.0.1", "attestation", "PCR 11", t0.Add(time.Second))
+			},
+			want: []Refusal{{Peer: "10.0.0.1", Count: 2, Reason: "attestation", Error: "PCR 11", Last: t0.Add(time.Second)}},
+		},
+		"most recent first": {
+			add: func(b *Book) {
+				b.Add("10.0.0.1", "a", "e", t0)
+				b.Add("10.0.0.2", "b", "e", t0.Add(time.Second))
+			},
+			want: []Refusal{{Peer: "10.0.0.2", Count: 1, Reason: "b", Error: "e", Last: t0.Add(time.Second)}, {Peer: "10.0.0.1", Count: 1, Reason: "a", Error: "e", Last: t0}},
+		},
+		"a long error is cut": {
+			add:  func(b *Book) { b.Add("10.0.0.1", "a", strings.Repeat("x", 2*maxError), t0) },
+			want: []Refusal{{Peer: "10.0.0.1", Count: 1, Reason: "a", Error: strings.Repeat("x", maxError) + "…(cut)", Last: t0}},
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			b := NewBook()
+			tc.add(b)
+			got, _ := b.Snapshot()
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestBookBounded: a flood from many addresses keeps the book at MaxPeers, the peers refused
+// last.
+func TestBookBounded(t *testing.T) {
+	b := NewBook()
+	t0 := time.Now()
+	for i := range 10 * MaxPeers {
+		b.Add(fmt.Sprintf("10.1.%d.%d", i/256, i%256), "busy", "e", t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	got, version := b.Snapshot()
+	require.Len(t, got, MaxPeers)
+	assert.Equal(t, uint64(10*MaxPeers), version, "every refusal changes the book")
+	last := 10*MaxPeers - 1
+	assert.Equal(t, fmt.Sprintf("10.1.%d.%d", last/256, last%256), got[0].Peer)
+}
+
+func TestOf(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: Namespace},
+		Data: map[string]string{
+			"control-plane-0": `[{"peer":"10.42.0.12","count":2,"reason":"attestation","error":"old","last":"2026-01-01T00:00:00Z"}]`,
+			"control-plane-1": `[{"peer":"10.42.0.12","count":1,"reason":"unknown-node","error":"new","last":"2026-01-01T00:00:05Z"},{"peer":"10.42.0.13","count":7,"reason":"busy","error":"x","last":"2026-01-01T00:00:01Z"}]`,
+			"control-plane-2": `not json`,
+		},
+	}
+	client := fake.NewClientset(cm)
+	assert.Equal(t, Refusal{Peer: "10.42.0.12", Count: 3, Reason: "unknown-node", Error: "new", Last: t0.Add(5 * time.Second)}, Of(t.Context(), client, "10.42.0.12"),
+		"summed over the join services, the last refusal's reason")
+	assert.Equal(t, Refusal{Peer: "10.42.0.99"}, Of(t.Context(), client, "10.42.0.99"))
+	_, err := Read(t.Context(), client)
+	assert.ErrorContains(t, err, `"control-plane-2"`, "a book that does not parse is named")
+
+	assert.Equal(t, Refusal{Peer: "10.42.0.12"}, Of(t.Context(), fake.NewClientset(), "10.42.0.12"), "nothing published yet")
+}

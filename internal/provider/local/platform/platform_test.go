@@ -1,0 +1,77 @@
+package platform
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/provider/local"
+)
+
+func TestCheckCreate(t *testing.T) {
+	testCases := map[string]struct {
+		edit    func(*config.Config)
+		wantErr string
+	}{
+		"valid":       {edit: func(*config.Config) {}},
+		"no provider": {edit: func(c *config.Config) { c.Provider.Local = nil }, wantErr: "provider.local: the only provider is local"},
+		"other variant": {
+			edit:    func(c *config.Config) { c.Attestation.QEMUVTPM, c.Attestation.QEMUTDX = nil, &config.VariantConfig{} },
+			wantErr: "attestation: the local provider's nodes attest with qemu-vtpm (attestation.qemuVTPM)",
+		},
+		"other pod network": {
+			edit:    func(c *config.Config) { c.Network.PodCIDR = "10.200.0.0/16" },
+			wantErr: "network: the local provider uses podCIDR 10.244.0.0/16 and serviceCIDR 10.96.0.0/12 (got 10.200.0.0/16 and 10.96.0.0/12)",
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			c := config.Default()
+			c.Provider.Local = &config.LocalConfig{ControlPlanes: 1, Image: "image"}
+			c.Attestation.QEMUVTPM = &config.VariantConfig{}
+			tc.edit(c)
+			err := checkCreate(c)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+}
+
+// TestReferenceValues: the platform's reference values of an image are what the local
+// provider measures at boot, each register named by the files it measures.
+func TestReferenceValues(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range local.ImageFiles() {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("content of "+name), 0o644))
+	}
+	rv, err := Platform{}.ReferenceValues(dir)
+	require.NoError(t, err)
+	components, err := local.ImageComponents(dir)
+	require.NoError(t, err)
+	assert.Equal(t, local.ExpectedPCRs(components), rv.Measurements)
+	assert.Equal(t, []string{"kubelet", "kubeadm"}, rv.Components[local.PCRKubernetes])
+}
+
+func TestFolderAndInitSecret(t *testing.T) {
+	ws := t.TempDir()
+	assert.Equal(t, filepath.Join(ws, "mini"), Platform{}.Folder(ws))
+	_, err := Platform{}.InitSecret(ws)
+	assert.ErrorContains(t, err, "the init secret of the local cluster")
+	require.NoError(t, os.MkdirAll(Platform{}.Folder(ws), 0o700))
+	hash, err := writeInitSecret(Platform{}.Folder(ws))
+	require.NoError(t, err)
+	assert.NotEmpty(t, hash)
+	secret, err := Platform{}.InitSecret(ws)
+	require.NoError(t, err)
+	assert.Len(t, secret, 32)
+	info, err := os.Stat(filepath.Join(Platform{}.Folder(ws), initSecretFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "the init secret is readable by its owner only")
+}

@@ -1,0 +1,98 @@
+package provider
+
+import (
+	"context"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+)
+
+// Platform is a kind of platform (local sandboxes; a cloud) as the CLI meets it before a
+// cluster exists and around its life: what it requires of a configuration, what a node image
+// of it must measure, how it creates a cluster's nodes and hands out the init secret, and how
+// to reach and remove a cluster it created. Provider is one running cluster of it.
+//
+// Implementations live in their provider's folder and are registered by one line in the
+// provider catalog (internal/provider/catalog), which the CLI looks up by the configuration's
+// (and the state file's) provider name. docs/providers.md lists what each method must do.
+type Platform interface {
+	// Name is the provider's name: the key of its configuration block (provider.<name>) and
+	// the provider the state file records.
+	Name() string
+	// ConfigRules are its checks of a configuration; the catalog registers them with
+	// internal/config, whose Validate applies them.
+	ConfigRules() config.ProviderRules
+	// ReferenceValues measures a node image (a path the platform understands) offline: the
+	// registers a node booting it must show.
+	ReferenceValues(image string) (ReferenceValues, error)
+	// Create creates the nodes of a new cluster and returns it once the platform started
+	// them (their bootstrappers run), not when they joined. It generates the cluster's init
+	// secret (InitSecret) and gives its nodes only its hash.
+	Create(ctx context.Context, req CreateRequest) (Provider, error)
+	// Open returns the cluster the platform runs for workspace (it may be stopped).
+	Open(workspace string) (Provider, error)
+	// InitSecret returns the init secret Create generated for the cluster of workspace: the
+	// CLI sends it with the init request, and a node accepts that request only if the secret
+	// matches the hash its platform published.
+	InitSecret(workspace string) ([]byte, error)
+	// Remove removes the cluster of workspace, if any: every node, disk, process and network,
+	// and every file the platform keeps in the workspace. It returns how many nodes the
+	// cluster had. A workspace without a cluster of this platform is not an error.
+	Remove(ctx context.Context, workspace string) (nodes int, err error)
+	// Folder is where the platform keeps a cluster's files below workspace (local:
+	// workspace/mini), for messages and for files the CLI keeps with the cluster; "" if the
+	// platform keeps none there.
+	Folder(workspace string) string
+}
+
+// CreateRequest is a cluster to create.
+type CreateRequest struct {
+	// Workspace holds the cluster's configuration and state.
+	Workspace string
+	// Config is the validated configuration.
+	Config *config.Config
+	// Nodes are the nodes to create, in order; the first control plane is initialized.
+	Nodes []NodeSpec
+	// ImagesDir holds the container images every node imports (make images).
+	ImagesDir string
+	// UnexpectedWorkerBootstrapper, when set, adds a worker "worker-other" whose image differs
+	// from Nodes' in its bootstrapper (this binary); KubeBin provides the rest of its image.
+	// For tests: a node the join service must refuse. A platform that cannot boot another
+	// image refuses the request.
+	UnexpectedWorkerBootstrapper, KubeBin string
+}
+
+// ReferenceValues are what a node image measures.
+type ReferenceValues struct {
+	// Measurements are the registers a node booting the image shows (registers the image
+	// does not measure read their reset value).
+	Measurements measurements.M
+	// Components name what each register measures, for messages: register -> names.
+	Components map[uint32][]string
+}
+
+// NodeImages is implemented by a Platform whose node images the CLI lays out itself (the
+// local provider: a directory of files): `config generate` and `mini up` build the default
+// image with it.
+type NodeImages interface {
+	// ImageFiles names the files of a node image, for help texts.
+	ImageFiles() []string
+	// LayOutDefaultImage writes the default node image to dir: the bootstrapper next to
+	// the CLI, the Kubernetes node binaries of kubeBin and the services image named in the
+	// container image index of imagesDir.
+	LayOutDefaultImage(dir, kubeBin, imagesDir string) error
+}
+
+// PowerCutter is implemented by a Provider that can cut a node's power, or the whole
+// cluster's and its own, at one instant (tests of what a power loss does).
+type PowerCutter interface {
+	PowerCutNode(ctx context.Context, name string) error
+	PowerCut(ctx context.Context) error
+}
+
+// Daemon is implemented by a Platform that runs a long-lived process of its own on the CLI's
+// host (the local provider's process, which owns the nodes): the CLI binary runs it when the
+// platform starts itself, through the hidden command `mini provider ARGS`.
+type Daemon interface {
+	Serve(ctx context.Context, args []string) error
+}
