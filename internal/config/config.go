@@ -327,8 +327,9 @@ func ReferenceSetName(prefix string, m measurements.M) string {
 
 // Validate checks every field and reports every problem (errors.Join of
 // *strictyaml.FieldError, in field order), or nil. The configured provider's rules (its
-// variant, node limit and networks) are checked when they are registered (RegisterProvider:
-// the CLI's provider catalog registers them); without them, the rules every provider shares.
+// variant, node limit and networks) must be registered (RegisterProvider: the CLI's provider
+// catalog registers them): a configuration whose provider has no rules in this program is
+// refused, never checked by half.
 func (c *Config) Validate() error {
 	v := &validator{}
 	switch c.Version {
@@ -350,14 +351,20 @@ func (c *Config) Validate() error {
 		v.bad("kubernetesVersion", "%q is not supported (supported: %s)", c.KubernetesVersion, strings.Join(SupportedKubernetesVersions, ", "))
 	}
 
-	// The provider's own rules apply when they are registered (the CLI registers every
-	// provider it supports through its catalog); without them only the rules that hold for
-	// every provider are checked.
+	// The provider's own rules (the CLI registers every provider it supports through its
+	// catalog). Without them the configuration cannot be checked whole: it is refused.
 	name := c.Provider.Name()
 	rules := registeredRules(name)
-	if name == "" {
+	switch {
+	case name == "":
 		v.bad("provider", "no provider configured (supported: %s)", strings.Join(providerBlocks, ", "))
-	} else {
+	case rules == nil:
+		registered := strings.Join(RegisteredProviders(), ", ")
+		if registered == "" {
+			registered = "none"
+		}
+		v.bad("provider."+name, "this program has no rules for provider %q (registered: %s), so it cannot check the configuration", name, registered)
+	default:
 		c.validateLocal(v, c.Provider.Local, rules)
 	}
 

@@ -34,8 +34,8 @@ var (
 
 // RegisterProvider makes Validate check the configurations of provider name (the key of
 // its block under provider) by rules. The provider catalog calls it for every provider it
-// registers; a program without the catalog that wants a provider's rules checked registers
-// them itself.
+// registers; a program without the catalog registers them itself (Validate refuses a
+// configuration whose provider has no rules).
 func RegisterProvider(name string, rules ProviderRules) {
 	providersMu.Lock()
 	defer providersMu.Unlock()
