@@ -12,6 +12,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // run executes the CLI with args and returns its output.
@@ -57,8 +58,8 @@ func TestConfigGenerateLocal(t *testing.T) {
 	components, err := local.ImageComponents(image)
 	require.NoError(t, err)
 	want := local.ExpectedPCRs(components)
-	require.Len(t, c.Attestation.QEMUVTPM.Measurements, 1)
-	set := c.Attestation.QEMUVTPM.Measurements[0]
+	require.Len(t, c.Attestation.Of(variant.QEMUVTPM).Measurements, 1)
+	set := c.Attestation.Of(variant.QEMUVTPM).Measurements[0]
 	assert.Equal(t, want, set.Measurements)
 	assert.Equal(t, config.ReferenceSetName("local-", want), set.Name)
 	for _, pcr := range []uint32{local.PCRBootstrapper, local.PCRNodeConfig, local.PCRKubernetes} {
@@ -82,8 +83,8 @@ func TestConfigGenerateLocal(t *testing.T) {
 	require.NoError(t, err)
 	components, err = local.ImageComponents(image)
 	require.NoError(t, err)
-	assert.Equal(t, local.ExpectedPCRs(components), replaced.Attestation.QEMUVTPM.Measurements[0].Measurements)
-	assert.NotEqual(t, set.Name, replaced.Attestation.QEMUVTPM.Measurements[0].Name, "a new image gets a new set name")
+	assert.Equal(t, local.ExpectedPCRs(components), replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements)
+	assert.NotEqual(t, set.Name, replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name, "a new image gets a new set name")
 	assert.Equal(t, &config.LocalConfig{ControlPlanes: 1, Workers: 1, Image: "image"}, replaced.Provider.Local, "flag defaults")
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // TestSecondProvider: the CLI's create, state, init-request and terminate paths work with a
@@ -32,7 +33,7 @@ func TestSecondProvider(t *testing.T) {
 	conf := config.Default()
 	conf.Name = "fake-cluster"
 	conf.Provider.Local = &config.LocalConfig{ControlPlanes: 1, Workers: 2, Image: "image-a"}
-	conf.Attestation.QEMUVTPM = &config.VariantConfig{Measurements: measurements.ReferenceSets{{Name: "fake", Measurements: reference.Measurements}}}
+	conf.Attestation = config.AttestationFor(variant.QEMUVTPM, config.VariantConfig{Measurements: measurements.ReferenceSets{{Name: "fake", Measurements: reference.Measurements}}})
 
 	var out bytes.Buffer
 	st, err := createOn(t.Context(), newPhaseTimer(&out), filepath.Join(ws, state.FileName), platform, ws, conf, createOptions{})

@@ -159,7 +159,7 @@ func checkCreate(conf *config.Config) error {
 		return fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
 	}
 	if v := conf.Attestation.Variant(); v != local.Variant {
-		return fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, config.FieldName(local.Variant))
+		return fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, local.Variant.ConfigKey())
 	}
 	if conf.Network.PodCIDR != sandbox.PodCIDR.String() || conf.Network.ServiceCIDR != sandbox.ServiceCIDR.String() {
 		return fmt.Errorf("%s: network: the local provider uses podCIDR %s and serviceCIDR %s (got %s and %s)",
