@@ -82,24 +82,28 @@ type Config struct {
 	Network NetworkConfig `json:"network"`
 }
 
-// ProviderConfig has one field per provider; exactly one is set.
-type ProviderConfig struct {
-	// Local runs nodes as sandboxes on this machine (docs/local-provider.md).
-	Local *LocalConfig `json:"local,omitempty"`
-}
+// ProviderConfig maps a provider's name (the name it is registered by, RegisterProvider) to
+// its block; exactly one is set. The keys are the registered providers, so this package names
+// no provider: a new provider registers its rules, and its block has the shape every
+// provider's has (ProviderBlock). Parsing refuses a key that names no registered provider
+// (strictyaml.KeySet), as it refuses an unknown field.
+type ProviderConfig map[string]*ProviderBlock
 
-// LocalConfig configures the local provider.
-type LocalConfig struct {
+// ProviderBlock is a provider's block: the nodes it runs and the image they boot. What a
+// provider allows beyond the common rules is its ProviderRules'.
+type ProviderBlock struct {
 	// ControlPlanes is the number of control-plane nodes: at least 1 (an odd number keeps
 	// etcd's quorum efficient). Required.
 	ControlPlanes int `json:"controlPlanes"`
-	// Workers is the number of worker nodes: at least 0. Default 0. Control planes and
-	// workers together are at most 245, the addresses of the node network.
+	// Workers is the number of worker nodes: at least 0. Default 0. The provider's rules
+	// bound control planes and workers together (the local provider: at most 245, the
+	// addresses of the node network).
 	Workers int `json:"workers"`
-	// Image is the node image directory every node boots: the files local.ImageFiles names
-	// (bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json), measured into the
-	// node's vTPM by the PCR map of docs/attestation.md. A relative path is relative to the
-	// directory of the configuration file (the workspace). Required.
+	// Image is the node image the nodes boot, a directory for the local provider: the files
+	// local.ImageFiles names (bootstrapper, kubelet, kubeadm, containerd.toml,
+	// node-config.json), measured into the node's vTPM by the PCR map of docs/attestation.md.
+	// A relative path is relative to the directory of the configuration file (the
+	// workspace). Required.
 	Image string `json:"image"`
 }
 
@@ -310,9 +314,9 @@ func Write(path string, c *Config, overwrite bool) error {
 	return nil
 }
 
-// ImagePath returns the local provider's node image directory, a relative Image resolved
-// against dir (the directory holding the configuration file).
-func (l *LocalConfig) ImagePath(dir string) string {
+// ImagePath returns the node image, a relative Image resolved against dir (the directory
+// holding the configuration file).
+func (l *ProviderBlock) ImagePath(dir string) string {
 	if filepath.IsAbs(l.Image) {
 		return l.Image
 	}
@@ -369,17 +373,15 @@ func (c *Config) Validate() error {
 	// catalog). Without them the configuration cannot be checked whole: it is refused.
 	name := c.Provider.Name()
 	rules := registeredRules(name)
-	switch {
-	case name == "":
-		v.bad("provider", "no provider configured (supported: %s)", strings.Join(providerBlocks, ", "))
+	switch set := c.Provider.set(); {
+	case len(set) == 0:
+		v.bad("provider", "no provider configured (supported: %s)", registeredList())
+	case len(set) > 1:
+		v.bad("provider", "%s are configured: configure exactly one provider", strings.Join(set, " and "))
 	case rules == nil:
-		registered := strings.Join(RegisteredProviders(), ", ")
-		if registered == "" {
-			registered = "none"
-		}
-		v.bad("provider."+name, "this program has no rules for provider %q (registered: %s), so it cannot check the configuration", name, registered)
+		v.bad("provider."+name, "this program has no rules for provider %q (registered: %s), so it cannot check the configuration", name, registeredList())
 	default:
-		c.validateLocal(v, c.Provider.Local, rules)
+		validateProviderBlock(v, "provider."+name, c.Provider[name], rules)
 	}
 
 	c.validateAttestation(v, name, rules)
@@ -400,20 +402,20 @@ func (c *Config) Validate() error {
 	return v.err()
 }
 
-func (c *Config) validateLocal(v *validator, l *LocalConfig, rules ProviderRules) {
-	if l.ControlPlanes < 1 {
-		v.bad("provider.local.controlPlanes", "must be at least 1, got %d", l.ControlPlanes)
+// validateProviderBlock checks the block at path by the rules every provider shares, then by
+// the provider's own.
+func validateProviderBlock(v *validator, path string, b *ProviderBlock, rules ProviderRules) {
+	if b.ControlPlanes < 1 {
+		v.bad(path+".controlPlanes", "must be at least 1, got %d", b.ControlPlanes)
 	}
-	if l.Workers < 0 {
-		v.bad("provider.local.workers", "must be at least 0, got %d", l.Workers)
+	if b.Workers < 0 {
+		v.bad(path+".workers", "must be at least 0, got %d", b.Workers)
 	}
-	if rules != nil {
-		if err := rules.CheckNodes(l.ControlPlanes, l.Workers); err != nil {
-			v.add("provider.local", err)
-		}
+	if err := rules.CheckNodes(b.ControlPlanes, b.Workers); err != nil {
+		v.add(path, err)
 	}
-	if l.Image == "" {
-		v.bad("provider.local.image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
+	if b.Image == "" {
+		v.bad(path+".image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
 	}
 }
 

@@ -76,7 +76,7 @@ func fullSetYAML(values map[uint32]string) string {
 func validConfig() *Config {
 	return &Config{
 		Version: "v1", Name: "demo", KubernetesVersion: "v1.34.4",
-		Provider: ProviderConfig{Local: &LocalConfig{ControlPlanes: 3, Workers: 2, Image: "image"}},
+		Provider: ProviderFor("local", ProviderBlock{ControlPlanes: 3, Workers: 2, Image: "image"}),
 		Attestation: AttestationFor(variant.QEMUVTPM, VariantConfig{Measurements: measurements.ReferenceSets{{
 			Name: "local-1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0xab), 12: digest(0x11)}),
 		}}}),
@@ -110,7 +110,7 @@ func TestParseDefaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, DefaultKubernetesVersion, c.KubernetesVersion)
 	assert.Equal(t, NetworkConfig{PodCIDR: DefaultPodCIDR, ServiceCIDR: DefaultServiceCIDR}, c.Network)
-	assert.Equal(t, 0, c.Provider.Local.Workers)
+	assert.Equal(t, 0, c.Provider.Block().Workers)
 	require.NoError(t, c.Validate())
 
 	d := Default()
@@ -222,7 +222,7 @@ func TestValidate(t *testing.T) {
 	}{
 		"valid":                 {edit: func(*Config) {}},
 		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + caPEM }},
-		"valid without workers": {edit: func(c *Config) { c.Provider.Local.Workers = 0 }},
+		"valid without workers": {edit: func(c *Config) { c.Provider.Block().Workers = 0 }},
 		// Valid as a file: the local provider adds its AK CA at apply, which then refuses
 		// the opt-in beside roots (choose.NewValidator).
 		"valid with the opt-in to unauthenticated AKs": {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AcceptUnauthenticatedAK = true }},
@@ -276,20 +276,34 @@ func TestValidate(t *testing.T) {
 			edit: func(c *Config) { c.KubernetesVersion = "v1.33.0" },
 			want: map[string]string{"kubernetesVersion": `"v1.33.0" is not supported (supported: v1.34.4)`},
 		},
-		"no provider": {edit: func(c *Config) { c.Provider.Local = nil }, want: map[string]string{"provider": "no provider configured (supported: local)"}},
+		"no provider": {edit: func(c *Config) { c.Provider = nil }, want: map[string]string{"provider": "no provider configured (supported: local)"}},
+		"null provider block": {
+			edit: func(c *Config) { c.Provider["local"] = nil },
+			want: map[string]string{"provider": "no provider configured (supported: local)"},
+		},
+		"two providers": {
+			edit: func(c *Config) { c.Provider["gcp"] = &ProviderBlock{ControlPlanes: 1, Image: "image"} },
+			want: map[string]string{"provider": "gcp and local are configured: configure exactly one provider"},
+		},
+		// Parse refuses such keys (TestParseRejects); a configuration built in Go is checked
+		// alike.
+		"unregistered provider": {
+			edit: func(c *Config) { c.Provider = ProviderFor("gcp", *c.Provider.Block()) },
+			want: map[string]string{"provider.gcp": `this program has no rules for provider "gcp" (registered: local)`},
+		},
 		"no control planes": {
-			edit: func(c *Config) { c.Provider.Local.ControlPlanes = 0 },
+			edit: func(c *Config) { c.Provider.Block().ControlPlanes = 0 },
 			want: map[string]string{"provider.local.controlPlanes": "must be at least 1, got 0"},
 		},
 		"negative workers": {
-			edit: func(c *Config) { c.Provider.Local.Workers = -1 },
+			edit: func(c *Config) { c.Provider.Block().Workers = -1 },
 			want: map[string]string{"provider.local.workers": "must be at least 0, got -1"},
 		},
 		"too many nodes": {
-			edit: func(c *Config) { c.Provider.Local.Workers = 243; c.Network.PodCIDR = "10.0.0.0/12" },
+			edit: func(c *Config) { c.Provider.Block().Workers = 243; c.Network.PodCIDR = "10.0.0.0/12" },
 			want: map[string]string{"provider.local": "246 nodes, more than the 245 addresses"},
 		},
-		"image missing": {edit: func(c *Config) { c.Provider.Local.Image = "" }, want: map[string]string{"provider.local.image": "missing"}},
+		"image missing": {edit: func(c *Config) { c.Provider.Block().Image = "" }, want: map[string]string{"provider.local.image": "missing"}},
 		"no attestation": {
 			edit: func(c *Config) { delete(c.Attestation, variant.QEMUVTPM.ConfigKey()) },
 			want: map[string]string{"attestation": "no attestation variant configured"},
@@ -410,7 +424,7 @@ func TestValidate(t *testing.T) {
 		"every problem at once": {
 			edit: func(c *Config) {
 				c.Version, c.Name, c.KubernetesVersion = "", "-x", "v1"
-				c.Provider.Local.ControlPlanes, c.Provider.Local.Workers, c.Provider.Local.Image = 0, -1, ""
+				c.Provider.Block().ControlPlanes, c.Provider.Block().Workers, c.Provider.Block().Image = 0, -1, ""
 				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name = ""
 				c.Network.PodCIDR, c.Network.ServiceCIDR = "x", "y"
 			},
@@ -489,7 +503,7 @@ func TestWriteAndLoad(t *testing.T) {
 	assert.Equal(t, "other", got.Name)
 
 	invalid := validConfig()
-	invalid.Provider.Local.ControlPlanes = 0
+	invalid.Provider.Block().ControlPlanes = 0
 	err = Write(path, invalid, true)
 	require.ErrorContains(t, err, "provider.local.controlPlanes: must be at least 1, got 0")
 
@@ -508,8 +522,8 @@ func TestWriteAndLoad(t *testing.T) {
 }
 
 func TestImagePath(t *testing.T) {
-	assert.Equal(t, filepath.Join("ws", "img"), (&LocalConfig{Image: "img"}).ImagePath("ws"))
-	assert.Equal(t, "/abs/img", (&LocalConfig{Image: "/abs/img"}).ImagePath("ws"))
+	assert.Equal(t, filepath.Join("ws", "img"), (&ProviderBlock{Image: "img"}).ImagePath("ws"))
+	assert.Equal(t, "/abs/img", (&ProviderBlock{Image: "/abs/img"}).ImagePath("ws"))
 }
 
 func TestReferenceSetName(t *testing.T) {

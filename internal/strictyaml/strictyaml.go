@@ -382,6 +382,9 @@ func unknownField(key string, known []string) error {
 			return fmt.Errorf("unknown field (did you mean %q?)", k)
 		}
 	}
+	if len(known) == 0 {
+		return errors.New("unknown field (known: none)")
+	}
 	known = slices.Sorted(slices.Values(known))
 	return fmt.Errorf("unknown field (known: %s)", strings.Join(known, ", "))
 }

@@ -23,6 +23,11 @@ type closed map[string]*inner
 
 func (closed) KnownKeys() []string { return []string{"alpha", "betaGamma"} }
 
+// empty is a map that takes no key at all (KeySet).
+type empty map[string]int
+
+func (empty) KnownKeys() []string { return nil }
+
 type doc struct {
 	Name    string                     `json:"name"`
 	Enabled bool                       `json:"enabled"`
@@ -34,6 +39,7 @@ type doc struct {
 	When    time.Time                  `json:"when,omitzero"`
 	Sets    measurements.ReferenceSets `json:"sets,omitempty"`
 	Closed  closed                     `json:"closed,omitempty"`
+	Empty   empty                      `json:"empty,omitempty"`
 	Skipped string                     `json:"-"`
 }
 
@@ -55,7 +61,7 @@ func TestUnmarshalProblems(t *testing.T) {
 		// wantErr is used for problems that are not about one field.
 		wantErr string
 	}{
-		"unknown top-level field":         {yaml: "name: a\nnmae: b\n", want: map[string]string{"nmae": "unknown field (known: addr, closed, enabled, inner, labels, list, name, sets, small, when)"}},
+		"unknown top-level field":         {yaml: "name: a\nnmae: b\n", want: map[string]string{"nmae": "unknown field (known: addr, closed, empty, enabled, inner, labels, list, name, sets, small, when)"}},
 		"miscased field":                  {yaml: "Name: a\n", want: map[string]string{"Name": `did you mean "name"`}},
 		"unknown nested field":            {yaml: "inner: {count: 1, extra: 2}\n", want: map[string]string{"inner.extra": "unknown field"}},
 		"unknown field in list":           {yaml: "list:\n- count: 1\n- cuont: 2\n", want: map[string]string{"list[1].cuont": "unknown field"}},
@@ -96,6 +102,7 @@ func TestUnmarshalProblems(t *testing.T) {
 		"closed map, unknown key":   {yaml: "closed: {alpha: {count: 1}, delta: {}}\n", want: map[string]string{"closed.delta": "unknown field (known: alpha, betaGamma)"}},
 		"closed map, miscased key":  {yaml: "closed: {betagamma: {}}\n", want: map[string]string{"closed.betagamma": `unknown field (did you mean "betaGamma"?)`}},
 		"closed map, value checked": {yaml: "closed: {alpha: {count: x, extra: 1}}\n", want: map[string]string{"closed.alpha.count": "must be an integer", "closed.alpha.extra": "unknown field"}},
+		"closed map without keys":   {yaml: "empty: {a: 1}\n", want: map[string]string{"empty.a": "unknown field (known: none)"}},
 		"duplicate key":             {yaml: "name: a\nname: b\n", wantErr: `key "name" already set`},
 		"syntax error":              {yaml: "name: [a\n", wantErr: "invalid YAML"},
 		"empty document":            {yaml: "", wantErr: "the document is empty"},
