@@ -34,9 +34,10 @@ var (
 )
 
 // RegisterProvider makes name a key of the provider block (provider.<name>: Parse refuses any
-// other) and Validate check the configurations of provider name by rules. The provider catalog calls it for every provider it
-// registers; a program without the catalog registers them itself (Validate refuses a
-// configuration whose provider has no rules).
+// other) and Validate check the configurations of provider name by rules. The provider
+// catalog calls it for every provider it registers; a program without the catalog registers
+// them itself (Parse refuses a file, and Validate a configuration, whose provider has no
+// rules).
 func RegisterProvider(name string, rules ProviderRules) {
 	providersMu.Lock()
 	defer providersMu.Unlock()
