@@ -244,7 +244,7 @@ func clusterAttestation(ctx context.Context, platform provider.Provider, conf *c
 	}
 	if pa.Variant != ref.Variant {
 		return choose.Reference{}, nil, fmt.Errorf("%s: attestation.%s: the platform's nodes attest with %s (attestation.%s)",
-			config.FileName, config.FieldName(ref.Variant), pa.Variant, config.FieldName(pa.Variant))
+			config.FileName, ref.Variant.ConfigKey(), pa.Variant, pa.Variant.ConfigKey())
 	}
 	ref.AKRoots = string(pa.AKRootsPEM) + ref.AKRoots
 	// The whole reference goes to the join service, so it admits nodes by what this CLI

@@ -37,7 +37,7 @@ func TestClusterAttestationCarriesTheHardwareBlock(t *testing.T) {
 	ref.MinimumTCB = map[string]snp.TCB{"Milan": {Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115}}
 	ref.Measurements = snp.Digests{bytes.Repeat([]byte{1}, 48)}
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.AWSSEVSNP, nil)}}
-	conf := &config.Config{Attestation: config.AttestationConfig{AWSSEVSNP: &config.VariantConfig{Measurements: sets, HardwareValues: choose.HardwareValues{SNP: &ref}}}}
+	conf := &config.Config{Attestation: config.AttestationFor(variant.AWSSEVSNP, config.VariantConfig{Measurements: sets, HardwareValues: choose.HardwareValues{SNP: &ref}})}
 
 	attest, validator, err := clusterAttestation(context.Background(), attestingPlatform{att: provider.Attestation{Variant: variant.AWSSEVSNP}}, conf)
 	require.NoError(t, err)

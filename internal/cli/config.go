@@ -111,14 +111,15 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 
 	c := config.Default()
 	c.Name = o.name
-	c.Provider.Local = &config.LocalConfig{
+	c.Provider = config.ProviderFor(platform.Name(), config.ProviderBlock{
 		ControlPlanes: o.controlPlanes,
 		Workers:       o.workers,
 		Image:         imagePathFor(workspace, imageDir),
-	}
-	c.Attestation.QEMUVTPM = &config.VariantConfig{
+	})
+	// The block of the variant the provider's nodes attest with: the one its rules accept.
+	c.Attestation = config.AttestationFor(platform.ConfigRules().Variant(), config.VariantConfig{
 		Measurements: measurements.ReferenceSets{{Name: setName, Measurements: expected}},
-	}
+	})
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("the flags give an invalid configuration:\n%w", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // run executes the CLI with args and returns its output.
@@ -48,8 +49,8 @@ func TestConfigGenerateLocal(t *testing.T) {
 	c, err := config.Load(filepath.Join(ws, config.FileName))
 	require.NoError(t, err, "the written file loads and validates")
 	assert.Equal(t, "demo", c.Name)
-	assert.Equal(t, &config.LocalConfig{ControlPlanes: 3, Workers: 2, Image: "image"}, c.Provider.Local, "image inside the workspace is stored relative to it")
-	assert.Equal(t, image, c.Provider.Local.ImagePath(ws))
+	assert.Equal(t, &config.ProviderBlock{ControlPlanes: 3, Workers: 2, Image: "image"}, c.Provider.Block(), "image inside the workspace is stored relative to it")
+	assert.Equal(t, image, c.Provider.Block().ImagePath(ws))
 	assert.Equal(t, config.DefaultKubernetesVersion, c.KubernetesVersion)
 	assert.Equal(t, config.NetworkConfig{PodCIDR: config.DefaultPodCIDR, ServiceCIDR: config.DefaultServiceCIDR}, c.Network)
 
@@ -57,8 +58,8 @@ func TestConfigGenerateLocal(t *testing.T) {
 	components, err := local.ImageComponents(image)
 	require.NoError(t, err)
 	want := local.ExpectedPCRs(components)
-	require.Len(t, c.Attestation.QEMUVTPM.Measurements, 1)
-	set := c.Attestation.QEMUVTPM.Measurements[0]
+	require.Len(t, c.Attestation.Of(variant.QEMUVTPM).Measurements, 1)
+	set := c.Attestation.Of(variant.QEMUVTPM).Measurements[0]
 	assert.Equal(t, want, set.Measurements)
 	assert.Equal(t, config.ReferenceSetName("local-", want), set.Name)
 	for _, pcr := range []uint32{local.PCRBootstrapper, local.PCRNodeConfig, local.PCRKubernetes} {
@@ -82,9 +83,9 @@ func TestConfigGenerateLocal(t *testing.T) {
 	require.NoError(t, err)
 	components, err = local.ImageComponents(image)
 	require.NoError(t, err)
-	assert.Equal(t, local.ExpectedPCRs(components), replaced.Attestation.QEMUVTPM.Measurements[0].Measurements)
-	assert.NotEqual(t, set.Name, replaced.Attestation.QEMUVTPM.Measurements[0].Name, "a new image gets a new set name")
-	assert.Equal(t, &config.LocalConfig{ControlPlanes: 1, Workers: 1, Image: "image"}, replaced.Provider.Local, "flag defaults")
+	assert.Equal(t, local.ExpectedPCRs(components), replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements)
+	assert.NotEqual(t, set.Name, replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name, "a new image gets a new set name")
+	assert.Equal(t, &config.ProviderBlock{ControlPlanes: 1, Workers: 1, Image: "image"}, replaced.Provider.Block(), "flag defaults")
 }
 
 func TestConfigGenerateLocalImageOutsideWorkspace(t *testing.T) {
@@ -95,7 +96,7 @@ func TestConfigGenerateLocalImageOutsideWorkspace(t *testing.T) {
 	require.NoError(t, err, "the workspace is created")
 	c, err := config.Load(filepath.Join(ws, config.FileName))
 	require.NoError(t, err)
-	assert.Equal(t, image, c.Provider.Local.Image, "absolute outside the workspace")
+	assert.Equal(t, image, c.Provider.Block().Image, "absolute outside the workspace")
 }
 
 func TestConfigGenerateLocalErrors(t *testing.T) {

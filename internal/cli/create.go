@@ -199,7 +199,7 @@ func createRequest(workspace string, conf *config.Config, o createOptions) provi
 		Workspace: workspace, Config: conf, ImagesDir: o.imagesDir,
 		UnexpectedWorkerBootstrapper: o.extraWorkerBootstrapper, KubeBin: o.kubeBin,
 	}
-	lc := conf.Provider.Local
+	lc := conf.Provider.Block()
 	imageDir := lc.ImagePath(workspace)
 	for i := 0; i < lc.ControlPlanes; i++ {
 		req.Nodes = append(req.Nodes, provider.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: metadata.ControlPlane, Image: imageDir})

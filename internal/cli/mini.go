@@ -17,6 +17,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/catalog"
+	"github.com/openconstellation/constellation/internal/state"
 )
 
 func newMiniCmd() *cobra.Command {
@@ -142,7 +143,7 @@ const generatedConfigMarker = "generated-config"
 
 // localPlatform is the provider mini runs: the local one, always in the catalog.
 func localPlatform() provider.Platform {
-	p, err := catalog.Lookup(config.ProviderLocal)
+	p, err := catalog.Lookup(state.ProviderLocal)
 	if err != nil {
 		panic(err) // a built-in of internal/provider/catalog
 	}

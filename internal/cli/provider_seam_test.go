@@ -31,8 +31,15 @@ func TestSecondProvider(t *testing.T) {
 	require.NoError(t, err)
 	conf := config.Default()
 	conf.Name = "fake-cluster"
-	conf.Provider.Local = &config.LocalConfig{ControlPlanes: 1, Workers: 2, Image: "image-a"}
-	conf.Attestation.QEMUVTPM = &config.VariantConfig{Measurements: measurements.ReferenceSets{{Name: "fake", Measurements: reference.Measurements}}}
+	conf.Provider = config.ProviderFor(fake.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 2, Image: "image-a"})
+	conf.Attestation = config.AttestationFor(fake.Variant, config.VariantConfig{Measurements: measurements.ReferenceSets{{Name: "fake", Measurements: reference.Measurements}}})
+	// Its configuration block is provider.fake, checked by its registered rules: the
+	// configuration's schema names no provider.
+	confPath := filepath.Join(ws, config.FileName)
+	require.NoError(t, config.Write(confPath, conf, false))
+	conf, err = config.Load(confPath)
+	require.NoError(t, err)
+	assert.Equal(t, fake.Name, conf.Provider.Name())
 
 	var out bytes.Buffer
 	st, err := createOn(t.Context(), newPhaseTimer(&out), filepath.Join(ws, state.FileName), platform, ws, conf, createOptions{})
@@ -94,7 +101,7 @@ func TestConfigChecksProviderRules(t *testing.T) {
 	err = config.Write(path, c, true)
 	assert.ErrorContains(t, err, "network.podCIDR: 10.42.0.0/16 overlaps the local provider's node network 10.42.0.0/24")
 	c.Network.PodCIDR = config.DefaultPodCIDR
-	c.Provider.Local.Workers = 245
+	c.Provider.Block().Workers = 245
 	err = config.Write(path, c, true)
 	assert.ErrorContains(t, err, "provider.local: 1 control planes and 245 workers are 246 nodes, more than the 245 addresses")
 }

@@ -36,9 +36,9 @@ func (p scalePlan) empty() bool { return len(p.add) == 0 && len(p.remove) == 0 }
 // newest nodes of a role first, and never the first control plane (the cluster's
 // controlPlaneEndpoint names it).
 func planScale(conf *config.Config, st *state.State, workspace string) (scalePlan, error) {
-	lc := conf.Provider.Local
+	lc := conf.Provider.Block()
 	if lc == nil {
-		return scalePlan{}, fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
+		return scalePlan{}, fmt.Errorf("%s: provider: configure exactly one provider", config.FileName)
 	}
 	image := lc.ImagePath(workspace)
 	p := scalePlan{wantCP: lc.ControlPlanes, wantW: lc.Workers}

@@ -53,7 +53,7 @@ func TestPlanScale(t *testing.T) {
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
-			conf := &config.Config{Provider: config.ProviderConfig{Local: &config.LocalConfig{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"}}}
+			conf := &config.Config{Provider: config.ProviderFor(state.ProviderLocal, config.ProviderBlock{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"})}
 			st := &state.State{Nodes: tc.nodes, Removed: tc.removed}
 			plan, err := planScale(conf, st, "/workspace")
 			if tc.wantErrSubstr != "" {

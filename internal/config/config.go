@@ -82,112 +82,130 @@ type Config struct {
 	Network NetworkConfig `json:"network"`
 }
 
-// ProviderConfig has one field per provider; exactly one is set.
-type ProviderConfig struct {
-	// Local runs nodes as sandboxes on this machine (docs/local-provider.md).
-	Local *LocalConfig `json:"local,omitempty"`
-}
+// ProviderConfig maps a provider's name (the name it is registered by, RegisterProvider) to
+// its block; exactly one is set. The keys are the registered providers, so this package names
+// no provider: a new provider registers its rules, and its block has the shape every
+// provider's has (ProviderBlock). Parsing refuses a key that names no registered provider
+// (strictyaml.KeySet), as it refuses an unknown field.
+type ProviderConfig map[string]*ProviderBlock
 
-// LocalConfig configures the local provider.
-type LocalConfig struct {
+// ProviderBlock is a provider's block: the nodes it runs and the image they boot. What a
+// provider allows beyond the common rules is its ProviderRules'.
+type ProviderBlock struct {
 	// ControlPlanes is the number of control-plane nodes: at least 1 (an odd number keeps
 	// etcd's quorum efficient). Required.
 	ControlPlanes int `json:"controlPlanes"`
-	// Workers is the number of worker nodes: at least 0. Default 0. Control planes and
-	// workers together are at most 245, the addresses of the node network.
+	// Workers is the number of worker nodes: at least 0. Default 0. The provider's rules
+	// bound control planes and workers together (the local provider: at most 245, the
+	// addresses of the node network).
 	Workers int `json:"workers"`
-	// Image is the node image directory every node boots: the files local.ImageFiles names
-	// (bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json), measured into the
-	// node's vTPM by the PCR map of docs/attestation.md. A relative path is relative to the
-	// directory of the configuration file (the workspace). Required.
+	// Image is the node image the nodes boot, a directory for the local provider: the files
+	// local.ImageFiles names (bootstrapper, kubelet, kubeadm, containerd.toml,
+	// node-config.json), measured into the node's vTPM by the PCR map of docs/attestation.md.
+	// A relative path is relative to the directory of the configuration file (the
+	// workspace). Required.
 	Image string `json:"image"`
 }
 
-// AttestationConfig has one field per attestation variant; exactly one is set. Every block
-// has the same shape (VariantConfig); which of its fields a variant uses, and requires, is
-// the variant's (pkg/attestation/choose), and Validate refuses a field the variant would
-// ignore.
-type AttestationConfig struct {
-	// QEMUVTPM is the qemu-vtpm variant: a TPM quote of the node's (virtual) TPM. The local
-	// provider's nodes attest with it.
-	QEMUVTPM *VariantConfig `json:"qemuVTPM,omitempty"`
-	// QEMUTDX is qemu-tdx: an Intel TD quote (MRTD and RTMRs as registers), no vTPM.
-	QEMUTDX *VariantConfig `json:"qemuTDX,omitempty"`
-	// AWSSEVSNP is aws-sev-snp: a NitroTPM quote, and an SEV-SNP report (VLEK-signed) that
-	// binds its AK.
-	AWSSEVSNP *VariantConfig `json:"awsSEVSNP,omitempty"`
-	// AWSNitroTPM is aws-nitro-tpm: a NitroTPM quote whose AK nothing authenticates.
-	AWSNitroTPM *VariantConfig `json:"awsNitroTPM,omitempty"`
-	// AzureSEVSNP is azure-sev-snp: a vTPM quote and Azure's HCL report (SEV-SNP) binding
-	// its AK.
-	AzureSEVSNP *VariantConfig `json:"azureSEVSNP,omitempty"`
-	// AzureTDX is azure-tdx: a vTPM quote, Azure's HCL report (TDREPORT) binding its AK, and
-	// the TD quote of that report.
-	AzureTDX *VariantConfig `json:"azureTDX,omitempty"`
-	// AzureTrustedLaunch is azure-trustedlaunch: a vTPM quote with an AK certified by Azure.
-	AzureTrustedLaunch *VariantConfig `json:"azureTrustedLaunch,omitempty"`
-	// GCPSEVES is gcp-sev-es: a vTPM quote and the firmware's event log, replayed.
-	GCPSEVES *VariantConfig `json:"gcpSEVES,omitempty"`
-	// GCPSEVSNP is gcp-sev-snp: a vTPM quote with an AK certified by Google, and an SEV-SNP
-	// report binding the AK and the nonce.
-	GCPSEVSNP *VariantConfig `json:"gcpSEVSNP,omitempty"`
-}
+// AttestationConfig maps the configuration key of a variant (variant.Variant.ConfigKey:
+// "qemuVTPM", "awsSEVSNP", ...) to its block; exactly one is set. The keys are the variants of
+// the attestation catalog (choose.Implemented), so this package names no variant: a new variant
+// is its entry in the catalog and its literal in pkg/attestation/variant. Every block has the
+// same shape (VariantConfig); which of its fields a variant uses, and requires, is the
+// variant's (pkg/attestation/choose), and Validate refuses a field the variant would ignore.
+// Parsing refuses a key that names no variant of the catalog (strictyaml.KeySet), as it
+// refuses an unknown field.
+type AttestationConfig map[string]*VariantConfig
 
 // VariantConfig is one variant's reference values (choose.Values): measurements (reference
 // sets of the variant's registers), AK roots, and the variant's hardware block.
 type VariantConfig = choose.Values
 
-// variantBlock is one field of AttestationConfig.
-type variantBlock struct {
-	field   string // YAML key under attestation
-	variant variant.Variant
-	values  *VariantConfig
+// AttestationFor returns the attestation block that configures variant v with vals.
+func AttestationFor(v variant.Variant, vals VariantConfig) AttestationConfig {
+	return AttestationConfig{v.ConfigKey(): &vals}
 }
 
-// blocks lists the fields of a, set or not, in declaration order.
-func (a AttestationConfig) blocks() []variantBlock {
-	return []variantBlock{
-		{"qemuVTPM", variant.QEMUVTPM, a.QEMUVTPM},
-		{"qemuTDX", variant.QEMUTDX, a.QEMUTDX},
-		{"awsSEVSNP", variant.AWSSEVSNP, a.AWSSEVSNP},
-		{"awsNitroTPM", variant.AWSNitroTPM, a.AWSNitroTPM},
-		{"azureSEVSNP", variant.AzureSEVSNP, a.AzureSEVSNP},
-		{"azureTDX", variant.AzureTDX, a.AzureTDX},
-		{"azureTrustedLaunch", variant.AzureTrustedLaunch, a.AzureTrustedLaunch},
-		{"gcpSEVES", variant.GCPSEVES, a.GCPSEVES},
-		{"gcpSEVSNP", variant.GCPSEVSNP, a.GCPSEVSNP},
+// KnownKeys returns the keys a block may have: the configuration keys of the catalog's
+// variants (strictyaml.KeySet).
+func (AttestationConfig) KnownKeys() []string {
+	keys := make([]string, 0, len(knownVariants()))
+	for _, v := range knownVariants() {
+		keys = append(keys, v.ConfigKey())
 	}
+	return keys
 }
 
-// set returns the blocks that are set.
-func (a AttestationConfig) set() []variantBlock {
-	var out []variantBlock
-	for _, b := range a.blocks() {
-		if b.values != nil {
-			out = append(out, b)
-		}
+// knownVariants are the variants a configuration may configure, in catalog order: those the
+// catalog implements.
+func knownVariants() []variant.Variant {
+	var out []variant.Variant
+	for _, e := range choose.BuiltIns() {
+		out = append(out, e.Variant)
 	}
 	return out
 }
 
-// FieldName returns the YAML key of variant v's block ("qemuVTPM"), for messages.
-func FieldName(v variant.Variant) string {
-	for _, b := range (AttestationConfig{}).blocks() {
-		if b.variant == v {
-			return b.field
+// Of returns the block of variant v, or nil if it is not configured.
+func (a AttestationConfig) Of(v variant.Variant) *VariantConfig {
+	return a[v.ConfigKey()]
+}
+
+// variantBlock is one configured block of AttestationConfig.
+type variantBlock struct {
+	key     string          // YAML key under attestation
+	variant variant.Variant // zero if key names no variant of the catalog
+	values  *VariantConfig
+}
+
+// set returns the configured (non-null) blocks: those of known variants in catalog order,
+// then any other keys, sorted.
+func (a AttestationConfig) set() []variantBlock {
+	var out []variantBlock
+	known := map[string]bool{}
+	for _, v := range knownVariants() {
+		known[v.ConfigKey()] = true
+		if vals := a[v.ConfigKey()]; vals != nil {
+			out = append(out, variantBlock{v.ConfigKey(), v, vals})
 		}
 	}
-	return v.String()
+	var unknown []string
+	for k, vals := range a {
+		if !known[k] && vals != nil {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	for _, k := range unknown {
+		out = append(out, variantBlock{key: k, values: a[k]})
+	}
+	return out
 }
 
 // Reference returns the configured variant with its values, or an error naming the field if
-// not exactly one variant is configured.
+// not exactly one variant of the catalog is configured.
 func (a AttestationConfig) Reference() (choose.Reference, error) {
 	set := a.set()
-	if len(set) != 1 {
+	switch {
+	case len(set) != 1:
 		return choose.Reference{}, fmt.Errorf("%s: attestation: %d variants configured, want exactly one", FileName, len(set))
+	case set[0].variant.IsZero():
+		return choose.Reference{}, fmt.Errorf("%s: attestation.%s: %w", FileName, set[0].key, unknownVariant(set[0].key))
 	}
 	return choose.Reference{Variant: set[0].variant, Values: *set[0].values}, nil
+}
+
+// unknownVariant says that key names no variant of the catalog, as strictyaml says it of an
+// unknown field.
+func unknownVariant(key string) error {
+	known := AttestationConfig{}.KnownKeys()
+	for _, k := range known {
+		if strings.EqualFold(k, key) {
+			return fmt.Errorf("unknown attestation variant (did you mean %q?)", k)
+		}
+	}
+	slices.Sort(known)
+	return fmt.Errorf("unknown attestation variant (known: %s)", strings.Join(known, ", "))
 }
 
 // NetworkConfig holds the cluster's networks (IPv4 CIDRs, without host bits). The pod,
@@ -296,9 +314,9 @@ func Write(path string, c *Config, overwrite bool) error {
 	return nil
 }
 
-// ImagePath returns the local provider's node image directory, a relative Image resolved
-// against dir (the directory holding the configuration file).
-func (l *LocalConfig) ImagePath(dir string) string {
+// ImagePath returns the node image, a relative Image resolved against dir (the directory
+// holding the configuration file).
+func (l *ProviderBlock) ImagePath(dir string) string {
 	if filepath.IsAbs(l.Image) {
 		return l.Image
 	}
@@ -306,7 +324,7 @@ func (l *LocalConfig) ImagePath(dir string) string {
 }
 
 // Variant returns the attestation variant configured, or the zero Variant if none or
-// several are.
+// several are, or the one block names no variant of the catalog.
 func (a AttestationConfig) Variant() variant.Variant {
 	if set := a.set(); len(set) == 1 {
 		return set[0].variant
@@ -355,17 +373,15 @@ func (c *Config) Validate() error {
 	// catalog). Without them the configuration cannot be checked whole: it is refused.
 	name := c.Provider.Name()
 	rules := registeredRules(name)
-	switch {
-	case name == "":
-		v.bad("provider", "no provider configured (supported: %s)", strings.Join(providerBlocks, ", "))
+	switch set := c.Provider.set(); {
+	case len(set) == 0:
+		v.bad("provider", "no provider configured (supported: %s)", registeredList())
+	case len(set) > 1:
+		v.bad("provider", "%s are configured: configure exactly one provider", strings.Join(set, " and "))
 	case rules == nil:
-		registered := strings.Join(RegisteredProviders(), ", ")
-		if registered == "" {
-			registered = "none"
-		}
-		v.bad("provider."+name, "this program has no rules for provider %q (registered: %s), so it cannot check the configuration", name, registered)
+		v.bad("provider."+name, "this program has no rules for provider %q (registered: %s), so it cannot check the configuration", name, registeredList())
 	default:
-		c.validateLocal(v, c.Provider.Local, rules)
+		validateProviderBlock(v, "provider."+name, c.Provider[name], rules)
 	}
 
 	c.validateAttestation(v, name, rules)
@@ -386,45 +402,54 @@ func (c *Config) Validate() error {
 	return v.err()
 }
 
-func (c *Config) validateLocal(v *validator, l *LocalConfig, rules ProviderRules) {
-	if l.ControlPlanes < 1 {
-		v.bad("provider.local.controlPlanes", "must be at least 1, got %d", l.ControlPlanes)
+// validateProviderBlock checks the block at path by the rules every provider shares, then by
+// the provider's own.
+func validateProviderBlock(v *validator, path string, b *ProviderBlock, rules ProviderRules) {
+	if b.ControlPlanes < 1 {
+		v.bad(path+".controlPlanes", "must be at least 1, got %d", b.ControlPlanes)
 	}
-	if l.Workers < 0 {
-		v.bad("provider.local.workers", "must be at least 0, got %d", l.Workers)
+	if b.Workers < 0 {
+		v.bad(path+".workers", "must be at least 0, got %d", b.Workers)
 	}
-	if rules != nil {
-		if err := rules.CheckNodes(l.ControlPlanes, l.Workers); err != nil {
-			v.add("provider.local", err)
-		}
+	if err := rules.CheckNodes(b.ControlPlanes, b.Workers); err != nil {
+		v.add(path, err)
 	}
-	if l.Image == "" {
-		v.bad("provider.local.image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
+	if b.Image == "" {
+		v.bad(path+".image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
 	}
 }
 
-// validateAttestation checks that exactly one variant is configured, that it is the one the
-// provider's nodes attest with (when the provider is known), and each configured block by its
-// variant's rules.
+// validateAttestation checks that every block names a variant of the catalog, that exactly
+// one is configured, that it is the one the provider's nodes attest with (when the provider is
+// known), and each configured block by its variant's rules.
 func (c *Config) validateAttestation(v *validator, provider string, rules ProviderRules) {
 	set := c.Attestation.set()
+	var known []variantBlock
+	for _, b := range set {
+		if b.variant.IsZero() {
+			// Parse refuses these already; a configuration built in Go is checked alike.
+			v.add("attestation."+b.key, unknownVariant(b.key))
+			continue
+		}
+		known = append(known, b)
+	}
 	switch {
 	case len(set) == 0 && rules == nil:
 		v.bad("attestation", "no attestation variant configured")
 	case len(set) == 0:
-		v.bad("attestation", "no attestation variant configured (the %s provider's nodes attest with %s)", provider, FieldName(rules.Variant()))
+		v.bad("attestation", "no attestation variant configured (the %s provider's nodes attest with %s)", provider, rules.Variant().ConfigKey())
 	case len(set) > 1:
-		fields := make([]string, len(set))
+		keys := make([]string, len(set))
 		for i, b := range set {
-			fields[i] = b.field
+			keys[i] = b.key
 		}
-		v.bad("attestation", "%s are configured: configure exactly one variant", strings.Join(fields, " and "))
-	case rules != nil && set[0].variant != rules.Variant():
+		v.bad("attestation", "%s are configured: configure exactly one variant", strings.Join(keys, " and "))
+	case rules != nil && len(known) == 1 && known[0].variant != rules.Variant():
 		want := rules.Variant()
-		v.bad("attestation."+set[0].field, "variant %s does not match the provider's nodes, which attest with %s (attestation.%s)", set[0].variant, want, FieldName(want))
+		v.bad("attestation."+known[0].key, "variant %s does not match the provider's nodes, which attest with %s (attestation.%s)", known[0].variant, want, want.ConfigKey())
 	}
-	for _, b := range set {
-		path := "attestation." + b.field
+	for _, b := range known {
+		path := "attestation." + b.key
 		validateReferenceSets(v, path+".measurements", b.values.Measurements, b.variant)
 		for _, fe := range choose.ValidateValues(b.variant, *b.values) {
 			v.add(path+"."+fe.Field, fe.Err)

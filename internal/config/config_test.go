@@ -14,6 +14,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/strictyaml"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -75,10 +76,10 @@ func fullSetYAML(values map[uint32]string) string {
 func validConfig() *Config {
 	return &Config{
 		Version: "v1", Name: "demo", KubernetesVersion: "v1.34.4",
-		Provider: ProviderConfig{Local: &LocalConfig{ControlPlanes: 3, Workers: 2, Image: "image"}},
-		Attestation: AttestationConfig{QEMUVTPM: &VariantConfig{Measurements: measurements.ReferenceSets{{
+		Provider: ProviderFor("local", ProviderBlock{ControlPlanes: 3, Workers: 2, Image: "image"}),
+		Attestation: AttestationFor(variant.QEMUVTPM, VariantConfig{Measurements: measurements.ReferenceSets{{
 			Name: "local-1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0xab), 12: digest(0x11)}),
-		}}}},
+		}}}),
 		Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"},
 	}
 }
@@ -109,7 +110,7 @@ func TestParseDefaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, DefaultKubernetesVersion, c.KubernetesVersion)
 	assert.Equal(t, NetworkConfig{PodCIDR: DefaultPodCIDR, ServiceCIDR: DefaultServiceCIDR}, c.Network)
-	assert.Equal(t, 0, c.Provider.Local.Workers)
+	assert.Equal(t, 0, c.Provider.Block().Workers)
 	require.NoError(t, c.Validate())
 
 	d := Default()
@@ -154,6 +155,20 @@ func TestParseRejects(t *testing.T) {
 				return strings.Replace(s, `"1111111111111111111111111111111111111111111111111111111111111111"`, strings.Repeat("1", 64), 1)
 			},
 			wantPath: "attestation.qemuVTPM.measurements[0].measurements", wantMsg: "quote digests that are all digits",
+		},
+		"unknown attestation variant": {
+			edit:     func(s string) string { return strings.Replace(s, "  qemuVTPM:", "  qemuSEV:", 1) },
+			wantPath: "attestation.qemuSEV", wantMsg: "unknown field (known: awsNitroTPM, awsSEVSNP, azureSEVSNP, azureTDX, azureTrustedLaunch, gcpSEVES, gcpSEVSNP, qemuTDX, qemuVTPM)",
+		},
+		"miscased attestation variant": {
+			edit:     func(s string) string { return strings.Replace(s, "  qemuVTPM:", "  qemuvtpm:", 1) },
+			wantPath: "attestation.qemuvtpm", wantMsg: `unknown field (did you mean "qemuVTPM"?)`,
+		},
+		"attestation variant of the wrong kind": {
+			edit: func(s string) string {
+				return strings.Replace(s, "    - name: local-1\n", "    - name: [local-1]\n", 1)
+			},
+			wantPath: "attestation.qemuVTPM.measurements[0].name", wantMsg: "must be a string, got a list",
 		},
 		"count as a string": {
 			edit:     func(s string) string { return strings.Replace(s, "controlPlanes: 3", `controlPlanes: "3"`, 1) },
@@ -206,20 +221,51 @@ func TestValidate(t *testing.T) {
 		want map[string]string
 	}{
 		"valid":                 {edit: func(*Config) {}},
-		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + caPEM }},
-		"valid without workers": {edit: func(c *Config) { c.Provider.Local.Workers = 0 }},
+		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + caPEM }},
+		"valid without workers": {edit: func(c *Config) { c.Provider.Block().Workers = 0 }},
 		// Valid as a file: the local provider adds its AK CA at apply, which then refuses
 		// the opt-in beside roots (choose.NewValidator).
-		"valid with the opt-in to unauthenticated AKs": {edit: func(c *Config) { c.Attestation.QEMUVTPM.AcceptUnauthenticatedAK = true }},
+		"valid with the opt-in to unauthenticated AKs": {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AcceptUnauthenticatedAK = true }},
 		"opt-in beside AK roots": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.AKRoots, c.Attestation.QEMUVTPM.AcceptUnauthenticatedAK = caPEM, true
+				c.Attestation.Of(variant.QEMUVTPM).AKRoots, c.Attestation.Of(variant.QEMUVTPM).AcceptUnauthenticatedAK = caPEM, true
 			},
 			want: map[string]string{"attestation.qemuVTPM.acceptUnauthenticatedAK": "the opt-in would be ignored"},
 		},
 		"valid with several sets": {edit: func(c *Config) {
-			c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "local-2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(2)})})
+			c.Attestation.Of(variant.QEMUVTPM).Measurements = append(c.Attestation.Of(variant.QEMUVTPM).Measurements, measurements.ReferenceSet{Name: "local-2", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(2)})})
 		}},
+		"two variants": {
+			edit: func(c *Config) {
+				c.Attestation[variant.AzureTrustedLaunch.ConfigKey()] = c.Attestation.Of(variant.QEMUVTPM)
+			},
+			want: map[string]string{"attestation": "qemuVTPM and azureTrustedLaunch are configured: configure exactly one variant"},
+		},
+		"a variant the provider's nodes do not attest with": {
+			edit: func(c *Config) {
+				c.Attestation = AttestationFor(variant.AzureTrustedLaunch, *c.Attestation.Of(variant.QEMUVTPM))
+			},
+			want: map[string]string{"attestation.azureTrustedLaunch": "variant azure-trustedlaunch does not match the provider's nodes, which attest with qemu-vtpm (attestation.qemuVTPM)"},
+		},
+		"null variant block": {
+			edit: func(c *Config) { c.Attestation[variant.QEMUVTPM.ConfigKey()] = nil },
+			want: map[string]string{"attestation": "no attestation variant configured (the local provider's nodes attest with qemuVTPM)"},
+		},
+		// Parse refuses such keys (TestParseRejects); a configuration built in Go is checked
+		// alike.
+		"unknown variant key": {
+			edit: func(c *Config) {
+				c.Attestation = AttestationConfig{"qemuvtpm": c.Attestation.Of(variant.QEMUVTPM)}
+			},
+			want: map[string]string{"attestation.qemuvtpm": `unknown attestation variant (did you mean "qemuVTPM"?)`},
+		},
+		"unknown variant key beside a known one": {
+			edit: func(c *Config) { c.Attestation["sgx"] = c.Attestation.Of(variant.QEMUVTPM) },
+			want: map[string]string{
+				"attestation.sgx": "unknown attestation variant (known: awsNitroTPM, awsSEVSNP, azureSEVSNP, azureTDX, azureTrustedLaunch, gcpSEVES, gcpSEVSNP, qemuTDX, qemuVTPM)",
+				"attestation":     "qemuVTPM and sgx are configured: configure exactly one variant",
+			},
+		},
 		"version missing":     {edit: func(c *Config) { c.Version = "" }, want: map[string]string{"version": "missing (this CLI reads v1)"}},
 		"version unsupported": {edit: func(c *Config) { c.Version = "v2" }, want: map[string]string{"version": `"v2" is not supported`}},
 		"name missing":        {edit: func(c *Config) { c.Name = "" }, want: map[string]string{"name": "missing"}},
@@ -230,93 +276,107 @@ func TestValidate(t *testing.T) {
 			edit: func(c *Config) { c.KubernetesVersion = "v1.33.0" },
 			want: map[string]string{"kubernetesVersion": `"v1.33.0" is not supported (supported: v1.34.4)`},
 		},
-		"no provider": {edit: func(c *Config) { c.Provider.Local = nil }, want: map[string]string{"provider": "no provider configured (supported: local)"}},
+		"no provider": {edit: func(c *Config) { c.Provider = nil }, want: map[string]string{"provider": "no provider configured (supported: local)"}},
+		"null provider block": {
+			edit: func(c *Config) { c.Provider["local"] = nil },
+			want: map[string]string{"provider": "no provider configured (supported: local)"},
+		},
+		"two providers": {
+			edit: func(c *Config) { c.Provider["gcp"] = &ProviderBlock{ControlPlanes: 1, Image: "image"} },
+			want: map[string]string{"provider": "gcp and local are configured: configure exactly one provider"},
+		},
+		// Parse refuses such keys (TestParseRejects); a configuration built in Go is checked
+		// alike.
+		"unregistered provider": {
+			edit: func(c *Config) { c.Provider = ProviderFor("gcp", *c.Provider.Block()) },
+			want: map[string]string{"provider.gcp": `this program has no rules for provider "gcp" (registered: local)`},
+		},
 		"no control planes": {
-			edit: func(c *Config) { c.Provider.Local.ControlPlanes = 0 },
+			edit: func(c *Config) { c.Provider.Block().ControlPlanes = 0 },
 			want: map[string]string{"provider.local.controlPlanes": "must be at least 1, got 0"},
 		},
 		"negative workers": {
-			edit: func(c *Config) { c.Provider.Local.Workers = -1 },
+			edit: func(c *Config) { c.Provider.Block().Workers = -1 },
 			want: map[string]string{"provider.local.workers": "must be at least 0, got -1"},
 		},
 		"too many nodes": {
-			edit: func(c *Config) { c.Provider.Local.Workers = 243; c.Network.PodCIDR = "10.0.0.0/12" },
+			edit: func(c *Config) { c.Provider.Block().Workers = 243; c.Network.PodCIDR = "10.0.0.0/12" },
 			want: map[string]string{"provider.local": "246 nodes, more than the 245 addresses"},
 		},
-		"image missing": {edit: func(c *Config) { c.Provider.Local.Image = "" }, want: map[string]string{"provider.local.image": "missing"}},
+		"image missing": {edit: func(c *Config) { c.Provider.Block().Image = "" }, want: map[string]string{"provider.local.image": "missing"}},
 		"no attestation": {
-			edit: func(c *Config) { c.Attestation.QEMUVTPM = nil },
+			edit: func(c *Config) { delete(c.Attestation, variant.QEMUVTPM.ConfigKey()) },
 			want: map[string]string{"attestation": "no attestation variant configured"},
 		},
 		"no reference sets": {
-			edit: func(c *Config) { c.Attestation.QEMUVTPM.Measurements = nil },
+			edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).Measurements = nil },
 			want: map[string]string{"attestation.qemuVTPM.measurements": "at least one reference-value set"},
 		},
 		"set without name": {
-			edit: func(c *Config) { c.Attestation.QEMUVTPM.Measurements[0].Name = "" },
+			edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name = "" },
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].name": "missing"},
 		},
 		"duplicate set name": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, c.Attestation.QEMUVTPM.Measurements[0])
+				c.Attestation.Of(variant.QEMUVTPM).Measurements = append(c.Attestation.Of(variant.QEMUVTPM).Measurements, c.Attestation.Of(variant.QEMUVTPM).Measurements[0])
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[1].name": `"local-1" is also the name of set 0`},
 		},
 		"register out of range": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements[0].Measurements[24] = measurements.Measurement{Expected: digest(1)}
+				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[24] = measurements.Measurement{Expected: digest(1)}
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "PCR 24: index out of range"},
 		},
 		"digest too short": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements[0].Measurements[11] = measurements.Measurement{Expected: []byte{1}}
+				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[11] = measurements.Measurement{Expected: []byte{1}}
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": "PCR 11: expected digest has 1 bytes"},
 		},
 		"no enforced register": {
 			edit: func(c *Config) {
-				for i, m := range c.Attestation.QEMUVTPM.Measurements[0].Measurements {
-					c.Attestation.QEMUVTPM.Measurements[0].Measurements[i] = measurements.Measurement{Expected: m.Expected, WarnOnly: true}
+				for i, m := range c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements {
+					c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[i] = measurements.Measurement{Expected: m.Expected, WarnOnly: true}
 				}
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 0, PCR 1, PCR 2, PCR 3, PCR 4, PCR 5, PCR 6, PCR 7, PCR 8, PCR 9, PCR 10, PCR 11, PCR 12, PCR 13, PCR 14 warn-only`},
 		},
 		"enforced PCR 15": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0)}
+				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0)}
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 15 must not be in a reference set`},
 		},
 		"warn-only PCR 15": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0), WarnOnly: true}
+				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[15] = measurements.Measurement{Expected: digest(0), WarnOnly: true}
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 15 must not be in a reference set`},
 		},
 		"bootstrapper register warn-only": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.Measurements[0].Measurements[11] = measurements.Measurement{Expected: digest(0xab), WarnOnly: true}
+				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[11] = measurements.Measurement{Expected: digest(0xab), WarnOnly: true}
 			},
 			want: map[string]string{"attestation.qemuVTPM.measurements[0].measurements": `set "local-1": PCR 11 warn-only`},
 		},
 		"AK roots not PEM": {
-			edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = "hello" },
+			edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = "hello" },
 			want: map[string]string{"attestation.qemuVTPM.akRoots": "no PEM certificate found"},
 		},
 		"AK roots with trailing text": {
-			edit: func(c *Config) { c.Attestation.QEMUVTPM.AKRoots = caPEM + "junk" },
+			edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + "junk" },
 			want: map[string]string{"attestation.qemuVTPM.akRoots": "not PEM after certificate 1"},
 		},
 		"AK roots with a key": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.AKRoots = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+				c.Attestation.Of(variant.QEMUVTPM).AKRoots = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
 			},
 			want: map[string]string{"attestation.qemuVTPM.akRoots": `"PRIVATE KEY", want CERTIFICATE`},
 		},
 		"AK roots broken certificate": {
 			edit: func(c *Config) {
-				c.Attestation.QEMUVTPM.AKRoots = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+				c.Attestation.Of(variant.QEMUVTPM).AKRoots = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
 			},
 			want: map[string]string{"attestation.qemuVTPM.akRoots": "PEM block 1"},
 		},
@@ -364,8 +424,8 @@ func TestValidate(t *testing.T) {
 		"every problem at once": {
 			edit: func(c *Config) {
 				c.Version, c.Name, c.KubernetesVersion = "", "-x", "v1"
-				c.Provider.Local.ControlPlanes, c.Provider.Local.Workers, c.Provider.Local.Image = 0, -1, ""
-				c.Attestation.QEMUVTPM.Measurements[0].Name = ""
+				c.Provider.Block().ControlPlanes, c.Provider.Block().Workers, c.Provider.Block().Image = 0, -1, ""
+				c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name = ""
 				c.Network.PodCIDR, c.Network.ServiceCIDR = "x", "y"
 			},
 			want: map[string]string{
@@ -400,11 +460,11 @@ func TestValidate(t *testing.T) {
 
 func TestRoundTrip(t *testing.T) {
 	c := validConfig()
-	c.Attestation.QEMUVTPM.AKRoots = testCA(t)
+	c.Attestation.Of(variant.QEMUVTPM).AKRoots = testCA(t)
 	// All-digit and float-looking digests must come back as strings.
-	c.Attestation.QEMUVTPM.Measurements[0].Measurements[4] = measurements.Measurement{Expected: digest(0x00)}
-	c.Attestation.QEMUVTPM.Measurements[0].Measurements[5] = measurements.Measurement{Expected: append(digest(0x00)[:29], 0x01, 0xe5, 0x00)}
-	c.Attestation.QEMUVTPM.Measurements = append(c.Attestation.QEMUVTPM.Measurements, measurements.ReferenceSet{Name: "yes", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0x99)})})
+	c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[4] = measurements.Measurement{Expected: digest(0x00)}
+	c.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements[5] = measurements.Measurement{Expected: append(digest(0x00)[:29], 0x01, 0xe5, 0x00)}
+	c.Attestation.Of(variant.QEMUVTPM).Measurements = append(c.Attestation.Of(variant.QEMUVTPM).Measurements, measurements.ReferenceSet{Name: "yes", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0x99)})})
 	require.NoError(t, c.Validate())
 	data, err := c.Marshal()
 	require.NoError(t, err)
@@ -443,7 +503,7 @@ func TestWriteAndLoad(t *testing.T) {
 	assert.Equal(t, "other", got.Name)
 
 	invalid := validConfig()
-	invalid.Provider.Local.ControlPlanes = 0
+	invalid.Provider.Block().ControlPlanes = 0
 	err = Write(path, invalid, true)
 	require.ErrorContains(t, err, "provider.local.controlPlanes: must be at least 1, got 0")
 
@@ -462,8 +522,8 @@ func TestWriteAndLoad(t *testing.T) {
 }
 
 func TestImagePath(t *testing.T) {
-	assert.Equal(t, filepath.Join("ws", "img"), (&LocalConfig{Image: "img"}).ImagePath("ws"))
-	assert.Equal(t, "/abs/img", (&LocalConfig{Image: "/abs/img"}).ImagePath("ws"))
+	assert.Equal(t, filepath.Join("ws", "img"), (&ProviderBlock{Image: "img"}).ImagePath("ws"))
+	assert.Equal(t, "/abs/img", (&ProviderBlock{Image: "/abs/img"}).ImagePath("ws"))
 }
 
 func TestReferenceSetName(t *testing.T) {
@@ -610,4 +670,45 @@ func withAttestation(t *testing.T, attestation string) string {
 		rest = tail
 	}
 	return before + attestation + rest
+}
+
+// TestAttestationReference: the one configured block of a variant of the catalog is the
+// reference; anything else is an error naming the block, and no variant.
+func TestAttestationReference(t *testing.T) {
+	vals := VariantConfig{HardwareValues: choose.HardwareValues{AcceptUnauthenticatedAK: true}}
+	testCases := map[string]struct {
+		a       AttestationConfig
+		want    variant.Variant
+		wantErr string
+	}{
+		"one variant":  {a: AttestationFor(variant.AWSNitroTPM, vals), want: variant.AWSNitroTPM},
+		"none":         {a: nil, wantErr: "attestation: 0 variants configured, want exactly one"},
+		"null block":   {a: AttestationConfig{"qemuVTPM": nil}, wantErr: "attestation: 0 variants configured"},
+		"two":          {a: AttestationConfig{"qemuVTPM": &vals, "qemuTDX": &vals}, wantErr: "attestation: 2 variants configured"},
+		"unknown key":  {a: AttestationConfig{"sgx": &vals}, wantErr: "attestation.sgx: unknown attestation variant (known: "},
+		"miscased key": {a: AttestationConfig{"awsnitrotpm": &vals}, wantErr: `attestation.awsnitrotpm: unknown attestation variant (did you mean "awsNitroTPM"?)`},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			ref, err := tc.a.Reference()
+			assert.Equal(t, tc.want, tc.a.Variant())
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, choose.Reference{Variant: tc.want, Values: vals}, ref)
+			assert.Equal(t, &vals, tc.a.Of(tc.want))
+		})
+	}
+}
+
+// TestAttestationKeysAreTheCatalogs: the attestation block takes exactly the configuration
+// keys of the catalog's variants.
+func TestAttestationKeysAreTheCatalogs(t *testing.T) {
+	var want []string
+	for _, v := range choose.Implemented() {
+		want = append(want, v.ConfigKey())
+	}
+	assert.ElementsMatch(t, want, AttestationConfig{}.KnownKeys())
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/openconstellation/constellation/internal/strictyaml"
@@ -32,10 +33,11 @@ var (
 	providers   = map[string]ProviderRules{}
 )
 
-// RegisterProvider makes Validate check the configurations of provider name (the key of
-// its block under provider) by rules. The provider catalog calls it for every provider it
-// registers; a program without the catalog registers them itself (Validate refuses a
-// configuration whose provider has no rules).
+// RegisterProvider makes name a key of the provider block (provider.<name>: Parse refuses any
+// other) and Validate check the configurations of provider name by rules. The provider
+// catalog calls it for every provider it registers; a program without the catalog registers
+// them itself (Parse refuses a file, and Validate a configuration, whose provider has no
+// rules).
 func RegisterProvider(name string, rules ProviderRules) {
 	providersMu.Lock()
 	defer providersMu.Unlock()
@@ -60,25 +62,54 @@ func registeredRules(name string) ProviderRules {
 	return providers[name]
 }
 
-// Name returns the name of the configured provider (the key of its block: "local"), or ""
-// if none is configured.
+// registeredList names the registered providers for messages, "none" if there are none.
+func registeredList() string {
+	if names := RegisteredProviders(); len(names) > 0 {
+		return strings.Join(names, ", ")
+	}
+	return "none"
+}
+
+// ProviderFor returns the provider block that configures provider name with b.
+func ProviderFor(name string, b ProviderBlock) ProviderConfig {
+	return ProviderConfig{name: &b}
+}
+
+// KnownKeys returns the keys a provider block may have: the registered providers
+// (strictyaml.KeySet).
+func (ProviderConfig) KnownKeys() []string { return RegisteredProviders() }
+
+// set returns the names of the configured (non-null) blocks, sorted.
+func (p ProviderConfig) set() []string {
+	var names []string
+	for name, b := range p {
+		if b != nil {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Name returns the name of the configured provider (the key of its block: "local"), or "" if
+// not exactly one is configured.
 func (p ProviderConfig) Name() string {
-	if p.Local != nil {
-		return ProviderLocal
+	if set := p.set(); len(set) == 1 {
+		return set[0]
 	}
 	return ""
 }
 
-// ProviderLocal is the name of the local provider's block.
-const ProviderLocal = "local"
-
-// providerBlocks are the providers the schema has a block for (ProviderConfig's fields).
-var providerBlocks = []string{ProviderLocal}
+// Block returns the configured provider's block, or nil if not exactly one is configured:
+// the nodes and image the CLI creates, whatever the provider.
+func (p ProviderConfig) Block() *ProviderBlock {
+	return p[p.Name()]
+}
 
 // nodes is the number of nodes the provider block asks for.
 func (p ProviderConfig) nodes() int {
-	if p.Local != nil {
-		return p.Local.ControlPlanes + p.Local.Workers
+	if b := p.Block(); b != nil {
+		return b.ControlPlanes + b.Workers
 	}
 	return 0
 }

@@ -11,7 +11,7 @@ import (
 
 // The configuration's tests check the local provider's rules as the CLI applies them: the
 // provider catalog registers them in the CLI (internal/provider/catalog).
-func init() { RegisterProvider(ProviderLocal, local.ConfigRules{}) }
+func init() { RegisterProvider("local", local.ConfigRules{}) }
 
 // A configuration whose provider has no rules in the program is refused, naming the
 // provider: half a check would pass configurations the provider cannot run.
@@ -29,4 +29,8 @@ func TestValidateRefusesProviderWithoutRules(t *testing.T) {
 	err := c.Validate()
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `provider.local: this program has no rules for provider "local" (registered: none)`)
+
+	// A file is refused as it is parsed: its block names no provider the program knows.
+	_, err = Parse([]byte(validYAML))
+	assert.ErrorContains(t, err, "provider.local: unknown field (known: none)")
 }

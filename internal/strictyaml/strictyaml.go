@@ -8,6 +8,8 @@
 //     (json.Unmarshaler, encoding.TextUnmarshaler) refuses is reported, each as a *FieldError
 //     that names the field path (for example provider.local.controlPlanes). encoding/json
 //     alone would stop at the first problem, match keys case-insensitively, and not say where.
+//     A map type whose keys are a closed set known at run time (KeySet) has its keys checked
+//     as a struct's fields are.
 //   - Scalars are not coerced: an unquoted 1.30 is a number, not the string "1.30", and
 //     all-digit hex digests must be quoted (YAML reads them as numbers).
 //
@@ -22,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -219,7 +222,7 @@ func checkStruct(path string, t reflect.Type, v any, problems *[]error) {
 		sub := join(path, k)
 		f, ok := fields[k]
 		if !ok {
-			*problems = append(*problems, &FieldError{Path: sub, Err: unknownField(k, fields)})
+			*problems = append(*problems, &FieldError{Path: sub, Err: unknownField(k, slices.Collect(maps.Keys(fields)))})
 			continue
 		}
 		check(sub, f.Type, obj[k], problems)
@@ -237,9 +240,27 @@ func checkMap(path string, t reflect.Type, v any, problems *[]error) {
 		// Only string-keyed maps appear in our files; let encoding/json decide the rest.
 		return
 	}
-	for _, k := range sortedKeys(obj) {
-		check(join(path, k), t.Elem(), obj[k], problems)
+	ks, closed := reflect.Zero(t).Interface().(KeySet)
+	var known []string
+	if closed {
+		known = ks.KnownKeys()
 	}
+	for _, k := range sortedKeys(obj) {
+		sub := join(path, k)
+		if closed && !slices.Contains(known, k) {
+			*problems = append(*problems, &FieldError{Path: sub, Err: unknownField(k, known)})
+			continue
+		}
+		check(sub, t.Elem(), obj[k], problems)
+	}
+}
+
+// KeySet is implemented by a string-keyed map type whose keys are a closed set that is known
+// only at run time, so no struct can spell it (the configuration's attestation block, keyed
+// by the catalog's variants). Unmarshal refuses any other key as it refuses an unknown field
+// of a struct, with the same hint. KnownKeys is called on the map type's zero value.
+type KeySet interface {
+	KnownKeys() []string
 }
 
 func sortedKeys(obj map[string]any) []string {
@@ -354,15 +375,17 @@ func jsonFields(t reflect.Type) map[string]reflect.StructField {
 	return out
 }
 
-func unknownField(key string, fields map[string]reflect.StructField) error {
-	known := make([]string, 0, len(fields))
-	for k := range fields {
+// unknownField says that key is none of known: the known key it miscases, or all of them.
+func unknownField(key string, known []string) error {
+	for _, k := range known {
 		if strings.EqualFold(k, key) {
 			return fmt.Errorf("unknown field (did you mean %q?)", k)
 		}
-		known = append(known, k)
 	}
-	slices.Sort(known)
+	if len(known) == 0 {
+		return errors.New("unknown field (known: none)")
+	}
+	known = slices.Sorted(slices.Values(known))
 	return fmt.Errorf("unknown field (known: %s)", strings.Join(known, ", "))
 }
 

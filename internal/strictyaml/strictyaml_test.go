@@ -18,6 +18,16 @@ type inner struct {
 	Label string `json:"label,omitempty"`
 }
 
+// closed is a map whose keys are a closed set (KeySet).
+type closed map[string]*inner
+
+func (closed) KnownKeys() []string { return []string{"alpha", "betaGamma"} }
+
+// empty is a map that takes no key at all (KeySet).
+type empty map[string]int
+
+func (empty) KnownKeys() []string { return nil }
+
 type doc struct {
 	Name    string                     `json:"name"`
 	Enabled bool                       `json:"enabled"`
@@ -28,6 +38,8 @@ type doc struct {
 	Addr    netip.Addr                 `json:"addr,omitzero"`
 	When    time.Time                  `json:"when,omitzero"`
 	Sets    measurements.ReferenceSets `json:"sets,omitempty"`
+	Closed  closed                     `json:"closed,omitempty"`
+	Empty   empty                      `json:"empty,omitempty"`
 	Skipped string                     `json:"-"`
 }
 
@@ -49,7 +61,7 @@ func TestUnmarshalProblems(t *testing.T) {
 		// wantErr is used for problems that are not about one field.
 		wantErr string
 	}{
-		"unknown top-level field":         {yaml: "name: a\nnmae: b\n", want: map[string]string{"nmae": "unknown field (known: addr, enabled, inner, labels, list, name, sets, small, when)"}},
+		"unknown top-level field":         {yaml: "name: a\nnmae: b\n", want: map[string]string{"nmae": "unknown field (known: addr, closed, empty, enabled, inner, labels, list, name, sets, small, when)"}},
 		"miscased field":                  {yaml: "Name: a\n", want: map[string]string{"Name": `did you mean "name"`}},
 		"unknown nested field":            {yaml: "inner: {count: 1, extra: 2}\n", want: map[string]string{"inner.extra": "unknown field"}},
 		"unknown field in list":           {yaml: "list:\n- count: 1\n- cuont: 2\n", want: map[string]string{"list[1].cuont": "unknown field"}},
@@ -87,15 +99,19 @@ func TestUnmarshalProblems(t *testing.T) {
 			yaml: "sets:\n- name: a\n  measurements: {\"4\": \"" + digest + "\"}\n  extra: 1\n",
 			want: map[string]string{"sets[0].extra": "unknown field (known: measurements, name)"},
 		},
-		"duplicate key":          {yaml: "name: a\nname: b\n", wantErr: `key "name" already set`},
-		"syntax error":           {yaml: "name: [a\n", wantErr: "invalid YAML"},
-		"empty document":         {yaml: "", wantErr: "the document is empty"},
-		"only a comment":         {yaml: "# nothing\n", wantErr: "the document is empty"},
-		"null document":          {yaml: "null\n", wantErr: "the document is empty"},
-		"not a mapping":          {yaml: "- a\n", want: map[string]string{"": "must be a mapping, got a list"}},
-		"scalar document":        {yaml: "hello\n", want: map[string]string{"": `must be a mapping, got the string "hello"`}},
-		"two documents":          {yaml: "name: a\n---\nname: b\n", wantErr: "more than one YAML document"},
-		"two documents, 2nd bad": {yaml: "name: a\n---\n[\n", wantErr: "invalid YAML"},
+		"closed map, unknown key":   {yaml: "closed: {alpha: {count: 1}, delta: {}}\n", want: map[string]string{"closed.delta": "unknown field (known: alpha, betaGamma)"}},
+		"closed map, miscased key":  {yaml: "closed: {betagamma: {}}\n", want: map[string]string{"closed.betagamma": `unknown field (did you mean "betaGamma"?)`}},
+		"closed map, value checked": {yaml: "closed: {alpha: {count: x, extra: 1}}\n", want: map[string]string{"closed.alpha.count": "must be an integer", "closed.alpha.extra": "unknown field"}},
+		"closed map without keys":   {yaml: "empty: {a: 1}\n", want: map[string]string{"empty.a": "unknown field (known: none)"}},
+		"duplicate key":             {yaml: "name: a\nname: b\n", wantErr: `key "name" already set`},
+		"syntax error":              {yaml: "name: [a\n", wantErr: "invalid YAML"},
+		"empty document":            {yaml: "", wantErr: "the document is empty"},
+		"only a comment":            {yaml: "# nothing\n", wantErr: "the document is empty"},
+		"null document":             {yaml: "null\n", wantErr: "the document is empty"},
+		"not a mapping":             {yaml: "- a\n", want: map[string]string{"": "must be a mapping, got a list"}},
+		"scalar document":           {yaml: "hello\n", want: map[string]string{"": `must be a mapping, got the string "hello"`}},
+		"two documents":             {yaml: "name: a\n---\nname: b\n", wantErr: "more than one YAML document"},
+		"two documents, 2nd bad":    {yaml: "name: a\n---\n[\n", wantErr: "invalid YAML"},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -126,6 +142,7 @@ small: 255
 inner: {count: -3, label: x}
 list: [{count: 1}]
 labels: {"yes": "no"}
+closed: {betaGamma: {count: 2}}
 addr: 10.0.0.1
 when: 2025-01-02T03:04:05Z
 sets:
@@ -137,7 +154,7 @@ sets:
 	require.NoError(t, err)
 	assert.Equal(t, doc{
 		Name: "1.30", Enabled: true, Small: 255, Inner: &inner{Count: -3, Label: "x"}, List: []inner{{Count: 1}},
-		Labels: map[string]string{"yes": "no"}, Addr: netip.MustParseAddr("10.0.0.1"),
+		Labels: map[string]string{"yes": "no"}, Closed: closed{"betaGamma": {Count: 2}}, Addr: netip.MustParseAddr("10.0.0.1"),
 		When: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC),
 		Sets: measurements.ReferenceSets{{Name: "a", Measurements: measurements.M{
 			4: {Expected: make([]byte, 32)}, 11: {Expected: make([]byte, 32), WarnOnly: true},

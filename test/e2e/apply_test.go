@@ -43,7 +43,7 @@ func TestCreateApplyTerminate(t *testing.T) {
 	assert.Contains(t, out, "Laid out the default node image")
 	conf, err := config.Load(filepath.Join(ws, config.FileName))
 	require.NoError(t, err)
-	assert.Equal(t, "node-image", conf.Provider.Local.Image, "the image lives in the workspace")
+	assert.Equal(t, "node-image", conf.Provider.Block().Image, "the image lives in the workspace")
 
 	out, err = cli("apply", "--help")
 	require.NoError(t, err, out)

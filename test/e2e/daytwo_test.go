@@ -163,7 +163,7 @@ func setCounts(t testing.TB, ws string, controlPlanes, workers int) {
 	path := filepath.Join(ws, config.FileName)
 	conf, err := config.Load(path)
 	require.NoError(t, err)
-	conf.Provider.Local.ControlPlanes, conf.Provider.Local.Workers = controlPlanes, workers
+	conf.Provider.Block().ControlPlanes, conf.Provider.Block().Workers = controlPlanes, workers
 	require.NoError(t, config.Write(path, conf, true))
 }
 

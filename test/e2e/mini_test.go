@@ -26,6 +26,7 @@ import (
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // repoOutput is the repository's _output folder (Kubernetes binaries and images).
@@ -113,7 +114,7 @@ func TestMiniUp(t *testing.T) {
 	// reference values), state with the cluster ID, master secret, admin kubeconfig.
 	conf, err := config.Load(filepath.Join(ws, config.FileName))
 	require.NoError(t, err)
-	require.NotNil(t, conf.Attestation.QEMUVTPM)
+	require.NotNil(t, conf.Attestation.Of(variant.QEMUVTPM))
 	st, err := state.Load(filepath.Join(ws, state.FileName))
 	require.NoError(t, err)
 	assert.Equal(t, state.Initialized, st.Phase)
@@ -169,7 +170,7 @@ func TestMiniUp(t *testing.T) {
 		assert.Equal(t, r.Node, r.Result.Signer.Name, "the AK is certified for the node it answers for")
 		assert.True(t, r.Result.ClusterID.Match, r.Node)
 		assert.Equal(t, fmt.Sprintf("%x", []byte(st.ClusterID)), r.Result.ClusterID.ClusterID)
-		assert.Equal(t, conf.Attestation.QEMUVTPM.Measurements[0].Name, r.Result.ReferenceSet)
+		assert.Equal(t, conf.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name, r.Result.ReferenceSet)
 	}
 	// No verification service runs there (the node never joined): --wait 0 fails at once
 	// instead of asking again for a minute.

@@ -12,7 +12,7 @@ import (
 )
 
 func TestBuiltins(t *testing.T) {
-	p, err := Lookup(config.ProviderLocal)
+	p, err := Lookup(state.ProviderLocal)
 	require.NoError(t, err)
 	assert.Equal(t, "local", p.Name())
 	assert.Equal(t, state.ProviderLocal, p.Name(), "the state file names providers as the configuration does")

@@ -1,6 +1,7 @@
 // Package variant is the registry of attestation variants: the kinds of evidence Constellation
 // can issue and validate. A variant has a stable name (used in configs, on the wire and in
-// logs) and an OID (a stable binary identifier, kept compatible with the archived upstream's
+// logs), a stable configuration key (the key of its block under attestation in
+// constellation-conf.yaml) and an OID (a stable binary identifier, kept compatible with the archived upstream's
 // numbering so that evidence and configs stay recognisable).
 package variant
 
@@ -21,6 +22,10 @@ import (
 // in pkg/attestation/choose (BuiltIns).
 type Variant struct {
 	name string
+	// configKey is the key of the variant's block under attestation in
+	// constellation-conf.yaml ("qemuVTPM"): the file's schema names each variant by it, so it
+	// is as stable as name.
+	configKey string
 	// oid is the dotted object identifier (a string, so that Variant stays comparable).
 	oid string
 	// registerLen is the byte length of one measurement register of this variant
@@ -39,8 +44,8 @@ type Variant struct {
 	clusterIDRegister uint32
 }
 
-// The variants Constellation knows, one literal each: name, OID, register length, count and
-// name, then the register map of its images (registers below the first number are measured
+// The variants Constellation knows, one literal each: name, configuration key, OID, register
+// length, count and name, then the register map of its images (registers below the first number are measured
 // at boot, the second carries the cluster-ID marker). The map of each:
 //
 //   - qemu-vtpm, the local provider's images (docs/attestation.md): PCRs 0..14 each hold an
@@ -57,15 +62,15 @@ type Variant struct {
 //     them). Register 4 is RTMR3, which no firmware or kernel extends: it carries the
 //     cluster-ID marker.
 var (
-	QEMUVTPM           = Variant{"qemu-vtpm", "1.3.9900.5.1", 32, 24, "PCR", 15, 15}
-	QEMUTDX            = Variant{"qemu-tdx", "1.3.9900.5.99", 48, 5, "TDX register", 4, 4}
-	AWSNitroTPM        = Variant{"aws-nitro-tpm", "1.3.9900.1.1", 32, 24, "PCR", 15, 15}
-	AWSSEVSNP          = Variant{"aws-sev-snp", "1.3.9900.1.2", 32, 24, "PCR", 15, 15}
-	GCPSEVES           = Variant{"gcp-sev-es", "1.3.9900.2.1", 32, 24, "PCR", 15, 15}
-	GCPSEVSNP          = Variant{"gcp-sev-snp", "1.3.9900.2.2", 32, 24, "PCR", 15, 15}
-	AzureSEVSNP        = Variant{"azure-sev-snp", "1.3.9900.4.1", 32, 24, "PCR", 15, 15}
-	AzureTrustedLaunch = Variant{"azure-trustedlaunch", "1.3.9900.4.2", 32, 24, "PCR", 15, 15}
-	AzureTDX           = Variant{"azure-tdx", "1.3.9900.4.3", 32, 24, "PCR", 15, 15}
+	QEMUVTPM           = Variant{"qemu-vtpm", "qemuVTPM", "1.3.9900.5.1", 32, 24, "PCR", 15, 15}
+	QEMUTDX            = Variant{"qemu-tdx", "qemuTDX", "1.3.9900.5.99", 48, 5, "TDX register", 4, 4}
+	AWSNitroTPM        = Variant{"aws-nitro-tpm", "awsNitroTPM", "1.3.9900.1.1", 32, 24, "PCR", 15, 15}
+	AWSSEVSNP          = Variant{"aws-sev-snp", "awsSEVSNP", "1.3.9900.1.2", 32, 24, "PCR", 15, 15}
+	GCPSEVES           = Variant{"gcp-sev-es", "gcpSEVES", "1.3.9900.2.1", 32, 24, "PCR", 15, 15}
+	GCPSEVSNP          = Variant{"gcp-sev-snp", "gcpSEVSNP", "1.3.9900.2.2", 32, 24, "PCR", 15, 15}
+	AzureSEVSNP        = Variant{"azure-sev-snp", "azureSEVSNP", "1.3.9900.4.1", 32, 24, "PCR", 15, 15}
+	AzureTrustedLaunch = Variant{"azure-trustedlaunch", "azureTrustedLaunch", "1.3.9900.4.2", 32, 24, "PCR", 15, 15}
+	AzureTDX           = Variant{"azure-tdx", "azureTDX", "1.3.9900.4.3", 32, 24, "PCR", 15, 15}
 )
 
 var all = []Variant{QEMUVTPM, QEMUTDX, AWSNitroTPM, AWSSEVSNP, GCPSEVES, GCPSEVSNP, AzureSEVSNP, AzureTrustedLaunch, AzureTDX}
@@ -103,6 +108,10 @@ func FromOID(oid asn1.ObjectIdentifier) (Variant, error) {
 
 // String returns the variant's name.
 func (v Variant) String() string { return v.name }
+
+// ConfigKey returns the key of the variant's block under attestation in
+// constellation-conf.yaml, for example "qemuVTPM" (docs/configuration.md).
+func (v Variant) ConfigKey() string { return v.configKey }
 
 // OID returns the variant's object identifier.
 func (v Variant) OID() asn1.ObjectIdentifier {

@@ -2,6 +2,7 @@ package variant
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -32,6 +33,40 @@ func TestVariantsAreComparableAndRoundTrip(t *testing.T) {
 	}
 	assert.Len(t, seen, 9)
 	assert.True(t, QEMUVTPM != AzureSEVSNP)
+}
+
+// The configuration keys are what users write in constellation-conf.yaml: they never change,
+// and no two differ only in case (the configuration's "did you mean" hint folds case).
+func TestConfigKeys(t *testing.T) {
+	testCases := map[string]struct {
+		v    Variant
+		want string
+	}{
+		"qemu-vtpm":           {QEMUVTPM, "qemuVTPM"},
+		"qemu-tdx":            {QEMUTDX, "qemuTDX"},
+		"aws-sev-snp":         {AWSSEVSNP, "awsSEVSNP"},
+		"aws-nitro-tpm":       {AWSNitroTPM, "awsNitroTPM"},
+		"azure-sev-snp":       {AzureSEVSNP, "azureSEVSNP"},
+		"azure-tdx":           {AzureTDX, "azureTDX"},
+		"azure-trustedlaunch": {AzureTrustedLaunch, "azureTrustedLaunch"},
+		"gcp-sev-es":          {GCPSEVES, "gcpSEVES"},
+		"gcp-sev-snp":         {GCPSEVSNP, "gcpSEVSNP"},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, name, tc.v.String())
+			assert.Equal(t, tc.want, tc.v.ConfigKey())
+		})
+	}
+	assert.Len(t, testCases, len(All()), "every variant has its key pinned here")
+	folded := map[string]Variant{}
+	for _, v := range All() {
+		k := strings.ToLower(v.ConfigKey())
+		other, dup := folded[k]
+		assert.False(t, dup, "%s and %s have the same configuration key up to case", v, other)
+		folded[k] = v
+	}
+	assert.Empty(t, Variant{}.ConfigKey())
 }
 
 func TestUnknownVariant(t *testing.T) {

@@ -29,8 +29,9 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 )
 
-// Name is the local provider's name (config.ProviderLocal, the state file's provider).
-const Name = config.ProviderLocal
+// Name is the local provider's name: the key of its configuration block and the state file's
+// provider (state.ProviderLocal, which the catalog's test holds equal to it).
+const Name = "local"
 
 // Folder is the folder below the workspace that holds a local cluster: its spec, status,
 // nodes, keys and the provider's log (docs/local-provider.md).
@@ -155,11 +156,11 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 // its block, its nodes' variant, and the sandbox network's fixed ranges
 // (docs/local-provider.md).
 func checkCreate(conf *config.Config) error {
-	if conf.Provider.Local == nil {
+	if conf.Provider.Name() != Name {
 		return fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
 	}
 	if v := conf.Attestation.Variant(); v != local.Variant {
-		return fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, config.FieldName(local.Variant))
+		return fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, local.Variant.ConfigKey())
 	}
 	if conf.Network.PodCIDR != sandbox.PodCIDR.String() || conf.Network.ServiceCIDR != sandbox.ServiceCIDR.String() {
 		return fmt.Errorf("%s: network: the local provider uses podCIDR %s and serviceCIDR %s (got %s and %s)",

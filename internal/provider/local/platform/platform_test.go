@@ -10,6 +10,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 func TestCheckCreate(t *testing.T) {
@@ -18,9 +19,9 @@ func TestCheckCreate(t *testing.T) {
 		wantErr string
 	}{
 		"valid":       {edit: func(*config.Config) {}},
-		"no provider": {edit: func(c *config.Config) { c.Provider.Local = nil }, wantErr: "provider.local: the only provider is local"},
+		"no provider": {edit: func(c *config.Config) { c.Provider = nil }, wantErr: "provider.local: the only provider is local"},
 		"other variant": {
-			edit:    func(c *config.Config) { c.Attestation.QEMUVTPM, c.Attestation.QEMUTDX = nil, &config.VariantConfig{} },
+			edit:    func(c *config.Config) { c.Attestation = config.AttestationFor(variant.QEMUTDX, config.VariantConfig{}) },
 			wantErr: "attestation: the local provider's nodes attest with qemu-vtpm (attestation.qemuVTPM)",
 		},
 		"other pod network": {
@@ -31,8 +32,8 @@ func TestCheckCreate(t *testing.T) {
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
 			c := config.Default()
-			c.Provider.Local = &config.LocalConfig{ControlPlanes: 1, Image: "image"}
-			c.Attestation.QEMUVTPM = &config.VariantConfig{}
+			c.Provider = config.ProviderFor(Name, config.ProviderBlock{ControlPlanes: 1, Image: "image"})
+			c.Attestation = config.AttestationFor(variant.QEMUVTPM, config.VariantConfig{})
 			tc.edit(c)
 			err := checkCreate(c)
 			if tc.wantErr == "" {
