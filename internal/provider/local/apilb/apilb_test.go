@@ -119,10 +119,10 @@ func TestForwardsOnlyToHealthyBackends(t *testing.T) {
 		draining []bool
 		want     []string // names that answer, each at least once over the requests
 	}{
-		"every backend healthy: round robin": {ready: []bool{true, true, true}, want: []string{"a0", "a1", "a2"}},
-		"a not-ready backend is skipped":     {ready: []bool{true, false, true}, want: []string{"a0", "a2"}},
-		"a dead backend is skipped":          {ready: []bool{true, true}, dead: 2, want: []string{"a0", "a1"}},
-		"a draining backend gets nothing":    {ready: []bool{true, true}, draining: []bool{true, false}, want: []string{"a1"}},
+		"every backend healthy: round robin":  {ready: []bool{true, true, true}, want: []string{"a0", "a1", "a2"}},
+		"a not-ready backend is skipped":      {ready: []bool{true, false, true}, want: []string{"a0", "a2"}},
+		"a dead backend is skipped":           {ready: []bool{true, true}, dead: 2, want: []string{"a0", "a1"}},
+		"a draining backend gets nothing":     {ready: []bool{true, true}, draining: []bool{true, false}, want: []string{"a1"}},
 		"none ready: the not-ready are tried": {ready: []bool{false, false}, dead: 1, want: []string{"a0", "a1"}},
 	}
 	for name, tc := range testCases {
