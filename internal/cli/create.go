@@ -27,6 +27,8 @@ type createOptions struct {
 	extraWorkerBootstrapper, kubeBin string
 	// drainTimeout bounds the drain of each node apply removes.
 	drainTimeout time.Duration
+	// remove names the nodes apply removes first when it scales down (apply --remove).
+	remove []string
 }
 
 func addImagesFlag(cmd *cobra.Command, dir *string) {
@@ -85,11 +87,12 @@ func newApplyCmd() *cobra.Command {
     constellation-state.yaml, then waits until every node is Ready and verifiable;
   - initialized: bring the node counts to the configuration's. apply says what it changes
     first. New nodes (names never used before in the cluster) join through the join service
-    after attestation; a new control plane grows etcd. Removed nodes (the newest of their
-    role first) are drained, respecting PodDisruptionBudgets within --drain-timeout; a
-    control plane's etcd member is removed first, and only if etcd keeps its quorum; then the
-    node is deleted from Kubernetes and the platform, and its name and disk are refused from
-    then on.`,
+    after attestation; a new control plane grows etcd. Removed nodes (those named with
+    --remove first, then the newest of their role; any control plane may go) are drained,
+    respecting PodDisruptionBudgets within --drain-timeout; a control plane is taken out of
+    the API load balancer and its etcd member removed, only if etcd keeps its quorum; then
+    the node is deleted from Kubernetes and the platform, and its name and disk are refused
+    from then on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := absWorkspace(cmd)
@@ -105,6 +108,7 @@ func newApplyCmd() *cobra.Command {
 	addImagesFlag(cmd, &o.imagesDir)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of a removed node may wait for its pods to be evicted (PodDisruptionBudgets)")
+	cmd.Flags().StringSliceVar(&o.remove, "remove", nil, "when the configuration has fewer nodes of a role than the cluster, remove these nodes first (then the newest); e.g. --remove control-plane-0")
 	return cmd
 }
 
@@ -159,7 +163,7 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 		return fmt.Errorf("%s names cluster %q, but %s describes %q: they are not the same cluster", state.FileName, st.Name, config.FileName, conf.Name)
 	}
 	if st.Phase == state.Initialized {
-		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout})
+		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, remove: o.remove})
 	}
 	return initAndWait(ctx, out, t, workspace, conf, st)
 }

@@ -33,9 +33,10 @@ func (p scalePlan) empty() bool { return len(p.add) == 0 && len(p.remove) == 0 }
 
 // planScale compares the state's nodes with the configured counts. New nodes get names that
 // were never used in the cluster (a removed node's identity stays refused); removal takes the
-// newest nodes of a role first, and never the first control plane (the cluster's
-// controlPlaneEndpoint names it).
-func planScale(conf *config.Config, st *state.State, workspace string) (scalePlan, error) {
+// nodes named in prefer first (apply --remove), then the newest nodes of a role. Any node may
+// go, control-plane-0 included: the cluster's API endpoint is the platform's load balancer,
+// not a node.
+func planScale(conf *config.Config, st *state.State, workspace string, prefer []string) (scalePlan, error) {
 	lc := conf.Provider.Block()
 	if lc == nil {
 		return scalePlan{}, fmt.Errorf("%s: provider: configure exactly one provider", config.FileName)
@@ -52,6 +53,9 @@ func planScale(conf *config.Config, st *state.State, workspace string) (scalePla
 	if p.wantCP < 1 {
 		return p, fmt.Errorf("%s: provider.local.controlPlanes: a cluster needs at least one control plane", config.FileName)
 	}
+	if err := checkPreferred(prefer, byRole, map[metadata.Role]int{metadata.ControlPlane: p.wantCP, metadata.Worker: p.wantW}); err != nil {
+		return p, err
+	}
 	for _, r := range []struct {
 		role   metadata.Role
 		prefix string
@@ -64,12 +68,56 @@ func planScale(conf *config.Config, st *state.State, workspace string) (scalePla
 			next++
 		}
 		if len(have) > r.want {
-			// Newest first: the highest index.
-			slices.SortFunc(have, func(a, b state.Node) int { return suffix(b.Name, r.prefix) - suffix(a.Name, r.prefix) })
+			// Named ones first, in the order named, then newest first: the highest index.
+			slices.SortStableFunc(have, func(a, b state.Node) int {
+				ia, ib := slices.Index(prefer, a.Name), slices.Index(prefer, b.Name)
+				switch {
+				case ia >= 0 && ib >= 0:
+					return ia - ib
+				case ia >= 0:
+					return -1
+				case ib >= 0:
+					return 1
+				}
+				return suffix(b.Name, r.prefix) - suffix(a.Name, r.prefix)
+			})
 			p.remove = append(p.remove, have[:len(have)-r.want]...)
 		}
 	}
 	return p, nil
+}
+
+// checkPreferred checks apply --remove's names against the nodes (by role) and the counts
+// the configuration wants: each must be a node of the cluster, and a role may not have more
+// named than the configuration removes of it (a name apply would not remove is a mistake the
+// operator should hear of, not a silent no-op).
+func checkPreferred(prefer []string, byRole map[metadata.Role][]state.Node, want map[metadata.Role]int) error {
+	named := map[metadata.Role]int{}
+	var problems []error
+	for i, name := range prefer {
+		if slices.Contains(prefer[:i], name) {
+			problems = append(problems, fmt.Errorf("--remove %s: named twice", name))
+			continue
+		}
+		var role metadata.Role
+		for r, nodes := range byRole {
+			if slices.ContainsFunc(nodes, func(n state.Node) bool { return n.Name == name }) {
+				role = r
+			}
+		}
+		if role == "" {
+			problems = append(problems, fmt.Errorf("--remove %s: no such node in %s", name, state.FileName))
+			continue
+		}
+		named[role]++
+	}
+	for role, n := range named {
+		if drop := len(byRole[role]) - want[role]; n > drop {
+			problems = append(problems, fmt.Errorf("--remove names %d %s node(s), but %s removes %d of them (it wants %d, the cluster has %d): lower the count in the configuration",
+				n, role, config.FileName, max(drop, 0), want[role], len(byRole[role])))
+		}
+	}
+	return errors.Join(problems...)
 }
 
 // nextIndex is one more than the highest index of any node, present or removed, named
@@ -114,6 +162,8 @@ func (p scalePlan) print(out io.Writer) {
 // scaleOptions bound the waits of scaling.
 type scaleOptions struct {
 	drainTimeout time.Duration
+	// remove names nodes to remove before the newest (apply --remove).
+	remove []string
 }
 
 // reconcile brings an initialized cluster's node counts to the configuration's: it says what
@@ -146,7 +196,7 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err := r.syncWithPlatform(ctx); err != nil {
 		return err
 	}
-	plan, err := planScale(conf, st, workspace)
+	plan, err := planScale(conf, st, workspace, o.remove)
 	if err != nil {
 		return err
 	}

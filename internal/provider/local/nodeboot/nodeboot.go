@@ -315,6 +315,7 @@ func deployServices(image, metadataURL string, wait time.Duration) initserver.De
 	return func(ctx context.Context, d initserver.Deployment) error {
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
 			Image: image, Attestation: d.Attestation, MetadataURL: metadataURL, WaitTimeout: wait,
+			APIServerEndpoint: d.APIEndpoint,
 		}, d.Progress)
 	}
 }
