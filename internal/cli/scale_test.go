@@ -70,8 +70,8 @@ func TestPlanScale(t *testing.T) {
 		},
 		"--remove of an unknown node": {nodes: base, cp: 1, workers: 1, prefer: []string{"worker-9"}, wantErrSubstr: "--remove worker-9: no such node"},
 		"--remove twice":              {nodes: base, cp: 1, workers: 0, prefer: []string{"worker-0", "worker-0"}, wantErrSubstr: "--remove worker-0: named twice"},
-		"both ways at once": {nodes: base, cp: 2, workers: 1, wantAdd: []string{"control-plane-1"}, wantRemove: []string{"worker-1"}},
-		"no control plane":  {nodes: base, cp: 0, workers: 2, wantErrSubstr: "at least one control plane"},
+		"both ways at once":           {nodes: base, cp: 2, workers: 1, wantAdd: []string{"control-plane-1"}, wantRemove: []string{"worker-1"}},
+		"no control plane":            {nodes: base, cp: 0, workers: 2, wantErrSubstr: "at least one control plane"},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -94,6 +94,28 @@ func TestPlanScale(t *testing.T) {
 			assert.Equal(t, tc.wantAdd, add)
 			assert.Equal(t, tc.wantRemove, remove)
 			assert.Equal(t, len(tc.wantAdd) == 0 && len(tc.wantRemove) == 0, plan.empty())
+		})
+	}
+}
+
+func TestOnlyControlPlane(t *testing.T) {
+	n := func(name string, role metadata.Role) state.Node { return state.Node{Name: name, Role: role} }
+	one := &state.State{Nodes: []state.Node{n("control-plane-0", metadata.ControlPlane), n("worker-0", metadata.Worker)}}
+	two := &state.State{Nodes: []state.Node{n("control-plane-0", metadata.ControlPlane), n("control-plane-3", metadata.ControlPlane), n("worker-0", metadata.Worker)}}
+	testCases := map[string]struct {
+		st   *state.State
+		node string
+		want bool
+	}{
+		"the only control plane":         {one, "control-plane-0", true},
+		"a worker":                       {one, "worker-0", false},
+		"one of two control planes":      {two, "control-plane-0", false},
+		"the other of two":               {two, "control-plane-3", false},
+		"a node the state does not know": {one, "control-plane-9", false},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, onlyControlPlane(tc.st, tc.node))
 		})
 	}
 }

@@ -90,6 +90,16 @@ type PowerCutter interface {
 	PowerCut(ctx context.Context) error
 }
 
+// NodeShutdowner is implemented by a Provider that can shut a node down gracefully and keep
+// it off, with its disk, as a machine's orderly shutdown does (its API server and etcd stop
+// cleanly, the platform's API load balancer sends it no new connections from the start).
+// Scaling down shuts a control plane down this way before its etcd member is removed, so
+// its API server never answers without its etcd (docs/scaling.md). RebootNode boots it again.
+// A node that is off already is no error; one that does not exist wraps ErrNoNode.
+type NodeShutdowner interface {
+	ShutdownNode(ctx context.Context, name string) error
+}
+
 // Daemon is implemented by a Platform that runs a long-lived process of its own on the CLI's
 // host (the local provider's process, which owns the nodes): the CLI binary runs it when the
 // platform starts itself, through the hidden command `mini provider ARGS`.
