@@ -430,7 +430,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	rec.step("node lock taken: PCR 15 extended with cluster ID %s", hex.EncodeToString(clusterID))
 	rec.step("state storage %s re-keyed to the derived disk key, marked initialized and unlocked", diskUUID)
 
-	if err := s.writePKI(self, r.clusterName, r.endpoint); err != nil {
+	if err := s.writePKI(self, r.clusterName); err != nil {
 		return nil, nil, err
 	}
 	rec.step("cluster CAs created in %s; kubelet serving and client certificates issued", s.cfg.PKIDir)
@@ -472,7 +472,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 
 // writePKI creates the cluster's CAs, the first kubelet's serving certificate and its
 // kubeconfig with a short-lived client certificate (kubeadm uses both as they are).
-func (s *Server) writePKI(self metadata.Instance, clusterName, endpoint string) error {
+func (s *Server) writePKI(self metadata.Instance, clusterName string) error {
 	now := time.Now()
 	cluster, err := pki.NewCluster(now)
 	if err != nil {
@@ -500,9 +500,16 @@ func (s *Server) writePKI(self metadata.Instance, clusterName, endpoint string) 
 	if err != nil {
 		return err
 	}
-	// The server kubeadm would write into kubelet.conf: the control-plane endpoint.
+	// The server kubeadm would write into kubelet.conf of a control plane: its own API server
+	// (kubeadm v1.34's ControlPlaneKubeletLocalMode, on by default, which joining control
+	// planes get too), not the cluster's endpoint: a kubelet must never be newer than the API
+	// server it talks to, which an upgrade through a load balancer could not promise.
+	var server string
+	if len(self.IPs) > 0 {
+		server = netip.AddrPortFrom(self.IPs[0].Unmap(), kubeadmconfig.APIServerPort).String()
+	}
 	kubeconfig, err := kubeletcred.Kubeconfig(kubeletcred.KubeconfigParams{
-		ClusterName: clusterName, Server: endpoint, NodeName: self.Name,
+		ClusterName: clusterName, Server: server, NodeName: self.Name,
 		CACert: pki.EncodeCert(cluster.CA.Cert), ClientCert: clientCert, ClientKey: clientKey,
 	})
 	if err != nil {

@@ -81,6 +81,10 @@ type Balancer struct {
 	next     int      // round-robin position in order
 	closed   bool
 	wg       sync.WaitGroup // health checkers
+	// Connections no backend accepted, logged at most once a second with their count: while
+	// a cluster's first API server starts, its kubelet asks many times a second.
+	refusedSince int
+	refusedAt    time.Time
 }
 
 // backend is one API server with its health and its forwarded connections.
@@ -263,8 +267,19 @@ func (b *Balancer) forward(client net.Conn) {
 		b.untrack(addr, client, up)
 		return
 	}
-	b.cfg.Log.Warn("API load balancer: no backend accepted the connection", "client", client.RemoteAddr().String())
+	b.refused(client)
 	_ = client.Close()
+}
+
+func (b *Balancer) refused(client net.Conn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refusedSince++
+	if time.Since(b.refusedAt) < time.Second {
+		return
+	}
+	b.cfg.Log.Warn("API load balancer: no backend accepted the connection", "client", client.RemoteAddr().String(), "refusedSinceLastLog", b.refusedSince)
+	b.refusedAt, b.refusedSince = time.Now(), 0
 }
 
 // splice copies both ways until either side ends, then closes both: an API server or client

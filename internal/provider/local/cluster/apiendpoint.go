@@ -89,9 +89,12 @@ func (p *Provider) updateLBLocked() {
 	p.lb.Update(backends)
 }
 
-// Bounds of a graceful shutdown's steps; what is still running after them is killed.
+// Bounds of a graceful shutdown's steps; what is still running after them is killed. The API
+// server stops listening and sends GOAWAY at once, and finishes its short requests within
+// milliseconds; what keeps it longer are its watches, which it would hold for a minute
+// (its shutdown timeout) and which its clients start again elsewhere anyway.
 const (
-	apiServerStopBound = 15 * time.Second
+	apiServerStopBound = 3 * time.Second
 	etcdStopBound      = 10 * time.Second
 )
 
@@ -135,7 +138,14 @@ func (p *Provider) shutdownGracefully(n *node) {
 		err = sandbox.WaitGone(ctx, pids)
 		cancel()
 		if err != nil {
-			p.log.Warn("graceful shutdown: killed instead", "node", n.spec.Name, "step", s.comm, "err", err)
+			// Killed before the next step: etcd must not wait for a client that is leaving.
+			p.log.Info("graceful shutdown: killing what is left of the step", "node", n.spec.Name, "step", s.comm, "after", s.bound.String())
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			wctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
+			_ = sandbox.WaitGone(wctx, pids)
+			cancel()
 		}
 	}
 	p.log.Info("graceful shutdown done", "node", n.spec.Name, "took", time.Since(start).Round(time.Millisecond).String())
