@@ -54,6 +54,7 @@ func TestAPIEndpoint(t *testing.T) {
 		requireEndpointEverywhere(t, d)
 	})
 
+	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
 	serviceIP := deployWeb(t, d.kubeconfig, images)
 	status, err := cluster.ReadStatus(filepath.Join(ws, "mini"))
 	require.NoError(t, err)
