@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -179,10 +180,14 @@ spec:
 
 // pollers count requests to the API and to the web Service until stopped.
 type pollers struct {
-	stop func()
-	wg   sync.WaitGroup
-	api  pollCount
-	web  pollCount
+	stop  func()
+	wg    sync.WaitGroup
+	start time.Time
+	api   pollCount
+	web   pollCount
+	// slices records the web Service's EndpointSlice changes, to tell a failure's cause.
+	slicesMu sync.Mutex
+	slices   []string
 }
 
 // pollCount is one poller's tally; failures keep their first few messages.
@@ -220,7 +225,8 @@ func startPollers(t *testing.T, kubeconfig, netns, serviceIP string) *pollers {
 		},
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &pollers{stop: cancel}
+	p := &pollers{stop: cancel, start: time.Now()}
+	p.wg.Go(func() { p.watchSlices(ctx, client) })
 	every := func(interval time.Duration, c *pollCount, req func(context.Context) error) {
 		p.wg.Go(func() {
 			tick := time.NewTicker(interval)
@@ -252,6 +258,39 @@ func startPollers(t *testing.T, kubeconfig, netns, serviceIP string) *pollers {
 	return p
 }
 
+// watchSlices records every change of the web Service's EndpointSlices: time, and each
+// endpoint's address, node and conditions.
+func (p *pollers) watchSlices(ctx context.Context, client kubernetes.Interface) {
+	for ctx.Err() == nil {
+		w, err := client.DiscoveryV1().EndpointSlices("default").Watch(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=web"})
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			es, ok := ev.Object.(*discoveryv1.EndpointSlice)
+			if !ok {
+				continue
+			}
+			var eps []string
+			for _, e := range es.Endpoints {
+				node := ""
+				if e.NodeName != nil {
+					node = *e.NodeName
+				}
+				eps = append(eps, fmt.Sprintf("%v@%s ready=%v serving=%v terminating=%v", e.Addresses, node,
+					deref(e.Conditions.Ready), deref(e.Conditions.Serving), deref(e.Conditions.Terminating)))
+			}
+			p.slicesMu.Lock()
+			p.slices = append(p.slices, fmt.Sprintf("%s %s %s: %s", time.Now().Format("15:04:05.000"), ev.Type, es.Name, strings.Join(eps, "; ")))
+			p.slicesMu.Unlock()
+		}
+		w.Stop()
+	}
+}
+
+func deref(b *bool) bool { return b != nil && *b }
+
 func getWeb(ctx context.Context, c *http.Client, ip string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ip+"/", nil)
 	if err != nil {
@@ -281,6 +320,9 @@ func (p *pollers) stopNow() {
 func (p *pollers) requireNoFailures(t *testing.T) {
 	t.Helper()
 	p.stopNow()
+	p.slicesMu.Lock()
+	t.Logf("polled from %s to %s; the web Service's EndpointSlice changes:\n%s", p.start.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), strings.Join(p.slices, "\n"))
+	p.slicesMu.Unlock()
 	for _, c := range []struct {
 		what string
 		n    *pollCount
