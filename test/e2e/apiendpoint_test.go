@@ -62,6 +62,7 @@ func TestAPIEndpoint(t *testing.T) {
 	i := slices.IndexFunc(status.Nodes, func(n cluster.NodeStatus) bool { return n.Name == "worker-0" })
 	require.GreaterOrEqual(t, i, 0)
 	fromNode := status.Nodes[i].NetNS
+	waitServiceServes(t, fromNode, serviceIP, 3)
 
 	t.Run("reboot control-plane-0 without downtime", func(t *testing.T) {
 		d := d.on(t)
@@ -291,24 +292,60 @@ func (p *pollers) watchSlices(ctx context.Context, client kubernetes.Interface) 
 
 func deref(b *bool) bool { return b != nil && *b }
 
+// waitServiceServes waits (polled, 2 minutes at most) until the web Service, asked from netns,
+// has answered from each of replicas pods and then 20 times in a row: a new Service's
+// endpoints reach each node's kube-proxy a moment after the pods are Ready, and until then
+// the node refuses connections to it.
+func waitServiceServes(t *testing.T, netns, ip string, replicas int) {
+	t.Helper()
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return sandbox.DialContext(ctx, netns, network, addr)
+		},
+	}}
+	seen := map[string]bool{}
+	inARow := 0
+	var last error
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		name, err := getWebName(ctx, c, ip)
+		if last = err; err != nil {
+			inARow = 0
+			return false
+		}
+		seen[name] = true
+		inARow++
+		return len(seen) >= replicas && inARow >= 20
+	}, 2*time.Minute, 50*time.Millisecond, "the web Service answers from worker-0 (seen %v; last error: %v)", seen, last)
+}
+
 func getWeb(ctx context.Context, c *http.Client, ip string) error {
+	_, err := getWebName(ctx, c, ip)
+	return err
+}
+
+// getWebName asks the web Service once and returns the answering pod's name.
+func getWebName(ctx context.Context, c *http.Client, ip string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ip+"/", nil)
 	if err != nil {
-		return err
+		return "", err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
 	if err != nil {
-		return err
+		return "", err
 	}
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "hello from web-") {
-		return fmt.Errorf("answer %s: %q", resp.Status, body)
+	name, ok := strings.CutPrefix(strings.TrimSpace(string(body)), "hello from ")
+	if resp.StatusCode != http.StatusOK || !ok || !strings.HasPrefix(name, "web-") {
+		return "", fmt.Errorf("answer %s: %q", resp.Status, body)
 	}
-	return nil
+	return name, nil
 }
 
 func (p *pollers) stopNow() {
