@@ -153,7 +153,7 @@ func (p scalePlan) print(out io.Writer) {
 	for _, r := range p.remove {
 		what := "drained, deleted from Kubernetes and the platform, refused from then on"
 		if r.Role == metadata.ControlPlane {
-			what = "etcd member removed (only if quorum holds), " + what
+			what = "drained, shut down gracefully if etcd keeps its quorum without it, etcd member removed (only if quorum holds), deleted from Kubernetes and the platform, refused from then on"
 		}
 		fmt.Fprintf(out, "  - %s (%s: %s)\n", r.Name, r.Role, what)
 	}
