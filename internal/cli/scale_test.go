@@ -12,7 +12,19 @@ import (
 	"github.com/openconstellation/constellation/internal/state"
 )
 
-func TestPlanScale(t *testing.T) {
+// planScaleCase is one case of TestPlanScale.
+type planScaleCase struct {
+	nodes         []state.Node
+	removed       []state.RemovedNode
+	cp, workers   int
+	prefer        []string // apply --remove
+	wantAdd       []string
+	wantRemove    []string
+	wantErrSubstr string
+}
+
+// planScaleCases are the cases of TestPlanScale.
+func planScaleCases() map[string]planScaleCase {
 	node := func(name string, role metadata.Role, i byte) state.Node {
 		return state.Node{Name: name, Role: role, IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 42, 0, 10 + i})}}
 	}
@@ -25,15 +37,7 @@ func TestPlanScale(t *testing.T) {
 	other := node("worker-other", metadata.Worker, 3)
 	other.Unexpected = true
 
-	testCases := map[string]struct {
-		nodes         []state.Node
-		removed       []state.RemovedNode
-		cp, workers   int
-		prefer        []string // apply --remove
-		wantAdd       []string
-		wantRemove    []string
-		wantErrSubstr string
-	}{
+	return map[string]planScaleCase{
 		"as configured": {nodes: base, cp: 1, workers: 2},
 		"unexpected nodes do not count": {
 			nodes: append(append([]state.Node{}, base...), other), cp: 1, workers: 2,
@@ -73,7 +77,10 @@ func TestPlanScale(t *testing.T) {
 		"both ways at once":           {nodes: base, cp: 2, workers: 1, wantAdd: []string{"control-plane-1"}, wantRemove: []string{"worker-1"}},
 		"no control plane":            {nodes: base, cp: 0, workers: 2, wantErrSubstr: "at least one control plane"},
 	}
-	for name, tc := range testCases {
+}
+
+func TestPlanScale(t *testing.T) {
+	for name, tc := range planScaleCases() {
 		t.Run(name, func(t *testing.T) {
 			conf := &config.Config{Provider: config.ProviderFor(state.ProviderLocal, config.ProviderBlock{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"})}
 			st := &state.State{Nodes: tc.nodes, Removed: tc.removed}
