@@ -395,7 +395,7 @@ func TestDowngradePolicy(t *testing.T) {
 }
 
 // Any one signature by the pinned key suffices; others beside it, valid or not, by keys the
-// CLI does not know, neither add nor take away trust (docs/releases.md, "Decisions").
+// CLI does not know, neither add nor take away trust (docs/releases.md "Decisions").
 func TestSignaturesBesideThePinnedOne(t *testing.T) {
 	pinned := newSigner(t)
 	other := newSigner(t)

@@ -82,7 +82,7 @@ type Signed struct {
 // the signed statement and manifest strictly.
 //
 // One signature by the pinned key suffices; signatures by other keys beside it are ignored
-// (docs/releases.md, "Decisions"): they cannot change what the pinned key signed, and
+// (docs/releases.md "Decisions"): they cannot change what the pinned key signed, and
 // requiring every signature to verify would forbid co-signing and key rollover.
 func Verify(ctx context.Context, env *Envelope, key *PublicKey) (*Signed, error) {
 	if env == nil || key == nil {
