@@ -94,6 +94,9 @@ const (
 	// ReasonDowngrade: the release is older than the running one and downgrades were not
 	// allowed.
 	ReasonDowngrade
+	// ReasonUnsupportedVariant: the release has no reference values for the cluster's
+	// attestation variant.
+	ReasonUnsupportedVariant
 )
 
 func (r Reason) String() string {
@@ -112,6 +115,8 @@ func (r Reason) String() string {
 		return "release has invalid reference values"
 	case ReasonDowngrade:
 		return "release is a downgrade"
+	case ReasonUnsupportedVariant:
+		return "release does not support the cluster's attestation variant"
 	default:
 		return fmt.Sprintf("release refused (reason %d)", int(r))
 	}

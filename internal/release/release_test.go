@@ -105,15 +105,14 @@ func signPayload(t *testing.T, s *release.Signer, payloadType string, payload []
 }
 
 func TestOpenAcceptsASignedRelease(t *testing.T) {
-	ed, edPriv, err := ed25519.GenerateKey(rand.Reader)
+	_, edPriv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	_ = ed
 	edSigner, err := release.NewSigner(edPriv)
 	require.NoError(t, err)
 	for name, s := range map[string]*release.Signer{"ECDSA P-256": newSigner(t), "Ed25519": edSigner} {
 		t.Run(name, func(t *testing.T) {
 			m := manifest()
-			got, err := release.Open(context.Background(), sign(t, m, s), s.Public(), release.Policy{Running: "v1.1.3"})
+			got, err := release.Open(context.Background(), sign(t, m, s), s.Public(), release.Policy{Running: "v1.1.3", Variant: variant.AWSNitroTPM})
 			require.NoError(t, err)
 			assert.Equal(t, m, got.Manifest)
 			assert.Equal(t, s.Public().KeyID(), got.KeyID)
@@ -276,6 +275,11 @@ func TestOpenRefuses(t *testing.T) {
 				return signUnchecked(t, m, pinned)
 			},
 			reason: release.ReasonInvalidReference, wantErr: "listed twice",
+		},
+		"release without the cluster's variant": {
+			data:   func(*testing.T) []byte { return good },
+			policy: release.Policy{Variant: variant.AzureSEVSNP},
+			reason: release.ReasonUnsupportedVariant, wantErr: "no reference values for azure-sev-snp (it supports qemu-vtpm, aws-nitro-tpm)",
 		},
 		"downgrade": {
 			data:   func(*testing.T) []byte { return good },

@@ -92,7 +92,8 @@ func Verify(ctx context.Context, env *Envelope, key *PublicKey) (*Signed, error)
 	if err != nil {
 		return nil, err
 	}
-	e := env.env // the library reorders nothing, but keep the caller's copy untouched
+	// A copy: the verifier never sees (or could change) the caller's envelope.
+	e := env.env
 	e.Signatures = append([]dsse.Signature(nil), env.env.Signatures...)
 	_, payload, err := ev.VerifyAndDecode(ctx, &e)
 	if err != nil {
@@ -176,6 +177,9 @@ type Policy struct {
 	Running string
 	// AllowDowngrade accepts a release older than Running (--allow-downgrade).
 	AllowDowngrade bool
+	// Variant, if set, is the cluster's attestation variant: the release must carry its
+	// reference values, or the cluster's nodes could not join once they run its image.
+	Variant variant.Variant
 }
 
 // Verified is a release that passed every check: parsed, signed by the pinned key, and
@@ -188,12 +192,22 @@ type Verified struct {
 	Downgrade bool
 }
 
-// CheckPolicy checks the signed manifest: its version is semantic and, unless p allows a
-// downgrade, not older than p.Running; every reference set of every variant enforces every
-// register the variant's images measure, and every variant's reference values are valid.
+// CheckPolicy checks the signed manifest: every reference set of every variant enforces every
+// register the variant's images measure, and every variant's reference values are valid; it
+// supports p.Variant; its version is semantic and, unless p allows a downgrade, not older
+// than p.Running.
 func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 	if err := checkManifest(s.manifest); err != nil {
 		return nil, err
+	}
+	if !p.Variant.IsZero() {
+		if _, ok := s.manifest.reference(p.Variant); !ok {
+			var have []string
+			for _, ref := range s.manifest.References {
+				have = append(have, ref.Variant.String())
+			}
+			return nil, refuse(ReasonUnsupportedVariant, "release %s has no reference values for %s (it supports %s)", s.manifest.Version, p.Variant, strings.Join(have, ", "))
+		}
 	}
 	downgrade := false
 	if p.Running != "" {
@@ -267,10 +281,14 @@ func Open(ctx context.Context, data []byte, key *PublicKey, p Policy) (*Verified
 	return signed.CheckPolicy(p)
 }
 
-// Reference returns the verified reference values of variant v, if the release supports it.
+// Reference returns the verified reference values of variant vr, if the release supports it.
 func (v *Verified) Reference(vr variant.Variant) (choose.Reference, bool) {
-	for _, ref := range v.Manifest.References {
-		if ref.Variant == vr {
+	return v.Manifest.reference(vr)
+}
+
+func (m Manifest) reference(v variant.Variant) (choose.Reference, bool) {
+	for _, ref := range m.References {
+		if ref.Variant == v {
 			return ref, true
 		}
 	}
