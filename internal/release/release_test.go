@@ -312,6 +312,10 @@ func TestOpenRefuses(t *testing.T) {
 			data:   func(t *testing.T) []byte { return append(append([]byte{}, good...), "{}"...) },
 			reason: release.ReasonMalformed, wantErr: "data after",
 		},
+		"stray closing brace after the envelope": {
+			data:   func(t *testing.T) []byte { return append(append([]byte{}, good...), "\n}"...) },
+			reason: release.ReasonMalformed, wantErr: "data after",
+		},
 		"payload not base64": {
 			data: func(t *testing.T) []byte {
 				env := envelope(t, good)

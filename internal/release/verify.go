@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
@@ -41,7 +42,9 @@ func Parse(data []byte) (*Envelope, error) {
 	if err := dec.Decode(&env); err != nil {
 		return nil, refuse(ReasonMalformed, "not a DSSE envelope: %w", err)
 	}
-	if _, err := dec.Token(); err == nil {
+	// Only whitespace may follow: Token returns io.EOF then, an error for anything else
+	// (even a stray "}", which More would report as no more values).
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, refuse(ReasonMalformed, "data after the DSSE envelope")
 	}
 	if env.PayloadType != PayloadType {
@@ -139,7 +142,7 @@ func decodeManifest(pred []byte) (Manifest, error) {
 	if err := dec.Decode(&m); err != nil {
 		return Manifest{}, fmt.Errorf("release manifest: %w", err)
 	}
-	if _, err := dec.Token(); err == nil {
+	if _, err := dec.Token(); err != io.EOF {
 		return Manifest{}, errors.New("release manifest: data after the JSON value")
 	}
 	return m, nil
