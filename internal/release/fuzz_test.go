@@ -49,7 +49,7 @@ func FuzzOpen(f *testing.F) {
 			require.NotZero(t, release.ReasonOf(err), "%v", err)
 			return
 		}
-		require.Equal(t, s.Public().KeyID(), got.KeyID)
+		require.Equal(t, s.Public().KeyID(), got.KeyID())
 		again, err := release.Open(context.Background(), data, s.Public(), release.Policy{Running: "v1.0.0"})
 		require.NoError(t, err)
 		require.Equal(t, got, again)

@@ -114,9 +114,9 @@ func TestOpenAcceptsASignedRelease(t *testing.T) {
 			m := manifest()
 			got, err := release.Open(context.Background(), sign(t, m, s), s.Public(), release.Policy{Running: "v1.1.3", Variant: variant.AWSNitroTPM})
 			require.NoError(t, err)
-			assert.Equal(t, m, got.Manifest)
-			assert.Equal(t, s.Public().KeyID(), got.KeyID)
-			assert.False(t, got.Downgrade)
+			assert.Equal(t, m, got.Manifest())
+			assert.Equal(t, s.Public().KeyID(), got.KeyID())
+			assert.False(t, got.Downgrade())
 			ref, ok := got.Reference(variant.QEMUVTPM)
 			require.True(t, ok)
 			assert.Equal(t, m.References[0], ref)
@@ -397,7 +397,7 @@ func TestDowngradePolicy(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.wantDowngrade, got.Downgrade)
+			assert.Equal(t, tc.wantDowngrade, got.Downgrade())
 		})
 	}
 }
@@ -421,7 +421,7 @@ func TestSignaturesBesideThePinnedOne(t *testing.T) {
 			env.Signatures = sigs
 			got, err := release.Open(context.Background(), marshal(t, env), pinned.Public(), release.Policy{})
 			require.NoError(t, err)
-			assert.Equal(t, pinned.Public().KeyID(), got.KeyID)
+			assert.Equal(t, pinned.Public().KeyID(), got.KeyID())
 		})
 	}
 }

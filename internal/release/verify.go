@@ -186,14 +186,23 @@ type Policy struct {
 }
 
 // Verified is a release that passed every check: parsed, signed by the pinned key, and
-// within the policy. Only CheckPolicy makes one.
+// within the policy. Only CheckPolicy makes one (its fields are unexported, so no other
+// package can), so a *Verified is proof that the checks ran.
 type Verified struct {
-	Manifest Manifest
-	// KeyID is the pinned key that signed it.
-	KeyID string
-	// Downgrade is set when the release is older than Policy.Running (allowed by the policy).
-	Downgrade bool
+	manifest  Manifest
+	keyID     string
+	downgrade bool
 }
+
+// Manifest returns the verified manifest.
+func (v *Verified) Manifest() Manifest { return v.manifest }
+
+// KeyID is the pinned key that signed the release.
+func (v *Verified) KeyID() string { return v.keyID }
+
+// Downgrade reports whether the release is older than Policy.Running (and the policy allowed
+// it), for the CLI's plan to say so.
+func (v *Verified) Downgrade() bool { return v.downgrade }
 
 // CheckPolicy checks the signed manifest: every reference set of every variant enforces every
 // register the variant's images measure, and every variant's reference values are valid; it
@@ -226,7 +235,7 @@ func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 			downgrade = true
 		}
 	}
-	return &Verified{Manifest: s.manifest, KeyID: s.keyID, Downgrade: downgrade}, nil
+	return &Verified{manifest: s.manifest, keyID: s.keyID, downgrade: downgrade}, nil
 }
 
 // checkManifest checks what a manifest must be whoever reads it: what Sign refuses to sign
@@ -286,7 +295,7 @@ func Open(ctx context.Context, data []byte, key *PublicKey, p Policy) (*Verified
 
 // Reference returns the verified reference values of variant vr, if the release supports it.
 func (v *Verified) Reference(vr variant.Variant) (choose.Reference, bool) {
-	return v.Manifest.reference(vr)
+	return v.manifest.reference(vr)
 }
 
 func (m Manifest) reference(v variant.Variant) (choose.Reference, bool) {
