@@ -143,3 +143,35 @@ func (s *Signer) Sign(_ context.Context, data []byte) ([]byte, error) {
 
 // KeyID implements dsse.Signer.
 func (s *Signer) KeyID() (string, error) { return s.pub.keyID, nil }
+
+// MarshalPrivatePEM returns the signer's key as a PEM "PRIVATE KEY" block (PKCS #8), the form
+// ParseSigner reads: what `make` is to write once for local releases (file mode 0600, never
+// committed). It fails for a signer whose key cannot be exported (a KMS or HSM key).
+func (s *Signer) MarshalPrivatePEM() ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(s.priv)
+	if err != nil {
+		return nil, fmt.Errorf("release key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// ParseSigner parses a PEM "PRIVATE KEY" block (PKCS #8) of an ECDSA P-256 or Ed25519 key,
+// and nothing else.
+func ParseSigner(pemData []byte) (*Signer, error) {
+	block, rest := pem.Decode(pemData)
+	if block == nil || block.Type != "PRIVATE KEY" {
+		return nil, errors.New("release signing key: want one PEM PRIVATE KEY block (PKCS #8)")
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return nil, errors.New("release signing key: data after the PEM block")
+	}
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("release signing key: %w", err)
+	}
+	priv, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("release signing key: %T cannot sign", key)
+	}
+	return NewSigner(priv)
+}

@@ -2,12 +2,15 @@ package release_test
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"strings"
 	"testing"
 
@@ -143,6 +146,45 @@ func TestPublicKeyPEM(t *testing.T) {
 	assert.ErrorContains(t, err, "PEM PUBLIC KEY")
 	_, err = release.ParsePublicKey(append(pemData, "junk"...))
 	assert.ErrorContains(t, err, "data after the PEM block")
+}
+
+// The signing key round-trips through PEM (what `make` writes once) and signs releases the
+// public key verifies; only PKCS #8 P-256 and Ed25519 keys are read.
+func TestSignerPEM(t *testing.T) {
+	for name, gen := range map[string]func() crypto.Signer{
+		"ECDSA P-256": func() crypto.Signer {
+			k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			require.NoError(t, err)
+			return k
+		},
+		"Ed25519": func() crypto.Signer {
+			_, k, err := ed25519.GenerateKey(rand.Reader)
+			require.NoError(t, err)
+			return k
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := release.NewSigner(gen())
+			require.NoError(t, err)
+			pemData, err := s.MarshalPrivatePEM()
+			require.NoError(t, err)
+			back, err := release.ParseSigner(pemData)
+			require.NoError(t, err)
+			assert.Equal(t, s.Public().KeyID(), back.Public().KeyID())
+			_, err = release.Open(context.Background(), sign(t, manifest(), back), s.Public(), release.Policy{})
+			require.NoError(t, err)
+		})
+	}
+	p384, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.MarshalPKCS8PrivateKey(p384)
+	require.NoError(t, err)
+	_, err = release.ParseSigner(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+	assert.ErrorContains(t, err, "want P-256")
+	pub, err := newSigner(t).Public().MarshalPEM()
+	require.NoError(t, err)
+	_, err = release.ParseSigner(pub)
+	assert.ErrorContains(t, err, "PRIVATE KEY")
 }
 
 // The attacks of issue 23, item 1, from the attacker's side: each refused, with its reason.
