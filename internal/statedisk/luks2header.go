@@ -178,7 +178,7 @@ func ParseLUKS2Header(r io.ReaderAt) (*LUKS2Header, error) {
 	if err := dec.Decode(&md); err != nil {
 		return nil, fmt.Errorf("LUKS2 metadata: %w", err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("LUKS2 metadata: data after the JSON object")
 	}
 	if err := md.check(primary.hdrSize); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 )
 
@@ -26,6 +27,7 @@ func shortTempDir(t *testing.T) string {
 // TestRestartKeepsAK: the TPM state survives a restart, so a node's AK (and the certificate
 // the provider issued for it) stays valid; Stop leaves no process behind.
 func TestRestartKeepsAK(t *testing.T) {
+	testtier.Integration(t, "swtpm")
 	dir := shortTempDir(t)
 	ctx := context.Background()
 	akOf := func() ([]byte, int) {
@@ -70,6 +72,7 @@ func TestStartErrors(t *testing.T) {
 // TestExited: a swtpm that dies on its own (a failed TPM chip) is noticed through Exited,
 // with how it ended; Stop afterwards is harmless.
 func TestExited(t *testing.T) {
+	testtier.Integration(t, "swtpm")
 	proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: shortTempDir(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proc.Stop() })

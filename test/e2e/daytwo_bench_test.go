@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,8 +15,6 @@ import (
 // each iteration creates and removes a cluster.
 func BenchmarkDayTwo(b *testing.B) {
 	bin, _ := buildBinaries(b)
-	kubeBin := filepath.Join(repoOutput(b), "kube", "bin")
-	images := filepath.Join(repoOutput(b), "images")
 	var add, reboot, restart time.Duration
 	timed := func(ws string, args ...string) time.Duration {
 		start := time.Now()
@@ -25,28 +22,16 @@ func BenchmarkDayTwo(b *testing.B) {
 		require.NoError(b, err, "%s", out)
 		return time.Since(start)
 	}
-	for i := 0; i < b.N; i++ {
-		ws := b.TempDir()
-		out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
-		if err != nil {
-			_, _ = exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-			require.NoError(b, err, "%s", out)
-		}
-		func() {
-			defer func() {
-				downOut, downErr := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-				require.NoError(b, downErr, "%s", downOut)
-			}()
-			setCounts(b, ws, 1, 3)
-			add += timed(ws, "apply")
-			reboot += timed(ws, "reboot", "worker-0")
-			start := time.Now()
-			timed(ws, "stop")
-			timed(ws, "start")
-			timed(ws, "recover")
-			restart += time.Since(start)
-		}()
-	}
+	withBenchCluster(b, bin, []string{"--workers", "2"}, func(ws string) {
+		setCounts(b, ws, 1, 3)
+		add += timed(ws, "apply")
+		reboot += timed(ws, "reboot", "worker-0")
+		start := time.Now()
+		timed(ws, "stop")
+		timed(ws, "start")
+		timed(ws, "recover")
+		restart += time.Since(start)
+	})
 	n := float64(b.N)
 	b.ReportMetric(add.Seconds()/n, "addworker-s")
 	b.ReportMetric(reboot.Seconds()/n, "rebootworker-s")

@@ -17,42 +17,28 @@ import (
 // creates and removes a cluster.
 func BenchmarkPowerCut(b *testing.B) {
 	bin, _ := buildBinaries(b)
-	kubeBin := filepath.Join(repoOutput(b), "kube", "bin")
-	images := filepath.Join(repoOutput(b), "images")
 	var worker, started, ready, verified time.Duration
 	run := func(ws string, args ...string) {
 		out, err := exec.Command(bin, append(args, "-C", ws)...).CombinedOutput()
 		require.NoError(b, err, "%s", out)
 	}
-	for i := 0; i < b.N; i++ {
-		ws := b.TempDir()
-		out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
-		if err != nil {
-			_, _ = exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-			require.NoError(b, err, "%s", out)
-		}
-		func() {
-			defer func() {
-				downOut, downErr := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-				require.NoError(b, downErr, "%s", downOut)
-			}()
-			kubeconfig := filepath.Join(ws, "constellation-admin.conf")
-			start := time.Now()
-			run(ws, "mini", "power-cut", "worker-0")
-			// Returns once the node booted again: later heartbeats are the new kubelet's.
-			waitFreshReady(b, kubeconfig, "worker-0", time.Now())
-			worker += time.Since(start)
+	withBenchCluster(b, bin, []string{"--workers", "2"}, func(ws string) {
+		kubeconfig := filepath.Join(ws, "constellation-admin.conf")
+		start := time.Now()
+		run(ws, "mini", "power-cut", "worker-0")
+		// Returns once the node booted again: later heartbeats are the new kubelet's.
+		waitFreshReady(b, kubeconfig, "worker-0", time.Now())
+		worker += time.Since(start)
 
-			start = time.Now()
-			run(ws, "mini", "power-cut")
-			run(ws, "start")
-			started += time.Since(start)
-			run(ws, "recover")
-			ready += time.Since(start)
-			run(ws, "verify")
-			verified += time.Since(start)
-		}()
-	}
+		start = time.Now()
+		run(ws, "mini", "power-cut")
+		run(ws, "start")
+		started += time.Since(start)
+		run(ws, "recover")
+		ready += time.Since(start)
+		run(ws, "verify")
+		verified += time.Since(start)
+	})
 	n := float64(b.N)
 	b.ReportMetric(worker.Seconds()/n, "workercut-ready-s")
 	b.ReportMetric(started.Seconds()/n, "clustercut-started-s")

@@ -17,32 +17,18 @@ import (
 // holds the workloads. Run with -benchtime 1x: each iteration creates and removes a cluster.
 func BenchmarkControlPlaneScaleDown(b *testing.B) {
 	bin, _ := buildBinaries(b)
-	kubeBin := filepath.Join(repoOutput(b), "kube", "bin")
-	images := filepath.Join(repoOutput(b), "images")
 	var scaleDown time.Duration
-	for i := 0; i < b.N; i++ {
-		ws := b.TempDir()
+	withBenchCluster(b, bin, []string{"--control-planes", "3", "--workers", "1"}, func(ws string) {
 		kubeconfig := filepath.Join(ws, "constellation-admin.conf")
-		out, err := exec.Command(bin, "mini", "up", "-C", ws, "--control-planes", "3", "--workers", "1", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
-		if err != nil {
-			_, _ = exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-			require.NoError(b, err, "%s", out)
-		}
-		func() {
-			defer func() {
-				downOut, downErr := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
-				require.NoError(b, downErr, "%s", downOut)
-			}()
-			moveEtcdLeader(b, kubeconfig, "control-plane-2")
-			setCounts(b, ws, 1, 1)
-			start := time.Now()
-			out, err := exec.Command(bin, "apply", "-C", ws).CombinedOutput()
-			scaleDown += time.Since(start)
-			require.NoError(b, err, "%s", out)
-			_, members := etcdLeaderMember(b, kubeconfig)
-			require.Len(b, members, 1, "etcd's members after the scale-down")
-			require.Equal(b, "control-plane-0", members[0].Name)
-		}()
-	}
+		moveEtcdLeader(b, kubeconfig, "control-plane-2")
+		setCounts(b, ws, 1, 1)
+		start := time.Now()
+		out, err := exec.Command(bin, "apply", "-C", ws).CombinedOutput()
+		scaleDown += time.Since(start)
+		require.NoError(b, err, "%s", out)
+		_, members := etcdLeaderMember(b, kubeconfig)
+		require.Len(b, members, 1, "etcd's members after the scale-down")
+		require.Equal(b, "control-plane-0", members[0].Name)
+	})
 	b.ReportMetric(scaleDown.Seconds()/float64(b.N), "cp3to1-leader-s")
 }

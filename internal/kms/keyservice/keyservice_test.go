@@ -156,6 +156,8 @@ func TestParsePolicy(t *testing.T) {
 		"grants nothing": {json: `{"clients":{"a":{}}}`, wantErr: `client "a" is granted nothing`},
 		"empty name":     {json: `{"clients":{"":{"stateDiskKeys":true}}}`, wantErr: "empty name"},
 		"trailing data":  {json: `{"clients":{"a":{"stateDiskKeys":true}}} {}`, wantErr: "trailing"},
+		"stray brace":    {json: `{"clients":{"a":{"stateDiskKeys":true}}}}`, wantErr: "trailing"},
+		"stray bracket":  {json: `{"clients":{"a":{"stateDiskKeys":true}}}]`, wantErr: "trailing"},
 		"not JSON":       {json: `clients: a`, wantErr: "policy"},
 	}
 	for name, tc := range testCases {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 
@@ -109,7 +110,7 @@ func ParsePolicy(data []byte) (Policy, error) {
 	if err := dec.Decode(&p); err != nil {
 		return Policy{}, fmt.Errorf("policy: %w", err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return Policy{}, fmt.Errorf("policy: trailing data")
 	}
 	return p, p.Validate()

@@ -215,7 +215,10 @@ func (r *PodRunner) Run(ctx context.Context, args ...string) ([]byte, []byte, er
 	}
 	stdout, stderr, err := r.exec(ctx, pod, args)
 	var exit *ExitError
-	if err != nil && !errors.As(err, &exit) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) && ctx.Err() == nil {
+	// Exit code 137 is etcdctl killed by SIGKILL: its container was killed under it (the
+	// member of that pod died and the kubelet restarts it), not an answer of etcd.
+	killed := errors.As(err, &exit) && exit.Code == 137
+	if err != nil && (killed || !errors.As(err, &exit)) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) && ctx.Err() == nil {
 		r.mu.Lock()
 		if r.Pod == pod {
 			r.Node, r.Pod = "", ""

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/nodeimage"
@@ -69,7 +70,7 @@ func ParseNodeConfig(data []byte) (NodeConfig, error) {
 	if err := dec.Decode(&c); err != nil {
 		return NodeConfig{}, fmt.Errorf("decoding %s: %w", NodeConfigFile, err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return NodeConfig{}, fmt.Errorf("decoding %s: data after the object", NodeConfigFile)
 	}
 	if err := c.Validate(); err != nil {

@@ -24,6 +24,7 @@ func TestNodeConfig(t *testing.T) {
 	}{
 		"unknown field":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","extra":1}`, []string{`unknown field "extra"`}},
 		"trailing data":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"} {}`, []string{"data after the object"}},
+		"stray brace":     {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"}}`, []string{"data after the object"}},
 		"not JSON":        {`kubernetesVersion: v1.34.4`, []string{"decoding node-config.json"}},
 		"every field bad": {`{"kubernetesVersion":"1.34","provider":"gcp","servicesImage":"services"}`, []string{`kubernetesVersion "1.34"`, `provider "gcp"`, `servicesImage "services"`}},
 		"image untagged":  {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services"}`, []string{"servicesImage"}},

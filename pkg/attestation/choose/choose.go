@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -119,7 +120,7 @@ func DecodeReference(data []byte) (Reference, error) {
 	if err := dec.Decode(&r); err != nil {
 		return Reference{}, fmt.Errorf("decoding the attestation reference: %w", err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return Reference{}, errors.New("decoding the attestation reference: data after the JSON value")
 	}
 	return r, nil

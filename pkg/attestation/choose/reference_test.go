@@ -50,6 +50,8 @@ func TestDecodeReferenceRefuses(t *testing.T) {
 		"unknown field":   {`{"variant":"qemu-vtpm","hardware":{}}`, `unknown field "hardware"`},
 		"unknown variant": {`{"variant":"tpm-9000"}`, `unknown attestation variant "tpm-9000"`},
 		"trailing data":   {`{"variant":"qemu-vtpm"} {}`, "data after the JSON value"},
+		"stray brace":     {`{"variant":"qemu-vtpm"}}`, "data after the JSON value"},
+		"stray bracket":   {`{"variant":"qemu-vtpm"}]`, "data after the JSON value"},
 		"oversized":       {`"` + string(make([]byte, MaxEncodedReferenceSize)) + `"`, "limit"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -26,7 +27,7 @@ func DecodeReferenceSets(data []byte, v variant.Variant) (ReferenceSets, error) 
 	if err := dec.Decode(&sets); err != nil {
 		return nil, fmt.Errorf("decoding reference sets: %w", err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("decoding reference sets: data after the JSON value")
 	}
 	if err := sets.Validate(v); err != nil {

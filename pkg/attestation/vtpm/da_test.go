@@ -73,6 +73,9 @@ type restartableSwtpm struct {
 }
 
 func newRestartableSwtpm(t *testing.T) *restartableSwtpm {
+	if testing.Short() {
+		t.Skip("integration tier (make integration): runs swtpm")
+	}
 	// os.MkdirTemp, not t.TempDir: socket paths are limited to 107 bytes.
 	dir, err := os.MkdirTemp("", "swtpm-da")
 	require.NoError(t, err)

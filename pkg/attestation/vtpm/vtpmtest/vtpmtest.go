@@ -62,9 +62,13 @@ func Swtpm(t testing.TB) (*vtpm.TPM, *swtpm.Process) {
 }
 
 // SwtpmProcess starts a swtpm process, stopped when the test ends, without connecting to it:
-// for code that opens the TPM per use (swtpm serves one connection at a time).
+// for code that opens the TPM per use (swtpm serves one connection at a time). A real swtpm
+// is the integration tier's (internal/testtier): under go test -short the test is skipped.
 func SwtpmProcess(t testing.TB) *swtpm.Process {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("integration tier (make integration): runs swtpm")
+	}
 	// os.MkdirTemp, not t.TempDir: test names can push a socket path past 107 bytes.
 	dir, err := os.MkdirTemp("", "swtpm")
 	require.NoError(t, err)
