@@ -38,6 +38,8 @@ type Manifest struct {
 	// Version is the release's semantic version ("v1.2.3"), compared with the running one
 	// to refuse downgrades.
 	Version string `json:"version"`
+	// KubernetesVersion is the Kubernetes version the release's nodes run ("v1.34.4").
+	KubernetesVersion string `json:"kubernetesVersion"`
 	// NodeImage is the node image the release's nodes boot.
 	NodeImage Image `json:"nodeImage"`
 	// ServicesImage is the image of the in-cluster services (join, key, verification).

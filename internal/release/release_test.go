@@ -38,9 +38,10 @@ func digest(b byte, n int) []byte {
 func manifest() release.Manifest {
 	vtpm := variant.QEMUVTPM
 	return release.Manifest{
-		Version:       "v1.2.0",
-		NodeImage:     release.Image{Ref: "images/node-v1.2.0", Digest: "sha256:" + strings.Repeat("ab", 32)},
-		ServicesImage: release.Image{Ref: "registry.local/constellation/services:v1.2.0", Digest: "sha256:" + strings.Repeat("cd", 32)},
+		Version:           "v1.2.0",
+		KubernetesVersion: "v1.34.4",
+		NodeImage:         release.Image{Ref: "images/node-v1.2.0", Digest: "sha256:" + strings.Repeat("ab", 32)},
+		ServicesImage:     release.Image{Ref: "registry.local/constellation/services:v1.2.0", Digest: "sha256:" + strings.Repeat("cd", 32)},
 		References: []choose.Reference{
 			{Variant: vtpm, Values: choose.Values{
 				Measurements:   measurements.ReferenceSets{{Name: "v1.2.0", Measurements: measurementstest.Image(vtpm, map[uint32][]byte{4: digest(4, 32), 11: digest(11, 32)})}},
@@ -413,6 +414,16 @@ func TestSignRefusesAnUnenforcedRelease(t *testing.T) {
 	m.NodeImage.Digest = "sha256:AB"
 	_, err = release.Sign(context.Background(), m, newSigner(t))
 	assert.ErrorContains(t, err, "node image")
+
+	m = manifest()
+	m.KubernetesVersion = "1.34"
+	_, err = release.Sign(context.Background(), m, newSigner(t))
+	assert.ErrorContains(t, err, `kubernetesVersion "1.34"`)
+	// The verifier checks it too.
+	s := newSigner(t)
+	_, err = release.Open(context.Background(), signUnchecked(t, m, s), s.Public(), release.Policy{})
+	assert.Equal(t, release.ReasonMalformed, release.ReasonOf(err), "%v", err)
+	assert.ErrorContains(t, err, `kubernetesVersion "1.34"`)
 }
 
 func TestDowngradePolicy(t *testing.T) {

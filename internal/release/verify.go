@@ -13,6 +13,7 @@ import (
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 	"k8s.io/apimachinery/pkg/util/version"
 
+	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -243,6 +244,9 @@ func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 func checkManifest(m Manifest) error {
 	if _, err := version.ParseSemantic(m.Version); err != nil {
 		return refuse(ReasonMalformed, "version %q: %w", m.Version, err)
+	}
+	if !clusterrecord.IsKubernetesVersion(m.KubernetesVersion) {
+		return refuse(ReasonMalformed, "kubernetesVersion %q: want v1.X.Y", m.KubernetesVersion)
 	}
 	if _, err := m.NodeImage.sha256Hex(); err != nil {
 		return refuse(ReasonMalformed, "node image: %w", err)
