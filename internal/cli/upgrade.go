@@ -39,6 +39,10 @@ func configuredImage(ctx context.Context, workspace string, conf *config.Config,
 	if err != nil {
 		return "", nil, err
 	}
+	if k := rel.Manifest().KubernetesVersion; k != conf.KubernetesVersion {
+		return "", nil, fmt.Errorf("%s: kubernetesVersion is %s, but release %s runs Kubernetes %s: set kubernetesVersion: %s (the two change together)",
+			config.FileName, conf.KubernetesVersion, rel.Version(), k, k)
+	}
 	return rel.NodeImage(), rel, nil
 }
 
@@ -197,10 +201,13 @@ func (u *upgrade) checkHealthy(ctx context.Context, stale []state.Node) error {
 			return err
 		}
 		ready := map[string]bool{}
+		problems = nil
 		for _, n := range nodes.Items {
 			ready[n.Name] = isReady(n) && !n.Spec.Unschedulable
+			if err := kubernetesSkew(n.Status.NodeInfo.KubeletVersion, u.release.Manifest().KubernetesVersion); err != nil {
+				problems = append(problems, n.Name+": "+err.Error())
+			}
 		}
-		problems = nil
 		for _, n := range u.st.Nodes {
 			if !n.Unexpected && !ready[n.Name] {
 				problems = append(problems, n.Name+" is not Ready (or cordoned)")
