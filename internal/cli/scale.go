@@ -155,10 +155,13 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err != nil {
 		return err
 	}
+	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
+	if err := u.check(ctx); err != nil {
+		return err
+	}
 	if err := r.scale(ctx, plan); err != nil {
 		return err
 	}
-	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
 	if err := u.run(ctx); err != nil {
 		return err
 	}

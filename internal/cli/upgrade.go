@@ -119,6 +119,22 @@ type upgrade struct {
 // replacementBound bounds the wait for one replacement node to be Ready.
 const replacementBound = 10 * time.Minute
 
+// check refuses, before apply changes anything, to move nodes to an image that is not a
+// release, and to start an upgrade in a cluster that is not healthy.
+func (u *upgrade) check(ctx context.Context) error {
+	stale, err := u.staleNodes(ctx)
+	if err != nil || len(stale) == 0 {
+		return err
+	}
+	if u.release == nil {
+		return &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
+			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory)",
+			len(stale), u.image, u.conf.Provider.Name())}
+	}
+	return u.checkHealthy(ctx, stale)
+}
+
+// run carries out the upgrade that check allowed.
 func (u *upgrade) run(ctx context.Context) error {
 	stale, err := u.staleNodes(ctx)
 	if err != nil {
@@ -128,12 +144,7 @@ func (u *upgrade) run(ctx context.Context) error {
 		return u.finish(ctx)
 	}
 	if u.release == nil {
-		return &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
-			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory)",
-			len(stale), u.image, u.conf.Provider.Name())}
-	}
-	if err := u.checkHealthy(ctx, stale); err != nil {
-		return err
+		return errors.New("nodes boot another image than the configured one, which is not a release") // check refused it
 	}
 	u.changed = true
 	u.printPlan(stale)
