@@ -2,7 +2,10 @@
 // keeps a bounded book of the peers it refused (Book: per peer address, the exact count, the
 // last reason and error), and publishes it into one ConfigMap of the cluster (ConfigMapName in
 // Namespace), under a key of its own node, with server-side apply (Publisher). The CLI reads
-// that object with its admin credentials (Read, Of) to say why a node did not join.
+// that object with its admin credentials (Read, Of) to say why a node did not join. Beside its
+// book, each join service publishes the names of the reference sets it admits by (key
+// <node>.reference-sets, ReadReferenceSets): an upgrade waits for them before it boots a
+// release's first node (docs/upgrades.md).
 //
 // Why a Kubernetes object: the CLI reaches the cluster through the API server only, with the
 // admin kubeconfig; the join service already writes its disk records there. The API server
