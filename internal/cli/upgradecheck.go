@@ -105,11 +105,11 @@ func upgradeCheck(ctx context.Context, out io.Writer, workspace, source string) 
 }
 
 func printRunning(out io.Writer, now running) {
-	rel := now.release
-	if rel == "" {
+	rel := "release " + now.release
+	if now.release == "" {
 		rel = "no release (a development image)"
 	}
-	fmt.Fprintf(out, "running: release %s, Kubernetes %s\n", rel, now.kubernetes)
+	fmt.Fprintf(out, "running: %s, Kubernetes %s\n", rel, now.kubernetes)
 }
 
 // verdict says whether the cluster may move to the release m.

@@ -28,12 +28,12 @@ import (
 // releases is the release tooling of the upgrade tests: cmd/release, the key it made, and the
 // source it writes releases into.
 type releases struct {
-	t                  *testing.T
+	t                  testing.TB
 	bin, key, source   string
 	baseImage, imgsDir string
 }
 
-func newReleases(t *testing.T, baseImage string) *releases {
+func newReleases(t testing.TB, baseImage string) *releases {
 	t.Helper()
 	dir := t.TempDir()
 	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/openconstellation/constellation/cmd/release").CombinedOutput()
@@ -103,7 +103,7 @@ func firstSet(m map[string]any) map[string]any {
 }
 
 // useRelease points the workspace's configuration at image, pinning key.
-func useRelease(t *testing.T, ws, key, source, image string) {
+func useRelease(t testing.TB, ws, key, source, image string) {
 	t.Helper()
 	path := filepath.Join(ws, config.FileName)
 	conf, err := config.Load(path)
