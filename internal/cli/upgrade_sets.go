@@ -23,7 +23,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
-// The reference sets of an upgrade (docs/upgrades.md "Reference sets"): the cluster's
+// The reference sets of an upgrade (docs/upgrades.md "The roll"): the cluster's
 // (ConfigMap constellation-attestation, which the join services admit by) and the
 // configuration's (what verify and status check nodes against) change together, through
 // one edit, so they never disagree for longer than between two writes of one apply.

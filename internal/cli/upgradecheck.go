@@ -136,13 +136,13 @@ func kubernetesSkew(current, target string) error {
 	}
 	tgt, err := version.ParseSemantic(target)
 	if err != nil {
-		return fmt.Errorf("Kubernetes version %q: %w", target, err)
+		return fmt.Errorf("target Kubernetes version %q: %w", target, err)
 	}
 	switch {
 	case tgt.LessThan(cur):
-		return fmt.Errorf("Kubernetes %s is older than the running %s: Kubernetes never goes back", target, current)
+		return fmt.Errorf("the release's Kubernetes %s is older than the running %s: Kubernetes never goes back", target, current)
 	case tgt.Major() != cur.Major() || tgt.Minor() > cur.Minor()+1:
-		return fmt.Errorf("Kubernetes %s skips a minor version from the running %s: upgrade one minor at a time", target, current)
+		return fmt.Errorf("the release's Kubernetes %s skips a minor version from the running %s: upgrade one minor at a time", target, current)
 	}
 	return nil
 }

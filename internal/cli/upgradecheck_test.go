@@ -21,7 +21,7 @@ func TestKubernetesSkew(t *testing.T) {
 		"back a patch":     {current: "v1.34.4", target: "v1.34.3", wantErr: "never goes back"},
 		"back a minor":     {current: "v1.35.4", target: "v1.34.4", wantErr: "never goes back"},
 		"next major":       {current: "v1.34.4", target: "v2.0.0", wantErr: "skips a minor"},
-		"not a version":    {current: "v1.34.4", target: "latest", wantErr: `Kubernetes version "latest"`},
+		"not a version":    {current: "v1.34.4", target: "latest", wantErr: `target Kubernetes version "latest"`},
 		"current unparsed": {current: "", target: "v1.34.4", wantErr: "current Kubernetes version"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -44,7 +44,7 @@ func TestVerdict(t *testing.T) {
 		{release.Manifest{Version: "v0.2.0", KubernetesVersion: "v1.34.4"}, "running"},
 		{release.Manifest{Version: "v0.3.0", KubernetesVersion: "v1.34.4"}, "allowed: upgrade"},
 		{release.Manifest{Version: "v0.4.0", KubernetesVersion: "v1.35.4"}, "allowed: upgrade with Kubernetes v1.34.4 -> v1.35.4"},
-		{release.Manifest{Version: "v0.5.0", KubernetesVersion: "v1.36.1"}, "refused: Kubernetes v1.36.1 skips a minor version from the running v1.34.4: upgrade one minor at a time"},
+		{release.Manifest{Version: "v0.5.0", KubernetesVersion: "v1.36.1"}, "refused: the release's Kubernetes v1.36.1 skips a minor version from the running v1.34.4: upgrade one minor at a time"},
 	} {
 		assert.Equal(t, tc.want, verdict(now, tc.m), tc.m.Version)
 	}
