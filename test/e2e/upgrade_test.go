@@ -153,7 +153,9 @@ func (d *dayTwo) runErr(args ...string) (string, error) {
 // TestUpgrade moves a local cluster (1 control plane, 1 worker) from its development image to
 // signed release v0.1.0 and on to v0.2.0 (whose PCR 12 differs), through apply, after every
 // attack of a release is refused with nothing changed; a release whose nodes fail attestation
-// stops after its first node and leaves the cluster as it was; a downgrade is refused.
+// stops after its first node and leaves the cluster as it was; a downgrade is refused. While
+// the cluster moves to v0.2.0, the API and a Service (3 replicas, a PodDisruptionBudget) are
+// polled from outside and must answer every request.
 func TestUpgrade(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
@@ -227,11 +229,14 @@ func TestUpgrade(t *testing.T) {
 		assert.Equal(t, []string{"v0.1.0"}, inConfig)
 	})
 
-	t.Run("v0.1.0 to v0.2.0", func(t *testing.T) {
+	t.Run("v0.1.0 to v0.2.0 with no failed request", func(t *testing.T) {
 		d := d.on(t)
+		port := helloService(t, d.kubeconfig, filepath.Join(repoOutput(t), "images"))
 		useRelease(t, ws, pub, r.source, v2)
+		a := startAvailability(t, ws, d.kubeconfig, port)
 		out := d.run("apply")
 		t.Logf("%s", out)
+		a.requireNoFailures(t)
 		assert.Contains(t, out, "upgrade from v0.1.0 to release v0.2.0")
 		d.requireHealthy("control-plane-2", "worker-2")
 		inCluster, inConfig := d.clusterSets()
