@@ -84,9 +84,10 @@ type NodeImages interface {
 	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md).
 	ImageDigest(dir string) (string, error)
 	// LayOutReleaseImage writes to dir the node image of release version: base's, stamped
-	// with the version, so that it measures differently from every other release's. It
-	// returns what the image runs.
-	LayOutReleaseImage(dir, base, version string) (ImageFacts, error)
+	// with the version, so that it measures differently from every other release's, and
+	// trusting the join services of the images joinServiceSets describe besides its own (the
+	// releases it upgrades from). It returns what the image runs.
+	LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (ImageFacts, error)
 }
 
 // ImageFacts are what a node image runs, as a release states them.

@@ -19,8 +19,9 @@ func BenchmarkUpgrade(b *testing.B) {
 	bin, _ := buildBinaries(b)
 	var upgrade time.Duration
 	withBenchCluster(b, bin, []string{"--control-planes", "1", "--workers", "2"}, func(ws string) {
-		r := newReleases(b, filepath.Join(ws, "mini", "image"))
-		useRelease(b, ws, r.key+".pub", r.source, r.create("v0.1.0"))
+		base := filepath.Join(ws, "mini", "image")
+		r := newReleases(b, base)
+		useRelease(b, ws, r.key+".pub", r.source, r.create("v0.1.0", base))
 		start := time.Now()
 		out, err := exec.Command(bin, "apply", "-C", ws).CombinedOutput()
 		upgrade += time.Since(start)

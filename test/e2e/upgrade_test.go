@@ -51,10 +51,15 @@ func (r *releases) run(args ...string) string {
 	return string(out)
 }
 
-// create makes release version into the source, signed by the pinned key.
-func (r *releases) create(version string) string {
+// create makes release version into the source, signed by the pinned key, upgrading from
+// the images in from.
+func (r *releases) create(version string, from ...string) string {
 	r.t.Helper()
-	r.run("create", "--key", r.key, "--version", version, "--source", r.source, "--base-image", r.baseImage, "--images", r.imgsDir)
+	args := []string{"create", "--key", r.key, "--version", version, "--source", r.source, "--base-image", r.baseImage, "--images", r.imgsDir}
+	for _, f := range from {
+		args = append(args, "--from", f)
+	}
+	r.run(args...)
 	return filepath.Join(r.source, version)
 }
 
@@ -165,8 +170,8 @@ func TestUpgrade(t *testing.T) {
 	d.requireHealthy("control-plane-0", "worker-0")
 
 	r := newReleases(t, filepath.Join(ws, "mini", "image"))
-	v1 := r.create("v0.1.0")
-	v2 := r.create("v0.2.0")
+	v1 := r.create("v0.1.0", filepath.Join(ws, "mini", "image"))
+	v2 := r.create("v0.2.0", v1)
 	pub := r.key + ".pub"
 	m1, m2 := releaseValues(t, v1), releaseValues(t, v2)
 	assert.NotEqual(t, m1[local.PCRNodeConfig], m2[local.PCRNodeConfig], "release v0.2.0 measures differently")

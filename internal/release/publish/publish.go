@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/release"
@@ -34,6 +35,11 @@ type Options struct {
 	Platform provider.Platform
 	// Signer is the release key.
 	Signer *release.Signer
+	// From are the images the release upgrades from: release directories (signed by
+	// Signer: their reference sets are taken as signed) or plain node images (measured).
+	// The release's nodes trust their join services besides their own image, so that its
+	// first node can join a cluster of the previous release.
+	From []string
 }
 
 // Publish writes release o.Version to o.Source/o.Version and returns its directory. It
@@ -51,8 +57,12 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return "", err
 	}
+	from, err := fromSets(ctx, o, images)
+	if err != nil {
+		return "", err
+	}
 	nodeImage := filepath.Join(dir, releasedir.NodeImageDir)
-	facts, err := images.LayOutReleaseImage(nodeImage, o.BaseImage, o.Version)
+	facts, err := images.LayOutReleaseImage(nodeImage, o.BaseImage, o.Version, from)
 	if err != nil {
 		return "", fmt.Errorf("laying out the node image: %w", err)
 	}
@@ -92,4 +102,29 @@ func servicesImageDigest(imagesDir, ref string) (string, error) {
 		}
 	}
 	return "", errors.New("the services image " + ref + " of the node image is not in " + imagesDir + " (run 'make images')")
+}
+
+// fromSets are the reference sets of the images o.From names, for the platform's variant: a
+// release's as it signed them (opened with the signer's own key), a plain image's measured
+// and named as `config generate` names it.
+func fromSets(ctx context.Context, o Options, images provider.NodeImages) (measurements.ReferenceSets, error) {
+	v := o.Platform.ConfigRules().Variant()
+	var sets measurements.ReferenceSets
+	for _, dir := range o.From {
+		if releasedir.IsRelease(dir) {
+			r, err := releasedir.Open(ctx, dir, o.Signer.Public(), release.Policy{Variant: v}, images.ImageDigest)
+			if err != nil {
+				return nil, fmt.Errorf("--from %s: %w", dir, err)
+			}
+			ref, _ := r.Reference(v) // the policy required it
+			sets = append(sets, ref.Measurements...)
+			continue
+		}
+		values, err := o.Platform.ReferenceValues(dir)
+		if err != nil {
+			return nil, fmt.Errorf("--from %s: measuring the node image: %w", dir, err)
+		}
+		sets = append(sets, measurements.ReferenceSet{Name: config.ReferenceSetName("local-", values.Measurements), Measurements: values.Measurements})
+	}
+	return sets, nil
 }

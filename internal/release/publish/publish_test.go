@@ -68,6 +68,27 @@ func TestPublish(t *testing.T) {
 	_, err = publish.Publish(ctx, o)
 	assert.ErrorIs(t, err, os.ErrExist, "a published version never changes")
 
+	// A release that upgrades from v0.2.0 and from the plain base image: its nodes trust
+	// the join services of both, as signed and as measured.
+	next := o
+	next.Version, next.From = "v0.2.1", []string{dir, image}
+	nextDir, err := publish.Publish(ctx, next)
+	require.NoError(t, err)
+	data, err := os.ReadFile(filepath.Join(nextDir, releasedir.NodeImageDir, local.NodeConfigFile))
+	require.NoError(t, err)
+	nc, err := local.ParseNodeConfig(data)
+	require.NoError(t, err)
+	require.Len(t, nc.JoinServiceSets, 2)
+	assert.Equal(t, ref.Measurements[0], nc.JoinServiceSets[0], "v0.2.0's set as it signed it")
+	assert.Equal(t, base.Measurements, nc.JoinServiceSets[1].Measurements, "the base image as measured")
+
+	other, err := release.GenerateKey()
+	require.NoError(t, err)
+	bad := next
+	bad.Version, bad.Signer, bad.From = "v0.2.2", other, []string{dir}
+	_, err = publish.Publish(ctx, bad)
+	assert.Equal(t, release.ReasonWrongKey, release.ReasonOf(err), "a release upgrades only from releases of its own key: %v", err)
+
 	o.Version = "v0.3.0"
 	o.ImagesDir = t.TempDir()
 	_, err = publish.Publish(ctx, o)

@@ -11,6 +11,7 @@ import (
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 // ImageFiles implements provider.NodeImages.
@@ -87,9 +88,10 @@ func copyFile(src, dst string, perm os.FileMode) error {
 func (Platform) ImageDigest(dir string) (string, error) { return local.ImageDigest(dir) }
 
 // LayOutReleaseImage implements provider.NodeImages: base's files (hard links where possible),
-// and its node configuration with Release set to version (node-config.json is measured, so
-// the release's PCR 12 differs from every other release's).
-func (Platform) LayOutReleaseImage(dir, base, version string) (provider.ImageFacts, error) {
+// and its node configuration with Release set to version and the join services it trusts
+// (node-config.json is measured, so the release's PCR 12 differs from every other
+// release's).
+func (Platform) LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (provider.ImageFacts, error) {
 	data, err := os.ReadFile(filepath.Join(base, local.NodeConfigFile))
 	if err != nil {
 		return provider.ImageFacts{}, fmt.Errorf("base node image: %w", err)
@@ -99,6 +101,7 @@ func (Platform) LayOutReleaseImage(dir, base, version string) (provider.ImageFac
 		return provider.ImageFacts{}, fmt.Errorf("base node image: %w", err)
 	}
 	nodeConfig.Release = version
+	nodeConfig.JoinServiceSets = joinServiceSets
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return provider.ImageFacts{}, err
 	}

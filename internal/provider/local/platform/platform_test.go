@@ -92,7 +92,7 @@ func TestLayOutReleaseImage(t *testing.T) {
 
 	dir := filepath.Join(t.TempDir(), "node-image")
 	for range 2 {
-		facts, err := Platform{}.LayOutReleaseImage(dir, base, "v0.2.0")
+		facts, err := Platform{}.LayOutReleaseImage(dir, base, "v0.2.0", nil)
 		require.NoError(t, err)
 		assert.Equal(t, "v1.34.4", facts.KubernetesVersion)
 		assert.Equal(t, nodeConfig.ServicesImage, facts.ServicesImage)
