@@ -385,7 +385,7 @@ func (u *upgrade) finish(ctx context.Context) error {
 	err := u.setReferenceSets(ctx, func(sets measurements.ReferenceSets) measurements.ReferenceSets {
 		kept := u.releaseSets()
 		for _, s := range sets {
-			if !u.isReleaseSet(s.Name) {
+			if !u.isReleaseSet(s.Name) && !slices.Contains(retired, s.Name) {
 				retired = append(retired, s.Name)
 			}
 		}

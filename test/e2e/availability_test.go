@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -118,6 +119,16 @@ func startAvailability(t *testing.T, ws, kubeconfig string, nodePort int) *avail
 	dialer := (&cluster.Local{Dir: filepath.Join(ws, "mini")}).Dialer()
 	httpClient := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return dialer(ctx, addr) }}}
+
+	// kube-proxy programs the node port a moment after the Service exists: the pollers
+	// start once it answers.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, ip := range nodeIPs(ws, "") {
+			assert.NoError(c, getHello(ctx, httpClient, net.JoinHostPort(ip, strconv.Itoa(nodePort))))
+		}
+	}, time.Minute, 200*time.Millisecond, "Service hello answers on every node's port")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &availability{api: &poll{name: "API", every: 500 * time.Millisecond}, service: &poll{name: "Service hello", every: 100 * time.Millisecond}, cancel: cancel}
