@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
@@ -278,6 +281,9 @@ func (u *upgrade) replace(ctx context.Context, old state.Node, sets []string) er
 		if err := u.waitReplacement(ctx, spec.Name, created); err != nil {
 			return u.abort(ctx, spec.Name, err)
 		}
+		if err := u.verifyReplacement(ctx, spec.Name); err != nil {
+			return u.abort(ctx, spec.Name, err)
+		}
 	}
 	// Every node Ready before one is removed (the replacement, and one an interrupted apply
 	// left joining).
@@ -339,6 +345,31 @@ func (u *upgrade) waitReplacement(ctx context.Context, node string, created time
 		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
 	}
 	return err
+}
+
+// verifyReplacement verifies node as `verify` does (fresh evidence from its verification
+// service, checked against the configuration's reference sets, which hold the release's) and
+// requires that it matched one of the release's sets: a node of the release that measures
+// like another release (an image that is not what the release says) is not the release's.
+func (u *upgrade) verifyReplacement(ctx context.Context, node string) error {
+	verifier, err := newVerifier(ctx, u.workspace, u.conf, u.st)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(u.st.Nodes, func(n state.Node) bool { return n.Name == node })
+	if i < 0 {
+		return fmt.Errorf("%s is not in %s", node, state.FileName)
+	}
+	target := verifyTarget{Node: node, Endpoint: net.JoinHostPort(u.st.Nodes[i].IPs[0].String(), strconv.Itoa(deploy.VerificationGRPCPort))}
+	res, err := verifyWaiting(ctx, u.prog, target, time.Minute, verifier.Verify)
+	if err != nil {
+		return fmt.Errorf("verifying %s: %w", node, err)
+	}
+	if !u.isReleaseSet(res.ReferenceSet) {
+		return fmt.Errorf("%s matched reference set %q, not one of release %s: its image is not what the release signed", node, res.ReferenceSet, u.release.Version())
+	}
+	u.t.phase("verified", fmt.Sprintf("%s matches release %s's reference set %q", node, u.release.Version(), res.ReferenceSet))
+	return nil
 }
 
 // isAttestationRefusal reports whether a refusal reason (attestation.Reason's labels) says

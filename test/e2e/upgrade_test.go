@@ -265,11 +265,8 @@ func TestUpgrade(t *testing.T) {
 		d := d.on(t)
 		// Signed by the pinned key, every register enforced, its image intact: but PCR 11
 		// is not what the image measures.
-		bad := r.resign("v0.2.0", "v0.3.0", r.signer(), func(m map[string]any) {
-			m["version"] = "v0.3.0"
-			refs := m["references"].([]any)
-			set := refs[0].(map[string]any)["measurements"].([]any)[0].(map[string]any)
-			set["name"] = "v0.3.0"
+		r.create("v0.3.0-rc.0", v2)
+		bad := r.resign("v0.3.0-rc.0", "bad-v0.3.0-rc.0", r.signer(), func(m map[string]any) {
 			firstSet(m)["11"].(map[string]any)["expected"] = strings.Repeat("ab", 32)
 		})
 		useRelease(t, ws, pub, r.source, bad)
