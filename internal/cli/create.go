@@ -27,6 +27,11 @@ type createOptions struct {
 	extraWorkerBootstrapper, kubeBin string
 	// drainTimeout bounds the drain of each node apply removes.
 	drainTimeout time.Duration
+	// allowDowngrade lets apply move the cluster to an older release.
+	allowDowngrade bool
+	// image is the node image the nodes boot, resolved from the configuration
+	// (configuredImage); empty: the configured image itself.
+	image string
 	// remove names the nodes apply removes first when it scales down (apply --remove).
 	remove []string
 }
@@ -108,6 +113,7 @@ func newApplyCmd() *cobra.Command {
 	addImagesFlag(cmd, &o.imagesDir)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of a removed node may wait for its pods to be evicted (PodDisruptionBudgets)")
+	cmd.Flags().BoolVar(&o.allowDowngrade, "allow-downgrade", false, "accept a release older than the one the cluster runs")
 	cmd.Flags().StringSliceVar(&o.remove, "remove", nil, "when the configuration has fewer nodes of a role than the cluster, remove these nodes first (then the newest); e.g. --remove control-plane-0")
 	return cmd
 }
@@ -163,7 +169,7 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 		return fmt.Errorf("%s names cluster %q, but %s describes %q: they are not the same cluster", state.FileName, st.Name, config.FileName, conf.Name)
 	}
 	if st.Phase == state.Initialized {
-		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, remove: o.remove})
+		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, allowDowngrade: o.allowDowngrade, remove: o.remove})
 	}
 	return initAndWait(ctx, out, t, workspace, conf, st)
 }
@@ -179,7 +185,17 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", config.FileName, err)
 	}
-	return createOn(ctx, t, statePath, platform, workspace, conf, o)
+	image, rel, err := configuredImage(ctx, workspace, conf, "", o.allowDowngrade)
+	if err != nil {
+		return nil, err
+	}
+	o.image = image
+	st, err := createOn(ctx, t, statePath, platform, workspace, conf, o)
+	if err != nil || rel == nil {
+		return st, err
+	}
+	st.Release = rel.Version()
+	return st, state.Write(statePath, st)
 }
 
 // createOn creates the cluster with platform and records it in the state file at statePath.
@@ -204,7 +220,10 @@ func createRequest(workspace string, conf *config.Config, o createOptions) provi
 		UnexpectedWorkerBootstrapper: o.extraWorkerBootstrapper, KubeBin: o.kubeBin,
 	}
 	lc := conf.Provider.Block()
-	imageDir := lc.ImagePath(workspace)
+	imageDir := o.image
+	if imageDir == "" {
+		imageDir = lc.ImagePath(workspace)
+	}
 	for i := 0; i < lc.ControlPlanes; i++ {
 		req.Nodes = append(req.Nodes, provider.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: metadata.ControlPlane, Image: imageDir})
 	}

@@ -36,12 +36,11 @@ func (p scalePlan) empty() bool { return len(p.add) == 0 && len(p.remove) == 0 }
 // nodes named in prefer first (apply --remove), then the newest nodes of a role. Any node may
 // go, control-plane-0 included: the cluster's API endpoint is the platform's load balancer,
 // not a node.
-func planScale(conf *config.Config, st *state.State, workspace string, prefer []string) (scalePlan, error) {
+func planScale(conf *config.Config, st *state.State, image string, prefer []string) (scalePlan, error) {
 	lc := conf.Provider.Block()
 	if lc == nil {
 		return scalePlan{}, fmt.Errorf("%s: provider: configure exactly one provider", config.FileName)
 	}
-	image := lc.ImagePath(workspace)
 	p := scalePlan{wantCP: lc.ControlPlanes, wantW: lc.Workers}
 	byRole := map[metadata.Role][]state.Node{}
 	for _, n := range st.Nodes {
@@ -161,7 +160,8 @@ func (p scalePlan) print(out io.Writer) {
 
 // scaleOptions bound the waits of scaling.
 type scaleOptions struct {
-	drainTimeout time.Duration
+	drainTimeout   time.Duration
+	allowDowngrade bool
 	// remove names nodes to remove before the newest (apply --remove).
 	remove []string
 }
@@ -176,6 +176,11 @@ type scaleOptions struct {
 // Ready whether or not it changes anything. Transient failures of the API server and the
 // platform are retried (internal/retry).
 func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State, o scaleOptions) error {
+	// A release is checked whole (signature, policy, node image) before anything changes.
+	image, rel, err := configuredImage(ctx, workspace, conf, st.Release, o.allowDowngrade)
+	if err != nil {
+		return err
+	}
 	restConfig, err := newKubeConfig(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
 		return err
@@ -196,19 +201,37 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err := r.syncWithPlatform(ctx); err != nil {
 		return err
 	}
-	plan, err := planScale(conf, st, workspace, o.remove)
+	plan, err := planScale(conf, st, image, o.remove)
 	if err != nil {
 		return err
 	}
+	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
+	if err := u.check(ctx); err != nil {
+		return err
+	}
+	if err := r.scale(ctx, plan); err != nil {
+		return err
+	}
+	if err := u.run(ctx); err != nil {
+		return err
+	}
+	if plan.empty() && !u.changed {
+		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
+	}
+	return recordDisks(ctx, out, workspace, st, client)
+}
+
+// scale carries out plan: it adds nodes, waits until every node is Ready, then removes
+// nodes.
+func (r *reconciler) scale(ctx context.Context, plan scalePlan) error {
 	if plan.empty() {
 		// An earlier apply may have been interrupted while its nodes joined.
 		if err := r.waitAllReady(ctx, nil); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
-		return recordDisks(ctx, out, workspace, st, client)
+		return nil
 	}
-	plan.print(out)
+	plan.print(r.out)
 	if len(plan.add) > 0 {
 		if err := r.createNodes(ctx, plan.add); err != nil {
 			return err
@@ -225,8 +248,8 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 			return fmt.Errorf("removing %s (apply again to finish; every step is idempotent): %w", n.Name, err)
 		}
 	}
-	fmt.Fprintf(out, "applied: %d control plane(s) and %d worker(s)\n", plan.wantCP, plan.wantW)
-	return recordDisks(ctx, out, workspace, st, client)
+	fmt.Fprintf(r.out, "applied: %d control plane(s) and %d worker(s)\n", plan.wantCP, plan.wantW)
+	return nil
 }
 
 // reconciler is one apply of an initialized cluster.

@@ -84,7 +84,7 @@ func TestPlanScale(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			conf := &config.Config{Provider: config.ProviderFor(state.ProviderLocal, config.ProviderBlock{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"})}
 			st := &state.State{Nodes: tc.nodes, Removed: tc.removed}
-			plan, err := planScale(conf, st, "/workspace", tc.prefer)
+			plan, err := planScale(conf, st, conf.Provider.Block().ImagePath("/workspace"), tc.prefer)
 			if tc.wantErrSubstr != "" {
 				require.ErrorContains(t, err, tc.wantErrSubstr)
 				return

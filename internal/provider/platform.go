@@ -81,6 +81,22 @@ type NodeImages interface {
 	// the CLI, the Kubernetes node binaries of kubeBin and the services image named in the
 	// container image index of imagesDir.
 	LayOutDefaultImage(dir, kubeBin, imagesDir string) error
+	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md).
+	ImageDigest(dir string) (string, error)
+	// LayOutReleaseImage writes to dir the node image of release version: base's, stamped
+	// with the version, so that it measures differently from every other release's, and
+	// trusting the join services of the images joinServiceSets describe besides its own (the
+	// releases it upgrades from). It returns what the image runs.
+	LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (ImageFacts, error)
+}
+
+// ImageFacts are what a node image runs, as a release states them.
+type ImageFacts struct {
+	// KubernetesVersion is the Kubernetes version its nodes run ("v1.34.4").
+	KubernetesVersion string
+	// ServicesImage is the reference of the in-cluster services image its control planes
+	// deploy.
+	ServicesImage string
 }
 
 // PowerCutter is implemented by a Provider that can cut a node's power, or the whole
