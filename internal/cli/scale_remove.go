@@ -143,8 +143,7 @@ func evictedSummary(report drain.Report) string {
 // error until the load balancer's health check took it out, and its clients' connections
 // would stay on it. Shut down first, it leaves the load balancer at once and finishes its
 // requests with its etcd still running. With two members, shutting one down would stop
-// etcd: the member goes first there, and the API server's clients may see errors for about
-// a second (docs/scaling.md).
+// etcd: there only its API server stops first (stopAPIServerFirst), its member goes next.
 func (r *reconciler) shutdownFirst(ctx context.Context, n state.Node, etcd *etcdmember.Client) error {
 	sd, ok := r.platform.(provider.NodeShutdowner)
 	if !ok {
@@ -158,8 +157,11 @@ func (r *reconciler) shutdownFirst(ctx context.Context, n state.Node, etcd *etcd
 	}); err != nil {
 		return err
 	}
-	if plan.NoMember || !plan.QuorumWhileDown() {
+	if plan.NoMember {
 		return nil
+	}
+	if !plan.QuorumWhileDown() {
+		return r.stopAPIServerFirst(ctx, n)
 	}
 	if err := r.do(ctx, n.Name, "shutting its machine down (its API server leaves the load balancer, then etcd stops)", 0, func(ctx context.Context) error {
 		if err := sd.ShutdownNode(ctx, n.Name); err != nil && !errors.Is(err, provider.ErrNoNode) {
@@ -170,5 +172,27 @@ func (r *reconciler) shutdownFirst(ctx context.Context, n state.Node, etcd *etcd
 		return err
 	}
 	r.t.phase("shutdown", n.Name+": shut down gracefully; etcd keeps its quorum without it")
+	return nil
+}
+
+// stopAPIServerFirst stops control plane n's API server gracefully, its etcd left running,
+// when the platform can (provider.APIServerStopper): with two etcd members, n's member cannot
+// be missed while it is removed, so the machine cannot be shut down first, but its API server
+// can leave the load balancer and finish its requests before its etcd member goes (which
+// stops the member: an API server left on it would hang every request that needs etcd).
+func (r *reconciler) stopAPIServerFirst(ctx context.Context, n state.Node) error {
+	st, ok := r.platform.(provider.APIServerStopper)
+	if !ok {
+		return nil
+	}
+	if err := r.do(ctx, n.Name, "stopping its API server (it leaves the load balancer; etcd keeps running)", 0, func(ctx context.Context) error {
+		if err := st.StopAPIServer(ctx, n.Name); err != nil && !errors.Is(err, provider.ErrNoNode) {
+			return err
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	r.t.phase("shutdown", n.Name+": API server stopped gracefully; its etcd member goes next (two members cannot lose one first)")
 	return nil
 }

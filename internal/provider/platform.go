@@ -116,6 +116,17 @@ type NodeShutdowner interface {
 	ShutdownNode(ctx context.Context, name string) error
 }
 
+// APIServerStopper is implemented by a Provider that can stop a leaving control plane's API
+// server alone, gracefully (the API load balancer sends it no new connections, it finishes
+// its requests and tells its clients to go elsewhere), while its etcd keeps running. A
+// control plane whose etcd member cannot be missed while it is down (two members: removing
+// one needs both) stops its API server this way before its member is removed, so no client
+// meets an API server without its etcd (docs/scaling.md). The node is leaving: it is deleted
+// next. A node that is off already is no error; one that does not exist wraps ErrNoNode.
+type APIServerStopper interface {
+	StopAPIServer(ctx context.Context, name string) error
+}
+
 // Daemon is implemented by a Platform that runs a long-lived process of its own on the CLI's
 // host (the local provider's process, which owns the nodes): the CLI binary runs it when the
 // platform starts itself, through the hidden command `mini provider ARGS`.

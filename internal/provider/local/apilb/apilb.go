@@ -46,6 +46,12 @@ const (
 	// DefaultConnectTimeout bounds one connection attempt to a backend: the next backend is
 	// tried after it.
 	DefaultConnectTimeout = time.Second
+	// DefaultDownAfter is how long a backend must fail its health checks before the balancer
+	// closes the connections it has (HAProxy's on-marked-down shutdown-sessions): an API
+	// server whose etcd is gone answers nothing, and a client's HTTP/2 connection, which
+	// carries all of its requests, would stay with it until the node is off. A single failed
+	// check (a blip under load) closes nothing.
+	DefaultDownAfter = 2 * time.Second
 	// HealthPath is the API server's readiness endpoint, readable without credentials
 	// (kubeadm's RBAC role system:public-info-viewer).
 	HealthPath = "/readyz"
@@ -60,7 +66,9 @@ type Config struct {
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
 	ConnectTimeout time.Duration
-	Log            *slog.Logger
+	// DownAfter defaults to DefaultDownAfter.
+	DownAfter time.Duration
+	Log       *slog.Logger
 }
 
 // Backend is an API server the balancer may forward to.
@@ -93,8 +101,12 @@ type backend struct {
 	draining bool
 	healthy  bool
 	lastErr  string
-	stop     context.CancelFunc
-	conns    map[net.Conn]struct{} // both ends of every forwarded connection
+	// failingSince is when the current run of failed checks began (zero while healthy);
+	// down says its connections were closed for it.
+	failingSince time.Time
+	down         bool
+	stop         context.CancelFunc
+	conns        map[net.Conn]struct{} // both ends of every forwarded connection
 }
 
 // New returns a balancer without backends.
@@ -110,6 +122,9 @@ func New(cfg Config) *Balancer {
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	if cfg.DownAfter <= 0 {
+		cfg.DownAfter = DefaultDownAfter
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -334,6 +349,20 @@ func (b *Balancer) setHealth(addr string, healthy bool, why string) {
 	}
 	be.healthy = healthy
 	be.lastErr = why
+	switch {
+	case healthy:
+		be.failingSince, be.down = time.Time{}, false
+	case be.failingSince.IsZero():
+		be.failingSince = time.Now()
+	case !be.down && time.Since(be.failingSince) >= b.cfg.DownAfter:
+		// Down: its clients are better off on a fresh connection through the balancer.
+		be.down = true
+		for c := range be.conns {
+			_ = c.Close()
+		}
+		b.cfg.Log.Info("API backend down: its connections closed", "backend", addr, "failingFor", time.Since(be.failingSince).Round(time.Millisecond).String(), "connectionsClosed", len(be.conns)/2)
+		be.conns = map[net.Conn]struct{}{}
+	}
 }
 
 // check asks be's /readyz every HealthInterval until ctx ends.

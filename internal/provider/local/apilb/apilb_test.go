@@ -306,3 +306,41 @@ func BenchmarkFailover(b *testing.B) {
 	b.ReportMetric(float64(out.Milliseconds())/float64(b.N), "out-ms")
 	b.ReportMetric(float64(back.Milliseconds())/float64(b.N), "back-ms")
 }
+
+// A backend that fails its checks for DownAfter loses its connections (its API server is
+// gone for its clients, whose kept connection would stay with it); one failed check among
+// good ones closes nothing.
+func TestDownBackendLosesItsConnections(t *testing.T) {
+	b := apilb.New(apilb.Config{HealthInterval: 20 * time.Millisecond, HealthTimeout: 500 * time.Millisecond, ConnectTimeout: 500 * time.Millisecond, DownAfter: 300 * time.Millisecond})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- b.Serve(l) }()
+	t.Cleanup(func() {
+		require.NoError(t, l.Close())
+		require.NoError(t, <-served)
+		b.Close()
+	})
+	s0 := newFakeAPIServer(t, "s0", true)
+	s1 := newFakeAPIServer(t, "s1", true)
+	b.Update([]apilb.Backend{{Addr: s0.addr()}})
+	waitHealthy(t, b, 1)
+	c := client(t, l.Addr().String(), true, s0, s1) // one kept HTTP/2 connection
+	name, err := get(t, c)
+	require.NoError(t, err)
+	require.Equal(t, "s0", name)
+	b.Update([]apilb.Backend{{Addr: s0.addr()}, {Addr: s1.addr()}})
+	waitHealthy(t, b, 2)
+
+	// s0 keeps serving its clients but fails its checks: down after DownAfter.
+	s0.ready.Store(false)
+	require.Eventually(t, func() bool {
+		name, err := get(t, c)
+		return err == nil && name == "s1"
+	}, 5*time.Second, 10*time.Millisecond, "the down backend's connection was closed; the client reconnected to s1")
+	assert.Zero(t, b.Status()[0].Connections)
+
+	// Back up: it serves new connections again and nothing is closed while it is healthy.
+	s0.ready.Store(true)
+	waitHealthy(t, b, 2)
+}

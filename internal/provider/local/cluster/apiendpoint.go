@@ -98,13 +98,17 @@ const (
 	etcdStopBound      = 10 * time.Second
 )
 
-// shutdownSteps is the order in which a graceful shutdown stops a node's control-plane
-// processes before the power goes.
-var shutdownSteps = []struct {
+// shutdownStep stops one process of a node: the signal, and how long it may take to exit
+// before it is killed (0: not waited for).
+type shutdownStep struct {
 	comm  string
 	sig   syscall.Signal
 	bound time.Duration
-}{
+}
+
+// shutdownSteps is the order in which a graceful shutdown stops a node's control-plane
+// processes before the power goes.
+var shutdownSteps = []shutdownStep{
 	// The kubelet is frozen first: it would restart a static pod's container that exits at
 	// once, and its exit ends the bootstrapper.
 	{"kubelet", syscall.SIGSTOP, 0},
@@ -122,10 +126,33 @@ var shutdownSteps = []struct {
 // has no shutdown of its own, and every other process of the node is killed right after by
 // the power-off anyway. A step that runs out of time is logged, and the power-off kills what
 // is left. Workers have none of these but the kubelet.
-func (p *Provider) shutdownGracefully(n *node) {
+func (p *Provider) shutdownGracefully(n *node) { p.stopSteps(n, shutdownSteps) }
+
+// stopAPIServer stops n's API server gracefully and leaves etcd running (the first steps of
+// shutdownGracefully: the kubelet frozen, the API server stopped), with n draining in the load
+// balancer from the start. n is leaving the cluster (provider.APIServerStopper): its etcd
+// member is removed next, then the node is deleted.
+func (p *Provider) stopAPIServer(n *node) error {
+	n.ops.Lock()
+	defer n.ops.Unlock()
+	p.mu.Lock()
+	running := n.exited != nil && !n.off
+	if running {
+		n.ending = true
+		p.updateLBLocked()
+	}
+	p.mu.Unlock()
+	if running {
+		p.stopSteps(n, shutdownSteps[:2])
+	}
+	return nil
+}
+
+// stopSteps stops n's processes by steps, in order.
+func (p *Provider) stopSteps(n *node, steps []shutdownStep) {
 	cg := p.cgroup.Child(n.spec.Name)
 	start := time.Now()
-	for _, s := range shutdownSteps {
+	for _, s := range steps {
 		pids, err := cg.SignalCommand(s.comm, s.sig)
 		if err != nil {
 			p.log.Warn("graceful shutdown", "node", n.spec.Name, "step", s.comm, "err", err)
@@ -148,5 +175,5 @@ func (p *Provider) shutdownGracefully(n *node) {
 			cancel()
 		}
 	}
-	p.log.Info("graceful shutdown done", "node", n.spec.Name, "took", time.Since(start).Round(time.Millisecond).String())
+	p.log.Info("graceful stop done", "node", n.spec.Name, "steps", len(steps), "took", time.Since(start).Round(time.Millisecond).String())
 }

@@ -32,8 +32,9 @@ type Local struct {
 }
 
 var (
-	_ provider.Provider       = (*Local)(nil)
-	_ provider.NodeShutdowner = (*Local)(nil)
+	_ provider.Provider         = (*Local)(nil)
+	_ provider.NodeShutdowner   = (*Local)(nil)
+	_ provider.APIServerStopper = (*Local)(nil)
 )
 
 // AKCAFile in the cluster's folder is the certificate of the provider's AK CA, which
@@ -188,6 +189,15 @@ func (l *Local) RebootNode(ctx context.Context, name string) error {
 func (l *Local) ShutdownNode(ctx context.Context, name string) error {
 	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/shutdown", nil, nil); err != nil {
 		return fmt.Errorf("shutting %s down: %w", name, err)
+	}
+	return nil
+}
+
+// StopAPIServer implements provider.APIServerStopper: the provider drains the node's API
+// server in the load balancer and stops it gracefully; etcd keeps running.
+func (l *Local) StopAPIServer(ctx context.Context, name string) error {
+	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/stop-api-server", nil, nil); err != nil {
+		return fmt.Errorf("stopping the API server of %s: %w", name, err)
 	}
 	return nil
 }
