@@ -102,7 +102,7 @@ func (p *poll) String() string {
 // Service hello every 100 ms through its node port. The Service's poller is a client of a
 // load balancer with health checks, as a cloud's is: it asks the nodes the state file lists,
 // the one that answered last first, and a request fails only if no node answers within the
-// poll interval. Each request is bounded, so a hung request counts as failed.
+// poll interval. Each request is bounded (10 s), so a hung request counts as failed.
 type availability struct {
 	api, service *poll
 	cancel       context.CancelFunc
@@ -113,7 +113,9 @@ func startAvailability(t *testing.T, ws, kubeconfig string, nodePort int) *avail
 	t.Helper()
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	require.NoError(t, err)
-	rc.Timeout = 2 * time.Second
+	// A request may be slow while etcd changes members (a control plane joining): it fails
+	// when it is not answered within 10 s, as TestAPIEndpoint's poller counts.
+	rc.Timeout = 10 * time.Second
 	client, err := kubernetes.NewForConfig(rc)
 	require.NoError(t, err)
 	dialer := (&cluster.Local{Dir: filepath.Join(ws, "mini")}).Dialer()
@@ -165,7 +167,7 @@ func (a *availability) run(ctx context.Context, p *poll, request func(context.Co
 			return
 		case <-ticker.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := request(rctx)
 		cancel()
 		if ctx.Err() != nil {
