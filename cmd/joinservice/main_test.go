@@ -41,6 +41,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/testnet"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
@@ -135,7 +136,7 @@ func TestRun(t *testing.T) {
 	keyServiceAddr := startKeyService(t, master, tlsData)
 	metadataURL := startMetadata(t, `[{"name":"control-plane-0","role":"control-plane","ips":["10.42.0.10"]},{"name":"worker-0","role":"worker","ips":["10.42.0.11"]}]`)
 
-	addr := freeAddr(t)
+	addr := testnet.Addr(t)
 	var logs cmdutil.SyncBuffer
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -280,15 +281,6 @@ func startMetadata(t *testing.T, instances string) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }
 
 // markerRegister is the register of qemu-vtpm that carries the cluster-ID marker.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
+	"github.com/openconstellation/constellation/internal/testnet"
 )
 
 // files writes what the DaemonSet mounts: the master secret and the TLS Secret deploy makes.
@@ -44,7 +44,7 @@ func files(t *testing.T) (secretPath, tlsDir string, master kms.MasterSecret, tl
 // else, with the default policy.
 func TestRun(t *testing.T) {
 	secretPath, tlsDir, master, tlsData := files(t)
-	addr := freeAddr(t)
+	addr := testnet.Addr(t)
 	var logs cmdutil.SyncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -137,13 +137,4 @@ func unwrap(err error) error {
 		e = u.Unwrap()
 	}
 	return err
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }

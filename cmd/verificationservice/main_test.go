@@ -19,6 +19,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/testnet"
 	"github.com/openconstellation/constellation/internal/verifyservice"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -41,7 +42,7 @@ func TestRun(t *testing.T) {
 	require.NoError(t, tpm.Close())
 	logPath := filepath.Join(t.TempDir(), "eventlog")
 	require.NoError(t, os.WriteFile(logPath, bootLog, 0o600))
-	grpcAddr, httpAddr, metricsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	grpcAddr, httpAddr, metricsAddr := testnet.Addr(t), testnet.Addr(t), testnet.Addr(t)
 	env := map[string]string{"CONSTELLATION_TPM": proc.Addr(), "CONSTELLATION_AK": "ecc", "CONSTELLATION_HTTP_LISTEN": httpAddr}
 	ctx, cancel := context.WithCancel(context.Background())
 	var logs cmdutil.SyncBuffer
@@ -98,11 +99,11 @@ func TestRun(t *testing.T) {
 func TestRunLimitsCallers(t *testing.T) {
 	proc := vtpmtest.SwtpmProcess(t)
 	counter := vtpmtest.CountQuotes(t, proc.Addr())
-	httpAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	httpAddr, metricsAddr := testnet.Addr(t), testnet.Addr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// One request per 1000 s: no token refills while the test runs.
-	args := []string{"--tpm=" + counter.Addr(), "--grpc-listen=" + freeAddr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2", "--variant=qemu-vtpm"}
+	args := []string{"--tpm=" + counter.Addr(), "--grpc-listen=" + testnet.Addr(t), "--http-listen=" + httpAddr, "--metrics-listen=" + metricsAddr, "--peer-rate=0.001", "--peer-burst=2", "--variant=qemu-vtpm"}
 	go func() { done <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
@@ -167,13 +168,4 @@ func TestRunRefuses(t *testing.T) {
 			assert.ErrorContains(t, err, tc.want)
 		})
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }

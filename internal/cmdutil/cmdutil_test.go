@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/cmdutil"
+	"github.com/openconstellation/constellation/internal/testnet"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -67,9 +68,9 @@ func TestLogger(t *testing.T) {
 
 func TestRun(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
-	addr := freeAddr(t)
+	addr := testnet.Addr(t)
 	reg := cmdutil.Registry()
-	metricsAddr := freeAddr(t)
+	metricsAddr := testnet.Addr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -103,15 +104,6 @@ func TestRun(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	err = cmdutil.Run(context.Background(), log, cmdutil.HTTP("first", freeAddr(t), http.NotFoundHandler(), nil), cmdutil.HTTP("second", ln.Addr().String(), http.NotFoundHandler(), nil))
+	err = cmdutil.Run(context.Background(), log, cmdutil.HTTP("first", testnet.Addr(t), http.NotFoundHandler(), nil), cmdutil.HTTP("second", ln.Addr().String(), http.NotFoundHandler(), nil))
 	assert.ErrorContains(t, err, "second: listen tcp")
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }

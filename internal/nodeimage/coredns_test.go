@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/testnet"
 )
 
 // corefile is kubeadm v1.34's default Corefile (cluster.local), with the listen addresses moved
@@ -55,7 +56,9 @@ func TestCoreDNSServesKubernetes(t *testing.T) {
 	require.FileExists(t, bin, "CoreDNS is built by make images")
 	cluster := kubetest.Start(t, kubetest.Options{})
 
-	dns, health, ready, metrics := freePort(t), freePort(t), freePort(t), freePort(t)
+	ports, err := testnet.Ports(4)
+	require.NoError(t, err)
+	dns, health, ready, metrics := ports[0], ports[1], ports[2], ports[3]
 	conf := fmt.Sprintf(corefile, dns, health, ready, metrics, cluster.Kubeconfig)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "Corefile"), []byte(conf), 0o644))
@@ -114,11 +117,4 @@ func TestCoreDNSServesKubernetes(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

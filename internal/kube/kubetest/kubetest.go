@@ -39,6 +39,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/testnet"
 	"github.com/openconstellation/constellation/internal/testtier"
 )
 
@@ -148,7 +149,7 @@ func StartProcesses(ctx context.Context, dir string, opts Options) (c *Cluster, 
 			c.Stop()
 		}
 	}()
-	ports, err := freePorts(3)
+	ports, err := testnet.Ports(3)
 	if err != nil {
 		return nil, err
 	}
@@ -377,26 +378,6 @@ func (c *Cluster) ClientFor(auth rest.Config) (kubernetes.Interface, error) {
 	auth.TLSClientConfig.CAData = pki.EncodeCert(c.PKI.CA.Cert)
 	auth.Timeout = 30 * time.Second
 	return kubernetes.NewForConfig(&auth)
-}
-
-// freePorts reserves n loopback ports by binding them, then releases them for the processes.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // Shared is one control plane for all tests of a package, started on first use: test
