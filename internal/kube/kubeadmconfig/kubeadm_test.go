@@ -240,6 +240,7 @@ func TestKubeadmUploadConfigThenJoin(t *testing.T) {
 		assert.Equal(t, "/var/lib/kubelet/pki/kubelet.key", kubelet.TLSPrivateKeyFile)
 		assert.Equal(t, "cgroupfs", kubelet.CgroupDriver)
 		assert.Equal(t, ptr.To(false), kubelet.FailSwapOn)
+		assert.Equal(t, ptr.To(false), kubelet.FailCgroupV1, "the host may have cgroup v1")
 		assert.Equal(t, ptr.To(false), kubelet.Authentication.Anonymous.Enabled)
 		assert.Equal(t, ptr.To(true), kubelet.Authentication.Webhook.Enabled)
 		assert.Equal(t, kubeletv1beta1.KubeletAuthorizationModeWebhook, kubelet.Authorization.Mode)
