@@ -84,11 +84,15 @@ type Options struct {
 }
 
 // BinDir returns the directory of the built Kubernetes binaries of Version, etcd and etcdctl
-// included: <dir>/<Version>/bin, where dir is $CONSTELLATION_KUBE_DIR or _output/kube of the
-// repository the working directory is in (hack/build-kube.sh).
-func BinDir() (string, error) {
+// included (VersionBinDir).
+func BinDir() (string, error) { return VersionBinDir(Version) }
+
+// VersionBinDir returns the directory of the built Kubernetes binaries of a version, etcd and
+// etcdctl included: <dir>/<version>/bin, where dir is $CONSTELLATION_KUBE_DIR or _output/kube
+// of the repository the working directory is in (hack/build-kube.sh).
+func VersionBinDir(version string) (string, error) {
 	if dir := os.Getenv("CONSTELLATION_KUBE_DIR"); dir != "" {
-		return filepath.Join(dir, Version, "bin"), nil
+		return filepath.Join(dir, version, "bin"), nil
 	}
 	wd, err := os.Getwd()
 	if err != nil {
@@ -96,7 +100,7 @@ func BinDir() (string, error) {
 	}
 	for dir := wd; ; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "hack", "build-kube.sh")); err == nil {
-			return filepath.Join(dir, "_output", "kube", Version, "bin"), nil
+			return filepath.Join(dir, "_output", "kube", version, "bin"), nil
 		}
 		if filepath.Dir(dir) == dir {
 			return "", fmt.Errorf("no repository above %s", wd)
