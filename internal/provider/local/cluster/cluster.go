@@ -500,6 +500,10 @@ func (p *Provider) startTPM(ctx context.Context, n *node) (*swtpm.Process, error
 func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 	name := n.spec.Name
 	dir := p.nodeDir(name)
+	images, err := p.nodeImages(n.spec.Image)
+	if err != nil {
+		return nil, err
+	}
 	cg := p.cgroup.Child(name)
 	if err := cg.Create(); err != nil {
 		return nil, err
@@ -508,10 +512,6 @@ func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 		return nil, err
 	}
 	procs, err := cg.Procs()
-	if err != nil {
-		return nil, err
-	}
-	images, err := p.nodeImages(n.spec.Image)
 	if err != nil {
 		return nil, err
 	}
