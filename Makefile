@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api -name '*.proto')
 
-.PHONY: help deps kube images build test unit integration e2e fuzz lint proto proto-check bench up down clean
+.PHONY: help deps kube images build release-key release test unit integration e2e fuzz lint proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -23,6 +23,13 @@ images: deps kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ou
 
 build: deps ## build the binaries into _output/bin
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+release-key: build ## make the local release key once: _output/release-key.pem (private) and .pub (pinned by configs)
+	@if [ -f _output/release-key.pem ]; then echo "release key: _output/release-key.pem exists"; else $(BIN)/release keygen _output/release-key.pem; fi
+
+release: build images release-key ## make release VERSION (e.g. make release VERSION=v0.2.0 FROM=v0.1.0) into _output/releases/VERSION, signed
+	@if [ -z "$(VERSION)" ]; then echo "make release: set VERSION, e.g. make release VERSION=v0.2.0 FROM=v0.1.0" >&2; exit 1; fi
+	@./hack/release.sh $(VERSION) $(FROM)
 
 test: deps proto-check lint unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)
 	@echo "make test: all checks passed"

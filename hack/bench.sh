@@ -24,7 +24,7 @@ raw=$(mktemp); trap 'rm -f "$raw"' EXIT
   go test -run '^$' -bench BenchmarkStalledConnections -benchtime 1x ./internal/joinservice/ 2>/dev/null || true
   go test -run '^$' -bench BenchmarkJoinAfterServiceStarts -benchtime "${JOINWAITS:-20}x" ./internal/bootstrapper/joinclient/ 2>/dev/null || true
   if [ "${MINI:-1}" != 0 ]; then
-    go test -run '^$' -bench 'BenchmarkMiniUp|BenchmarkDayTwo|BenchmarkPowerCut|BenchmarkControlPlaneScaleDown' -benchtime 1x -timeout 30m ./test/e2e/ 2>/dev/null || true
+    go test -run '^$' -bench 'BenchmarkMiniUp|BenchmarkDayTwo|BenchmarkPowerCut|BenchmarkControlPlaneScaleDown|BenchmarkUpgrade' -benchtime 1x -timeout 30m ./test/e2e/ 2>/dev/null || true
   fi
 } | tee "$raw" | grep -E '^(Benchmark|ok|FAIL)' >&2
 echo

@@ -253,7 +253,13 @@ func serve(ctx context.Context, f flags, svc *joinservice.Service, active *measu
 		}
 	}
 	watcher := &measurements.Watcher{Path: filepath.Join(f.configDir, clusterrecord.ReferenceSetsKey), Active: active, Log: log}
-	publisher := &refusals.Publisher{Client: kube, Node: node, Book: svc.Refusals(), Log: log}
+	publisher := &refusals.Publisher{Client: kube, Node: node, Book: svc.Refusals(), Log: log, ReferenceSets: func() []string {
+		var names []string
+		for _, set := range active.Load() {
+			names = append(names, set.Name)
+		}
+		return names
+	}}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watchErr, publishErr := make(chan error, 1), make(chan error, 1)

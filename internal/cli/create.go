@@ -28,6 +28,13 @@ type createOptions struct {
 	extraWorkerBootstrapper, kubeDir string
 	// drainTimeout bounds the drain of each node apply removes.
 	drainTimeout time.Duration
+	// allowDowngrade lets apply move the cluster to an older release.
+	allowDowngrade bool
+	// image is the node image the nodes boot, resolved from the configuration
+	// (configuredImage); empty: the configured image itself.
+	image string
+	// remove names the nodes apply removes first when it scales down (apply --remove).
+	remove []string
 }
 
 // addKubeDirFlag adds --kube-dir: the directory of the Kubernetes binaries, <version>/bin per
@@ -94,11 +101,12 @@ func newApplyCmd() *cobra.Command {
     constellation-state.yaml, then waits until every node is Ready and verifiable;
   - initialized: bring the node counts to the configuration's. apply says what it changes
     first. New nodes (names never used before in the cluster) join through the join service
-    after attestation; a new control plane grows etcd. Removed nodes (the newest of their
-    role first) are drained, respecting PodDisruptionBudgets within --drain-timeout; a
-    control plane's etcd member is removed first, and only if etcd keeps its quorum; then the
-    node is deleted from Kubernetes and the platform, and its name and disk are refused from
-    then on.`,
+    after attestation; a new control plane grows etcd. Removed nodes (those named with
+    --remove first, then the newest of their role; any control plane may go) are drained,
+    respecting PodDisruptionBudgets within --drain-timeout; a control plane is taken out of
+    the API load balancer and its etcd member removed, only if etcd keeps its quorum; then
+    the node is deleted from Kubernetes and the platform, and its name and disk are refused
+    from then on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := absWorkspace(cmd)
@@ -114,6 +122,8 @@ func newApplyCmd() *cobra.Command {
 	addImagesFlag(cmd, &o.imagesDir)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of a removed node may wait for its pods to be evicted (PodDisruptionBudgets)")
+	cmd.Flags().BoolVar(&o.allowDowngrade, "allow-downgrade", false, "accept a release older than the one the cluster runs")
+	cmd.Flags().StringSliceVar(&o.remove, "remove", nil, "when the configuration has fewer nodes of a role than the cluster, remove these nodes first (then the newest); e.g. --remove control-plane-0")
 	return cmd
 }
 
@@ -168,7 +178,7 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 		return fmt.Errorf("%s names cluster %q, but %s describes %q: they are not the same cluster", state.FileName, st.Name, config.FileName, conf.Name)
 	}
 	if st.Phase == state.Initialized {
-		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout})
+		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, allowDowngrade: o.allowDowngrade, remove: o.remove})
 	}
 	return initAndWait(ctx, out, t, workspace, conf, st)
 }
@@ -184,7 +194,17 @@ func createCluster(ctx context.Context, out io.Writer, t *phaseTimer, workspace 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", config.FileName, err)
 	}
-	return createOn(ctx, t, statePath, platform, workspace, conf, o)
+	image, rel, err := configuredImage(ctx, workspace, conf, "", o.allowDowngrade)
+	if err != nil {
+		return nil, err
+	}
+	o.image = image
+	st, err := createOn(ctx, t, statePath, platform, workspace, conf, o)
+	if err != nil || rel == nil {
+		return st, err
+	}
+	st.Release = rel.Version()
+	return st, state.Write(statePath, st)
 }
 
 // createOn creates the cluster with platform and records it in the state file at statePath.
@@ -209,7 +229,10 @@ func createRequest(workspace string, conf *config.Config, o createOptions) provi
 		UnexpectedWorkerBootstrapper: o.extraWorkerBootstrapper, KubeDir: o.kubeDir,
 	}
 	lc := conf.Provider.Block()
-	imageDir := lc.ImagePath(workspace)
+	imageDir := o.image
+	if imageDir == "" {
+		imageDir = lc.ImagePath(workspace)
+	}
 	for i := 0; i < lc.ControlPlanes; i++ {
 		req.Nodes = append(req.Nodes, provider.NodeSpec{Name: fmt.Sprintf("control-plane-%d", i), Role: metadata.ControlPlane, Image: imageDir})
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/kube/drain"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/retry"
@@ -39,6 +40,7 @@ func inWorkspace(timeout *time.Duration, run func(ctx context.Context, out io.Wr
 
 func newRebootCmd() *cobra.Command {
 	var timeout time.Duration
+	var o rebootOptions
 	var noWait bool
 	cmd := &cobra.Command{
 		Use:   "reboot NODE...",
@@ -49,19 +51,45 @@ again, gets a rejoin ticket with its own disk key, unlocks its state and comes b
 pods (a control plane with its etcd data). The command waits until each node is Ready again
 (its kubelet reported after the reboot), unless --no-wait.
 
+A reboot is graceful: one node after the other, each is cordoned and drained first (its pods
+evicted through the Eviction API, so PodDisruptionBudgets hold, within --drain-timeout; pods
+without a controller stay and run again after the reboot), the platform shuts it down in
+order (a control plane's API server leaves the API load balancer and finishes its requests
+before its etcd stops), and it is uncordoned once it is back. Not drained: the only control
+plane (nothing could serve the API meanwhile), and every node with --no-wait or --no-drain.
+
 A cluster whose only control plane reboots has no join service until that control plane is
 back: it waits for 'constellation recover'.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, args []string) error {
-			return rebootNodes(ctx, out, ws, args, !noWait)
+			o.wait = !noWait
+			return rebootNodes(ctx, out, ws, args, o)
 		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
-	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the platform rebooted the nodes")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the platform rebooted the nodes (no drain: nothing would uncordon them)")
+	cmd.Flags().BoolVar(&o.noDrain, "no-drain", false, "reboot without draining the nodes first")
+	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of each node may wait for its pods to be evicted (PodDisruptionBudgets)")
 	return cmd
 }
 
-func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []string, wait bool) error {
+// rebootOptions are reboot's flags.
+type rebootOptions struct {
+	wait, noDrain bool
+	drainTimeout  time.Duration
+}
+
+// rebooter is one reboot command.
+type rebooter struct {
+	out       io.Writer
+	t         *phaseTimer
+	prog      *progress
+	platform  provider.Provider
+	workspace string
+	o         rebootOptions
+}
+
+func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []string, o rebootOptions) error {
 	st, platform, err := loadState(workspace)
 	if err != nil {
 		return err
@@ -74,32 +102,111 @@ func rebootNodes(ctx context.Context, out io.Writer, workspace string, names []s
 	// A rebooted control plane may need recover (the only one does): its disk must be known.
 	refreshDisksBeforeShutdown(ctx, out, workspace, st, platform)
 	t := newPhaseTimer(out)
-	start := time.Now()
 	prog := newProgress(t)
 	stop := prog.start(ctx)
 	defer stop()
+	r := &rebooter{out: out, t: t, prog: prog, platform: platform, workspace: workspace, o: o}
+	var graceful, plain []string
 	for _, name := range names {
-		// A reboot whose answer was lost may have happened: rebooting again is harmless (the
-		// wait below counts boots after start), so the request is simply retried.
-		prog.waiting(name, "the platform to reboot it")
-		err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
-			err := platform.RebootNode(ctx, name)
-			prog.failed(name, err)
-			return err
-		})
-		if err != nil {
+		if o.wait && !o.noDrain && !onlyControlPlane(st, name) {
+			graceful = append(graceful, name)
+		} else {
+			plain = append(plain, name)
+		}
+	}
+	// One node after the other: the drained ones are a rolling reboot.
+	for _, name := range graceful {
+		if err := r.drainedReboot(ctx, name); err != nil {
 			return err
 		}
-		t.phase("reboot", name+" rebooted by the platform")
 	}
-	if !wait {
+	if len(plain) == 0 {
 		return nil
 	}
-	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
+	return r.rebootAll(ctx, plain)
+}
+
+// onlyControlPlane reports whether name is the cluster's only control plane.
+func onlyControlPlane(st *state.State, name string) bool {
+	cps := 0
+	isCP := false
+	for _, n := range st.Nodes {
+		if n.Role == metadata.ControlPlane && !n.Unexpected {
+			cps++
+			isCP = isCP || n.Name == name
+		}
+	}
+	return isCP && cps == 1
+}
+
+// rebootAll reboots names at once, and waits until they are back unless told not to.
+func (r *rebooter) rebootAll(ctx context.Context, names []string) error {
+	start := time.Now()
+	for _, name := range names {
+		if err := r.platformReboot(ctx, name); err != nil {
+			return err
+		}
+	}
+	if !r.o.wait {
+		return nil
+	}
+	client, err := newKubeClient(filepath.Join(r.workspace, AdminConfFile))
 	if err != nil {
 		return err
 	}
-	return waitBack(ctx, t, prog, platform, client, names, start, start)
+	return waitBack(ctx, r.t, r.prog, r.platform, client, names, start, start)
+}
+
+// platformReboot asks the platform to reboot name. A reboot whose answer was lost may have
+// happened: rebooting again is harmless (waitBack counts boots after its start), so the
+// request is simply retried.
+func (r *rebooter) platformReboot(ctx context.Context, name string) error {
+	r.prog.waiting(name, "the platform to reboot it")
+	err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+		err := r.platform.RebootNode(ctx, name)
+		r.prog.failed(name, err)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.t.phase("reboot", name+" rebooted by the platform")
+	return nil
+}
+
+// drainedReboot cordons and drains name (keeping pods without a controller: they run again
+// after the reboot), reboots it, waits until it is back and uncordons it. A drain that times
+// out uncordons the node again and fails, naming what blocked it: nothing was rebooted.
+func (r *rebooter) drainedReboot(ctx context.Context, name string) error {
+	client, err := newKubeClient(filepath.Join(r.workspace, AdminConfFile))
+	if err != nil {
+		return err
+	}
+	r.prog.step(name, "drain (its pods evicted, PodDisruptionBudgets respected)")
+	report, err := drain.Drain(ctx, client, name, drain.Options{Timeout: r.o.drainTimeout, KeepUnmanaged: true})
+	if err != nil && !errors.Is(err, drain.ErrNodeNotFound) {
+		if _, uerr := drain.Uncordon(context.WithoutCancel(ctx), client, name); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		return fmt.Errorf("draining %s before its reboot (not rebooted; fix what blocks the drain, or reboot with --no-drain): %w", name, err)
+	}
+	r.t.phase("drain", fmt.Sprintf("%s: %s", name, evictedSummary(report)))
+	start := time.Now()
+	if err := r.platformReboot(ctx, name); err != nil {
+		return err
+	}
+	if err := waitBack(ctx, r.t, r.prog, r.platform, client, []string{name}, start, start); err != nil {
+		return err
+	}
+	err = retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+		_, err := drain.Uncordon(ctx, client, name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("uncordoning %s after its reboot: %w", name, err)
+	}
+	r.t.phase("uncordon", name+" schedulable again")
+	return nil
 }
 
 // waitBack waits until each named node, booted after bootedAfter, is back in its cluster and

@@ -33,14 +33,14 @@ func (p scalePlan) empty() bool { return len(p.add) == 0 && len(p.remove) == 0 }
 
 // planScale compares the state's nodes with the configured counts. New nodes get names that
 // were never used in the cluster (a removed node's identity stays refused); removal takes the
-// newest nodes of a role first, and never the first control plane (the cluster's
-// controlPlaneEndpoint names it).
-func planScale(conf *config.Config, st *state.State, workspace string) (scalePlan, error) {
+// nodes named in prefer first (apply --remove), then the newest nodes of a role. Any node may
+// go, control-plane-0 included: the cluster's API endpoint is the platform's load balancer,
+// not a node.
+func planScale(conf *config.Config, st *state.State, image string, prefer []string) (scalePlan, error) {
 	lc := conf.Provider.Block()
 	if lc == nil {
 		return scalePlan{}, fmt.Errorf("%s: provider: configure exactly one provider", config.FileName)
 	}
-	image := lc.ImagePath(workspace)
 	p := scalePlan{wantCP: lc.ControlPlanes, wantW: lc.Workers}
 	byRole := map[metadata.Role][]state.Node{}
 	for _, n := range st.Nodes {
@@ -51,6 +51,9 @@ func planScale(conf *config.Config, st *state.State, workspace string) (scalePla
 	p.haveCP, p.haveW = len(byRole[metadata.ControlPlane]), len(byRole[metadata.Worker])
 	if p.wantCP < 1 {
 		return p, fmt.Errorf("%s: provider.local.controlPlanes: a cluster needs at least one control plane", config.FileName)
+	}
+	if err := checkPreferred(prefer, byRole, map[metadata.Role]int{metadata.ControlPlane: p.wantCP, metadata.Worker: p.wantW}); err != nil {
+		return p, err
 	}
 	for _, r := range []struct {
 		role   metadata.Role
@@ -64,12 +67,56 @@ func planScale(conf *config.Config, st *state.State, workspace string) (scalePla
 			next++
 		}
 		if len(have) > r.want {
-			// Newest first: the highest index.
-			slices.SortFunc(have, func(a, b state.Node) int { return suffix(b.Name, r.prefix) - suffix(a.Name, r.prefix) })
+			// Named ones first, in the order named, then newest first: the highest index.
+			slices.SortStableFunc(have, func(a, b state.Node) int {
+				ia, ib := slices.Index(prefer, a.Name), slices.Index(prefer, b.Name)
+				switch {
+				case ia >= 0 && ib >= 0:
+					return ia - ib
+				case ia >= 0:
+					return -1
+				case ib >= 0:
+					return 1
+				}
+				return suffix(b.Name, r.prefix) - suffix(a.Name, r.prefix)
+			})
 			p.remove = append(p.remove, have[:len(have)-r.want]...)
 		}
 	}
 	return p, nil
+}
+
+// checkPreferred checks apply --remove's names against the nodes (by role) and the counts
+// the configuration wants: each must be a node of the cluster, and a role may not have more
+// named than the configuration removes of it (a name apply would not remove is a mistake the
+// operator should hear of, not a silent no-op).
+func checkPreferred(prefer []string, byRole map[metadata.Role][]state.Node, want map[metadata.Role]int) error {
+	named := map[metadata.Role]int{}
+	var problems []error
+	for i, name := range prefer {
+		if slices.Contains(prefer[:i], name) {
+			problems = append(problems, fmt.Errorf("--remove %s: named twice", name))
+			continue
+		}
+		var role metadata.Role
+		for r, nodes := range byRole {
+			if slices.ContainsFunc(nodes, func(n state.Node) bool { return n.Name == name }) {
+				role = r
+			}
+		}
+		if role == "" {
+			problems = append(problems, fmt.Errorf("--remove %s: no such node in %s", name, state.FileName))
+			continue
+		}
+		named[role]++
+	}
+	for role, n := range named {
+		if drop := len(byRole[role]) - want[role]; n > drop {
+			problems = append(problems, fmt.Errorf("--remove names %d %s node(s), but %s removes %d of them (it wants %d, the cluster has %d): lower the count in the configuration",
+				n, role, config.FileName, max(drop, 0), want[role], len(byRole[role])))
+		}
+	}
+	return errors.Join(problems...)
 }
 
 // nextIndex is one more than the highest index of any node, present or removed, named
@@ -105,7 +152,7 @@ func (p scalePlan) print(out io.Writer) {
 	for _, r := range p.remove {
 		what := "drained, deleted from Kubernetes and the platform, refused from then on"
 		if r.Role == metadata.ControlPlane {
-			what = "etcd member removed (only if quorum holds), " + what
+			what = "drained, shut down gracefully if etcd keeps its quorum without it, etcd member removed (only if quorum holds), deleted from Kubernetes and the platform, refused from then on"
 		}
 		fmt.Fprintf(out, "  - %s (%s: %s)\n", r.Name, r.Role, what)
 	}
@@ -113,7 +160,10 @@ func (p scalePlan) print(out io.Writer) {
 
 // scaleOptions bound the waits of scaling.
 type scaleOptions struct {
-	drainTimeout time.Duration
+	drainTimeout   time.Duration
+	allowDowngrade bool
+	// remove names nodes to remove before the newest (apply --remove).
+	remove []string
 }
 
 // reconcile brings an initialized cluster's node counts to the configuration's: it says what
@@ -126,6 +176,11 @@ type scaleOptions struct {
 // Ready whether or not it changes anything. Transient failures of the API server and the
 // platform are retried (internal/retry).
 func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, conf *config.Config, st *state.State, o scaleOptions) error {
+	// A release is checked whole (signature, policy, node image) before anything changes.
+	image, rel, err := configuredImage(ctx, workspace, conf, st.Release, o.allowDowngrade)
+	if err != nil {
+		return err
+	}
 	restConfig, err := newKubeConfig(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
 		return err
@@ -146,19 +201,37 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err := r.syncWithPlatform(ctx); err != nil {
 		return err
 	}
-	plan, err := planScale(conf, st, workspace)
+	plan, err := planScale(conf, st, image, o.remove)
 	if err != nil {
 		return err
 	}
+	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
+	if err := u.check(ctx); err != nil {
+		return err
+	}
+	if err := r.scale(ctx, plan); err != nil {
+		return err
+	}
+	if err := u.run(ctx); err != nil {
+		return err
+	}
+	if plan.empty() && !u.changed {
+		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
+	}
+	return recordDisks(ctx, out, workspace, st, client)
+}
+
+// scale carries out plan: it adds nodes, waits until every node is Ready, then removes
+// nodes.
+func (r *reconciler) scale(ctx context.Context, plan scalePlan) error {
 	if plan.empty() {
 		// An earlier apply may have been interrupted while its nodes joined.
 		if err := r.waitAllReady(ctx, nil); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
-		return recordDisks(ctx, out, workspace, st, client)
+		return nil
 	}
-	plan.print(out)
+	plan.print(r.out)
 	if len(plan.add) > 0 {
 		if err := r.createNodes(ctx, plan.add); err != nil {
 			return err
@@ -175,8 +248,8 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 			return fmt.Errorf("removing %s (apply again to finish; every step is idempotent): %w", n.Name, err)
 		}
 	}
-	fmt.Fprintf(out, "applied: %d control plane(s) and %d worker(s)\n", plan.wantCP, plan.wantW)
-	return recordDisks(ctx, out, workspace, st, client)
+	fmt.Fprintf(r.out, "applied: %d control plane(s) and %d worker(s)\n", plan.wantCP, plan.wantW)
+	return nil
 }
 
 // reconciler is one apply of an initialized cluster.

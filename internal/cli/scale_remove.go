@@ -11,6 +11,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/drain"
 	"github.com/openconstellation/constellation/internal/kube/etcdmember"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -26,59 +27,37 @@ const etcdStepBound = time.Minute
 //  2. the node is drained: cordoned, its pods evicted through the Eviction API (so
 //     PodDisruptionBudgets hold), bounded by the drain timeout; a drain that times out names
 //     the pods and budgets that blocked it, and the node stays (cordoned) in the cluster;
-//  3. the control plane's etcd member is removed (again only if quorum holds);
-//  4. the node is recorded as removed (the join service refuses its name from then on, even
+//  3. a control plane is shut down gracefully when etcd keeps its quorum without it
+//     (shutdownFirst): its API server leaves the platform's load balancer and finishes its
+//     requests while its etcd still runs, so no client of the API sees an error;
+//  4. the control plane's etcd member is removed (again only if quorum holds);
+//  5. the node is recorded as removed (the join service refuses its name from then on, even
 //     if the platform lists it again), its Node object deleted, and the machine deleted with
 //     its disk.
 //
-// Every step is idempotent (a drained node drains at once, a member removed before is
-// NoMember, the removal record and the deletions tolerate being done already), and each is
-// retried while it fails transiently: removing the etcd leader's member makes the API server
-// answer "request timed out" until etcd elected another.
+// Every step is idempotent (a drained node drains at once, a node shut down before shuts
+// down at once, a member removed before is NoMember, the removal record and the deletions
+// tolerate being done already), and each is retried while it fails transiently: removing the
+// etcd leader's member makes the API server answer "request timed out" until etcd elected
+// another.
 func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 	var etcd *etcdmember.Client
 	if n.Role == metadata.ControlPlane {
-		err := r.do(ctx, n.Name, "finding an etcd member to run etcdctl on", etcdStepBound, func(ctx context.Context) error {
-			runner, err := etcdmember.NewPodRunner(ctx, r.restConfig, r.client, n.Name)
-			if err != nil {
-				return err
-			}
-			etcd = etcdmember.New(runner, 0)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("reaching etcd through another control plane: %w", err)
-		}
-		var plan etcdmember.Removal
-		if err := r.do(ctx, n.Name, "checking etcd's quorum", etcdStepBound, func(ctx context.Context) error {
-			plan, err = etcd.PlanRemove(ctx, n.Name)
-			return err
-		}); err != nil {
+		var err error
+		if etcd, err = r.etcdFor(ctx, n); err != nil {
 			return err
 		}
-		fmt.Fprintf(r.out, "  etcd: %s\n", plan)
 	}
-	r.prog.step(n.Name, "drain (its pods evicted, PodDisruptionBudgets respected)")
-	report, err := drain.Drain(ctx, r.client, n.Name, drain.Options{Timeout: r.o.drainTimeout})
-	switch {
-	case errors.Is(err, drain.ErrNodeNotFound):
-		r.t.phase("drain", n.Name+" is not registered with Kubernetes: nothing to drain")
-	case err != nil:
-		return fmt.Errorf("draining %s (it stays cordoned; fix what blocks the drain and run apply again): %w", n.Name, err)
-	default:
-		var evicted []string
-		for _, p := range report.Evicted {
-			evicted = append(evicted, p.String())
-		}
-		detail := "no pods to evict"
-		if len(evicted) > 0 {
-			detail = "evicted " + strings.Join(evicted, ", ")
-		}
-		r.t.phase("drain", fmt.Sprintf("%s: %s", n.Name, detail))
+	if err := r.drainForRemoval(ctx, n); err != nil {
+		return err
 	}
 	if etcd != nil {
+		if err := r.shutdownFirst(ctx, n, etcd); err != nil {
+			return err
+		}
 		var removal etcdmember.Removal
 		if err := r.do(ctx, n.Name, "removing its etcd member", etcdStepBound, func(ctx context.Context) error {
+			var err error
 			removal, err = etcd.Remove(ctx, n.Name)
 			return err
 		}); err != nil {
@@ -100,5 +79,120 @@ func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 		return err
 	}
 	r.t.phase("removed", n.Name+": deleted from Kubernetes and the platform, refused from now on")
+	return nil
+}
+
+// etcdFor finds an etcd member on another control plane to run etcdctl on, and checks that
+// removing n's member keeps etcd's quorum (refused otherwise, before anything changes).
+func (r *reconciler) etcdFor(ctx context.Context, n state.Node) (*etcdmember.Client, error) {
+	var etcd *etcdmember.Client
+	err := r.do(ctx, n.Name, "finding an etcd member to run etcdctl on", etcdStepBound, func(ctx context.Context) error {
+		runner, err := etcdmember.NewPodRunner(ctx, r.restConfig, r.client, n.Name)
+		if err != nil {
+			return err
+		}
+		etcd = etcdmember.New(runner, 0)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reaching etcd through another control plane: %w", err)
+	}
+	var plan etcdmember.Removal
+	if err := r.do(ctx, n.Name, "checking etcd's quorum", etcdStepBound, func(ctx context.Context) error {
+		plan, err = etcd.PlanRemove(ctx, n.Name)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(r.out, "  etcd: %s\n", plan)
+	return etcd, nil
+}
+
+// drainForRemoval drains n (every pod evicted but DaemonSets' and static ones), within the
+// drain timeout.
+func (r *reconciler) drainForRemoval(ctx context.Context, n state.Node) error {
+	r.prog.step(n.Name, "drain (its pods evicted, PodDisruptionBudgets respected)")
+	report, err := drain.Drain(ctx, r.client, n.Name, drain.Options{Timeout: r.o.drainTimeout})
+	switch {
+	case errors.Is(err, drain.ErrNodeNotFound):
+		r.t.phase("drain", n.Name+" is not registered with Kubernetes: nothing to drain")
+	case err != nil:
+		return fmt.Errorf("draining %s (it stays cordoned; fix what blocks the drain and run apply again): %w", n.Name, err)
+	default:
+		r.t.phase("drain", fmt.Sprintf("%s: %s", n.Name, evictedSummary(report)))
+	}
+	return nil
+}
+
+func evictedSummary(report drain.Report) string {
+	var evicted []string
+	for _, p := range report.Evicted {
+		evicted = append(evicted, p.String())
+	}
+	if len(evicted) == 0 {
+		return "no pods to evict"
+	}
+	return "evicted " + strings.Join(evicted, ", ")
+}
+
+// shutdownFirst shuts control plane n down gracefully before its etcd member is removed,
+// when the platform can (provider.NodeShutdowner) and etcd keeps its quorum while the member
+// is down (Removal.QuorumWhileDown: three members or more, the others healthy). Why: a
+// control plane's API server talks only to its own etcd member, which stops once it is
+// removed; an API server left running would answer every request that needs etcd with an
+// error until the load balancer's health check took it out, and its clients' connections
+// would stay on it. Shut down first, it leaves the load balancer at once and finishes its
+// requests with its etcd still running. With two members, shutting one down would stop
+// etcd: there only its API server stops first (stopAPIServerFirst), its member goes next.
+func (r *reconciler) shutdownFirst(ctx context.Context, n state.Node, etcd *etcdmember.Client) error {
+	sd, ok := r.platform.(provider.NodeShutdowner)
+	if !ok {
+		return nil
+	}
+	var plan etcdmember.Removal
+	if err := r.do(ctx, n.Name, "checking etcd's quorum without it", etcdStepBound, func(ctx context.Context) error {
+		var err error
+		plan, err = etcd.PlanRemove(ctx, n.Name)
+		return err
+	}); err != nil {
+		return err
+	}
+	if plan.NoMember {
+		return nil
+	}
+	if !plan.QuorumWhileDown() {
+		return r.stopAPIServerFirst(ctx, n)
+	}
+	if err := r.do(ctx, n.Name, "shutting its machine down (its API server leaves the load balancer, then etcd stops)", 0, func(ctx context.Context) error {
+		if err := sd.ShutdownNode(ctx, n.Name); err != nil && !errors.Is(err, provider.ErrNoNode) {
+			return err
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	r.t.phase("shutdown", n.Name+": shut down gracefully; etcd keeps its quorum without it")
+	return nil
+}
+
+// stopAPIServerFirst stops control plane n's API server gracefully, its etcd left running,
+// when the platform can (provider.APIServerStopper): with two etcd members, n's member cannot
+// be missed while it is removed, so the machine cannot be shut down first, but its API server
+// can leave the load balancer and finish its requests before its etcd member goes (which
+// stops the member: an API server left on it would hang every request that needs etcd).
+func (r *reconciler) stopAPIServerFirst(ctx context.Context, n state.Node) error {
+	st, ok := r.platform.(provider.APIServerStopper)
+	if !ok {
+		return nil
+	}
+	if err := r.do(ctx, n.Name, "stopping its API server (it leaves the load balancer; etcd keeps running)", 0, func(ctx context.Context) error {
+		if err := st.StopAPIServer(ctx, n.Name); err != nil && !errors.Is(err, provider.ErrNoNode) {
+			return err
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	r.t.phase("shutdown", n.Name+": API server stopped gracefully; its etcd member goes next (two members cannot lose one first)")
 	return nil
 }

@@ -44,6 +44,9 @@ type clusterStatus struct {
 	Phase     string `json:"phase"`
 	ClusterID string `json:"clusterID,omitempty"`
 	APIServer string `json:"apiServer,omitempty"`
+	// Release is the signed release every node boots (the state file's), empty if none;
+	// each node's matched reference set (named by its release) says what it runs.
+	Release string `json:"release,omitempty"`
 }
 
 type nodeStatus struct {
@@ -241,7 +244,7 @@ func statusOf(ctx context.Context, workspace string, st *state.State, platform p
 
 // statusFromState is the report as far as the state file knows it, and its nodes by name.
 func statusFromState(st *state.State) (*statusReport, map[string]*nodeStatus) {
-	r := &statusReport{Cluster: clusterStatus{Name: st.Name, Provider: st.Provider, Phase: string(st.Phase), APIServer: st.APIServerEndpoint}}
+	r := &statusReport{Cluster: clusterStatus{Name: st.Name, Provider: st.Provider, Phase: string(st.Phase), APIServer: st.APIServerEndpoint, Release: st.Release}}
 	if st.Phase == state.Initialized {
 		r.Cluster.ClusterID = fmt.Sprintf("%x", []byte(st.ClusterID))
 	}
@@ -455,6 +458,9 @@ func printStatus(out io.Writer, r *statusReport) {
 	fmt.Fprintf(out, "Cluster %s (%s provider, %s", r.Cluster.Name, r.Cluster.Provider, r.Cluster.Phase)
 	if r.Cluster.ClusterID != "" {
 		fmt.Fprintf(out, ", ID %s", r.Cluster.ClusterID)
+	}
+	if r.Cluster.Release != "" {
+		fmt.Fprintf(out, ", release %s", r.Cluster.Release)
 	}
 	fmt.Fprintln(out, ")")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

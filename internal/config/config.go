@@ -82,6 +82,31 @@ type Config struct {
 	Attestation AttestationConfig `json:"attestation"`
 	// Network holds the cluster's networks. Defaults: see NetworkConfig.
 	Network NetworkConfig `json:"network"`
+	// Release says which releases the CLI trusts (docs/releases.md). Optional: needed to
+	// boot a release (an image that is a release directory) and by `upgrade check`.
+	Release ReleaseConfig `json:"release,omitzero"`
+}
+
+// ReleaseConfig pins the release key and names where releases are found.
+type ReleaseConfig struct {
+	// Key is the release key the CLI pins: a PEM public key file (`make release-key` writes
+	// the local one, release-key.pem.pub). A release directory is booted only if this key
+	// signed it. A relative path is relative to the workspace.
+	Key string `json:"key,omitempty"`
+	// Source is the release source `upgrade check` lists: a directory of release
+	// directories (`make release` writes _output/releases). Relative to the workspace.
+	Source string `json:"source,omitempty"`
+}
+
+// KeyPath and SourcePath resolve Key and Source against dir (the workspace).
+func (r ReleaseConfig) KeyPath(dir string) string    { return resolve(dir, r.Key) }
+func (r ReleaseConfig) SourcePath(dir string) string { return resolve(dir, r.Source) }
+
+func resolve(dir, p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(dir, p)
 }
 
 // ProviderConfig maps a provider's name (the name it is registered by, RegisterProvider) to
@@ -318,12 +343,7 @@ func Write(path string, c *Config, overwrite bool) error {
 
 // ImagePath returns the node image, a relative Image resolved against dir (the directory
 // holding the configuration file).
-func (l *ProviderBlock) ImagePath(dir string) string {
-	if filepath.IsAbs(l.Image) {
-		return l.Image
-	}
-	return filepath.Join(dir, l.Image)
-}
+func (l *ProviderBlock) ImagePath(dir string) string { return resolve(dir, l.Image) }
 
 // Variant returns the attestation variant configured, or the zero Variant if none or
 // several are, or the one block names no variant of the catalog.

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,6 +49,11 @@ type Config struct {
 	// MetadataURL is the platform's metadata service, where the join service looks nodes up
 	// (default: the DefaultURL of the services' platform, internal/metadata/platforms).
 	MetadataURL string
+	// APIServerEndpoint is host:port of the API server the join service names in its tickets,
+	// where joining nodes reach the cluster (kubelet.conf and kubeadm's discovery): the
+	// cluster's controlPlaneEndpoint. Default: the address of the node the join service runs
+	// on, port 6443.
+	APIServerEndpoint string
 	// LogLevel of the services: debug, info, warn or error (default info).
 	LogLevel string
 	// WaitTimeout, when positive, makes Run wait that long for the DaemonSets to be ready.
@@ -59,6 +65,7 @@ type Config struct {
 // params are the checked values the manifests are rendered with.
 type params struct {
 	image, metadataURL, logLevel, variant string
+	apiServerEndpoint                     string
 	attestation                           map[string]string
 }
 
@@ -71,7 +78,13 @@ func (c Config) params() (params, error) {
 	if err != nil {
 		problems = append(problems, err)
 	}
-	p := params{image: c.Image, metadataURL: c.MetadataURL, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data}
+	p := params{image: c.Image, metadataURL: c.MetadataURL, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data,
+		apiServerEndpoint: c.APIServerEndpoint}
+	if p.apiServerEndpoint == "" {
+		p.apiServerEndpoint = fmt.Sprintf("$(HOST_IP):%d", APIServerPort)
+	} else if _, err := netip.ParseAddrPort(p.apiServerEndpoint); err != nil {
+		problems = append(problems, fmt.Errorf("API server endpoint %q: want IP:port", p.apiServerEndpoint))
+	}
 	if platform, err := platforms.Lookup(platforms.Default); err != nil {
 		problems = append(problems, err)
 	} else {

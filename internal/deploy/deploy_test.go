@@ -649,4 +649,29 @@ func TestRender(t *testing.T) {
 	assert.ErrorContains(t, err, "image")
 }
 
+// The join service's tickets name the cluster's API endpoint when there is one, else the
+// address of the node it runs on.
+func TestRenderAPIServerEndpoint(t *testing.T) {
+	testCases := map[string]struct {
+		endpoint, want, wantErr string
+	}{
+		"the platform's load balancer": {endpoint: "10.42.0.2:6443", want: "--api-server-endpoint=10.42.0.2:6443"},
+		"none: the node's own address": {want: "--api-server-endpoint=$(HOST_IP):6443"},
+		"not IP:port":                  {endpoint: "api.example:6443", wantErr: `API server endpoint "api.example:6443": want IP:port`},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			cfg := config(t)
+			cfg.APIServerEndpoint = tc.endpoint
+			out, err := deploy.Render(cfg)
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Contains(t, string(out), tc.want)
+		})
+	}
+}
+
 func ptr[T any](v T) *T { return &v }

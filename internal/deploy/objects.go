@@ -248,7 +248,8 @@ func keyServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 // joinServiceDaemonSet: on every control-plane node. Its configuration is one directory
 // projected from the cluster record and the attestation ConfigMap (kubelet swaps it
 // atomically, so the reference-set watcher sees consistent files). It talks to the API
-// server of its own node (KUBERNETES_SERVICE_HOST = status.hostIP), signs with the cluster CA
+// server of its own node (KUBERNETES_SERVICE_HOST = status.hostIP), names the cluster's API
+// endpoint in its tickets (Config.APIServerEndpoint), signs with the cluster CA
 // from the node's PKI directory, and attests with the node's TPM (ECC AK, opened per use).
 func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 	c := container("joinservice", p.image, "joinservice",
@@ -260,7 +261,7 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 		"--metadata-url="+p.metadataURL,
 		fmt.Sprintf("--key-service=127.0.0.1:%d", KeyServicePort),
 		"--key-service-tls-dir="+keyServiceTLSDir,
-		fmt.Sprintf("--api-server-endpoint=$(HOST_IP):%d", APIServerPort),
+		"--api-server-endpoint="+p.apiServerEndpoint,
 		"--log-level="+p.logLevel,
 	).WithEnv(
 		corev1ac.EnvVar().WithName("HOST_IP").WithValueFrom(fieldRef("status.hostIP")),

@@ -71,6 +71,12 @@ type Provider interface {
 	JoinEndpoints(ctx context.Context) ([]string, error)
 	// InitSecretHash returns the bcrypt hash of the init secret the CLI holds.
 	InitSecretHash(ctx context.Context) ([]byte, error)
+	// APIEndpoint returns host:port of the cluster's stable Kubernetes API endpoint (the
+	// platform's load balancer in front of every control plane), which becomes kubeadm's
+	// controlPlaneEndpoint at init; "" if the platform has none, and then the first control
+	// plane's address is the endpoint. Like the join endpoints it only says where to connect:
+	// clients verify the API server's certificate.
+	APIEndpoint(ctx context.Context) (string, error)
 }
 
 // Static is metadata fixed at construction: for platforms whose metadata is a file the
@@ -79,6 +85,8 @@ type Static struct {
 	Instance  Instance
 	Endpoints []string
 	Hash      []byte
+	// API is the stable API endpoint (APIEndpoint); "" for none.
+	API string
 
 	mu sync.Mutex // guards Endpoints against SetJoinEndpoints
 }
@@ -99,6 +107,9 @@ func (s *Static) JoinEndpoints(context.Context) ([]string, error) {
 	defer s.mu.Unlock()
 	return append([]string(nil), s.Endpoints...), nil
 }
+
+// APIEndpoint implements Provider.
+func (s *Static) APIEndpoint(context.Context) (string, error) { return s.API, nil }
 
 // InitSecretHash implements Provider.
 func (s *Static) InitSecretHash(context.Context) ([]byte, error) { return s.Hash, nil }

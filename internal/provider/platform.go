@@ -83,6 +83,22 @@ type NodeImages interface {
 	// (<kubeDir>/<version>/bin) and the services image named in the container image index of
 	// imagesDir, which must hold the version's images.
 	LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir string) error
+	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md).
+	ImageDigest(dir string) (string, error)
+	// LayOutReleaseImage writes to dir the node image of release version: base's, stamped
+	// with the version, so that it measures differently from every other release's, and
+	// trusting the join services of the images joinServiceSets describe besides its own (the
+	// releases it upgrades from). It returns what the image runs.
+	LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (ImageFacts, error)
+}
+
+// ImageFacts are what a node image runs, as a release states them.
+type ImageFacts struct {
+	// KubernetesVersion is the Kubernetes version its nodes run ("v1.34.4").
+	KubernetesVersion string
+	// ServicesImage is the reference of the in-cluster services image its control planes
+	// deploy.
+	ServicesImage string
 }
 
 // PowerCutter is implemented by a Provider that can cut a node's power, or the whole
@@ -90,6 +106,27 @@ type NodeImages interface {
 type PowerCutter interface {
 	PowerCutNode(ctx context.Context, name string) error
 	PowerCut(ctx context.Context) error
+}
+
+// NodeShutdowner is implemented by a Provider that can shut a node down gracefully and keep
+// it off, with its disk, as a machine's orderly shutdown does (its API server and etcd stop
+// cleanly, the platform's API load balancer sends it no new connections from the start).
+// Scaling down shuts a control plane down this way before its etcd member is removed, so
+// its API server never answers without its etcd (docs/scaling.md). RebootNode boots it again.
+// A node that is off already is no error; one that does not exist wraps ErrNoNode.
+type NodeShutdowner interface {
+	ShutdownNode(ctx context.Context, name string) error
+}
+
+// APIServerStopper is implemented by a Provider that can stop a leaving control plane's API
+// server alone, gracefully (the API load balancer sends it no new connections, it finishes
+// its requests and tells its clients to go elsewhere), while its etcd keeps running. A
+// control plane whose etcd member cannot be missed while it is down (two members: removing
+// one needs both) stops its API server this way before its member is removed, so no client
+// meets an API server without its etcd (docs/scaling.md). The node is leaving: it is deleted
+// next. A node that is off already is no error; one that does not exist wraps ErrNoNode.
+type APIServerStopper interface {
+	StopAPIServer(ctx context.Context, name string) error
 }
 
 // Daemon is implemented by a Platform that runs a long-lived process of its own on the CLI's

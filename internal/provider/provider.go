@@ -86,6 +86,10 @@ type Event struct {
 type Endpoints struct {
 	// APIServer is host:port of the Kubernetes API server as reachable from the CLI's host.
 	APIServer string `json:"apiServer"`
+	// ClusterAPIServer is host:port of the cluster's stable API endpoint as its nodes reach
+	// it (a load balancer in front of every control plane: kubeadm's controlPlaneEndpoint);
+	// "" if the platform has none. For messages: the CLI dials APIServer.
+	ClusterAPIServer string `json:"clusterAPIServer,omitempty"`
 }
 
 // Ports on a node that the CLI dials (through Provider.Dialer).

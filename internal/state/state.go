@@ -100,6 +100,10 @@ type State struct {
 	// MeasurementSalt is the salt sent at init (hex, 32 bytes). Not secret: with the master
 	// secret it determines the cluster ID. Set exactly when Phase is initialized.
 	MeasurementSalt HexBytes `json:"measurementSalt,omitempty"`
+	// Release is the version of the signed release every node boots, once apply booted one
+	// (docs/releases.md); empty while the nodes boot an image that is not a release. An
+	// upgrade refuses an older release than this one unless --allow-downgrade.
+	Release string `json:"release,omitempty"`
 	// Removed are the nodes removed from the cluster (scaled down). Their names are never
 	// given to a new node: the platform no longer lists them, and the join service refuses
 	// them from then on.

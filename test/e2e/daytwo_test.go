@@ -373,7 +373,7 @@ func bootstrapperPID(t *testing.T, ws, node string) int {
 // etcdMembers lists the etcd members through etcdctl in the etcd pod of control-plane-0.
 func etcdMembers(t *testing.T, kubeconfig string) []string {
 	t.Helper()
-	out := kubectl(t, kubeconfig, "-n", "kube-system", "exec", "etcd-control-plane-0", "--", "etcdctl",
+	out := kubectl(t, kubeconfig, "-n", "kube-system", "exec", etcdPod(t, kubeconfig), "--", "etcdctl",
 		"--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
 		"--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt", "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key",
 		"member", "list")
@@ -384,6 +384,27 @@ func etcdMembers(t *testing.T, kubeconfig string) []string {
 		}
 	}
 	return members
+}
+
+// etcdPod names a Ready etcd pod on a Ready node, for etcdctl: control-plane-0 may be gone
+// (and a removed node's mirror pod lingers for a while, looking Ready).
+func etcdPod(t testing.TB, kubeconfig string) string {
+	t.Helper()
+	ready := map[string]bool{}
+	for _, l := range strings.Fields(kubectl(t, kubeconfig, "get", "nodes", "-o",
+		`jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{" "}{end}`)) {
+		name, status, _ := strings.Cut(l, "=")
+		ready[name] = status == "True"
+	}
+	for _, l := range strings.Fields(kubectl(t, kubeconfig, "-n", "kube-system", "get", "pods", "-l", "component=etcd", "-o",
+		`jsonpath={range .items[*]}{.metadata.name}={.spec.nodeName}={.status.conditions[?(@.type=="Ready")].status}{" "}{end}`)) {
+		parts := strings.Split(l, "=")
+		if len(parts) == 3 && ready[parts[1]] && parts[2] == "True" {
+			return parts[0]
+		}
+	}
+	t.Fatalf("no Ready etcd pod on a Ready node")
+	return ""
 }
 
 // helloPod runs the hello server on node (restarted by its kubelet after a reboot).

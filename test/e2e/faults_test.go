@@ -245,7 +245,7 @@ func swtpmPID(t *testing.T, ws, node string) int {
 // health-check client.
 func etcdctl(t testing.TB, kubeconfig string, args ...string) string {
 	t.Helper()
-	return kubectl(t, kubeconfig, append([]string{"-n", "kube-system", "exec", "etcd-control-plane-0", "--", "etcdctl",
+	return kubectl(t, kubeconfig, append([]string{"-n", "kube-system", "exec", etcdPod(t, kubeconfig), "--", "etcdctl",
 		"--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
 		"--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt", "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key",
 		"-w", "json"}, args...)...)

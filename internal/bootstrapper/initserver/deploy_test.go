@@ -53,6 +53,7 @@ func TestInitDeploysServices(t *testing.T) {
 	assert.Equal(t, id, got.Cluster.ID())
 	assert.Equal(t, "demo", got.Cluster.Name)
 	assert.Equal(t, want, got.Attestation, "the join service admits nodes by what the CLI sent")
+	assert.Equal(t, "10.42.0.254:6443", got.APIEndpoint, "the join service's tickets name the platform's API endpoint")
 
 	joined := strings.Join(res.Progress, "\n")
 	for _, want := range []string{

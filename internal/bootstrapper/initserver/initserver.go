@@ -130,6 +130,9 @@ type InitParams struct {
 	APIServerCertSANs []string
 	ServiceCIDR       netip.Prefix // invalid: kubeadm's default
 	PodCIDR           netip.Prefix // invalid: none
+	// ControlPlaneEndpoint is the cluster's stable API endpoint (host:port): kubeadm puts its
+	// host into the API server certificate and every kubeconfig it writes names it.
+	ControlPlaneEndpoint string
 }
 
 // DefaultServiceCIDR is the service network when the request names none (kubeadm's).
@@ -151,7 +154,7 @@ func KubeadmConfig(s kubeadmconfig.NodeSettings) KubeadmConfigFunc {
 		return kubeadmconfig.Init(kubeadmconfig.InitParams{
 			NodeName: p.Self.Name, NodeIP: nodeIP, ClusterName: p.ClusterName,
 			KubernetesVersion: p.KubernetesVersion, APIServerCertSANs: p.APIServerCertSANs,
-			ServiceCIDR: service, PodCIDR: p.PodCIDR,
+			ServiceCIDR: service, PodCIDR: p.PodCIDR, ControlPlaneEndpoint: p.ControlPlaneEndpoint,
 			CRISocket: s.CRISocket, ImageRepository: s.ImageRepository, Sandbox: s.Sandbox,
 			KubeletServingCert: true,
 		})
@@ -170,6 +173,9 @@ type Deployment struct {
 	// Attestation is what the join service admits nodes by, from the init request (set
 	// whenever Config.Deploy is).
 	Attestation choose.Reference
+	// APIEndpoint is the cluster's stable API endpoint (kubeadm's controlPlaneEndpoint): the
+	// API server the join service names in its tickets.
+	APIEndpoint string
 	// Progress streams one line to the CLI (and into the init's log).
 	Progress func(msg string)
 }
@@ -330,6 +336,9 @@ func (s *Server) Init(req *initpb.InitRequest, stream initpb.InitService_InitSer
 	if self.Role != metadata.ControlPlane {
 		return s.refuse(log, codes.FailedPrecondition, "not-control-plane", "node %s is a %s node: only control-plane nodes initialize clusters", self.Name, self.Role)
 	}
+	if r.endpoint, err = apiEndpoint(ctx, s.cfg.Metadata, self); err != nil {
+		return s.refuse(log, codes.Unavailable, "metadata", "%v", err)
+	}
 	if !s.running.TryLock() {
 		return s.refuse(log, codes.FailedPrecondition, "init-running", "an init is already running on this node")
 	}
@@ -431,7 +440,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 
 	config, err := s.cfg.KubeadmConfig(InitParams{
 		Self: self, ClusterName: r.clusterName, KubernetesVersion: r.version,
-		APIServerCertSANs: r.sans, ServiceCIDR: r.serviceCIDR, PodCIDR: r.podCIDR,
+		APIServerCertSANs: r.sans, ServiceCIDR: r.serviceCIDR, PodCIDR: r.podCIDR, ControlPlaneEndpoint: r.endpoint,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("generating the kubeadm configuration: %w", err)
@@ -452,7 +461,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	rec.step("state disk %s recorded as node %s's in namespace %s", diskUUID, self.Name, diskowner.Namespace)
 	if s.cfg.Deploy != nil {
 		rec.step("deploying the join, key and verification services")
-		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Attestation: *r.attestation, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
+		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Attestation: *r.attestation, APIEndpoint: r.endpoint, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
 		if err != nil {
 			return nil, nil, fmt.Errorf("deploying the in-cluster services: %w", err)
 		}
@@ -491,8 +500,10 @@ func (s *Server) writePKI(self metadata.Instance, clusterName string) error {
 	if err != nil {
 		return err
 	}
-	// The server kubeadm writes into kubelet.conf: the control-plane endpoint, which is the
-	// node's address (kubeadmconfig.Init's default).
+	// The server kubeadm would write into kubelet.conf of a control plane: its own API server
+	// (kubeadm v1.34's ControlPlaneKubeletLocalMode, on by default, which joining control
+	// planes get too), not the cluster's endpoint: a kubelet must never be newer than the API
+	// server it talks to, which an upgrade through a load balancer could not promise.
 	var server string
 	if len(self.IPs) > 0 {
 		server = netip.AddrPortFrom(self.IPs[0].Unmap(), kubeadmconfig.APIServerPort).String()
@@ -677,4 +688,19 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.pending = w.pending[i+1:]
 	}
 	return len(p), nil
+}
+
+// apiEndpoint is the cluster's stable API endpoint: the platform's (its load balancer in
+// front of every control plane), or, where the platform has none, this node's address, as
+// kubeadm's default would be. It is where every kubeconfig points, so it is fixed for the
+// cluster's life here.
+func apiEndpoint(ctx context.Context, md metadata.Provider, self metadata.Instance) (string, error) {
+	ep, err := md.APIEndpoint(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the cluster's API endpoint from metadata: %w", err)
+	}
+	if ep != "" {
+		return ep, nil
+	}
+	return netip.AddrPortFrom(self.IPs[0].Unmap(), kubeadmconfig.APIServerPort).String(), nil
 }

@@ -137,6 +137,7 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
 		Hash:     bootstraptest.InitSecretHash,
+		API:      "10.42.0.254:6443", // the platform's load balancer
 	}
 	admin, err := os.ReadFile(kube.Kubeconfig)
 	require.NoError(t, err)
@@ -293,11 +294,12 @@ func TestInit(t *testing.T) {
 		Self: e.meta.Instance, ClusterName: "demo", KubernetesVersion: kubetest.Version,
 		APIServerCertSANs: []string{"demo.example.com", "192.0.2.10"},
 		ServiceCIDR:       netip.MustParsePrefix("10.96.0.0/12"), PodCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		ControlPlaneEndpoint: "10.42.0.254:6443",
 	}, e.params[0])
 	wantConfig, err := initserver.KubeadmConfig(settings)(e.params[0])
 	require.NoError(t, err)
 	assert.Equal(t, string(wantConfig), string(e.kubeadm.Configs[0]))
-	for _, want := range []string{"name: control-plane-0", "advertiseAddress: 10.42.0.2", "- demo.example.com", "podSubnet: 10.244.0.0/16", "serviceSubnet: 10.96.0.0/12", "clusterName: demo", "kubernetesVersion: " + kubetest.Version} {
+	for _, want := range []string{"name: control-plane-0", "advertiseAddress: 10.42.0.2", "controlPlaneEndpoint: 10.42.0.254:6443", "- demo.example.com", "podSubnet: 10.244.0.0/16", "serviceSubnet: 10.96.0.0/12", "clusterName: demo", "kubernetesVersion: " + kubetest.Version} {
 		assert.Contains(t, string(e.kubeadm.Configs[0]), want)
 	}
 

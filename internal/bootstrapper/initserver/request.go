@@ -31,6 +31,10 @@ type request struct {
 	podCIDR         netip.Prefix // invalid when not given
 	// attestation is what the join service admits nodes by; nil when the request has none.
 	attestation *choose.Reference
+	// endpoint is the cluster's stable API endpoint (host:port, kubeadm's
+	// controlPlaneEndpoint): the platform's load balancer, or this node's address where the
+	// platform has none. From metadata, not from the request.
+	endpoint string
 }
 
 var (

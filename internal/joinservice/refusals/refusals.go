@@ -2,7 +2,10 @@
 // keeps a bounded book of the peers it refused (Book: per peer address, the exact count, the
 // last reason and error), and publishes it into one ConfigMap of the cluster (ConfigMapName in
 // Namespace), under a key of its own node, with server-side apply (Publisher). The CLI reads
-// that object with its admin credentials (Read, Of) to say why a node did not join.
+// that object with its admin credentials (Read, Of) to say why a node did not join. Beside its
+// book, each join service publishes the names of the reference sets it admits by (key
+// <node>.reference-sets, ReadReferenceSets): an upgrade waits for them before it boots a
+// release's first node (docs/upgrades.md).
 //
 // Why a Kubernetes object: the CLI reaches the cluster through the API server only, with the
 // admin kubeconfig; the join service already writes its disk records there. The API server
@@ -22,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,7 +134,14 @@ type Publisher struct {
 	// Interval defaults to DefaultInterval.
 	Interval time.Duration
 	Log      *slog.Logger
+	// ReferenceSets, when set, returns the names of the reference sets the service admits
+	// nodes by; they are published under the key Node+SetsKeySuffix, so that an upgrade
+	// knows when every join service accepts a release's nodes (ReadReferenceSets).
+	ReferenceSets func() []string
 }
+
+// SetsKeySuffix follows a node's name in the key of its join service's reference-set names.
+const SetsKeySuffix = ".reference-sets"
 
 // Run publishes until ctx ends. A failed write is logged and tried again at the next tick:
 // the book is diagnostics, and the service admits nodes whether or not it is published.
@@ -147,20 +158,28 @@ func (p *Publisher) Run(ctx context.Context) error {
 		log = slog.Default()
 	}
 	var published uint64
-	failing := false
+	var publishedSets []string
+	first, failing := true, false
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
+		if !first {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-ticker.C:
+			}
 		}
 		refusals, version := p.Book.Snapshot()
-		if version == published {
+		var sets []string
+		if p.ReferenceSets != nil {
+			sets = p.ReferenceSets()
+		}
+		if !first && version == published && slices.Equal(sets, publishedSets) {
 			continue
 		}
-		if err := p.publish(ctx, refusals); err != nil {
+		first = false
+		if err := p.publish(ctx, refusals, sets); err != nil {
 			if !failing {
 				log.Warn("publishing the refusals failed; trying again", "error", err)
 			}
@@ -170,21 +189,29 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if failing {
 			log.Info("publishing the refusals works again")
 		}
-		published, failing = version, false
+		published, publishedSets, failing = version, sets, false
 	}
 }
 
 // publish writes refusals under the node's key, owning only that key (server-side apply
 // with a field manager per node), so the join services of several control planes never
 // overwrite each other.
-func (p *Publisher) publish(ctx context.Context, refusals []Refusal) error {
+func (p *Publisher) publish(ctx context.Context, refusals []Refusal, sets []string) error {
 	data, err := json.Marshal(refusals)
 	if err != nil {
 		return err
 	}
+	values := map[string]string{p.Node: string(data)}
+	if p.ReferenceSets != nil {
+		setsData, err := json.Marshal(sets)
+		if err != nil {
+			return err
+		}
+		values[p.Node+SetsKeySuffix] = string(setsData)
+	}
 	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
-	cm := corev1ac.ConfigMap(ConfigMapName, Namespace).WithData(map[string]string{p.Node: string(data)})
+	cm := corev1ac.ConfigMap(ConfigMapName, Namespace).WithData(values)
 	_, err = p.Client.CoreV1().ConfigMaps(Namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: "joinservice-" + p.Node, Force: true})
 	if err != nil {
 		return fmt.Errorf("writing %s/%s: %w", Namespace, ConfigMapName, err)
@@ -201,6 +228,9 @@ func Read(ctx context.Context, client kubernetes.Interface) (map[string][]Refusa
 	out := map[string][]Refusal{}
 	var problems []error
 	for node, data := range cm.Data {
+		if strings.HasSuffix(node, SetsKeySuffix) {
+			continue
+		}
 		var rs []Refusal
 		if err := json.Unmarshal([]byte(data), &rs); err != nil {
 			problems = append(problems, fmt.Errorf("the refusals of the join service on %q: %w", node, err))
@@ -229,4 +259,28 @@ func Of(ctx context.Context, client kubernetes.Interface, peer string) Refusal {
 		}
 	}
 	return sum
+}
+
+// ReadReferenceSets returns the names of the reference sets each join service published it
+// admits nodes by, by the join service's node. A join service that published none is absent.
+func ReadReferenceSets(ctx context.Context, client kubernetes.Interface) (map[string][]string, error) {
+	cm, err := client.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the join services' reference sets: %w", err)
+	}
+	out := map[string][]string{}
+	var problems []error
+	for key, data := range cm.Data {
+		node, ok := strings.CutSuffix(key, SetsKeySuffix)
+		if !ok {
+			continue
+		}
+		var names []string
+		if err := json.Unmarshal([]byte(data), &names); err != nil {
+			problems = append(problems, fmt.Errorf("the reference sets of the join service on %q: %w", node, err))
+			continue
+		}
+		out[node] = names
+	}
+	return out, errors.Join(problems...)
 }

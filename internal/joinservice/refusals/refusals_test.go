@@ -1,8 +1,11 @@
 package refusals
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,4 +85,35 @@ func TestOf(t *testing.T) {
 	assert.ErrorContains(t, err, `"control-plane-2"`, "a book that does not parse is named")
 
 	assert.Equal(t, Refusal{Peer: "10.42.0.12"}, Of(t.Context(), fake.NewClientset(), "10.42.0.12"), "nothing published yet")
+}
+
+// The publisher writes the names of the sets in force at once and again when they change,
+// beside the book; readers of the book skip them.
+func TestPublishReferenceSets(t *testing.T) {
+	client := fake.NewClientset()
+	var mu sync.Mutex
+	sets := []string{"v0.1.0"}
+	p := &Publisher{Client: client, Node: "control-plane-0", Book: NewBook(), Interval: 10 * time.Millisecond,
+		ReferenceSets: func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(sets) }}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	published := func() []string {
+		got, err := ReadReferenceSets(t.Context(), client)
+		if err != nil {
+			return nil
+		}
+		return got["control-plane-0"]
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) { assert.Equal(c, []string{"v0.1.0"}, published()) }, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	sets = []string{"v0.1.0", "v0.2.0"}
+	mu.Unlock()
+	require.EventuallyWithT(t, func(c *assert.CollectT) { assert.Equal(c, []string{"v0.1.0", "v0.2.0"}, published()) }, 10*time.Second, 10*time.Millisecond)
+
+	books, err := Read(t.Context(), client)
+	require.NoError(t, err, "the sets' key is not a book")
+	assert.Equal(t, map[string][]Refusal{"control-plane-0": {}}, books)
 }

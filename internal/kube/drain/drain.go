@@ -53,6 +53,10 @@ type Options struct {
 	GracePeriod *time.Duration
 	// Log receives progress (evictions, refusals). Discarded when nil.
 	Log *slog.Logger
+	// KeepUnmanaged leaves pods without a controller on the node (SkipUnmanaged): for a
+	// drain before a reboot, after which the node's kubelet runs them again, whereas an
+	// eviction would end them for good.
+	KeepUnmanaged bool
 }
 
 func (o Options) withDefaults() Options {
@@ -81,6 +85,7 @@ func refOf(p *corev1.Pod) PodRef { return PodRef{Namespace: p.Namespace, Name: p
 const (
 	SkipDaemonSet = "DaemonSet pod (its controller ignores cordons; it ends with the node)"
 	SkipMirror    = "static pod (the kubelet runs it from a file on the node; it ends with the node)"
+	SkipUnmanaged = "pod without a controller (nothing would recreate it elsewhere; it stays for the node's kubelet to run again)"
 )
 
 // SkippedPod is a pod a drain leaves on the node, and why.
@@ -179,7 +184,7 @@ func PlanDrain(ctx context.Context, client kubernetes.Interface, node string) (P
 	plan := Plan{Node: node, Cordoned: n.Spec.Unschedulable}
 	for i := range pods {
 		p := &pods[i]
-		if reason, skip := skipReason(p); skip {
+		if reason, skip := skipReason(p, false); skip {
 			plan.Skip = append(plan.Skip, SkippedPod{Pod: refOf(p), Reason: reason})
 			continue
 		}
@@ -259,6 +264,24 @@ func Drain(ctx context.Context, client kubernetes.Interface, node string, opts O
 	}
 }
 
+// Uncordon makes node schedulable again (a merge patch of spec.unschedulable only) and
+// reports whether it changed anything: after a drained node's reboot.
+func Uncordon(ctx context.Context, client kubernetes.Interface, node string) (bool, error) {
+	n, err := getNode(ctx, client, node)
+	if err != nil {
+		return false, err
+	}
+	if !n.Spec.Unschedulable {
+		return false, nil
+	}
+	_, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType,
+		[]byte(`{"spec":{"unschedulable":false}}`), metav1.PatchOptions{})
+	if err != nil {
+		return false, fmt.Errorf("uncordoning node %q: %w", node, err)
+	}
+	return true, nil
+}
+
 // Delete deletes the Node object. A node that does not exist is not an error, so that `apply`
 // re-run after an interruption finishes the removal.
 func Delete(ctx context.Context, client kubernetes.Interface, node string) error {
@@ -315,12 +338,16 @@ func podsOn(ctx context.Context, client kubernetes.Interface, node string) ([]co
 	return list.Items, nil
 }
 
-func skipReason(p *corev1.Pod) (string, bool) {
+func skipReason(p *corev1.Pod, keepUnmanaged bool) (string, bool) {
 	if _, ok := p.Annotations[MirrorPodAnnotation]; ok {
 		return SkipMirror, true
 	}
-	if c := metav1.GetControllerOf(p); c != nil && c.Kind == "DaemonSet" && strings.HasPrefix(c.APIVersion, "apps/") {
+	c := metav1.GetControllerOf(p)
+	if c != nil && c.Kind == "DaemonSet" && strings.HasPrefix(c.APIVersion, "apps/") {
 		return SkipDaemonSet, true
+	}
+	if c == nil && keepUnmanaged {
+		return SkipUnmanaged, true
 	}
 	return "", false
 }
@@ -357,7 +384,7 @@ func (d *drainer) round(ctx context.Context, report *Report) (int, error) {
 	remaining := 0
 	for i := range pods {
 		p := &pods[i]
-		if reason, skip := skipReason(p); skip {
+		if reason, skip := skipReason(p, d.opts.KeepUnmanaged); skip {
 			if !d.skipped[p.UID] {
 				d.skipped[p.UID] = true
 				report.Skipped = append(report.Skipped, SkippedPod{Pod: refOf(p), Reason: reason})

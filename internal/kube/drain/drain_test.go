@@ -266,6 +266,36 @@ func TestDrainEvictsPodsAndSkipsDaemonSetAndStaticPods(t *testing.T) {
 	assert.NoError(t, drain.Delete(context.Background(), e.client, "evict-w0"), "deleting a deleted node is done, not an error")
 }
 
+// A drain before a reboot keeps pods without a controller (the node's kubelet runs them again
+// after the reboot; evicted, they would be gone), and the node is uncordoned afterwards.
+func TestDrainKeepUnmanagedThenUncordon(t *testing.T) {
+	e := newEnv(t, "keep")
+	e.node("keep-w0")
+	e.ready(e.pod("plain", "keep-w0"))
+	e.ready(e.pod("replica", "keep-w0", ownedBy("apps/v1", "ReplicaSet")))
+	e.fakeKubelet("keep-w0")
+
+	opts := fast
+	opts.KeepUnmanaged = true
+	report, err := drain.Drain(context.Background(), e.client, "keep-w0", opts)
+	require.NoError(t, err)
+	assert.Equal(t, refs("keep", "replica"), report.Evicted)
+	assert.Equal(t, []drain.SkippedPod{{Pod: drain.PodRef{Namespace: "keep", Name: "plain"}, Reason: drain.SkipUnmanaged}}, report.Skipped)
+	assert.True(t, e.exists("plain"))
+
+	changed, err := drain.Uncordon(context.Background(), e.client, "keep-w0")
+	require.NoError(t, err)
+	assert.True(t, changed)
+	node, err := e.client.CoreV1().Nodes().Get(context.Background(), "keep-w0", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.False(t, node.Spec.Unschedulable)
+	changed, err = drain.Uncordon(context.Background(), e.client, "keep-w0")
+	require.NoError(t, err)
+	assert.False(t, changed, "uncordoning a schedulable node changes nothing")
+	_, err = drain.Uncordon(context.Background(), e.client, "no-such-node")
+	assert.ErrorIs(t, err, drain.ErrNodeNotFound)
+}
+
 func TestDrainCordonIsIdempotent(t *testing.T) {
 	e := newEnv(t, "cordon")
 	e.node("cordon-w0")

@@ -211,6 +211,30 @@ type Removal struct {
 	Remaining []Member
 }
 
+// QuorumWhileDown reports whether etcd keeps its quorum while the member to remove is down
+// and still a voting member: whether its node may be shut down before the removal. A
+// majority of all voters, the member counted, must be healthy among the remaining ones. Three
+// healthy members allow it (2 of 3); two do not (1 of 2): there the member must go first.
+func (r Removal) QuorumWhileDown() bool {
+	if r.NoMember {
+		return true
+	}
+	voters, healthy := 0, 0
+	for _, m := range r.Remaining {
+		if m.IsLearner {
+			continue
+		}
+		voters++
+		if m.Healthy {
+			healthy++
+		}
+	}
+	if !r.Member.IsLearner {
+		voters++
+	}
+	return healthy >= voters/2+1
+}
+
 func (r Removal) String() string {
 	if r.NoMember {
 		return fmt.Sprintf("node %s has no etcd member (already removed?): nothing to remove; members: %s", r.Node, listMembers(r.Remaining))

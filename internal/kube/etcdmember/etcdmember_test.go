@@ -440,3 +440,26 @@ func fakeNames(ms []fakeMember) []string {
 	}
 	return out
 }
+
+func TestQuorumWhileDown(t *testing.T) {
+	m := func(name string, healthy, learner bool) etcdmember.Member {
+		return etcdmember.Member{ID: uint64(len(name)), Name: name, Healthy: healthy, IsLearner: learner}
+	}
+	testCases := map[string]struct {
+		removal etcdmember.Removal
+		want    bool
+	}{
+		"3 healthy: 2 of 3 keep quorum": {etcdmember.Removal{Member: m("a", true, false), Remaining: []etcdmember.Member{m("bb", true, false), m("ccc", true, false)}}, true},
+		"2 members: 1 of 2 has none":    {etcdmember.Removal{Member: m("a", true, false), Remaining: []etcdmember.Member{m("bb", true, false)}}, false},
+		"3 members, another one down":   {etcdmember.Removal{Member: m("a", true, false), Remaining: []etcdmember.Member{m("bb", true, false), m("ccc", false, false)}}, false},
+		"5 members, one other down":     {etcdmember.Removal{Member: m("a", true, false), Remaining: []etcdmember.Member{m("b", true, false), m("cc", true, false), m("ddd", true, false), m("eeee", false, false)}}, true},
+		"a learner counts for nothing":  {etcdmember.Removal{Member: m("a", true, false), Remaining: []etcdmember.Member{m("bb", true, false), m("ccc", true, true)}}, false},
+		"removing a learner":            {etcdmember.Removal{Member: m("a", true, true), Remaining: []etcdmember.Member{m("bb", true, false)}}, true},
+		"no member":                     {etcdmember.Removal{NoMember: true}, true},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, tc.removal.QuorumWhileDown())
+		})
+	}
+}

@@ -26,8 +26,9 @@
 // # Decisions beyond kubeadm's defaults
 //
 // InitConfiguration:
-//   - localAPIEndpoint advertises NodeIP on port 6443; controlPlaneEndpoint defaults to that
-//     address too (see "Weak points").
+//   - localAPIEndpoint advertises NodeIP on port 6443; controlPlaneEndpoint is the platform's
+//     stable API endpoint (InitParams.ControlPlaneEndpoint: the local provider's load
+//     balancer), and defaults to NodeIP:6443 where the platform has none (see "Weak points").
 //   - nodeRegistration: name and criSocket always explicit (no hostname lookup, no CRI
 //     detection); kubeletExtraArgs node-ip=NodeIP, so the node's InternalIP is the address the
 //     platform attributes to it (and that its kubelet certificate carries); taints explicitly
@@ -101,10 +102,9 @@
 //
 // # Weak points
 //
-//   - A control-plane endpoint that defaults to the first node's address is a single point of
-//     failure: other control-plane nodes can join (kubeadm requires a controlPlaneEndpoint for
-//     that), but every kubeconfig points at the first node. Providers with a load balancer or
-//     virtual IP should set ControlPlaneEndpoint.
+//   - Without ControlPlaneEndpoint the endpoint is the first node's address, a single point of
+//     failure: other control-plane nodes can join, but every kubeconfig points at the first
+//     node. The local provider sets it to its load balancer; every platform should.
 //   - Sandbox ignores every preflight error, real problems included; they surface later.
 //   - Single-stack only: ServiceCIDR and PodCIDR are one prefix each, in NodeIP's family.
 package kubeadmconfig

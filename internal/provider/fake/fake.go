@@ -166,7 +166,12 @@ func (c *Cluster) Nodes(context.Context) ([]provider.Node, error) {
 
 // RebootNode implements provider.Provider.
 func (c *Cluster) RebootNode(_ context.Context, name string) error {
-	return c.node(name, func(n *provider.Node) { n.Boots++ })
+	return c.node(name, func(n *provider.Node) { n.Boots++; n.State = provider.Running })
+}
+
+// ShutdownNode implements provider.NodeShutdowner: the node is Stopped until RebootNode.
+func (c *Cluster) ShutdownNode(_ context.Context, name string) error {
+	return c.node(name, func(n *provider.Node) { n.State = provider.Stopped })
 }
 
 // DeleteNode implements provider.Provider.

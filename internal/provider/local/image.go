@@ -1,7 +1,10 @@
 package local
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"path/filepath"
 )
 
@@ -75,3 +78,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
     bin_dir = "/usr/lib/cni"
     conf_dir = "/run/constellation/cni"
 `
+
+// ImageDigest is the digest of a node image directory, what a release signs as its node image
+// (docs/releases.md): the SHA-256 of the sha256sum(1) listing of its files in measurement
+// order, so `sha256sum bootstrapper kubelet kubeadm containerd.toml node-config.json |
+// sha256sum` in the directory gives the same hex. It covers exactly the measured files: what
+// else the directory holds is neither booted nor signed.
+func ImageDigest(dir string) (string, error) {
+	components, err := ImageComponents(dir)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, c := range components {
+		fmt.Fprintf(h, "%x  %s\n", c.Digest, c.Name)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}

@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -51,4 +52,33 @@ func TestContainerdSandboxImage(t *testing.T) {
 	for _, r := range kubeversion.Releases() {
 		assert.Contains(t, local.ContainerdConfig, `sandbox_image = "`+nodeimage.PauseRef(r)+`"`, r.Kubernetes)
 	}
+}
+
+func TestImageDigest(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range local.ImageFiles() {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("content of "+name), 0o644))
+	}
+	got, err := local.ImageDigest(dir)
+	require.NoError(t, err)
+	// What sha256sum(1) gives, as docs/releases.md says.
+	listing := ""
+	for _, name := range local.ImageFiles() {
+		listing += fmt.Sprintf("%x  %s\n", sha256.Sum256([]byte("content of "+name)), name)
+	}
+	assert.Equal(t, fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(listing))), got)
+
+	// Files that are not measured do not count; a changed measured file does.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "README"), []byte("not booted"), 0o644))
+	again, err := local.ImageDigest(dir)
+	require.NoError(t, err)
+	assert.Equal(t, got, again)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kubelet"), []byte("another kubelet"), 0o644))
+	changed, err := local.ImageDigest(dir)
+	require.NoError(t, err)
+	assert.NotEqual(t, got, changed)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "kubeadm")))
+	_, err = local.ImageDigest(dir)
+	assert.ErrorContains(t, err, "measuring kubeadm")
 }

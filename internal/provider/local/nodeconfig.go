@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 // NodeConfigFile is the node configuration of a local node image (measured into PCR 12 with
@@ -28,6 +32,15 @@ type NodeConfig struct {
 	// deploys at init, e.g. "localhost/constellation/services:<content hash>"; every node
 	// imports it, so it is never pulled.
 	ServicesImage string `json:"servicesImage"`
+	// Release is the version of the release the image belongs to ("v1.2.3", docs/releases.md),
+	// empty for an image built outside a release. Measured with the rest, so a node's
+	// release is part of its attested identity and two releases never share measurements.
+	Release string `json:"release,omitempty"`
+	// JoinServiceSets are the images, besides its own, whose join services a node of this
+	// image trusts (joinservice.ServiceCheck): the releases it upgrades from, so that its
+	// first node can join a cluster whose control planes still run the previous release.
+	// Measured with the rest: which join services a node trusts is part of its identity.
+	JoinServiceSets measurements.ReferenceSets `json:"joinServiceSets,omitempty"`
 }
 
 // Validate names every problem of c.
@@ -41,6 +54,16 @@ func (c NodeConfig) Validate() error {
 	}
 	if !nodeimage.IsPinnedRef(c.ServicesImage) {
 		problems = append(problems, fmt.Errorf("servicesImage %q: want registry/name:tag or registry/name@sha256:digest", c.ServicesImage))
+	}
+	if c.Release != "" {
+		if _, err := version.ParseSemantic(c.Release); err != nil || !strings.HasPrefix(c.Release, "v") {
+			problems = append(problems, fmt.Errorf("release %q: want a semantic version v1.2.3", c.Release))
+		}
+	}
+	if len(c.JoinServiceSets) > 0 {
+		if err := c.JoinServiceSets.Validate(Variant); err != nil {
+			problems = append(problems, fmt.Errorf("joinServiceSets: %w", err))
+		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("node configuration: %w", errors.Join(problems...))

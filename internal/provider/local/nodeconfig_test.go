@@ -18,16 +18,27 @@ func TestNodeConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, good, back)
 
+	released := good
+	released.Release = "v0.2.0"
+	data, err = released.Marshal()
+	require.NoError(t, err)
+	assert.Contains(t, string(data), `"release":"v0.2.0"`, "a release's image says its version (and so measures differently)")
+	back, err = local.ParseNodeConfig(data)
+	require.NoError(t, err)
+	assert.Equal(t, released, back)
+
 	for name, tc := range map[string]struct {
 		data string
 		want []string
 	}{
-		"unknown field":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","extra":1}`, []string{`unknown field "extra"`}},
-		"trailing data":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"} {}`, []string{"data after the object"}},
-		"stray brace":     {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"}}`, []string{"data after the object"}},
-		"not JSON":        {`kubernetesVersion: v1.34.4`, []string{"decoding node-config.json"}},
-		"every field bad": {`{"kubernetesVersion":"1.34","provider":"gcp","servicesImage":"services"}`, []string{`kubernetesVersion "1.34"`, `provider "gcp"`, `servicesImage "services"`}},
-		"image untagged":  {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services"}`, []string{"servicesImage"}},
+		"unknown field":      {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","extra":1}`, []string{`unknown field "extra"`}},
+		"trailing data":      {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"} {}`, []string{"data after the object"}},
+		"stray brace":        {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"}}`, []string{"data after the object"}},
+		"not JSON":           {`kubernetesVersion: v1.34.4`, []string{"decoding node-config.json"}},
+		"every field bad":    {`{"kubernetesVersion":"1.34","provider":"gcp","servicesImage":"services"}`, []string{`kubernetesVersion "1.34"`, `provider "gcp"`, `servicesImage "services"`}},
+		"release not semver": {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","release":"2"}`, []string{`release "2"`}},
+		"release without v":  {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","release":"1.2.3"}`, []string{`release "1.2.3"`}},
+		"image untagged":     {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services"}`, []string{"servicesImage"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := local.ParseNodeConfig([]byte(tc.data))
@@ -42,6 +53,7 @@ func TestNodeConfig(t *testing.T) {
 func FuzzParseNodeConfig(f *testing.F) {
 	f.Add([]byte(`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services:0123abcd"}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services:0123abcd","release":"v0.2.0-rc.1"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := local.ParseNodeConfig(data)
 		if err != nil {

@@ -93,6 +93,17 @@ func (m *Measurement) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// ErrUnenforcedRegister is wrapped by Validate's error when a set leaves a register the
+// variant's images measure missing or warn-only, so that callers can tell this problem (an
+// attacker could change that register freely) from a malformed set.
+var ErrUnenforcedRegister = errors.New("image register not enforced")
+
+// unenforced is an error that is ErrUnenforcedRegister, with its own message.
+type unenforced struct{ error }
+
+func (e unenforced) Is(target error) bool { return target == ErrUnenforcedRegister }
+func (e unenforced) Unwrap() error        { return e.error }
+
 // M maps register indices to reference values.
 type M map[uint32]Measurement
 
@@ -155,10 +166,10 @@ func (m M) Validate(v variant.Variant) error {
 	}
 	measured := fmt.Sprintf("%s images measure %s", v, registerRanges(v, image))
 	if len(missing) > 0 {
-		errs = append(errs, fmt.Errorf("missing %s: %s, and a set must enforce every one of them", registerList(v, missing), measured))
+		errs = append(errs, unenforced{fmt.Errorf("missing %s: %s, and a set must enforce every one of them", registerList(v, missing), measured)})
 	}
 	if len(warnOnly) > 0 {
-		errs = append(errs, fmt.Errorf("%s warn-only: %s, and a set must enforce every one of them (a warn-only register admits any value)", registerList(v, warnOnly), measured))
+		errs = append(errs, unenforced{fmt.Errorf("%s warn-only: %s, and a set must enforce every one of them (a warn-only register admits any value)", registerList(v, warnOnly), measured)})
 	}
 	if len(unmeasured) > 0 {
 		errs = append(errs, fmt.Errorf("%s not measured by the image: %s and nothing else, and a value for a register the image does not measure proves nothing; remove it", registerList(v, unmeasured), measured))

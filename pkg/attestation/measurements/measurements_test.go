@@ -211,6 +211,12 @@ func TestValidate(t *testing.T) {
 			for _, want := range tc.wantErr {
 				assert.ErrorContains(t, err, want)
 			}
+			// Only a missing or warn-only image register is reported as unenforced.
+			unenforced := false
+			for _, want := range tc.wantErr {
+				unenforced = unenforced || strings.HasPrefix(want, "missing") || strings.Contains(want, "warn-only")
+			}
+			assert.Equal(t, unenforced, errors.Is(err, ErrUnenforcedRegister))
 		})
 	}
 }

@@ -19,7 +19,9 @@ import (
 //
 //	GET    /v1/nodes               []provider.Node
 //	POST   /v1/nodes               []provider.NodeSpec → []provider.Node (created and booted)
-//	POST   /v1/nodes/{name}/reboot
+//	POST   /v1/nodes/{name}/reboot     a graceful shutdown (cluster.shutdownGracefully), then a boot
+//	POST   /v1/nodes/{name}/shutdown   a graceful shutdown; the node stays off (a reboot boots it)
+//	POST   /v1/nodes/{name}/stop-api-server  the API server of a leaving control plane stops gracefully; etcd keeps running
 //	POST   /v1/nodes/{name}/power-cut  cuts the node's power and restores it (returns once it booted)
 //	DELETE /v1/nodes/{name}
 //	GET    /v1/endpoints           provider.Endpoints
@@ -56,8 +58,10 @@ func (p *Provider) apiHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /v1/nodes", p.handleAddNodes)
 	mux.HandleFunc("POST /v1/nodes/{name}/reboot", p.nodeAction("reboot requested", func(n *node) error {
-		return p.reboot(n, "reboot requested")
+		return p.reboot(n, "reboot requested", graceful)
 	}))
+	mux.HandleFunc("POST /v1/nodes/{name}/shutdown", p.nodeAction("shutdown requested", p.shutdown))
+	mux.HandleFunc("POST /v1/nodes/{name}/stop-api-server", p.nodeAction("API server stop requested (the node is leaving)", p.stopAPIServer))
 	mux.HandleFunc("POST /v1/nodes/{name}/power-cut", p.nodeAction("power cut", p.powerCut))
 	mux.HandleFunc("DELETE /v1/nodes/{name}", func(w http.ResponseWriter, r *http.Request) {
 		err := p.deleteNode(r.PathValue("name"))
@@ -71,7 +75,7 @@ func (p *Provider) apiHandler() http.Handler {
 		}
 	})
 	mux.HandleFunc("GET /v1/endpoints", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, provider.Endpoints{APIServer: p.status.APIServer})
+		writeJSON(w, provider.Endpoints{APIServer: p.status.APIServer, ClusterAPIServer: p.status.ClusterAPIServer})
 	})
 	mux.HandleFunc("POST /v1/stop", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusAccepted)

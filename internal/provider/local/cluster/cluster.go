@@ -50,6 +50,7 @@ import (
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/provider/local/apilb"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/swtpm"
@@ -127,7 +128,9 @@ type Status struct {
 	PID       int    `json:"pid"`
 	NetworkID string `json:"networkID"`
 	Cgroup    string `json:"cgroup"`
-	APIServer string `json:"apiServer"` // host loopback address forwarding to the API server
+	APIServer string `json:"apiServer"` // host loopback front of the API load balancer
+	// ClusterAPIServer is the load balancer's address in the cluster network (APIEndpoint).
+	ClusterAPIServer string `json:"clusterAPIServer"`
 	// Nodes are the nodes as created (tests and diagnosis; the CLI asks Local.Nodes).
 	Nodes []NodeStatus `json:"nodes"`
 	Ready bool         `json:"ready"` // every node booted its bootstrapper
@@ -186,6 +189,7 @@ type Provider struct {
 	cgroup sandbox.Cgroup
 	ca     *akca.CA
 	meta   *metaserver.Server
+	lb     *apilb.Balancer
 	// ctx is the provider's lifetime; stop ends it keeping the nodes' folders.
 	ctx    context.Context
 	stop   context.CancelFunc
@@ -206,6 +210,7 @@ type node struct {
 	tpm      *swtpm.Process
 	exited   chan struct{} // closed when this boot's bootstrapper exited
 	ending   bool          // the provider is ending this boot (reboot, delete, stop)
+	off      bool          // this boot ended: the node's processes are gone
 	state    provider.NodeState
 	detail   string
 	boots    int
@@ -278,6 +283,7 @@ func (p *Provider) create(ctx context.Context) error {
 	}
 	p.ca = ca
 	p.meta = metaserver.New(nil, nil, []byte(p.spec.InitSecretHash))
+	p.meta.SetAPIEndpoint(APIEndpoint())
 	ml, err := sandbox.Listen(sandbox.NSPath(p.net.BridgeNS()), "tcp", net.JoinHostPort(sandbox.BridgeAddr.String(), fmt.Sprint(MetadataPort)))
 	if err != nil {
 		return fmt.Errorf("metadata service: %w", err)
@@ -287,7 +293,7 @@ func (p *Provider) create(ctx context.Context) error {
 		<-ctx.Done()
 		ml.Close()
 	}()
-	if err := p.forwardAPIServer(ctx); err != nil {
+	if err := p.serveAPIEndpoint(ctx); err != nil {
 		return err
 	}
 	for _, n := range p.spec.Nodes {
@@ -420,11 +426,12 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 	}
 	exited := make(chan struct{})
 	p.mu.Lock()
-	n.exited, n.ending = exited, false
+	n.exited, n.ending, n.off = exited, false, false
 	n.boots++
 	n.bootedAt = time.Now().UTC()
 	n.state, n.detail = provider.Running, ""
 	boot := n.boots
+	p.updateLBLocked()
 	p.mu.Unlock()
 	p.event(n, "booted ("+why+")")
 	go p.watch(n, cmd, exited, boot)
@@ -623,6 +630,7 @@ func (p *Provider) claimFailureLocked(n *node, boot int) bool {
 	}
 	// The boot is ending now: the reboot below powers it off.
 	n.ending = true
+	p.updateLBLocked()
 	return true
 }
 
@@ -652,17 +660,19 @@ func (p *Provider) failed(n *node, why string) {
 		return
 	}
 	p.event(n, why+": rebooting")
-	if err := p.reboot(n, "watchdog: "+why); err != nil {
+	if err := p.reboot(n, "watchdog: "+why, reset); err != nil {
 		p.log.Error("reboot after failure", "node", n.spec.Name, "err", err)
 	}
 }
 
-// reboot powers n off and on again, keeping its folder.
-func (p *Provider) reboot(n *node, why string) error {
+// reboot powers n off and on again, keeping its folder. A requested reboot shuts the node
+// down gracefully first (shutdownGracefully), as a soft reboot of a machine does; the
+// watchdog's reboot of a failed node is a reset.
+func (p *Provider) reboot(n *node, why string, how powerOffMode) error {
 	n.ops.Lock()
 	defer n.ops.Unlock()
 	p.setState(n, provider.Rebooting, why)
-	if err := p.powerOff(n); err != nil {
+	if err := p.powerOffHow(n, how); err != nil {
 		p.setState(n, provider.Failed, err.Error())
 		return err
 	}
@@ -679,32 +689,51 @@ func (p *Provider) powerCut(n *node) error {
 	n.ops.Lock()
 	defer n.ops.Unlock()
 	p.setState(n, provider.Rebooting, "power cut")
-	if err := p.powerOffHow(n, true); err != nil {
+	if err := p.powerOffHow(n, cut); err != nil {
 		p.setState(n, provider.Failed, err.Error())
 		return err
 	}
 	return p.bootLocked(n, "power restored after a power cut")
 }
 
+// powerOffMode is how a boot ends.
+type powerOffMode int
+
+const (
+	// reset kills the node's processes, then stops its swtpm.
+	reset powerOffMode = iota
+	// cut kills the swtpm with the node's processes, at one instant (a power cut).
+	cut
+	// graceful stops the node's control-plane processes in order first (shutdownGracefully),
+	// then is a reset.
+	graceful
+)
+
 // powerOff ends n's current boot: every process of the node, its swtpm and its network
 // namespace. Its folder (disk, TPM state, logs) stays. Call with n.ops held.
-func (p *Provider) powerOff(n *node) error { return p.powerOffHow(n, false) }
+func (p *Provider) powerOff(n *node) error { return p.powerOffHow(n, reset) }
 
-// powerOffHow is powerOff; cut kills the swtpm with the node's processes (a power cut)
-// instead of stopping it after them. Neither sends the TPM TPM2_Shutdown: the node's
-// processes are killed, so no OS shutdown says goodbye to the TPM, and for the TPM either
-// is a power loss (docs/node-lifecycle.md, "Power loss and the TPM").
-func (p *Provider) powerOffHow(n *node, cut bool) error {
+// powerOffHow is powerOff the way how says. None sends the TPM TPM2_Shutdown: the node's
+// processes are killed, so no OS shutdown says goodbye to the TPM, and for the TPM each is
+// a power loss (docs/node-lifecycle.md, "Power loss and the TPM"). From its start the node's
+// API server is draining in the load balancer, and once the node is off it is none of its
+// backends.
+func (p *Provider) powerOffHow(n *node, how powerOffMode) error {
 	p.mu.Lock()
 	n.ending = true
 	exited, tpm := n.exited, n.tpm
 	n.tpm = nil
+	running := exited != nil && !n.off
+	p.updateLBLocked()
 	p.mu.Unlock()
+	if how == graceful && running {
+		p.shutdownGracefully(n)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var errs []error
 	var whileFrozen func()
-	if cut && tpm != nil {
+	if how == cut && tpm != nil {
 		whileFrozen = func() { _ = tpm.Kill() }
 	}
 	if err := p.cgroup.Child(n.spec.Name).KillFrozen(ctx, whileFrozen); err != nil {
@@ -726,7 +755,24 @@ func (p *Provider) powerOffHow(n *node, cut bool) error {
 		errs = append(errs, err)
 	}
 	p.meta.ClearReport(n.spec.Name)
+	p.mu.Lock()
+	n.off = true
+	p.updateLBLocked()
+	p.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// shutdown powers n off gracefully and leaves it off, with its folder, as a machine that was
+// shut down: a reboot boots it again.
+func (p *Provider) shutdown(n *node) error {
+	n.ops.Lock()
+	defer n.ops.Unlock()
+	if err := p.powerOffHow(n, graceful); err != nil {
+		p.setState(n, provider.Failed, err.Error())
+		return err
+	}
+	p.setState(n, provider.Stopped, "shut down")
+	return nil
 }
 
 // addNodes creates and boots new nodes.
@@ -807,7 +853,7 @@ func (p *Provider) deleteNode(name string) error {
 	}
 	n.ops.Lock()
 	defer n.ops.Unlock()
-	if err := p.powerOff(n); err != nil {
+	if err := p.powerOffHow(n, graceful); err != nil {
 		return err
 	}
 	if err := p.cgroup.Child(name).Remove(); err != nil {
@@ -815,6 +861,7 @@ func (p *Provider) deleteNode(name string) error {
 	}
 	p.mu.Lock()
 	delete(p.nodes, name)
+	p.updateLBLocked()
 	p.spec.Nodes = slices.DeleteFunc(p.spec.Nodes, func(s NodeSpec) bool { return s.Name == name })
 	err := writeSpec(p.spec)
 	p.mu.Unlock()
@@ -854,73 +901,6 @@ func (p *Provider) views() []provider.Node {
 		out = append(out, p.view(n))
 	}
 	return out
-}
-
-// forwardAPIServer forwards a host loopback port to the control planes' API servers, so
-// kubectl on the host reaches the cluster. The port is kept across starts.
-func (p *Provider) forwardAPIServer(ctx context.Context) error {
-	addr := "127.0.0.1:0"
-	if p.spec.APIServerPort != 0 {
-		addr = net.JoinHostPort("127.0.0.1", fmt.Sprint(p.spec.APIServerPort))
-	}
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("API server forward on %s: %w", addr, err)
-	}
-	p.status.APIServer = l.Addr().String()
-	if p.spec.APIServerPort == 0 {
-		p.spec.APIServerPort = l.Addr().(*net.TCPAddr).Port
-		if err := writeSpec(p.spec); err != nil {
-			l.Close()
-			return err
-		}
-	}
-	bridge := sandbox.NSPath(p.net.BridgeNS())
-	go func() {
-		<-ctx.Done()
-		l.Close()
-	}()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go forward(ctx, c, bridge, p.controlPlaneAPIs())
-		}
-	}()
-	return nil
-}
-
-// controlPlaneAPIs lists the API server addresses of the running control planes.
-func (p *Provider) controlPlaneAPIs() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var targets []string
-	for _, n := range p.sortedLocked() {
-		if n.spec.Role == metadata.ControlPlane && n.state == provider.Running {
-			targets = append(targets, net.JoinHostPort(sandbox.NodeAddr(n.spec.Index).String(), fmt.Sprint(APIServerPort)))
-		}
-	}
-	return targets
-}
-
-func forward(ctx context.Context, c net.Conn, nsPath string, targets []string) {
-	defer c.Close()
-	for _, t := range targets {
-		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		up, err := sandbox.DialContext(dctx, nsPath, "tcp", t)
-		cancel()
-		if err != nil {
-			continue
-		}
-		defer up.Close()
-		done := make(chan struct{}, 2)
-		go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-		go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-		<-done
-		return
-	}
 }
 
 // writeStatus writes the status file. Call with p.mu held.

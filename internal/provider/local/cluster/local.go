@@ -31,7 +31,11 @@ type Local struct {
 	Exe string
 }
 
-var _ provider.Provider = (*Local)(nil)
+var (
+	_ provider.Provider         = (*Local)(nil)
+	_ provider.NodeShutdowner   = (*Local)(nil)
+	_ provider.APIServerStopper = (*Local)(nil)
+)
 
 // AKCAFile in the cluster's folder is the certificate of the provider's AK CA, which
 // certifies every node's attestation keys (written at create, kept until the cluster is
@@ -176,6 +180,24 @@ func (l *Local) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([]p
 func (l *Local) RebootNode(ctx context.Context, name string) error {
 	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/reboot", nil, nil); err != nil {
 		return fmt.Errorf("rebooting %s: %w", name, err)
+	}
+	return nil
+}
+
+// ShutdownNode implements provider.NodeShutdowner: the provider stops the node's API server
+// and etcd gracefully, then powers it off; it stays off until RebootNode.
+func (l *Local) ShutdownNode(ctx context.Context, name string) error {
+	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/shutdown", nil, nil); err != nil {
+		return fmt.Errorf("shutting %s down: %w", name, err)
+	}
+	return nil
+}
+
+// StopAPIServer implements provider.APIServerStopper: the provider drains the node's API
+// server in the load balancer and stops it gracefully; etcd keeps running.
+func (l *Local) StopAPIServer(ctx context.Context, name string) error {
+	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/stop-api-server", nil, nil); err != nil {
+		return fmt.Errorf("stopping the API server of %s: %w", name, err)
 	}
 	return nil
 }

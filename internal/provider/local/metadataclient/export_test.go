@@ -2,9 +2,10 @@ package metadataclient
 
 // Decoders of untrusted answers, for the fuzz target.
 var (
-	DecodeSelf      = decodeSelf
-	DecodeNode      = decodeNode
-	DecodeInstances = decodeInstances
-	DecodeEndpoints = decodeEndpoints
-	DecodeHash      = decodeHash
+	DecodeSelf        = decodeSelf
+	DecodeNode        = decodeNode
+	DecodeInstances   = decodeInstances
+	DecodeEndpoints   = decodeEndpoints
+	DecodeHash        = decodeHash
+	DecodeAPIEndpoint = decodeAPIEndpoint
 )

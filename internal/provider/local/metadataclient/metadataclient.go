@@ -44,6 +44,7 @@ const (
 	PathInstances      = "/v1/instances"
 	PathJoinEndpoints  = "/v1/join-endpoints"
 	PathInitSecretHash = "/v1/init-secret-hash"
+	PathAPIEndpoint    = "/v1/api-endpoint"
 	PathReport         = "/v1/self/report"
 )
 
@@ -138,6 +139,19 @@ func (c *Client) JoinEndpoints(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("metadata %s: %w", PathJoinEndpoints, err)
 	}
 	return eps, nil
+}
+
+// APIEndpoint implements metadata.Provider: the provider's API load balancer.
+func (c *Client) APIEndpoint(ctx context.Context) (string, error) {
+	body, err := c.get(ctx, PathAPIEndpoint)
+	if err != nil {
+		return "", err
+	}
+	ep, err := decodeAPIEndpoint(body)
+	if err != nil {
+		return "", fmt.Errorf("metadata %s: %w", PathAPIEndpoint, err)
+	}
+	return ep, nil
 }
 
 // InitSecretHash implements metadata.Provider.
@@ -317,6 +331,34 @@ func decodeEndpoints(body []byte) ([]string, error) {
 		}
 	}
 	return eps, nil
+}
+
+// decodeAPIEndpoint reads {"endpoint":"IP:port"}, strictly: the endpoint becomes kubeadm's
+// controlPlaneEndpoint, so it must be an address and a port (an empty one: the platform has
+// no load balancer).
+func decodeAPIEndpoint(body []byte) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var e struct {
+		Endpoint *string `json:"endpoint"`
+	}
+	if err := dec.Decode(&e); err != nil {
+		return "", fmt.Errorf("decoding API endpoint: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return "", errors.New("decoding API endpoint: data after the value")
+	}
+	if e.Endpoint == nil {
+		return "", errors.New("decoding API endpoint: no endpoint field")
+	}
+	if *e.Endpoint == "" {
+		return "", nil
+	}
+	ap, err := netip.ParseAddrPort(*e.Endpoint)
+	if err != nil || ap.Port() == 0 || !ap.Addr().IsValid() || ap.Addr().IsUnspecified() {
+		return "", fmt.Errorf("API endpoint %q: want IP:port", *e.Endpoint)
+	}
+	return ap.String(), nil
 }
 
 func decodeHash(body []byte) ([]byte, error) {

@@ -73,6 +73,7 @@ func TestGenuineAnswers(t *testing.T) {
 		"/v1/instances":        `[{"name":"control-plane-0","role":"control-plane","ips":["10.42.0.10"]},{"name":"worker-0","role":"worker","ips":["10.42.0.11","fd00::11"],"future":"ignored"}]`,
 		"/v1/join-endpoints":   `["10.42.0.10:30090","[fd00::10]:30090"]`,
 		"/v1/init-secret-hash": `{"hash":"` + hash + `"}`,
+		"/v1/api-endpoint":     `{"endpoint":"10.42.0.2:6443"}`,
 	})
 	ctx := context.Background()
 	self, err := c.Self(ctx)
@@ -93,6 +94,13 @@ func TestGenuineAnswers(t *testing.T) {
 	h, err := c.InitSecretHash(ctx)
 	require.NoError(t, err)
 	assert.NoError(t, bcrypt.CompareHashAndPassword(h, []byte("init secret")))
+
+	api, err := c.APIEndpoint(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "10.42.0.2:6443", api)
+	none, err := client(t, map[string]string{"/v1/api-endpoint": `{"endpoint":""}`}).APIEndpoint(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, none, "a platform without a load balancer")
 
 	// No control plane yet: no endpoints, no error.
 	empty := client(t, map[string]string{"/v1/join-endpoints": `[]`, "/v1/instances": `[]`})
@@ -128,6 +136,13 @@ func TestRefusedAnswers(t *testing.T) {
 		"endpoints: no port":     {path: "/v1/join-endpoints", body: `["10.42.0.10"]`, call: endpoints, want: []string{`endpoint "10.42.0.10"`}},
 		"endpoints: bad port":    {path: "/v1/join-endpoints", body: `["10.42.0.10:0"]`, call: endpoints, want: []string{"port of 1..65535"}},
 		"endpoints: no host":     {path: "/v1/join-endpoints", body: `[":30090"]`, call: endpoints, want: []string{"port of 1..65535"}},
+		"api: host name":         {path: "/v1/api-endpoint", body: `{"endpoint":"api.example:6443"}`, call: apiEndpoint, want: []string{"want IP:port"}},
+		"api: no port":           {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2"}`, call: apiEndpoint, want: []string{"want IP:port"}},
+		"api: port 0":            {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2:0"}`, call: apiEndpoint, want: []string{"want IP:port"}},
+		"api: unspecified":       {path: "/v1/api-endpoint", body: `{"endpoint":"0.0.0.0:6443"}`, call: apiEndpoint, want: []string{"want IP:port"}},
+		"api: no field":          {path: "/v1/api-endpoint", body: `{}`, call: apiEndpoint, want: []string{"no endpoint field"}},
+		"api: unknown field":     {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2:6443","via":"x"}`, call: apiEndpoint, want: []string{"unknown field"}},
+		"api: trailing data":     {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2:6443"}}`, call: apiEndpoint, want: []string{"data after the value"}},
 		"hash: not bcrypt":       {path: "/v1/init-secret-hash", body: `{"hash":"sha256:abcd"}`, call: initHash, want: []string{"not a bcrypt hash"}},
 		"hash: missing":          {path: "/v1/init-secret-hash", body: `{}`, call: initHash, want: []string{"not a bcrypt hash"}},
 		"hash: service too slow": {path: "/v1/init-secret-hash", body: `SLOW `, call: initHash, want: []string{"context deadline exceeded"}},
@@ -160,6 +175,11 @@ func endpoints(ctx context.Context, c *metadataclient.Client) error {
 	return err
 }
 
+func apiEndpoint(ctx context.Context, c *metadataclient.Client) error {
+	_, err := c.APIEndpoint(ctx)
+	return err
+}
+
 func initHash(ctx context.Context, c *metadataclient.Client) error {
 	_, err := c.InitSecretHash(ctx)
 	return err
@@ -186,7 +206,7 @@ func FuzzDecode(f *testing.F) {
 		`{"name":"n","role":"worker","ips":["10.42.0.10"]}`,
 		`{"name":"n","role":"worker","ips":["10.42.0.10"],"podCIDR":"10.244.1.0/24","cgroupRoot":"/cmini-x/n/pods"}`,
 		`[{"name":"a","role":"control-plane","ips":["10.42.0.11","fd00::1"]}]`,
-		`["10.42.0.10:30090"]`, `{"hash":"` + hash + `"}`, `null`, `[]`, `{}`, `[null]`, `[{"ips":null}]`,
+		`["10.42.0.10:30090"]`, `{"endpoint":"10.42.0.2:6443"}`, `{"hash":"` + hash + `"}`, `null`, `[]`, `{}`, `[null]`, `[{"ips":null}]`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -207,6 +227,10 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 		_, _ = metadataclient.DecodeEndpoints(data)
+		if ep, err := metadataclient.DecodeAPIEndpoint(data); err == nil && ep != "" {
+			_, err := netip.ParseAddrPort(ep)
+			assert.NoError(t, err)
+		}
 		if h, err := metadataclient.DecodeHash(data); err == nil {
 			_, err := bcrypt.Cost(h)
 			assert.NoError(t, err)

@@ -35,6 +35,8 @@ type Server struct {
 	nodes     []Node
 	endpoints []string
 	hash      []byte
+	// apiEndpoint is host:port of the cluster's stable API server endpoint.
+	apiEndpoint string
 	// reports are what nodes reported about themselves this boot, by node name.
 	reports map[string]Report
 }
@@ -51,6 +53,14 @@ func (s *Server) SetNodes(nodes []Node, joinEndpoints []string) {
 	s.nodes, s.endpoints = nodes, joinEndpoints
 }
 
+// SetAPIEndpoint sets the cluster's stable API server endpoint (host:port): the provider's
+// load balancer, which kubeadm's controlPlaneEndpoint names.
+func (s *Server) SetAPIEndpoint(endpoint string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.apiEndpoint = endpoint
+}
+
 // Handler returns the HTTP API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -65,6 +75,7 @@ func (s *Server) Handler() http.Handler {
 	// The other answers go to nodes only, like the rest of a cloud's metadata.
 	mux.HandleFunc("GET /v1/instances", s.nodesOnly(func() any { return s.nodes }))
 	mux.HandleFunc("GET /v1/join-endpoints", s.nodesOnly(func() any { return append([]string{}, s.endpoints...) }))
+	mux.HandleFunc("GET /v1/api-endpoint", s.nodesOnly(func() any { return map[string]string{"endpoint": s.apiEndpoint} }))
 	mux.HandleFunc("GET /v1/init-secret-hash", s.nodesOnly(func() any { return map[string]string{"hash": string(s.hash)} }))
 	// A node reports its bootstrapper's phase (as a cloud's guest attributes): diagnosis for
 	// the operator, never trusted for anything.

@@ -43,6 +43,13 @@ func TestServeNodeByAddress(t *testing.T) {
 	hash, err := c.InitSecretHash(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []byte(testHash), hash)
+	api, err := c.APIEndpoint(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, api, "no load balancer set")
+	srv.SetAPIEndpoint("10.42.0.2:6443")
+	api, err = c.APIEndpoint(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "10.42.0.2:6443", api)
 
 	// The node reports its phase; the provider reads it by name, until it clears it at a
 	// boot. Malformed phases are refused.
@@ -76,6 +83,7 @@ func TestServeNodeByAddress(t *testing.T) {
 		"instances": func() error { _, err := c.Instances(ctx); return err },
 		"endpoints": func() error { _, err := c.JoinEndpoints(ctx); return err },
 		"hash":      func() error { _, err := c.InitSecretHash(ctx); return err },
+		"api":       func() error { _, err := c.APIEndpoint(ctx); return err },
 		"report":    func() error { return c.Report(ctx, "booting") },
 	} {
 		err := call()

@@ -50,6 +50,7 @@ import (
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
@@ -190,7 +191,7 @@ func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Lo
 func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
 	tpm := vtpm.PerUseTPM{Open: vtpm.OpenAddr("unix:" + nodeos.TPMSocket)}
 	progress := asyncReporter(ctx, meta, log)
-	issuer, serviceValidator, err := nodeAttestation(ctx, tpm, progress, log)
+	issuer, serviceValidator, err := nodeAttestation(ctx, tpm, nodeConfig.JoinServiceSets, progress, log)
 	if err != nil {
 		return "", err
 	}
@@ -244,7 +245,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 
 // nodeAttestation waits until the node's TPM quotes and returns the node's issuer, and the
 // node's check of the join service.
-func nodeAttestation(ctx context.Context, tpm vtpm.PerUseTPM, progress func(phase, detail string), log *slog.Logger) (attestation.Issuer, attestation.Validator, error) {
+func nodeAttestation(ctx context.Context, tpm vtpm.PerUseTPM, joinServiceSets measurements.ReferenceSets, progress func(phase, detail string), log *slog.Logger) (attestation.Issuer, attestation.Validator, error) {
 	// Everything the node offers starts with a quote: make sure there is one, and say why
 	// not while there is none, instead of failing every handshake silently.
 	issuer, err := tpmcheck.Wait(ctx, tpmcheck.Config{
@@ -257,9 +258,10 @@ func nodeAttestation(ctx context.Context, tpm vtpm.PerUseTPM, progress func(phas
 		return nil, nil, fmt.Errorf("loading the node's attestation key: %w", err)
 	}
 	// Before anything touches the network: the join service must be a certified control
-	// plane of this node's image (or a configured set), initialized; the AK root comes from
-	// the node's own TPM (joinservice.ServiceCheck).
-	serviceValidator, err := joinservice.ServiceCheck{Variant: local.Variant, Log: log}.Validator(tpm)
+	// plane of this node's image, or of an image its measured node configuration accepts
+	// (the releases it upgrades from), initialized; the AK root comes from the node's own TPM
+	// (joinservice.ServiceCheck).
+	serviceValidator, err := joinservice.ServiceCheck{Variant: local.Variant, ReferenceSets: joinServiceSets, Log: log}.Validator(tpm)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -315,6 +317,7 @@ func deployServices(image, metadataURL string, wait time.Duration) initserver.De
 	return func(ctx context.Context, d initserver.Deployment) error {
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
 			Image: image, Attestation: d.Attestation, MetadataURL: metadataURL, WaitTimeout: wait,
+			APIServerEndpoint: d.APIEndpoint,
 		}, d.Progress)
 	}
 }

@@ -1,6 +1,7 @@
 package platform
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 // ImageFiles implements provider.NodeImages.
@@ -94,6 +97,11 @@ func checkKubeVersion(version, kubelet, kubeadm string) error {
 }
 
 func copyFile(src, dst string, perm os.FileMode) error {
+	// Remove dst first: if it is a hard link to src (an image laid out again), writing it
+	// would truncate src.
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	// A hard link when possible: the image's files are measured, never modified.
 	if err := os.Link(src, dst); err == nil {
 		return nil
@@ -112,4 +120,43 @@ func copyFile(src, dst string, perm os.FileMode) error {
 		return err
 	}
 	return outf.Close()
+}
+
+// ImageDigest implements provider.NodeImages (local.ImageDigest).
+func (Platform) ImageDigest(dir string) (string, error) { return local.ImageDigest(dir) }
+
+// LayOutReleaseImage implements provider.NodeImages: base's files (hard links where possible),
+// and its node configuration with Release set to version and the join services it trusts
+// (node-config.json is measured, so the release's PCR 12 differs from every other
+// release's).
+func (Platform) LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (provider.ImageFacts, error) {
+	data, err := os.ReadFile(filepath.Join(base, local.NodeConfigFile))
+	if err != nil {
+		return provider.ImageFacts{}, fmt.Errorf("base node image: %w", err)
+	}
+	nodeConfig, err := local.ParseNodeConfig(data)
+	if err != nil {
+		return provider.ImageFacts{}, fmt.Errorf("base node image: %w", err)
+	}
+	nodeConfig.Release = version
+	nodeConfig.JoinServiceSets = joinServiceSets
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return provider.ImageFacts{}, err
+	}
+	for _, name := range local.ImageFiles() {
+		if name == local.NodeConfigFile {
+			continue
+		}
+		if err := copyFile(filepath.Join(base, name), filepath.Join(dir, name), 0o755); err != nil {
+			return provider.ImageFacts{}, fmt.Errorf("node image: %w", err)
+		}
+	}
+	stamped, err := nodeConfig.Marshal()
+	if err != nil {
+		return provider.ImageFacts{}, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, local.NodeConfigFile), stamped, 0o644); err != nil {
+		return provider.ImageFacts{}, err
+	}
+	return provider.ImageFacts{KubernetesVersion: nodeConfig.KubernetesVersion, ServicesImage: nodeConfig.ServicesImage}, nil
 }

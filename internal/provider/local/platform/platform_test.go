@@ -76,3 +76,45 @@ func TestFolderAndInitSecret(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "the init secret is readable by its owner only")
 }
+
+// TestLayOutReleaseImage: a release's image is its base's, stamped with the version: only
+// the node configuration's register changes, and laying it out again (into the same
+// directory, over hard links to the base) leaves the base intact.
+func TestLayOutReleaseImage(t *testing.T) {
+	base := t.TempDir()
+	for _, name := range local.ImageFiles() {
+		require.NoError(t, os.WriteFile(filepath.Join(base, name), []byte("content of "+name), 0o644))
+	}
+	nodeConfig := local.NodeConfig{KubernetesVersion: "v1.34.4", Provider: "local", ServicesImage: "localhost/constellation/services:abc"}
+	data, err := nodeConfig.Marshal()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(base, local.NodeConfigFile), data, 0o644))
+
+	dir := filepath.Join(t.TempDir(), "node-image")
+	for range 2 {
+		facts, err := Platform{}.LayOutReleaseImage(dir, base, "v0.2.0", nil)
+		require.NoError(t, err)
+		assert.Equal(t, "v1.34.4", facts.KubernetesVersion)
+		assert.Equal(t, nodeConfig.ServicesImage, facts.ServicesImage)
+	}
+	got, err := os.ReadFile(filepath.Join(base, "bootstrapper"))
+	require.NoError(t, err)
+	assert.Equal(t, "content of bootstrapper", string(got), "the base image is never written")
+
+	baseValues, err := Platform{}.ReferenceValues(base)
+	require.NoError(t, err)
+	released, err := Platform{}.ReferenceValues(dir)
+	require.NoError(t, err)
+	for _, pcr := range released.Measurements.Indices() {
+		if pcr == local.PCRNodeConfig {
+			assert.NotEqual(t, baseValues.Measurements[pcr], released.Measurements[pcr], "PCR %d", pcr)
+			continue
+		}
+		assert.Equal(t, baseValues.Measurements[pcr], released.Measurements[pcr], "PCR %d", pcr)
+	}
+	stamped, err := os.ReadFile(filepath.Join(dir, local.NodeConfigFile))
+	require.NoError(t, err)
+	parsed, err := local.ParseNodeConfig(stamped)
+	require.NoError(t, err)
+	assert.Equal(t, "v0.2.0", parsed.Release)
+}

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -272,4 +273,48 @@ func ownCgroup(controller string) (string, error) {
 		}
 	}
 	return unified, nil
+}
+
+// SignalCommand sends sig to every process in c and below whose command name (its comm, as
+// in /proc/PID/comm) is comm, and returns their PIDs. A process that exits meanwhile is no
+// error.
+func (c Cgroup) SignalCommand(comm string, sig syscall.Signal) ([]int, error) {
+	pids, err := c.Pids()
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, p := range pids {
+		name, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+		if err != nil || strings.TrimSpace(string(name)) != comm {
+			continue
+		}
+		if err := syscall.Kill(p, sig); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// WaitGone waits until none of pids is a live process (zombies count as gone: the provider
+// reaps them every few seconds), or ctx ends.
+func WaitGone(ctx context.Context, pids []int) error {
+	for {
+		alive := slices.DeleteFunc(slices.Clone(pids), func(p int) bool {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+			if err != nil {
+				return true
+			}
+			i := strings.LastIndexByte(string(stat), ')')
+			return i > 0 && strings.HasPrefix(string(stat[i+1:]), " Z")
+		})
+		if len(alive) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("processes %v still run: %w", alive, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

@@ -17,7 +17,10 @@ import (
 // Fixed addressing of a local cluster (docs/local-provider.md). Every cluster has its own
 // bridge namespace, so two clusters on one machine do not collide.
 var (
-	BridgeAddr  = netip.MustParseAddr("10.42.0.1")
+	BridgeAddr = netip.MustParseAddr("10.42.0.1")
+	// APIAddr is the cluster's stable API server address: the provider's load balancer
+	// (internal/provider/local/apilb) listens there, in the bridge namespace, on port 6443.
+	APIAddr     = netip.MustParseAddr("10.42.0.2")
 	NodePrefix  = netip.MustParsePrefix("10.42.0.0/24")
 	PodCIDR     = netip.MustParsePrefix("10.244.0.0/16")
 	ServiceCIDR = netip.MustParsePrefix("10.96.0.0/12")
@@ -51,7 +54,8 @@ func (n Network) NodeNS(node string) string { return "cmini-" + n.ID + "-" + nod
 // NSPath is where `ip netns` keeps a named namespace.
 func NSPath(name string) string { return "/run/netns/" + name }
 
-// CreateBridge creates the bridge namespace with br0 at BridgeAddr.
+// CreateBridge creates the bridge namespace with br0 at BridgeAddr, and APIAddr on br0 too
+// (a /32: the nodes reach it on their /24 through the bridge, which answers ARP for it).
 func (n Network) CreateBridge(ctx context.Context) error {
 	ns := n.BridgeNS()
 	return runAll(ctx,
@@ -59,6 +63,7 @@ func (n Network) CreateBridge(ctx context.Context) error {
 		[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
 		[]string{"ip", "-n", ns, "link", "add", "br0", "type", "bridge"},
 		[]string{"ip", "-n", ns, "addr", "add", netip.PrefixFrom(BridgeAddr, NodePrefix.Bits()).String(), "dev", "br0"},
+		[]string{"ip", "-n", ns, "addr", "add", netip.PrefixFrom(APIAddr, 32).String(), "dev", "br0"},
 		[]string{"ip", "-n", ns, "link", "set", "br0", "up"},
 	)
 }

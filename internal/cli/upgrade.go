@@ -1,0 +1,440 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
+	"github.com/openconstellation/constellation/internal/release"
+	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/internal/retry"
+	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+)
+
+// configuredImage resolves the node image of the configuration. A release directory is
+// opened, and so checked whole (its signature by the pinned key, the policy: every image
+// register enforced, no downgrade unless allowed, the cluster's variant; its node image
+// against the signed digest), before anything changes; its node image is what nodes boot.
+// Another directory is a plain node image, booted as it is (development images; an upgrade
+// refuses it, see upgrade.run).
+func configuredImage(ctx context.Context, workspace string, conf *config.Config, running string, allowDowngrade bool) (string, *releasedir.Release, error) {
+	dir := conf.Provider.Block().ImagePath(workspace)
+	if !releasedir.IsRelease(dir) {
+		return dir, nil, nil
+	}
+	policy := release.Policy{Running: running, AllowDowngrade: allowDowngrade, Variant: conf.Attestation.Variant()}
+	rel, err := openRelease(ctx, workspace, conf, dir, policy)
+	if err != nil {
+		return "", nil, err
+	}
+	if k := rel.Manifest().KubernetesVersion; k != conf.KubernetesVersion {
+		return "", nil, fmt.Errorf("%s: kubernetesVersion is %s, but release %s runs Kubernetes %s: set kubernetesVersion: %s (the two change together)",
+			config.FileName, conf.KubernetesVersion, rel.Version(), k, k)
+	}
+	return rel.NodeImage(), rel, nil
+}
+
+// openRelease opens the release in dir with the key the configuration pins.
+func openRelease(ctx context.Context, workspace string, conf *config.Config, dir string, policy release.Policy) (*releasedir.Release, error) {
+	key, err := pinnedReleaseKey(workspace, conf)
+	if err != nil {
+		return nil, err
+	}
+	digest, err := imageDigest(conf)
+	if err != nil {
+		return nil, err
+	}
+	return releasedir.Open(ctx, dir, key, policy, digest)
+}
+
+// pinnedReleaseKey reads the release key the configuration pins.
+func pinnedReleaseKey(workspace string, conf *config.Config) (*release.PublicKey, error) {
+	path := conf.Release.KeyPath(workspace)
+	if path == "" {
+		return nil, fmt.Errorf("%s: release.key: missing: a release is booted only if the key the configuration pins signed it (make release-key writes the local one, _output/release-key.pem.pub)", config.FileName)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: release.key: %w", config.FileName, err)
+	}
+	key, err := release.ParsePublicKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: release.key %s: %w", config.FileName, path, err)
+	}
+	return key, nil
+}
+
+// imageDigest is how the configuration's provider digests a node image.
+func imageDigest(conf *config.Config) (releasedir.ImageDigest, error) {
+	platform, err := catalog.Lookup(conf.Provider.Name())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", config.FileName, err)
+	}
+	images, ok := platform.(provider.NodeImages)
+	if !ok {
+		return nil, fmt.Errorf("provider %s boots no release images", platform.Name())
+	}
+	return images.ImageDigest, nil
+}
+
+// upgrade moves an initialized cluster's nodes to the configured image, one node at a time,
+// control planes first (docs/upgrades.md):
+//
+//  1. the release's reference set is added to the cluster's (old and new accepted) and to
+//     the configuration, and apply waits until every join service admits by it;
+//  2. for each node booting another image: a replacement booting the release is created; it
+//     must attest against the release's set and be Ready before the old node is drained
+//     (PodDisruptionBudgets respected) and removed as scale-down removes nodes;
+//  3. once no node boots another image, every other set is retired, and the state records
+//     the release.
+//
+// Each step is idempotent and derived from what the platform runs, so an interrupted upgrade
+// resumes with apply. A replacement that fails attestation stops the upgrade: it is deleted,
+// the release's set removed again, and the cluster keeps serving on the old nodes.
+type upgrade struct {
+	*reconciler
+	workspace string
+	conf      *config.Config
+	// image is the node image every node must boot; release is its release, nil for a
+	// plain image.
+	image   string
+	release *releasedir.Release
+	// changed says whether the upgrade changed anything (apply says "nothing to apply"
+	// otherwise).
+	changed bool
+}
+
+// replacementBound bounds the wait for one replacement node to be Ready.
+const replacementBound = 10 * time.Minute
+
+// check refuses, before apply changes anything, to move nodes to an image that is not a
+// release, and to start an upgrade in a cluster that is not healthy.
+func (u *upgrade) check(ctx context.Context) error {
+	stale, err := u.staleNodes(ctx)
+	if err != nil || len(stale) == 0 {
+		return err
+	}
+	if u.release == nil {
+		return &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
+			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory)",
+			len(stale), u.image, u.conf.Provider.Name())}
+	}
+	return u.checkHealthy(ctx, stale)
+}
+
+// run carries out the upgrade that check allowed.
+func (u *upgrade) run(ctx context.Context) error {
+	stale, err := u.staleNodes(ctx)
+	if err != nil {
+		return err
+	}
+	if len(stale) == 0 {
+		return u.finish(ctx)
+	}
+	if u.release == nil {
+		return errors.New("nodes boot another image than the configured one, which is not a release") // check refused it
+	}
+	u.changed = true
+	u.printPlan(stale)
+	sets, err := u.addReleaseSets(ctx)
+	if err != nil {
+		return err
+	}
+	for {
+		stale, err := u.staleNodes(ctx)
+		if err != nil {
+			return err
+		}
+		if len(stale) == 0 {
+			break
+		}
+		if err := u.replace(ctx, stale[0], sets); err != nil {
+			return err
+		}
+	}
+	return u.finish(ctx)
+}
+
+// staleNodes are the nodes of the state file (not unexpected ones) whose machine boots
+// another image than u.image: control planes first, then by name.
+func (u *upgrade) staleNodes(ctx context.Context) ([]state.Node, error) {
+	machines, err := u.platformNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	images := map[string]string{}
+	for _, m := range machines {
+		images[m.Name] = m.Image
+	}
+	var stale []state.Node
+	for _, n := range u.st.Nodes {
+		if img, ok := images[n.Name]; ok && !n.Unexpected && img != u.image {
+			stale = append(stale, n)
+		}
+	}
+	slices.SortStableFunc(stale, func(a, b state.Node) int {
+		if a.Role != b.Role {
+			if a.Role == metadata.ControlPlane {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return stale, nil
+}
+
+// checkHealthy refuses to start an upgrade in a cluster that is not whole: every node must be
+// Ready. An upgrade that began (a node boots the release already) resumes regardless: it is
+// how an upgrade interrupted by a lost node is finished.
+func (u *upgrade) checkHealthy(ctx context.Context, stale []state.Node) error {
+	if len(stale) < len(u.st.Nodes) {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var problems []string
+	err := retry.Do(lctx, retry.Default, nil, func(ctx context.Context) error {
+		nodes, err := u.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		ready := map[string]bool{}
+		problems = nil
+		for _, n := range nodes.Items {
+			ready[n.Name] = isReady(n) && !n.Spec.Unschedulable
+			if err := kubernetesSkew(n.Status.NodeInfo.KubeletVersion, u.release.Manifest().KubernetesVersion); err != nil {
+				problems = append(problems, n.Name+": "+err.Error())
+			}
+		}
+		for _, n := range u.st.Nodes {
+			if !n.Unexpected && !ready[n.Name] {
+				problems = append(problems, n.Name+" is not Ready (or cordoned)")
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("checking the cluster's health before the upgrade: %w", err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("refusing to start the upgrade to %s: the cluster is not healthy: %s (fix it, for example with 'constellation status' and 'constellation reboot', then apply again)",
+			u.release.Version(), strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (u *upgrade) printPlan(stale []state.Node) {
+	m := u.release.Manifest()
+	from := u.st.Release
+	if from == "" {
+		from = "an image that is not a release"
+	}
+	what := "upgrade"
+	if u.release.Downgrade() {
+		what = "DOWNGRADE (--allow-downgrade)"
+	}
+	fmt.Fprintf(u.out, "apply: %s from %s to release %s (Kubernetes %s, signed by %s); %d node(s) to replace, one at a time, control planes first:\n",
+		what, from, m.Version, m.KubernetesVersion, u.release.KeyID(), len(stale))
+	for _, n := range stale {
+		fmt.Fprintf(u.out, "  ~ %s (%s): a new %s booting %s joins after attestation against set %q; then %s is drained and removed\n",
+			n.Name, n.Role, n.Role, m.Version, m.Version, n.Name)
+	}
+}
+
+// replace replaces node old by a node booting the release: a replacement of old's role is
+// created unless one exists already (an interrupted apply made it), it must be Ready, then
+// old is removed. sets are the names of the release's reference sets.
+func (u *upgrade) replace(ctx context.Context, old state.Node, sets []string) error {
+	have, want := 0, u.wantOf(old.Role)
+	for _, n := range u.st.Nodes {
+		if n.Role == old.Role && !n.Unexpected {
+			have++
+		}
+	}
+	if have <= want {
+		prefix := "worker-"
+		if old.Role == metadata.ControlPlane {
+			prefix = "control-plane-"
+		}
+		spec := provider.NodeSpec{Name: fmt.Sprintf("%s%d", prefix, nextIndex(u.st, prefix)), Role: old.Role, Image: u.image}
+		fmt.Fprintf(u.out, "replacing %s: creating %s (release %s)\n", old.Name, spec.Name, u.release.Version())
+		created := time.Now()
+		if err := u.createNodes(ctx, []provider.NodeSpec{spec}); err != nil {
+			return err
+		}
+		if err := u.waitReplacement(ctx, spec.Name, created); err != nil {
+			return u.abort(ctx, spec.Name, err)
+		}
+		if err := u.verifyReplacement(ctx, spec.Name); err != nil {
+			return u.abort(ctx, spec.Name, err)
+		}
+	}
+	// Every node Ready before one is removed (the replacement, and one an interrupted apply
+	// left joining).
+	if err := u.waitAllReady(ctx, []state.Node{old}); err != nil {
+		return err
+	}
+	if err := u.remove(ctx, old); err != nil {
+		return fmt.Errorf("removing %s, replaced by the release's node (apply again to finish; every step is idempotent): %w", old.Name, err)
+	}
+	return nil
+}
+
+func (u *upgrade) wantOf(role metadata.Role) int {
+	lc := u.conf.Provider.Block()
+	if role == metadata.ControlPlane {
+		return lc.ControlPlanes
+	}
+	return lc.Workers
+}
+
+// waitReplacement waits until node is Ready and verifiable, and fails at once when the join
+// services refused it on attestation since it was created: every join service admits by the
+// release's set already, so the refusal is the release's (its nodes do not measure what it
+// signed).
+func (u *upgrade) waitReplacement(ctx context.Context, node string, created time.Time) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, replacementBound, fmt.Errorf("%s was not Ready within %v", node, replacementBound))
+	defer cancel()
+	ip := ""
+	for _, n := range u.st.Nodes {
+		if n.Name == node && len(n.IPs) > 0 {
+			ip = n.IPs[0].String()
+		}
+	}
+	refused := make(chan error, 1)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+			r := refusals.Of(wctx, u.client, ip)
+			if r.Count > 0 && r.Last.After(created) && isAttestationRefusal(r.Reason) {
+				refused <- fmt.Errorf("the join service refused %s (%s) on attestation: %s: %s", node, ip, r.Reason, r.Error)
+				stop()
+				return
+			}
+		}
+	}()
+	err := waitNodesReady(wctx, u.out, u.t, u.prog, u.client, u.platform, u.st.Nodes, map[string]bool{node: true}, false)
+	select {
+	case rerr := <-refused:
+		return rerr
+	default:
+	}
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
+	}
+	return err
+}
+
+// verifyReplacement verifies node as `verify` does (fresh evidence from its verification
+// service, checked against the configuration's reference sets, which hold the release's) and
+// requires that it matched one of the release's sets: a node of the release that measures
+// like another release (an image that is not what the release says) is not the release's.
+func (u *upgrade) verifyReplacement(ctx context.Context, node string) error {
+	verifier, err := newVerifier(ctx, u.workspace, u.conf, u.st)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(u.st.Nodes, func(n state.Node) bool { return n.Name == node })
+	if i < 0 {
+		return fmt.Errorf("%s is not in %s", node, state.FileName)
+	}
+	target := verifyTarget{Node: node, Endpoint: net.JoinHostPort(u.st.Nodes[i].IPs[0].String(), strconv.Itoa(deploy.VerificationGRPCPort))}
+	res, err := verifyWaiting(ctx, u.prog, target, time.Minute, verifier.Verify)
+	if err != nil {
+		return fmt.Errorf("verifying %s: %w", node, err)
+	}
+	if !u.isReleaseSet(res.ReferenceSet) {
+		return fmt.Errorf("%s matched reference set %q, not one of release %s: its image is not what the release signed", node, res.ReferenceSet, u.release.Version())
+	}
+	u.t.phase("verified", fmt.Sprintf("%s matches release %s's reference set %q", node, u.release.Version(), res.ReferenceSet))
+	return nil
+}
+
+// isAttestationRefusal reports whether a refusal reason (attestation.Reason's labels) says
+// the node's evidence did not pass: what a release whose nodes do not measure what it signed
+// gets.
+func isAttestationRefusal(reason string) bool {
+	switch reason {
+	case "measurement-mismatch", "malformed", "wrong-variant", "bad-signature", "untrusted-signer", "other":
+		return true
+	}
+	return false
+}
+
+// abort undoes a failed replacement: the replacement is removed (it never served), the
+// release's sets are retired, and the error says why the upgrade stopped.
+func (u *upgrade) abort(ctx context.Context, node string, cause error) error {
+	fmt.Fprintf(u.out, "upgrade to %s stopped: %v\n", u.release.Version(), cause)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
+	defer cancel()
+	var problems []error
+	if i := slices.IndexFunc(u.st.Nodes, func(n state.Node) bool { return n.Name == node }); i >= 0 {
+		if err := u.remove(cctx, u.st.Nodes[i]); err != nil {
+			problems = append(problems, fmt.Errorf("removing %s: %w", node, err))
+		}
+	}
+	if err := u.setReferenceSets(cctx, func(sets measurements.ReferenceSets) measurements.ReferenceSets {
+		return slices.DeleteFunc(sets, func(s measurements.ReferenceSet) bool { return u.isReleaseSet(s.Name) })
+	}); err != nil {
+		problems = append(problems, fmt.Errorf("retiring the release's reference set: %w", err))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("upgrade to %s failed, and undoing its first step failed too (apply again): %w", u.release.Version(), errors.Join(append([]error{cause}, problems...)...))
+	}
+	return fmt.Errorf("upgrade to %s failed; the cluster still runs on its old nodes, and the release's reference set was retired again: %w", u.release.Version(), cause)
+}
+
+// finish retires every reference set but the release's once no node boots another image,
+// and records the release. Without a release (a plain image) there is nothing to retire.
+func (u *upgrade) finish(ctx context.Context) error {
+	if u.release == nil {
+		return nil
+	}
+	retired := []string{}
+	err := u.setReferenceSets(ctx, func(sets measurements.ReferenceSets) measurements.ReferenceSets {
+		kept := u.releaseSets()
+		for _, s := range sets {
+			if !u.isReleaseSet(s.Name) && !slices.Contains(retired, s.Name) {
+				retired = append(retired, s.Name)
+			}
+		}
+		return kept
+	})
+	if err != nil {
+		return fmt.Errorf("retiring the reference sets no node boots any more: %w", err)
+	}
+	if len(retired) > 0 {
+		u.t.phase("retire", fmt.Sprintf("reference set(s) %s retired: every node boots release %s", strings.Join(retired, ", "), u.release.Version()))
+	}
+	if u.st.Release != u.release.Version() {
+		u.changed = true
+		u.st.Release = u.release.Version()
+		if err := u.writeState(); err != nil {
+			return err
+		}
+		fmt.Fprintf(u.out, "upgraded: every node boots release %s\n", u.release.Version())
+	}
+	return nil
+}

@@ -1,0 +1,130 @@
+// Package publish makes releases: it lays out a release's node image from a base image,
+// measures it with the platform's rules, and signs the manifest with the release key
+// (docs/releases.md "Making a release"). cmd/release is its command line; the CLI only ever
+// reads releases (internal/release/releasedir).
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/release"
+	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+)
+
+// Options say what to release.
+type Options struct {
+	// Source is the release source the release is written into, as Source/<Version>.
+	Source string
+	// Version is the release's semantic version ("v0.2.0").
+	Version string
+	// BaseImage is the node image the release's image is made from (stamped with Version).
+	BaseImage string
+	// ImagesDir is the container image index (make images) that holds the services image
+	// the base image names: the release signs its archive's digest.
+	ImagesDir string
+	// Platform measures and lays out node images.
+	Platform provider.Platform
+	// Signer is the release key.
+	Signer *release.Signer
+	// From are the images the release upgrades from: release directories (signed by
+	// Signer: their reference sets are taken as signed) or plain node images (measured).
+	// The release's nodes trust their join services besides their own image, so that its
+	// first node can join a cluster of the previous release.
+	From []string
+}
+
+// Publish writes release o.Version to o.Source/o.Version and returns its directory. It
+// refuses to replace an existing release: a published version never changes.
+func Publish(ctx context.Context, o Options) (string, error) {
+	images, ok := o.Platform.(provider.NodeImages)
+	if !ok {
+		return "", fmt.Errorf("provider %s has no node images this tool can release", o.Platform.Name())
+	}
+	dir := filepath.Join(o.Source, o.Version)
+	if releasedir.IsRelease(dir) {
+		return "", fmt.Errorf("release %s exists in %s: a published version never changes (choose another version): %w", o.Version, dir, os.ErrExist)
+	}
+	// A directory left by an interrupted run (no release.json yet) is laid out again.
+	if err := os.RemoveAll(dir); err != nil {
+		return "", err
+	}
+	from, err := fromSets(ctx, o, images)
+	if err != nil {
+		return "", err
+	}
+	nodeImage := filepath.Join(dir, releasedir.NodeImageDir)
+	facts, err := images.LayOutReleaseImage(nodeImage, o.BaseImage, o.Version, from)
+	if err != nil {
+		return "", fmt.Errorf("laying out the node image: %w", err)
+	}
+	servicesDigest, err := servicesImageDigest(o.ImagesDir, facts.ServicesImage)
+	if err != nil {
+		return "", err
+	}
+	values, err := o.Platform.ReferenceValues(nodeImage)
+	if err != nil {
+		return "", fmt.Errorf("measuring the node image: %w", err)
+	}
+	m := release.Manifest{
+		Version:           o.Version,
+		KubernetesVersion: facts.KubernetesVersion,
+		ServicesImage:     release.Image{Ref: facts.ServicesImage, Digest: servicesDigest},
+		References: []choose.Reference{{
+			Variant: o.Platform.ConfigRules().Variant(),
+			Values:  choose.Values{Measurements: measurements.ReferenceSets{{Name: o.Version, Measurements: values.Measurements}}},
+		}},
+	}
+	if err := releasedir.Write(ctx, dir, m, o.Signer, images.ImageDigest); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// servicesImageDigest is the digest of the services image archive ref names in the index of
+// imagesDir.
+func servicesImageDigest(imagesDir, ref string) (string, error) {
+	index, err := nodeimage.ReadIndex(imagesDir)
+	if err != nil {
+		return "", fmt.Errorf("reading the container images (run 'make images' first): %w", err)
+	}
+	for _, e := range index.Images {
+		if e.Ref == ref {
+			return "sha256:" + e.SHA256, nil
+		}
+	}
+	return "", errors.New("the services image " + ref + " of the node image is not in " + imagesDir + " (run 'make images')")
+}
+
+// fromSets are the reference sets of the images o.From names, for the platform's variant: a
+// release's as it signed them (opened with the signer's own key), a plain image's measured
+// and named as `config generate` names it.
+func fromSets(ctx context.Context, o Options, images provider.NodeImages) (measurements.ReferenceSets, error) {
+	v := o.Platform.ConfigRules().Variant()
+	var sets measurements.ReferenceSets
+	for _, dir := range o.From {
+		if releasedir.IsRelease(dir) {
+			r, err := releasedir.Open(ctx, dir, o.Signer.Public(), release.Policy{Variant: v}, images.ImageDigest)
+			if err != nil {
+				return nil, fmt.Errorf("--from %s: %w", dir, err)
+			}
+			ref, _ := r.Reference(v) // the policy required it
+			sets = append(sets, ref.Measurements...)
+			continue
+		}
+		values, err := o.Platform.ReferenceValues(dir)
+		if err != nil {
+			return nil, fmt.Errorf("--from %s: measuring the node image: %w", dir, err)
+		}
+		sets = append(sets, measurements.ReferenceSet{Name: config.ReferenceSetName("local-", values.Measurements), Measurements: values.Measurements})
+	}
+	return sets, nil
+}

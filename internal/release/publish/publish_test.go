@@ -1,0 +1,97 @@
+package publish_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	localplatform "github.com/openconstellation/constellation/internal/provider/local/platform"
+	"github.com/openconstellation/constellation/internal/release"
+	"github.com/openconstellation/constellation/internal/release/publish"
+	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+const servicesRef = "localhost/constellation/services:abc"
+
+func baseImage(t *testing.T) (image, imagesDir string) {
+	t.Helper()
+	image, imagesDir = t.TempDir(), t.TempDir()
+	for _, name := range local.ImageFiles() {
+		require.NoError(t, os.WriteFile(filepath.Join(image, name), []byte("content of "+name), 0o755))
+	}
+	nc, err := local.NodeConfig{KubernetesVersion: "v1.34.4", Provider: "local", ServicesImage: servicesRef}.Marshal()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(image, local.NodeConfigFile), nc, 0o644))
+	index, err := json.Marshal(nodeimage.Index{Images: []nodeimage.Entry{{Ref: servicesRef, File: "services.tar", SHA256: strings.Repeat("ef", 32), Size: 1}}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(imagesDir, nodeimage.IndexFile), index, 0o644))
+	return image, imagesDir
+}
+
+func TestPublish(t *testing.T) {
+	ctx := context.Background()
+	key, err := release.GenerateKey()
+	require.NoError(t, err)
+	image, imagesDir := baseImage(t)
+	source := t.TempDir()
+	o := publish.Options{Source: source, Version: "v0.2.0", BaseImage: image, ImagesDir: imagesDir, Platform: localplatform.Platform{}, Signer: key}
+
+	dir, err := publish.Publish(ctx, o)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(source, "v0.2.0"), dir)
+
+	r, err := releasedir.Open(ctx, dir, key.Public(), release.Policy{Variant: variant.QEMUVTPM}, local.ImageDigest)
+	require.NoError(t, err)
+	m := r.Manifest()
+	assert.Equal(t, "v1.34.4", m.KubernetesVersion)
+	assert.Equal(t, release.Image{Ref: servicesRef, Digest: "sha256:" + strings.Repeat("ef", 32)}, m.ServicesImage)
+	ref, ok := r.Reference(variant.QEMUVTPM)
+	require.True(t, ok)
+	values, err := localplatform.Platform{}.ReferenceValues(r.NodeImage())
+	require.NoError(t, err)
+	require.Len(t, ref.Measurements, 1)
+	assert.Equal(t, "v0.2.0", ref.Measurements[0].Name)
+	assert.Equal(t, values.Measurements, ref.Measurements[0].Measurements, "the release signs what its image measures")
+	base, err := localplatform.Platform{}.ReferenceValues(image)
+	require.NoError(t, err)
+	assert.NotEqual(t, base.Measurements[local.PCRNodeConfig], values.Measurements[local.PCRNodeConfig], "a release measures differently from its base")
+
+	_, err = publish.Publish(ctx, o)
+	assert.ErrorIs(t, err, os.ErrExist, "a published version never changes")
+
+	// A release that upgrades from v0.2.0 and from the plain base image: its nodes trust
+	// the join services of both, as signed and as measured.
+	next := o
+	next.Version, next.From = "v0.2.1", []string{dir, image}
+	nextDir, err := publish.Publish(ctx, next)
+	require.NoError(t, err)
+	data, err := os.ReadFile(filepath.Join(nextDir, releasedir.NodeImageDir, local.NodeConfigFile))
+	require.NoError(t, err)
+	nc, err := local.ParseNodeConfig(data)
+	require.NoError(t, err)
+	require.Len(t, nc.JoinServiceSets, 2)
+	assert.Equal(t, ref.Measurements[0], nc.JoinServiceSets[0], "v0.2.0's set as it signed it")
+	assert.Equal(t, base.Measurements, nc.JoinServiceSets[1].Measurements, "the base image as measured")
+
+	other, err := release.GenerateKey()
+	require.NoError(t, err)
+	bad := next
+	bad.Version, bad.Signer, bad.From = "v0.2.2", other, []string{dir}
+	_, err = publish.Publish(ctx, bad)
+	assert.Equal(t, release.ReasonWrongKey, release.ReasonOf(err), "a release upgrades only from releases of its own key: %v", err)
+
+	o.Version = "v0.3.0"
+	o.ImagesDir = t.TempDir()
+	_, err = publish.Publish(ctx, o)
+	assert.ErrorContains(t, err, "make images")
+	assert.False(t, releasedir.IsRelease(filepath.Join(source, "v0.3.0")))
+}

@@ -1,0 +1,312 @@
+package release
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+	"k8s.io/apimachinery/pkg/util/version"
+
+	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+// MaxSize bounds a signed release that Parse reads (a release is a few KiB per variant).
+const MaxSize = 1 << 20
+
+// MaxSignatures bounds the signatures of an envelope: each one the verifier may try.
+const MaxSignatures = 8
+
+// Envelope is a parsed, not yet verified, release: nothing in it is trusted.
+type Envelope struct {
+	env dsse.Envelope
+}
+
+// Parse reads a signed release strictly: at most MaxSize bytes of one JSON DSSE envelope
+// (no unknown fields, nothing after it) of payload type PayloadType, whose payload and
+// signatures are base64, with 1..MaxSignatures signatures. It checks no signature.
+func Parse(data []byte) (*Envelope, error) {
+	if len(data) > MaxSize {
+		return nil, refuse(ReasonMalformed, "%d bytes, limit %d", len(data), MaxSize)
+	}
+	var env dsse.Envelope
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&env); err != nil {
+		return nil, refuse(ReasonMalformed, "not a DSSE envelope: %w", err)
+	}
+	// Only whitespace may follow: Token returns io.EOF then, an error for anything else
+	// (even a stray "}", which More would report as no more values).
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, refuse(ReasonMalformed, "data after the DSSE envelope")
+	}
+	if env.PayloadType != PayloadType {
+		return nil, refuse(ReasonMalformed, "payload type %q, want %q (an in-toto statement)", env.PayloadType, PayloadType)
+	}
+	if _, err := env.DecodeB64Payload(); err != nil {
+		return nil, refuse(ReasonMalformed, "payload: %w", err)
+	}
+	if len(env.Signatures) == 0 {
+		return nil, refuse(ReasonUnsigned, "the envelope carries no signature")
+	}
+	if len(env.Signatures) > MaxSignatures {
+		return nil, refuse(ReasonMalformed, "%d signatures, limit %d", len(env.Signatures), MaxSignatures)
+	}
+	for i, s := range env.Signatures {
+		if s.Sig == "" {
+			return nil, refuse(ReasonUnsigned, "signature #%d is empty", i)
+		}
+		// The encodings DSSE allows (and go-securesystemslib decodes): standard or URL-safe.
+		if _, err := base64.StdEncoding.DecodeString(s.Sig); err != nil {
+			if _, err := base64.URLEncoding.DecodeString(s.Sig); err != nil {
+				return nil, refuse(ReasonMalformed, "signature #%d is not base64", i)
+			}
+		}
+	}
+	return &Envelope{env: env}, nil
+}
+
+// Signed is a release whose signature by the pinned key verified and whose statement and
+// manifest decoded: authentic, but its policy is not checked yet (CheckPolicy).
+type Signed struct {
+	manifest Manifest
+	keyID    string
+}
+
+// Verify checks that the pinned key signed env (the DSSE signature over the pre-authentication
+// encoding of payload type and payload, with go-securesystemslib's verifier), then decodes
+// the signed statement and manifest strictly.
+//
+// One signature by the pinned key suffices; signatures by other keys beside it are ignored
+// (docs/releases.md "Decisions"): they cannot change what the pinned key signed, and
+// requiring every signature to verify would forbid co-signing and key rollover.
+func Verify(ctx context.Context, env *Envelope, key *PublicKey) (*Signed, error) {
+	if env == nil || key == nil {
+		return nil, errors.New("release: Verify needs a parsed envelope and a pinned key")
+	}
+	ev, err := dsse.NewEnvelopeVerifier(verifier{key})
+	if err != nil {
+		return nil, err
+	}
+	// A copy: the verifier never sees (or could change) the caller's envelope.
+	e := env.env
+	e.Signatures = append([]dsse.Signature(nil), env.env.Signatures...)
+	_, payload, err := ev.VerifyAndDecode(ctx, &e)
+	if err != nil {
+		return nil, signatureRefusal(env, key, err)
+	}
+	st, err := decodeStatement(payload)
+	if err != nil {
+		return nil, refuse(ReasonMalformed, "%w", err)
+	}
+	m, err := decodeManifest(st.Predicate)
+	if err != nil {
+		return nil, refuse(ReasonMalformed, "%w", err)
+	}
+	if err := checkSubjects(st, m); err != nil {
+		return nil, refuse(ReasonMalformed, "%w", err)
+	}
+	return &Signed{manifest: m, keyID: key.KeyID()}, nil
+}
+
+// signatureRefusal words a failed verification. Key IDs are unauthenticated hints: a
+// signature naming the pinned key that does not verify means the signed bytes changed (or a
+// forgery); signatures naming only other keys (or none) mean another key signed.
+func signatureRefusal(env *Envelope, key *PublicKey, err error) error {
+	var others []string
+	for _, s := range env.env.Signatures {
+		if s.KeyID == key.KeyID() {
+			return refuse(ReasonTampered, "the signature by the pinned key %s does not match the release's contents: %w", key.KeyID(), err)
+		}
+		id := s.KeyID
+		if id == "" {
+			id = "(no key ID)"
+		}
+		others = append(others, id)
+	}
+	return refuse(ReasonWrongKey, "signed by %s, not by the pinned key %s: %w", strings.Join(others, ", "), key.KeyID(), err)
+}
+
+// decodeManifest decodes the predicate strictly: no unknown fields, nothing after it.
+func decodeManifest(pred []byte) (Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(pred))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("release manifest: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Manifest{}, errors.New("release manifest: data after the JSON value")
+	}
+	return m, nil
+}
+
+// checkSubjects requires the statement's subjects to be exactly the manifest's two images,
+// so that the statement and its predicate cannot name different images.
+func checkSubjects(st statement, m Manifest) error {
+	want := map[string]Image{SubjectNodeImage: m.NodeImage, SubjectServicesImage: m.ServicesImage}
+	if len(st.Subject) != len(want) {
+		return fmt.Errorf("statement has %d subjects, want %d (%s, %s)", len(st.Subject), len(want), SubjectNodeImage, SubjectServicesImage)
+	}
+	seen := map[string]bool{}
+	for _, s := range st.Subject {
+		img, ok := want[s.Name]
+		if !ok || seen[s.Name] {
+			return fmt.Errorf("statement subject %q: want each of %s and %s once", s.Name, SubjectNodeImage, SubjectServicesImage)
+		}
+		seen[s.Name] = true
+		hexDigits, err := img.sha256Hex()
+		if err != nil {
+			return fmt.Errorf("manifest image %s: %w", s.Name, err)
+		}
+		if len(s.Digest) != 1 || s.Digest["sha256"] != hexDigits {
+			return fmt.Errorf("statement subject %s: digest %v does not match the manifest's %s", s.Name, s.Digest, img.Digest)
+		}
+	}
+	return nil
+}
+
+// Policy is what the running cluster requires of a release beyond its signature.
+type Policy struct {
+	// Running is the version the cluster runs ("v1.2.3"); empty: no cluster yet, any
+	// version is accepted.
+	Running string
+	// AllowDowngrade accepts a release older than Running (--allow-downgrade).
+	AllowDowngrade bool
+	// Variant, if set, is the cluster's attestation variant: the release must carry its
+	// reference values, or the cluster's nodes could not join once they run its image.
+	Variant variant.Variant
+}
+
+// Verified is a release that passed every check: parsed, signed by the pinned key, and
+// within the policy. Only CheckPolicy makes one (its fields are unexported, so no other
+// package can), so a *Verified is proof that the checks ran.
+type Verified struct {
+	manifest  Manifest
+	keyID     string
+	downgrade bool
+}
+
+// Manifest returns the verified manifest.
+func (v *Verified) Manifest() Manifest { return v.manifest }
+
+// KeyID is the pinned key that signed the release.
+func (v *Verified) KeyID() string { return v.keyID }
+
+// Downgrade reports whether the release is older than Policy.Running (and the policy allowed
+// it), for the CLI's plan to say so.
+func (v *Verified) Downgrade() bool { return v.downgrade }
+
+// CheckPolicy checks the signed manifest: every reference set of every variant enforces every
+// register the variant's images measure, and every variant's reference values are valid; it
+// supports p.Variant; its version is semantic and, unless p allows a downgrade, not older
+// than p.Running.
+func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
+	if err := checkManifest(s.manifest); err != nil {
+		return nil, err
+	}
+	if !p.Variant.IsZero() {
+		if _, ok := s.manifest.reference(p.Variant); !ok {
+			var have []string
+			for _, ref := range s.manifest.References {
+				have = append(have, ref.Variant.String())
+			}
+			return nil, refuse(ReasonUnsupportedVariant, "release %s has no reference values for %s (it supports %s)", s.manifest.Version, p.Variant, strings.Join(have, ", "))
+		}
+	}
+	downgrade := false
+	if p.Running != "" {
+		running, err := version.ParseSemantic(p.Running)
+		if err != nil {
+			return nil, fmt.Errorf("running version %q: %w", p.Running, err)
+		}
+		rel := version.MustParseSemantic(s.manifest.Version) // checked by checkManifest
+		if rel.LessThan(running) {
+			if !p.AllowDowngrade {
+				return nil, refuse(ReasonDowngrade, "release %s is older than the running %s (--allow-downgrade accepts it)", s.manifest.Version, p.Running)
+			}
+			downgrade = true
+		}
+	}
+	return &Verified{manifest: s.manifest, keyID: s.keyID, downgrade: downgrade}, nil
+}
+
+// checkManifest checks what a manifest must be whoever reads it: what Sign refuses to sign
+// and CheckPolicy refuses to accept.
+func checkManifest(m Manifest) error {
+	if _, err := version.ParseSemantic(m.Version); err != nil {
+		return refuse(ReasonMalformed, "version %q: %w", m.Version, err)
+	}
+	if !clusterrecord.IsKubernetesVersion(m.KubernetesVersion) {
+		return refuse(ReasonMalformed, "kubernetesVersion %q: want v1.X.Y", m.KubernetesVersion)
+	}
+	if _, err := m.NodeImage.sha256Hex(); err != nil {
+		return refuse(ReasonMalformed, "node image: %w", err)
+	}
+	if _, err := m.ServicesImage.sha256Hex(); err != nil {
+		return refuse(ReasonMalformed, "services image: %w", err)
+	}
+	if len(m.References) == 0 {
+		return refuse(ReasonInvalidReference, "no reference values: a release supports at least one variant")
+	}
+	seen := map[variant.Variant]bool{}
+	for i, ref := range m.References {
+		if seen[ref.Variant] {
+			return refuse(ReasonInvalidReference, "references[%d]: variant %s listed twice", i, ref.Variant)
+		}
+		seen[ref.Variant] = true
+		// The existing validation (choose.Reference.Validate, measurements.M.Validate) is
+		// the rule; an unenforced image register gets its own reason.
+		if err := ref.Validate(); err != nil {
+			reason := ReasonInvalidReference
+			if errors.Is(err, measurements.ErrUnenforcedRegister) {
+				reason = ReasonUnenforced
+			}
+			return refuse(reason, "reference values of %s: %w", variantName(ref.Variant), err)
+		}
+	}
+	return nil
+}
+
+func variantName(v variant.Variant) string {
+	if v.IsZero() {
+		return "(no variant)"
+	}
+	return v.String()
+}
+
+// Open runs every check in order (Parse, Verify, CheckPolicy) and returns the release only
+// if all pass.
+func Open(ctx context.Context, data []byte, key *PublicKey, p Policy) (*Verified, error) {
+	env, err := Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	signed, err := Verify(ctx, env, key)
+	if err != nil {
+		return nil, err
+	}
+	return signed.CheckPolicy(p)
+}
+
+// Reference returns the verified reference values of variant vr, if the release supports it.
+func (v *Verified) Reference(vr variant.Variant) (choose.Reference, bool) {
+	return v.manifest.reference(vr)
+}
+
+func (m Manifest) reference(v variant.Variant) (choose.Reference, bool) {
+	for _, ref := range m.References {
+		if ref.Variant == v {
+			return ref, true
+		}
+	}
+	return choose.Reference{}, false
+}
