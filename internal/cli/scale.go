@@ -33,10 +33,12 @@ func (p scalePlan) empty() bool { return len(p.add) == 0 && len(p.remove) == 0 }
 
 // planScale compares the state's nodes with the configured counts. New nodes get names that
 // were never used in the cluster (a removed node's identity stays refused); removal takes the
-// nodes named in prefer first (apply --remove), then the newest nodes of a role. Any node may
-// go, control-plane-0 included: the cluster's API endpoint is the platform's load balancer,
-// not a node.
-func planScale(conf *config.Config, st *state.State, image string, prefer []string) (scalePlan, error) {
+// nodes named in prefer first (apply --remove), then those in outdated (booting another image
+// than the configured: an upgrade would replace them anyway, and an upgrade interrupted after
+// its replacement joined resumes by removing the old node, not the new one), then the newest
+// nodes of a role. Any node may go, control-plane-0 included: the cluster's API endpoint is
+// the platform's load balancer, not a node.
+func planScale(conf *config.Config, st *state.State, image string, prefer, outdated []string) (scalePlan, error) {
 	lc := conf.Provider.Block()
 	if lc == nil {
 		return scalePlan{}, fmt.Errorf("%s: provider: configure exactly one provider", config.FileName)
@@ -67,7 +69,8 @@ func planScale(conf *config.Config, st *state.State, image string, prefer []stri
 			next++
 		}
 		if len(have) > r.want {
-			// Named ones first, in the order named, then newest first: the highest index.
+			// Named ones first, in the order named, then outdated ones, then newest first:
+			// the highest index.
 			slices.SortStableFunc(have, func(a, b state.Node) int {
 				ia, ib := slices.Index(prefer, a.Name), slices.Index(prefer, b.Name)
 				switch {
@@ -76,6 +79,12 @@ func planScale(conf *config.Config, st *state.State, image string, prefer []stri
 				case ia >= 0:
 					return -1
 				case ib >= 0:
+					return 1
+				}
+				if oa, ob := slices.Contains(outdated, a.Name), slices.Contains(outdated, b.Name); oa != ob {
+					if oa {
+						return -1
+					}
 					return 1
 				}
 				return suffix(b.Name, r.prefix) - suffix(a.Name, r.prefix)
@@ -201,12 +210,20 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err := r.syncWithPlatform(ctx); err != nil {
 		return err
 	}
-	plan, err := planScale(conf, st, image, o.remove)
+	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
+	if err := u.check(ctx); err != nil {
+		return err
+	}
+	stale, err := u.staleNodes(ctx)
 	if err != nil {
 		return err
 	}
-	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
-	if err := u.check(ctx); err != nil {
+	var outdated []string
+	for _, n := range stale {
+		outdated = append(outdated, n.Name)
+	}
+	plan, err := planScale(conf, st, image, o.remove, outdated)
+	if err != nil {
 		return err
 	}
 	if err := r.scale(ctx, plan); err != nil {

@@ -7,11 +7,16 @@ import (
 	"strings"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kube/drain"
 	"github.com/openconstellation/constellation/internal/kube/etcdmember"
+	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -78,9 +83,47 @@ func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 	if err := r.deleteMachine(ctx, n.Name); err != nil {
 		return err
 	}
+	r.waitRevoked(ctx, n.Name)
 	r.t.phase("removed", n.Name+": deleted from Kubernetes and the platform, refused from now on")
 	return nil
 }
+
+// revokedBound bounds the wait until the API server refuses a removed node's identity.
+const revokedBound = time.Minute
+
+// waitRevoked waits until the API server refuses node's identity (a SubjectAccessReview of
+// system:node:<node> reading its own Node is denied: the removed-node authorizer saw the
+// removal record), so that "refused from now on" holds when apply says it. Its watch of the
+// records takes effect within about a second; a lag beyond revokedBound is reported, not an
+// error: the admission policy refuses the identity's writes already, and its certificate
+// expires within 24 h.
+func (r *reconciler) waitRevoked(ctx context.Context, node string) {
+	err := r.do(ctx, node, "waiting until the API server refuses its credentials", revokedBound, func(ctx context.Context) error {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: kubeletcsr.NodeUserPrefix + node, Groups: []string{"system:nodes", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Resource: "nodes", Name: node},
+		}}
+		got, err := r.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if !got.Status.Denied {
+			return retry.WithDelay(errNotRevokedYet, 200*time.Millisecond)
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(r.out, "note: the API server does not refuse %s's credentials yet (%v); its writes are refused by admission, and its certificate expires within 24 h\n", node, err)
+	}
+}
+
+// errNotRevokedYet is transient: the authorizer's watch has not seen the removal record yet.
+var errNotRevokedYet = transientError("the removed-node authorizer does not refuse it yet")
+
+type transientError string
+
+func (e transientError) Error() string   { return string(e) }
+func (e transientError) Transient() bool { return true }
 
 // etcdFor finds an etcd member on another control plane to run etcdctl on, and checks that
 // removing n's member keeps etcd's quorum (refused otherwise, before anything changes).

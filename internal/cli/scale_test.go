@@ -18,6 +18,7 @@ type planScaleCase struct {
 	removed       []state.RemovedNode
 	cp, workers   int
 	prefer        []string // apply --remove
+	outdated      []string // nodes booting another image than the configured
 	wantAdd       []string
 	wantRemove    []string
 	wantErrSubstr string
@@ -64,6 +65,14 @@ func planScaleCases() map[string]planScaleCase {
 			nodes: append(append([]state.Node{}, threeCPs...), node("control-plane-10", metadata.ControlPlane, 6)), cp: 3, workers: 2,
 			prefer: []string{"control-plane-1"}, wantRemove: []string{"control-plane-1"},
 		},
+		"an interrupted upgrade: the outdated node goes, not its newer replacement": {
+			nodes: append(append([]state.Node{}, base...), node("control-plane-1", metadata.ControlPlane, 6)), cp: 1, workers: 2,
+			outdated: []string{"control-plane-0", "worker-0", "worker-1"}, wantRemove: []string{"control-plane-0"},
+		},
+		"--remove before outdated nodes": {
+			nodes: threeCPs, cp: 1, workers: 2, prefer: []string{"control-plane-2"}, outdated: []string{"control-plane-0"},
+			wantRemove: []string{"control-plane-2", "control-plane-0"},
+		},
 		"--remove of a node apply keeps": {
 			nodes: threeCPs, cp: 2, workers: 2, prefer: []string{"control-plane-0", "control-plane-1"},
 			wantErrSubstr: "--remove names 2 control-plane node(s), but constellation-conf.yaml removes 1 of them",
@@ -84,7 +93,7 @@ func TestPlanScale(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			conf := &config.Config{Provider: config.ProviderFor(state.ProviderLocal, config.ProviderBlock{ControlPlanes: tc.cp, Workers: tc.workers, Image: "/image"})}
 			st := &state.State{Nodes: tc.nodes, Removed: tc.removed}
-			plan, err := planScale(conf, st, conf.Provider.Block().ImagePath("/workspace"), tc.prefer)
+			plan, err := planScale(conf, st, conf.Provider.Block().ImagePath("/workspace"), tc.prefer, tc.outdated)
 			if tc.wantErrSubstr != "" {
 				require.ErrorContains(t, err, tc.wantErrSubstr)
 				return

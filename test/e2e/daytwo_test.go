@@ -387,8 +387,24 @@ func etcdMembers(t *testing.T, kubeconfig string) []string {
 }
 
 // etcdPod names a Ready etcd pod on a Ready node, for etcdctl: control-plane-0 may be gone
-// (and a removed node's mirror pod lingers for a while, looking Ready).
+// (and a removed node's mirror pod lingers for a while, looking Ready). Right after a
+// control plane came back, its mirror pod's status may not say Ready yet: polled for a minute.
 func etcdPod(t testing.TB, kubeconfig string) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if pod := readyEtcdPod(t, kubeconfig); pod != "" {
+			return pod
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Ready etcd pod on a Ready node within a minute")
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// readyEtcdPod is one look of etcdPod: "" if there is none yet.
+func readyEtcdPod(t testing.TB, kubeconfig string) string {
 	t.Helper()
 	ready := map[string]bool{}
 	for _, l := range strings.Fields(kubectl(t, kubeconfig, "get", "nodes", "-o",
@@ -403,7 +419,6 @@ func etcdPod(t testing.TB, kubeconfig string) string {
 			return parts[0]
 		}
 	}
-	t.Fatalf("no Ready etcd pod on a Ready node")
 	return ""
 }
 

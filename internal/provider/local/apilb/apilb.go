@@ -47,10 +47,11 @@ const (
 	// tried after it.
 	DefaultConnectTimeout = time.Second
 	// DefaultDownAfter is how long a backend must fail its health checks before the balancer
-	// closes the connections it has (HAProxy's on-marked-down shutdown-sessions): an API
-	// server whose etcd is gone answers nothing, and a client's HTTP/2 connection, which
-	// carries all of its requests, would stay with it until the node is off. A single failed
-	// check (a blip under load) closes nothing.
+	// closes the connections it has, when another backend serves (HAProxy's on-marked-down
+	// shutdown-sessions): an API server whose etcd is gone answers nothing, and a client's
+	// HTTP/2 connection, which carries all of its requests, would stay with it until the node
+	// is off. A single failed check (a blip under load) closes nothing, nor does a down
+	// backend that is the only one.
 	DefaultDownAfter = 2 * time.Second
 	// HealthPath is the API server's readiness endpoint, readable without credentials
 	// (kubeadm's RBAC role system:public-info-viewer).
@@ -354,8 +355,10 @@ func (b *Balancer) setHealth(addr string, healthy bool, why string) {
 		be.failingSince, be.down = time.Time{}, false
 	case be.failingSince.IsZero():
 		be.failingSince = time.Now()
-	case !be.down && time.Since(be.failingSince) >= b.cfg.DownAfter:
-		// Down: its clients are better off on a fresh connection through the balancer.
+	case !be.down && time.Since(be.failingSince) >= b.cfg.DownAfter && b.otherHealthyLocked(addr):
+		// Down, and another backend serves: its clients are better off on a fresh
+		// connection through the balancer. With no other, closing would only cut requests
+		// (and watches) of a server that may be slow, not gone.
 		be.down = true
 		for c := range be.conns {
 			_ = c.Close()
@@ -363,6 +366,17 @@ func (b *Balancer) setHealth(addr string, healthy bool, why string) {
 		b.cfg.Log.Info("API backend down: its connections closed", "backend", addr, "failingFor", time.Since(be.failingSince).Round(time.Millisecond).String(), "connectionsClosed", len(be.conns)/2)
 		be.conns = map[net.Conn]struct{}{}
 	}
+}
+
+// otherHealthyLocked reports whether a backend other than addr is healthy and not draining.
+// Call with b.mu held.
+func (b *Balancer) otherHealthyLocked(addr string) bool {
+	for a, be := range b.backends {
+		if a != addr && be.healthy && !be.draining {
+			return true
+		}
+	}
+	return false
 }
 
 // check asks be's /readyz every HealthInterval until ctx ends.

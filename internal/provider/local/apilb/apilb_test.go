@@ -343,4 +343,18 @@ func TestDownBackendLosesItsConnections(t *testing.T) {
 	// Back up: it serves new connections again and nothing is closed while it is healthy.
 	s0.ready.Store(true)
 	waitHealthy(t, b, 2)
+
+	// The only backend failing its checks keeps its connections: there is nowhere else to go.
+	b.Update([]apilb.Backend{{Addr: s1.addr()}})
+	waitHealthy(t, b, 1)
+	name, err = get(t, c)
+	require.NoError(t, err)
+	require.Equal(t, "s1", name)
+	s1.ready.Store(false)
+	require.Eventually(t, func() bool { return len(b.Healthy()) == 0 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * 300 * time.Millisecond) // well past DownAfter
+	assert.Equal(t, 1, b.Status()[0].Connections, "the only backend's connection is kept")
+	name, err = get(t, c)
+	require.NoError(t, err, "and still serves its client")
+	assert.Equal(t, "s1", name)
 }
