@@ -211,10 +211,7 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 		return err
 	}
 	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
-	if err := u.check(ctx); err != nil {
-		return err
-	}
-	stale, err := u.staleNodes(ctx)
+	stale, err := u.check(ctx)
 	if err != nil {
 		return err
 	}

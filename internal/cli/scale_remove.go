@@ -108,7 +108,7 @@ func (r *reconciler) waitRevoked(ctx context.Context, node string) {
 			return err
 		}
 		if !got.Status.Denied {
-			return retry.WithDelay(errNotRevokedYet, 200*time.Millisecond)
+			return retry.WithDelay(retry.NotYet(errors.New("the removed-node authorizer does not refuse it yet")), 200*time.Millisecond)
 		}
 		return nil
 	})
@@ -116,14 +116,6 @@ func (r *reconciler) waitRevoked(ctx context.Context, node string) {
 		fmt.Fprintf(r.out, "note: the API server does not refuse %s's credentials yet (%v); its writes are refused by admission, and its certificate expires within 24 h\n", node, err)
 	}
 }
-
-// errNotRevokedYet is transient: the authorizer's watch has not seen the removal record yet.
-var errNotRevokedYet = transientError("the removed-node authorizer does not refuse it yet")
-
-type transientError string
-
-func (e transientError) Error() string   { return string(e) }
-func (e transientError) Transient() bool { return true }
 
 // etcdFor finds an etcd member on another control plane to run etcdctl on, and checks that
 // removing n's member keeps etcd's quorum (refused otherwise, before anything changes).

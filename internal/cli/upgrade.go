@@ -123,18 +123,19 @@ type upgrade struct {
 const replacementBound = 10 * time.Minute
 
 // check refuses, before apply changes anything, to move nodes to an image that is not a
-// release, and to start an upgrade in a cluster that is not healthy.
-func (u *upgrade) check(ctx context.Context) error {
+// release, and to start an upgrade in a cluster that is not healthy. It returns the nodes that
+// boot another image (staleNodes).
+func (u *upgrade) check(ctx context.Context) ([]state.Node, error) {
 	stale, err := u.staleNodes(ctx)
 	if err != nil || len(stale) == 0 {
-		return err
+		return nil, err
 	}
 	if u.release == nil {
-		return &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
+		return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
 			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory)",
 			len(stale), u.image, u.conf.Provider.Name())}
 	}
-	return u.checkHealthy(ctx, stale)
+	return stale, u.checkHealthy(ctx, stale)
 }
 
 // run carries out the upgrade that check allowed.
@@ -412,16 +413,13 @@ func (u *upgrade) finish(ctx context.Context) error {
 	if u.release == nil {
 		return nil
 	}
-	retired := []string{}
-	err := u.setReferenceSets(ctx, func(sets measurements.ReferenceSets) measurements.ReferenceSets {
-		kept := u.releaseSets()
-		for _, s := range sets {
-			if !u.isReleaseSet(s.Name) && !slices.Contains(retired, s.Name) {
-				retired = append(retired, s.Name)
-			}
+	var retired []string
+	for _, s := range u.conf.Attestation.Of(u.conf.Attestation.Variant()).Measurements {
+		if !u.isReleaseSet(s.Name) {
+			retired = append(retired, s.Name)
 		}
-		return kept
-	})
+	}
+	err := u.setReferenceSets(ctx, func(measurements.ReferenceSets) measurements.ReferenceSets { return u.releaseSets() })
 	if err != nil {
 		return fmt.Errorf("retiring the reference sets no node boots any more: %w", err)
 	}

@@ -6,9 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -206,11 +203,22 @@ func (c *containerd) taskStatus(id string) string {
 
 func (c *containerd) taskExists(id string) bool { return c.taskStatus(id) != "" }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+// netNamespace returns a new network namespace with its loopback up, as `ctr run --with-ns`
+// takes it, held by a sleeping process until the test ends.
+func netNamespace(t *testing.T) string {
+	holder := exec.Command("unshare", "--net", "--", "sh", "-c", "ip link set lo up && exec sleep 600")
+	require.NoError(t, holder.Start())
+	t.Cleanup(func() {
+		_ = holder.Process.Kill()
+		_ = holder.Wait()
+	})
+	ns := fmt.Sprintf("/proc/%d/ns/net", holder.Process.Pid)
+	// The namespace is the holder's once sh has brought lo up and become sleep.
+	require.Eventually(t, func() bool {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", holder.Process.Pid))
+		return err == nil && strings.TrimSpace(string(comm)) == "sleep"
+	}, 10*time.Second, 10*time.Millisecond, "the namespace's holder did not start")
+	return "network:" + ns
 }
 
 // A kube-proxy-like nftables ruleset (from the nftables proxier's structure), listed back.
@@ -278,24 +286,23 @@ func TestImportAndRun(t *testing.T) {
 	assert.Nil(t, c.criImage(t, "registry.k8s.io/pause:0.0.0"), "CRI does not make up images")
 
 	t.Run("hello serves its pod name", func(t *testing.T) {
+		// The server and its client run in a network namespace of their own, as pods do: no
+		// port on the machine can be taken by another test meanwhile.
+		netns := netNamespace(t)
 		id := containerID(t, "hello")
-		port := freePort(t)
-		_, err := c.run(ctx, "run", "-d", "--net-host", "--env", "PORT="+strconv.Itoa(port),
+		logPath := filepath.Join(t.TempDir(), "hello.log")
+		_, err := c.run(ctx, "run", "-d", "--with-ns", netns, "--log-uri", "file://"+logPath,
 			"--env", "POD_NAME=hello-0", hello.Spec.Ref, id)
 		require.NoError(t, err)
 		t.Cleanup(func() { c.removeContainer(id) })
-		var body string
-		require.Eventually(t, func() bool {
-			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			data, err := io.ReadAll(resp.Body)
-			body = string(data)
-			return err == nil && resp.StatusCode == http.StatusOK
-		}, 20*time.Second, 50*time.Millisecond)
-		assert.Equal(t, "hello from hello-0\n", body)
+		// hello's client mode retries for up to a minute while the server comes up.
+		out, err := c.run(ctx, "run", "--rm", "--with-ns", netns, hello.Spec.Ref, containerID(t, "hello-get"),
+			"/hello", "get", "http://127.0.0.1:8080/")
+		if err != nil {
+			log, _ := os.ReadFile(logPath)
+			require.NoError(t, err, "hello's task is %q; its log:\n%s", c.taskStatus(id), log)
+		}
+		assert.Contains(t, out, "http://127.0.0.1:8080/: hello from hello-0\n")
 	})
 
 	t.Run("pause blocks until SIGTERM", func(t *testing.T) {
@@ -321,13 +328,7 @@ func TestImportAndRun(t *testing.T) {
 		// kube-proxy runs in its node's network namespace (hostNetwork); here a namespace held by
 		// a sleeping process stands for the node's. Two containers join it: one loads a ruleset,
 		// the other lists it.
-		holder := exec.Command("unshare", "--net", "--", "sleep", "600")
-		require.NoError(t, holder.Start())
-		t.Cleanup(func() {
-			_ = holder.Process.Kill()
-			_ = holder.Wait()
-		})
-		netns := fmt.Sprintf("network:/proc/%d/ns/net", holder.Process.Pid)
+		netns := netNamespace(t)
 		nft := func(args ...string) (string, error) {
 			return c.run(ctx, append([]string{"run", "--rm", "--privileged", "--with-ns", netns,
 				proxy.Spec.Ref, containerID(t, "nft"), "/usr/sbin/nft"}, args...)...)

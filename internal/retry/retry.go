@@ -271,6 +271,15 @@ func After(err error) (time.Duration, bool) {
 	return 0, false
 }
 
+// NotYet returns err marked transient: a condition a caller polls for that does not hold yet
+// (nothing failed; asking again is the point).
+func NotYet(err error) error { return notYet{err} }
+
+type notYet struct{ error }
+
+func (e notYet) Unwrap() error   { return e.error }
+func (e notYet) Transient() bool { return true }
+
 // WithDelay returns err carrying a server's requested delay, for After.
 func WithDelay(err error, d time.Duration) error { return &delayed{err: err, d: d} }
 

@@ -56,6 +56,7 @@ func TestTransient(t *testing.T) {
 		"gRPC Unavailable":                           {err: status.Error(codes.Unavailable, "connection refused"), want: true},
 		"gRPC ResourceExhausted":                     {err: status.Error(codes.ResourceExhausted, "rate limited"), want: true},
 		"says so itself":                             {err: selfClassified(true), want: true},
+		"not yet":                                    {err: fmt.Errorf("waiting: %w", NotYet(errors.New("the record is not seen yet"))), want: true},
 
 		"forbidden":                             {err: apierrors.NewForbidden(gr, "x", errors.New("no")), want: false},
 		"unauthorized":                          {err: apierrors.NewUnauthorized("who"), want: false},

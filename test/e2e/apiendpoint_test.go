@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,15 +12,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
@@ -66,7 +61,7 @@ func TestAPIEndpoint(t *testing.T) {
 
 	t.Run("reboot control-plane-0 without downtime", func(t *testing.T) {
 		d := d.on(t)
-		p := startPollers(t, d.kubeconfig, fromNode, serviceIP)
+		p := startPollers(t, d.kubeconfig, "web", "from worker-0", askWeb(fromNode, serviceIP))
 		out := d.run("reboot", "control-plane-0")
 		p.requireNoFailures(t)
 		t.Logf("%s", out)
@@ -78,7 +73,7 @@ func TestAPIEndpoint(t *testing.T) {
 	t.Run("apply removes control-plane-0 without downtime", func(t *testing.T) {
 		d := d.on(t)
 		d.setCounts(2, 1)
-		p := startPollers(t, d.kubeconfig, fromNode, serviceIP)
+		p := startPollers(t, d.kubeconfig, "web", "from worker-0", askWeb(fromNode, serviceIP))
 		out := d.run("apply", "--remove", "control-plane-0")
 		p.requireNoFailures(t)
 		t.Logf("%s", out)
@@ -179,119 +174,6 @@ spec:
 	return ip
 }
 
-// pollers count requests to the API and to the web Service until stopped.
-type pollers struct {
-	stop  func()
-	wg    sync.WaitGroup
-	start time.Time
-	api   pollCount
-	web   pollCount
-	// slices records the web Service's EndpointSlice changes, to tell a failure's cause.
-	slicesMu sync.Mutex
-	slices   []string
-}
-
-// pollCount is one poller's tally; failures keep their first few messages.
-type pollCount struct {
-	mu                 sync.Mutex
-	requests, failures int
-	firstFailures      []string
-}
-
-func (c *pollCount) record(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.requests++
-	if err != nil {
-		c.failures++
-		if len(c.firstFailures) < 10 {
-			c.firstFailures = append(c.firstFailures, time.Now().Format("15:04:05.000")+" "+err.Error())
-		}
-	}
-}
-
-// startPollers polls the API (every 500 ms, client-go through the admin kubeconfig) and the
-// web Service (every 100 ms, from the network namespace netns) until requireNoFailures.
-func startPollers(t *testing.T, kubeconfig, netns, serviceIP string) *pollers {
-	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	require.NoError(t, err)
-	cfg.Timeout = 10 * time.Second
-	client, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
-	web := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return sandbox.DialContext(ctx, netns, network, addr)
-		},
-	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &pollers{stop: cancel, start: time.Now()}
-	p.wg.Go(func() { p.watchSlices(ctx, client) })
-	every := func(interval time.Duration, c *pollCount, req func(context.Context) error) {
-		p.wg.Go(func() {
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
-			for {
-				rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-				err := req(rctx)
-				rcancel()
-				if ctx.Err() != nil {
-					return
-				}
-				c.record(err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-			}
-		})
-	}
-	every(500*time.Millisecond, &p.api, func(ctx context.Context) error {
-		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err
-	})
-	every(100*time.Millisecond, &p.web, func(ctx context.Context) error {
-		return getWeb(ctx, web, serviceIP)
-	})
-	t.Cleanup(p.stopNow)
-	return p
-}
-
-// watchSlices records every change of the web Service's EndpointSlices: time, and each
-// endpoint's address, node and conditions.
-func (p *pollers) watchSlices(ctx context.Context, client kubernetes.Interface) {
-	for ctx.Err() == nil {
-		w, err := client.DiscoveryV1().EndpointSlices("default").Watch(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=web"})
-		if err != nil {
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		for ev := range w.ResultChan() {
-			es, ok := ev.Object.(*discoveryv1.EndpointSlice)
-			if !ok {
-				continue
-			}
-			var eps []string
-			for _, e := range es.Endpoints {
-				node := ""
-				if e.NodeName != nil {
-					node = *e.NodeName
-				}
-				eps = append(eps, fmt.Sprintf("%v@%s ready=%v serving=%v terminating=%v", e.Addresses, node,
-					deref(e.Conditions.Ready), deref(e.Conditions.Serving), deref(e.Conditions.Terminating)))
-			}
-			p.slicesMu.Lock()
-			p.slices = append(p.slices, fmt.Sprintf("%s %s %s: %s", time.Now().Format("15:04:05.000"), ev.Type, es.Name, strings.Join(eps, "; ")))
-			p.slicesMu.Unlock()
-		}
-		w.Stop()
-	}
-}
-
-func deref(b *bool) bool { return b != nil && *b }
-
 // waitServiceServes waits (polled, 2 minutes at most) until the web Service, asked from netns,
 // has answered from each of replicas pods and then 20 times in a row: a new Service's
 // endpoints reach each node's kube-proxy a moment after the pods are Ready, and until then
@@ -321,9 +203,19 @@ func waitServiceServes(t *testing.T, netns, ip string, replicas int) {
 	}, 2*time.Minute, 50*time.Millisecond, "the web Service answers from worker-0 (seen %v; last error: %v)", seen, last)
 }
 
-func getWeb(ctx context.Context, c *http.Client, ip string) error {
-	_, err := getWebName(ctx, c, ip)
-	return err
+// askWeb asks the web Service at ip from the network namespace netns, a fresh connection
+// each time, so every request is routed anew by kube-proxy.
+func askWeb(netns, ip string) func(context.Context) error {
+	web := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return sandbox.DialContext(ctx, netns, network, addr)
+		},
+	}}
+	return func(ctx context.Context) error {
+		_, err := getWebName(ctx, web, ip)
+		return err
+	}
 }
 
 // getWebName asks the web Service once and returns the answering pod's name.
@@ -346,27 +238,4 @@ func getWebName(ctx context.Context, c *http.Client, ip string) (string, error) 
 		return "", fmt.Errorf("answer %s: %q", resp.Status, body)
 	}
 	return name, nil
-}
-
-func (p *pollers) stopNow() {
-	p.stop()
-	p.wg.Wait()
-}
-
-// requireNoFailures stops the pollers, logs their counts and fails if any request failed.
-func (p *pollers) requireNoFailures(t *testing.T) {
-	t.Helper()
-	p.stopNow()
-	p.slicesMu.Lock()
-	t.Logf("polled from %s to %s; the web Service's EndpointSlice changes:\n%s", p.start.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), strings.Join(p.slices, "\n"))
-	p.slicesMu.Unlock()
-	for _, c := range []struct {
-		what string
-		n    *pollCount
-	}{{"API (every 500 ms, from the host through the admin kubeconfig)", &p.api}, {"web Service (every 100 ms, from worker-0)", &p.web}} {
-		data, _ := json.Marshal(c.n.firstFailures)
-		t.Logf("%s: %d requests, %d failures %s", c.what, c.n.requests, c.n.failures, data)
-		assert.Positive(t, c.n.requests, c.what)
-		assert.Zero(t, c.n.failures, "%s: first failures: %s", c.what, data)
-	}
 }
