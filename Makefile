@@ -15,7 +15,7 @@ help: ## list targets
 deps: ## install missing Debian packages and pinned Go tools
 	@./hack/install-deps.sh
 
-kube: deps ## build Kubernetes v1.34 and etcd from the Go module proxy into _output/kube/bin (once; ~10 min cold)
+kube: deps ## build every supported Kubernetes version (v1.34.4, v1.35.4) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~7-10 min per version cold)
 	@./hack/build-kube.sh
 
 images: deps kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images

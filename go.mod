@@ -3,7 +3,8 @@ module github.com/openconstellation/constellation
 go 1.26.0
 
 // k8s.io/kubernetes (for kubeadm's configuration types) requires its staging modules at
-// v0.0.0; they are replaced by the published versions of the same release (as in tools/kube).
+// v0.0.0; they are replaced by the published versions of the same release (as in
+// tools/kube/<version>).
 replace (
 	k8s.io/api => k8s.io/api v0.34.4
 	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.34.4

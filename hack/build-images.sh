@@ -1,27 +1,50 @@
 #!/usr/bin/env bash
 # Builds the node images of the local provider into _output/images (docker archives + index.json,
-# see internal/nodeimage and docs/local-provider.md "Images"): the Kubernetes images from
-# _output/kube/bin (hack/build-kube.sh; $CONSTELLATION_KUBE_BIN overrides), CoreDNS (tools/coredns,
-# rebuilt only when its pins or this script change), pause, the e2e hello server and, when their
-# commands exist, our services. Every binary is static (CGO_ENABLED=0). Archives whose inputs did
-# not change are kept, so a warm run takes a few seconds.
+# see internal/nodeimage and docs/local-provider.md "Images"): for every supported Kubernetes
+# version (internal/kubeversion, printed by hack/kubeversions) its Kubernetes and etcd images from
+# _output/kube/<version>/bin (hack/build-kube.sh; $CONSTELLATION_KUBE_DIR overrides _output/kube)
+# and its CoreDNS (tools/coredns/<version>, each rebuilt only when its pins or its build line
+# change), then pause, the e2e hello server and, when their commands exist, our services. Every
+# binary is static (CGO_ENABLED=0). Archives whose inputs did not change are kept, so a warm run
+# takes a few seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 
 out=_output/images
 bin=$out/bin
-kube=${CONSTELLATION_KUBE_BIN:-_output/kube/bin}
+kube=${CONSTELLATION_KUBE_DIR:-_output/kube}
 mkdir -p "$bin"
 
-# CoreDNS: about 2 minutes cold on 2 cores, cached by a stamp like hack/build-kube.sh.
-stamp=$bin/.coredns.stamp
-want=$(cat tools/coredns/go.mod tools/coredns/go.sum tools/coredns/main.go hack/build-images.sh | sha256sum | cut -d' ' -f1)
-if [ ! -x "$bin/coredns" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "build-images: building CoreDNS (cold: about 2 minutes, then cached)"
+# build_coredns VERSION: tools/coredns/VERSION into $bin/coredns-VERSION.
+build_coredns() {
+  (cd "tools/coredns/$1" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$repo/$bin/coredns-$1" .)
+}
+
+# CoreDNS: about 2 minutes cold per version on 2 cores, cached by a stamp like hack/build-kube.sh.
+# A CoreDNS the earlier layout built ($bin/coredns) is adopted (hard-linked) when it reports the
+# version.
+mapfile -t releases < <(go run ./hack/kubeversions)
+for line in "${releases[@]}"; do
+  read -r _ _ coredns _ <<<"$line"
+  stamp=$bin/.coredns-$coredns.stamp
+  want=$({ cat "tools/coredns/$coredns/go.mod" "tools/coredns/$coredns/go.sum" "tools/coredns/$coredns/main.go"; declare -f build_coredns; } |
+    sha256sum | cut -d' ' -f1)
+  if [ -x "$bin/coredns-$coredns" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    continue
+  fi
   rm -f "$stamp"
-  (cd tools/coredns && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "../../$bin/coredns" .)
+  if [ -x "$bin/coredns" ] && "$bin/coredns" -version 2>/dev/null | grep -qx "CoreDNS-${coredns#v}"; then
+    ln -f "$bin/coredns" "$bin/coredns-$coredns"
+    echo "build-images: adopted $bin/coredns (CoreDNS-${coredns#v}) as $bin/coredns-$coredns"
+  else
+    echo "build-images: building CoreDNS $coredns (cold: about 2 minutes, then cached)"
+    t=$(date +%s)
+    build_coredns "$coredns"
+    echo "build-images: CoreDNS $coredns built in $(($(date +%s) - t)) s"
+  fi
   echo "$want" > "$stamp"
-fi
+done
 
 # Our small binaries: go's build cache makes these quick when nothing changed.
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/pause" ./cmd/pause
@@ -34,5 +57,5 @@ for s in joinservice keyservice verificationservice verifyservice; do
   fi
 done
 
-go run ./hack/images -out "$out" -kube-bin "$kube" -pause "$bin/pause" -coredns "$bin/coredns" \
+go run ./hack/images -out "$out" -kube-dir "$kube" -pause "$bin/pause" -coredns-dir "$bin" \
   -nft "$(command -v nft)" -hello "$bin/hello" -services "$(IFS=,; echo "${services[*]}")"

@@ -10,10 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// TestVersion: pause stands in for the pause image of every supported Kubernetes version.
+func TestVersion(t *testing.T) {
+	for _, r := range kubeversion.Releases() {
+		assert.Equal(t, r.Pause, version, r.Kubernetes)
+	}
+}
 
 // startPause builds pause and starts it as PID 1 of a new PID namespace (as in a pod).
 func startPause(t *testing.T) *exec.Cmd {

@@ -1,5 +1,6 @@
 // Command images builds the node images of the local provider into a directory (docker archives
-// and index.json; see internal/nodeimage). hack/build-images.sh builds its inputs and runs it.
+// and index.json; see internal/nodeimage): those of every supported Kubernetes version
+// (internal/kubeversion) and ours. hack/build-images.sh builds its inputs and runs it.
 package main
 
 import (
@@ -7,25 +8,33 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 )
 
 func main() {
 	var b nodeimage.Binaries
 	out := flag.String("out", "_output/images", "directory of the archives and index.json")
-	flag.StringVar(&b.KubeDir, "kube-bin", "_output/kube/bin", "directory of the Kubernetes binaries, etcd and etcdctl")
+	kubeDir := flag.String("kube-dir", "_output/kube", "directory of <version>/bin per Kubernetes version: its binaries, etcd and etcdctl")
+	corednsDir := flag.String("coredns-dir", "_output/images/bin", "directory of coredns-<version> per CoreDNS version")
 	flag.StringVar(&b.Pause, "pause", "", "static pause binary")
-	flag.StringVar(&b.CoreDNS, "coredns", "", "static CoreDNS binary")
 	flag.StringVar(&b.NFT, "nft", "/usr/sbin/nft", "nft binary for the kube-proxy image")
 	hello := flag.String("hello", "", "static binary of test/e2e/hello (optional)")
 	services := flag.String("services", "", "comma-separated static binaries of the services image (optional)")
 	flag.Parse()
 	log.SetFlags(0)
 
-	images, err := nodeimage.Catalog(b)
+	releases := kubeversion.Releases()
+	b.Kube, b.CoreDNS = map[string]string{}, map[string]string{}
+	for _, r := range releases {
+		b.Kube[r.Kubernetes] = filepath.Join(*kubeDir, r.Kubernetes, "bin")
+		b.CoreDNS[r.CoreDNS] = filepath.Join(*corednsDir, "coredns-"+r.CoreDNS)
+	}
+	images, err := nodeimage.Catalog(b, releases...)
 	if err != nil {
 		log.Fatalf("images: %v", err)
 	}

@@ -468,7 +468,8 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 
 // toolPath names a command for the user to run: its bare name when it is on PATH outside
 // the build output (make puts _output/bin on PATH; the user's shell does not), else the
-// build output's path (the CLI in _output/bin, kubectl in _output/kube/bin).
+// build output's path (the CLI in _output/bin, kubectl in _output/kube/<default version>/bin:
+// kubectl works with API servers one minor version apart, so with every supported version).
 func toolPath(name string) string {
 	exe, err := os.Executable()
 	if err != nil {
@@ -480,7 +481,7 @@ func toolPath(name string) string {
 			return name
 		}
 	}
-	candidates := []string{filepath.Join(filepath.Dir(exe), name), filepath.Join(output, "kube", "bin", name)}
+	candidates := []string{filepath.Join(filepath.Dir(exe), name), filepath.Join(output, "kube", config.DefaultKubernetesVersion, "bin", name)}
 	if name == "constellation" {
 		candidates = []string{exe}
 	}

@@ -36,8 +36,9 @@ type generateLocalOptions struct {
 	controlPlanes int
 	workers       int
 	force         bool
-	// kubeBin and imagesDir build the default node image when image is empty.
-	kubeBin, imagesDir string
+	// kubernetesVersion is the configuration's; kubeDir and imagesDir build the default node
+	// image of it when image is empty.
+	kubernetesVersion, kubeDir, imagesDir string
 }
 
 // defaultImageDir is where `config generate local` lays out the default node image.
@@ -53,10 +54,12 @@ func newConfigGenerateLocalCmd() *cobra.Command {
 The reference values (attestation.qemuVTPM.measurements) are computed offline from the node
 image directory given by --image: each file is measured into its PCR as the provider does at
 boot (docs/attestation.md), so the configuration admits exactly the nodes that boot this
-image. Without --image, the default image is laid out in <workspace>/` + defaultImageDir + ` from
-the bootstrapper installed next to this binary, the Kubernetes binaries (--kube-bin) and the
-services image named in the container image index (--images). An existing configuration is
-kept unless --force is given.`,
+image. Without --image, the default image of the Kubernetes version (--kubernetes-version) is
+laid out in <workspace>/` + defaultImageDir + ` from the bootstrapper installed next to this
+binary, the version's Kubernetes binaries (<--kube-dir>/<version>/bin) and the services image
+named in the container image index (--images). An image given by --image must run the
+configuration's Kubernetes version (create checks its node-config.json). An existing
+configuration is kept unless --force is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := cmd.Flags().GetString("workspace")
@@ -68,9 +71,8 @@ kept unless --force is given.`,
 	}
 	cmd.Flags().StringVar(&o.name, "name", "constellation", "cluster name (a DNS label)")
 	cmd.Flags().StringVar(&o.image, "image", "", "node image directory ("+strings.Join(imageFiles(), ", ")+"); default: lay out the default image")
-	exe, _ := os.Executable()
-	out := filepath.Dir(filepath.Dir(exe))
-	cmd.Flags().StringVar(&o.kubeBin, "kube-bin", filepath.Join(out, "kube", "bin"), "directory of the Kubernetes binaries (make kube), for the default image")
+	cmd.Flags().StringVar(&o.kubernetesVersion, "kubernetes-version", config.DefaultKubernetesVersion, "Kubernetes version of the cluster ("+strings.Join(config.SupportedKubernetesVersions, ", ")+")")
+	addKubeDirFlag(cmd, &o.kubeDir)
 	addImagesFlag(cmd, &o.imagesDir)
 	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane nodes")
 	cmd.Flags().IntVar(&o.workers, "workers", 1, "number of worker nodes")
@@ -87,7 +89,7 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	}
 	if o.image == "" {
 		o.image = filepath.Join(workspace, defaultImageDir)
-		if err := layOutDefaultImage(o.image, o.kubeBin, o.imagesDir); err != nil {
+		if err := layOutDefaultImage(o.image, o.kubernetesVersion, o.kubeDir, o.imagesDir); err != nil {
 			return fmt.Errorf("laying out the default node image: %w", err)
 		}
 		fmt.Fprintf(out, "Laid out the default node image in %s.\n", o.image)
@@ -111,6 +113,9 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 
 	c := config.Default()
 	c.Name = o.name
+	if o.kubernetesVersion != "" {
+		c.KubernetesVersion = o.kubernetesVersion
+	}
 	c.Provider = config.ProviderFor(platform.Name(), config.ProviderBlock{
 		ControlPlanes: o.controlPlanes,
 		Workers:       o.workers,

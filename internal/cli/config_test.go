@@ -52,6 +52,7 @@ func TestConfigGenerateLocal(t *testing.T) {
 	assert.Equal(t, &config.ProviderBlock{ControlPlanes: 3, Workers: 2, Image: "image"}, c.Provider.Block(), "image inside the workspace is stored relative to it")
 	assert.Equal(t, image, c.Provider.Block().ImagePath(ws))
 	assert.Equal(t, config.DefaultKubernetesVersion, c.KubernetesVersion)
+	assert.Contains(t, out, "Kubernetes "+config.DefaultKubernetesVersion)
 	assert.Equal(t, config.NetworkConfig{PodCIDR: config.DefaultPodCIDR, ServiceCIDR: config.DefaultServiceCIDR}, c.Network)
 
 	// The reference values are exactly what a node booting this image shows.
@@ -86,6 +87,14 @@ func TestConfigGenerateLocal(t *testing.T) {
 	assert.Equal(t, local.ExpectedPCRs(components), replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements)
 	assert.NotEqual(t, set.Name, replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name, "a new image gets a new set name")
 	assert.Equal(t, &config.ProviderBlock{ControlPlanes: 1, Workers: 1, Image: "image"}, replaced.Provider.Block(), "flag defaults")
+
+	// --kubernetes-version goes into the configuration.
+	out, err = run(t, "-C", ws, "config", "generate", "local", "--image", image, "--force", "--kubernetes-version", "v1.35.4")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "Kubernetes v1.35.4")
+	v135, err := config.Load(filepath.Join(ws, config.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, "v1.35.4", v135.KubernetesVersion)
 }
 
 func TestConfigGenerateLocalImageOutsideWorkspace(t *testing.T) {
@@ -115,6 +124,14 @@ func TestConfigGenerateLocalErrors(t *testing.T) {
 			wantErr: []string{"provider.local.controlPlanes: must be at least 1, got 0", "provider.local.workers: must be at least 0, got -1"},
 		},
 		"bad name": {args: []string{"--image", image, "--name", "My_Cluster"}, wantErr: []string{`name: "My_Cluster" is not a DNS label`}},
+		"unsupported Kubernetes, default image": {
+			args:    []string{"--kubernetes-version", "v1.33.0"},
+			wantErr: []string{"laying out the default node image", `kubernetesVersion "v1.33.0" is not supported (supported: v1.34.4, v1.35.4)`},
+		},
+		"unsupported Kubernetes, given image": {
+			args:    []string{"--image", image, "--kubernetes-version", "v1.35"},
+			wantErr: []string{`kubernetesVersion: "v1.35" is not supported (supported: v1.34.4, v1.35.4)`},
+		},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {

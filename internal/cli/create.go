@@ -23,8 +23,9 @@ type createOptions struct {
 	// imagesDir holds the container images every node imports (make images).
 	imagesDir string
 	// extraWorkerBootstrapper adds a worker "worker-other" whose image has this bootstrapper
-	// (tests: a node the join service must reject); kubeBin provides its kubelet and kubeadm.
-	extraWorkerBootstrapper, kubeBin string
+	// (tests: a node the join service must reject); kubeDir (<kubeDir>/<version>/bin) provides
+	// its kubelet and kubeadm.
+	extraWorkerBootstrapper, kubeDir string
 	// drainTimeout bounds the drain of each node apply removes.
 	drainTimeout time.Duration
 	// allowDowngrade lets apply move the cluster to an older release.
@@ -34,6 +35,14 @@ type createOptions struct {
 	image string
 	// remove names the nodes apply removes first when it scales down (apply --remove).
 	remove []string
+}
+
+// addKubeDirFlag adds --kube-dir: the directory of the Kubernetes binaries, <version>/bin per
+// version (make kube).
+func addKubeDirFlag(cmd *cobra.Command, dir *string) {
+	exe, _ := os.Executable()
+	out := filepath.Dir(filepath.Dir(exe))
+	cmd.Flags().StringVar(dir, "kube-dir", filepath.Join(out, "kube"), "directory of the Kubernetes binaries, <version>/bin per Kubernetes version (make kube)")
 }
 
 func addImagesFlag(cmd *cobra.Command, dir *string) {
@@ -217,7 +226,7 @@ func createOn(ctx context.Context, t *phaseTimer, statePath string, platform pro
 func createRequest(workspace string, conf *config.Config, o createOptions) provider.CreateRequest {
 	req := provider.CreateRequest{
 		Workspace: workspace, Config: conf, ImagesDir: o.imagesDir,
-		UnexpectedWorkerBootstrapper: o.extraWorkerBootstrapper, KubeBin: o.kubeBin,
+		UnexpectedWorkerBootstrapper: o.extraWorkerBootstrapper, KubeDir: o.kubeDir,
 	}
 	lc := conf.Provider.Block()
 	imageDir := o.image

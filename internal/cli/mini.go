@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -32,7 +33,8 @@ func newMiniCmd() *cobra.Command {
 // miniOptions are the flags of mini up.
 type miniOptions struct {
 	controlPlanes, workers int
-	kubeBin, imagesDir     string
+	kubernetesVersion      string
+	kubeDir, imagesDir     string
 	// extraWorkerImage adds a worker booting another image (tests: a modified bootstrapper).
 	extraWorkerBootstrapper string
 	timeout                 time.Duration
@@ -59,7 +61,8 @@ service verified its attestation. Files go to <workspace>/mini; remove with 'min
 	out := filepath.Dir(filepath.Dir(exe))
 	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane nodes")
 	cmd.Flags().IntVar(&o.workers, "workers", 2, "number of worker nodes")
-	cmd.Flags().StringVar(&o.kubeBin, "kube-bin", filepath.Join(out, "kube", "bin"), "directory of the Kubernetes binaries (make kube)")
+	cmd.Flags().StringVar(&o.kubernetesVersion, "kubernetes-version", config.DefaultKubernetesVersion, "Kubernetes version of a generated configuration ("+strings.Join(config.SupportedKubernetesVersions, ", ")+"); the workspace's configuration names its own")
+	addKubeDirFlag(cmd, &o.kubeDir)
 	cmd.Flags().StringVar(&o.imagesDir, "images", filepath.Join(out, "images"), "directory of the node's container images (make images)")
 	cmd.Flags().StringVar(&o.extraWorkerBootstrapper, "extra-worker-bootstrapper", "", "add a worker whose image has this bootstrapper binary (tests)")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
@@ -175,14 +178,25 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	// The node image: what the provider boots and measures, and what the reference values
 	// are computed from, offline, before any node exists.
 	imageDir := filepath.Join(dir, "image")
-	if err := layOutDefaultImage(imageDir, o.kubeBin, o.imagesDir); err != nil {
+	// Its Kubernetes version is the workspace configuration's, if there is one.
+	confPath := filepath.Join(workspace, config.FileName)
+	_, err = os.Stat(confPath)
+	generate := errors.Is(err, os.ErrNotExist)
+	version := o.kubernetesVersion
+	if !generate {
+		conf, err := config.Load(confPath)
+		if err != nil {
+			return err
+		}
+		version = conf.KubernetesVersion
+	}
+	if err := layOutDefaultImage(imageDir, version, o.kubeDir, o.imagesDir); err != nil {
 		return err
 	}
 	// The configuration: the user's if the workspace has one, else generated from the image
 	// (and then removed again by mini down). Its reference values are what init checks.
-	confPath := filepath.Join(workspace, config.FileName)
-	if _, err := os.Stat(confPath); errors.Is(err, os.ErrNotExist) {
-		if err := generateLocal(out, workspace, generateLocalOptions{name: "constellation-mini", image: imageDir, controlPlanes: o.controlPlanes, workers: o.workers}); err != nil {
+	if generate {
+		if err := generateLocal(out, workspace, generateLocalOptions{name: "constellation-mini", image: imageDir, controlPlanes: o.controlPlanes, workers: o.workers, kubernetesVersion: version}); err != nil {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(dir, generatedConfigMarker), nil, 0o644); err != nil {
@@ -191,17 +205,17 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	} else {
 		fmt.Fprintf(out, "using the workspace's %s (its node counts and image; --control-planes and --workers apply to a generated one)\n", config.FileName)
 	}
-	return apply(ctx, out, t, workspace, createOptions{imagesDir: o.imagesDir, extraWorkerBootstrapper: o.extraWorkerBootstrapper, kubeBin: o.kubeBin})
+	return apply(ctx, out, t, workspace, createOptions{imagesDir: o.imagesDir, extraWorkerBootstrapper: o.extraWorkerBootstrapper, kubeDir: o.kubeDir})
 }
 
-// layOutDefaultImage lays out the local provider's default node image in dir
-// (provider.NodeImages).
-func layOutDefaultImage(dir, kubeBin, imagesDir string) error {
+// layOutDefaultImage lays out the local provider's default node image of a Kubernetes version
+// in dir (provider.NodeImages).
+func layOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir string) error {
 	images, ok := localPlatform().(provider.NodeImages)
 	if !ok {
 		return errors.New("the local provider lays out no node image")
 	}
-	return images.LayOutDefaultImage(dir, kubeBin, imagesDir)
+	return images.LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir)
 }
 
 func miniDown(ctx context.Context, out io.Writer, workspace string) error {

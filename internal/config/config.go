@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -41,8 +42,8 @@ const Version1 = "v1"
 
 // Defaults (docs/configuration.md, docs/local-provider.md).
 const (
-	// DefaultKubernetesVersion is the default, and today the only supported, version.
-	DefaultKubernetesVersion = "v1.34.4"
+	// DefaultKubernetesVersion is the version of a configuration that names none.
+	DefaultKubernetesVersion = kubeversion.Default
 	// DefaultPodCIDR is the pod network of the cluster; the local provider gives node i the
 	// i-th /24 of it.
 	DefaultPodCIDR = "10.244.0.0/16"
@@ -53,8 +54,9 @@ const (
 // MaxFileSize bounds the configuration file (it is read whole).
 const MaxFileSize = 1 << 20
 
-// SupportedKubernetesVersions are the Kubernetes versions nodes can run.
-var SupportedKubernetesVersions = []string{DefaultKubernetesVersion}
+// SupportedKubernetesVersions are the Kubernetes versions nodes can run, oldest first (the one
+// list is internal/kubeversion's).
+var SupportedKubernetesVersions = kubeversion.Versions()
 
 const (
 	// Service networks: kube-apiserver refuses IPv4 ranges larger than /12, and the cluster
@@ -70,8 +72,8 @@ type Config struct {
 	// Name is the cluster's name: a DNS label (at most 63 characters of lower-case letters,
 	// digits and '-', starting and ending with a letter or digit). Required.
 	Name string `json:"name"`
-	// KubernetesVersion is the Kubernetes version the cluster runs. Default and only
-	// supported value: v1.34.4.
+	// KubernetesVersion is the Kubernetes version the cluster runs: one of
+	// SupportedKubernetesVersions (v1.34.4, v1.35.4); default v1.34.4.
 	KubernetesVersion string `json:"kubernetesVersion"`
 	// Provider is where the nodes run. Exactly one provider must be configured.
 	Provider ProviderConfig `json:"provider"`

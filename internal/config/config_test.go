@@ -272,9 +272,11 @@ func TestValidate(t *testing.T) {
 		"name upper case":     {edit: func(c *Config) { c.Name = "Demo" }, want: map[string]string{"name": `"Demo" is not a DNS label`}},
 		"name too long":       {edit: func(c *Config) { c.Name = strings.Repeat("a", 64) }, want: map[string]string{"name": "no more than 63"}},
 		"name with a dot":     {edit: func(c *Config) { c.Name = "a.b" }, want: map[string]string{"name": "not a DNS label"}},
+		"kubernetes v1.35.4":  {edit: func(c *Config) { c.KubernetesVersion = "v1.35.4" }},
+		"kubernetes v1.34.4":  {edit: func(c *Config) { c.KubernetesVersion = "v1.34.4" }},
 		"kubernetes version": {
 			edit: func(c *Config) { c.KubernetesVersion = "v1.33.0" },
-			want: map[string]string{"kubernetesVersion": `"v1.33.0" is not supported (supported: v1.34.4)`},
+			want: map[string]string{"kubernetesVersion": `"v1.33.0" is not supported (supported: v1.34.4, v1.35.4)`},
 		},
 		"no provider": {edit: func(c *Config) { c.Provider = nil }, want: map[string]string{"provider": "no provider configured (supported: local)"}},
 		"null provider block": {

@@ -10,44 +10,58 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/openconstellation/constellation/internal/kubeversion"
 )
 
-// Versions and names of the images of the local cluster: the refs kubeadm v1.34.4 uses by default
-// (its constants DefaultEtcdVersion, PauseVersion and CoreDNSVersion), so kubeadm and kubelet
-// find them in containerd without pulling.
+// Names of the images of the local cluster. The images from registry.k8s.io are those kubeadm of
+// each supported Kubernetes version uses by default (kubeversion.Release: its constants
+// DefaultEtcdVersion, PauseVersion and CoreDNSVersion), so kubeadm and the kubelet find them in
+// containerd without pulling.
 const (
-	KubernetesVersion = "v1.34.4"
-	EtcdTag           = "3.6.5-0"
-	PauseTag          = "3.10.1"
-	CoreDNSTag        = "v1.12.1"
-
 	Registry = "registry.k8s.io"
 	// ServicesRepo and HelloRepo are our images; their tags are content hashes (ContentTag).
 	ServicesRepo = "localhost/constellation/services"
 	HelloRepo    = "localhost/constellation/hello"
 )
 
-// Refs of the images from registry.k8s.io that the catalog stands in for.
-var (
-	PauseRef   = Registry + "/pause:" + PauseTag
-	EtcdRef    = Registry + "/etcd:" + EtcdTag
-	CoreDNSRef = Registry + "/coredns/coredns:" + CoreDNSTag
-)
+// KubeRef returns the ref of a Kubernetes component's image of a version, e.g.
+// KubeRef("kube-proxy", "v1.34.4").
+func KubeRef(component, version string) string {
+	return Registry + "/" + component + ":" + version
+}
 
-// KubeRef returns the ref of a Kubernetes component's image, e.g. KubeRef("kube-proxy").
-func KubeRef(component string) string {
-	return Registry + "/" + component + ":" + KubernetesVersion
+// EtcdRef, PauseRef and CoreDNSRef return the refs of a release's etcd, pause and CoreDNS images.
+func EtcdRef(r kubeversion.Release) string    { return Registry + "/etcd:" + r.EtcdTag() }
+func PauseRef(r kubeversion.Release) string   { return Registry + "/pause:" + r.Pause }
+func CoreDNSRef(r kubeversion.Release) string { return Registry + "/coredns/coredns:" + r.CoreDNS }
+
+// controlPlane are the components kubeadm runs as static pods from an image of the
+// Kubernetes version.
+var controlPlane = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// ReleaseRefs returns the refs of every image a release's kubeadm uses, in the order of
+// `kubeadm config images list`: the control plane, kube-proxy, CoreDNS, pause, etcd.
+func ReleaseRefs(r kubeversion.Release) []string {
+	var refs []string
+	for _, c := range append(controlPlane, "kube-proxy") {
+		refs = append(refs, KubeRef(c, r.Kubernetes))
+	}
+	return append(refs, CoreDNSRef(r), PauseRef(r), EtcdRef(r))
 }
 
 // Binaries are the inputs of the catalog, all built locally.
 type Binaries struct {
-	// KubeDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd
-	// and etcdctl (hack/build-kube.sh), all static.
-	KubeDir string
-	// Pause and CoreDNS are the static binaries of cmd/pause and tools/coredns.
-	Pause, CoreDNS string
+	// Kube maps each Kubernetes version to the directory of its binaries: kube-apiserver,
+	// kube-controller-manager, kube-scheduler, kube-proxy, and etcd and etcdctl of the release's
+	// etcd (hack/build-kube.sh: _output/kube/<version>/bin), all static.
+	Kube map[string]string
+	// CoreDNS maps each CoreDNS version to its static binary (tools/coredns/<version>).
+	CoreDNS map[string]string
+	// Pause is the static binary of cmd/pause.
+	Pause string
 	// NFT is the build machine's nft (Debian's nftables), copied with its shared libraries into
-	// the kube-proxy image for kube-proxy's nftables mode.
+	// the kube-proxy images for kube-proxy's nftables mode.
 	NFT string
 }
 
@@ -57,47 +71,65 @@ type Image struct {
 	Spec Spec
 }
 
-// Catalog returns every image from registry.k8s.io a local cluster needs, made from b:
-// kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, pause and CoreDNS.
+// Catalog returns every image from registry.k8s.io the given releases need, made from b:
+// per release kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, pause
+// and CoreDNS; an image two releases share (the same ref: pause, or etcd of the same version) is
+// made once. Each archive is named by its image and tag, e.g. kube-apiserver-v1.34.4 or
+// etcd-3.6.5-0.
 //
 // Kubernetes binaries and etcd are in /usr/local/bin (on PATH: kubeadm's static pods run them by
 // name; its kube-proxy DaemonSet runs /usr/local/bin/kube-proxy), pause is /pause and CoreDNS
 // /coredns, both the entrypoint, as upstream's images have them. The etcd image also has
 // etcdctl, as upstream's does: the CLI runs it in a control plane's etcd pod to remove the etcd
 // member of a control plane it scales down (internal/kube/etcdmember).
-func Catalog(b Binaries) ([]Image, error) {
+func Catalog(b Binaries, releases ...kubeversion.Release) ([]Image, error) {
 	var images []Image
-	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		images = append(images, Image{Name: c, Spec: Spec{
-			Ref:   KubeRef(c),
-			Files: []File{{Src: filepath.Join(b.KubeDir, c), Path: "/usr/local/bin/" + c}},
-		}})
+	seen := map[string]bool{}
+	add := func(img Image) {
+		if !seen[img.Spec.Ref] {
+			seen[img.Spec.Ref] = true
+			images = append(images, img)
+		}
 	}
-	proxy, err := KubeProxy(filepath.Join(b.KubeDir, "kube-proxy"), b.NFT)
-	if err != nil {
-		return nil, err
-	}
-	images = append(images,
-		proxy,
-		Image{Name: "etcd", Spec: Spec{
-			Ref: EtcdRef,
+	for _, r := range releases {
+		kube, ok := b.Kube[r.Kubernetes]
+		if !ok {
+			return nil, fmt.Errorf("no binaries of Kubernetes %s (hack/build-kube.sh builds them)", r.Kubernetes)
+		}
+		coredns, ok := b.CoreDNS[r.CoreDNS]
+		if !ok {
+			return nil, fmt.Errorf("no CoreDNS %s binary for Kubernetes %s", r.CoreDNS, r.Kubernetes)
+		}
+		for _, c := range controlPlane {
+			add(Image{Name: c + "-" + r.Kubernetes, Spec: Spec{
+				Ref:   KubeRef(c, r.Kubernetes),
+				Files: []File{{Src: filepath.Join(kube, c), Path: "/usr/local/bin/" + c}},
+			}})
+		}
+		proxy, err := KubeProxy(filepath.Join(kube, "kube-proxy"), b.NFT, r.Kubernetes)
+		if err != nil {
+			return nil, err
+		}
+		add(proxy)
+		add(Image{Name: "etcd-" + r.EtcdTag(), Spec: Spec{
+			Ref: EtcdRef(r),
 			Files: []File{
-				{Src: filepath.Join(b.KubeDir, "etcd"), Path: "/usr/local/bin/etcd"},
-				{Src: filepath.Join(b.KubeDir, "etcdctl"), Path: "/usr/local/bin/etcdctl"},
+				{Src: filepath.Join(kube, "etcd"), Path: "/usr/local/bin/etcd"},
+				{Src: filepath.Join(kube, "etcdctl"), Path: "/usr/local/bin/etcdctl"},
 			},
 			Dirs: []string{"/var/lib/etcd"},
-		}},
-		Pause(b.Pause),
-		Image{Name: "coredns", Spec: Spec{
-			Ref:        CoreDNSRef,
-			Files:      []File{{Src: b.CoreDNS, Path: "/coredns"}},
+		}})
+		add(Pause(b.Pause, r))
+		add(Image{Name: "coredns-" + r.CoreDNS, Spec: Spec{
+			Ref:        CoreDNSRef(r),
+			Files:      []File{{Src: coredns, Path: "/coredns"}},
 			Entrypoint: []string{"/coredns"},
-		}},
-	)
+		}})
+	}
 	return images, nil
 }
 
-// KubeProxy returns the kube-proxy image: kube-proxy in /usr/local/bin and nft (with its
+// KubeProxy returns the kube-proxy image of a version: kube-proxy in /usr/local/bin and nft (with its
 // shared libraries) in /usr/sbin for kube-proxy's nftables mode.
 //
 // Why nftables: kube-proxy's nftables mode needs only nft (one binary, knftables drives it),
@@ -105,13 +137,13 @@ func Catalog(b Binaries) ([]Image, error) {
 // families. nft works in a node's network namespace on our machines (tables, maps and nat hooks),
 // and nftables is what kube-proxy moves to. The provider sets mode: nftables (and
 // conntrack.maxPerCore: 0, since a network namespace cannot set the global conntrack sysctls).
-func KubeProxy(kubeProxy, nft string) (Image, error) {
+func KubeProxy(kubeProxy, nft, version string) (Image, error) {
 	nftFiles, err := WithLibraries(nft, "/usr/sbin/nft")
 	if err != nil {
 		return Image{}, fmt.Errorf("kube-proxy image: %w", err)
 	}
-	return Image{Name: "kube-proxy", Spec: Spec{
-		Ref: KubeRef("kube-proxy"),
+	return Image{Name: "kube-proxy-" + version, Spec: Spec{
+		Ref: KubeRef("kube-proxy", version),
 		// nft names protocols by /etc/protocols: without it, it lists the map elements
 		// kube-proxy wrote as "tcp" as "6", and kube-proxy compares what it reads back.
 		Files: append([]File{
@@ -126,10 +158,10 @@ func KubeProxy(kubeProxy, nft string) (Image, error) {
 // Protocols is the protocol table put into the kube-proxy image (Debian's netbase).
 var Protocols = "/etc/protocols"
 
-// Pause returns the pause image: /pause, the entrypoint.
-func Pause(binary string) Image {
-	return Image{Name: "pause", Spec: Spec{
-		Ref:        PauseRef,
+// Pause returns a release's pause image: /pause, the entrypoint.
+func Pause(binary string, r kubeversion.Release) Image {
+	return Image{Name: "pause-" + r.Pause, Spec: Spec{
+		Ref:        PauseRef(r),
 		Files:      []File{{Src: binary, Path: "/pause"}},
 		Entrypoint: []string{"/pause"},
 	}}

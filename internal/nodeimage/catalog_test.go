@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/kubeversion"
 )
 
 // buildStatic builds a command of this module as a static binary (as hack/build-images.sh does).
@@ -80,37 +82,91 @@ func TestWithLibraries(t *testing.T) {
 	assert.Error(t, err)
 }
 
-func TestCatalog(t *testing.T) {
+// catalogInputs writes stand-ins of every input of the catalog of the supported releases:
+// per Kubernetes version a directory of its binaries, per CoreDNS version a binary.
+func catalogInputs(t *testing.T) Binaries {
+	t.Helper()
 	dir := t.TempDir()
-	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "etcdctl", "pause", "coredns"} {
-		writeInput(t, dir, b, "binary "+b, 0o755)
-	}
 	sh, err := exec.LookPath("sh")
 	require.NoError(t, err)
-	images, err := Catalog(Binaries{
-		KubeDir: dir, Pause: filepath.Join(dir, "pause"), CoreDNS: filepath.Join(dir, "coredns"), NFT: sh,
-	})
+	b := Binaries{Kube: map[string]string{}, CoreDNS: map[string]string{}, Pause: writeInput(t, dir, "pause", "pause", 0o755), NFT: sh}
+	for _, r := range kubeversion.Releases() {
+		kube := filepath.Join(dir, r.Kubernetes)
+		require.NoError(t, os.MkdirAll(kube, 0o755))
+		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "etcdctl"} {
+			writeInput(t, kube, c, c+" "+r.Kubernetes, 0o755)
+		}
+		b.Kube[r.Kubernetes] = kube
+		b.CoreDNS[r.CoreDNS] = writeInput(t, dir, "coredns-"+r.CoreDNS, "coredns "+r.CoreDNS, 0o755)
+	}
+	return b
+}
+
+func TestCatalog(t *testing.T) {
+	b := catalogInputs(t)
+	v134, err := kubeversion.Lookup("v1.34.4")
 	require.NoError(t, err)
-
-	// The refs kubeadm v1.34.4 asks for (docs/local-provider.md, "Images").
-	want := map[string]string{
-		"kube-apiserver":          "registry.k8s.io/kube-apiserver:v1.34.4",
-		"kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.34.4",
-		"kube-scheduler":          "registry.k8s.io/kube-scheduler:v1.34.4",
-		"kube-proxy":              "registry.k8s.io/kube-proxy:v1.34.4",
-		"etcd":                    "registry.k8s.io/etcd:3.6.5-0",
-		"pause":                   "registry.k8s.io/pause:3.10.1",
-		"coredns":                 "registry.k8s.io/coredns/coredns:v1.12.1",
+	v135, err := kubeversion.Lookup("v1.35.4")
+	require.NoError(t, err)
+	testCases := map[string]struct {
+		releases []kubeversion.Release
+		// want maps archive names to refs: what kubeadm of each version asks for
+		// (docs/local-provider.md, "Images").
+		want map[string]string
+	}{
+		"v1.34.4": {
+			releases: []kubeversion.Release{v134},
+			want: map[string]string{
+				"kube-apiserver-v1.34.4":          "registry.k8s.io/kube-apiserver:v1.34.4",
+				"kube-controller-manager-v1.34.4": "registry.k8s.io/kube-controller-manager:v1.34.4",
+				"kube-scheduler-v1.34.4":          "registry.k8s.io/kube-scheduler:v1.34.4",
+				"kube-proxy-v1.34.4":              "registry.k8s.io/kube-proxy:v1.34.4",
+				"etcd-3.6.5-0":                    "registry.k8s.io/etcd:3.6.5-0",
+				"pause-3.10.1":                    "registry.k8s.io/pause:3.10.1",
+				"coredns-v1.12.1":                 "registry.k8s.io/coredns/coredns:v1.12.1",
+			},
+		},
+		"both, pause shared": {
+			releases: []kubeversion.Release{v134, v135},
+			want: map[string]string{
+				"kube-apiserver-v1.34.4":          "registry.k8s.io/kube-apiserver:v1.34.4",
+				"kube-controller-manager-v1.34.4": "registry.k8s.io/kube-controller-manager:v1.34.4",
+				"kube-scheduler-v1.34.4":          "registry.k8s.io/kube-scheduler:v1.34.4",
+				"kube-proxy-v1.34.4":              "registry.k8s.io/kube-proxy:v1.34.4",
+				"etcd-3.6.5-0":                    "registry.k8s.io/etcd:3.6.5-0",
+				"pause-3.10.1":                    "registry.k8s.io/pause:3.10.1",
+				"coredns-v1.12.1":                 "registry.k8s.io/coredns/coredns:v1.12.1",
+				"kube-apiserver-v1.35.4":          "registry.k8s.io/kube-apiserver:v1.35.4",
+				"kube-controller-manager-v1.35.4": "registry.k8s.io/kube-controller-manager:v1.35.4",
+				"kube-scheduler-v1.35.4":          "registry.k8s.io/kube-scheduler:v1.35.4",
+				"kube-proxy-v1.35.4":              "registry.k8s.io/kube-proxy:v1.35.4",
+				"etcd-3.6.6-0":                    "registry.k8s.io/etcd:3.6.6-0",
+				"coredns-v1.13.1":                 "registry.k8s.io/coredns/coredns:v1.13.1",
+			},
+		},
 	}
-	got := map[string]string{}
-	specs := map[string]Spec{}
-	for _, img := range images {
-		got[img.Name] = img.Spec.Ref
-		specs[img.Name] = img.Spec
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			images, err := Catalog(b, tc.releases...)
+			require.NoError(t, err)
+			got := map[string]string{}
+			specs := map[string]Spec{}
+			for _, img := range images {
+				got[img.Name] = img.Spec.Ref
+				specs[img.Name] = img.Spec
+			}
+			assert.Equal(t, tc.want, got)
+			for _, r := range tc.releases {
+				assertReleaseImages(t, b, r, specs)
+			}
+		})
 	}
-	assert.Equal(t, want, got)
+}
 
-	// Where kubeadm's manifests look for the programs.
+// assertReleaseImages checks where kubeadm's manifests look for the programs of r, and that
+// each image has the binaries of r.
+func assertReleaseImages(t *testing.T, b Binaries, r kubeversion.Release, specs map[string]Spec) {
+	t.Helper()
 	paths := func(s Spec) map[string]string {
 		m := map[string]string{}
 		for _, f := range s.Files {
@@ -118,14 +174,92 @@ func TestCatalog(t *testing.T) {
 		}
 		return m
 	}
-	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd"} {
-		assert.Equal(t, filepath.Join(dir, c), paths(specs[c])["/usr/local/bin/"+c], c)
+	kube := b.Kube[r.Kubernetes]
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"} {
+		assert.Equal(t, filepath.Join(kube, c), paths(specs[c+"-"+r.Kubernetes])["/usr/local/bin/"+c], c)
 	}
-	assert.Equal(t, filepath.Join(dir, "etcdctl"), paths(specs["etcd"])["/usr/local/bin/etcdctl"], "etcdmember runs etcdctl in the etcd pod")
-	assert.Contains(t, paths(specs["kube-proxy"]), "/usr/sbin/nft", "kube-proxy's nftables mode runs nft")
-	assert.Greater(t, len(specs["kube-proxy"].Files), 2, "nft comes with its libraries")
-	assert.Equal(t, []string{"/pause"}, specs["pause"].Entrypoint)
-	assert.Equal(t, []string{"/coredns"}, specs["coredns"].Entrypoint)
+	etcd := specs["etcd-"+r.EtcdTag()]
+	assert.Equal(t, filepath.Join(kube, "etcd"), paths(etcd)["/usr/local/bin/etcd"])
+	assert.Equal(t, filepath.Join(kube, "etcdctl"), paths(etcd)["/usr/local/bin/etcdctl"], "etcdmember runs etcdctl in the etcd pod")
+	proxy := specs["kube-proxy-"+r.Kubernetes]
+	assert.Contains(t, paths(proxy), "/usr/sbin/nft", "kube-proxy's nftables mode runs nft")
+	assert.Greater(t, len(proxy.Files), 2, "nft comes with its libraries")
+	assert.Equal(t, []string{"/pause"}, specs["pause-"+r.Pause].Entrypoint)
+	coredns := specs["coredns-"+r.CoreDNS]
+	assert.Equal(t, []string{"/coredns"}, coredns.Entrypoint)
+	assert.Equal(t, b.CoreDNS[r.CoreDNS], paths(coredns)["/coredns"])
+}
+
+func TestCatalogMissingInputs(t *testing.T) {
+	r, err := kubeversion.Lookup(kubeversion.Default)
+	require.NoError(t, err)
+	b := catalogInputs(t)
+	delete(b.Kube, r.Kubernetes)
+	_, err = Catalog(b, r)
+	assert.ErrorContains(t, err, "no binaries of Kubernetes "+r.Kubernetes)
+	b = catalogInputs(t)
+	delete(b.CoreDNS, r.CoreDNS)
+	_, err = Catalog(b, r)
+	assert.ErrorContains(t, err, "no CoreDNS "+r.CoreDNS)
+}
+
+// TestForKubernetes: a node imports its version's images and ours, nothing of another version.
+func TestForKubernetes(t *testing.T) {
+	var idx Index
+	seen := map[string]bool{}
+	for _, r := range kubeversion.Releases() {
+		for _, ref := range ReleaseRefs(r) {
+			if !seen[ref] {
+				seen[ref] = true
+				idx.Images = append(idx.Images, Entry{Ref: ref, File: ref + ".tar"})
+			}
+		}
+	}
+	idx.Images = append(idx.Images, Entry{Ref: ServicesRepo + ":abc", File: "services.tar"}, Entry{Ref: HelloRepo + ":def", File: "hello.tar"})
+	refs := func(idx Index) []string {
+		var r []string
+		for _, e := range idx.Images {
+			r = append(r, e.Ref)
+		}
+		return r
+	}
+	testCases := map[string]struct {
+		versions []string
+		want     []string
+		wantErr  string
+	}{
+		"v1.34.4": {versions: []string{"v1.34.4"}, want: []string{
+			"registry.k8s.io/kube-apiserver:v1.34.4", "registry.k8s.io/kube-controller-manager:v1.34.4", "registry.k8s.io/kube-scheduler:v1.34.4",
+			"registry.k8s.io/kube-proxy:v1.34.4", "registry.k8s.io/coredns/coredns:v1.12.1", "registry.k8s.io/pause:3.10.1", "registry.k8s.io/etcd:3.6.5-0",
+			ServicesRepo + ":abc", HelloRepo + ":def",
+		}},
+		"v1.35.4": {versions: []string{"v1.35.4"}, want: []string{
+			"registry.k8s.io/pause:3.10.1",
+			"registry.k8s.io/kube-apiserver:v1.35.4", "registry.k8s.io/kube-controller-manager:v1.35.4", "registry.k8s.io/kube-scheduler:v1.35.4",
+			"registry.k8s.io/kube-proxy:v1.35.4", "registry.k8s.io/coredns/coredns:v1.13.1", "registry.k8s.io/etcd:3.6.6-0",
+			ServicesRepo + ":abc", HelloRepo + ":def",
+		}},
+		"both":        {versions: []string{"v1.35.4", "v1.34.4"}, want: refs(idx)},
+		"unsupported": {versions: []string{"v1.33.0"}, wantErr: `kubernetesVersion "v1.33.0" is not supported (supported: v1.34.4, v1.35.4)`},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			got, err := idx.ForKubernetes(tc.versions...)
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.ElementsMatch(t, tc.want, refs(got))
+		})
+	}
+
+	t.Run("missing image", func(t *testing.T) {
+		partial := Index{Images: idx.Images[1:]}
+		_, err := partial.ForKubernetes("v1.34.4")
+		assert.ErrorIs(t, err, ErrNotInIndex)
+		assert.ErrorContains(t, err, "registry.k8s.io/kube-apiserver:v1.34.4 (run `make images`)")
+	})
 }
 
 func TestContentTaggedImages(t *testing.T) {

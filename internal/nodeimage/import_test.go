@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -28,6 +29,7 @@ type containerd struct {
 	socket string
 	ctr    string
 	pid    int
+	mem    string // the tmpfs of root and state, in containerd's mount namespace
 }
 
 // startContainerd starts Debian's containerd with its own config, socket, root and state, the
@@ -66,7 +68,7 @@ state = %[2]q
   [plugins."io.containerd.grpc.v1.cri".cni]
     conf_dir = %[7]q
 `, filepath.Join(mem, "root"), filepath.Join(mem, "state"), socket, socket+".ttrpc",
-		filepath.Join(dir, "opt"), PauseRef, filepath.Join(dir, "cni"))
+		filepath.Join(dir, "opt"), defaultPauseRef(t), filepath.Join(dir, "cni"))
 	cfgPath := filepath.Join(dir, "config.toml")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(config), 0o600))
 
@@ -98,7 +100,7 @@ state = %[2]q
 			}
 		}
 	})
-	c := &containerd{socket: socket, ctr: ctr, pid: cmd.Process.Pid}
+	c := &containerd{socket: socket, ctr: ctr, pid: cmd.Process.Pid, mem: mem}
 	require.Eventually(t, func() bool {
 		select {
 		case <-exited:
@@ -115,6 +117,15 @@ state = %[2]q
 // run runs ctr against c in namespace k8s.io, in containerd's mount namespace: `ctr run` mounts
 // the image's snapshot itself (to read users and groups), and the snapshots are on the tmpfs
 // only containerd's mount namespace has, as a node's are in its own.
+// memUsed returns the bytes used on containerd's tmpfs (its root and state: blobs and
+// unpacked snapshots), seen through its mount namespace.
+func (c *containerd) memUsed(t *testing.T) uint64 {
+	t.Helper()
+	var st syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(fmt.Sprintf("/proc/%d/root%s", c.pid, c.mem), &st))
+	return (st.Blocks - st.Bfree) * uint64(st.Bsize)
+}
+
 func (c *containerd) run(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--target", strconv.Itoa(c.pid), "--mount", "--",
 		c.ctr, "--address", c.socket, "--namespace", "k8s.io"}, args...)...)
@@ -246,14 +257,14 @@ func TestImportAndRun(t *testing.T) {
 
 	// kube-proxy's image as the catalog makes it, with the hello binary standing in for
 	// kube-proxy and a ruleset for nft.
-	proxy, err := KubeProxy(helloBin, nft)
+	proxy, err := KubeProxy(helloBin, nft, kubeversion.Default)
 	require.NoError(t, err)
 	proxy.Spec.Files = append(proxy.Spec.Files, File{Src: rules, Path: "/rules.nft"})
 	services, err := Services(pauseBin)
 	require.NoError(t, err)
 	hello, err := Hello(helloBin)
 	require.NoError(t, err)
-	images := []Image{Pause(pauseBin), services, hello, proxy}
+	images := []Image{Pause(pauseBin, defaultRelease(t)), services, hello, proxy}
 	dir := t.TempDir()
 	idx, _, err := BuildAll(dir, images)
 	require.NoError(t, err)
@@ -296,7 +307,7 @@ func TestImportAndRun(t *testing.T) {
 
 	t.Run("pause blocks until SIGTERM", func(t *testing.T) {
 		id := containerID(t, "pause")
-		_, err := c.run(ctx, "run", "-d", PauseRef, id)
+		_, err := c.run(ctx, "run", "-d", defaultPauseRef(t), id)
 		require.NoError(t, err)
 		t.Cleanup(func() { c.removeContainer(id) })
 		require.Eventually(t, func() bool { return c.taskStatus(id) == "RUNNING" }, 10*time.Second, 50*time.Millisecond)
@@ -310,7 +321,7 @@ func TestImportAndRun(t *testing.T) {
 	t.Run("services image holds the binaries", func(t *testing.T) {
 		out, err := c.run(ctx, "run", "--rm", services.Spec.Ref, containerID(t, "services"), "/usr/local/bin/pause", "-v")
 		require.NoError(t, err)
-		assert.Equal(t, "pause.go "+PauseTag+"\n", out)
+		assert.Equal(t, "pause.go "+defaultRelease(t).Pause+"\n", out)
 	})
 
 	t.Run("nft of the kube-proxy image in a network namespace", func(t *testing.T) {
@@ -336,22 +347,34 @@ func TestImportFailures(t *testing.T) {
 	ctx := context.Background()
 	c := startContainerd(t)
 	garbage := writeInput(t, t.TempDir(), "garbage.tar", "not a tar", 0o644)
-	good, err := Build(Pause(buildStatic(t, "../../cmd/pause")).Spec, filepath.Join(t.TempDir(), "pause.tar"))
+	good, err := Build(Pause(buildStatic(t, "../../cmd/pause"), defaultRelease(t)).Spec, filepath.Join(t.TempDir(), "pause.tar"))
 	require.NoError(t, err)
 
 	err = Import(ctx, c.ctr, c.socket, "k8s.io", good.File, garbage)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), garbage)
 	assert.NotContains(t, err.Error(), good.File, "only the failed archive is named")
-	assert.NotNil(t, c.criImage(t, PauseRef), "the good archive is imported")
+	assert.NotNil(t, c.criImage(t, defaultPauseRef(t)), "the good archive is imported")
 
 	err = Import(ctx, c.ctr, filepath.Join(t.TempDir(), "none.sock"), "k8s.io", good.File)
 	assert.Error(t, err, "no containerd")
 }
 
-// TestImportControlPlane imports every image `make images` built (the catalog, with the real
-// Kubernetes binaries) into a containerd on tmpfs, as a node does at boot, and checks that the
-// CRI finds each under the ref kubeadm uses.
+// defaultRelease is the release of the default Kubernetes version.
+func defaultRelease(t *testing.T) kubeversion.Release {
+	t.Helper()
+	r, err := kubeversion.Lookup(kubeversion.Default)
+	require.NoError(t, err)
+	return r
+}
+
+func defaultPauseRef(t *testing.T) string { return PauseRef(defaultRelease(t)) }
+
+// TestImportControlPlane imports, per supported Kubernetes version, the images `make images`
+// built that a node of the version imports (the catalog with the real binaries, and ours) into
+// a containerd on tmpfs, as a node does at boot, and checks that the CRI finds each under the
+// ref kubeadm uses and that the binaries in them are the version's. It logs what a node pays:
+// the archives' size, the import time and the tmpfs the content takes.
 func TestImportControlPlane(t *testing.T) {
 	dir := imagesDir(t)
 	idx, err := ReadIndex(dir)
@@ -359,36 +382,62 @@ func TestImportControlPlane(t *testing.T) {
 	for _, e := range idx.Images {
 		require.Equal(t, e.SHA256, fileSHA(t, filepath.Join(dir, e.File)), "%s matches the index (run make images)", e.File)
 	}
-	c := startContainerd(t)
-	start := time.Now()
-	require.NoError(t, Import(context.Background(), c.ctr, c.socket, "k8s.io", idx.Files(dir)...))
-	var size int64
-	for _, e := range idx.Images {
-		size += e.Size
+	for _, r := range kubeversion.Releases() {
+		t.Run(r.Kubernetes, func(t *testing.T) {
+			node, err := idx.ForKubernetes(r.Kubernetes)
+			require.NoError(t, err)
+			c := startContainerd(t)
+			start := time.Now()
+			require.NoError(t, Import(context.Background(), c.ctr, c.socket, "k8s.io", node.Files(dir)...))
+			var size int64
+			for _, e := range node.Images {
+				size += e.Size
+			}
+			t.Logf("imported %d images (%.0f MB) in %v; containerd's tmpfs holds %.0f MB", len(node.Images), float64(size)/1e6,
+				time.Since(start).Round(time.Millisecond), float64(c.memUsed(t))/1e6)
+			for _, ref := range ReleaseRefs(r) {
+				assert.NotNil(t, c.criImage(t, ref), "CRI knows %s", ref)
+			}
+			assertVersions(t, c, r)
+		})
 	}
-	t.Logf("imported %d images (%.0f MB) in %v", len(idx.Images), float64(size)/1e6, time.Since(start).Round(time.Millisecond))
+}
 
-	for _, ref := range []string{
-		KubeRef("kube-apiserver"), KubeRef("kube-controller-manager"), KubeRef("kube-scheduler"),
-		KubeRef("kube-proxy"), EtcdRef, PauseRef, CoreDNSRef,
-	} {
-		assert.NotNil(t, c.criImage(t, ref), "CRI knows %s", ref)
-	}
-	// The binaries run inside their images (static, on PATH).
+// assertVersions runs the binaries inside a release's images (static, on PATH) and checks that
+// each reports the release's version.
+func assertVersions(t *testing.T, c *containerd, r kubeversion.Release) {
+	t.Helper()
 	for _, run := range []struct {
 		ref  string
 		args []string
+		want string
 	}{
-		{KubeRef("kube-apiserver"), []string{"kube-apiserver", "--version"}},
-		{KubeRef("kube-proxy"), []string{"kube-proxy", "--version"}},
-		{EtcdRef, []string{"etcd", "--version"}},
-		{EtcdRef, []string{"etcdctl", "version"}},
-		{CoreDNSRef, []string{"/coredns", "-version"}},
+		{KubeRef("kube-apiserver", r.Kubernetes), []string{"kube-apiserver", "--version"}, "Kubernetes " + r.Kubernetes},
+		{KubeRef("kube-controller-manager", r.Kubernetes), []string{"kube-controller-manager", "--version"}, "Kubernetes " + r.Kubernetes},
+		{KubeRef("kube-scheduler", r.Kubernetes), []string{"kube-scheduler", "--version"}, "Kubernetes " + r.Kubernetes},
+		{KubeRef("kube-proxy", r.Kubernetes), []string{"kube-proxy", "--version"}, "Kubernetes " + r.Kubernetes},
+		{EtcdRef(r), []string{"etcd", "--version"}, "etcd Version: " + strings.TrimPrefix(r.Etcd, "v")},
+		{EtcdRef(r), []string{"etcdctl", "version"}, "etcdctl version: " + strings.TrimPrefix(r.Etcd, "v")},
+		{CoreDNSRef(r), []string{"/coredns", "-version"}, "CoreDNS-" + strings.TrimPrefix(r.CoreDNS, "v")},
 	} {
 		out, err := c.run(context.Background(), append([]string{"run", "--rm", run.ref, containerID(t, "version")}, run.args...)...)
 		require.NoError(t, err, "%s %v", run.ref, run.args)
-		assert.NotEmpty(t, out, run.ref)
-		t.Logf("%s %s: %s", run.ref, run.args[0], strings.SplitN(strings.TrimSpace(out), "\n", 2)[0])
+		first := strings.SplitN(strings.TrimSpace(out), "\n", 2)[0]
+		assert.Equal(t, run.want, first, "%s %s", run.ref, run.args[0])
+	}
+}
+
+// TestKubeadmImages: the images of each release are exactly those the release's built kubeadm
+// lists (`kubeadm config images list`), so kubeversion's table agrees with kubeadm's constants.
+func TestKubeadmImages(t *testing.T) {
+	testtier.Integration(t, "the kubeadm of make kube")
+	for _, r := range kubeversion.Releases() {
+		t.Run(r.Kubernetes, func(t *testing.T) {
+			kubeadm := filepath.Join(repoDir(t), "_output", "kube", r.Kubernetes, "bin", "kubeadm")
+			out, err := exec.Command(kubeadm, "config", "images", "list", "--kubernetes-version", r.Kubernetes).CombinedOutput()
+			require.NoError(t, err, "%s (make kube builds it): %s", kubeadm, out)
+			assert.Equal(t, ReleaseRefs(r), strings.Fields(string(out)))
+		})
 	}
 }
 
@@ -396,11 +445,17 @@ func TestImportControlPlane(t *testing.T) {
 func imagesDir(t *testing.T) string {
 	t.Helper()
 	testtier.Integration(t, "the images of make images")
+	return filepath.Join(repoDir(t), "_output", "images")
+}
+
+// repoDir returns the repository the working directory is in.
+func repoDir(t *testing.T) string {
+	t.Helper()
 	wd, err := os.Getwd()
 	require.NoError(t, err)
 	for dir := wd; ; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "hack", "build-images.sh")); err == nil {
-			return filepath.Join(dir, "_output", "images")
+			return dir
 		}
 		require.NotEqual(t, dir, filepath.Dir(dir), "no repository above %s", wd)
 	}

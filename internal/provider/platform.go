@@ -56,10 +56,11 @@ type CreateRequest struct {
 	// ImagesDir holds the container images every node imports (make images).
 	ImagesDir string
 	// UnexpectedWorkerBootstrapper, when set, adds a worker "worker-other" whose image differs
-	// from Nodes' in its bootstrapper (this binary); KubeBin provides the rest of its image.
+	// from Nodes' in its bootstrapper (this binary); KubeDir (<KubeDir>/<version>/bin)
+	// provides the rest of its image.
 	// For tests: a node the join service must refuse. A platform that cannot boot another
 	// image refuses the request.
-	UnexpectedWorkerBootstrapper, KubeBin string
+	UnexpectedWorkerBootstrapper, KubeDir string
 }
 
 // ReferenceValues are what a node image measures.
@@ -77,10 +78,11 @@ type ReferenceValues struct {
 type NodeImages interface {
 	// ImageFiles names the files of a node image, for help texts.
 	ImageFiles() []string
-	// LayOutDefaultImage writes the default node image to dir: the bootstrapper next to
-	// the CLI, the Kubernetes node binaries of kubeBin and the services image named in the
-	// container image index of imagesDir.
-	LayOutDefaultImage(dir, kubeBin, imagesDir string) error
+	// LayOutDefaultImage writes the default node image of a Kubernetes version to dir: the
+	// bootstrapper next to the CLI, the version's Kubernetes node binaries from kubeDir
+	// (<kubeDir>/<version>/bin) and the services image named in the container image index of
+	// imagesDir, which must hold the version's images.
+	LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir string) error
 	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md).
 	ImageDigest(dir string) (string, error)
 	// LayOutReleaseImage writes to dir the node image of release version: base's, stamped

@@ -21,10 +21,6 @@ import (
 func TestCreateApplyTerminate(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
-	kubeBin := filepath.Join(repoOutput(t), "kube", "bin")
-	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
-		kubeBin = dir
-	}
 	images := filepath.Join(repoOutput(t), "images")
 	cli := func(args ...string) (string, error) {
 		out, err := exec.Command(bin, append([]string{"-C", ws}, args...)...).CombinedOutput()
@@ -38,7 +34,7 @@ func TestCreateApplyTerminate(t *testing.T) {
 		}
 	})
 
-	out, err := cli("config", "generate", "local", "--name", "demo", "--workers", "0", "--kube-bin", kubeBin, "--images", images)
+	out, err := cli("config", "generate", "local", "--name", "demo", "--workers", "0", "--kube-dir", kubeDir(t), "--images", images)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "Laid out the default node image")
 	conf, err := config.Load(filepath.Join(ws, config.FileName))

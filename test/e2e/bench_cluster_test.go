@@ -13,11 +13,10 @@ import (
 // measure fails.
 func withBenchCluster(b *testing.B, bin string, args []string, measure func(ws string)) {
 	b.Helper()
-	kubeBin := filepath.Join(repoOutput(b), "kube", "bin")
 	images := filepath.Join(repoOutput(b), "images")
 	for i := 0; i < b.N; i++ {
 		ws := b.TempDir()
-		up := append([]string{"mini", "up", "-C", ws, "--kube-bin", kubeBin, "--images", images}, args...)
+		up := append([]string{"mini", "up", "-C", ws, "--kube-dir", kubeDir(b), "--images", images}, args...)
 		out, err := exec.Command(bin, up...).CombinedOutput()
 		if err != nil {
 			_, _ = exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()

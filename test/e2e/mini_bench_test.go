@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -24,16 +23,12 @@ var (
 // Run with -benchtime 1x: each iteration creates and removes a cluster.
 func BenchmarkMiniUp(b *testing.B) {
 	bin, _ := buildBinaries(b)
-	kubeBin := filepath.Join(repoOutput(b), "kube", "bin")
-	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
-		kubeBin = dir
-	}
 	images := filepath.Join(repoOutput(b), "images")
 	var create, init, join, ready float64
 	for i := 0; i < b.N; i++ {
 		joins := 0.0
 		ws := b.TempDir()
-		out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
+		out, err := exec.Command(bin, "mini", "up", "-C", ws, "--workers", "2", "--kube-dir", kubeDir(b), "--images", images).CombinedOutput()
 		downOut, downErr := exec.Command(bin, "mini", "down", "-C", ws).CombinedOutput()
 		require.NoError(b, err, "%s", out)
 		require.NoError(b, downErr, "%s", downOut)

@@ -52,13 +52,18 @@ func buildBinaries(t testing.TB) (bin, bootstrapper string) {
 	return filepath.Join(dir, "constellation"), filepath.Join(dir, "bootstrapper")
 }
 
-// kubeBinDir is the Kubernetes binaries the tests' nodes use ($CONSTELLATION_KUBE_BIN or
-// _output/kube/bin).
-func kubeBinDir(t testing.TB) string {
-	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
+// kubeDir is the Kubernetes binaries the tests' nodes use, <version>/bin per version
+// ($CONSTELLATION_KUBE_DIR or _output/kube).
+func kubeDir(t testing.TB) string {
+	if dir := os.Getenv("CONSTELLATION_KUBE_DIR"); dir != "" {
 		return dir
 	}
-	return filepath.Join(repoOutput(t), "kube", "bin")
+	return filepath.Join(repoOutput(t), "kube")
+}
+
+// kubectlPath is the kubectl the tests run: the default Kubernetes version's.
+func kubectlPath(t testing.TB) string {
+	return filepath.Join(kubeDir(t), config.DefaultKubernetesVersion, "bin", "kubectl")
 }
 
 // miniUp runs `constellation mini up` in ws with args, fails the test if it fails, and
@@ -70,7 +75,7 @@ func miniUp(t *testing.T, bin, ws string, args ...string) []byte {
 		assert.NoError(t, err, "%s", out)
 		assertNoLeftovers(t, ws, cluster.NetworkID(filepath.Join(ws, "mini")))
 	})
-	args = append([]string{"mini", "up", "-C", ws, "--kube-bin", kubeBinDir(t), "--images", filepath.Join(repoOutput(t), "images")}, args...)
+	args = append([]string{"mini", "up", "-C", ws, "--kube-dir", kubeDir(t), "--images", filepath.Join(repoOutput(t), "images")}, args...)
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	return out
@@ -78,7 +83,7 @@ func miniUp(t *testing.T, bin, ws string, args ...string) []byte {
 
 func kubectl(t testing.TB, kubeconfig string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(repoOutput(t), "kube", "bin", "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
+	out, err := exec.Command(kubectlPath(t), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
 	require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
 	return string(out)
 }
@@ -88,7 +93,6 @@ func kubectl(t testing.TB, kubeconfig string, args ...string) string {
 func TestMiniUp(t *testing.T) {
 	bin, bootstrapper := buildBinaries(t)
 	ws := t.TempDir()
-	kubeBin := kubeBinDir(t)
 	images := filepath.Join(repoOutput(t), "images")
 	// The other node's bootstrapper differs from the image's by a few bytes: it still runs,
 	// but it measures differently (PCR 11).
@@ -183,7 +187,7 @@ func TestMiniUp(t *testing.T) {
 	kubectl(t, kubeconfig, "-n", "kube-system", "wait", "--for=condition=Available", "deployment/coredns", "--timeout=120s")
 
 	// A second mini up refuses and changes nothing.
-	out, err = exec.Command(bin, "mini", "up", "-C", ws, "--workers", "0", "--kube-bin", kubeBin, "--images", images).CombinedOutput()
+	out, err = exec.Command(bin, "mini", "up", "-C", ws, "--workers", "0", "--kube-dir", kubeDir(t), "--images", images).CombinedOutput()
 	require.Error(t, err)
 	assert.Contains(t, string(out), "already up")
 
@@ -275,7 +279,7 @@ func helloRef(t *testing.T, images string) string {
 
 func applyManifest(t *testing.T, kubeconfig, manifest string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(repoOutput(t), "kube", "bin", "kubectl"), "--kubeconfig", kubeconfig, "apply", "-f", "-")
+	cmd := exec.Command(kubectlPath(t), "--kubeconfig", kubeconfig, "apply", "-f", "-")
 	cmd.Stdin = strings.NewReader(manifest)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "kubectl apply: %s", out)

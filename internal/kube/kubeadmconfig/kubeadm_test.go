@@ -1,6 +1,7 @@
 package kubeadmconfig_test
 
-// Tests against the real kubeadm v1.34.4 (built by hack/build-kube.sh; kubetest finds it).
+// Tests against the real kubeadm v1.34.4 (built by hack/build-kube.sh; kubetest finds it), and
+// TestKubeadmOfEveryVersionAcceptsConfigs against the kubeadm of every supported version.
 
 import (
 	"bytes"
@@ -25,6 +26,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/testtier"
 )
@@ -86,6 +88,39 @@ func TestKubeadmAcceptsConfigs(t *testing.T) {
 			assert.Equal(t, "ok\n", stdout)
 			assert.NotContains(t, stderr, "WARNING", "kubeadm warns about the config:\n%s", stderr)
 		})
+	}
+}
+
+// TestKubeadmOfEveryVersionAcceptsConfigs: the kubeadm of every supported Kubernetes version
+// accepts the configurations of a cluster of its version, without a warning.
+func TestKubeadmOfEveryVersionAcceptsConfigs(t *testing.T) {
+	testtier.Integration(t, "the kubeadm of every version (make kube)")
+	file := filepath.Join(t.TempDir(), "discovery.conf")
+	require.NoError(t, os.WriteFile(file, []byte("apiVersion: v1\nkind: Config\n"), 0o600))
+	for _, version := range kubeversion.Versions() {
+		dir, err := kubetest.VersionBinDir(version)
+		require.NoError(t, err)
+		init := sandboxInit()
+		init.KubernetesVersion = version
+		join := sandboxJoin(true)
+		join.DiscoveryFile = file
+		for name, generate := range map[string]func() ([]byte, error){
+			"init": func() ([]byte, error) { return kubeadmconfig.Init(init) },
+			"join": func() ([]byte, error) { return kubeadmconfig.Join(join) },
+		} {
+			t.Run(version+"/"+name, func(t *testing.T) {
+				data, err := generate()
+				require.NoError(t, err)
+				cfg := filepath.Join(t.TempDir(), "kubeadm.yaml")
+				require.NoError(t, os.WriteFile(cfg, data, 0o600))
+				var stdout, stderr bytes.Buffer
+				cmd := exec.Command(filepath.Join(dir, "kubeadm"), "config", "validate", "--config", cfg)
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				require.NoError(t, cmd.Run(), "kubeadm %s config validate:\n%s%s\nconfig:\n%s", version, &stdout, &stderr, data)
+				assert.Equal(t, "ok\n", stdout.String())
+				assert.NotContains(t, stderr.String(), "WARNING", "kubeadm %s warns about the config:\n%s", version, &stderr)
+			})
+		}
 	}
 }
 
@@ -240,6 +275,7 @@ func TestKubeadmUploadConfigThenJoin(t *testing.T) {
 		assert.Equal(t, "/var/lib/kubelet/pki/kubelet.key", kubelet.TLSPrivateKeyFile)
 		assert.Equal(t, "cgroupfs", kubelet.CgroupDriver)
 		assert.Equal(t, ptr.To(false), kubelet.FailSwapOn)
+		assert.Equal(t, ptr.To(false), kubelet.FailCgroupV1, "the host may have cgroup v1")
 		assert.Equal(t, ptr.To(false), kubelet.Authentication.Anonymous.Enabled)
 		assert.Equal(t, ptr.To(true), kubelet.Authentication.Webhook.Enabled)
 		assert.Equal(t, kubeletv1beta1.KubeletAuthorizationModeWebhook, kubelet.Authorization.Mode)

@@ -97,7 +97,8 @@
 // nodeRegistration.ignorePreflightErrors [all] (swap, cgroups v1, kernel modules and
 // hostname checks of a shared host kernel), imagePullPolicy Never (control-plane images are
 // imported into containerd, there is no registry), KubeletConfiguration cgroupDriver cgroupfs
-// (no systemd in the sandbox; kubeadm's default is systemd) and failSwapOn false.
+// (no systemd in the sandbox; kubeadm's default is systemd), failSwapOn false and failCgroupV1
+// false (the host's cgroups may be v1, which the kubelet of v1.35 refuses by default).
 //
 // # Weak points
 //
@@ -297,6 +298,9 @@ func initKubeletConfiguration(p InitParams) *kubeletv1beta1.KubeletConfiguration
 	if p.Sandbox {
 		kubeletCfg.CgroupDriver = "cgroupfs"
 		kubeletCfg.FailSwapOn = ptr.To(false)
+		// The sandbox's cgroups are the host's, cgroup v1 on our machines: the kubelet of
+		// v1.35 refuses to start there unless told not to (its default turned to true).
+		kubeletCfg.FailCgroupV1 = ptr.To(false)
 	}
 	return kubeletCfg
 }

@@ -171,6 +171,7 @@ func TestInit(t *testing.T) {
 				TLSPrivateKeyFile:  "/var/lib/kubelet/pki/kubelet.key",
 				CgroupDriver:       "cgroupfs",
 				FailSwapOn:         ptr.To(false),
+				FailCgroupV1:       ptr.To(false),
 			},
 		},
 		"required parameters only": {

@@ -38,13 +38,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/testnet"
 	"github.com/openconstellation/constellation/internal/testtier"
 )
 
-// Version is the Kubernetes version hack/build-kube.sh builds.
-const Version = "v1.34.4"
+// Version is the Kubernetes version of the test control plane: the default of the supported
+// versions hack/build-kube.sh builds.
+const Version = kubeversion.Default
 
 // Cluster is a running control plane.
 type Cluster struct {
@@ -82,11 +84,16 @@ type Options struct {
 	AuthorizationConfig func(pkiDir string) (string, error)
 }
 
-// BinDir returns the directory of the built Kubernetes binaries: $CONSTELLATION_KUBE_BIN, or
-// _output/kube/bin of the repository the working directory is in.
-func BinDir() (string, error) {
-	if dir := os.Getenv("CONSTELLATION_KUBE_BIN"); dir != "" {
-		return dir, nil
+// BinDir returns the directory of the built Kubernetes binaries of Version, etcd and etcdctl
+// included (VersionBinDir).
+func BinDir() (string, error) { return VersionBinDir(Version) }
+
+// VersionBinDir returns the directory of the built Kubernetes binaries of a version, etcd and
+// etcdctl included: <dir>/<version>/bin, where dir is $CONSTELLATION_KUBE_DIR or _output/kube
+// of the repository the working directory is in (hack/build-kube.sh).
+func VersionBinDir(version string) (string, error) {
+	if dir := os.Getenv("CONSTELLATION_KUBE_DIR"); dir != "" {
+		return filepath.Join(dir, version, "bin"), nil
 	}
 	wd, err := os.Getwd()
 	if err != nil {
@@ -94,7 +101,7 @@ func BinDir() (string, error) {
 	}
 	for dir := wd; ; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "hack", "build-kube.sh")); err == nil {
-			return filepath.Join(dir, "_output", "kube", "bin"), nil
+			return filepath.Join(dir, "_output", "kube", version, "bin"), nil
 		}
 		if filepath.Dir(dir) == dir {
 			return "", fmt.Errorf("no repository above %s", wd)

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/kubeversion"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
 
@@ -41,6 +43,15 @@ func TestImageComponents(t *testing.T) {
 	assert.ErrorContains(t, err, "measuring kubeadm")
 	assert.ErrorContains(t, err, "measuring node-config.json")
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// TestContainerdSandboxImage: every node's containerd (one configuration for every Kubernetes
+// version) runs the pause image that kubeadm of each supported version expects, so the CRI
+// never wants another pause image than the one imported.
+func TestContainerdSandboxImage(t *testing.T) {
+	for _, r := range kubeversion.Releases() {
+		assert.Contains(t, local.ContainerdConfig, `sandbox_image = "`+nodeimage.PauseRef(r)+`"`, r.Kubernetes)
+	}
 }
 
 func TestImageDigest(t *testing.T) {

@@ -47,6 +47,7 @@ import (
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/apilb"
@@ -76,9 +77,15 @@ type NodeSpec struct {
 // with the nodes it had.
 type Spec struct {
 	// Dir is the folder the provider owns (workspace/mini).
-	Dir    string     `json:"dir"`
-	Nodes  []NodeSpec `json:"nodes"`
-	Images []string   `json:"images"` // container image tarballs every node imports
+	Dir   string     `json:"dir"`
+	Nodes []NodeSpec `json:"nodes"`
+	// ImagesDir holds the container image archives and their index (make images). Each node
+	// imports the images of the Kubernetes version its image's node-config.json names and ours
+	// (nodeimage.Index.ForKubernetes), read at each of its boots.
+	ImagesDir string `json:"imagesDir,omitempty"`
+	// Images are archives every node imports, in a spec an earlier CLI wrote (which had no
+	// ImagesDir).
+	Images []string `json:"images,omitempty"`
 	// InitSecretHash is the bcrypt hash of the CLI's init secret.
 	InitSecretHash string `json:"initSecretHash"`
 	// AKCACert and AKCAKey (PEM files) certify the nodes' AKs.
@@ -500,6 +507,10 @@ func (p *Provider) startTPM(ctx context.Context, n *node) (*swtpm.Process, error
 func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 	name := n.spec.Name
 	dir := p.nodeDir(name)
+	images, err := p.nodeImages(n.spec.Image)
+	if err != nil {
+		return nil, err
+	}
 	cg := p.cgroup.Child(name)
 	if err := cg.Create(); err != nil {
 		return nil, err
@@ -512,7 +523,7 @@ func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 		return nil, err
 	}
 	args := []string{"--node-dir", dir, "--image-dir", n.spec.Image}
-	for _, img := range p.spec.Images {
+	for _, img := range images {
 		args = append(args, "--image", img)
 	}
 	// The launcher puts itself into the node's cgroup before it execs into the node's
@@ -532,6 +543,38 @@ func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 		return nil, err
 	}
 	return cmd, nil
+}
+
+// nodeImages returns the container image archives a node booting the node image in imageDir
+// imports: those of its node configuration's Kubernetes version, and ours.
+func (p *Provider) nodeImages(imageDir string) ([]string, error) {
+	if p.spec.ImagesDir == "" {
+		return p.spec.Images, nil
+	}
+	return NodeImages(p.spec.ImagesDir, imageDir)
+}
+
+// NodeImages returns the archives of the image index in imagesDir that a node booting the node
+// image in imageDir imports: the images of the Kubernetes version its node-config.json names,
+// and ours (nodeimage.Index.ForKubernetes).
+func NodeImages(imagesDir, imageDir string) ([]string, error) {
+	data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
+	if err != nil {
+		return nil, fmt.Errorf("node image: %w", err)
+	}
+	nodeConfig, err := local.ParseNodeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("node image %s: %w", imageDir, err)
+	}
+	index, err := nodeimage.ReadIndex(imagesDir)
+	if err != nil {
+		return nil, err
+	}
+	images, err := index.ForKubernetes(nodeConfig.KubernetesVersion)
+	if err != nil {
+		return nil, fmt.Errorf("container images of node image %s: %w", imageDir, err)
+	}
+	return images.Files(imagesDir), nil
 }
 
 // watch waits for a boot's bootstrapper to exit. An exit the provider did not cause is a

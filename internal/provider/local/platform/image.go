@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 
-	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -18,11 +20,16 @@ import (
 func (Platform) ImageFiles() []string { return local.ImageFiles() }
 
 // LayOutDefaultImage implements provider.NodeImages: the bootstrapper next to this binary,
-// the Kubernetes node binaries of kubeBin, and a node configuration naming the services image
-// of the container image index in imagesDir.
-func (Platform) LayOutDefaultImage(dir, kubeBin, imagesDir string) error {
+// the Kubernetes node binaries of the version in kubeDir/<version>/bin, and a node
+// configuration naming the version and the services image of the container image index in
+// imagesDir. The index must hold the version's images, and the kubelet and kubeadm must report
+// the version: an image never names a version it does not run.
+func (Platform) LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir string) error {
 	exe, err := os.Executable()
 	if err != nil {
+		return err
+	}
+	if _, err := kubeversion.Lookup(kubernetesVersion); err != nil {
 		return err
 	}
 	index, err := nodeimage.ReadIndex(imagesDir)
@@ -33,17 +40,26 @@ func (Platform) LayOutDefaultImage(dir, kubeBin, imagesDir string) error {
 	if err != nil {
 		return fmt.Errorf("the node's container images (run 'make images' first): %w", err)
 	}
-	nodeConfig := local.NodeConfig{KubernetesVersion: config.DefaultKubernetesVersion, Provider: Name, ServicesImage: services.Ref}
+	if _, err := index.ForKubernetes(kubernetesVersion); err != nil {
+		return fmt.Errorf("the node's container images of Kubernetes %s: %w", kubernetesVersion, err)
+	}
+	nodeConfig := local.NodeConfig{KubernetesVersion: kubernetesVersion, Provider: Name, ServicesImage: services.Ref}
+	kubeBin := filepath.Join(kubeDir, kubernetesVersion, "bin")
 	return buildNodeImage(dir, filepath.Join(filepath.Dir(exe), "bootstrapper"), kubeBin, nodeConfig)
 }
 
 // buildNodeImage lays out a node image directory: the bootstrapper, the Kubernetes node
-// binaries, the containerd configuration and the node configuration.
+// binaries (which must report the node configuration's version), the containerd configuration
+// and the node configuration.
 func buildNodeImage(dir, bootstrapper, kubeBin string, nodeConfig local.NodeConfig) error {
+	kubelet, kubeadm := filepath.Join(kubeBin, "kubelet"), filepath.Join(kubeBin, "kubeadm")
+	if err := checkKubeVersion(nodeConfig.KubernetesVersion, kubelet, kubeadm); err != nil {
+		return fmt.Errorf("node image: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for dst, src := range map[string]string{"bootstrapper": bootstrapper, "kubelet": filepath.Join(kubeBin, "kubelet"), "kubeadm": filepath.Join(kubeBin, "kubeadm")} {
+	for dst, src := range map[string]string{"bootstrapper": bootstrapper, "kubelet": kubelet, "kubeadm": kubeadm} {
 		if err := copyFile(src, filepath.Join(dir, dst), 0o755); err != nil {
 			return fmt.Errorf("node image: %w", err)
 		}
@@ -56,6 +72,28 @@ func buildNodeImage(dir, bootstrapper, kubeBin string, nodeConfig local.NodeConf
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, local.NodeConfigFile), data, 0o644)
+}
+
+// checkKubeVersion checks that the kubelet and kubeadm binaries report version (`kubelet
+// --version`: "Kubernetes v1.34.4"; `kubeadm version -o short`: "v1.34.4").
+func checkKubeVersion(version, kubelet, kubeadm string) error {
+	for _, c := range []struct {
+		bin  string
+		args []string
+		want string
+	}{
+		{kubelet, []string{"--version"}, "Kubernetes " + version},
+		{kubeadm, []string{"version", "-o", "short"}, version},
+	} {
+		out, err := exec.Command(c.bin, c.args...).Output()
+		if err != nil {
+			return fmt.Errorf("%s %s (make kube builds it): %w", c.bin, strings.Join(c.args, " "), err)
+		}
+		if got := strings.TrimSpace(string(out)); got != c.want {
+			return fmt.Errorf("%s reports %q, not Kubernetes %s", c.bin, got, version)
+		}
+	}
+	return nil
 }
 
 func copyFile(src, dst string, perm os.FileMode) error {

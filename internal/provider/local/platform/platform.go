@@ -124,11 +124,11 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	index, err := nodeimage.ReadIndex(req.ImagesDir)
+	imagesDir, err := checkImages(req)
 	if err != nil {
-		return nil, fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
+		return nil, err
 	}
-	spec := cluster.Spec{Dir: dir, Images: index.Files(req.ImagesDir)}
+	spec := cluster.Spec{Dir: dir, ImagesDir: imagesDir}
 	if spec.AKCACert, spec.AKCAKey, err = writeAKCA(dir); err != nil {
 		return nil, err
 	}
@@ -150,6 +150,37 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 		return nil, err
 	}
 	return cluster.Launch(ctx, exe, spec)
+}
+
+// checkImages checks, before any node exists, that the node image of every node runs the
+// configuration's Kubernetes version and that the container images of it are in the index of
+// req.ImagesDir, and returns that directory's absolute path.
+func checkImages(req provider.CreateRequest) (string, error) {
+	imagesDir, err := filepath.Abs(req.ImagesDir)
+	if err != nil {
+		return "", err
+	}
+	if _, err := nodeimage.ReadIndex(imagesDir); err != nil {
+		return "", fmt.Errorf("reading the node's container images (run 'make images' first): %w", err)
+	}
+	for _, n := range req.Nodes {
+		data, err := os.ReadFile(filepath.Join(n.Image, local.NodeConfigFile))
+		if err != nil {
+			return "", fmt.Errorf("node image of %s: %w", n.Name, err)
+		}
+		nodeConfig, err := local.ParseNodeConfig(data)
+		if err != nil {
+			return "", fmt.Errorf("node image %s: %w", n.Image, err)
+		}
+		if want := req.Config.KubernetesVersion; nodeConfig.KubernetesVersion != want {
+			return "", fmt.Errorf("node image %s runs Kubernetes %s, but %s says kubernetesVersion %s: lay out an image of %s",
+				n.Image, nodeConfig.KubernetesVersion, config.FileName, want, want)
+		}
+		if _, err := cluster.NodeImages(imagesDir, n.Image); err != nil {
+			return "", err
+		}
+	}
+	return imagesDir, nil
 }
 
 // checkCreate checks what the local provider requires of a configuration beyond its rules:
@@ -224,7 +255,8 @@ func unexpectedWorker(dir string, req provider.CreateRequest) (provider.NodeSpec
 		return provider.NodeSpec{}, err
 	}
 	other := filepath.Join(dir, "image-other")
-	if err := buildNodeImage(other, req.UnexpectedWorkerBootstrapper, req.KubeBin, nodeConfig); err != nil {
+	kubeBin := filepath.Join(req.KubeDir, nodeConfig.KubernetesVersion, "bin")
+	if err := buildNodeImage(other, req.UnexpectedWorkerBootstrapper, kubeBin, nodeConfig); err != nil {
 		return provider.NodeSpec{}, err
 	}
 	return provider.NodeSpec{Name: "worker-other", Role: metadata.Worker, Image: other, Unexpected: true}, nil

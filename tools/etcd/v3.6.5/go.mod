@@ -1,5 +1,5 @@
 // Module etcd builds etcd v3.6.5 (the version kubeadm v1.34 expects) from the Go module proxy.
-module github.com/openconstellation/constellation/tools/etcd
+module github.com/openconstellation/constellation/tools/etcd/v3.6.5
 
 go 1.26
 

@@ -1,6 +1,6 @@
 // Module coredns builds CoreDNS v1.12.1 (the version kubeadm v1.34 deploys) from the Go module
 // proxy, with only the plugins kubeadm's Corefile uses; see hack/build-images.sh.
-module github.com/openconstellation/constellation/tools/coredns
+module github.com/openconstellation/constellation/tools/coredns/v1.12.1
 
 go 1.26
 

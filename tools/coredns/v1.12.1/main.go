@@ -1,5 +1,5 @@
 // Command coredns is CoreDNS with only the plugins of kubeadm's default Corefile, built from the
-// pinned module version (the one kubeadm v1.34 deploys). Fewer plugins than upstream's build keep
+// pinned module version (the one kubeadm of its Kubernetes version deploys). Fewer plugins than upstream's build keep
 // the build fast and the binary small; the plugin order is upstream's (plugin.cfg).
 package main
 
