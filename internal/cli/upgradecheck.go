@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
 	"github.com/openconstellation/constellation/internal/state"
@@ -127,22 +128,10 @@ func verdict(now running, m release.Manifest) string {
 	}
 }
 
-// kubernetesSkew checks Kubernetes' version-skew rule for a move from current to target:
-// the same minor (any patch, not back), or the next minor; never back, never two minors.
+// kubernetesSkew checks Kubernetes' version-skew rule for a move to the release's version.
 func kubernetesSkew(current, target string) error {
-	cur, err := version.ParseSemantic(current)
-	if err != nil {
-		return fmt.Errorf("current Kubernetes version %q: %w", current, err)
-	}
-	tgt, err := version.ParseSemantic(target)
-	if err != nil {
-		return fmt.Errorf("target Kubernetes version %q: %w", target, err)
-	}
-	switch {
-	case tgt.LessThan(cur):
-		return fmt.Errorf("the release's Kubernetes %s is older than the running %s: Kubernetes never goes back", target, current)
-	case tgt.Major() != cur.Major() || tgt.Minor() > cur.Minor()+1:
-		return fmt.Errorf("the release's Kubernetes %s skips a minor version from the running %s: upgrade one minor at a time", target, current)
+	if err := kubeupgrade.Skew(current, target); err != nil {
+		return fmt.Errorf("the release's Kubernetes %w", err)
 	}
 	return nil
 }

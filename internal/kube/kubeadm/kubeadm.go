@@ -1,5 +1,6 @@
 // Package kubeadm runs the kubeadm binary for the bootstrapper: `kubeadm init` on the first
-// control-plane node and `kubeadm join` on the others, each with a configuration from
+// control-plane node, `kubeadm join` on the others and `kubeadm upgrade` on control planes of
+// a newer Kubernetes version than their cluster's, each with a configuration from
 // internal/kube/kubeadmconfig.
 //
 // The configuration is written to a private temporary file (mode 0600: it may carry a
@@ -41,6 +42,21 @@ func (r Runner) Join(ctx context.Context, config []byte, out io.Writer) error {
 	return r.run(ctx, config, out, "join")
 }
 
+// UpgradeApply runs `kubeadm upgrade apply --config <config> --yes` (no prompt): the control
+// plane of this node moves to the configuration's version, and with it the cluster's
+// configuration (kubeadm-config, kubelet-config). kubeadm moves the add-ons only when no other
+// control plane runs an older version.
+func (r Runner) UpgradeApply(ctx context.Context, config []byte, out io.Writer) error {
+	return r.run(ctx, config, out, "upgrade apply", "--yes")
+}
+
+// UpgradeAddons runs `kubeadm upgrade node phase addon all --config <config>`: kube-proxy
+// and CoreDNS move to the cluster's version, if every control plane runs it.
+func (r Runner) UpgradeAddons(ctx context.Context, config []byte, out io.Writer) error {
+	return r.run(ctx, config, out, "upgrade node phase addon all")
+}
+
+// run runs kubeadm's command (words separated by spaces) with config and the extra flags.
 func (r Runner) run(ctx context.Context, config []byte, out io.Writer, command string, extra ...string) error {
 	dir, err := os.MkdirTemp("", "kubeadm-config-")
 	if err != nil {
@@ -55,7 +71,8 @@ func (r Runner) run(ctx context.Context, config []byte, out io.Writer, command s
 	if bin == "" {
 		bin = "kubeadm"
 	}
-	args := append([]string{command, "--config", path}, extra...)
+	args := append(strings.Fields(command), "--config", path)
+	args = append(args, extra...)
 	if r.DryRun {
 		args = append(args, "--dry-run")
 	}

@@ -3,6 +3,7 @@ package kubeadm_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -118,4 +119,26 @@ func TestMissingBinary(t *testing.T) {
 	err := r.Join(context.Background(), []byte("x"), nil)
 	assert.ErrorContains(t, err, "kubeadm join")
 	assert.ErrorContains(t, err, "no such file")
+}
+
+// The upgrade commands: kubeadm's subcommand words, the configuration, and apply's --yes
+// (without it kubeadm asks on the terminal and fails without one).
+func TestUpgradeCommands(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kubeadm")
+	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\necho \"$@\"\n"), 0o755))
+	r := kubeadm.Runner{Binary: bin}
+	for name, tc := range map[string]struct {
+		run  func(context.Context, []byte, io.Writer) error
+		want string
+	}{
+		"apply":  {run: r.UpgradeApply, want: `^upgrade apply --config \S+/kubeadm.yaml --yes\n$`},
+		"addons": {run: r.UpgradeAddons, want: `^upgrade node phase addon all --config \S+/kubeadm.yaml\n$`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var out bytes.Buffer
+			require.NoError(t, tc.run(context.Background(), []byte("x"), &out))
+			assert.Regexp(t, tc.want, out.String())
+		})
+	}
 }

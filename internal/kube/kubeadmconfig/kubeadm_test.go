@@ -77,6 +77,12 @@ func TestKubeadmAcceptsConfigs(t *testing.T) {
 		"join sandbox":       func() ([]byte, error) { return kubeadmconfig.Join(join(false, true)) },
 		"join control plane": func() ([]byte, error) { return kubeadmconfig.Join(join(true, true)) },
 		"join plain":         func() ([]byte, error) { return kubeadmconfig.Join(join(false, false)) },
+		"upgrade sandbox": func() ([]byte, error) {
+			return kubeadmconfig.Upgrade(kubeadmconfig.UpgradeParams{KubernetesVersion: kubetest.Version, Sandbox: true})
+		},
+		"upgrade plain": func() ([]byte, error) {
+			return kubeadmconfig.Upgrade(kubeadmconfig.UpgradeParams{KubernetesVersion: kubetest.Version})
+		},
 	}
 	for name, generate := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -107,6 +113,9 @@ func TestKubeadmOfEveryVersionAcceptsConfigs(t *testing.T) {
 		for name, generate := range map[string]func() ([]byte, error){
 			"init": func() ([]byte, error) { return kubeadmconfig.Init(init) },
 			"join": func() ([]byte, error) { return kubeadmconfig.Join(join) },
+			"upgrade": func() ([]byte, error) {
+				return kubeadmconfig.Upgrade(kubeadmconfig.UpgradeParams{KubernetesVersion: version, Sandbox: true})
+			},
 		} {
 			t.Run(version+"/"+name, func(t *testing.T) {
 				data, err := generate()

@@ -340,6 +340,55 @@ func Join(p JoinParams) ([]byte, error) {
 	return encode(joinCfg)
 }
 
+// UpgradeParams configure `kubeadm upgrade` on a control-plane node: `kubeadm upgrade apply`
+// moves the control plane to KubernetesVersion, `kubeadm upgrade node phase addon all` moves
+// kube-proxy and CoreDNS to the cluster's version.
+type UpgradeParams struct {
+	// KubernetesVersion is the version the control plane moves to, "v1.<minor>.<patch>"
+	// (required).
+	KubernetesVersion string
+	// Sandbox configures a local-provider node (see the package documentation).
+	Sandbox bool
+}
+
+// SkippedUpgradePhases are the phases of `kubeadm upgrade apply` Constellation skips: the
+// bootstrap-token phase would create the RBAC rules init skips (see the package documentation),
+// kubeadm:node-autoapprove-bootstrap among them.
+var SkippedUpgradePhases = []string{"bootstrap-token"}
+
+// Upgrade returns the configuration file for `kubeadm upgrade apply` and `kubeadm upgrade
+// node`: an UpgradeConfiguration. Decisions beyond kubeadm's defaults:
+//   - apply.skipPhases SkippedUpgradePhases.
+//   - certificateRenewal false: the node running it has just joined with fresh certificates,
+//     and the other control planes are replaced, not upgraded in place; renewing would only
+//     restart components once more.
+//   - etcdUpgrade true (kubeadm's default, explicit): etcd moves with the control plane.
+//   - Sandbox: ignorePreflightErrors [all] (kubeadm looks for the kubelet on PATH and refuses
+//     cgroup v1 hosts for v1.35 kubelets, whatever failCgroupV1 says) and imagePullPolicy Never
+//     (there is no registry; the node has the images of both versions).
+func Upgrade(p UpgradeParams) ([]byte, error) {
+	if !versionPattern.MatchString(p.KubernetesVersion) {
+		return nil, fmt.Errorf("invalid kubeadm upgrade parameters: KubernetesVersion %q: want v1.<minor>.<patch>", p.KubernetesVersion)
+	}
+	cfg := &kubeadmv1beta4.UpgradeConfiguration{
+		Apply: kubeadmv1beta4.UpgradeApplyConfiguration{
+			KubernetesVersion:  p.KubernetesVersion,
+			SkipPhases:         SkippedUpgradePhases,
+			CertificateRenewal: ptr.To(false),
+			EtcdUpgrade:        ptr.To(true),
+		},
+		Node: kubeadmv1beta4.UpgradeNodeConfiguration{
+			CertificateRenewal: ptr.To(false),
+			EtcdUpgrade:        ptr.To(true),
+		},
+	}
+	if p.Sandbox {
+		cfg.Apply.IgnorePreflightErrors, cfg.Node.IgnorePreflightErrors = []string{"all"}, []string{"all"}
+		cfg.Apply.ImagePullPolicy, cfg.Node.ImagePullPolicy = corev1.PullNever, corev1.PullNever
+	}
+	return encode(cfg)
+}
+
 func nodeRegistration(name string, nodeIP netip.Addr, criSocket string, sandbox, controlPlane bool) kubeadmv1beta4.NodeRegistrationOptions {
 	nr := kubeadmv1beta4.NodeRegistrationOptions{
 		Name:             name,

@@ -492,3 +492,54 @@ func TestKubeProxySandbox(t *testing.T) {
 		assert.Equal(t, sandbox, strings.Contains(proxy, "maxPerCore: 0"), "sandbox=%v:\n%s", sandbox, proxy)
 	}
 }
+
+func TestUpgrade(t *testing.T) {
+	upgradeMeta := metav1.TypeMeta{APIVersion: "kubeadm.k8s.io/v1beta4", Kind: "UpgradeConfiguration"}
+	testCases := map[string]struct {
+		params  kubeadmconfig.UpgradeParams
+		want    *kubeadmv1beta4.UpgradeConfiguration
+		wantErr string
+	}{
+		"sandbox": {
+			params: kubeadmconfig.UpgradeParams{KubernetesVersion: "v1.35.4", Sandbox: true},
+			want: &kubeadmv1beta4.UpgradeConfiguration{
+				TypeMeta: upgradeMeta,
+				Apply: kubeadmv1beta4.UpgradeApplyConfiguration{
+					KubernetesVersion: "v1.35.4", SkipPhases: []string{"bootstrap-token"},
+					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true),
+					IgnorePreflightErrors: []string{"all"}, ImagePullPolicy: corev1.PullNever,
+				},
+				Node: kubeadmv1beta4.UpgradeNodeConfiguration{
+					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true),
+					IgnorePreflightErrors: []string{"all"}, ImagePullPolicy: corev1.PullNever,
+				},
+			},
+		},
+		"plain": {
+			params: kubeadmconfig.UpgradeParams{KubernetesVersion: "v1.35.4"},
+			want: &kubeadmv1beta4.UpgradeConfiguration{
+				TypeMeta: upgradeMeta,
+				Apply: kubeadmv1beta4.UpgradeApplyConfiguration{
+					KubernetesVersion: "v1.35.4", SkipPhases: []string{"bootstrap-token"},
+					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true),
+				},
+				Node: kubeadmv1beta4.UpgradeNodeConfiguration{CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true)},
+			},
+		},
+		"no version":  {params: kubeadmconfig.UpgradeParams{}, wantErr: `KubernetesVersion ""`},
+		"bad version": {params: kubeadmconfig.UpgradeParams{KubernetesVersion: "1.35"}, wantErr: `KubernetesVersion "1.35"`},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			data, err := kubeadmconfig.Upgrade(tc.params)
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			objs := decode(t, data)
+			require.Len(t, objs, 1)
+			assert.Equal(t, tc.want, objs[0])
+		})
+	}
+}

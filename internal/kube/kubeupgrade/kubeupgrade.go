@@ -1,0 +1,290 @@
+// Package kubeupgrade moves a cluster to the Kubernetes version of its newest control planes'
+// node image, with that image's own kubeadm (docs/upgrades.md "Kubernetes upgrades").
+//
+// A cluster's Kubernetes version is not a setting the CLI pushes: it follows the node images.
+// An upgrade replaces nodes by nodes of a release with a newer version, control planes first;
+// every control plane runs a Keeper, which compares what its image runs with what the cluster
+// runs and takes the next step, with the node's own measured kubeadm:
+//
+//  1. The cluster's configuration (kubeadm-config) is older than this node's image: `kubeadm
+//     upgrade apply` moves this node's control plane and the cluster's configuration. The
+//     other control planes are replaced, not upgraded in place, so this happens once, on the
+//     first control plane of the release.
+//  2. The cluster runs this version, and kube-proxy (the add-ons) an older one: once every
+//     node's kubelet runs this version, `kubeadm upgrade node phase addon all` moves kube-proxy
+//     and CoreDNS. Not earlier, because a node runs only the container images of its own and
+//     its cluster's versions (the local provider has no registry; docs/local-provider.md
+//     "Images"), so an add-on of the new version would not start on a node of the old image.
+//
+// Everything else is left alone: a cluster newer than the image (an old node that outlived
+// the upgrade of its cluster) and a cluster more than one minor older (Kubernetes upgrades one
+// minor at a time; the CLI refuses such a release before it boots a node).
+//
+// Decide is the whole policy, from what Observe read; Keeper.Step acts on it. Each step is
+// idempotent (kubeadm re-runs a half-done upgrade), so the loop simply runs again after a
+// failure or a reboot.
+package kubeupgrade
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+)
+
+// Where kubeadm keeps the cluster's configuration and the add-ons it deploys.
+const (
+	Namespace             = "kube-system"
+	KubeadmConfigName     = "kubeadm-config"
+	ClusterConfigKey      = "ClusterConfiguration"
+	KubeProxyName         = "kube-proxy"
+	CoreDNSDeploymentName = "coredns"
+)
+
+// Skew checks that a cluster may move from Kubernetes current to target: never back, one
+// minor at a time (Kubernetes' version skew policy; kubeadm upgrades one minor per step).
+func Skew(current, target string) error {
+	cur, err := version.ParseSemantic(current)
+	if err != nil {
+		return fmt.Errorf("the running version %q does not parse: %w", current, err)
+	}
+	tgt, err := version.ParseSemantic(target)
+	if err != nil {
+		return fmt.Errorf("version %q does not parse: %w", target, err)
+	}
+	switch {
+	case tgt.LessThan(cur):
+		return fmt.Errorf("version %s is older than the running %s: Kubernetes never goes back", target, current)
+	case tgt.Major() != cur.Major() || tgt.Minor() > cur.Minor()+1:
+		return fmt.Errorf("version %s skips a minor version from the running %s: upgrade one minor at a time", target, current)
+	}
+	return nil
+}
+
+// Observed is what the cluster runs, as far as the Kubernetes version goes.
+type Observed struct {
+	// Cluster is the version of kubeadm's ClusterConfiguration: the control plane's, once
+	// `kubeadm upgrade apply` succeeded.
+	Cluster string
+	// KubeProxy is the tag of the kube-proxy DaemonSet's image ("" without kube-proxy):
+	// kubeadm moves it and CoreDNS together.
+	KubeProxy string
+	// Kubelets maps each node to its kubelet's version.
+	Kubelets map[string]string
+}
+
+// Observe reads what the cluster runs.
+func Observe(ctx context.Context, kube kubernetes.Interface) (Observed, error) {
+	var o Observed
+	var err error
+	if o.Cluster, err = ClusterVersion(ctx, kube); err != nil {
+		return Observed{}, err
+	}
+	if o.KubeProxy, err = KubeProxyVersion(ctx, kube); err != nil {
+		return Observed{}, err
+	}
+	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return Observed{}, fmt.Errorf("listing the nodes: %w", err)
+	}
+	o.Kubelets = map[string]string{}
+	for _, n := range nodes.Items {
+		o.Kubelets[n.Name] = n.Status.NodeInfo.KubeletVersion
+	}
+	return o, nil
+}
+
+// ClusterVersion returns the kubernetesVersion of kubeadm's ClusterConfiguration.
+func ClusterVersion(ctx context.Context, kube kubernetes.Interface) (string, error) {
+	cm, err := kube.CoreV1().ConfigMaps(Namespace).Get(ctx, KubeadmConfigName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading %s/%s: %w", Namespace, KubeadmConfigName, err)
+	}
+	var cfg struct {
+		KubernetesVersion string `json:"kubernetesVersion"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data[ClusterConfigKey]), &cfg); err != nil {
+		return "", fmt.Errorf("%s/%s %s: %w", Namespace, KubeadmConfigName, ClusterConfigKey, err)
+	}
+	if _, err := version.ParseSemantic(cfg.KubernetesVersion); err != nil {
+		return "", fmt.Errorf("%s/%s %s: kubernetesVersion %q: %w", Namespace, KubeadmConfigName, ClusterConfigKey, cfg.KubernetesVersion, err)
+	}
+	return cfg.KubernetesVersion, nil
+}
+
+// KubeProxyVersion returns the image tag of the kube-proxy DaemonSet, "" if there is none.
+func KubeProxyVersion(ctx context.Context, kube kubernetes.Interface) (string, error) {
+	ds, err := kube.AppsV1().DaemonSets(Namespace).Get(ctx, KubeProxyName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the %s DaemonSet: %w", KubeProxyName, err)
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == KubeProxyName {
+			return imageTag(c.Image), nil
+		}
+	}
+	return "", fmt.Errorf("the %s DaemonSet has no %s container", KubeProxyName, KubeProxyName)
+}
+
+func imageTag(ref string) string {
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		return ref[i+1:]
+	}
+	return ""
+}
+
+// Action is the step a control plane takes.
+type Action string
+
+// Actions.
+const (
+	// None: nothing to do here, the Reason says why.
+	None Action = "none"
+	// ApplyControlPlane: `kubeadm upgrade apply` of this node's version.
+	ApplyControlPlane Action = "upgrade-control-plane"
+	// ApplyAddons: `kubeadm upgrade node phase addon all`.
+	ApplyAddons Action = "upgrade-addons"
+)
+
+// Decision is an Action and why.
+type Decision struct {
+	Action Action
+	Reason string
+}
+
+// Decide returns the step a control plane whose image runs Kubernetes own takes in a cluster
+// that runs o.
+func Decide(own string, o Observed) Decision {
+	cluster, err := version.ParseSemantic(o.Cluster)
+	if err != nil {
+		return Decision{None, fmt.Sprintf("the cluster's version %q does not parse: %v", o.Cluster, err)}
+	}
+	mine, err := version.ParseSemantic(own)
+	if err != nil {
+		return Decision{None, fmt.Sprintf("this node's version %q does not parse: %v", own, err)}
+	}
+	switch {
+	case mine.LessThan(cluster):
+		return Decision{None, fmt.Sprintf("the cluster runs %s, newer than this node's %s", o.Cluster, own)}
+	case cluster.LessThan(mine):
+		if err := Skew(o.Cluster, own); err != nil {
+			return Decision{None, fmt.Sprintf("not upgrading the control plane: %v", err)}
+		}
+		return Decision{ApplyControlPlane, fmt.Sprintf("the cluster runs %s, this node's image %s", o.Cluster, own)}
+	}
+	if o.KubeProxy == "" || o.KubeProxy == own {
+		return Decision{None, "the cluster and its add-ons run " + own}
+	}
+	var older []string
+	for name, v := range o.Kubelets {
+		if v != own {
+			older = append(older, name+" ("+v+")")
+		}
+	}
+	if len(older) > 0 {
+		sort.Strings(older)
+		return Decision{None, fmt.Sprintf("the add-ons (kube-proxy %s) move to %s once every node runs it; not yet: %s",
+			o.KubeProxy, own, strings.Join(older, ", "))}
+	}
+	return Decision{ApplyAddons, fmt.Sprintf("every node runs %s, kube-proxy %s", own, o.KubeProxy)}
+}
+
+// Kubeadm runs this node's kubeadm (internal/kube/kubeadm.Runner).
+type Kubeadm interface {
+	UpgradeApply(ctx context.Context, config []byte, out io.Writer) error
+	UpgradeAddons(ctx context.Context, config []byte, out io.Writer) error
+}
+
+// Keeper takes the steps Decide names, on one control plane.
+type Keeper struct {
+	// Version is the Kubernetes version of this node's image.
+	Version string
+	Kube    kubernetes.Interface
+	Kubeadm Kubeadm
+	// Config is the kubeadm upgrade configuration (kubeadmconfig.Upgrade of Version).
+	Config []byte
+	// Interval is the time between two looks at the cluster (DefaultInterval when zero);
+	// after a failed step the keeper waits up to MaxBackoff.
+	Interval   time.Duration
+	MaxBackoff time.Duration
+	Log        *slog.Logger
+	// Output receives kubeadm's output (the node's log).
+	Output io.Writer
+}
+
+// DefaultInterval and DefaultMaxBackoff pace a Keeper.
+const (
+	DefaultInterval   = 5 * time.Second
+	DefaultMaxBackoff = 2 * time.Minute
+)
+
+// Step observes the cluster, decides, and takes the step. It returns the decision and the
+// step's error.
+func (k *Keeper) Step(ctx context.Context) (Decision, error) {
+	o, err := Observe(ctx, k.Kube)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decide(k.Version, o)
+	switch d.Action {
+	case ApplyControlPlane:
+		k.Log.Info("upgrading the control plane with this node's kubeadm", "to", k.Version, "why", d.Reason)
+		err = k.Kubeadm.UpgradeApply(ctx, k.Config, k.Output)
+	case ApplyAddons:
+		k.Log.Info("upgrading kube-proxy and CoreDNS with this node's kubeadm", "to", k.Version, "why", d.Reason)
+		err = k.Kubeadm.UpgradeAddons(ctx, k.Config, k.Output)
+	}
+	if err != nil {
+		return d, fmt.Errorf("%s: %w", d.Action, err)
+	}
+	if d.Action != None {
+		k.Log.Info("Kubernetes upgrade step done", "step", string(d.Action), "to", k.Version)
+	}
+	return d, nil
+}
+
+// Run takes steps until ctx ends: one look every Interval, backing off after failures. A
+// decision is logged when it changes, a failure every time.
+func (k *Keeper) Run(ctx context.Context) {
+	interval, maxBackoff := k.Interval, k.MaxBackoff
+	if interval == 0 {
+		interval = DefaultInterval
+	}
+	if maxBackoff == 0 {
+		maxBackoff = DefaultMaxBackoff
+	}
+	wait, last := interval, ""
+	for {
+		d, err := k.Step(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			k.Log.Warn("Kubernetes upgrade step failed; trying again", "err", err, "in", wait.String())
+			wait = min(2*wait, maxBackoff)
+		default:
+			if d.Reason != last {
+				k.Log.Info("Kubernetes version", "decision", string(d.Action), "why", d.Reason)
+				last = d.Reason
+			}
+			wait = interval
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,0 +1,221 @@
+package kubeupgrade_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
+	"github.com/openconstellation/constellation/internal/testtier"
+)
+
+func TestSkew(t *testing.T) {
+	for name, tc := range map[string]struct {
+		current, target, wantErr string
+	}{
+		"same":            {current: "v1.34.4", target: "v1.34.4"},
+		"patch":           {current: "v1.34.4", target: "v1.34.5"},
+		"next minor":      {current: "v1.34.4", target: "v1.35.0"},
+		"two minors":      {current: "v1.34.4", target: "v1.36.0", wantErr: "skips a minor"},
+		"next major":      {current: "v1.34.4", target: "v2.0.0", wantErr: "skips a minor"},
+		"back":            {current: "v1.35.4", target: "v1.34.4", wantErr: "never goes back"},
+		"patch back":      {current: "v1.34.4", target: "v1.34.3", wantErr: "never goes back"},
+		"current garbage": {current: "one", target: "v1.34.4", wantErr: `the running version "one" does not parse`},
+		"target garbage":  {current: "v1.34.4", target: "", wantErr: `version "" does not parse`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := kubeupgrade.Skew(tc.current, tc.target)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorContains(t, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestDecide(t *testing.T) {
+	allAt := func(v string) map[string]string {
+		return map[string]string{"control-plane-1": v, "worker-1": v}
+	}
+	for name, tc := range map[string]struct {
+		own        string
+		o          kubeupgrade.Observed
+		want       kubeupgrade.Action
+		wantReason string
+	}{
+		"in step": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.35.4", Kubelets: allAt("v1.35.4")},
+			want: kubeupgrade.None, wantReason: "the cluster and its add-ons run v1.35.4"},
+		"first control plane of a new minor": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.34.4", KubeProxy: "v1.34.4", Kubelets: allAt("v1.34.4")},
+			want: kubeupgrade.ApplyControlPlane},
+		"a new patch": {own: "v1.34.5", o: kubeupgrade.Observed{Cluster: "v1.34.4", KubeProxy: "v1.34.4", Kubelets: allAt("v1.34.4")},
+			want: kubeupgrade.ApplyControlPlane},
+		"two minors ahead: left alone": {own: "v1.36.0", o: kubeupgrade.Observed{Cluster: "v1.34.4", KubeProxy: "v1.34.4"},
+			want: kubeupgrade.None, wantReason: "skips a minor"},
+		"an old node in an upgraded cluster": {own: "v1.34.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4", Kubelets: allAt("v1.34.4")},
+			want: kubeupgrade.None, wantReason: "newer than this node's v1.34.4"},
+		"add-ons wait for the old nodes": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4",
+			Kubelets: map[string]string{"control-plane-1": "v1.35.4", "worker-0": "v1.34.4"}},
+			want: kubeupgrade.None, wantReason: "not yet: worker-0 (v1.34.4)"},
+		"add-ons once every node runs the version": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4", Kubelets: allAt("v1.35.4")},
+			want: kubeupgrade.ApplyAddons},
+		"no kube-proxy": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", Kubelets: allAt("v1.34.4")},
+			want: kubeupgrade.None},
+		"a garbled cluster version": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "latest"},
+			want: kubeupgrade.None, wantReason: `"latest" does not parse`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := kubeupgrade.Decide(tc.own, tc.o)
+			assert.Equal(t, tc.want, d.Action, d.Reason)
+			assert.Contains(t, d.Reason, tc.wantReason)
+		})
+	}
+}
+
+// recordingKubeadm records the steps and fails them with err.
+type recordingKubeadm struct {
+	steps []string
+	err   error
+}
+
+func (r *recordingKubeadm) UpgradeApply(_ context.Context, config []byte, _ io.Writer) error {
+	r.steps = append(r.steps, "apply "+string(config))
+	return r.err
+}
+
+func (r *recordingKubeadm) UpgradeAddons(_ context.Context, config []byte, _ io.Writer) error {
+	r.steps = append(r.steps, "addons "+string(config))
+	return r.err
+}
+
+// objects are what kubeadm leaves at version clusterVersion with kube-proxy at proxy, and
+// nodes whose kubelets run the versions of kubelets.
+func objects(clusterVersion, proxy string, kubelets map[string]string) (*corev1.ConfigMap, *appsv1.DaemonSet, []*corev1.Node) {
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: kubeupgrade.Namespace, Name: kubeupgrade.KubeadmConfigName},
+		Data: map[string]string{kubeupgrade.ClusterConfigKey: "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" +
+			"kubernetesVersion: " + clusterVersion + "\nnetworking:\n  serviceSubnet: 10.96.0.0/12\n"},
+	}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: kubeupgrade.Namespace, Name: kubeupgrade.KubeProxyName},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-proxy"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"k8s-app": "kube-proxy"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{
+					{Name: kubeupgrade.KubeProxyName, Image: "registry.k8s.io/kube-proxy:" + proxy},
+				}},
+			},
+		},
+	}
+	var nodes []*corev1.Node
+	for name, v := range kubelets {
+		nodes = append(nodes, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: v}}})
+	}
+	return cm, ds, nodes
+}
+
+func create(t *testing.T, kube kubernetes.Interface, clusterVersion, proxy string, kubelets map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	cm, ds, nodes := objects(clusterVersion, proxy, kubelets)
+	_, err := kube.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = kube.AppsV1().DaemonSets(ds.Namespace).Create(ctx, ds, metav1.CreateOptions{})
+	require.NoError(t, err)
+	for _, n := range nodes {
+		status := n.Status
+		created, err := kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		require.NoError(t, err)
+		created.Status = status
+		_, err = kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+}
+
+func TestKeeperStep(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cluster, proxy string
+		kubelets       map[string]string
+		kubeadmErr     error
+		want           []string
+		wantErr        string
+	}{
+		"upgrades the control plane": {cluster: "v1.34.4", proxy: "v1.34.4", kubelets: map[string]string{"cp": "v1.35.4", "w": "v1.34.4"},
+			want: []string{"apply config"}},
+		"waits with the add-ons": {cluster: "v1.35.4", proxy: "v1.34.4", kubelets: map[string]string{"cp": "v1.35.4", "w": "v1.34.4"}},
+		"upgrades the add-ons": {cluster: "v1.35.4", proxy: "v1.34.4", kubelets: map[string]string{"cp": "v1.35.4", "w": "v1.35.4"},
+			want: []string{"addons config"}},
+		"kubeadm fails": {cluster: "v1.34.4", proxy: "v1.34.4", kubelets: map[string]string{"cp": "v1.35.4"}, kubeadmErr: errors.New("etcd unhealthy"),
+			want: []string{"apply config"}, wantErr: "upgrade-control-plane: etcd unhealthy"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			kube := fake.NewClientset()
+			create(t, kube, tc.cluster, tc.proxy, tc.kubelets)
+			kubeadm := &recordingKubeadm{err: tc.kubeadmErr}
+			k := &kubeupgrade.Keeper{Version: "v1.35.4", Kube: kube, Kubeadm: kubeadm, Config: []byte("config"),
+				Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			_, err := k.Step(context.Background())
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+			} else {
+				assert.NoError(t, err)
+			}
+			assert.Equal(t, tc.want, kubeadm.steps)
+		})
+	}
+}
+
+func TestObserveFailures(t *testing.T) {
+	ctx := context.Background()
+	_, err := kubeupgrade.Observe(ctx, fake.NewClientset())
+	assert.ErrorContains(t, err, "reading kube-system/kubeadm-config")
+
+	kube := fake.NewClientset()
+	create(t, kube, "latest", "v1.34.4", nil)
+	_, err = kubeupgrade.Observe(ctx, kube)
+	assert.ErrorContains(t, err, `kubernetesVersion "latest"`)
+}
+
+// TestObserveRealAPIServer reads what kubeadm leaves in a real API server, as the keeper of a
+// control plane does.
+func TestObserveRealAPIServer(t *testing.T) {
+	testtier.Integration(t, "etcd and kube-apiserver")
+	kube := kubetest.Start(t, kubetest.Options{}).Admin
+	create(t, kube, "v1.35.4", "v1.34.4", map[string]string{"control-plane-1": "v1.35.4", "worker-0": "v1.34.4"})
+	o, err := kubeupgrade.Observe(context.Background(), kube)
+	require.NoError(t, err)
+	assert.Equal(t, kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4",
+		Kubelets: map[string]string{"control-plane-1": "v1.35.4", "worker-0": "v1.34.4"}}, o)
+	d := kubeupgrade.Decide("v1.35.4", o)
+	assert.Equal(t, kubeupgrade.None, d.Action)
+	assert.Contains(t, d.Reason, "worker-0 (v1.34.4)")
+
+	var out bytes.Buffer
+	kubeadm := &recordingKubeadm{}
+	k := &kubeupgrade.Keeper{Version: "v1.35.4", Kube: kube, Kubeadm: kubeadm, Config: []byte("config"),
+		Log: slog.New(slog.NewTextHandler(&out, nil))}
+	node, err := kube.CoreV1().Nodes().Get(context.Background(), "worker-0", metav1.GetOptions{})
+	require.NoError(t, err)
+	node.Status.NodeInfo.KubeletVersion = "v1.35.4"
+	_, err = kube.CoreV1().Nodes().UpdateStatus(context.Background(), node, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	d, err = k.Step(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, kubeupgrade.ApplyAddons, d.Action)
+	assert.Equal(t, []string{"addons config"}, kubeadm.steps)
+	assert.Contains(t, out.String(), "upgrading kube-proxy and CoreDNS")
+}
