@@ -27,9 +27,9 @@ build: deps ## build the binaries into _output/bin
 release-key: build ## make the local release key once: _output/release-key.pem (private) and .pub (pinned by configs)
 	@if [ -f _output/release-key.pem ]; then echo "release key: _output/release-key.pem exists"; else $(BIN)/release keygen _output/release-key.pem; fi
 
-release: build images release-key ## make release VERSION (e.g. make release VERSION=v0.2.0 FROM=v0.1.0) into _output/releases/VERSION, signed
+release: build images release-key ## make release VERSION (e.g. make release VERSION=v0.2.0 FROM=v0.1.0 [KUBERNETES=v1.35.4]) into _output/releases/VERSION, signed
 	@if [ -z "$(VERSION)" ]; then echo "make release: set VERSION, e.g. make release VERSION=v0.2.0 FROM=v0.1.0" >&2; exit 1; fi
-	@./hack/release.sh $(VERSION) $(FROM)
+	@KUBERNETES=$(KUBERNETES) ./hack/release.sh $(VERSION) $(FROM)
 
 test: deps proto-check lint unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)
 	@echo "make test: all checks passed"

@@ -273,7 +273,11 @@ func (u *upgrade) replace(ctx context.Context, old state.Node, sets []string) er
 		if old.Role == metadata.ControlPlane {
 			prefix = "control-plane-"
 		}
-		spec := provider.NodeSpec{Name: fmt.Sprintf("%s%d", prefix, nextIndex(u.st, prefix)), Role: old.Role, Image: u.image}
+		further, err := u.furtherVersions(ctx)
+		if err != nil {
+			return err
+		}
+		spec := provider.NodeSpec{Name: fmt.Sprintf("%s%d", prefix, nextIndex(u.st, prefix)), Role: old.Role, Image: u.image, KubernetesVersions: further}
 		fmt.Fprintf(u.out, "replacing %s: creating %s (release %s)\n", old.Name, spec.Name, u.release.Version())
 		created := time.Now()
 		if err := u.createNodes(ctx, []provider.NodeSpec{spec}); err != nil {
@@ -290,6 +294,11 @@ func (u *upgrade) replace(ctx context.Context, old state.Node, sets []string) er
 	// left joining).
 	if err := u.waitAllReady(ctx, []state.Node{old}); err != nil {
 		return err
+	}
+	if old.Role == metadata.ControlPlane {
+		if err := u.waitControlPlaneVersion(ctx); err != nil {
+			return err
+		}
 	}
 	if err := u.remove(ctx, old); err != nil {
 		return fmt.Errorf("removing %s, replaced by the release's node (apply again to finish; every step is idempotent): %w", old.Name, err)
@@ -412,6 +421,9 @@ func (u *upgrade) abort(ctx context.Context, node string, cause error) error {
 func (u *upgrade) finish(ctx context.Context) error {
 	if u.release == nil {
 		return nil
+	}
+	if err := u.waitAddons(ctx); err != nil {
+		return err
 	}
 	var retired []string
 	for _, s := range u.conf.Attestation.Of(u.conf.Attestation.Variant()).Measurements {

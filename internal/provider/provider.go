@@ -32,6 +32,12 @@ type NodeSpec struct {
 	Role metadata.Role `json:"role"`
 	// Image is the node image to boot (local provider: a node image directory).
 	Image string `json:"image"`
+	// KubernetesVersions are further Kubernetes versions whose container images the node can
+	// run besides its image's own: a node of an upgrade's release joins a cluster that still
+	// runs the previous version (its control plane at first, kube-proxy and CoreDNS until
+	// every node runs the new one). A cloud's node pulls them from a registry; the local
+	// provider imports them at each boot.
+	KubernetesVersions []string `json:"kubernetesVersions,omitempty"`
 	// Unexpected marks a node that is not expected to be admitted (tests: a node booting an
 	// image that differs from the reference values); the CLI reports it instead of waiting.
 	Unexpected bool `json:"unexpected,omitempty"`

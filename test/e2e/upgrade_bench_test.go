@@ -20,8 +20,8 @@ func BenchmarkUpgrade(b *testing.B) {
 	var upgrade time.Duration
 	withBenchCluster(b, bin, []string{"--control-planes", "1", "--workers", "2"}, func(ws string) {
 		base := filepath.Join(ws, "mini", "image")
-		r := newReleases(b, base)
-		useRelease(b, ws, r.key+".pub", r.source, r.create("v0.1.0", base))
+		r := newReleases(b)
+		useRelease(b, ws, r.key+".pub", r.source, r.create(base, "v0.1.0", base))
 		start := time.Now()
 		out, err := exec.Command(bin, "apply", "-C", ws).CombinedOutput()
 		upgrade += time.Since(start)

@@ -17,6 +17,8 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/kubeversion"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
@@ -28,18 +30,17 @@ import (
 // releases is the release tooling of the upgrade tests: cmd/release, the key it made, and the
 // source it writes releases into.
 type releases struct {
-	t                  testing.TB
-	bin, key, source   string
-	baseImage, imgsDir string
+	t                         testing.TB
+	bin, key, source, imgsDir string
 }
 
-func newReleases(t testing.TB, baseImage string) *releases {
+func newReleases(t testing.TB) *releases {
 	t.Helper()
 	dir := t.TempDir()
 	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/openconstellation/constellation/cmd/release").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	r := &releases{t: t, bin: filepath.Join(dir, "release"), key: filepath.Join(dir, "release-key.pem"), source: t.TempDir(),
-		baseImage: baseImage, imgsDir: filepath.Join(repoOutput(t), "images")}
+		imgsDir: filepath.Join(repoOutput(t), "images")}
 	r.run("keygen", r.key)
 	return r
 }
@@ -51,11 +52,11 @@ func (r *releases) run(args ...string) string {
 	return string(out)
 }
 
-// create makes release version into the source, signed by the pinned key, upgrading from
-// the images in from.
-func (r *releases) create(version string, from ...string) string {
+// create makes release version of the base image into the source, signed by the pinned key,
+// upgrading from the images in from.
+func (r *releases) create(base, version string, from ...string) string {
 	r.t.Helper()
-	args := []string{"create", "--key", r.key, "--version", version, "--source", r.source, "--base-image", r.baseImage, "--images", r.imgsDir}
+	args := []string{"create", "--key", r.key, "--version", version, "--source", r.source, "--base-image", base, "--images", r.imgsDir}
 	for _, f := range from {
 		args = append(args, "--from", f)
 	}
@@ -107,7 +108,9 @@ func firstSet(m map[string]any) map[string]any {
 	return sets[0].(map[string]any)["measurements"].(map[string]any)
 }
 
-// useRelease points the workspace's configuration at image, pinning key.
+// useRelease points the workspace's configuration at image (a release or node image
+// directory, relative to ws or absolute), pinning key, with the Kubernetes version the
+// image's node-config.json names (unchanged if it names none).
 func useRelease(t testing.TB, ws, key, source, image string) {
 	t.Helper()
 	path := filepath.Join(ws, config.FileName)
@@ -115,7 +118,32 @@ func useRelease(t testing.TB, ws, key, source, image string) {
 	require.NoError(t, err)
 	conf.Release = config.ReleaseConfig{Key: key, Source: source}
 	conf.Provider.Block().Image = image
+	dir := image
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(ws, dir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, releasedir.NodeImageDir)); err == nil {
+		dir = filepath.Join(dir, releasedir.NodeImageDir)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, local.NodeConfigFile)); err == nil {
+		if nc, err := local.ParseNodeConfig(data); err == nil {
+			conf.KubernetesVersion = nc.KubernetesVersion
+		}
+	}
 	require.NoError(t, config.Write(path, conf, true))
+}
+
+// layOutImage lays out the default node image of Kubernetes version, as config generate
+// does, and returns its directory.
+func layOutImage(t testing.TB, bin, version string) string {
+	t.Helper()
+	ws := t.TempDir()
+	out, err := exec.Command(bin, "config", "generate", "local", "-C", ws, "--kubernetes-version", version,
+		"--kube-dir", kubeDir(t), "--images", filepath.Join(repoOutput(t), "images")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	conf, err := config.Load(filepath.Join(ws, config.FileName))
+	require.NoError(t, err)
+	return conf.Provider.Block().ImagePath(ws)
 }
 
 // clusterSets are the names of the reference sets the cluster admits by, and those of the
@@ -169,9 +197,13 @@ func TestUpgrade(t *testing.T) {
 	t.Logf("mini up:\n%s", phases(out))
 	d.requireHealthy("control-plane-0", "worker-0")
 
-	r := newReleases(t, filepath.Join(ws, "mini", "image"))
-	v1 := r.create("v0.1.0", filepath.Join(ws, "mini", "image"))
-	v2 := r.create("v0.2.0", v1)
+	// v0.1.0 runs the cluster's Kubernetes version, v0.2.0 the next minor.
+	const kubeNext = "v1.35.4"
+	require.NotEqual(t, config.DefaultKubernetesVersion, kubeNext)
+	r := newReleases(t)
+	base, baseNext := filepath.Join(ws, "mini", "image"), layOutImage(t, bin, kubeNext)
+	v1 := r.create(base, "v0.1.0", base)
+	v2 := r.create(baseNext, "v0.2.0", v1)
 	pub := r.key + ".pub"
 	m1, m2 := releaseValues(t, v1), releaseValues(t, v2)
 	assert.NotEqual(t, m1[local.PCRNodeConfig], m2[local.PCRNodeConfig], "release v0.2.0 measures differently")
@@ -181,7 +213,7 @@ func TestUpgrade(t *testing.T) {
 		useRelease(t, ws, pub, r.source, "mini/image")
 		out := d.run("upgrade", "check")
 		t.Logf("%s", out)
-		assert.Regexp(t, `v0\.2\.0\s+v1\.34\.4\s+allowed: upgrade`, out)
+		assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+allowed: upgrade with Kubernetes v1\.34\.4 -> v1\.35\.4`, out)
 		assert.Regexp(t, `v0\.1\.0\s+v1\.34\.4\s+allowed: upgrade`, out)
 	})
 
@@ -242,8 +274,9 @@ func TestUpgrade(t *testing.T) {
 		out := d.run("apply")
 		t.Logf("%s", out)
 		p.requireNoFailures(t)
-		assert.Contains(t, out, "upgrade from v0.1.0 to release v0.2.0")
+		assert.Contains(t, out, "upgrade from v0.1.0 to release v0.2.0 (Kubernetes v1.35.4")
 		d.requireHealthy("control-plane-2", "worker-2")
+		requireKubernetes(t, d.kubeconfig, kubeNext)
 		inCluster, inConfig := d.clusterSets()
 		assert.Equal(t, []string{"v0.2.0"}, inCluster)
 		assert.Equal(t, []string{"v0.2.0"}, inConfig)
@@ -265,7 +298,7 @@ func TestUpgrade(t *testing.T) {
 		d := d.on(t)
 		// Signed by the pinned key, every register enforced, its image intact: but PCR 11
 		// is not what the image measures.
-		r.create("v0.3.0-rc.0", v2)
+		r.create(baseNext, "v0.3.0-rc.0", v2)
 		bad := r.resign("v0.3.0-rc.0", "bad-v0.3.0-rc.0", r.signer(), func(m map[string]any) {
 			firstSet(m)["11"].(map[string]any)["expected"] = strings.Repeat("ab", 32)
 		})
@@ -283,6 +316,30 @@ func TestUpgrade(t *testing.T) {
 		out = d.run("apply")
 		assert.Contains(t, out, "nothing to apply")
 	})
+}
+
+// requireKubernetes checks that the whole cluster runs Kubernetes version: the API server,
+// kubeadm's cluster configuration, every kubelet, kube-proxy and CoreDNS.
+func requireKubernetes(t *testing.T, kubeconfig, version string) {
+	t.Helper()
+	release, err := kubeversion.Lookup(version)
+	require.NoError(t, err)
+	var server struct {
+		ServerVersion struct{ GitVersion string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(kubectl(t, kubeconfig, "version", "-o", "json")), &server))
+	assert.Equal(t, version, server.ServerVersion.GitVersion, "API server")
+	cluster := kubectl(t, kubeconfig, "-n", "kube-system", "get", "configmap", "kubeadm-config", "-o", "jsonpath={.data.ClusterConfiguration}")
+	assert.Contains(t, cluster, "kubernetesVersion: "+version, "kubeadm's cluster configuration")
+	for _, n := range nodeVersions(t, kubeconfig) {
+		assert.Equal(t, version, n.kubelet, "kubelet of %s", n.name)
+	}
+	pods := kubectl(t, kubeconfig, "-n", "kube-system", "get", "pods", "-o", "jsonpath={range .items[*]}{.spec.containers[*].image}{\"\\n\"}{end}")
+	for _, ref := range nodeimage.ReleaseRefs(release) {
+		if !strings.Contains(ref, "/pause:") {
+			assert.Contains(t, pods, ref)
+		}
+	}
 }
 
 // releaseValues are the measurements the release in dir signed for qemu-vtpm.

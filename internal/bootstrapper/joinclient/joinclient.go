@@ -31,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
@@ -323,7 +324,7 @@ func (c *Client) kubeadmJoin(ctx context.Context, ticket *joinpb.IssueJoinTicket
 		return fmt.Errorf("generating the kubeadm join configuration: %w", err)
 	}
 	c.cfg.Log.Info("running kubeadm join", "apiServer", untrusted.Quote(ticket.ApiServerEndpoint), "controlPlane", controlPlane)
-	if err := c.cfg.Kubeadm.Join(ctx, config, logWriter{c.cfg.Log}); err != nil {
+	if err := c.cfg.Kubeadm.Join(ctx, config, kubeadm.LogOutput(c.cfg.Log)); err != nil {
 		return err
 	}
 	c.cfg.Log.Info("joined the cluster")
@@ -609,16 +610,4 @@ func (c *Client) writePKI(t *joinpb.IssueJoinTicketResponse, servingKey crypto.S
 		return err
 	}
 	return pki.WriteFile(c.cfg.KubeletPKIDir, KubeletCertFile, t.KubeletCert)
-}
-
-// logWriter logs every line written to it.
-type logWriter struct{ log *slog.Logger }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		if line = strings.TrimSpace(line); line != "" {
-			w.log.Info("kubeadm: " + line)
-		}
-	}
-	return len(p), nil
 }

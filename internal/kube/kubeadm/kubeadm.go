@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,6 +97,20 @@ func (r Runner) run(ctx context.Context, config []byte, out io.Writer, command s
 		return fmt.Errorf("kubeadm %s: %w", command, err)
 	}
 	return nil
+}
+
+// LogOutput returns a writer for kubeadm's output that logs every line of it to log.
+func LogOutput(log *slog.Logger) io.Writer { return logWriter{log} }
+
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			w.log.Info("kubeadm: " + line)
+		}
+	}
+	return len(p), nil
 }
 
 // tailBuffer keeps the last max bytes written to it.

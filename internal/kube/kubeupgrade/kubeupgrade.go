@@ -34,11 +34,14 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
+
+	"github.com/openconstellation/constellation/internal/kubeversion"
 )
 
 // Where kubeadm keeps the cluster's configuration and the add-ons it deploys.
@@ -103,6 +106,29 @@ func Observe(ctx context.Context, kube kubernetes.Interface) (Observed, error) {
 	return o, nil
 }
 
+// Others returns the versions the cluster runs besides own (its control plane's, kube-proxy's
+// and the kubelets'), sorted: a node of own's version that joins must be able to run their
+// images too.
+func (o Observed) Others(own string) []string {
+	seen := map[string]bool{}
+	add := func(v string) {
+		if v != "" && v != own {
+			seen[v] = true
+		}
+	}
+	add(o.Cluster)
+	add(o.KubeProxy)
+	for _, v := range o.Kubelets {
+		add(v)
+	}
+	others := make([]string, 0, len(seen))
+	for v := range seen {
+		others = append(others, v)
+	}
+	sort.Strings(others)
+	return others
+}
+
 // ClusterVersion returns the kubernetesVersion of kubeadm's ClusterConfiguration.
 func ClusterVersion(ctx context.Context, kube kubernetes.Interface) (string, error) {
 	cm, err := kube.CoreV1().ConfigMaps(Namespace).Get(ctx, KubeadmConfigName, metav1.GetOptions{})
@@ -130,12 +156,61 @@ func KubeProxyVersion(ctx context.Context, kube kubernetes.Interface) (string, e
 	if err != nil {
 		return "", fmt.Errorf("reading the %s DaemonSet: %w", KubeProxyName, err)
 	}
-	for _, c := range ds.Spec.Template.Spec.Containers {
-		if c.Name == KubeProxyName {
-			return imageTag(c.Image), nil
+	if tag := containerTag(ds.Spec.Template.Spec, KubeProxyName); tag != "" {
+		return tag, nil
+	}
+	return "", fmt.Errorf("the %s DaemonSet has no tagged %s container", KubeProxyName, KubeProxyName)
+}
+
+// AddonsAt reports whether kube-proxy and CoreDNS run the images of Kubernetes version and
+// have rolled out (no pod of an older template left), and if not, what is missing.
+func AddonsAt(ctx context.Context, kube kubernetes.Interface, version string) (bool, string, error) {
+	r, err := kubeversion.Lookup(version)
+	if err != nil {
+		return false, "", err
+	}
+	var missing []string
+	ds, err := kube.AppsV1().DaemonSets(Namespace).Get(ctx, KubeProxyName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return false, "", fmt.Errorf("reading the %s DaemonSet: %w", KubeProxyName, err)
+	default:
+		st := ds.Status
+		if tag := containerTag(ds.Spec.Template.Spec, KubeProxyName); tag != version {
+			missing = append(missing, fmt.Sprintf("kube-proxy runs %s", tag))
+		} else if ds.Generation > st.ObservedGeneration || st.UpdatedNumberScheduled < st.DesiredNumberScheduled || st.NumberAvailable < st.DesiredNumberScheduled {
+			missing = append(missing, fmt.Sprintf("kube-proxy %s rolling out: %d of %d nodes updated, %d available",
+				version, st.UpdatedNumberScheduled, st.DesiredNumberScheduled, st.NumberAvailable))
 		}
 	}
-	return "", fmt.Errorf("the %s DaemonSet has no %s container", KubeProxyName, KubeProxyName)
+	d, err := kube.AppsV1().Deployments(Namespace).Get(ctx, CoreDNSDeploymentName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return false, "", fmt.Errorf("reading the %s Deployment: %w", CoreDNSDeploymentName, err)
+	default:
+		st, want := d.Status, int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		if tag := containerTag(d.Spec.Template.Spec, CoreDNSDeploymentName); tag != r.CoreDNS {
+			missing = append(missing, fmt.Sprintf("CoreDNS runs %s, not %s", tag, r.CoreDNS))
+		} else if d.Generation > st.ObservedGeneration || st.UpdatedReplicas < want || st.AvailableReplicas < want || st.Replicas > want {
+			missing = append(missing, fmt.Sprintf("CoreDNS %s rolling out: %d of %d replicas updated, %d available, %d in all",
+				r.CoreDNS, st.UpdatedReplicas, want, st.AvailableReplicas, st.Replicas))
+		}
+	}
+	return len(missing) == 0, strings.Join(missing, "; "), nil
+}
+
+func containerTag(spec corev1.PodSpec, name string) string {
+	for _, c := range spec.Containers {
+		if c.Name == name {
+			return imageTag(c.Image)
+		}
+	}
+	return ""
 }
 
 func imageTag(ref string) string {

@@ -219,3 +219,60 @@ func TestObserveRealAPIServer(t *testing.T) {
 	assert.Equal(t, []string{"addons config"}, kubeadm.steps)
 	assert.Contains(t, out.String(), "upgrading kube-proxy and CoreDNS")
 }
+
+func TestOthers(t *testing.T) {
+	o := kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4",
+		Kubelets: map[string]string{"a": "v1.35.4", "b": "v1.34.4", "c": "v1.34.3"}}
+	assert.Equal(t, []string{"v1.34.3", "v1.34.4"}, o.Others("v1.35.4"))
+	assert.Equal(t, []string{"v1.34.3", "v1.35.4"}, o.Others("v1.34.4"))
+	assert.Empty(t, kubeupgrade.Observed{Cluster: "v1.35.4"}.Others("v1.35.4"))
+}
+
+func TestAddonsAt(t *testing.T) {
+	ctx := context.Background()
+	coredns := func(tag string, replicas, updated, available, total int32) *appsv1.Deployment {
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: kubeupgrade.Namespace, Name: kubeupgrade.CoreDNSDeploymentName, Generation: 2},
+			Spec: appsv1.DeploymentSpec{Replicas: &replicas, Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "coredns", Image: "registry.k8s.io/coredns/coredns:" + tag}}}}},
+			Status: appsv1.DeploymentStatus{ObservedGeneration: 2, Replicas: total, UpdatedReplicas: updated, AvailableReplicas: available},
+		}
+	}
+	proxy := func(tag string, desired, updated, available int32) *appsv1.DaemonSet {
+		_, ds, _ := objects("v1.35.4", tag, nil)
+		ds.Generation = 3
+		ds.Status = appsv1.DaemonSetStatus{ObservedGeneration: 3, DesiredNumberScheduled: desired, UpdatedNumberScheduled: updated, NumberAvailable: available}
+		return ds
+	}
+	for name, tc := range map[string]struct {
+		ds       *appsv1.DaemonSet
+		d        *appsv1.Deployment
+		wantDone bool
+		want     string
+	}{
+		"rolled out":          {ds: proxy("v1.35.4", 2, 2, 2), d: coredns("v1.13.1", 2, 2, 2, 2), wantDone: true},
+		"none of them":        {wantDone: true},
+		"old kube-proxy":      {ds: proxy("v1.34.4", 2, 2, 2), d: coredns("v1.13.1", 2, 2, 2, 2), want: "kube-proxy runs v1.34.4"},
+		"kube-proxy rolling":  {ds: proxy("v1.35.4", 2, 1, 2), d: coredns("v1.13.1", 2, 2, 2, 2), want: "kube-proxy v1.35.4 rolling out: 1 of 2 nodes updated"},
+		"old CoreDNS":         {ds: proxy("v1.35.4", 2, 2, 2), d: coredns("v1.12.1", 2, 2, 2, 2), want: "CoreDNS runs v1.12.1, not v1.13.1"},
+		"an old CoreDNS left": {ds: proxy("v1.35.4", 2, 2, 2), d: coredns("v1.13.1", 2, 2, 2, 3), want: "CoreDNS v1.13.1 rolling out"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			kube := fake.NewClientset()
+			if tc.ds != nil {
+				_, err := kube.AppsV1().DaemonSets(kubeupgrade.Namespace).Create(ctx, tc.ds, metav1.CreateOptions{})
+				require.NoError(t, err)
+			}
+			if tc.d != nil {
+				_, err := kube.AppsV1().Deployments(kubeupgrade.Namespace).Create(ctx, tc.d, metav1.CreateOptions{})
+				require.NoError(t, err)
+			}
+			done, missing, err := kubeupgrade.AddonsAt(ctx, kube, "v1.35.4")
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantDone, done, missing)
+			assert.Contains(t, missing, tc.want)
+		})
+	}
+	_, _, err := kubeupgrade.AddonsAt(ctx, fake.NewClientset(), "v1.20.0")
+	assert.ErrorContains(t, err, "not supported")
+}

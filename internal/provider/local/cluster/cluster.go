@@ -507,7 +507,7 @@ func (p *Provider) startTPM(ctx context.Context, n *node) (*swtpm.Process, error
 func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 	name := n.spec.Name
 	dir := p.nodeDir(name)
-	images, err := p.nodeImages(n.spec.Image)
+	images, err := p.nodeImages(n.spec.NodeSpec)
 	if err != nil {
 		return nil, err
 	}
@@ -545,19 +545,19 @@ func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-// nodeImages returns the container image archives a node booting the node image in imageDir
-// imports: those of its node configuration's Kubernetes version, and ours.
-func (p *Provider) nodeImages(imageDir string) ([]string, error) {
+// nodeImages returns the container image archives node imports: those of its node
+// configuration's Kubernetes version and of its further versions, and ours.
+func (p *Provider) nodeImages(node provider.NodeSpec) ([]string, error) {
 	if p.spec.ImagesDir == "" {
 		return p.spec.Images, nil
 	}
-	return NodeImages(p.spec.ImagesDir, imageDir)
+	return NodeImages(p.spec.ImagesDir, node.Image, node.KubernetesVersions...)
 }
 
 // NodeImages returns the archives of the image index in imagesDir that a node booting the node
-// image in imageDir imports: the images of the Kubernetes version its node-config.json names,
-// and ours (nodeimage.Index.ForKubernetes).
-func NodeImages(imagesDir, imageDir string) ([]string, error) {
+// image in imageDir imports: the images of the Kubernetes version its node-config.json names
+// and of the further versions, and ours (nodeimage.Index.ForKubernetes).
+func NodeImages(imagesDir, imageDir string, further ...string) ([]string, error) {
 	data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
 	if err != nil {
 		return nil, fmt.Errorf("node image: %w", err)
@@ -570,7 +570,7 @@ func NodeImages(imagesDir, imageDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	images, err := index.ForKubernetes(nodeConfig.KubernetesVersion)
+	images, err := index.ForKubernetes(append([]string{nodeConfig.KubernetesVersion}, further...)...)
 	if err != nil {
 		return nil, fmt.Errorf("container images of node image %s: %w", imageDir, err)
 	}
@@ -787,6 +787,11 @@ func (p *Provider) addNodes(specs []provider.NodeSpec) ([]NodeSpec, error) {
 		}
 		if !s.Role.Valid() {
 			problems = append(problems, fmt.Errorf("node %s: role %q", s.Name, s.Role))
+			continue
+		}
+		// A node whose images are not all there would fail at every boot: refuse it now.
+		if _, err := p.nodeImages(s); err != nil {
+			problems = append(problems, fmt.Errorf("node %s: %w", s.Name, err))
 			continue
 		}
 		if p.spec.NextIndex >= sandbox.MaxNodes {

@@ -29,6 +29,9 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/openconstellation/constellation/internal/bootstrapper"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
@@ -41,6 +44,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
+	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -123,6 +127,9 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("node failed: %w", err)
 		}
 		authzFailed = authz.Err()
+		if err := keepKubernetesVersion(ctx, o, nodeConfig, log); err != nil {
+			return fmt.Errorf("node failed: %w", err)
+		}
 	}
 	// From now on the kubelet is the node's work: if it dies, the node is broken and the
 	// bootstrapper exits, so the platform's watchdog reboots the node (the reboot path then
@@ -140,6 +147,31 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return fmt.Errorf("node failed: the removed-node authorizer stopped: %w", err)
 	}
+}
+
+// keepKubernetesVersion starts the control plane's Kubernetes version keeper: when this
+// node's image runs a newer Kubernetes version than its cluster, its own kubeadm upgrades the
+// control plane, and later the add-ons (internal/kube/kubeupgrade).
+func keepKubernetesVersion(ctx context.Context, o Options, nodeConfig local.NodeConfig, log *slog.Logger) error {
+	restCfg, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
+	if err != nil {
+		return fmt.Errorf("the Kubernetes version keeper: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("the Kubernetes version keeper: %w", err)
+	}
+	config, err := kubeadmconfig.Upgrade(kubeadmconfig.UpgradeParams{KubernetesVersion: nodeConfig.KubernetesVersion, Sandbox: true})
+	if err != nil {
+		return fmt.Errorf("the Kubernetes version keeper: %w", err)
+	}
+	log = log.With("component", "kubeupgrade")
+	k := &kubeupgrade.Keeper{
+		Version: nodeConfig.KubernetesVersion, Kube: kube, Config: config, Log: log, Output: kubeadm.LogOutput(log),
+		Kubeadm: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")},
+	}
+	go k.Run(ctx)
+	return nil
 }
 
 // adminKubeconfig is where kubeadm writes a control plane's admin kubeconfig.

@@ -155,4 +155,17 @@ func TestCheckImages(t *testing.T) {
 			assert.Contains(t, files, filepath.Join(dir, tc.confVersion+"-0.tar"))
 		})
 	}
+
+	// A node of an upgrade's release runs its cluster's older version too: it imports both.
+	t.Run("further versions", func(t *testing.T) {
+		files, err := cluster.NodeImages(both, v135, "v1.34.4")
+		require.NoError(t, err)
+		assert.Contains(t, files, filepath.Join(both, "v1.35.4-0.tar"))
+		assert.Contains(t, files, filepath.Join(both, "v1.34.4-0.tar"))
+		assert.Contains(t, files, filepath.Join(both, "services.tar"))
+		_, err = cluster.NodeImages(both, v135, "v1.33.0")
+		assert.ErrorContains(t, err, `kubernetesVersion "v1.33.0" is not supported`)
+		_, err = cluster.NodeImages(fakeIndex(t, "v1.35.4"), v135, "v1.34.4")
+		assert.ErrorContains(t, err, "registry.k8s.io/kube-apiserver:v1.34.4")
+	})
 }
