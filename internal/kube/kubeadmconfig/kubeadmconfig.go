@@ -362,7 +362,11 @@ var SkippedUpgradePhases = []string{"bootstrap-token"}
 //   - certificateRenewal false: the node running it has just joined with fresh certificates,
 //     and the other control planes are replaced, not upgraded in place; renewing would only
 //     restart components once more.
-//   - etcdUpgrade true (kubeadm's default, explicit): etcd moves with the control plane.
+//   - etcdUpgrade false: each control plane's etcd is the one its own kubeadm deployed when it
+//     joined (the new image's kubeadm picks its etcd for the cluster's version already), and
+//     upgrading it in place restarts it: while a roll replaces the only control plane, etcd
+//     has two members, and a restart of either loses quorum (e2e TestUpgrade saw both API
+//     servers unready for 40 s).
 //   - Sandbox: ignorePreflightErrors [all] (kubeadm looks for the kubelet on PATH and refuses
 //     cgroup v1 hosts for v1.35 kubelets, whatever failCgroupV1 says) and imagePullPolicy Never
 //     (there is no registry; the node has the images of both versions).
@@ -375,11 +379,11 @@ func Upgrade(p UpgradeParams) ([]byte, error) {
 			KubernetesVersion:  p.KubernetesVersion,
 			SkipPhases:         SkippedUpgradePhases,
 			CertificateRenewal: ptr.To(false),
-			EtcdUpgrade:        ptr.To(true),
+			EtcdUpgrade:        ptr.To(false),
 		},
 		Node: kubeadmv1beta4.UpgradeNodeConfiguration{
 			CertificateRenewal: ptr.To(false),
-			EtcdUpgrade:        ptr.To(true),
+			EtcdUpgrade:        ptr.To(false),
 		},
 	}
 	if p.Sandbox {

@@ -506,11 +506,11 @@ func TestUpgrade(t *testing.T) {
 				TypeMeta: upgradeMeta,
 				Apply: kubeadmv1beta4.UpgradeApplyConfiguration{
 					KubernetesVersion: "v1.35.4", SkipPhases: []string{"bootstrap-token"},
-					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true),
+					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(false),
 					IgnorePreflightErrors: []string{"all"}, ImagePullPolicy: corev1.PullNever,
 				},
 				Node: kubeadmv1beta4.UpgradeNodeConfiguration{
-					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true),
+					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(false),
 					IgnorePreflightErrors: []string{"all"}, ImagePullPolicy: corev1.PullNever,
 				},
 			},
@@ -521,9 +521,9 @@ func TestUpgrade(t *testing.T) {
 				TypeMeta: upgradeMeta,
 				Apply: kubeadmv1beta4.UpgradeApplyConfiguration{
 					KubernetesVersion: "v1.35.4", SkipPhases: []string{"bootstrap-token"},
-					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true),
+					CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(false),
 				},
-				Node: kubeadmv1beta4.UpgradeNodeConfiguration{CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(true)},
+				Node: kubeadmv1beta4.UpgradeNodeConfiguration{CertificateRenewal: ptr.To(false), EtcdUpgrade: ptr.To(false)},
 			},
 		},
 		"no version":  {params: kubeadmconfig.UpgradeParams{}, wantErr: `KubernetesVersion ""`},

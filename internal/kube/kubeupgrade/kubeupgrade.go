@@ -305,14 +305,25 @@ const (
 	DefaultMaxBackoff = 2 * time.Minute
 )
 
+// observeTimeout bounds one look at the cluster, kubeadmTimeout one kubeadm step (kubeadm
+// waits up to 5 minutes for each static pod it replaces).
+const (
+	observeTimeout = 30 * time.Second
+	kubeadmTimeout = 20 * time.Minute
+)
+
 // Step observes the cluster, decides, and takes the step. It returns the decision and the
 // step's error.
 func (k *Keeper) Step(ctx context.Context) (Decision, error) {
-	o, err := Observe(ctx, k.Kube)
+	octx, cancel := context.WithTimeout(ctx, observeTimeout)
+	o, err := Observe(octx, k.Kube)
+	cancel()
 	if err != nil {
 		return Decision{}, err
 	}
 	d := Decide(k.Version, o)
+	ctx, cancel = context.WithTimeout(ctx, kubeadmTimeout)
+	defer cancel()
 	switch d.Action {
 	case ApplyControlPlane:
 		k.Log.Info("upgrading the control plane with this node's kubeadm", "to", k.Version, "why", d.Reason)

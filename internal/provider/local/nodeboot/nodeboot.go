@@ -108,8 +108,8 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("booting the node OS: %w", err)
 	}
 	log.Info("node OS booted", "seconds", time.Since(start).Seconds())
-	if err := nodeos.WriteCNIConfig(self.PodCIDR); err != nil {
-		return fmt.Errorf("writing the CNI configuration: %w", err)
+	if err := nodeos.SetUpPodNetwork(ctx, self.PodCIDR); err != nil {
+		return fmt.Errorf("setting up the pod network: %w", err)
 	}
 	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
 
@@ -157,6 +157,7 @@ func keepKubernetesVersion(ctx context.Context, o Options, nodeConfig local.Node
 	if err != nil {
 		return fmt.Errorf("the Kubernetes version keeper: %w", err)
 	}
+	restCfg.Timeout = 30 * time.Second
 	kube, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("the Kubernetes version keeper: %w", err)

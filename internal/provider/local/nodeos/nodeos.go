@@ -31,6 +31,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 )
 
 // Paths inside a node (docs/local-provider.md).
@@ -139,29 +140,52 @@ func (o *OS) MountState(dir, hostname string, ip netip.Addr) error {
 	return nil
 }
 
-// WriteCNIConfig writes the pod network configuration: a bridge with the node's pod range,
-// routed (not masqueraded) to the other nodes by the provider's routes.
-func WriteCNIConfig(podCIDR netip.Prefix) error {
+// SetUpPodNetwork creates the pod bridge, cni0, with a hardware address of its own
+// (sandbox.BridgeMAC of its gateway address: a bridge without one changes its address when a
+// pod's veth leaves, and every pod's cached gateway goes dead for seconds), and writes the pod
+// network configuration: the bridge plugin on cni0 with the node's pod range, routed (not
+// masqueraded) to the other nodes by the provider's routes. After a reboot the bridge may
+// exist already: its address is set again.
+func SetUpPodNetwork(ctx context.Context, podCIDR netip.Prefix) error {
+	mac, err := sandbox.BridgeMAC(podCIDR.Masked().Addr().Next())
+	if err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "link", "add", PodBridge, "address", mac, "type", "bridge").CombinedOutput(); err != nil {
+		if !strings.Contains(string(out), "File exists") {
+			return fmt.Errorf("creating the pod bridge %s: %w: %s", PodBridge, err, out)
+		}
+		if out, err := exec.CommandContext(ctx, "ip", "link", "set", PodBridge, "address", mac).CombinedOutput(); err != nil {
+			return fmt.Errorf("setting the address of the pod bridge %s: %w: %s", PodBridge, err, out)
+		}
+	}
+	return writeCNIConfig(podCIDR)
+}
+
+// PodBridge is the node's pod bridge.
+const PodBridge = "cni0"
+
+func writeCNIConfig(podCIDR netip.Prefix) error {
 	conf := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "constellation",
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "cni0",
+      "bridge": %[2]q,
       "isGateway": true,
       "ipMasq": false,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": %q}]],
+        "ranges": [[{"subnet": %[1]q}]],
         "routes": [{"dst": "0.0.0.0/0"}]
       }
     },
     {"type": "loopback"}
   ]
 }
-`, podCIDR.Masked().String())
+`, podCIDR.Masked().String(), PodBridge)
 	return os.WriteFile(filepath.Join(CNIConfDir, "10-constellation.conflist"), []byte(conf), 0o644)
 }
 

@@ -56,12 +56,19 @@ func NSPath(name string) string { return "/run/netns/" + name }
 
 // CreateBridge creates the bridge namespace with br0 at BridgeAddr, and APIAddr on br0 too
 // (a /32: the nodes reach it on their /24 through the bridge, which answers ARP for it).
+//
+// br0's hardware address is set (BridgeMAC), so that it does not change when a node's
+// veth leaves the bridge: every node caches it for the gateway and the API load balancer.
 func (n Network) CreateBridge(ctx context.Context) error {
 	ns := n.BridgeNS()
+	mac, err := BridgeMAC(BridgeAddr)
+	if err != nil {
+		return err
+	}
 	return runAll(ctx,
 		[]string{"ip", "netns", "add", ns},
 		[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
-		[]string{"ip", "-n", ns, "link", "add", "br0", "type", "bridge"},
+		[]string{"ip", "-n", ns, "link", "add", "br0", "address", mac, "type", "bridge"},
 		[]string{"ip", "-n", ns, "addr", "add", netip.PrefixFrom(BridgeAddr, NodePrefix.Bits()).String(), "dev", "br0"},
 		[]string{"ip", "-n", ns, "addr", "add", netip.PrefixFrom(APIAddr, 32).String(), "dev", "br0"},
 		[]string{"ip", "-n", ns, "link", "set", "br0", "up"},

@@ -9,13 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/testtier"
 )
 
 // TestNetworkAndCgroup builds a two-node network, serves in one node's namespace, dials it
@@ -28,7 +30,7 @@ func TestNetworkAndCgroup(t *testing.T) {
 	n := Network{ID: hex.EncodeToString(idBytes)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	t.Cleanup(func() { _ = n.Delete(context.Background(), []string{"a", "b"}) })
+	t.Cleanup(func() { _ = n.Delete(context.Background(), []string{"a", "b", "c"}) })
 
 	require.NoError(t, n.CreateBridge(ctx))
 	require.NoError(t, n.AddNode(ctx, "a", 0, []int{0, 1}))
@@ -60,6 +62,20 @@ func TestNetworkAndCgroup(t *testing.T) {
 	out, err := exec.Command("ip", "-n", n.NodeNS("b"), "route", "get", "10.244.0.5").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "via "+NodeAddr(0).String())
+
+	// br0 keeps its address when a node's veth leaves it (nodes cache it for the gateway and
+	// the API load balancer): without one set, a bridge takes its lowest port's.
+	wantMAC, err := BridgeMAC(BridgeAddr)
+	require.NoError(t, err)
+	br0MAC := func() string {
+		out, err := exec.Command("ip", "netns", "exec", n.BridgeNS(), "cat", "/sys/class/net/br0/address").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return strings.TrimSpace(string(out))
+	}
+	assert.Equal(t, wantMAC, br0MAC())
+	require.NoError(t, n.AddNode(ctx, "c", 2, []int{0, 1, 2}))
+	require.NoError(t, n.DeleteNode(ctx, "c", 2))
+	assert.Equal(t, wantMAC, br0MAC(), "after a node left")
 
 	cg, err := NewCgroup("cmini-test-" + n.ID)
 	require.NoError(t, err)
