@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/untrusted"
@@ -47,6 +49,11 @@ type clusterStatus struct {
 	// Release is the signed release every node boots (the state file's), empty if none;
 	// each node's matched reference set (named by its release) says what it runs.
 	Release string `json:"release,omitempty"`
+	// Kubernetes is the control plane's version (kubeadm's cluster configuration), AddOns
+	// kube-proxy's: they differ while an upgrade moves the cluster to a new version
+	// (docs/upgrades.md "Kubernetes upgrades").
+	Kubernetes string `json:"kubernetes,omitempty"`
+	AddOns     string `json:"addOns,omitempty"`
 }
 
 type nodeStatus struct {
@@ -377,7 +384,13 @@ func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport,
 		return fail("kubernetes: listing nodes: " + untrusted.Text(err.Error()))
 	}
 	ds, dsErr := client.AppsV1().DaemonSets(clusterrecord.Namespace).List(ctx, metav1.ListOptions{})
+	clusterVersion, versionErr := kubeupgrade.ClusterVersion(ctx, client)
+	addOns, addOnsErr := kubeupgrade.KubeProxyVersion(ctx, client)
 	return func(r *statusReport, byName map[string]*nodeStatus) {
+		if err := errors.Join(versionErr, addOnsErr); err != nil {
+			r.Errors = append(r.Errors, "kubernetes: "+untrusted.Text(err.Error()))
+		}
+		r.Cluster.Kubernetes, r.Cluster.AddOns = clusterVersion, addOns
 		for _, ns := range byName {
 			ns.Kubernetes = &kubernetesView{}
 		}
@@ -461,6 +474,12 @@ func printStatus(out io.Writer, r *statusReport) {
 	}
 	if r.Cluster.Release != "" {
 		fmt.Fprintf(out, ", release %s", r.Cluster.Release)
+	}
+	if r.Cluster.Kubernetes != "" {
+		fmt.Fprintf(out, ", Kubernetes %s", r.Cluster.Kubernetes)
+		if a := r.Cluster.AddOns; a != "" && a != r.Cluster.Kubernetes {
+			fmt.Fprintf(out, " (add-ons still %s)", a)
+		}
 	}
 	fmt.Fprintln(out, ")")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

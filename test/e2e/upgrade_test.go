@@ -277,6 +277,7 @@ func TestUpgrade(t *testing.T) {
 		assert.Contains(t, out, "upgrade from v0.1.0 to release v0.2.0 (Kubernetes v1.35.4")
 		d.requireHealthy("control-plane-2", "worker-2")
 		requireKubernetes(t, d.kubeconfig, kubeNext)
+		assert.Contains(t, d.run("status"), "release v0.2.0, Kubernetes "+kubeNext+")", "status names the release and the version")
 		inCluster, inConfig := d.clusterSets()
 		assert.Equal(t, []string{"v0.2.0"}, inCluster)
 		assert.Equal(t, []string{"v0.2.0"}, inConfig)
