@@ -416,6 +416,30 @@ func (u *upgrade) abort(ctx context.Context, node string, cause error) error {
 	return fmt.Errorf("upgrade to %s failed; the cluster still runs on its old nodes, and the release's reference set was retired again: %w", u.release.Version(), cause)
 }
 
+// servicesBound bounds the roll of the services to the release's image.
+const servicesBound = 10 * time.Minute
+
+// rollServices moves the join, key and verification services to the release's services image,
+// once every node runs the release (its nodes carry the image; older nodes do not), one
+// DaemonSet at a time (deploy.RollServices).
+func (u *upgrade) rollServices(ctx context.Context) error {
+	image := u.release.Manifest().ServicesImage.Ref
+	ctx, cancel := context.WithTimeoutCause(ctx, servicesBound, fmt.Errorf("the services did not roll out %s within %v", image, servicesBound))
+	defer cancel()
+	u.prog.waiting("services", "the join, key and verification services to run "+image)
+	changed, err := deploy.RollServices(ctx, u.client, image, func(step string) { u.prog.waiting("services", step) })
+	if err != nil {
+		u.prog.failed("services", err)
+		return fmt.Errorf("rolling the services to release %s's image (apply again to go on): %w", u.release.Version(), err)
+	}
+	u.prog.done("services")
+	if len(changed) > 0 {
+		u.changed = true
+		u.t.phase("services", fmt.Sprintf("%s run %s", strings.Join(changed, ", "), image))
+	}
+	return nil
+}
+
 // finish retires every reference set but the release's once no node boots another image,
 // and records the release. Without a release (a plain image) there is nothing to retire.
 func (u *upgrade) finish(ctx context.Context) error {
@@ -423,6 +447,9 @@ func (u *upgrade) finish(ctx context.Context) error {
 		return nil
 	}
 	if err := u.waitAddons(ctx); err != nil {
+		return err
+	}
+	if err := u.rollServices(ctx); err != nil {
 		return err
 	}
 	var retired []string

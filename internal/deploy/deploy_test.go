@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -675,3 +676,68 @@ func TestRenderAPIServerEndpoint(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// RollServices moves the services' DaemonSets to a new image one at a time, each rolled out
+// before the next (the key service before the join service that calls it), and leaves a
+// DaemonSet that runs the image alone, so a rerun goes on where an interrupted roll stopped.
+func TestRollServices(t *testing.T) {
+	kube := cluster(t)
+	c := kube.Admin
+	ctx := context.Background()
+	recordInit(t, c)
+	require.NoError(t, deploy.Apply(ctx, c, config(t), nil))
+	const image = "localhost/constellation/services:v020"
+
+	// The DaemonSet controller's part: each DaemonSet is rolled out at its generation, and the
+	// order the images changed in is recorded.
+	var order []string
+	stop := make(chan struct{})
+	controllerDone := make(chan struct{})
+	go func() {
+		defer close(controllerDone)
+		seen := map[string]bool{}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			for _, name := range deploy.DaemonSets {
+				ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					continue
+				}
+				if ds.Spec.Template.Spec.Containers[0].Image == image && !seen[name] {
+					seen[name] = true
+					order = append(order, name)
+				}
+				ds.Status = appsv1.DaemonSetStatus{ObservedGeneration: ds.Generation, DesiredNumberScheduled: 1, CurrentNumberScheduled: 1,
+					UpdatedNumberScheduled: 1, NumberReady: 1, NumberAvailable: 1}
+				_, _ = c.AppsV1().DaemonSets(ns).UpdateStatus(ctx, ds, metav1.UpdateOptions{})
+			}
+		}
+	}()
+	var once sync.Once
+	stopController := func() { once.Do(func() { close(stop); <-controllerDone }) }
+	t.Cleanup(stopController)
+
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var steps []string
+	changed, err := deploy.RollServices(rctx, c, image, func(s string) { steps = append(steps, s) })
+	require.NoError(t, err)
+	want := []string{deploy.KeyService, deploy.JoinService, deploy.VerificationService}
+	assert.Equal(t, want, changed)
+	for _, name := range deploy.DaemonSets {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, image, ds.Spec.Template.Spec.Containers[0].Image, name)
+	}
+	stopController()
+	assert.Equal(t, want, order, "one DaemonSet at a time, in order")
+	assert.Contains(t, steps[0], deploy.KeyService+": rolling out "+image)
+
+	changed, err = deploy.RollServices(rctx, c, image, func(string) {})
+	require.NoError(t, err)
+	assert.Empty(t, changed, "a rerun changes nothing")
+}

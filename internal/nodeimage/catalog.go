@@ -181,6 +181,25 @@ func Services(binaries ...string) (Image, error) {
 	return contentTagged("services", ServicesRepo, Spec{Files: files})
 }
 
+// ServiceBinaries are the binaries of the services image, by name (cmd/<name>).
+var ServiceBinaries = []string{"joinservice", "keyservice", "verificationservice"}
+
+// ReleaseEnv is the variable of a release's services image that names the release.
+const ReleaseEnv = "CONSTELLATION_RELEASE"
+
+// ReleaseServices returns the services image of release: Services' image with ReleaseEnv set to
+// release, so each release's services image has a tag of its own (as each release's node image
+// measures differently), even when built from the same binaries.
+func ReleaseServices(release string, binaries ...string) (Image, error) {
+	img, err := Services(binaries...)
+	if err != nil {
+		return Image{}, err
+	}
+	spec := img.Spec
+	spec.Ref, spec.Env = "", []string{ReleaseEnv + "=" + release}
+	return contentTagged("services", ServicesRepo, spec)
+}
+
 // Hello returns the image of the end-to-end tests' HTTP server (test/e2e/hello): /hello, the
 // entrypoint, serving on :8080.
 func Hello(binary string) (Image, error) {

@@ -278,6 +278,19 @@ func TestContentTaggedImages(t *testing.T) {
 	_, err = Services()
 	assert.Error(t, err)
 
+	// Each release's services image has a tag of its own, from the same binaries.
+	r1, err := ReleaseServices("v0.1.0", join, key)
+	require.NoError(t, err)
+	r2, err := ReleaseServices("v0.2.0", join, key)
+	require.NoError(t, err)
+	again, err := ReleaseServices("v0.1.0", join, key)
+	require.NoError(t, err)
+	assert.Equal(t, ServicesRepo, Repository(r1.Spec.Ref))
+	assert.NotEqual(t, r1.Spec.Ref, r2.Spec.Ref)
+	assert.NotEqual(t, svc2.Spec.Ref, r1.Spec.Ref)
+	assert.Equal(t, r1.Spec.Ref, again.Spec.Ref, "deterministic")
+	assert.Equal(t, []string{"CONSTELLATION_RELEASE=v0.1.0"}, r1.Spec.Env)
+
 	hello, err := Hello(join)
 	require.NoError(t, err)
 	assert.Equal(t, HelloRepo, Repository(hello.Spec.Ref))

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
+	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/testnet"
 )
 
@@ -52,8 +53,10 @@ const corefile = `.:%[1]d {
 // plugin list) with kubeadm's Corefile against a real API server, and resolves the cluster's
 // kubernetes Service through it.
 func TestCoreDNSServesKubernetes(t *testing.T) {
-	bin := filepath.Join(imagesDir(t), "bin", "coredns")
-	require.FileExists(t, bin, "CoreDNS is built by make images")
+	r, err := kubeversion.Lookup(kubetest.Version)
+	require.NoError(t, err)
+	bin := filepath.Join(imagesDir(t), "bin", "coredns-"+r.CoreDNS)
+	require.FileExists(t, bin, "CoreDNS of the default Kubernetes version is built by make images")
 	cluster := kubetest.Start(t, kubetest.Options{})
 
 	ports, err := testnet.Ports(4)

@@ -85,11 +85,25 @@ type NodeImages interface {
 	LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir string) error
 	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md).
 	ImageDigest(dir string) (string, error)
-	// LayOutReleaseImage writes to dir the node image of release version: base's, stamped
-	// with the version, so that it measures differently from every other release's, and
-	// trusting the join services of the images joinServiceSets describe besides its own (the
-	// releases it upgrades from). It returns what the image runs.
-	LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (ImageFacts, error)
+	// LayOutReleaseImage writes to dir the node image of a release: base's, stamped with the
+	// release's version, so that it measures differently from every other release's, trusting
+	// the join services of the images r.JoinServiceSets describe besides its own (the
+	// releases it upgrades from), and carrying the release's services image. It returns what
+	// the image runs.
+	LayOutReleaseImage(dir, base string, r ReleaseImage) (ImageFacts, error)
+}
+
+// ReleaseImage is what makes a node image a release's.
+type ReleaseImage struct {
+	// Version is the release's.
+	Version string
+	// JoinServiceSets describe the images whose join services the release's nodes trust
+	// besides their own.
+	JoinServiceSets measurements.ReferenceSets
+	// ServicesRef and ServicesArchive are the release's services image and its archive: the
+	// image carries the archive (its nodes import it) and names the ref as the services its
+	// control planes deploy.
+	ServicesRef, ServicesArchive string
 }
 
 // ImageFacts are what a node image runs, as a release states them.

@@ -5,7 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
+	"sort"
 )
 
 // PCRKubernetes holds the Kubernetes node binaries (kubelet, then kubeadm).
@@ -79,11 +82,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
     conf_dir = "/run/constellation/cni"
 `
 
+// ImageArchivesDir is the folder of a node image that holds container image archives the
+// node imports at boot besides the provider's index: a release carries its services image
+// there (docs/releases.md), so its nodes can run it whatever the index holds.
+const ImageArchivesDir = "images"
+
+// ImageArchives returns the archives (*.tar) in dir's ImageArchivesDir, sorted by name; none
+// if it does not exist.
+func ImageArchives(dir string) ([]string, error) {
+	archives, err := filepath.Glob(filepath.Join(dir, ImageArchivesDir, "*.tar"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(archives)
+	return archives, nil
+}
+
 // ImageDigest is the digest of a node image directory, what a release signs as its node image
 // (docs/releases.md): the SHA-256 of the sha256sum(1) listing of its files in measurement
-// order, so `sha256sum bootstrapper kubelet kubeadm containerd.toml node-config.json |
-// sha256sum` in the directory gives the same hex. It covers exactly the measured files: what
-// else the directory holds is neither booted nor signed.
+// order, then of its container image archives, so `sha256sum bootstrapper kubelet kubeadm
+// containerd.toml node-config.json images/*.tar | sha256sum` in the directory gives the same
+// hex. It covers exactly the measured files and the archives: what else the directory holds is
+// neither booted, imported nor signed.
 func ImageDigest(dir string) (string, error) {
 	components, err := ImageComponents(dir)
 	if err != nil {
@@ -93,5 +113,29 @@ func ImageDigest(dir string) (string, error) {
 	for _, c := range components {
 		fmt.Fprintf(h, "%x  %s\n", c.Digest, c.Name)
 	}
+	archives, err := ImageArchives(dir)
+	if err != nil {
+		return "", err
+	}
+	for _, a := range archives {
+		sum, err := fileSHA256(a)
+		if err != nil {
+			return "", fmt.Errorf("node image archive: %w", err)
+		}
+		fmt.Fprintf(h, "%x  %s\n", sum, filepath.Join(ImageArchivesDir, filepath.Base(a)))
+	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func fileSHA256(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
 }

@@ -78,6 +78,26 @@ func TestImageDigest(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, got, changed)
 
+	// Container image archives the image carries count, as sha256sum lists them.
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, local.ImageArchivesDir), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, local.ImageArchivesDir, "services.tar"), []byte("services"), 0o644))
+	withArchive, err := local.ImageDigest(dir)
+	require.NoError(t, err)
+	listing = ""
+	for _, name := range local.ImageFiles() {
+		content := "content of " + name
+		if name == "kubelet" {
+			content = "another kubelet"
+		}
+		listing += fmt.Sprintf("%x  %s\n", sha256.Sum256([]byte(content)), name)
+	}
+	listing += fmt.Sprintf("%x  images/services.tar\n", sha256.Sum256([]byte("services")))
+	assert.Equal(t, fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(listing))), withArchive)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, local.ImageArchivesDir, "services.tar"), []byte("tampered"), 0o644))
+	tampered, err := local.ImageDigest(dir)
+	require.NoError(t, err)
+	assert.NotEqual(t, withArchive, tampered, "a changed archive changes the digest")
+
 	require.NoError(t, os.Remove(filepath.Join(dir, "kubeadm")))
 	_, err = local.ImageDigest(dir)
 	assert.ErrorContains(t, err, "measuring kubeadm")

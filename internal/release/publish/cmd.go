@@ -87,7 +87,7 @@ func newCreateCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.Version, "version", "", "the release's semantic version, e.g. v0.2.0")
 	cmd.Flags().StringVar(&o.Source, "source", "", "the release source to write the release into")
 	cmd.Flags().StringVar(&o.BaseImage, "base-image", "", "the node image the release's image is made from")
-	cmd.Flags().StringVar(&o.ImagesDir, "images", "", "the container images (make images) holding the services image")
+	cmd.Flags().StringVar(&o.ImagesDir, "images", "", "where make images wrote the container images: the release's services image is built from the services binaries in its bin folder")
 	cmd.Flags().StringVar(&providerName, "provider", "local", "the provider whose node image this is")
 	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release directory or node image the release upgrades from: its nodes trust that image's join services (repeatable)")
 	for _, f := range []string{"key", "version", "source", "base-image", "images"} {

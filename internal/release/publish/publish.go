@@ -6,7 +6,6 @@ package publish
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,8 +27,8 @@ type Options struct {
 	Version string
 	// BaseImage is the node image the release's image is made from (stamped with Version).
 	BaseImage string
-	// ImagesDir is the container image index (make images) that holds the services image
-	// the base image names: the release signs its archive's digest.
+	// ImagesDir is where `make images` wrote the container images: the release's services
+	// image is built from the services binaries in its bin folder.
 	ImagesDir string
 	// Platform measures and lays out node images.
 	Platform provider.Platform
@@ -62,12 +61,17 @@ func Publish(ctx context.Context, o Options) (string, error) {
 		return "", err
 	}
 	nodeImage := filepath.Join(dir, releasedir.NodeImageDir)
-	facts, err := images.LayOutReleaseImage(nodeImage, o.BaseImage, o.Version, from)
+	services, err := buildServices(o, filepath.Join(dir, "services-build"))
+	if err != nil {
+		return "", err
+	}
+	facts, err := images.LayOutReleaseImage(nodeImage, o.BaseImage, provider.ReleaseImage{
+		Version: o.Version, JoinServiceSets: from, ServicesRef: services.Ref, ServicesArchive: services.File,
+	})
 	if err != nil {
 		return "", fmt.Errorf("laying out the node image: %w", err)
 	}
-	servicesDigest, err := servicesImageDigest(o.ImagesDir, facts.ServicesImage)
-	if err != nil {
+	if err := os.RemoveAll(filepath.Dir(services.File)); err != nil {
 		return "", err
 	}
 	values, err := o.Platform.ReferenceValues(nodeImage)
@@ -77,7 +81,7 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	m := release.Manifest{
 		Version:           o.Version,
 		KubernetesVersion: facts.KubernetesVersion,
-		ServicesImage:     release.Image{Ref: facts.ServicesImage, Digest: servicesDigest},
+		ServicesImage:     release.Image{Ref: services.Ref, Digest: "sha256:" + services.SHA256},
 		References: []choose.Reference{{
 			Variant: o.Platform.ConfigRules().Variant(),
 			Values:  choose.Values{Measurements: measurements.ReferenceSets{{Name: o.Version, Measurements: values.Measurements}}},
@@ -89,19 +93,27 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	return dir, nil
 }
 
-// servicesImageDigest is the digest of the services image archive ref names in the index of
-// imagesDir.
-func servicesImageDigest(imagesDir, ref string) (string, error) {
-	index, err := nodeimage.ReadIndex(imagesDir)
-	if err != nil {
-		return "", fmt.Errorf("reading the container images (run 'make images' first): %w", err)
-	}
-	for _, e := range index.Images {
-		if e.Ref == ref {
-			return "sha256:" + e.SHA256, nil
+// buildServices builds the release's services image into dir: the services binaries `make
+// images` built (<ImagesDir>/bin) with the release named in it (nodeimage.ReleaseServices), so
+// every release's services image has a tag of its own; the release carries the archive.
+func buildServices(o Options, dir string) (nodeimage.Result, error) {
+	var binaries []string
+	for _, name := range nodeimage.ServiceBinaries {
+		bin := filepath.Join(o.ImagesDir, "bin", name)
+		if _, err := os.Stat(bin); err != nil {
+			return nodeimage.Result{}, fmt.Errorf("the services binaries (run 'make images' first): %w", err)
 		}
+		binaries = append(binaries, bin)
 	}
-	return "", errors.New("the services image " + ref + " of the node image is not in " + imagesDir + " (run 'make images')")
+	img, err := nodeimage.ReleaseServices(o.Version, binaries...)
+	if err != nil {
+		return nodeimage.Result{}, err
+	}
+	res, err := nodeimage.Build(img.Spec, filepath.Join(dir, "services.tar"))
+	if err != nil {
+		return nodeimage.Result{}, fmt.Errorf("building the services image: %w", err)
+	}
+	return res, nil
 }
 
 // fromSets are the reference sets of the images o.From names, for the platform's variant: a

@@ -2,10 +2,10 @@ package publish_test
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/sha256"
+	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -31,9 +31,10 @@ func baseImage(t *testing.T) (image, imagesDir string) {
 	nc, err := local.NodeConfig{KubernetesVersion: "v1.34.4", Provider: "local", ServicesImage: servicesRef}.Marshal()
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(image, local.NodeConfigFile), nc, 0o644))
-	index, err := json.Marshal(nodeimage.Index{Images: []nodeimage.Entry{{Ref: servicesRef, File: "services.tar", SHA256: strings.Repeat("ef", 32), Size: 1}}})
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(imagesDir, nodeimage.IndexFile), index, 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(imagesDir, "bin"), 0o755))
+	for _, name := range nodeimage.ServiceBinaries {
+		require.NoError(t, os.WriteFile(filepath.Join(imagesDir, "bin", name), []byte("binary "+name), 0o755))
+	}
 	return image, imagesDir
 }
 
@@ -53,7 +54,18 @@ func TestPublish(t *testing.T) {
 	require.NoError(t, err)
 	m := r.Manifest()
 	assert.Equal(t, "v1.34.4", m.KubernetesVersion)
-	assert.Equal(t, release.Image{Ref: servicesRef, Digest: "sha256:" + strings.Repeat("ef", 32)}, m.ServicesImage)
+	// The release carries its own services image, named by the release, in its node image.
+	archive := filepath.Join(r.NodeImage(), local.ImageArchivesDir, "services.tar")
+	data, err := os.ReadFile(archive)
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("sha256:%x", sha256.Sum256(data)), m.ServicesImage.Digest)
+	assert.Equal(t, nodeimage.ServicesRepo, nodeimage.Repository(m.ServicesImage.Ref))
+	assert.NotEqual(t, servicesRef, m.ServicesImage.Ref)
+	assert.Contains(t, string(data), nodeimage.ReleaseEnv+"=v0.2.0")
+	nc, err := local.ParseNodeConfig(mustRead(t, filepath.Join(r.NodeImage(), local.NodeConfigFile)))
+	require.NoError(t, err)
+	assert.Equal(t, m.ServicesImage.Ref, nc.ServicesImage, "its control planes deploy the release's services")
+	assert.NoDirExists(t, filepath.Join(dir, "services-build"), "nothing but the release is left")
 	ref, ok := r.Reference(variant.QEMUVTPM)
 	require.True(t, ok)
 	values, err := localplatform.Platform{}.ReferenceValues(r.NodeImage())
@@ -74,9 +86,7 @@ func TestPublish(t *testing.T) {
 	next.Version, next.From = "v0.2.1", []string{dir, image}
 	nextDir, err := publish.Publish(ctx, next)
 	require.NoError(t, err)
-	data, err := os.ReadFile(filepath.Join(nextDir, releasedir.NodeImageDir, local.NodeConfigFile))
-	require.NoError(t, err)
-	nc, err := local.ParseNodeConfig(data)
+	nc, err = local.ParseNodeConfig(mustRead(t, filepath.Join(nextDir, releasedir.NodeImageDir, local.NodeConfigFile)))
 	require.NoError(t, err)
 	require.Len(t, nc.JoinServiceSets, 2)
 	assert.Equal(t, ref.Measurements[0], nc.JoinServiceSets[0], "v0.2.0's set as it signed it")
@@ -94,4 +104,11 @@ func TestPublish(t *testing.T) {
 	_, err = publish.Publish(ctx, o)
 	assert.ErrorContains(t, err, "make images")
 	assert.False(t, releasedir.IsRelease(filepath.Join(source, "v0.3.0")))
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return data
 }

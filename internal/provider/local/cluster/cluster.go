@@ -554,9 +554,10 @@ func (p *Provider) nodeImages(node provider.NodeSpec) ([]string, error) {
 	return NodeImages(p.spec.ImagesDir, node.Image, node.KubernetesVersions...)
 }
 
-// NodeImages returns the archives of the image index in imagesDir that a node booting the node
-// image in imageDir imports: the images of the Kubernetes version its node-config.json names
-// and of the further versions, and ours (nodeimage.Index.ForKubernetes).
+// NodeImages returns the archives a node booting the node image in imageDir imports: from the
+// image index in imagesDir the images of the Kubernetes version its node-config.json names and
+// of the further versions, and ours (nodeimage.Index.ForKubernetes); and those the node image
+// carries (local.ImageArchives: a release's services image).
 func NodeImages(imagesDir, imageDir string, further ...string) ([]string, error) {
 	data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
 	if err != nil {
@@ -574,7 +575,11 @@ func NodeImages(imagesDir, imageDir string, further ...string) ([]string, error)
 	if err != nil {
 		return nil, fmt.Errorf("container images of node image %s: %w", imageDir, err)
 	}
-	return images.Files(imagesDir), nil
+	carried, err := local.ImageArchives(imageDir)
+	if err != nil {
+		return nil, fmt.Errorf("container images of node image %s: %w", imageDir, err)
+	}
+	return append(images.Files(imagesDir), carried...), nil
 }
 
 // watch waits for a boot's bootstrapper to exit. An exit the provider did not cause is a

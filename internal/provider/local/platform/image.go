@@ -13,7 +13,6 @@ import (
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 // ImageFiles implements provider.NodeImages.
@@ -126,10 +125,11 @@ func copyFile(src, dst string, perm os.FileMode) error {
 func (Platform) ImageDigest(dir string) (string, error) { return local.ImageDigest(dir) }
 
 // LayOutReleaseImage implements provider.NodeImages: base's files (hard links where possible),
-// and its node configuration with Release set to version and the join services it trusts
-// (node-config.json is measured, so the release's PCR 12 differs from every other
-// release's).
-func (Platform) LayOutReleaseImage(dir, base, version string, joinServiceSets measurements.ReferenceSets) (provider.ImageFacts, error) {
+// its node configuration with Release set to the version, the join services it trusts and the
+// release's services image (node-config.json is measured, so the release's PCR 12 differs from
+// every other release's), and the services image's archive in images/ (local.ImageArchives:
+// covered by the image's digest, imported by its nodes).
+func (Platform) LayOutReleaseImage(dir, base string, r provider.ReleaseImage) (provider.ImageFacts, error) {
 	data, err := os.ReadFile(filepath.Join(base, local.NodeConfigFile))
 	if err != nil {
 		return provider.ImageFacts{}, fmt.Errorf("base node image: %w", err)
@@ -138,10 +138,14 @@ func (Platform) LayOutReleaseImage(dir, base, version string, joinServiceSets me
 	if err != nil {
 		return provider.ImageFacts{}, fmt.Errorf("base node image: %w", err)
 	}
-	nodeConfig.Release = version
-	nodeConfig.JoinServiceSets = joinServiceSets
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	nodeConfig.Release = r.Version
+	nodeConfig.JoinServiceSets = r.JoinServiceSets
+	nodeConfig.ServicesImage = r.ServicesRef
+	if err := os.MkdirAll(filepath.Join(dir, local.ImageArchivesDir), 0o755); err != nil {
 		return provider.ImageFacts{}, err
+	}
+	if err := copyFile(r.ServicesArchive, filepath.Join(dir, local.ImageArchivesDir, "services.tar"), 0o644); err != nil {
+		return provider.ImageFacts{}, fmt.Errorf("node image: the services image: %w", err)
 	}
 	for _, name := range local.ImageFiles() {
 		if name == local.NodeConfigFile {

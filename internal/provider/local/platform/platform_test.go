@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
@@ -90,13 +91,19 @@ func TestLayOutReleaseImage(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(base, local.NodeConfigFile), data, 0o644))
 
+	services := filepath.Join(t.TempDir(), "services.tar")
+	require.NoError(t, os.WriteFile(services, []byte("the release's services image"), 0o644))
+	const servicesRef = "localhost/constellation/services:release"
 	dir := filepath.Join(t.TempDir(), "node-image")
 	for range 2 {
-		facts, err := Platform{}.LayOutReleaseImage(dir, base, "v0.2.0", nil)
+		facts, err := Platform{}.LayOutReleaseImage(dir, base, provider.ReleaseImage{Version: "v0.2.0", ServicesRef: servicesRef, ServicesArchive: services})
 		require.NoError(t, err)
 		assert.Equal(t, "v1.34.4", facts.KubernetesVersion)
-		assert.Equal(t, nodeConfig.ServicesImage, facts.ServicesImage)
+		assert.Equal(t, servicesRef, facts.ServicesImage, "the release's services image")
 	}
+	carried, err := local.ImageArchives(dir)
+	require.NoError(t, err)
+	assert.Equal(t, []string{filepath.Join(dir, local.ImageArchivesDir, "services.tar")}, carried, "the image carries the services archive")
 	got, err := os.ReadFile(filepath.Join(base, "bootstrapper"))
 	require.NoError(t, err)
 	assert.Equal(t, "content of bootstrapper", string(got), "the base image is never written")
@@ -117,4 +124,5 @@ func TestLayOutReleaseImage(t *testing.T) {
 	parsed, err := local.ParseNodeConfig(stamped)
 	require.NoError(t, err)
 	assert.Equal(t, "v0.2.0", parsed.Release)
+	assert.Equal(t, servicesRef, parsed.ServicesImage)
 }
