@@ -104,6 +104,10 @@ type ReleaseImage struct {
 	// image carries the archive (its nodes import it) and names the ref as the services its
 	// control planes deploy.
 	ServicesRef, ServicesArchive string
+	// UpgradesFrom are the node images of the releases it upgrades from: its image carries
+	// their services images too, which its first nodes run until the upgrade rolls the
+	// services to the release's own.
+	UpgradesFrom []string
 }
 
 // ImageFacts are what a node image runs, as a release states them.

@@ -184,7 +184,8 @@ func (d *dayTwo) runErr(args ...string) (string, error) {
 }
 
 // TestUpgrade moves a local cluster (1 control plane, 1 worker) from its development image to
-// signed release v0.1.0 and on to v0.2.0 (whose PCR 12 differs), through apply, after every
+// signed release v0.1.0 (the CLI killed in the middle, the rerun finishing) and on to v0.2.0
+// (whose PCR 12 differs, and whose Kubernetes is the next minor), through apply, after every
 // attack of a release is refused with nothing changed; a release whose nodes fail attestation
 // stops after its first node and leaves the cluster as it was; a downgrade is refused. While
 // the cluster moves to v0.2.0, the API and a Service (3 replicas, a PodDisruptionBudget) are
@@ -200,6 +201,8 @@ func TestUpgrade(t *testing.T) {
 	// v0.1.0 runs the cluster's Kubernetes version, v0.2.0 the next minor.
 	const kubeNext = "v1.35.4"
 	require.NotEqual(t, config.DefaultKubernetesVersion, kubeNext)
+	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
+
 	r := newReleases(t)
 	base, baseNext := filepath.Join(ws, "mini", "image"), layOutImage(t, bin, kubeNext)
 	v1 := r.create(base, "v0.1.0", base)
@@ -253,14 +256,19 @@ func TestUpgrade(t *testing.T) {
 		}
 	})
 
-	t.Run("development image to v0.1.0", func(t *testing.T) {
+	t.Run("development image to v0.1.0, the CLI killed after the first replacement", func(t *testing.T) {
 		d := d.on(t)
 		useRelease(t, ws, pub, r.source, v1)
+		// Killed between the replacement's attestation and the old control plane's removal:
+		// the cluster has one control plane more than configured, and the rerun must remove
+		// the old one, not its replacement.
+		killed := d.killAt(`^\s*\[\s*[0-9.]+s\] verified\s+control-plane-1 `, "apply")
+		assert.Contains(t, killed, "upgrade from an image that is not a release to release v0.1.0")
 		out := d.run("apply")
 		t.Logf("%s", out)
-		assert.Contains(t, out, "upgrade from an image that is not a release to release v0.1.0")
 		assert.Contains(t, out, "upgraded: every node boots release v0.1.0")
 		d.requireHealthy("control-plane-1", "worker-1")
+		d.requireConsistent("control-plane-1")
 		inCluster, inConfig := d.clusterSets()
 		assert.Equal(t, []string{"v0.1.0"}, inCluster)
 		assert.Equal(t, []string{"v0.1.0"}, inConfig)

@@ -56,7 +56,7 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return "", err
 	}
-	from, err := fromSets(ctx, o, images)
+	from, fromImages, err := fromSets(ctx, o, images)
 	if err != nil {
 		return "", err
 	}
@@ -67,6 +67,7 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	}
 	facts, err := images.LayOutReleaseImage(nodeImage, o.BaseImage, provider.ReleaseImage{
 		Version: o.Version, JoinServiceSets: from, ServicesRef: services.Ref, ServicesArchive: services.File,
+		UpgradesFrom: fromImages,
 	})
 	if err != nil {
 		return "", fmt.Errorf("laying out the node image: %w", err)
@@ -118,25 +119,28 @@ func buildServices(o Options, dir string) (nodeimage.Result, error) {
 
 // fromSets are the reference sets of the images o.From names, for the platform's variant: a
 // release's as it signed them (opened with the signer's own key), a plain image's measured
-// and named as `config generate` names it.
-func fromSets(ctx context.Context, o Options, images provider.NodeImages) (measurements.ReferenceSets, error) {
+// and named as `config generate` names it; and the node images of the releases among them
+// (verified), whose services the release's nodes must be able to run.
+func fromSets(ctx context.Context, o Options, images provider.NodeImages) (measurements.ReferenceSets, []string, error) {
 	v := o.Platform.ConfigRules().Variant()
 	var sets measurements.ReferenceSets
+	var releaseImages []string
 	for _, dir := range o.From {
 		if releasedir.IsRelease(dir) {
 			r, err := releasedir.Open(ctx, dir, o.Signer.Public(), release.Policy{Variant: v}, images.ImageDigest)
 			if err != nil {
-				return nil, fmt.Errorf("--from %s: %w", dir, err)
+				return nil, nil, fmt.Errorf("--from %s: %w", dir, err)
 			}
 			ref, _ := r.Reference(v) // the policy required it
 			sets = append(sets, ref.Measurements...)
+			releaseImages = append(releaseImages, r.NodeImage())
 			continue
 		}
 		values, err := o.Platform.ReferenceValues(dir)
 		if err != nil {
-			return nil, fmt.Errorf("--from %s: measuring the node image: %w", dir, err)
+			return nil, nil, fmt.Errorf("--from %s: measuring the node image: %w", dir, err)
 		}
 		sets = append(sets, measurements.ReferenceSet{Name: config.ReferenceSetName("local-", values.Measurements), Measurements: values.Measurements})
 	}
-	return sets, nil
+	return sets, releaseImages, nil
 }

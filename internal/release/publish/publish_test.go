@@ -91,6 +91,15 @@ func TestPublish(t *testing.T) {
 	require.Len(t, nc.JoinServiceSets, 2)
 	assert.Equal(t, ref.Measurements[0], nc.JoinServiceSets[0], "v0.2.0's set as it signed it")
 	assert.Equal(t, base.Measurements, nc.JoinServiceSets[1].Measurements, "the base image as measured")
+	// Its nodes can run v0.2.0's services, which the cluster runs until the upgrade rolls
+	// them: its image carries them besides its own.
+	carried, err := local.ImageArchives(filepath.Join(nextDir, releasedir.NodeImageDir))
+	require.NoError(t, err)
+	own := filepath.Join(nextDir, releasedir.NodeImageDir, local.ImageArchivesDir, "services.tar")
+	previous := filepath.Join(nextDir, releasedir.NodeImageDir, local.ImageArchivesDir, "services-v0.2.0.tar")
+	assert.ElementsMatch(t, []string{own, previous}, carried)
+	assert.Equal(t, data, mustRead(t, previous), "v0.2.0's own services archive")
+	assert.NotEqual(t, data, mustRead(t, own))
 
 	other, err := release.GenerateKey()
 	require.NoError(t, err)

@@ -121,6 +121,37 @@ func copyFile(src, dst string, perm os.FileMode) error {
 	return outf.Close()
 }
 
+// servicesArchive is a release's own services image in its node image's local.ImageArchivesDir;
+// the services images of the releases it upgrades from are services-<their version>.tar.
+const servicesArchive = "services.tar"
+
+// carryServicesOf copies the own services archive of each release node image in from into
+// dir's archives, named by the release: a node of the new release joins a cluster whose
+// services are the old release's until the upgrade rolls them.
+func carryServicesOf(dir string, from []string) error {
+	for _, img := range from {
+		src := filepath.Join(img, local.ImageArchivesDir, servicesArchive)
+		if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
+			continue // an image that carries no services of its own (not a release)
+		}
+		data, err := os.ReadFile(filepath.Join(img, local.NodeConfigFile))
+		if err != nil {
+			return fmt.Errorf("node image %s: %w", img, err)
+		}
+		nc, err := local.ParseNodeConfig(data)
+		if err != nil {
+			return fmt.Errorf("node image %s: %w", img, err)
+		}
+		if nc.Release == "" {
+			return fmt.Errorf("node image %s carries a services image but names no release", img)
+		}
+		if err := copyFile(src, filepath.Join(dir, local.ImageArchivesDir, "services-"+nc.Release+".tar"), 0o644); err != nil {
+			return fmt.Errorf("node image: the services image of %s: %w", nc.Release, err)
+		}
+	}
+	return nil
+}
+
 // ImageDigest implements provider.NodeImages (local.ImageDigest).
 func (Platform) ImageDigest(dir string) (string, error) { return local.ImageDigest(dir) }
 
@@ -144,8 +175,11 @@ func (Platform) LayOutReleaseImage(dir, base string, r provider.ReleaseImage) (p
 	if err := os.MkdirAll(filepath.Join(dir, local.ImageArchivesDir), 0o755); err != nil {
 		return provider.ImageFacts{}, err
 	}
-	if err := copyFile(r.ServicesArchive, filepath.Join(dir, local.ImageArchivesDir, "services.tar"), 0o644); err != nil {
+	if err := copyFile(r.ServicesArchive, filepath.Join(dir, local.ImageArchivesDir, servicesArchive), 0o644); err != nil {
 		return provider.ImageFacts{}, fmt.Errorf("node image: the services image: %w", err)
+	}
+	if err := carryServicesOf(dir, r.UpgradesFrom); err != nil {
+		return provider.ImageFacts{}, err
 	}
 	for _, name := range local.ImageFiles() {
 		if name == local.NodeConfigFile {
