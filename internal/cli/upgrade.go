@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/catalog"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/internal/release/releasesource"
 	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -34,10 +36,17 @@ import (
 // refuses it, see upgrade.run).
 func configuredImage(ctx context.Context, workspace string, conf *config.Config, running string, allowDowngrade bool) (string, *releasedir.Release, error) {
 	dir := conf.Provider.Block().ImagePath(workspace)
+	policy := release.Policy{Running: running, AllowDowngrade: allowDowngrade, Variant: conf.Attestation.Variant()}
+	if releasesource.IsURL(dir) {
+		fetched, err := fetchRelease(ctx, workspace, conf, dir, policy)
+		if err != nil {
+			return "", nil, err
+		}
+		dir = fetched
+	}
 	if !releasedir.IsRelease(dir) {
 		return dir, nil, nil
 	}
-	policy := release.Policy{Running: running, AllowDowngrade: allowDowngrade, Variant: conf.Attestation.Variant()}
 	rel, err := openRelease(ctx, workspace, conf, dir, policy)
 	if err != nil {
 		return "", nil, err
@@ -47,6 +56,35 @@ func configuredImage(ctx context.Context, workspace string, conf *config.Config,
 			config.FileName, conf.KubernetesVersion, rel.Version(), k, k)
 	}
 	return rel.NodeImage(), rel, nil
+}
+
+// fetchedReleases is where the workspace keeps the releases it fetched from URLs.
+const fetchedReleases = "releases"
+
+// fetchRelease downloads the release at u into the workspace (releases/<version>), checked
+// against the pinned key and the policy as it comes in (releasesource.Client.Fetch), unless
+// an earlier apply fetched it already (then it is opened, and so checked, again).
+func fetchRelease(ctx context.Context, workspace string, conf *config.Config, u string, policy release.Policy) (string, error) {
+	name := releasesource.Name(u)
+	if name == "" || name == "." || name == "/" {
+		return "", fmt.Errorf("%s: provider image %s names no release (want <source>/<version>)", config.FileName, u)
+	}
+	dest := filepath.Join(workspace, fetchedReleases, name)
+	if releasedir.IsRelease(dest) {
+		if _, err := openRelease(ctx, workspace, conf, dest, policy); err == nil {
+			return dest, nil
+		}
+	}
+	key, err := pinnedReleaseKey(workspace, conf)
+	if err != nil {
+		return "", err
+	}
+	fctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+	if err := (releasesource.Client{}).Fetch(fctx, u, dest, key, policy); err != nil {
+		return "", err
+	}
+	return dest, nil
 }
 
 // openRelease opens the release in dir with the key the configuration pins.

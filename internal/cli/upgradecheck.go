@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -17,7 +18,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
 	"github.com/openconstellation/constellation/internal/release"
-	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/internal/release/releasesource"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
@@ -48,7 +49,7 @@ Kubernetes version, then run 'constellation apply' (docs/upgrades.md).`,
 			return upgradeCheck(ctx, out, ws, source)
 		}),
 	}
-	cmd.Flags().StringVar(&source, "source", "", "release source: a directory of release directories (default: release.source of the configuration)")
+	cmd.Flags().StringVar(&source, "source", "", "release source: a directory of release directories or an HTTP(S) URL serving one (default: release.source of the configuration)")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up after this long")
 	return cmd
 }
@@ -82,7 +83,9 @@ func upgradeCheck(ctx context.Context, out io.Writer, workspace, source string) 
 	if err != nil {
 		return err
 	}
-	listed, err := releasedir.List(ctx, source, key, release.Policy{Running: now.release, Variant: conf.Attestation.Variant()}, digest)
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	listed, err := releasesource.Client{}.List(lctx, source, key, release.Policy{Running: now.release, Variant: conf.Attestation.Variant()}, digest)
 	if err != nil {
 		return err
 	}
@@ -92,11 +95,11 @@ func upgradeCheck(ctx context.Context, out io.Writer, workspace, source string) 
 		return nil
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "RELEASE\tKUBERNETES\tVERDICT\tDIRECTORY")
+	fmt.Fprintln(w, "RELEASE\tKUBERNETES\tVERDICT\tLOCATION")
 	for _, l := range listed {
 		switch {
 		case l.Err != nil:
-			fmt.Fprintf(w, "%s\t-\trefused: %v\t%s\n", filepath.Base(l.Dir), l.Err, l.Dir)
+			fmt.Fprintf(w, "%s\t-\trefused: %v\t%s\n", path.Base(filepath.ToSlash(l.Dir)), l.Err, l.Dir)
 		default:
 			m := l.Release.Manifest()
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.Version, m.KubernetesVersion, verdict(now, m), l.Dir)

@@ -103,8 +103,8 @@ func (r ReleaseConfig) KeyPath(dir string) string    { return resolve(dir, r.Key
 func (r ReleaseConfig) SourcePath(dir string) string { return resolve(dir, r.Source) }
 
 func resolve(dir, p string) string {
-	if p == "" || filepath.IsAbs(p) {
-		return p
+	if p == "" || filepath.IsAbs(p) || strings.HasPrefix(p, "https://") || strings.HasPrefix(p, "http://") {
+		return p // a URL (a release source or release) is not a path
 	}
 	return filepath.Join(dir, p)
 }

@@ -526,6 +526,8 @@ func TestWriteAndLoad(t *testing.T) {
 func TestImagePath(t *testing.T) {
 	assert.Equal(t, filepath.Join("ws", "img"), (&ProviderBlock{Image: "img"}).ImagePath("ws"))
 	assert.Equal(t, "/abs/img", (&ProviderBlock{Image: "/abs/img"}).ImagePath("ws"))
+	assert.Equal(t, "https://example.com/releases/v0.2.0", (&ProviderBlock{Image: "https://example.com/releases/v0.2.0"}).ImagePath("ws"), "a URL is not a path")
+	assert.Equal(t, "http://127.0.0.1:8080/releases", ReleaseConfig{Source: "http://127.0.0.1:8080/releases"}.SourcePath("ws"))
 }
 
 func TestReferenceSetName(t *testing.T) {

@@ -83,8 +83,12 @@ type NodeImages interface {
 	// (<kubeDir>/<version>/bin) and the services image named in the container image index of
 	// imagesDir, which must hold the version's images.
 	LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir string) error
-	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md).
+	// ImageDigest is the digest of a node image as a release signs it (docs/releases.md): the
+	// SHA-256 of its ImageListing.
 	ImageDigest(dir string) (string, error)
+	// ImageListing is the sha256sum(1) listing of the files of a node image (paths relative to
+	// it) that its digest covers; a release source serves it beside the image.
+	ImageListing(dir string) ([]byte, error)
 	// LayOutReleaseImage writes to dir the node image of a release: base's, stamped with the
 	// release's version, so that it measures differently from every other release's, trusting
 	// the join services of the images r.JoinServiceSets describe besides its own (the

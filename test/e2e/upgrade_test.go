@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,6 +135,17 @@ func useRelease(t testing.TB, ws, key, source, image string) {
 	require.NoError(t, config.Write(path, conf, true))
 }
 
+// useURL points the workspace's configuration at a release source and a release by URL.
+func useURL(t testing.TB, ws, source, image string) {
+	t.Helper()
+	path := filepath.Join(ws, config.FileName)
+	conf, err := config.Load(path)
+	require.NoError(t, err)
+	conf.Release.Source = source
+	conf.Provider.Block().Image = image
+	require.NoError(t, config.Write(path, conf, true))
+}
+
 // layOutImage lays out the default node image of Kubernetes version, as config generate
 // does, and returns its directory.
 func layOutImage(t testing.TB, bin, version string) string {
@@ -211,13 +224,19 @@ func TestUpgrade(t *testing.T) {
 	m1, m2 := releaseValues(t, v1), releaseValues(t, v2)
 	assert.NotEqual(t, m1[local.PCRNodeConfig], m2[local.PCRNodeConfig], "release v0.2.0 measures differently")
 
+	// The release source served over HTTP, as a release server would.
+	served := httptest.NewServer(http.FileServer(http.Dir(r.source)))
+	t.Cleanup(served.Close)
+
 	t.Run("upgrade check lists the releases", func(t *testing.T) {
 		d := d.on(t)
 		useRelease(t, ws, pub, r.source, "mini/image")
-		out := d.run("upgrade", "check")
-		t.Logf("%s", out)
-		assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+allowed: upgrade with Kubernetes v1\.34\.4 -> v1\.35\.4`, out)
-		assert.Regexp(t, `v0\.1\.0\s+v1\.34\.4\s+allowed: upgrade`, out)
+		for _, args := range [][]string{{"upgrade", "check"}, {"upgrade", "check", "--source", served.URL}} {
+			out := d.run(args...)
+			t.Logf("%s", out)
+			assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+allowed: upgrade with Kubernetes v1\.34\.4 -> v1\.35\.4`, out)
+			assert.Regexp(t, `v0\.1\.0\s+v1\.34\.4\s+allowed: upgrade`, out)
+		}
 	})
 
 	t.Run("attacks are refused before anything changes", func(t *testing.T) {
@@ -277,12 +296,15 @@ func TestUpgrade(t *testing.T) {
 	t.Run("v0.1.0 to v0.2.0 with no failed request", func(t *testing.T) {
 		d := d.on(t)
 		port := helloService(t, d.kubeconfig, filepath.Join(repoOutput(t), "images"))
+		// From the source's URL: apply fetches the release into the workspace, checking it.
 		useRelease(t, ws, pub, r.source, v2)
+		useURL(t, ws, served.URL, served.URL+"/v0.2.0")
 		p := startPollers(t, d.kubeconfig, "hello", "through the node ports, as a load balancer's client", askNodePort(t, ws, port))
 		out := d.run("apply")
 		t.Logf("%s", out)
 		p.requireNoFailures(t)
 		assert.Contains(t, out, "upgrade from v0.1.0 to release v0.2.0 (Kubernetes v1.35.4")
+		assert.DirExists(t, filepath.Join(ws, "releases", "v0.2.0", releasedir.NodeImageDir), "fetched into the workspace")
 		d.requireHealthy("control-plane-2", "worker-2")
 		requireKubernetes(t, d.kubeconfig, kubeNext)
 		assert.Contains(t, d.run("status"), "release v0.2.0, Kubernetes "+kubeNext+")", "status names the release and the version")
@@ -321,7 +343,10 @@ func TestUpgrade(t *testing.T) {
 		inCluster, inConfig := d.clusterSets()
 		assert.Equal(t, []string{"v0.2.0"}, inCluster, "the release's set was retired again")
 		assert.Equal(t, []string{"v0.2.0"}, inConfig)
+		// Back to what the nodes boot: v0.2.0 as fetched from its URL (a node's image is
+		// where it is; the copy fetched earlier is opened, and so checked, again).
 		useRelease(t, ws, pub, r.source, v2)
+		useURL(t, ws, served.URL, served.URL+"/v0.2.0")
 		out = d.run("apply")
 		assert.Contains(t, out, "nothing to apply")
 	})

@@ -1,12 +1,14 @@
 package local
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 )
@@ -99,32 +101,45 @@ func ImageArchives(dir string) ([]string, error) {
 }
 
 // ImageDigest is the digest of a node image directory, what a release signs as its node image
-// (docs/releases.md): the SHA-256 of the sha256sum(1) listing of its files in measurement
-// order, then of its container image archives, so `sha256sum bootstrapper kubelet kubeadm
-// containerd.toml node-config.json images/*.tar | sha256sum` in the directory gives the same
-// hex. It covers exactly the measured files and the archives: what else the directory holds is
-// neither booted, imported nor signed.
+// (docs/releases.md): the SHA-256 of its ImageListing, so `sha256sum bootstrapper kubelet
+// kubeadm containerd.toml node-config.json images/*.tar | sha256sum` in the directory gives the
+// same hex. It covers exactly the measured files and the archives: what else the directory
+// holds is neither booted, imported nor signed.
 func ImageDigest(dir string) (string, error) {
-	components, err := ImageComponents(dir)
+	listing, err := ImageListing(dir)
 	if err != nil {
 		return "", err
 	}
-	h := sha256.New()
+	sum := sha256.Sum256(listing)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+// ImageListing is the sha256sum(1) listing of a node image directory: its files in
+// measurement order, then its container image archives (ImageArchives), each as "<hex>  <path
+// relative to dir>". A release source serves it beside the image (releasesource.ListingFile), so
+// a download can check the listing against the signed digest before it fetches the files it
+// names.
+func ImageListing(dir string) ([]byte, error) {
+	components, err := ImageComponents(dir)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
 	for _, c := range components {
-		fmt.Fprintf(h, "%x  %s\n", c.Digest, c.Name)
+		fmt.Fprintf(&b, "%x  %s\n", c.Digest, c.Name)
 	}
 	archives, err := ImageArchives(dir)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	for _, a := range archives {
 		sum, err := fileSHA256(a)
 		if err != nil {
-			return "", fmt.Errorf("node image archive: %w", err)
+			return nil, fmt.Errorf("node image archive: %w", err)
 		}
-		fmt.Fprintf(h, "%x  %s\n", sum, filepath.Join(ImageArchivesDir, filepath.Base(a)))
+		fmt.Fprintf(&b, "%x  %s\n", sum, path.Join(ImageArchivesDir, filepath.Base(a)))
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return b.Bytes(), nil
 }
 
 func fileSHA256(path string) ([]byte, error) {

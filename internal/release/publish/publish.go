@@ -6,15 +6,18 @@ package publish
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/internal/release/releasesource"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
@@ -91,7 +94,37 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	if err := releasedir.Write(ctx, dir, m, o.Signer, images.ImageDigest); err != nil {
 		return "", err
 	}
+	if err := writeSourceFiles(o.Source, nodeImage, images); err != nil {
+		return "", err
+	}
 	return dir, nil
+}
+
+// writeSourceFiles writes what serving the source over HTTP needs (releasesource): the node
+// image's listing beside it, and the source's index of releases.
+func writeSourceFiles(source, nodeImage string, images provider.NodeImages) error {
+	listing, err := images.ImageListing(nodeImage)
+	if err != nil {
+		return err
+	}
+	if err := fileutil.WriteAtomic(filepath.Join(nodeImage, releasesource.ListingFile), listing, 0o644); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(source)
+	if err != nil {
+		return err
+	}
+	idx := releasesource.Index{Releases: []string{}}
+	for _, e := range entries {
+		if e.IsDir() && releasedir.IsRelease(filepath.Join(source, e.Name())) {
+			idx.Releases = append(idx.Releases, e.Name())
+		}
+	}
+	data, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fileutil.WriteAtomic(filepath.Join(source, releasesource.IndexFile), append(data, '\n'), 0o644)
 }
 
 // buildServices builds the release's services image into dir: the services binaries `make

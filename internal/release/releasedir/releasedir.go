@@ -138,6 +138,12 @@ func List(ctx context.Context, source string, key *release.PublicKey, policy rel
 		r, err := Open(ctx, dir, key, policy, digest)
 		out = append(out, Listed{Dir: dir, Release: r, Err: err})
 	}
+	Sort(out)
+	return out, nil
+}
+
+// Sort orders listed releases newest first, refused ones last.
+func Sort(out []Listed) {
 	slices.SortStableFunc(out, func(a, b Listed) int {
 		switch {
 		case a.Release == nil && b.Release == nil:
@@ -157,5 +163,4 @@ func List(ctx context.Context, source string, key *release.PublicKey, policy rel
 		}
 		return 0
 	})
-	return out, nil
 }

@@ -152,6 +152,9 @@ func carryServicesOf(dir string, from []string) error {
 	return nil
 }
 
+// ImageListing implements provider.NodeImages (local.ImageListing).
+func (Platform) ImageListing(dir string) ([]byte, error) { return local.ImageListing(dir) }
+
 // ImageDigest implements provider.NodeImages (local.ImageDigest).
 func (Platform) ImageDigest(dir string) (string, error) { return local.ImageDigest(dir) }
 
