@@ -47,7 +47,7 @@ integration: deps kube images ## integration tier: real swtpm, kube-apiserver + 
 # The end-to-end tests create clusters one after the other in one test binary, and together
 # take longer than go test's default 10 minutes per package.
 e2e: deps kube images ## end-to-end tier: test/e2e, local clusters from the built binaries and images (root)
-	$(GO) test -count=1 -timeout 30m ./test/e2e/...
+	$(GO) test -count=1 -timeout 50m ./test/e2e/...
 
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
 	@./hack/fuzz.sh $(FUZZTIME)
