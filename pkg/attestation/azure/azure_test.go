@@ -108,7 +108,8 @@ func TestParseHCLReportRejects(t *testing.T) {
 		"headers only, truncated":  {good[:1235], "shorter than"},
 		"runtime data truncated":   {good[:2435], "past the"},
 		"signature":                {edit(func(b []byte) []byte { b[0] = 'X'; return b }), "signature"},
-		"header version":           {put(4, 1), "header version"},
+		"header version 0":         {put(4, 0), "header version 0, want 1 or 2"},
+		"header version 3":         {put(4, 3), "header version 3"},
 		"failed request status":    {put(16, 1), "status"},
 		"report size":              {put(8, 2437), "report size"},
 		"request data size":        {put(1216, 1219), "request data size"},
@@ -126,6 +127,21 @@ func TestParseHCLReportRejects(t *testing.T) {
 			require.ErrorIs(t, err, attestation.ErrMalformed)
 			assert.ErrorContains(t, err, tc.want)
 		})
+	}
+}
+
+// Reports of header version 1 (older Azure paravisors, Milan hosts) have the layout of version
+// 2: the same report with either version parses to the same hardware report and runtime data.
+func TestParseHCLReportVersions(t *testing.T) {
+	good := readSample(t, "azure-tdx-hclreport.bin")
+	want, err := azure.ParseHCLReport(good)
+	require.NoError(t, err)
+	for _, v := range []uint32{1, 2} {
+		b := bytes.Clone(good)
+		binary.LittleEndian.PutUint32(b[4:], v)
+		got, err := azure.ParseHCLReport(b)
+		require.NoError(t, err, "version %d", v)
+		assert.Equal(t, want, got, "version %d", v)
 	}
 }
 

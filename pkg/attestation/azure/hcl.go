@@ -44,7 +44,7 @@ func (t ReportType) String() string {
 
 // Layout of an HCL report (all integers little endian):
 //
-//	0     header: "HCLA", version (2), report size, request type, status, 12 reserved bytes
+//	0     header: "HCLA", version (1 or 2), report size, request type, status, 12 reserved bytes
 //	32    hardware report area of 1184 bytes: an SNP report fills it, a TDREPORT (1024
 //	      bytes) is followed by zeros
 //	1216  request data header: data size (20 + runtime data size), version (1), report
@@ -52,6 +52,13 @@ func (t ReportType) String() string {
 //	1236  runtime data (JSON), up to the report size in the header
 //
 // An NV index is read whole, so what follows the report is the index's zero padding.
+//
+// The header version is 2 in the reports of current paravisors (OpenHCL's ATTESTATION_VERSION)
+// and 1 in those of older ones, found in the field on Milan hosts; the layout is the same in
+// both (reports of version 1 with the byte changed to 2 pass every check), so both are read
+// alike. The header is signed by nothing: its version only selects the layout, and everything
+// the verdict rests on is in the hardware report and the runtime data it binds. A version this
+// package has not seen is refused rather than guessed at.
 const (
 	hclHeaderSize       = 32
 	hardwareAreaSize    = 1184
@@ -60,7 +67,6 @@ const (
 	runtimeDataOffset   = requestHeaderOffset + requestHeaderSize // 1236
 
 	hclSignature      = "HCLA"
-	hclVersion        = 2
 	requestVersion    = 1
 	hashTypeSHA256    = 1
 	snpReportSize     = 1184
@@ -101,8 +107,8 @@ func parseHCLReport(b []byte) (*HCLReport, error) {
 	if string(b[0:4]) != hclSignature {
 		return nil, fmt.Errorf("signature %q, want %q", b[0:4], hclSignature)
 	}
-	if v := u32(4); v != hclVersion {
-		return nil, fmt.Errorf("header version %d, want %d", v, hclVersion)
+	if v := u32(4); v != 1 && v != 2 {
+		return nil, fmt.Errorf("header version %d, want 1 or 2 (the versions of the same layout seen in the field)", v)
 	}
 	if s := u32(16); s != 0 {
 		return nil, fmt.Errorf("header status %#x: the HCL reports a failed request", s)

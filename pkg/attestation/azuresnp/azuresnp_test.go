@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/pem"
 	"math/big"
 	"net/http"
@@ -276,6 +277,15 @@ func TestEndToEndOnSwtpm(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, nv, decoded.GetHardware().GetHclReport())
 	assert.Len(t, decoded.GetHardware().GetSnpCertificates(), 3)
+
+	// An older paravisor writes header version 1 (same layout, signed by nothing): the same
+	// evidence passes with the same claims.
+	binary.LittleEndian.PutUint32(decoded.Hardware.HclReport[4:], 1)
+	v1, err := proto.Marshal(&decoded)
+	require.NoError(t, err)
+	gotV1, err := v.Validate(context.Background(), v1, attestation.PurposeVerify, nonce)
+	require.NoError(t, err, "header version 1")
+	assert.Equal(t, got.Hardware, gotV1.Hardware)
 }
 
 // TestEndToEndAttacks tampers with genuine evidence from the attacker's side, each time
