@@ -15,7 +15,7 @@ help: ## list targets
 deps: ## install missing Debian packages and pinned Go tools
 	@./hack/install-deps.sh
 
-kube: deps ## build every supported Kubernetes version (v1.34.4, v1.35.4) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~7-10 min per version cold)
+kube: deps ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~7-10 min per version cold)
 	@./hack/build-kube.sh
 
 images: deps kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
@@ -69,6 +69,9 @@ proto-check: deps ## fail if the committed generated code is stale
 bench: deps kube images ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
+# `make up` builds and images the default Kubernetes version only (hack/kubeversions); the tests
+# build every supported one.
+up: export KUBE_VERSIONS = default
 up: build images ## create a local confidential cluster: one control plane, two workers (see README)
 	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
 

@@ -24,7 +24,9 @@ build_coredns() {
 # CoreDNS: about 2 minutes cold per version on 2 cores, cached by a stamp like hack/build-kube.sh.
 # A CoreDNS the earlier layout built ($bin/coredns) is adopted (hard-linked) when it reports the
 # version.
-mapfile -t releases < <(go run ./hack/kubeversions)
+# The supported releases, or those $KUBE_VERSIONS names (hack/kubeversions; a bad one fails here).
+list=$(go run ./hack/kubeversions)
+mapfile -t releases <<<"$list"
 for line in "${releases[@]}"; do
   read -r _ _ coredns _ <<<"$line"
   stamp=$bin/.coredns-$coredns.stamp
@@ -57,5 +59,8 @@ for s in joinservice keyservice verificationservice verifyservice; do
   fi
 done
 
+versions=()
+for line in "${releases[@]}"; do versions+=("${line%% *}"); done
 go run ./hack/images -out "$out" -kube-dir "$kube" -pause "$bin/pause" -coredns-dir "$bin" \
-  -nft "$(command -v nft)" -hello "$bin/hello" -services "$(IFS=,; echo "${services[*]}")"
+  -nft "$(command -v nft)" -hello "$bin/hello" -services "$(IFS=,; echo "${services[*]}")" \
+  -versions "$(IFS=,; echo "${versions[*]}")"

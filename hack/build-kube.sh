@@ -98,7 +98,9 @@ adopt() {
   echo "build-kube: adopted $* ($expect) from $legacy into $dir"
 }
 
-mapfile -t releases < <(go run ./hack/kubeversions)
+# The supported releases, or those $KUBE_VERSIONS names (hack/kubeversions; a bad one fails here).
+list=$(go run ./hack/kubeversions)
+mapfile -t releases <<<"$list"
 start=$(date +%s)
 built=0
 for line in "${releases[@]}"; do

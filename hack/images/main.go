@@ -25,10 +25,21 @@ func main() {
 	flag.StringVar(&b.NFT, "nft", "/usr/sbin/nft", "nft binary for the kube-proxy image")
 	hello := flag.String("hello", "", "static binary of test/e2e/hello (optional)")
 	services := flag.String("services", "", "comma-separated static binaries of the services image (optional)")
+	versions := flag.String("versions", "", "comma-separated Kubernetes versions to image (default: every supported one)")
 	flag.Parse()
 	log.SetFlags(0)
 
 	releases := kubeversion.Releases()
+	if *versions != "" {
+		releases = nil
+		for _, v := range strings.Split(*versions, ",") {
+			r, err := kubeversion.Lookup(v)
+			if err != nil {
+				log.Fatalf("images: -versions: %v", err)
+			}
+			releases = append(releases, r)
+		}
+	}
 	b.Kube, b.CoreDNS = map[string]string{}, map[string]string{}
 	for _, r := range releases {
 		b.Kube[r.Kubernetes] = filepath.Join(*kubeDir, r.Kubernetes, "bin")
