@@ -5,16 +5,20 @@
 //
 // "hello get URL..." is the client: it fetches each URL, retrying for up to a minute (the
 // server, its Service or DNS may still be coming up), prints each answer, and exits non-zero
-// if any URL never answered 200.
+// if any URL never answered 200. On SIGTERM the server keeps serving for 5 s (lame duck), so
+// that a deleted replica is out of every node's kube-proxy rules before it stops.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 )
 
@@ -44,9 +48,29 @@ func serve() {
 	http.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "hello from %s\n", name)
 	})
+	srv := &http.Server{Addr: ":" + port, ReadHeaderTimeout: 5 * time.Second}
+	// A pod that is deleted gets SIGTERM while every node's kube-proxy may still send it
+	// traffic for a second or so (until it has seen the endpoint go): it keeps serving for
+	// lameDuck before it stops, as a workload that wants no failed request must (e2e TestUpgrade
+	// once counted a request that went to a replica that had exited on SIGTERM at once).
+	go func() {
+		stop := make(chan os.Signal, 1)
+		signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+		<-stop
+		log.Printf("hello: %s stopping in %v (lame duck)", name, lameDuck)
+		time.Sleep(lameDuck)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}()
 	log.Printf("hello: %s listening on :%s", name, port)
-	log.Fatal(http.ListenAndServe(":"+port, nil))
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal(err)
+	}
 }
+
+// lameDuck is how long hello keeps serving after SIGTERM.
+const lameDuck = 5 * time.Second
 
 func get(urls []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
