@@ -365,3 +365,15 @@ func TestRepository(t *testing.T) {
 		assert.Equal(t, want, Repository(ref), ref)
 	}
 }
+
+func TestRepositoryAndTag(t *testing.T) {
+	for ref, want := range map[string][2]string{
+		"registry.k8s.io/pause:3.10.1":          {"registry.k8s.io/pause", "3.10.1"},
+		"localhost:5000/constellation/x:v1":     {"localhost:5000/constellation/x", "v1"},
+		"registry.k8s.io/coredns/coredns":       {"registry.k8s.io/coredns/coredns", ""},
+		"localhost:5000/constellation/untagged": {"localhost:5000/constellation/untagged", ""},
+	} {
+		assert.Equal(t, want[0], Repository(ref), ref)
+		assert.Equal(t, want[1], Tag(ref), ref)
+	}
+}

@@ -106,6 +106,14 @@ func Repository(ref string) string {
 	return ref
 }
 
+// Tag returns ref's tag: registry.k8s.io/pause:3.10.1 gives 3.10.1; "" if it has none.
+func Tag(ref string) string {
+	if repo := Repository(ref); repo != ref {
+		return ref[len(repo)+1:]
+	}
+	return ""
+}
+
 // Files returns the paths of the index's archives in dir.
 func (idx Index) Files(dir string) []string {
 	files := make([]string, 0, len(idx.Images))

@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/openconstellation/constellation/internal/kubeversion"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 )
 
 // Where kubeadm keeps the cluster's configuration and the add-ons it deploys.
@@ -207,15 +208,8 @@ func AddonsAt(ctx context.Context, kube kubernetes.Interface, version string) (b
 func containerTag(spec corev1.PodSpec, name string) string {
 	for _, c := range spec.Containers {
 		if c.Name == name {
-			return imageTag(c.Image)
+			return nodeimage.Tag(c.Image)
 		}
-	}
-	return ""
-}
-
-func imageTag(ref string) string {
-	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
-		return ref[i+1:]
 	}
 	return ""
 }
