@@ -42,6 +42,58 @@ type ValidatorCommon struct {
 	Now func() time.Time
 	// Log defaults to discarding.
 	Log *slog.Logger
+	// Revocation says what the hardware check of a variant that has one (SEV-SNP, TDX) does
+	// when the revocation status of the evidence's signing chain cannot be learned. The zero
+	// value, RevocationRequired, rejects such evidence.
+	Revocation RevocationPolicy
+}
+
+// RevocationPolicy says what a hardware check does when it cannot learn whether the chain
+// that signed a hardware report is revoked: the CRL (SEV-SNP: AMD's CRL of the ASK or ASVK;
+// TDX: Intel's PCK and root CA CRLs, with the TCB info and QE identity the same check reads)
+// is neither cached, nor carried by the evidence, nor fetchable, or only a copy past its next
+// update is at hand. The signature and the chain to the pinned roots are always checked
+// first, so a forged report is refused as forged whatever this policy says. A CRL that is at
+// hand is always used: one that lists the chain, or is not signed by the pinned root, rejects.
+type RevocationPolicy int
+
+const (
+	// RevocationRequired (the default) rejects evidence whose revocation status is unknown,
+	// with ErrRevocationUnknown: a verifier that cannot learn of a revocation must not
+	// accept.
+	RevocationRequired RevocationPolicy = iota
+	// RevocationUnknownAccepted accepts evidence whose chain and signature verified when its
+	// revocation status is unknown, and says so: Hardware.RevocationChecked is false and
+	// Hardware.Warnings names what could not be checked. For an offline verifier (an
+	// auditor) that cannot reach AMD or Intel and decides on the rest; never for a service
+	// that hands out keys.
+	RevocationUnknownAccepted
+)
+
+// String returns the policy's name.
+func (p RevocationPolicy) String() string {
+	switch p {
+	case RevocationRequired:
+		return "required"
+	case RevocationUnknownAccepted:
+		return "unknown-accepted"
+	}
+	return fmt.Sprintf("RevocationPolicy(%d)", int(p))
+}
+
+// ParseRevocationPolicy parses a policy's name (String).
+func ParseRevocationPolicy(s string) (RevocationPolicy, error) {
+	for _, p := range []RevocationPolicy{RevocationRequired, RevocationUnknownAccepted} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown revocation policy %q (want %q or %q)", s, RevocationRequired, RevocationUnknownAccepted)
+}
+
+// Valid reports whether p is one of the defined policies.
+func (p RevocationPolicy) Valid() bool {
+	return p == RevocationRequired || p == RevocationUnknownAccepted
 }
 
 // Nonce sizes a caller may bind evidence to.
@@ -157,6 +209,25 @@ type Validator interface {
 	Validate(ctx context.Context, evidence []byte, purpose Purpose, data []byte) (*Verified, error)
 }
 
+// CollateralLister is implemented by validators whose checks read documents that are not in
+// the evidence and change over time or per machine (the SEV-SNP and TDX variants: AMD's CRLs
+// and VCEKs, Intel's CRLs, TCB info and QE identity).
+type CollateralLister interface {
+	// CollateralURLs returns the URLs of the documents checking evidence reads, with the
+	// evidence parsed but not verified. An offline verifier fetches them ahead and hands them
+	// to its collateral cache (collateral.Cache.Put).
+	CollateralURLs(evidence []byte) ([]string, error)
+}
+
+// CollateralURLs returns the URLs of the collateral v reads to check evidence (see
+// CollateralLister); none for a variant that reads none (TPM-only variants).
+func CollateralURLs(v Validator, evidence []byte) ([]string, error) {
+	if l, ok := v.(CollateralLister); ok {
+		return l.CollateralURLs(evidence)
+	}
+	return nil, nil
+}
+
 // Verified is what a validator returns after every check passed.
 type Verified struct {
 	Variant variant.Variant
@@ -202,19 +273,25 @@ type Hardware struct {
 	// "RTMR0", ...), for output and logs.
 	Measurements map[string][]byte
 	// Warnings lists policy mismatches the reference made warn-only (ID-key digests, for
-	// example).
+	// example), and what RevocationUnknownAccepted let pass unchecked.
 	Warnings []string
+	// RevocationChecked is true when the signing chain was found not revoked in a current
+	// CRL; false only under RevocationUnknownAccepted, when no CRL was at hand.
+	RevocationChecked bool
 }
 
 // Failure reasons. Validators wrap exactly one of them, so callers can tell what went wrong
 // (errors.Is) without parsing messages, and metrics can count rejections by reason.
 var (
-	ErrMalformed         = errors.New("malformed evidence")
-	ErrTooLarge          = errors.New("evidence too large")
-	ErrWrongVariant      = errors.New("evidence of another variant")
-	ErrBadSignature      = errors.New("evidence signature invalid")
-	ErrNonceMismatch     = errors.New("evidence not bound to this nonce")
-	ErrUntrustedSigner   = errors.New("evidence signer not trusted")
+	ErrMalformed       = errors.New("malformed evidence")
+	ErrTooLarge        = errors.New("evidence too large")
+	ErrWrongVariant    = errors.New("evidence of another variant")
+	ErrBadSignature    = errors.New("evidence signature invalid")
+	ErrNonceMismatch   = errors.New("evidence not bound to this nonce")
+	ErrUntrustedSigner = errors.New("evidence signer not trusted")
+	// ErrRevocationUnknown: the signature and chain verified, but whether the chain is
+	// revoked could not be learned (no current CRL at hand) and RevocationRequired applies.
+	ErrRevocationUnknown = errors.New("revocation status of the evidence signer unknown")
 	ErrMeasurementPolicy = errors.New("measurements do not match any reference set")
 )
 
@@ -231,6 +308,7 @@ func Reason(err error) string {
 		{ErrBadSignature, "bad-signature"},
 		{ErrNonceMismatch, "nonce-mismatch"},
 		{ErrUntrustedSigner, "untrusted-signer"},
+		{ErrRevocationUnknown, "revocation-unknown"},
 		{ErrMeasurementPolicy, "measurement-mismatch"},
 	} {
 		if errors.Is(err, r.err) {

@@ -99,12 +99,18 @@ func NewIssuer(tpm *vtpm.TPM, cfg IssuerConfig) (*vtpm.Issuer, error) {
 // reportChecker is what the hardware check needs of snp.Validator.
 type reportChecker interface {
 	Check(ctx context.Context, report []byte, certs [][]byte, carried []*hardwarepb.Collateral, reportData []byte) (*attestation.Hardware, error)
+	CollateralURLs(report []byte, certs [][]byte) ([]string, error)
 }
 
 // HardwareCheck is the vtpm.HardwareCheck of aws-sev-snp: a VLEK-signed SEV-SNP report that
 // verifies, matches the hardware reference and binds the quote's AK.
 type HardwareCheck struct {
 	snp reportChecker
+}
+
+// CollateralURLs implements vtpm.CollateralLister: what checking hw's SEV-SNP report reads.
+func (c *HardwareCheck) CollateralURLs(hw *hardwarepb.Hardware) ([]string, error) {
+	return c.snp.CollateralURLs(hw.GetSnpReport(), hw.GetSnpCertificates())
 }
 
 // Check implements vtpm.HardwareCheck. The vTPM validator calls it after the quote verified
@@ -177,7 +183,7 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 
 // NewHardwareCheck returns the SEV-SNP part of the validator alone.
 func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
-	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Now: cfg.Now, Log: cfg.Log, Roots: cfg.SNPRoots})
+	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Now: cfg.Now, Log: cfg.Log, Roots: cfg.SNPRoots, Revocation: cfg.Revocation})
 	if err != nil {
 		return nil, fmt.Errorf("aws-sev-snp validator: %w", err)
 	}

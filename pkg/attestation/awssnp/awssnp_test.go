@@ -338,7 +338,7 @@ func TestStaleCRL(t *testing.T) {
 
 	ver.clock.Set(start.Add(8 * 24 * time.Hour))
 	_, err = ver.v.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
-	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 	assert.ErrorIs(t, err, collateral.ErrStale)
 
 	// AMD publishes a CRL revoking the ASVK: refused although fresh.
@@ -375,6 +375,6 @@ func TestOfflineVerifier(t *testing.T) {
 	bare := decode(t, ev)
 	bare.Hardware.Collateral = nil
 	_, err = ver.v.Validate(context.Background(), encode(t, bare), attestation.PurposeVerify, nonce)
-	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 	assert.ErrorContains(t, err, "connection refused")
 }

@@ -55,25 +55,32 @@ func sampleReference(t *testing.T, hw *hardwarepb.Hardware) snp.Reference {
 }
 
 // TestRealSample runs AWS's real report through the aws-sev-snp hardware check with AMD's
-// pinned roots. No CRL signed by AMD's real ARK is available offline, so the production path
-// stops at the revocation check, after the report parsed as VLEK-signed Milan and the VLEK
-// certificate was found: everything before it is exercised, and the signature, chain and
-// binding are checked separately below with go-sev-guest and the same pinned roots.
+// pinned roots, offline. No CRL signed by AMD's real ARK is at hand, so by default the check
+// fails closed with the revocation status unknown, after the signature and chain verified;
+// accepting an unknown status, the whole production path passes. The signature, chain and
+// binding are also checked separately below with go-sev-guest and the same pinned roots.
 func TestRealSample(t *testing.T) {
 	hw := loadSample(t)
 	want, err := hex.DecodeString(sampleReportData)
 	require.NoError(t, err)
 
-	check, err := NewHardwareCheck(ValidatorConfig{
-		ValidatorCommon: attestation.ValidatorCommon{Now: func() time.Time { return sampleTime }},
-		Hardware:        sampleReference(t, hw),
-		Collateral:      collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
-	})
-	require.NoError(t, err)
-	_, err = check.check(context.Background(), hw, want)
-	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	check := func(policy attestation.RevocationPolicy) (*attestation.Hardware, error) {
+		c, err := NewHardwareCheck(ValidatorConfig{
+			ValidatorCommon: attestation.ValidatorCommon{Now: func() time.Time { return sampleTime }, Revocation: policy},
+			Hardware:        sampleReference(t, hw),
+			Collateral:      collateral.New(collateral.Config{Now: func() time.Time { return sampleTime }}),
+		})
+		require.NoError(t, err)
+		return c.check(context.Background(), hw, want)
+	}
+	_, err = check(attestation.RevocationRequired)
+	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 	assert.ErrorIs(t, err, collateral.ErrOffline, "only the CRL is missing")
 	assert.ErrorContains(t, err, "CRL of the ASVK")
+	claims, err := check(attestation.RevocationUnknownAccepted)
+	require.NoError(t, err)
+	assert.Equal(t, "VLEK", claims.Signer)
+	assert.False(t, claims.RevocationChecked)
 
 	// The binding: REPORT_DATA is SHA-512 of the AK, exactly what this variant requires.
 	r, err := abi.ReportToProto(hw.SnpReport)

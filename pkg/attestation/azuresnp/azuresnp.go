@@ -22,8 +22,6 @@ import (
 	"crypto"
 	"crypto/x509"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
@@ -53,7 +51,7 @@ type ValidatorConfig struct {
 
 // NewValidator returns a validator for azure-sev-snp evidence.
 func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
-	check, err := NewHardwareCheck(cfg.Hardware, cfg.Collateral, cfg.Roots, cfg.Now, cfg.Log)
+	check, err := NewHardwareCheck(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -70,13 +68,27 @@ type HardwareCheck struct {
 	snp *snp.Validator
 }
 
-// NewHardwareCheck returns the check NewValidator installs; roots nil means the pinned roots.
-func NewHardwareCheck(ref snp.Reference, cache *collateral.Cache, roots *snp.Roots, now func() time.Time, log *slog.Logger) (*HardwareCheck, error) {
-	v, err := snp.NewValidator(snp.Config{Reference: ref, Collateral: cache, Roots: roots, Now: now, Log: log})
+// NewHardwareCheck returns the check NewValidator installs (from cfg's Hardware, Collateral,
+// Roots, Now, Log and Revocation).
+func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
+	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Roots: cfg.Roots, Now: cfg.Now, Log: cfg.Log, Revocation: cfg.Revocation})
 	if err != nil {
 		return nil, fmt.Errorf("%s validator: %w", Variant, err)
 	}
 	return &HardwareCheck{snp: v}, nil
+}
+
+// CollateralURLs implements vtpm.CollateralLister: what checking the SEV-SNP report inside
+// hw's HCL report reads.
+func (c *HardwareCheck) CollateralURLs(hw *hardwarepb.Hardware) ([]string, error) {
+	hcl, err := azure.ParseHCLReport(hw.GetHclReport())
+	if err != nil {
+		return nil, err
+	}
+	if hcl.Type != azure.ReportTypeSNP {
+		return nil, fmt.Errorf("%w: the HCL report holds a %s report, %s needs SEV-SNP", attestation.ErrMalformed, hcl.Type, Variant)
+	}
+	return c.snp.CollateralURLs(hcl.HardwareReport, hw.GetSnpCertificates())
 }
 
 // Check parses the HCL report, verifies and validates its SEV-SNP report with the VCEK that

@@ -120,21 +120,35 @@ func realReference(report []byte) snp.Reference {
 }
 
 // TestRealSampleHardwareCheck runs the real HCL report through the check the validator
-// installs: it parses, the binding holds, and without AMD's CRL it fails closed.
+// installs, offline: it parses, its signature and chain verify, the binding holds; without
+// AMD's CRL it fails closed by default (revocation unknown, not a bad signature), and passes
+// with the revocation status in its claims when the caller accepts an unknown status.
 func TestRealSampleHardwareCheck(t *testing.T) {
 	report := realReport(t)
 	runtime := readSample(t, "azure-snp-runtimedata.bin")
-	check, err := azuresnp.NewHardwareCheck(realReference(report), collateral.New(collateral.Config{Now: func() time.Time { return testNow }}), nil, func() time.Time { return testNow }, nil)
-	require.NoError(t, err)
 	rd, err := azure.ParseRuntimeData(runtime)
 	require.NoError(t, err)
 	hw := &hardwarepb.Hardware{
 		HclReport:       azuretest.HCLReport(azure.ReportTypeSNP, report, runtime, 0),
 		SnpCertificates: [][]byte{readSample(t, "azure-snp-vcek.cert")},
 	}
-	_, err = check.Check(context.Background(), hw, rd.AK, nil, nil)
-	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
-	assert.ErrorContains(t, err, "CRL")
+	check := func(policy attestation.RevocationPolicy) (*attestation.Hardware, error) {
+		c, err := azuresnp.NewHardwareCheck(azuresnp.ValidatorConfig{
+			ValidatorCommon: attestation.ValidatorCommon{Now: func() time.Time { return testNow }, Revocation: policy},
+			Hardware:        realReference(report),
+			Collateral:      collateral.New(collateral.Config{Now: func() time.Time { return testNow }}),
+		})
+		require.NoError(t, err)
+		return c.Check(context.Background(), hw, rd.AK, nil, nil)
+	}
+	_, err = check(attestation.RevocationRequired)
+	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
+	assert.ErrorContains(t, err, "CRL of the ASK")
+
+	claims, err := check(attestation.RevocationUnknownAccepted)
+	require.NoError(t, err)
+	assert.Equal(t, "Milan", claims.Product)
+	assert.False(t, claims.RevocationChecked)
 }
 
 // fakeAMD is a fake AMD chain (go-sev-guest's AmdSignerBuilder) with a CRL, and roots,

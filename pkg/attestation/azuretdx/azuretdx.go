@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/x509"
 	"fmt"
-	"time"
 
 	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
 
@@ -35,7 +34,7 @@ type ValidatorConfig struct {
 
 // NewValidator returns a validator for azure-tdx evidence.
 func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
-	check, err := NewHardwareCheck(cfg.Hardware, cfg.Collateral, cfg.Now)
+	check, err := NewHardwareCheck(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -57,15 +56,17 @@ type HardwareCheck struct {
 	validateQuote func(q *tdx.Quote) error
 }
 
-// NewHardwareCheck returns the check NewValidator installs.
-func NewHardwareCheck(ref tdx.Reference, cache *collateral.Cache, now func() time.Time) (*HardwareCheck, error) {
+// NewHardwareCheck returns the check NewValidator installs (from cfg's Hardware, Collateral,
+// Now and Revocation).
+func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
+	ref, cache := cfg.Hardware, cfg.Collateral
 	if cache == nil {
 		return nil, fmt.Errorf("%s validator: no collateral cache", Variant)
 	}
 	if err := ref.Validate(); err != nil {
 		return nil, fmt.Errorf("%s validator: %w", Variant, err)
 	}
-	opts := tdx.VerifyOptions{Collateral: cache, Now: now}
+	opts := tdx.VerifyOptions{Collateral: cache, Now: cfg.Now, Revocation: cfg.Revocation}
 	return &HardwareCheck{
 		ref: ref,
 		verifyQuote: func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error) {
@@ -73,6 +74,11 @@ func NewHardwareCheck(ref tdx.Reference, cache *collateral.Cache, now func() tim
 		},
 		validateQuote: func(q *tdx.Quote) error { return q.Validate(ref) },
 	}, nil
+}
+
+// CollateralURLs implements vtpm.CollateralLister: what verifying hw's TD quote reads.
+func (c *HardwareCheck) CollateralURLs(hw *hardwarepb.Hardware) ([]string, error) {
+	return tdx.CollateralURLs(hw.GetTdQuote())
 }
 
 // Check parses the HCL report and its TDREPORT, verifies the TD quote, requires the quote's
@@ -123,14 +129,7 @@ func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak c
 	if err := c.validateQuote(quote); err != nil {
 		return nil, err
 	}
-	return &attestation.Hardware{
-		Technology:   "TDX",
-		Product:      "fmspc " + quote.FMSPC,
-		Signer:       "PCK",
-		TCB:          quote.TCB(),
-		Reference:    c.ref.Name,
-		Measurements: quote.Measurements(),
-	}, nil
+	return quote.Claims(c.ref.Name), nil
 }
 
 // checkQuote compares the TDREPORT with the fields of the verified quote that tdx.Quote

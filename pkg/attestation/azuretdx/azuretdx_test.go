@@ -100,7 +100,7 @@ func fakeVerify(_ context.Context, raw []byte, _ []*hardwarepb.Collateral) (*tdx
 // compares MRSEAM only (tdx's Validate needs the quote's signed proto).
 func testCheck(t testing.TB) *HardwareCheck {
 	t.Helper()
-	c, err := NewHardwareCheck(sampleReference(t), collateral.New(collateral.Config{}), nil)
+	c, err := NewHardwareCheck(ValidatorConfig{Hardware: sampleReference(t), Collateral: collateral.New(collateral.Config{})})
 	require.NoError(t, err)
 	c.verifyQuote = fakeVerify
 	c.validateQuote = func(q *tdx.Quote) error {
@@ -115,7 +115,7 @@ func testCheck(t testing.TB) *HardwareCheck {
 func TestProductionCheckFailsClosedOnUnverifiableQuote(t *testing.T) {
 	// The real Azure HCL report with go-tdx-guest's real Intel quote, through the check
 	// NewValidator installs, with no collateral: verification cannot pass, and says so.
-	c, err := NewHardwareCheck(sampleReference(t), collateral.New(collateral.Config{Now: func() time.Time { return time.Date(2023, 7, 1, 0, 0, 0, 0, time.UTC) }}), nil)
+	c, err := NewHardwareCheck(ValidatorConfig{Hardware: sampleReference(t), Collateral: collateral.New(collateral.Config{Now: func() time.Time { return time.Date(2023, 7, 1, 0, 0, 0, 0, time.UTC) }})})
 	require.NoError(t, err)
 	raw, err := azureSample()
 	require.NoError(t, err)

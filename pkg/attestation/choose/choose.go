@@ -139,6 +139,9 @@ type Options struct {
 	Log *slog.Logger
 	// MaxEvidenceSize defaults to attestation.DefaultMaxEvidenceSize.
 	MaxEvidenceSize int
+	// Revocation says what an unknown revocation status of a hardware report's signer means;
+	// the zero value rejects (attestation.RevocationPolicy).
+	Revocation attestation.RevocationPolicy
 	// Cluster makes NewValidator check the reference by a cluster's rules
 	// (Reference.ValidateForCluster) rather than Validate's, so that the CLI checks the
 	// reference it verifies a cluster's nodes with, and sends with init, once.
@@ -459,7 +462,7 @@ func ParseAKRoots(pemData string) (*x509.CertPool, error) {
 // common is what every variant's validator configuration takes from a reference and the
 // options: the reference sets (or the hot-reloaded ones) and how the validator runs.
 func common(ref Reference, opts Options) attestation.ValidatorCommon {
-	return attestation.ValidatorCommon{ReferenceSets: ref.Measurements, Active: opts.Active, MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log}
+	return attestation.ValidatorCommon{ReferenceSets: ref.Measurements, Active: opts.Active, MaxEvidenceSize: opts.MaxEvidenceSize, Now: opts.Now, Log: opts.Log, Revocation: opts.Revocation}
 }
 
 // qemu-vtpm is defined by its package (the AK trusted through the platform's AK CA, the

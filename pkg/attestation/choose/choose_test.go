@@ -23,6 +23,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/tdx"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // pcrSets is a valid reference set for the vTPM variants (PCRs 0..14 enforced).
@@ -89,6 +90,33 @@ func TestEveryImplementedVariantBuildsItsValidator(t *testing.T) {
 		// Evidence of no kind is refused as malformed, never accepted.
 		_, err = val.Validate(context.Background(), []byte("not evidence"), attestation.PurposeVerify, bytes.Repeat([]byte{1}, 32))
 		assert.ErrorIs(t, err, attestation.ErrMalformed, v.String())
+	}
+}
+
+// TestEventLogRule pins the event-log rule of every variant (docs/attestation.md, "The
+// variant catalog"): required where nothing but the vTPM vouches for the boot, replayed if
+// present where a hardware report vouches for the platform, none for qemu-tdx (no vTPM).
+func TestEventLogRule(t *testing.T) {
+	want := map[variant.Variant]string{
+		variant.QEMUVTPM:           "required",
+		variant.AzureTrustedLaunch: "required",
+		variant.GCPSEVES:           "required",
+		variant.AWSNitroTPM:        "required",
+		variant.AWSSEVSNP:          "replay-if-present",
+		variant.GCPSEVSNP:          "replay-if-present",
+		variant.AzureSEVSNP:        "replay-if-present",
+		variant.AzureTDX:           "replay-if-present",
+		variant.QEMUTDX:            "none",
+	}
+	refs := references()
+	for _, v := range Implemented() {
+		val, err := NewValidator(refs[v], Options{Collateral: collateral.New(collateral.Config{})})
+		require.NoError(t, err)
+		got := "none"
+		if p, ok := val.(interface{ EventLogPolicy() vtpm.EventLogPolicy }); ok {
+			got = p.EventLogPolicy().String()
+		}
+		assert.Equal(t, want[v], got, v.String())
 	}
 }
 

@@ -78,12 +78,18 @@ func ReportData(nonce, akPublic []byte) ([abi.ReportDataSize]byte, error) {
 // reportChecker is what the hardware check needs of snp.Validator.
 type reportChecker interface {
 	Check(ctx context.Context, report []byte, certs [][]byte, carried []*hardwarepb.Collateral, reportData []byte) (*attestation.Hardware, error)
+	CollateralURLs(report []byte, certs [][]byte) ([]string, error)
 }
 
 // HardwareCheck is the vtpm.HardwareCheck of gcp-sev-snp: the SEV-SNP report must verify and
 // match the hardware reference, and bind the quote's nonce and AK.
 type HardwareCheck struct {
 	snp reportChecker
+}
+
+// CollateralURLs implements vtpm.CollateralLister: what checking hw's SEV-SNP report reads.
+func (c *HardwareCheck) CollateralURLs(hw *hardwarepb.Hardware) ([]string, error) {
+	return c.snp.CollateralURLs(hw.GetSnpReport(), hw.GetSnpCertificates())
 }
 
 // Check implements vtpm.HardwareCheck. The vTPM validator calls it after the quote verified
@@ -174,7 +180,7 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 
 // NewHardwareCheck returns the SEV-SNP part of the validator alone.
 func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
-	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Now: cfg.Now, Log: cfg.Log, Roots: cfg.SNPRoots})
+	v, err := snp.NewValidator(snp.Config{Reference: cfg.Hardware, Collateral: cfg.Collateral, Now: cfg.Now, Log: cfg.Log, Roots: cfg.SNPRoots, Revocation: cfg.Revocation})
 	if err != nil {
 		return nil, fmt.Errorf("gcp-sev-snp validator: %w", err)
 	}

@@ -350,7 +350,7 @@ func TestAttacks(t *testing.T) {
 		server.mu.Unlock()
 		c.Set(start.Add(8 * 24 * time.Hour))
 		_, err := v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
-		require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+		require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 		assert.ErrorIs(t, err, collateral.ErrStale)
 	})
 }

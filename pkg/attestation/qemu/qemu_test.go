@@ -183,7 +183,11 @@ func TestRejections(t *testing.T) {
 		},
 		"tampered PCR value": {
 			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[4] = flip(e.Pcrs[4], 0) }),
-			nonce:    nonce, wantErr: attestation.ErrBadSignature,
+			nonce:    nonce, wantErr: attestation.ErrBadSignature, wantMsg: "PCR",
+		},
+		"tampered PCR value and another nonce (the PCRs are named, not the nonce)": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[4] = flip(e.Pcrs[4], 0) }),
+			nonce:    otherNonce, wantErr: attestation.ErrBadSignature, wantMsg: "PCR",
 		},
 		"PCR removed from evidence": {
 			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = e.Pcrs[:23] }),

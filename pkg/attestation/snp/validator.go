@@ -56,6 +56,9 @@ type Config struct {
 	Log *slog.Logger
 	// Roots are the trusted AMD chains; nil means PinnedRoots (what every verifier uses).
 	Roots *Roots
+	// Revocation says what an unknown revocation status means (no current CRL at hand);
+	// the zero value rejects (attestation.RevocationPolicy).
+	Revocation attestation.RevocationPolicy
 }
 
 // Validator checks SEV-SNP attestation reports against one Reference. It is safe for
@@ -79,11 +82,15 @@ type Config struct {
 //     (through the collateral cache); VLEK only from the evidence (AMD does not publish
 //     them). Either must chain to the pinned ASK or ASVK at Now: an expired or foreign key is
 //     refused.
+//   - Report signature (ECDSA P-384 over the report) with that key, before any revocation
+//     check: a forged report is refused as forged (attestation.ErrBadSignature) whether a
+//     CRL is at hand or not.
 //   - Revocation: AMD's CRL for the ASK (VCEK) or ASVK (VLEK), through the same cache, must
-//     be signed by the pinned ARK, current at Now (a CRL past its next update is refused,
-//     never used "for now") and must not list the intermediate. A missing CRL fails closed:
-//     a verifier that cannot learn of a revocation must not accept.
-//   - Report signature (ECDSA P-384 over the report) with that key.
+//     be signed by the pinned ARK, current at Now (a CRL past its next update is never used
+//     "for now") and must not list the intermediate or the key. No current CRL at hand is an
+//     unknown status (attestation.ErrRevocationUnknown), which fails closed unless
+//     Config.Revocation accepts it; a CRL that is not AMD's, or lists the chain, always
+//     rejects.
 //   - REPORT_DATA equal to the caller's data: binds the report to the caller's nonce or
 //     key, so a recorded report cannot be replayed.
 //   - Guest policy: debug never (the host could read the guest), migration agent only if
@@ -113,6 +120,8 @@ type Validator struct {
 	cache *collateral.Cache
 	now   func() time.Time
 	log   *slog.Logger
+	// revocation says what an unknown revocation status means.
+	revocation attestation.RevocationPolicy
 
 	// crls memoizes CRLs whose signature by a pinned ARK was checked, by product line and
 	// SHA-256 of their DER: an RSA-4096 check per validation is most of a check's time, and
@@ -128,10 +137,6 @@ type Validator struct {
 	// every evidence of a node: their ECDSA P-384 check, most of a warm check's time, is done
 	// once. Nothing else is skipped: validity window, CRL and policy are checked every time.
 	signed *memo.Memo[signedKey, struct{}]
-
-	// skipRevocation is set only by tests of the real AMD samples, for which no CRL signed
-	// by AMD's real ARK is available offline (see testdata/README.md).
-	skipRevocation bool
 }
 
 // NewValidator returns a validator for cfg.
@@ -142,8 +147,11 @@ func NewValidator(cfg Config) (*Validator, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("SEV-SNP validator: no collateral cache (revocation is always checked)")
 	}
+	if !cfg.Revocation.Valid() {
+		return nil, fmt.Errorf("SEV-SNP validator: %s", cfg.Revocation)
+	}
 	v := &Validator{
-		ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log,
+		ref: cfg.Reference.withDefaults(), roots: cfg.Roots, cache: cfg.Collateral, now: cfg.Now, log: cfg.Log, revocation: cfg.Revocation,
 		crls:   memo.New[crlKey, *x509.RevocationList](maxCRLs),
 		keys:   memo.New[keyMemoKey, validity](maxKeys),
 		signed: memo.New[signedKey, struct{}](maxSigned),
@@ -183,10 +191,38 @@ func (v *Validator) Check(ctx context.Context, report []byte, certs [][]byte, ca
 	if err != nil {
 		return nil, err
 	}
-	if err := v.verify(ctx, p, carried); err != nil {
+	revoked, err := v.verify(ctx, p, carried)
+	if err != nil {
 		return nil, err
 	}
-	return v.validate(p, reportData)
+	return v.validate(p, reportData, revoked)
+}
+
+// CollateralURLs returns the URLs of the documents Check reads for report and certs: the
+// VCEK at AMD's KDS when certs lack it, and the CRL of the intermediate (ASK or ASVK) of the
+// report's product line. The report is parsed, not verified.
+func (v *Validator) CollateralURLs(report []byte, certs [][]byte) ([]string, error) {
+	p, err := parseReport(report, certs)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := v.productRoots(p.product)
+	if err != nil {
+		return nil, err
+	}
+	var urls []string
+	if p.key == nil {
+		if p.signer == abi.VlekReportSigner || isZero(p.report.GetChipId()) {
+			return nil, untrusted("no %s certificate with the report, and it cannot be fetched", p.signerName())
+		}
+		urls = append(urls, kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb())))
+	}
+	intermediate, name := signerIntermediate(roots, p.signer)
+	crl, err := crlURL(intermediate, name)
+	if err != nil {
+		return nil, err
+	}
+	return append(urls, crl), nil
 }
 
 // --- Step 1: parse ---------------------------------------------------------------------
@@ -348,31 +384,43 @@ func parseCertificates(b []byte) ([]*x509.Certificate, error) {
 // verify establishes that the report was signed by a VCEK or VLEK that chains to the pinned
 // roots of its product line, with no intermediate revoked. In order: the product line is
 // accepted and has pinned roots, the signing key's certificate is at hand (fetched for a
-// VCEK the evidence lacks), the intermediate is not revoked, and the key's chain and the
-// report's signature verify (once per key and report: remembered after).
-func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb.Collateral) error {
+// VCEK the evidence lacks), the key's chain and the report's signature verify (once per key
+// and report: remembered after), and then the revocation status. It returns what is known
+// of revocation (revocationStatus), an error if the report must be refused.
+func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb.Collateral) (revocationStatus, error) {
 	roots, err := v.productRoots(p.product)
 	if err != nil {
-		return err
+		return revocationStatus{}, err
 	}
 	now := v.now()
 	getter := collateral.SNPGetter{S: v.cache.Session(ctx, carried)}
 	if p.key == nil {
 		if p.key, err = fetchVCEK(ctx, getter, p); err != nil {
-			return err
+			return revocationStatus{}, err
 		}
 	}
 	intermediate, intermediateName := signerIntermediate(roots, p.signer)
-	if !v.skipRevocation {
-		if err := v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now); err != nil {
-			return err
-		}
+	if err := v.verifyKeyAndSignature(ctx, p, roots, intermediate, now); err != nil {
+		return revocationStatus{}, err
 	}
+	status, err := v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now)
+	if err != nil {
+		return revocationStatus{}, err
+	}
+	if status.unknown != nil && v.revocation != attestation.RevocationUnknownAccepted {
+		return revocationStatus{}, fmt.Errorf("%w: SEV-SNP %w (the report's signature and chain verified; revocation policy %s)", attestation.ErrRevocationUnknown, status.unknown, v.revocation)
+	}
+	return status, nil
+}
+
+// verifyKeyAndSignature checks the key's chain to the pinned roots at now and the report's
+// signature with the key, through the memo of accepted keys when the key was seen before.
+func (v *Validator) verifyKeyAndSignature(ctx context.Context, p *parsed, roots ProductRoots, intermediate *x509.Certificate, now time.Time) error {
 	keyID := keyMemoKey{product: p.product, signer: p.signer, digest: sha256.Sum256(p.key.Raw)}
 	if w, ok := v.keys.Get(keyID); ok {
 		return v.verifyRememberedKey(p, keyID, w, now)
 	}
-	if err := v.verifyChainAndSignature(ctx, getter, p, roots, intermediate, now); err != nil {
+	if err := v.verifyChainAndSignature(ctx, p, roots, intermediate, now); err != nil {
 		return err
 	}
 	// What go-sev-guest checked depends only on the certificate's bytes, the product line and
@@ -433,8 +481,8 @@ func signerIntermediate(roots ProductRoots, signer abi.ReportSigner) (*x509.Cert
 }
 
 // verifyRememberedKey checks a report signed by a key whose certificate go-sev-guest already
-// accepted: only the chain's validity at now and the report signature (the CRL was checked
-// before, every time), the signature once per report.
+// accepted: only the chain's validity at now and the report signature (the CRL is checked
+// after, every time), the signature once per report.
 func (v *Validator) verifyRememberedKey(p *parsed, keyID keyMemoKey, w validity, now time.Time) error {
 	if now.Before(w.notBefore) || now.After(w.notAfter) {
 		return untrusted("%s certificate: chain not valid at %s (valid %s to %s): expired or not yet valid", p.signerName(),
@@ -452,12 +500,12 @@ func (v *Validator) verifyRememberedKey(p *parsed, keyID keyMemoKey, w validity,
 }
 
 // verifyChainAndSignature has go-sev-guest check the key's certificate (fields AMD's KDS
-// sets, chain to our roots at now), the CRL once more and the report signature. A fresh
-// AMDRootCerts per check: the library caches a CRL inside it and holds its lock while
-// fetching, neither of which may outlive one check. Its revocation check reads the CRL of
-// ProductCerts.Ask and looks for Ask's serial; for a VLEK the intermediate is the ASVK, so it
-// goes there.
-func (v *Validator) verifyChainAndSignature(ctx context.Context, getter collateral.SNPGetter, p *parsed, roots ProductRoots, intermediate *x509.Certificate, now time.Time) error {
+// sets, chain to our roots at now) and the report signature. Revocation is left to
+// checkRevocation, after it (go-sev-guest would fetch the CRL first and does not check its
+// next update). A fresh AMDRootCerts per check: the library keeps state inside it, which may
+// not outlive one check. For a VLEK the intermediate is the ASVK, so it goes into
+// ProductCerts.Ask.
+func (v *Validator) verifyChainAndSignature(ctx context.Context, p *parsed, roots ProductRoots, intermediate *x509.Certificate, now time.Time) error {
 	chain := &spb.CertificateChain{AskCert: roots.ASK.Raw, ArkCert: roots.ARK.Raw, Extras: map[string][]byte{}}
 	if p.signer == abi.VcekReportSigner {
 		chain.VcekCert = p.key.Raw
@@ -470,9 +518,8 @@ func (v *Validator) verifyChainAndSignature(ctx context.Context, getter collater
 		return untrusted("product line: %v", err)
 	}
 	opts := &verify.Options{
-		CheckRevocations:    !v.skipRevocation,
+		CheckRevocations:    false,
 		DisableCertFetching: true,
-		Getter:              getter,
 		Now:                 now,
 		Product:             product,
 		TrustedRoots: map[string][]*trust.AMDRootCerts{p.product: {{
@@ -514,41 +561,56 @@ type signedKey struct {
 // maxSigned bounds the memo of verified report signatures (one per node boot).
 const maxSigned = 8192
 
+// revocationStatus is what checkRevocation learned: unknown says why the status could not be
+// learned (nil: a current CRL of AMD's lists neither the intermediate nor the key).
+type revocationStatus struct {
+	unknown error
+}
+
 // checkRevocation fetches the CRL of the intermediate through the collateral session and
 // checks it is AMD's (signed by the pinned ARK), current at now, and revokes neither the
-// intermediate nor the signer's key. go-sev-guest checks the signature and the intermediate
-// too, but not whether the CRL is past its next update.
-func (v *Validator) checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) error {
-	if len(intermediate.CRLDistributionPoints) != 1 {
-		return untrusted("%s has %d CRL distribution points, want 1", name, len(intermediate.CRLDistributionPoints))
+// intermediate nor the signer's key. No CRL at hand, or none current, is an unknown status
+// (returned, for the policy to decide); a CRL that is not AMD's or revokes the chain is an
+// error. A revocation listed in an AMD CRL counts even when the CRL is past its next update.
+func (v *Validator) checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) (revocationStatus, error) {
+	url, err := crlURL(intermediate, name)
+	if err != nil {
+		return revocationStatus{}, err
 	}
-	url := intermediate.CRLDistributionPoints[0]
 	body, err := getter.GetContext(ctx, url)
 	if err != nil {
-		return fmt.Errorf("%w: SEV-SNP CRL of the %s: %w", attestation.ErrUntrustedSigner, name, err)
+		return revocationStatus{unknown: fmt.Errorf("CRL of the %s: %w", name, err)}, nil
 	}
 	if block, _ := pem.Decode(body); block != nil && block.Type == "X509 CRL" {
 		body = block.Bytes
 	}
 	crl, err := v.verifiedCRL(roots, body)
 	if err != nil {
-		return untrusted("CRL of the %s from %s: %v", name, url, err)
-	}
-	if crl.NextUpdate.IsZero() || !now.Before(crl.NextUpdate) {
-		return untrusted("CRL of the %s is stale: next update %s, now %s", name, crl.NextUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
-	}
-	if now.Before(crl.ThisUpdate) {
-		return untrusted("CRL of the %s is not yet valid: this update %s, now %s", name, crl.ThisUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+		return revocationStatus{}, untrusted("CRL of the %s from %s: %v", name, url, err)
 	}
 	for _, e := range crl.RevokedCertificateEntries {
 		switch {
 		case e.SerialNumber.Cmp(intermediate.SerialNumber) == 0:
-			return untrusted("%s of %s revoked at %s", name, roots.Product, e.RevocationTime.UTC().Format(time.RFC3339))
+			return revocationStatus{}, untrusted("%s of %s revoked at %s", name, roots.Product, e.RevocationTime.UTC().Format(time.RFC3339))
 		case p.key != nil && e.SerialNumber.Cmp(p.key.SerialNumber) == 0 && bytes.Equal(p.key.RawIssuer, intermediate.RawSubject):
-			return untrusted("%s revoked at %s", p.signerName(), e.RevocationTime.UTC().Format(time.RFC3339))
+			return revocationStatus{}, untrusted("%s revoked at %s", p.signerName(), e.RevocationTime.UTC().Format(time.RFC3339))
 		}
 	}
-	return nil
+	if crl.NextUpdate.IsZero() || !now.Before(crl.NextUpdate) {
+		return revocationStatus{unknown: fmt.Errorf("CRL of the %s is stale: next update %s, now %s", name, crl.NextUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))}, nil
+	}
+	if now.Before(crl.ThisUpdate) {
+		return revocationStatus{unknown: fmt.Errorf("CRL of the %s is not yet valid: this update %s, now %s", name, crl.ThisUpdate.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))}, nil
+	}
+	return revocationStatus{}, nil
+}
+
+// crlURL returns the one CRL distribution point of a pinned intermediate.
+func crlURL(intermediate *x509.Certificate, name string) (string, error) {
+	if len(intermediate.CRLDistributionPoints) != 1 {
+		return "", untrusted("%s has %d CRL distribution points, want 1", name, len(intermediate.CRLDistributionPoints))
+	}
+	return intermediate.CRLDistributionPoints[0], nil
 }
 
 type crlKey struct {
@@ -589,7 +651,7 @@ func isZero(b []byte) bool {
 
 // validate compares the authentic report with the caller's data and the Reference, one
 // policy at a time, and returns the claims only after every one passed.
-func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardware, error) {
+func (v *Validator) validate(p *parsed, reportData []byte, revocation revocationStatus) (*attestation.Hardware, error) {
 	wantData, err := checkReportData(p.report, reportData)
 	if err != nil {
 		return nil, err
@@ -611,7 +673,7 @@ func (v *Validator) validate(p *parsed, reportData []byte) (*attestation.Hardwar
 	if err := v.secondOpinion(p, wantData); err != nil {
 		return nil, err
 	}
-	return v.claims(p, tcbs, warnings), nil
+	return v.claims(p, tcbs, warnings, revocation), nil
 }
 
 // checkReportData checks that REPORT_DATA binds the report to the caller's nonce or key,
@@ -755,12 +817,16 @@ func (v *Validator) secondOpinion(p *parsed, wantData []byte) error {
 }
 
 // claims are what a report that passed every check shows.
-func (v *Validator) claims(p *parsed, tcbs reportTCBs, warnings []string) *attestation.Hardware {
+func (v *Validator) claims(p *parsed, tcbs reportTCBs, warnings []string, revocation revocationStatus) *attestation.Hardware {
 	r := p.report
+	if revocation.unknown != nil {
+		warnings = append(warnings, fmt.Sprintf("revocation not checked (policy %s): %v", v.revocation, revocation.unknown))
+	}
 	return &attestation.Hardware{
-		Technology: Technology,
-		Product:    p.product,
-		Signer:     p.signerName(),
+		RevocationChecked: revocation.unknown == nil,
+		Technology:        Technology,
+		Product:           p.product,
+		Signer:            p.signerName(),
 		TCB: fmt.Sprintf("committed %s; launch %s; reported %s; firmware %d.%d build %d",
 			tcbs[0], tcbs[1], tcbs[2], r.GetCommittedMajor(), r.GetCommittedMinor(), r.GetCommittedBuild()),
 		Reference: v.ref.Name,

@@ -284,11 +284,16 @@ func TestCheckRejects(t *testing.T) {
 			crl: func(t *testing.T, s *synth) []byte {
 				return s.amd.CRL(t, now.Add(-30*24*time.Hour), now.Add(-time.Hour))
 			},
-			wantReason: attestation.ErrUntrustedSigner, wantMsg: "CRL of the ASK",
+			wantReason: attestation.ErrRevocationUnknown, wantMsg: "CRL of the ASK",
 		},
 		"CRL missing": {
 			crl:        func(t *testing.T, s *synth) []byte { return nil },
-			wantReason: attestation.ErrUntrustedSigner, wantMsg: "CRL of the ASK",
+			wantReason: attestation.ErrRevocationUnknown, wantMsg: "CRL of the ASK",
+		},
+		"CRL missing and one bit of the signature": {
+			crl:        func(t *testing.T, s *synth) []byte { return nil },
+			raw:        func(b []byte) []byte { b[0x2A0] ^= 1; return b },
+			wantReason: attestation.ErrBadSignature, wantMsg: "signature",
 		},
 		"CRL not AMD's": {
 			crl: func(t *testing.T, s *synth) []byte {
@@ -403,6 +408,7 @@ func newSynthWithKeys(t testing.TB, product string) *synth {
 var reasons = []error{
 	attestation.ErrMalformed, attestation.ErrTooLarge, attestation.ErrWrongVariant, attestation.ErrBadSignature,
 	attestation.ErrNonceMismatch, attestation.ErrUntrustedSigner, attestation.ErrMeasurementPolicy,
+	attestation.ErrRevocationUnknown,
 }
 
 // assertOneReason checks err wraps want and no other attestation reason.
@@ -427,8 +433,95 @@ func TestCheckStaleCRLInCache(t *testing.T) {
 	v, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: cache, Now: func() time.Time { return now }, Roots: s.amd.Roots})
 	require.NoError(t, err)
 	_, err = v.Check(context.Background(), s.amd.Sign(t, snptest.DefaultReport()), s.amd.Certs("VCEK"), nil, reportData())
-	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	assertOneReason(t, err, attestation.ErrRevocationUnknown)
 	assert.Contains(t, err.Error(), "CRL of the ASK is stale")
+}
+
+// TestCheckOfflineVerdicts: a verifier without network and without a CRL tells a forged
+// report from a genuine one (bad signature vs. unknown revocation); RevocationUnknownAccepted
+// accepts the genuine one with the status in the claims, never the forged one; a CRL at hand
+// is used under either policy.
+func TestCheckOfflineVerdicts(t *testing.T) {
+	s := newSynth(t, snp.Milan)
+	genuine := s.amd.Sign(t, snptest.DefaultReport())
+	forged := bytes.Clone(genuine)
+	forged[0x90] ^= 1 // MEASUREMENT
+	crl := []*hardwarepb.Collateral{{Url: s.amd.CRLURL("VCEK"), Body: s.fetcher.docs[s.amd.CRLURL("VCEK")]}}
+	revoking := []*hardwarepb.Collateral{{Url: s.amd.CRLURL("VCEK"), Body: s.amd.CRL(t, now.Add(-time.Hour), now.Add(time.Hour), s.amd.Signer.Ask.SerialNumber)}}
+
+	for _, policy := range []attestation.RevocationPolicy{attestation.RevocationRequired, attestation.RevocationUnknownAccepted} {
+		t.Run(policy.String(), func(t *testing.T) {
+			offline := collateral.New(collateral.Config{Now: func() time.Time { return now }})
+			v, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: offline, Now: func() time.Time { return now }, Roots: s.amd.Roots, Revocation: policy})
+			require.NoError(t, err)
+			check := func(report []byte, carried []*hardwarepb.Collateral) (*attestation.Hardware, error) {
+				return v.Check(context.Background(), report, s.amd.Certs("VCEK"), carried, reportData())
+			}
+
+			_, err = check(forged, nil)
+			assertOneReason(t, err, attestation.ErrBadSignature)
+
+			hw, err := check(genuine, nil)
+			if policy == attestation.RevocationRequired {
+				assertOneReason(t, err, attestation.ErrRevocationUnknown)
+				assert.ErrorIs(t, err, collateral.ErrOffline)
+				assert.Contains(t, err.Error(), "signature and chain verified")
+			} else {
+				require.NoError(t, err)
+				assert.False(t, hw.RevocationChecked)
+				assert.Contains(t, hw.Warnings, "revocation not checked (policy unknown-accepted): CRL of the ASK: "+collateral.ErrOffline.Error()+": "+s.amd.CRLURL("VCEK"))
+			}
+
+			hw, err = check(genuine, crl)
+			require.NoError(t, err)
+			assert.True(t, hw.RevocationChecked)
+			assert.Empty(t, hw.Warnings)
+
+			_, err = check(genuine, revoking)
+			assertOneReason(t, err, attestation.ErrUntrustedSigner)
+			assert.Contains(t, err.Error(), "ASK of Milan revoked")
+		})
+	}
+	_, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: collateral.New(collateral.Config{}), Revocation: 7})
+	assert.ErrorContains(t, err, "RevocationPolicy(7)")
+}
+
+// TestCollateralURLs: the URLs CollateralURLs lists are exactly what Check reads; an offline
+// verifier that fetched them ahead and put them into its cache checks the report fully.
+func TestCollateralURLs(t *testing.T) {
+	s := newSynth(t, snp.Milan)
+	v := s.validator(t, s.reference(), now)
+	withKey := s.amd.Sign(t, snptest.DefaultReport())
+	vcekURL := kds.VCEKCertURL(snp.Milan, s.amd.ChipID[:], kds.TCBVersion(s.amd.TCB.Version(snp.Milan)))
+	s.fetcher.docs[vcekURL] = s.amd.Signer.Vcek.Raw
+
+	urls, err := v.CollateralURLs(withKey, s.amd.Certs("VCEK"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.amd.CRLURL("VCEK")}, urls)
+	urls, err = v.CollateralURLs(withKey, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{vcekURL, s.amd.CRLURL("VCEK")}, urls)
+
+	offline := collateral.New(collateral.Config{Now: func() time.Time { return now }})
+	for _, url := range urls {
+		require.NoError(t, offline.Put(url, nil, s.fetcher.docs[url]))
+	}
+	ov, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: offline, Now: func() time.Time { return now }, Roots: s.amd.Roots})
+	require.NoError(t, err)
+	hw, err := ov.Check(context.Background(), withKey, nil, nil, reportData())
+	require.NoError(t, err)
+	assert.True(t, hw.RevocationChecked)
+
+	vlek := snptest.DefaultReport()
+	vlek.Signer = "VLEK"
+	raw := s.amd.Sign(t, vlek)
+	urls, err = v.CollateralURLs(raw, s.amd.Certs("VLEK"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.amd.CRLURL("VLEK")}, urls)
+	_, err = v.CollateralURLs(raw, nil)
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	_, err = v.CollateralURLs(withKey[:100], nil)
+	assertOneReason(t, err, attestation.ErrMalformed)
 }
 
 // TestCheckFetchesVCEK: a report without its VCEK verifies with the VCEK fetched (once) from
@@ -496,10 +589,10 @@ func TestCheckOwnRootRefused(t *testing.T) {
 			v, err := snp.NewValidator(snp.Config{Reference: ref, Collateral: s.cache(now), Now: func() time.Time { return now }})
 			require.NoError(t, err)
 			_, err = v.Check(context.Background(), s.amd.Sign(t, snptest.DefaultReport()), s.amd.Certs("VCEK"), nil, reportData())
-			// The first of the host's certificates to meet a pinned root is its CRL (served
-			// at AMD's URL, signed by its own ARK); its VCEK would be next.
+			// The host's VCEK is the first of its certificates to meet a pinned root (its CRL,
+			// served at AMD's URL and signed by its own ARK, is never read).
 			assertOneReason(t, err, attestation.ErrUntrustedSigner)
-			assert.Contains(t, err.Error(), "not signed by the ARK of "+product)
+			assert.Contains(t, err.Error(), "VCEK could not be verified by any trusted roots")
 		})
 	}
 }
@@ -578,9 +671,10 @@ func awsSample(t testing.TB) sample {
 func (s sample) validator(t testing.TB) *snp.Validator {
 	t.Helper()
 	cache := collateral.New(collateral.Config{Now: func() time.Time { return s.at }})
-	v, err := snp.NewValidator(snp.Config{Reference: s.ref, Collateral: cache, Now: func() time.Time { return s.at }})
+	// No CRL signed by AMD's real ARK is at hand offline (testdata/README.md): the samples
+	// are checked as an offline verifier would, accepting an unknown revocation status.
+	v, err := snp.NewValidator(snp.Config{Reference: s.ref, Collateral: cache, Now: func() time.Time { return s.at }, Revocation: attestation.RevocationUnknownAccepted})
 	require.NoError(t, err)
-	snp.SkipRevocationForRealSamples(v)
 	return v
 }
 
@@ -594,6 +688,9 @@ func TestRealSamples(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, snp.Milan, hw.Product)
 			assert.Equal(t, s.signer, hw.Signer)
+			assert.False(t, hw.RevocationChecked)
+			require.NotEmpty(t, hw.Warnings)
+			assert.Contains(t, hw.Warnings[len(hw.Warnings)-1], "revocation not checked (policy unknown-accepted)")
 			assert.Equal(t, s.ref.Measurements[0], hw.Measurements["MEASUREMENT"])
 
 			for tname, tamper := range map[string]struct {

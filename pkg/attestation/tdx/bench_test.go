@@ -12,7 +12,7 @@ import (
 func BenchmarkVerifyQuote(b *testing.B) {
 	intel := newFakeIntel(b)
 	raw := intel.quote(b, make([]byte, 64), nil)
-	opts := VerifyOptions{Collateral: newCache(&fixedClock{t: cannedNow}, intel.pcs()), roots: intel.roots()}
+	opts := VerifyOptions{Collateral: newCache(&fixedClock{t: cannedNow}, intel.pcs()), root: intel.root}
 	ref := cannedReference(b)
 	ctx := context.Background()
 	if _, err := VerifyQuote(ctx, raw, nil, opts); err != nil {

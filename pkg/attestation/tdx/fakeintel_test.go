@@ -175,12 +175,6 @@ func (f *fakeIntel) pcs() *fakePCS {
 	return p
 }
 
-func (f *fakeIntel) roots() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(f.root)
-	return pool
-}
-
 func mustParse(t testing.TB, raw []byte) *pb.QuoteV4 {
 	t.Helper()
 	q, err := ParseQuote(raw)

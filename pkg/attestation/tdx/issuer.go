@@ -3,12 +3,12 @@ package tdx
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 
 	"github.com/google/go-tdx-guest/client"
 	pb "github.com/google/go-tdx-guest/proto/tdx"
-	"github.com/google/go-tdx-guest/verify"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
@@ -33,6 +33,8 @@ func NewConfigFSQuoteProvider() (QuoteProvider, error) {
 type Issuer struct {
 	provider QuoteProvider
 	cache    *collateral.Cache
+	// root is nil in production (the pinned Intel root); see VerifyOptions.root.
+	root *x509.Certificate
 }
 
 var _ attestation.Issuer = (*Issuer)(nil)
@@ -108,43 +110,32 @@ func signedEnd(q *pb.QuoteV4) int {
 	return signedDataOffset + int(q.GetSignedDataSize())
 }
 
-// collateral returns the documents a verifier of quote fetches. Rather than repeat
-// go-tdx-guest's choice of URLs, it runs the library's verification with a getter that
-// keeps what it fetched; the verification's outcome is the verifier's business, and a
-// document that could not be fetched is simply not attached (the verifier fetches it).
+// collateral returns the documents a verifier of quote reads (collateralURLs), those the
+// node's cache has or can fetch; a document that cannot be had is simply not attached (the
+// verifier fetches it, or decides by its revocation policy).
 func (i *Issuer) collateral(ctx context.Context, quote *pb.QuoteV4) []*hardwarepb.Collateral {
-	g := &keepingGetter{g: collateral.TDXGetter{S: i.cache.Session(ctx, nil)}}
-	now := i.cache.Now()
-	_ = verify.TdxQuoteContext(ctx, quote, &verify.Options{
-		TrustedRoots:     trustedRoots(),
-		GetCollateral:    true,
-		CheckRevocations: true,
-		Getter:           g,
-		Now:              &verify.TimeSet{PckCertChain: now, TcbInfo: now, QeIdentity: now, PckCrl: now, RootCaCrl: now},
-	})
-	return g.docs
-}
-
-// keepingGetter keeps every document it returned.
-type keepingGetter struct {
-	g    collateral.TDXGetter
-	docs []*hardwarepb.Collateral
-}
-
-func (k *keepingGetter) Get(url string) (map[string][]string, []byte, error) {
-	header, body, err := k.g.Get(url)
-	if err == nil {
-		doc := &hardwarepb.Collateral{Url: url, Body: body, Headers: map[string]string{}}
-		for name, values := range header {
+	root := i.root
+	if root == nil {
+		root = intelRoot
+	}
+	urls, err := collateralURLs(quote, root)
+	if err != nil {
+		return nil
+	}
+	session := i.cache.Session(ctx, nil)
+	var docs []*hardwarepb.Collateral
+	for _, url := range urls {
+		doc, err := session.Get(url)
+		if err != nil {
+			continue
+		}
+		c := &hardwarepb.Collateral{Url: url, Body: doc.Body, Headers: map[string]string{}}
+		for name, values := range doc.Header {
 			if len(values) == 1 {
-				doc.Headers[name] = values[0]
+				c.Headers[name] = values[0]
 			}
 		}
-		k.docs = append(k.docs, doc)
+		docs = append(docs, c)
 	}
-	return header, body, err
-}
-
-func (k *keepingGetter) GetContext(_ context.Context, url string) (map[string][]string, []byte, error) {
-	return k.Get(url)
+	return docs
 }

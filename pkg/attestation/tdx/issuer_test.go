@@ -122,6 +122,7 @@ func TestIssuerCarriesCollateral(t *testing.T) {
 	pcs := intel.pcs()
 	issuer, err := NewIssuer(&fakeQuoteProvider{t: t, intel: intel}, newCache(&fixedClock{t: cannedNow}, pcs))
 	require.NoError(t, err)
+	issuer.root = intel.root
 	ev, err := issuer.Issue(context.Background(), attestation.PurposeVerify, testNonce)
 	require.NoError(t, err)
 
@@ -139,7 +140,7 @@ func TestIssuerCarriesCollateral(t *testing.T) {
 		Collateral:      collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now}),
 	})
 	require.NoError(t, err)
-	v.roots = intel.roots()
+	v.root = intel.root
 	_, err = v.Validate(context.Background(), ev, attestation.PurposeVerify, testNonce)
 	require.NoError(t, err)
 }

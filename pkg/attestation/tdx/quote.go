@@ -21,6 +21,7 @@ import (
 	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // MaxQuoteSize bounds a TD quote. A version 4 quote with its PCK chain is about 5 KiB; the
@@ -38,10 +39,16 @@ type VerifyOptions struct {
 	// Now is the time certificates and collateral are checked at; nil means the cache's
 	// time, so documents are fetched and checked at the same instant.
 	Now func() time.Time
+	// Revocation says what it means when Intel's collateral (PCK and root CA CRLs, TCB
+	// info, QE identity) is not at hand or past its next update; the zero value rejects
+	// (attestation.RevocationPolicy). Under RevocationUnknownAccepted such a quote passes
+	// with Quote.CollateralUnknown set: its signatures and PCK chain verified, but neither
+	// revocation nor the platform's TCB status was checked.
+	Revocation attestation.RevocationPolicy
 
-	// roots replaces the pinned Intel root in this package's tests only (a fake Intel
+	// root replaces the pinned Intel root in this package's tests only (a fake Intel
 	// PKI signs quotes the canned ones cannot be); nothing outside the package can set it.
-	roots *x509.CertPool
+	root *x509.Certificate
 }
 
 // Quote is the body of a TD quote whose signature, PCK chain, QE report and collateral
@@ -81,6 +88,10 @@ type Quote struct {
 	// PCKCertificate is the platform's PCK certificate, which certified the quoting
 	// enclave's report.
 	PCKCertificate *x509.Certificate
+	// CollateralUnknown is nil when Intel's collateral was checked: the PCK chain is not
+	// revoked and the TCB status of platform and quoting enclave is UpToDate. Otherwise it
+	// says why the collateral was not at hand, and VerifyOptions.Revocation accepted that.
+	CollateralUnknown error
 
 	proto *pb.QuoteV4
 }
@@ -92,6 +103,24 @@ func (q *Quote) Measurements() map[string][]byte {
 		m[fmt.Sprintf("RTMR%d", i)] = r
 	}
 	return m
+}
+
+// Claims are what a quote that verified and matched the hardware reference named reference
+// establishes.
+func (q *Quote) Claims(reference string) *attestation.Hardware {
+	claims := &attestation.Hardware{
+		Technology:        "TDX",
+		Product:           "fmspc " + q.FMSPC,
+		Signer:            "PCK",
+		TCB:               q.TCB(),
+		Reference:         reference,
+		Measurements:      q.Measurements(),
+		RevocationChecked: q.CollateralUnknown == nil,
+	}
+	if q.CollateralUnknown != nil {
+		claims.Warnings = []string{fmt.Sprintf("revocation and TCB status not checked (policy %s): %v", attestation.RevocationUnknownAccepted, q.CollateralUnknown)}
+	}
+	return claims
 }
 
 // TCB describes the quote's trusted computing base, for humans.
@@ -208,20 +237,13 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 		now = opts.Collateral.Now
 	}
 	t := now()
-	roots := opts.roots
-	if roots == nil {
-		roots = trustedRoots()
+	root := opts.root
+	if root == nil {
+		root = intelRoot
 	}
-	getter := &recordingGetter{g: collateral.TDXGetter{S: opts.Collateral.Session(ctx, carried)}}
-	vopts := &verify.Options{
-		TrustedRoots:     roots,
-		GetCollateral:    true,
-		CheckRevocations: true,
-		Getter:           getter,
-		Now:              &verify.TimeSet{PckCertChain: t, TcbInfo: t, QeIdentity: t, PckCrl: t, RootCaCrl: t},
-	}
-	if err := verify.TdxQuoteContext(ctx, quote, vopts); err != nil {
-		return nil, classifyVerifyError(err, getter.err())
+	unknown, err := verifyQuoteSignatures(ctx, quote, carried, opts, root, t)
+	if err != nil {
+		return nil, err
 	}
 	chain, err := verify.ExtractChainFromQuote(quote)
 	if err != nil {
@@ -234,28 +256,106 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 
 	body := quote.GetTdQuoteBody()
 	q := &Quote{
-		TeeTcbSvn:      bytes.Clone(body.GetTeeTcbSvn()),
-		MrSeam:         bytes.Clone(body.GetMrSeam()),
-		MrSignerSeam:   bytes.Clone(body.GetMrSignerSeam()),
-		SeamAttributes: bytes.Clone(body.GetSeamAttributes()),
-		MrConfigID:     bytes.Clone(body.GetMrConfigId()),
-		MrOwner:        bytes.Clone(body.GetMrOwner()),
-		MrOwnerConfig:  bytes.Clone(body.GetMrOwnerConfig()),
-		TdAttributes:   bytes.Clone(body.GetTdAttributes()),
-		Xfam:           bytes.Clone(body.GetXfam()),
-		MrTd:           bytes.Clone(body.GetMrTd()),
-		ReportData:     bytes.Clone(body.GetReportData()),
-		QEVendorID:     bytes.Clone(quote.GetHeader().GetQeVendorId()),
-		QESvn:          binary.LittleEndian.Uint16(quote.GetHeader().GetQeSvn()),
-		PCESvn:         binary.LittleEndian.Uint16(quote.GetHeader().GetPceSvn()),
-		FMSPC:          strings.ToLower(exts.FMSPC),
-		PCKCertificate: chain.PCKCertificate,
-		proto:          quote,
+		TeeTcbSvn:         bytes.Clone(body.GetTeeTcbSvn()),
+		MrSeam:            bytes.Clone(body.GetMrSeam()),
+		MrSignerSeam:      bytes.Clone(body.GetMrSignerSeam()),
+		SeamAttributes:    bytes.Clone(body.GetSeamAttributes()),
+		MrConfigID:        bytes.Clone(body.GetMrConfigId()),
+		MrOwner:           bytes.Clone(body.GetMrOwner()),
+		MrOwnerConfig:     bytes.Clone(body.GetMrOwnerConfig()),
+		TdAttributes:      bytes.Clone(body.GetTdAttributes()),
+		Xfam:              bytes.Clone(body.GetXfam()),
+		MrTd:              bytes.Clone(body.GetMrTd()),
+		ReportData:        bytes.Clone(body.GetReportData()),
+		QEVendorID:        bytes.Clone(quote.GetHeader().GetQeVendorId()),
+		QESvn:             binary.LittleEndian.Uint16(quote.GetHeader().GetQeSvn()),
+		PCESvn:            binary.LittleEndian.Uint16(quote.GetHeader().GetPceSvn()),
+		FMSPC:             strings.ToLower(exts.FMSPC),
+		PCKCertificate:    chain.PCKCertificate,
+		CollateralUnknown: unknown,
+		proto:             quote,
 	}
 	for i, r := range body.GetRtmrs() {
 		q.Rtmrs[i] = bytes.Clone(r)
 	}
 	return q, nil
+}
+
+// verifyQuoteSignatures has go-tdx-guest verify the quote twice: first its signatures and
+// PCK chain to the pinned root alone, then with Intel's collateral (revocation, TCB info, QE
+// identity). The first failure of the first pass is reported whether collateral is at hand or
+// not, so an offline verifier tells a forged quote from a genuine one. Between the passes,
+// every document of CollateralURLs is looked up: one that cannot be had (not cached, carried
+// or fetchable, or stale) makes the status unknown, returned when opts.Revocation accepts it.
+// Collateral at hand that does not verify always rejects.
+func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*hardwarepb.Collateral, opts VerifyOptions, root *x509.Certificate, t time.Time) (unknown error, err error) {
+	roots := x509.NewCertPool()
+	roots.AddCert(root)
+	at := &verify.TimeSet{PckCertChain: t, TcbInfo: t, QeIdentity: t, PckCrl: t, RootCaCrl: t}
+	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, Now: at}); err != nil {
+		return nil, classifyVerifyError(err, nil)
+	}
+	session := opts.Collateral.Session(ctx, carried)
+	urls, err := collateralURLs(quote, root)
+	if err != nil {
+		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrUntrustedSigner)
+	}
+	for _, url := range urls {
+		if _, err := session.Get(url); err != nil {
+			if opts.Revocation != attestation.RevocationUnknownAccepted {
+				return nil, fmt.Errorf("TD quote: Intel's collateral: %w (the quote's signatures and PCK chain verified; revocation policy %s): %w", err, opts.Revocation, attestation.ErrRevocationUnknown)
+			}
+			return fmt.Errorf("Intel's collateral: %w", err), nil
+		}
+	}
+	getter := &recordingGetter{g: collateral.TDXGetter{S: session}}
+	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, GetCollateral: true, CheckRevocations: true, Getter: getter, Now: at}); err != nil {
+		return nil, classifyVerifyError(err, getter.err())
+	}
+	return nil, nil
+}
+
+// CollateralURLs returns the URLs of the Intel collateral VerifyQuote reads for a TD quote:
+// the TCB info of its platform's FMSPC, the TDX QE identity, the CRL of the CA that issued
+// its PCK certificate, and the Intel SGX Root CA's CRL. An offline verifier fetches them
+// ahead (over HTTPS from Intel's PCS) and hands them to the collateral cache
+// (collateral.Cache.Put) or carries them with the evidence. The quote is parsed, not verified.
+func CollateralURLs(raw []byte) ([]string, error) {
+	quote, err := ParseQuote(raw)
+	if err != nil {
+		return nil, err
+	}
+	urls, err := collateralURLs(quote, intelRoot)
+	if err != nil {
+		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrMalformed)
+	}
+	return urls, nil
+}
+
+// pckCAs are the CAs that issue PCK certificates, by subject common name, with the name
+// Intel's PCS knows them by.
+var pckCAs = map[string]string{
+	"Intel SGX PCK Processor CA": "processor",
+	"Intel SGX PCK Platform CA":  "platform",
+}
+
+func collateralURLs(quote *pb.QuoteV4, root *x509.Certificate) ([]string, error) {
+	chain, err := verify.ExtractChainFromQuote(quote)
+	if err != nil {
+		return nil, fmt.Errorf("PCK chain: %v", err)
+	}
+	exts, err := pcs.PckCertificateExtensions(chain.PCKCertificate)
+	if err != nil {
+		return nil, fmt.Errorf("PCK certificate extensions: %v", err)
+	}
+	ca, ok := pckCAs[chain.PCKCertificate.Issuer.CommonName]
+	if !ok {
+		return nil, fmt.Errorf("PCK certificate issued by %s, not a PCK CA", untrusted.Quote(chain.PCKCertificate.Issuer.CommonName))
+	}
+	if len(root.CRLDistributionPoints) != 1 {
+		return nil, fmt.Errorf("Intel root has %d CRL distribution points, want 1", len(root.CRLDistributionPoints))
+	}
+	return []string{pcs.TcbInfoURL(exts.FMSPC), pcs.QeIdentityURL(), pcs.PckCrlURL(ca), root.CRLDistributionPoints[0]}, nil
 }
 
 // classifyVerifyError maps go-tdx-guest's verification errors (mostly formatted strings)

@@ -80,7 +80,7 @@ func TestVerifyQuote(t *testing.T) {
 	pcs := intel.pcs()
 	cache := newCache(&fixedClock{t: cannedNow}, pcs)
 	rd := bytes.Repeat([]byte{0xab}, 64)
-	opts := VerifyOptions{Collateral: cache, roots: intel.roots()}
+	opts := VerifyOptions{Collateral: cache, root: intel.root}
 	q, err := VerifyQuote(context.Background(), intel.quote(t, rd, nil), nil, opts)
 	require.NoError(t, err)
 
@@ -194,18 +194,18 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 		},
 		"TCB info past its next update": {
 			now:     time.Date(2023, 7, 19, 0, 0, 0, 0, time.UTC),
-			wantErr: []error{attestation.ErrUntrustedSigner, collateral.ErrStale},
+			wantErr: []error{attestation.ErrRevocationUnknown, collateral.ErrStale},
 			msg:     "tcb?fmspc=50806f000000",
 		},
 		"QE identity past its next update": {
 			now:     time.Date(2023, 7, 9, 0, 0, 0, 0, time.UTC),
-			wantErr: []error{attestation.ErrUntrustedSigner, collateral.ErrStale},
+			wantErr: []error{attestation.ErrRevocationUnknown, collateral.ErrStale},
 			msg:     "qe/identity",
 		},
 		"PCK CRL past its next update": {
 			now:     time.Date(2023, 7, 9, 0, 0, 0, 0, time.UTC),
 			change:  func(p *fakePCS) { p.set(urlQEIdentity, qeIdentityLater) },
-			wantErr: []error{attestation.ErrUntrustedSigner, collateral.ErrStale},
+			wantErr: []error{attestation.ErrRevocationUnknown, collateral.ErrStale},
 			msg:     "pckcrl",
 		},
 		"cached collateral checked after its next update": {
@@ -220,21 +220,22 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 			wantErr:   []error{attestation.ErrUntrustedSigner},
 			msg:       "PCK",
 		},
-		"after everything expired": {
+		"after everything expired (the PCK chain first)": {
 			now:     time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
-			wantErr: []error{attestation.ErrUntrustedSigner, collateral.ErrStale},
+			wantErr: []error{attestation.ErrUntrustedSigner},
+			msg:     "PCK",
 		},
 		"PCS does not have the TCB info": {
 			now:     cannedNow,
 			change:  func(p *fakePCS) { delete(p.responses, urlTCBInfo) },
-			wantErr: []error{attestation.ErrUntrustedSigner},
+			wantErr: []error{attestation.ErrRevocationUnknown},
 			msg:     "404",
 		},
 		"no root CRL": {
 			now:     cannedNow,
 			change:  func(p *fakePCS) { delete(p.responses, urlRootCRL) },
-			wantErr: []error{attestation.ErrUntrustedSigner},
-			msg:     "Root CA CRL",
+			wantErr: []error{attestation.ErrRevocationUnknown},
+			msg:     urlRootCRL,
 		},
 		"PCK CRL is the root CRL": {
 			now:     cannedNow,
@@ -281,11 +282,11 @@ func TestVerifyQuoteCarriedCollateral(t *testing.T) {
 		carried = append(carried, &hardwarepb.Collateral{Url: url, Body: bytes.Clone(r.Body), Headers: headers})
 	}
 	offline := collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now})
-	opts := VerifyOptions{Collateral: offline, roots: intel.roots()}
+	opts := VerifyOptions{Collateral: offline, root: intel.root}
 
 	_, err := VerifyQuote(context.Background(), raw, nil, opts)
 	require.ErrorIs(t, err, collateral.ErrOffline)
-	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
+	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 
 	q, err := VerifyQuote(context.Background(), raw, carried, opts)
 	require.NoError(t, err)
@@ -327,7 +328,7 @@ func TestVerifyFakeIntelQuote(t *testing.T) {
 	raw := intel.quote(t, rd, nil)
 	cache := newCache(&fixedClock{t: cannedNow}, intel.pcs())
 
-	q, err := VerifyQuote(context.Background(), raw, nil, VerifyOptions{Collateral: cache, roots: intel.roots()})
+	q, err := VerifyQuote(context.Background(), raw, nil, VerifyOptions{Collateral: cache, root: intel.root})
 	require.NoError(t, err)
 	assert.Equal(t, rd, q.ReportData)
 	assert.Equal(t, mustHex(t, cannedMrTd), q.MrTd)
@@ -343,4 +344,49 @@ func mustRead(t *testing.T, path string) []byte {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return b
+}
+
+// TestCollateralURLs: CollateralURLs lists the four documents go-tdx-guest reads for the
+// canned quote (the real Intel root's CRL among them); an offline verifier that put exactly
+// those into its cache verifies a quote fully, and without them tells a forged quote (bad
+// signature) from a genuine one (revocation unknown), accepting the genuine one only when
+// its policy says so.
+func TestCollateralURLs(t *testing.T) {
+	urls, err := CollateralURLs(cannedQuote())
+	require.NoError(t, err)
+	assert.Equal(t, []string{urlTCBInfo, urlQEIdentity, urlPCKCRL, urlRootCRL}, urls)
+	_, err = CollateralURLs(cannedQuote()[:100])
+	require.ErrorIs(t, err, attestation.ErrMalformed)
+
+	intel := newFakeIntel(t)
+	raw := intel.quote(t, make([]byte, 64), nil)
+	urls, err = collateralURLs(mustParse(t, raw), intel.root)
+	require.NoError(t, err)
+	assert.Equal(t, []string{urlTCBInfo, urlQEIdentity, urlPCKCRL, fakeRootCRLURL}, urls)
+
+	clock := &fixedClock{t: cannedNow}
+	preloaded := collateral.New(collateral.Config{Now: clock.Now})
+	for _, url := range urls {
+		r := intel.responses[url]
+		require.NoError(t, preloaded.Put(url, r.Header, r.Body))
+	}
+	q, err := VerifyQuote(context.Background(), raw, nil, VerifyOptions{Collateral: preloaded, root: intel.root})
+	require.NoError(t, err)
+	assert.NoError(t, q.CollateralUnknown)
+
+	forged := bytes.Clone(raw)
+	forged[quoteHeaderSize+100] ^= 1 // a byte of the TD quote body
+	for _, policy := range []attestation.RevocationPolicy{attestation.RevocationRequired, attestation.RevocationUnknownAccepted} {
+		offline := VerifyOptions{Collateral: collateral.New(collateral.Config{Now: clock.Now}), root: intel.root, Revocation: policy}
+		_, err := VerifyQuote(context.Background(), forged, nil, offline)
+		require.ErrorIs(t, err, attestation.ErrBadSignature, policy.String())
+		q, err := VerifyQuote(context.Background(), raw, nil, offline)
+		if policy == attestation.RevocationRequired {
+			require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
+			assert.ErrorIs(t, err, collateral.ErrOffline)
+			continue
+		}
+		require.NoError(t, err)
+		assert.ErrorIs(t, q.CollateralUnknown, collateral.ErrOffline)
+	}
 }

@@ -48,11 +48,3 @@ func parseRoot(pemBytes []byte, fingerprint string) (*x509.Certificate, error) {
 	}
 	return cert, nil
 }
-
-// trustedRoots returns a fresh pool holding only the pinned root (go-tdx-guest keeps no
-// reference to it beyond one verification).
-func trustedRoots() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(intelRoot)
-	return pool
-}

@@ -72,8 +72,8 @@ type ValidatorConfig struct {
 // Validator checks qemu-tdx evidence: a hardwarepb.TDX message holding a TD quote.
 type Validator struct {
 	cfg ValidatorConfig
-	// roots is nil in production (the pinned Intel root); see VerifyOptions.roots.
-	roots *x509.CertPool
+	// root is nil in production (the pinned Intel root); see VerifyOptions.root.
+	root *x509.Certificate
 }
 
 var _ attestation.Validator = (*Validator)(nil)
@@ -123,6 +123,31 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 	return verified, nil
 }
 
+// CollateralURLs implements attestation.CollateralLister: the Intel collateral verifying the
+// evidence's quote reads (tdx.CollateralURLs).
+func (v *Validator) CollateralURLs(evidence []byte) ([]string, error) {
+	if len(evidence) > v.cfg.MaxEvidenceSize {
+		return nil, fmt.Errorf("%d bytes, limit %d: %w", len(evidence), v.cfg.MaxEvidenceSize, attestation.ErrTooLarge)
+	}
+	var ev hardwarepb.TDX
+	if err := proto.Unmarshal(evidence, &ev); err != nil {
+		return nil, fmt.Errorf("decoding: %v: %w", err, attestation.ErrMalformed)
+	}
+	root := v.root
+	if root == nil {
+		root = intelRoot
+	}
+	quote, err := ParseQuote(ev.GetQuote())
+	if err != nil {
+		return nil, err
+	}
+	urls, err := collateralURLs(quote, root)
+	if err != nil {
+		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrMalformed)
+	}
+	return urls, nil
+}
+
 func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
 	// The expected binding first: a caller error is no fault of the evidence.
 	want, err := ReportDataFor(purpose, data)
@@ -144,7 +169,7 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attes
 
 	// 2. Verify: the quote's signatures and collateral (VerifyQuote parses the quote itself),
 	// then the binding to this purpose and data.
-	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, roots: v.roots})
+	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, Revocation: v.cfg.Revocation, root: v.root})
 	if err != nil {
 		return nil, err
 	}
@@ -178,13 +203,6 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attes
 		// there is no node name or role to report (SignerCertified stays false, and
 		// services must not take a name from it).
 		SignerID: hex.EncodeToString(pck[:]),
-		Hardware: &attestation.Hardware{
-			Technology:   "TDX",
-			Product:      "fmspc " + q.FMSPC,
-			Signer:       "PCK",
-			TCB:          q.TCB(),
-			Reference:    v.cfg.Reference.Name,
-			Measurements: q.Measurements(),
-		},
+		Hardware: q.Claims(v.cfg.Reference.Name),
 	}, nil
 }

@@ -29,7 +29,7 @@ func newTestValidator(t testing.TB, intel *fakeIntel, ref Reference) *Validator 
 		Collateral:      newCache(&fixedClock{t: cannedNow}, intel.pcs()),
 	})
 	require.NoError(t, err)
-	v.roots = intel.roots()
+	v.root = intel.root
 	return v
 }
 

@@ -276,6 +276,29 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 	return &parsed{ev: ev, akPub: akPub, pcrs: pcrs}, nil
 }
 
+// EventLogPolicy returns what the validator does with the evidence's event log.
+func (v *Validator) EventLogPolicy() EventLogPolicy { return v.cfg.EventLog }
+
+// CollateralLister is implemented by hardware checks that read collateral
+// (attestation.CollateralLister).
+type CollateralLister interface {
+	CollateralURLs(hw *hardwarepb.Hardware) ([]string, error)
+}
+
+// CollateralURLs implements attestation.CollateralLister: the collateral the hardware check
+// reads for evidence (none without a hardware check, or one that reads none).
+func (v *Validator) CollateralURLs(evidence []byte) ([]string, error) {
+	p, err := v.parse(evidence)
+	if err != nil {
+		return nil, err
+	}
+	l, ok := v.cfg.Hardware.(CollateralLister)
+	if !ok || p.ev.Hardware == nil {
+		return nil, nil
+	}
+	return l.CollateralURLs(p.ev.Hardware)
+}
+
 // CheckAKAttributes checks that pub describes an acceptable attestation key: a TPM-resident
 // restricted signing key (only such a key cannot sign a TPMS_ATTEST the TPM did not produce),
 // RSA of at least 2048 bits or ECC P-256/P-384. It returns the decoded public key.
@@ -344,13 +367,17 @@ func (v *Validator) replayEventLog(p *parsed) (*eventlog.Log, error) {
 }
 
 // classifyQuoteError names why go-tpm-tools rejected a quote. The library's verdict stands;
-// this only picks the reason reported to the caller.
+// this only picks the reason reported to the caller: the first cryptographic failure
+// (signature, then the PCR values against the quoted digest) before a nonce that is not
+// ours, so that a quote both replayed and tampered with is reported as tampered with.
 func classifyQuoteError(q *pb.Quote, key crypto.PublicKey, nonce []byte, err error) error {
-	// With a correct nonce, does the quote verify? Then the nonce was the problem.
 	if att, decErr := tpm2.DecodeAttestationData(q.GetQuote()); decErr == nil && !bytes.Equal(att.ExtraData, nonce) {
-		if quote.Verify(q, key, att.ExtraData) == nil {
-			return fmt.Errorf("%w: quote was made for another purpose or nonce (replayed, for another connection, or signed for another interface of the node)", attestation.ErrNonceMismatch)
+		// Everything but the nonce: what fails there is reported; if nothing does, the
+		// nonce was the problem.
+		if cryptoErr := quote.Verify(q, key, att.ExtraData); cryptoErr != nil {
+			return fmt.Errorf("%w: %w", attestation.ErrBadSignature, cryptoErr)
 		}
+		return fmt.Errorf("%w: quote was made for another purpose or nonce (replayed, for another connection, or signed for another interface of the node)", attestation.ErrNonceMismatch)
 	}
 	return fmt.Errorf("%w: %w", attestation.ErrBadSignature, err)
 }
