@@ -5,9 +5,9 @@ BIN := $(CURDIR)/_output/bin
 export PATH := $(BIN):$(PATH)
 # Fuzz time per target in `make test` (CI smoke run); longer runs: `make fuzz FUZZTIME=5m`.
 FUZZTIME ?= 8s
-PROTOS := $(shell find api -name '*.proto')
+PROTOS := $(shell find api pkg/api -name '*.proto')
 
-.PHONY: help deps kube images build release-key release test unit integration e2e fuzz lint proto proto-check bench up down clean
+.PHONY: help deps kube images build release-key release test unit integration e2e fuzz lint consumer proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,18 +31,20 @@ release: build images release-key ## make release VERSION (e.g. make release VER
 	@if [ -z "$(VERSION)" ]; then echo "make release: set VERSION, e.g. make release VERSION=v0.2.0 FROM=v0.1.0" >&2; exit 1; fi
 	@KUBERNETES=$(KUBERNETES) ./hack/release.sh $(VERSION) $(FROM)
 
-test: deps proto-check lint unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)
+test: deps proto-check lint consumer unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)
 	@echo "make test: all checks passed"
 
 # The test tiers (README.md "Tests"). unit needs Go and nothing built: no root, no _output.
 unit: ## unit tier: go test -short, no root, no Kubernetes build (seconds to a minute)
 	$(GO) test -short -count=1 ./...
+	cd pkg && $(GO) test -short -count=1 ./...
 
 # Every package but test/e2e, without -short: the tests the unit tier skips run here (real
 # swtpm, gocryptfs, cryptsetup, containerd, etcd and kube-apiserver; internal/nodeimage
 # imports the built images). 30 minutes per test binary, as before the tiers were split.
 integration: deps kube images ## integration tier: real swtpm, kube-apiserver + etcd, containerd (root)
 	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/test/e2e')
+	cd pkg && $(GO) test -count=1 -timeout 30m ./...
 
 # The end-to-end tests create clusters one after the other in one test binary, and together
 # take longer than go test's default 10 minutes per package.
@@ -55,9 +57,14 @@ fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
 lint: deps ## gofmt, go vet, staticcheck, go mod tidy check, citations only of what is in the repo
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd pkg && $(GO) vet ./...
 	$(BIN)/staticcheck ./...
+	cd pkg && $(BIN)/staticcheck ./...
 	@./hack/check-tidy.sh
 	@./hack/check-citations.sh
+
+consumer: deps ## build and test a separate module against pkg/ as published through a module proxy (hack/check-consumer.sh)
+	@./hack/check-consumer.sh
 
 proto: deps ## regenerate the protobuf/gRPC code under api/
 	@for p in $(PROTOS); do protoc -I . --go_out=. --go_opt=paths=source_relative \

@@ -2,6 +2,9 @@ module github.com/openconstellation/constellation
 
 go 1.26.0
 
+// The public verification library is a module of its own (pkg/go.mod), developed here.
+replace github.com/openconstellation/constellation/pkg => ./pkg
+
 // k8s.io/kubernetes (for kubeadm's configuration types) requires its staging modules at
 // v0.0.0; they are replaced by the published versions of the same release (as in
 // tools/kube/<version>).
@@ -40,13 +43,11 @@ replace (
 )
 
 require (
-	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/go-eventlog v0.0.3-0.20260617163629-883cc5652c69
-	github.com/google/go-sev-guest v0.14.0
-	github.com/google/go-tpm v0.9.8
 	github.com/google/go-tpm-tools v0.4.10
 	github.com/google/uuid v1.6.0
 	github.com/in-toto/attestation v1.2.0
+	github.com/openconstellation/constellation/pkg v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
 	github.com/secure-systems-lab/go-securesystemslib v0.11.1
 	github.com/spf13/cobra v1.10.2
@@ -69,7 +70,12 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require k8s.io/cluster-bootstrap v0.34.4 // indirect
+require (
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	github.com/google/go-sev-guest v0.14.0 // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
+	k8s.io/cluster-bootstrap v0.34.4 // indirect
+)
 
 require (
 	github.com/GoogleCloudPlatform/confidential-space/server v0.0.0-20260915221818-a6c0685fb9fc // indirect
@@ -87,7 +93,7 @@ require (
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/go-configfs-tsm v0.3.3 // indirect
-	github.com/google/go-tdx-guest v0.3.2-0.20250814004405-ffb0869e6f4d
+	github.com/google/go-tdx-guest v0.3.2-0.20250814004405-ffb0869e6f4d // indirect
 	github.com/google/logger v1.1.1 // indirect
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect

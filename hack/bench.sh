@@ -12,12 +12,13 @@ benchtime=${BENCHTIME:-2s}
 joins=${JOINS:-600}
 raw=$(mktemp); trap 'rm -f "$raw"' EXIT
 {
-  go test -run '^$' -bench . -benchtime "$benchtime" \
-    ./pkg/attestation/qemu/ ./pkg/atls/ ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
+  # pkg/ is a module of its own: its benchmarks run from there.
+  (cd pkg && go test -run '^$' -bench . -benchtime "$benchtime" ./attestation/qemu/ ./atls/ 2>/dev/null) || true
+  go test -run '^$' -bench . -benchtime "$benchtime" ./internal/kms/ ./internal/kms/keyservice/ 2>/dev/null || true
   # Validation of every hardware variant with warm collateral, and event-log replay.
-  go test -run '^$' -bench 'BenchmarkCheck$|BenchmarkValidate|BenchmarkValidator|BenchmarkVerifyQuote|BenchmarkReplay' -benchtime "$benchtime" \
-    ./pkg/attestation/snp/ ./pkg/attestation/awssnp/ ./pkg/attestation/gcpsnp/ ./pkg/attestation/azuresnp/ \
-    ./pkg/attestation/tdx/ ./pkg/attestation/eventlog/ 2>/dev/null || true
+  (cd pkg && go test -run '^$' -bench 'BenchmarkCheck$|BenchmarkValidate|BenchmarkValidator|BenchmarkVerifyQuote|BenchmarkReplay' -benchtime "$benchtime" \
+    ./attestation/snp/ ./attestation/awssnp/ ./attestation/gcpsnp/ ./attestation/azuresnp/ \
+    ./attestation/tdx/ ./attestation/eventlog/ 2>/dev/null) || true
   go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
   # 10,000 connections that never complete TLS against the join service (one flood per run:
   # each waits for the 20 s handshake deadline).

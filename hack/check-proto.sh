@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-for p in $(find api -name '*.proto'); do
+for p in $(find api pkg/api -name '*.proto'); do
   protoc -I . --go_out="$tmp" --go_opt=paths=source_relative \
     --go-grpc_out="$tmp" --go-grpc_opt=paths=source_relative "$p"
 done

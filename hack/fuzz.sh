@@ -16,9 +16,12 @@ deadline_race() {
 while IFS= read -r line; do
   file=${line%%:*}
   target=$(sed -E 's/.*func (Fuzz[A-Za-z0-9_]*).*/\1/' <<<"$line")
+  # A target under pkg/ belongs to the module there (pkg/go.mod): run it from that module.
+  mod=.
+  case "$file" in pkg/*) mod=pkg; file=${file#pkg/} ;; esac
   pkg=./$(dirname "$file")
-  echo "fuzz: $pkg $target ($fuzztime)"
-  if ! go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" > /tmp/fuzz.$$.log 2>&1; then
+  echo "fuzz: $mod $pkg $target ($fuzztime)"
+  if ! (cd "$mod" && go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg") > /tmp/fuzz.$$.log 2>&1; then
     # Go 1.26's fuzz coordinator can report a bare "context deadline exceeded" when -fuzztime
     # expires while a worker is mid-call (golang/go#75804, fixed in Go 1.27): no input failed.
     # A real finding always writes its input ("Failing input written to") and fails here.

@@ -36,6 +36,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted/untrustedgrpc"
 )
 
 // Files the CLI writes into the workspace.
@@ -316,7 +317,7 @@ func initError(creds *atls.RecordingCredentials, err error, answered bool) error
 	if hsErr := creds.LastError(); hsErr != nil && !answered && (code == codes.Unavailable || code == codes.DeadlineExceeded) {
 		return fmt.Errorf("init: %s: %w", code, hsErr)
 	}
-	return fmt.Errorf("init: %w", untrusted.Status(err))
+	return fmt.Errorf("init: %w", untrustedgrpc.Status(err))
 }
 
 // waitNodesReady is waitReady, and on failure says why: what the join service refused of the

@@ -12,7 +12,7 @@ func NewRootCmd() *cobra.Command {
 		SilenceErrors: false,
 	}
 	root.PersistentFlags().StringP("workspace", "C", ".", "workspace directory holding the cluster's files")
-	root.AddCommand(newConfigCmd(), newCreateCmd(), newApplyCmd(), newVerifyCmd(), newTerminateCmd(), newMiniCmd(), newVersionCmd(),
+	root.AddCommand(newConfigCmd(), newCreateCmd(), newApplyCmd(), newVerifyCmd(), newVerifyEvidenceCmd(), newTerminateCmd(), newMiniCmd(), newVersionCmd(),
 		newStatusCmd(), newRebootCmd(), newStopCmd(), newStartCmd(), newRecoverCmd(), newUpgradeCmd())
 	return root
 }

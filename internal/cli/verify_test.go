@@ -63,12 +63,14 @@ func TestPrintVerifyReport(t *testing.T) {
 		verifyTarget: verifyTarget{Node: "worker-0", Endpoint: "10.0.0.5:30081"},
 		Verified:     true,
 		Result: &verify.Result{
-			Variant: "aws-sev-snp", ReferenceSet: "image-v2",
-			Signer:    verify.Signer{Certified: false},
+			Claims: verify.Claims{
+				Variant: "aws-sev-snp", ReferenceSet: "image-v2",
+				Signer:   verify.Signer{Certified: false},
+				Warnings: []string{"AK not authenticated: anyone who can run a TPM can produce this evidence"},
+				Hardware: &verify.Hardware{Technology: "SEV-SNP", Product: "Genoa", Signer: "VLEK", TCB: "committed 3/0/8/115", Reference: "genoa-2025",
+					Warnings: []string{"ID key digest not accepted (warn-only)"}},
+			},
 			ClusterID: verify.ClusterIDCheck{Register: "PCR 15", ClusterID: "c1"},
-			Warnings:  []string{"AK not authenticated: anyone who can run a TPM can produce this evidence"},
-			Hardware: &verify.Hardware{Technology: "SEV-SNP", Product: "Genoa", Signer: "VLEK", TCB: "committed 3/0/8/115", Reference: "genoa-2025",
-				Warnings: []string{"ID key digest not accepted (warn-only)"}},
 		},
 	})
 	for _, want := range []string{
@@ -90,8 +92,8 @@ func TestVerifyWaiting(t *testing.T) {
 	refused := fmt.Errorf("verify 10.42.0.11:30081: asking for evidence: %w", status.Error(codes.Unavailable, "connection error: dial tcp 10.42.0.11:30081: connect: connection refused"))
 	noTPM := fmt.Errorf("verify 10.42.0.11:30081: asking for evidence: %w", status.Error(codes.Unavailable, "issuing evidence failed: opening the TPM: connection refused"))
 	evidenceRefused := fmt.Errorf("verify 10.42.0.11:30081: evidence refused: %w", attestation.ErrMeasurementPolicy)
-	ok := &verify.Result{Variant: "qemu-vtpm"}
-	wrongNode := &verify.Result{Variant: "qemu-vtpm"}
+	ok := &verify.Result{Claims: verify.Claims{Variant: "qemu-vtpm"}}
+	wrongNode := &verify.Result{Claims: verify.Claims{Variant: "qemu-vtpm"}}
 	type answer struct {
 		res *verify.Result
 		err error

@@ -10,7 +10,6 @@
 package pki
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -348,38 +347,4 @@ func ReadControlPlaneFiles(dir string) (map[string][]byte, error) {
 		out[name] = data
 	}
 	return out, nil
-}
-
-// ParseCAPool returns the pool of the PEM certificates in data: every PEM block a CA
-// certificate, nothing else but whitespace. n is the number of certificates (possibly zero:
-// callers decide whether an empty pool is an error).
-func ParseCAPool(data []byte) (pool *x509.CertPool, n int, err error) {
-	pool = x509.NewCertPool()
-	rest := data
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		n++
-		if block.Type != "CERTIFICATE" {
-			return nil, n, fmt.Errorf("PEM block %d is a %q, want CERTIFICATE", n, block.Type)
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, n, fmt.Errorf("PEM block %d: %w", n, err)
-		}
-		if !cert.IsCA {
-			return nil, n, fmt.Errorf("PEM block %d (%s) is not a CA certificate", n, cert.Subject)
-		}
-		pool.AddCert(cert)
-	}
-	if trailing := len(bytes.TrimSpace(rest)); trailing > 0 {
-		if n == 0 {
-			return nil, 0, fmt.Errorf("no PEM certificate found (%d bytes of other text)", trailing)
-		}
-		return nil, n, fmt.Errorf("%d bytes that are not PEM after certificate %d", trailing, n)
-	}
-	return pool, n, nil
 }

@@ -49,6 +49,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted/untrustedgrpc"
 )
 
 // MinAttemptInterval is how often a recovery server admits an attested handshake, and a
@@ -311,7 +312,7 @@ func (cfg Config) callError(what string, creds *atls.RecordingCredentials, err e
 	}
 	// The status is the node's: its message is the node's text, made one bounded line.
 	orig := err
-	err = untrusted.Status(err)
+	err = untrustedgrpc.Status(err)
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.PermissionDenied:

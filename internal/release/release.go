@@ -3,11 +3,10 @@
 // and its signature, a DSSE envelope carrying an in-toto v1 Statement whose predicate is the
 // manifest (docs/releases.md).
 //
-// A release is checked in three steps, in this order, and Open runs all three:
-//
-//	env, err := release.Parse(data)                 // strict, size-bounded: malformed
-//	signed, err := release.Verify(ctx, env, key)    // the pinned key signed it: unsigned, wrong key, tampered
-//	verified, err := signed.CheckPolicy(policy)     // every image register enforced; no downgrade
+// A release is checked in three steps, in this order, and Open runs all three: Parse (strict,
+// size-bounded: refuses what is malformed), Verify (the pinned key signed it: refuses the
+// unsigned, a wrong key, the tampered) and CheckPolicy of the signed release (every image
+// register enforced; no downgrade).
 //
 // Only CheckPolicy returns a Verified release, so nothing that has not passed every check
 // can be handed on. Every refusal is an *Error whose Reason says which check failed.

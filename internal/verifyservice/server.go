@@ -39,8 +39,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/openconstellation/constellation/api/verify/verifypb"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
+	"github.com/openconstellation/constellation/pkg/api/verify/verifypb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
 

@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/api/verify/verifypb"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
 	"github.com/openconstellation/constellation/internal/verifyservice"
+	"github.com/openconstellation/constellation/pkg/api/verify/verifypb"
 )
 
 // requests returns requests_total{protocol, result} of reg.

@@ -30,7 +30,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/openconstellation/constellation/api/atls/atlspb"
+	"github.com/openconstellation/constellation/pkg/api/atls/atlspb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )

@@ -26,9 +26,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/atls/atlspb"
-	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
-	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/pkg/api/atls/atlspb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
@@ -226,7 +225,7 @@ func TestRejected(t *testing.T) {
 
 	otherVariant, err := vtpm.NewIssuer(n.tpm, vtpm.IssuerConfig{Variant: variant.AWSNitroTPM})
 	require.NoError(t, err)
-	ca, err := akca.New("AK CA", time.Now(), time.Hour)
+	ca, err := vtpmtest.NewPlatformCA("AK CA")
 	require.NoError(t, err)
 	withRoots, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: n.ref}}}, AKRoots: ca.Pool()})
 	require.NoError(t, err)

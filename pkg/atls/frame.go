@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/atls/atlspb"
+	"github.com/openconstellation/constellation/pkg/api/atls/atlspb"
 )
 
 // maxHelloFrame bounds frames other than Evidence: a Hello lists a few variant names.

@@ -209,6 +209,42 @@ type Validator interface {
 	Validate(ctx context.Context, evidence []byte, purpose Purpose, data []byte) (*Verified, error)
 }
 
+// MaxReportDataSize bounds report data a caller binds evidence to by its own scheme
+// (ValidateReportData): the size of an SEV-SNP REPORT_DATA or a TDX REPORTDATA, and within
+// what a TPM quote's qualifying data holds.
+const MaxReportDataSize = 64
+
+// ReportDataValidator is a Validator that also checks evidence bound to report data of the
+// caller's own scheme (a key broker's nonce, a hash of its session key) rather than to
+// ReportData(purpose, data): the evidence's binding field (a TPM quote's qualifying data, a
+// TDX REPORTDATA zero-padded to 64 bytes) must equal reportData. Every check but the
+// derivation of the binding is Validate's. Every validator of this module implements it.
+//
+// Evidence a Constellation node makes for one of its interfaces binds ReportData(purpose,
+// data); a relying party that accepts such evidence under its own scheme must make sure its
+// report data can never equal one of those (for example by hashing under a label of its own).
+type ReportDataValidator interface {
+	Validator
+	ValidateReportData(ctx context.Context, evidence, reportData []byte) (*Verified, error)
+}
+
+// ValidateReportData checks evidence bound to reportData with v (ReportDataValidator).
+func ValidateReportData(ctx context.Context, v Validator, evidence, reportData []byte) (*Verified, error) {
+	rv, ok := v.(ReportDataValidator)
+	if !ok {
+		return nil, fmt.Errorf("validator %s does not check caller-given report data", v.Variant())
+	}
+	return rv.ValidateReportData(ctx, evidence, reportData)
+}
+
+// CheckReportDataSize is the rule every ValidateReportData applies first.
+func CheckReportDataSize(reportData []byte) error {
+	if len(reportData) == 0 || len(reportData) > MaxReportDataSize {
+		return fmt.Errorf("%w: report data of %d bytes, want 1..%d", ErrNonceMismatch, len(reportData), MaxReportDataSize)
+	}
+	return nil
+}
+
 // CollateralLister is implemented by validators whose checks read documents that are not in
 // the evidence and change over time or per machine (the SEV-SNP and TDX variants: AMD's CRLs
 // and VCEKs, Intel's CRLs, TCB info and QE identity).

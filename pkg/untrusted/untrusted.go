@@ -13,7 +13,8 @@
 //   - Log: multi-line text a peer streams (a node's kubeadm output), kept bounded and rendered
 //     one escaped line at a time.
 //
-// Status applies Text to the message of a gRPC status a server sent, keeping its code.
+// untrustedgrpc.Status applies Text to the message of a gRPC status a server sent, keeping
+// its code (a package of its own, so that this one does not import gRPC).
 //
 // This package is public because pkg/atls and pkg/verify, which verifiers outside this module
 // import, need it as much as the internal packages do.
@@ -25,8 +26,6 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
-
-	"google.golang.org/grpc/status"
 )
 
 // MaxBytes is how much of a peer's string Quote keeps.
@@ -104,18 +103,6 @@ func escape(b *strings.Builder, s string, limit int) {
 		}
 		b.WriteString(piece)
 	}
-}
-
-// Status returns err, the error of a gRPC call, with the status's message made safe (Text):
-// the message of a status a server returned is the server's text. The code is kept, so
-// status.Code still tells what happened; details are dropped. An error that carries no gRPC
-// status is not a server's (the caller's own checks of an answer) and is returned as it is.
-func Status(err error) error {
-	st, ok := status.FromError(err)
-	if err == nil || !ok {
-		return err
-	}
-	return status.Error(st.Code(), Text(st.Message()))
 }
 
 // Limits of Log.

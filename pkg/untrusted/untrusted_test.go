@@ -1,7 +1,6 @@
 package untrusted_test
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,8 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
@@ -81,26 +78,6 @@ func TestText(t *testing.T) {
 			assert.LessOrEqual(t, len(got), untrusted.MaxTextBytes+32)
 		})
 	}
-}
-
-func TestStatus(t *testing.T) {
-	assert.NoError(t, untrusted.Status(nil))
-
-	// A server's status: the code survives, the message is the server's text made safe.
-	err := untrusted.Status(status.Error(codes.PermissionDenied, strings.Repeat(hostile, 10000)))
-	assert.Equal(t, codes.PermissionDenied, status.Code(err))
-	assertPrintable(t, err.Error())
-	assert.LessOrEqual(t, len(err.Error()), 1024)
-	assert.Contains(t, err.Error(), `\x1b[2J`)
-
-	// Not a status at all: the caller's own error, returned as it is (errors.Is still works).
-	own := errors.New("invalid join ticket")
-	assert.Same(t, own, untrusted.Status(own))
-
-	// A status wrapped by the caller: still one line.
-	err = untrusted.Status(fmt.Errorf("calling: %w", status.Error(codes.Unavailable, "down\n")))
-	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assertPrintable(t, err.Error())
 }
 
 func TestLog(t *testing.T) {

@@ -13,9 +13,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/openconstellation/constellation/api/verify/verifypb"
+	"github.com/openconstellation/constellation/pkg/api/verify/verifypb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted/untrustedgrpc"
 )
 
 // DefaultTimeout bounds a verification whose context has no deadline.
@@ -38,18 +39,25 @@ var ErrWrongNode = errors.New("evidence is not signed by the node asked about")
 type Result struct {
 	// Endpoint is the verification service that answered (host:port).
 	Endpoint string `json:"endpoint"`
-	// Variant is the attestation variant of the evidence.
-	Variant string `json:"variant"`
 	// Nonce is the fresh nonce the evidence is bound to (hex).
 	Nonce string `json:"nonce"`
+	// Claims are what the evidence established (inline in JSON).
+	Claims
+	ClusterID ClusterIDCheck `json:"clusterID"`
+}
+
+// Claims are what verified evidence established, for humans and `-o json`: the part of a
+// Result that does not depend on how the evidence was obtained (ClaimsOf).
+type Claims struct {
+	// Variant is the attestation variant of the evidence.
+	Variant string `json:"variant"`
 	// ReferenceSet names the reference-value set the measurements matched.
 	ReferenceSet string `json:"referenceSet"`
 	// Warnings lists mismatches of warn-only registers.
 	Warnings []string `json:"warnings,omitempty"`
 	// Registers are every measured register the evidence covered, by index.
-	Registers []Register     `json:"registers"`
-	Signer    Signer         `json:"signer"`
-	ClusterID ClusterIDCheck `json:"clusterID"`
+	Registers []Register `json:"registers"`
+	Signer    Signer     `json:"signer"`
 	// Hardware is what the confidential VM's hardware report established (SEV-SNP, TDX
 	// variants); absent for TPM-only variants.
 	Hardware *Hardware `json:"hardware,omitempty"`
@@ -66,6 +74,9 @@ type Hardware struct {
 	// Measurements are the report's launch measurements by name (hex).
 	Measurements map[string]string `json:"measurements,omitempty"`
 	Warnings     []string          `json:"warnings,omitempty"`
+	// RevocationChecked is false when the signer's revocation status was unknown and the
+	// validator's policy accepted that (attestation.RevocationUnknownAccepted).
+	RevocationChecked bool `json:"revocationChecked"`
 }
 
 // Register is one verified measurement register.
@@ -202,26 +213,29 @@ func fetch(ctx context.Context, endpoint string, nonce []byte, extra []grpc.Dial
 	if err != nil {
 		// The status is the service's: its message is the service's text (up to the
 		// response limit, any bytes), made one bounded, escaped line.
-		return nil, fmt.Errorf("verify %s: asking for evidence: %w", endpoint, untrusted.Status(err))
+		return nil, fmt.Errorf("verify %s: asking for evidence: %w", endpoint, untrustedgrpc.Status(err))
 	}
 	return resp, nil
 }
 
 func newResult(endpoint string, nonce []byte, v *attestation.Verified) *Result {
-	res := &Result{
-		Endpoint:     endpoint,
+	return &Result{Endpoint: endpoint, Nonce: hex.EncodeToString(nonce), Claims: ClaimsOf(v)}
+}
+
+// ClaimsOf returns the claims of verified evidence, for output.
+func ClaimsOf(v *attestation.Verified) Claims {
+	c := Claims{
 		Variant:      v.Variant.String(),
-		Nonce:        hex.EncodeToString(nonce),
 		ReferenceSet: v.ReferenceSet,
 		Warnings:     v.Warnings,
 		Signer:       Signer{ID: v.SignerID, Certified: v.SignerCertified, Name: v.SignerName},
 	}
 	if hw := v.Hardware; hw != nil {
-		res.Hardware = &Hardware{Technology: hw.Technology, Product: hw.Product, Signer: hw.Signer, TCB: hw.TCB, Reference: hw.Reference, Warnings: hw.Warnings}
+		c.Hardware = &Hardware{Technology: hw.Technology, Product: hw.Product, Signer: hw.Signer, TCB: hw.TCB, Reference: hw.Reference, Warnings: hw.Warnings, RevocationChecked: hw.RevocationChecked}
 		if len(hw.Measurements) > 0 {
-			res.Hardware.Measurements = map[string]string{}
+			c.Hardware.Measurements = map[string]string{}
 			for name, val := range hw.Measurements {
-				res.Hardware.Measurements[name] = hex.EncodeToString(val)
+				c.Hardware.Measurements[name] = hex.EncodeToString(val)
 			}
 		}
 	}
@@ -231,9 +245,9 @@ func newResult(endpoint string, nonce []byte, v *attestation.Verified) *Result {
 	}
 	slices.Sort(idx)
 	for _, i := range idx {
-		res.Registers = append(res.Registers, Register{Index: i, Name: v.Variant.RegisterName(i), Value: hex.EncodeToString(v.Registers[i])})
+		c.Registers = append(c.Registers, Register{Index: i, Name: v.Variant.RegisterName(i), Value: hex.EncodeToString(v.Registers[i])})
 	}
-	return res
+	return c
 }
 
 // checkClusterID compares the marker register with the value clusterID implies.

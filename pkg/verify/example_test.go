@@ -7,17 +7,19 @@ import (
 	"net"
 	"time"
 
+	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm-tools/simulator"
+	"google.golang.org/grpc"
 
-	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/provider/local"
-	"github.com/openconstellation/constellation/internal/verifyservice"
+	"github.com/openconstellation/constellation/pkg/api/verify/verifypb"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 	"github.com/openconstellation/constellation/pkg/verify"
 )
 
@@ -26,7 +28,11 @@ import (
 // values of the node image, the platform's AK roots, and the cluster ID. Nothing else the node
 // or the network says is trusted.
 func Example() {
-	node := startNode() // a node of a cluster, serving its verification service on loopback
+	node, err := startNode() // a node of a cluster, serving its verification service on loopback
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer node.stop()
 
 	ref := choose.Reference{
@@ -59,8 +65,9 @@ func Example() {
 	// member of the cluster: true
 }
 
-// exampleNode is what the example verifies: a simulated TPM measured like a local node, its
-// AK certified by a platform CA, initialized for a cluster, behind a verification service.
+// exampleNode is what the example verifies: a simulated TPM booted with an event log, its AK
+// certified by a platform CA, initialized for a cluster, behind a minimal verification
+// service (the cluster's own is internal/verifyservice, which adds admission limits).
 type exampleNode struct {
 	endpoint  string
 	akRoots   string
@@ -69,36 +76,85 @@ type exampleNode struct {
 	stop      func()
 }
 
-func startNode() *exampleNode {
-	must := func(err error) {
-		if err != nil {
-			panic(err)
+func startNode() (*exampleNode, error) {
+	sim, err := simulator.Get()
+	if err != nil {
+		return nil, err
+	}
+	tpm := vtpm.New(sim, "simulator")
+	node, err := bootNode(tpm)
+	if err != nil {
+		_ = tpm.Close()
+		return nil, err
+	}
+	return node, nil
+}
+
+func bootNode(tpm *vtpm.TPM) (*exampleNode, error) {
+	// Firmware and boot loader measure the image into PCRs 0..14 and log it.
+	log := eventlog.NewBuilder()
+	for _, pcr := range variant.QEMUVTPM.ImageRegisters() {
+		d := log.Add(pcr, tcg.Ipl, fmt.Appendf(nil, "image v1, component %d", pcr))
+		if err := tpm.ExtendPCR(int(pcr), d[:]); err != nil {
+			return nil, err
 		}
 	}
-	sim, err := simulator.Get()
-	must(err)
-	tpm := vtpm.New(sim, "simulator")
-	image := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1"))}
-	bootLog, err := local.MeasureLogged(tpm, image)
-	must(err)
-	ca, err := akca.New("example platform AK CA", time.Now(), time.Hour)
-	must(err)
-	must(local.CertifyAK(tpm, ca, "worker-0", metadata.Worker, time.Now()))
+	image := measurements.M{}
+	for _, pcr := range variant.QEMUVTPM.ImageRegisters() {
+		values, err := tpm.ReadPCRs(int(pcr))
+		if err != nil {
+			return nil, err
+		}
+		image[pcr] = measurements.Measurement{Expected: values[pcr]}
+	}
+	// The platform certifies the node's AK; the node joins a cluster (PCR 15).
+	ca, err := vtpmtest.NewPlatformCA("example platform AK CA")
+	if err != nil {
+		return nil, err
+	}
+	uncertified, err := qemu.NewIssuer(tpm, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := ca.CertifyNodeAK(uncertified.AKPublic(), "worker-0", attestation.RoleWorker, time.Now(), time.Hour)
+	uncertified.Close()
+	if err != nil {
+		return nil, err
+	}
 	clusterID := []byte("example cluster id, 32 bytes....")
 	digest := sha256.Sum256(clusterID)
-	must(tpm.ExtendPCR(15, digest[:]))
-	iss, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return bootLog, nil })
-	must(err)
-	srv, err := verifyservice.New(verifyservice.Config{Issuer: iss})
-	must(err)
-	g := srv.NewGRPCServer()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(err)
-	go func() { _ = g.Serve(ln) }()
-	caPEM, _, err := ca.PEM()
-	must(err)
-	return &exampleNode{
-		endpoint: ln.Addr().String(), akRoots: string(caPEM), image: local.ExpectedPCRs(image), clusterID: clusterID,
-		stop: func() { g.Stop(); _ = tpm.Close() },
+	marker, _ := variant.QEMUVTPM.ClusterIDRegister()
+	if err := tpm.ExtendPCR(int(marker), digest[:]); err != nil {
+		return nil, err
 	}
+	iss, err := qemu.NewIssuer(tpm, cert, func() ([]byte, error) { return log.Bytes(), nil })
+	if err != nil {
+		return nil, err
+	}
+	g := grpc.NewServer()
+	verifypb.RegisterVerificationServiceServer(g, &service{issuer: iss})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = g.Serve(ln) }()
+	return &exampleNode{
+		endpoint: ln.Addr().String(), akRoots: ca.PEM(), image: image, clusterID: clusterID,
+		stop: func() { g.Stop(); iss.Close(); _ = tpm.Close() },
+	}, nil
+}
+
+// service answers GetAttestation with evidence bound to the caller's nonce, for the
+// verification service's purpose.
+type service struct {
+	verifypb.UnimplementedVerificationServiceServer
+	issuer attestation.Issuer
+}
+
+func (s *service) GetAttestation(ctx context.Context, req *verifypb.GetAttestationRequest) (*verifypb.GetAttestationResponse, error) {
+	evidence, err := s.issuer.Issue(ctx, attestation.PurposeVerify, req.GetNonce())
+	if err != nil {
+		return nil, err
+	}
+	return &verifypb.GetAttestationResponse{Evidence: evidence, Variant: s.issuer.Variant().String()}, nil
 }

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/go-tpm/legacy/tpm2"
-
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -59,24 +57,11 @@ func (ca *CA) Pool() *x509.CertPool { return ca.ca.Pool() }
 // checking that it is a TPM-resident restricted signing key. The subject names the node and
 // its role (vtpm.AKCertSubject): validators bind a peer's identity and role to its key.
 func (ca *CA) CertifyAK(akPublic []byte, nodeName string, role metadata.Role, now time.Time, validity time.Duration) ([]byte, error) {
-	subject, err := vtpm.AKCertSubject(nodeName, role)
+	tmpl, key, err := vtpm.AKCertTemplate(akPublic, nodeName, role, now, validity)
 	if err != nil {
 		return nil, fmt.Errorf("akca: %w", err)
 	}
-	pub, err := tpm2.DecodePublic(akPublic)
-	if err != nil {
-		return nil, fmt.Errorf("akca: AK public area: %w", err)
-	}
-	key, err := vtpm.CheckAKAttributes(pub)
-	if err != nil {
-		return nil, fmt.Errorf("akca: refusing to certify: %w", err)
-	}
-	cert, err := ca.ca.Sign(&x509.Certificate{
-		Subject:   subject,
-		NotBefore: now.Add(-time.Minute),
-		NotAfter:  now.Add(validity),
-		KeyUsage:  x509.KeyUsageDigitalSignature,
-	}, key)
+	cert, err := ca.ca.Sign(tmpl, key)
 	if err != nil {
 		return nil, fmt.Errorf("akca: %w", err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/openconstellation/constellation/pkg/untrusted"
+	"github.com/openconstellation/constellation/pkg/untrusted/untrustedgrpc"
 )
 
 // connObserver watches the connection of one attempt, to tell "nothing answered" from "a
@@ -50,7 +50,7 @@ func (o *connObserver) watch(creds credentials.TransportCredentials) credentials
 func (o *connObserver) classify(err error) *AttemptError {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	err = untrusted.Status(err)
+	err = untrustedgrpc.Status(err)
 	switch {
 	case o.watched && !o.connected:
 		return &AttemptError{Kind: Unreachable, Err: err}

@@ -42,7 +42,7 @@ import (
 	"github.com/google/go-sev-guest/client"
 	"github.com/google/go-tpm/legacy/tpm2"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"

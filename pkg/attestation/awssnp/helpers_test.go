@@ -14,7 +14,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 

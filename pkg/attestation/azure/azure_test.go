@@ -11,12 +11,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/azure/azuretest"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 func readSample(t testing.TB, name string) []byte {
@@ -248,4 +250,25 @@ func FuzzParseRuntimeData(f *testing.F) {
 		require.GreaterOrEqual(t, rd.AK.N.BitLen(), 2048)
 		require.NoError(t, rd.CheckAK(&rsa.PublicKey{N: rd.AK.N, E: rd.AK.E}))
 	})
+}
+
+// TestAKPublic: the real runtime data's AK as a TPMT_PUBLIC decodes to the same key, passes
+// the AK checks every validator applies, and a key of another size is refused.
+func TestAKPublic(t *testing.T) {
+	rd, err := azure.ParseRuntimeData(readSample(t, "azure-snp-runtimedata.bin"))
+	require.NoError(t, err)
+	area, err := rd.AKPublic()
+	require.NoError(t, err)
+	pub, err := tpm2.DecodePublic(area)
+	require.NoError(t, err)
+	key, err := vtpm.CheckAKAttributes(pub)
+	require.NoError(t, err)
+	require.NoError(t, rd.CheckAK(key))
+
+	small, err := rsa.GenerateKey(rand.Reader, 1024)
+	require.NoError(t, err)
+	_, err = (&azure.RuntimeData{AK: &small.PublicKey}).AKPublic()
+	assert.ErrorContains(t, err, "RSA-1024")
+	_, err = (&azure.RuntimeData{}).AKPublic()
+	assert.ErrorContains(t, err, "no AK")
 }

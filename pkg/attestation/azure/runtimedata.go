@@ -9,6 +9,8 @@ import (
 	"math/big"
 	"strings"
 
+	"github.com/google/go-tpm/legacy/tpm2"
+
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
@@ -142,6 +144,40 @@ func (rd *RuntimeData) CheckAK(ak crypto.PublicKey) error {
 		return fmt.Errorf("%w: the quote's AK is not the AK (%s) of the HCL report's runtime data: the hardware report is of another VM or vTPM", attestation.ErrUntrustedSigner, KeyIDAK)
 	}
 	return nil
+}
+
+// AKPublic returns the TPMT_PUBLIC encoding of the runtime data's AK (JWK "HCLAkPub") as the
+// Azure vTPM holds it: an RSA-2048 restricted signing key (RSASSA with SHA-256) that never
+// leaves the TPM (fixedTPM, fixedParent, sensitiveDataOrigin). It is what evidence of this
+// module carries as its AK (vtpmpb.Evidence.ak_public) and what go-tpm's quote verification
+// takes (tpm2.DecodePublic, then Key), for a relying party that assembles evidence from an
+// HCL report and a quote it got itself. The runtime data is what names the key: check it is
+// bound to a verified hardware report (HCLReport.CheckBinding, then the report's check)
+// before trusting the key.
+func (rd *RuntimeData) AKPublic() ([]byte, error) {
+	if rd.AK == nil {
+		return nil, fmt.Errorf("runtime data has no AK (%s)", KeyIDAK)
+	}
+	if bits := rd.AK.N.BitLen(); bits != 2048 {
+		return nil, fmt.Errorf("runtime data's AK is RSA-%d, the Azure vTPM's AK is RSA-2048", bits)
+	}
+	exponent := uint32(rd.AK.E)
+	if rd.AK.E == 65537 {
+		exponent = 0 // TPM encoding of the default exponent
+	}
+	pub := tpm2.Public{
+		Type:    tpm2.AlgRSA,
+		NameAlg: tpm2.AlgSHA256,
+		Attributes: tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin |
+			tpm2.FlagUserWithAuth | tpm2.FlagNoDA | tpm2.FlagRestricted | tpm2.FlagSign,
+		RSAParameters: &tpm2.RSAParams{
+			Sign:        &tpm2.SigScheme{Alg: tpm2.AlgRSASSA, Hash: tpm2.AlgSHA256},
+			KeyBits:     2048,
+			ExponentRaw: exponent,
+			ModulusRaw:  rd.AK.N.Bytes(),
+		},
+	}
+	return pub.Encode()
 }
 
 // RSAJWK encodes key as the runtime data's JWKs do, for issuers' tests and tools that write

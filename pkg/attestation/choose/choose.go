@@ -6,15 +6,11 @@
 // node's check of the join service and `constellation verify` all come here with the
 // variant they were given.
 //
-// A third party verifies a node with this package and pkg/verify:
-//
-//	ref := choose.Reference{Variant: variant.AzureSEVSNP, Values: choose.Values{
-//		Measurements: sets, HardwareValues: choose.HardwareValues{SNP: &snpRef},
-//	}}
-//	v, err := choose.NewValidator(ref, choose.Options{})
-//	res, err := verify.Verify(ctx, "node-0", "10.0.0.5:30081", v, clusterID)
-//
-// See the package example.
+// A third party verifies a node with this package and pkg/verify: NewValidator from a
+// Reference, then verify.Verify (the Example of pkg/verify, compiled and run with the tests).
+// Evidence it holds already (bound to its own report data) it checks with
+// attestation.ValidateReportData; attestation.CollateralURLs lists what an offline verifier
+// must fetch ahead (docs/attestation.md, "Verify from your own code").
 package choose
 
 import (
@@ -22,6 +18,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -31,7 +28,6 @@ import (
 
 	snpclient "github.com/google/go-sev-guest/client"
 
-	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/awssnp"
 	"github.com/openconstellation/constellation/pkg/attestation/azuresnp"
@@ -452,11 +448,45 @@ func ParseAKRoots(pemData string) (*x509.CertPool, error) {
 	if strings.TrimSpace(pemData) == "" {
 		return nil, nil
 	}
-	pool, _, err := pki.ParseCAPool([]byte(pemData))
+	pool, _, err := parseCAPool([]byte(pemData))
 	if err != nil {
 		return nil, err
 	}
 	return pool, nil
+}
+
+// parseCAPool returns the pool of the PEM certificates in data: every PEM block a CA
+// certificate, nothing else but whitespace. n is the number of certificates (possibly zero:
+// callers decide whether an empty pool is an error).
+func parseCAPool(data []byte) (pool *x509.CertPool, n int, err error) {
+	pool = x509.NewCertPool()
+	rest := data
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		n++
+		if block.Type != "CERTIFICATE" {
+			return nil, n, fmt.Errorf("PEM block %d is a %q, want CERTIFICATE", n, block.Type)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, n, fmt.Errorf("PEM block %d: %w", n, err)
+		}
+		if !cert.IsCA {
+			return nil, n, fmt.Errorf("PEM block %d (%s) is not a CA certificate", n, cert.Subject)
+		}
+		pool.AddCert(cert)
+	}
+	if trailing := len(bytes.TrimSpace(rest)); trailing > 0 {
+		if n == 0 {
+			return nil, 0, fmt.Errorf("no PEM certificate found (%d bytes of other text)", trailing)
+		}
+		return nil, n, fmt.Errorf("%d bytes that are not PEM after certificate %d", trailing, n)
+	}
+	return pool, n, nil
 }
 
 // common is what every variant's validator configuration takes from a reference and the

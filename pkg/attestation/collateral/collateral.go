@@ -32,7 +32,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 )
 
 // ErrOffline: the document is neither cached nor carried, and the cache has no fetcher.

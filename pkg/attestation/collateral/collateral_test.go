@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 )
 
 // fakeFetcher serves fixed documents and counts fetches; fail makes it fail.

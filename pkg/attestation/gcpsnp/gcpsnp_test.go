@@ -18,10 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
-	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
-	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/gcpsnp"
@@ -81,8 +79,8 @@ func serve(t testing.TB, platforms ...*snpfake.Platform) *amd {
 }
 
 // google is the fake Google EK/AK CA of the tests.
-var google = sync.OnceValue(func() *akca.CA {
-	ca, err := akca.New("EK/AK CA Intermediate", start.Add(-time.Hour), 365*24*time.Hour)
+var google = sync.OnceValue(func() *vtpmtest.CA {
+	ca, err := vtpmtest.NewPlatformCA("EK/AK CA Intermediate")
 	if err != nil {
 		panic(err)
 	}
@@ -103,7 +101,7 @@ type vm struct {
 }
 
 // newVM returns a GCE confidential VM on a booted TPM whose AK the CA certified (nil: none).
-func newVM(t testing.TB, tpm *vtpm.TPM, opts snpfake.Options, ca *akca.CA, carry *collateral.Cache) *vm {
+func newVM(t testing.TB, tpm *vtpm.TPM, opts snpfake.Options, ca *vtpmtest.CA, carry *collateral.Cache) *vm {
 	t.Helper()
 	opts.Now, opts.Measurement = start, measurement
 	p, err := snpfake.New(opts)
@@ -114,7 +112,7 @@ func newVM(t testing.TB, tpm *vtpm.TPM, opts snpfake.Options, ca *akca.CA, carry
 	iss, err := gcpsnp.NewIssuer(tpm, gcpsnp.IssuerConfig{QuoteProvider: p.QuoteProvider(), Collateral: carry})
 	require.NoError(t, err)
 	if ca != nil {
-		cert, err := ca.CertifyAK(iss.AKPublic(), "gce-instance", metadata.Worker, start, 90*24*time.Hour)
+		cert, err := ca.CertifyNodeAK(iss.AKPublic(), "gce-instance", attestation.RoleWorker, start, 90*24*time.Hour)
 		require.NoError(t, err)
 		// GCE's AK is a transient key the issuer holds: release it before loading it again.
 		require.NoError(t, iss.Close())
@@ -251,7 +249,7 @@ func TestAttacks(t *testing.T) {
 	_, err := v.Validate(context.Background(), genuine, attestation.PurposeVerify, nonce)
 	require.NoError(t, err, "the genuine evidence must pass, or the attacks prove nothing")
 
-	otherCA, err := akca.New("not Google", start.Add(-time.Hour), 24*time.Hour)
+	otherCA, err := vtpmtest.NewPlatformCA("not Google")
 	require.NoError(t, err)
 
 	testCases := map[string]struct {
@@ -279,7 +277,7 @@ func TestAttacks(t *testing.T) {
 		"AK certified by another CA": {
 			evidence: func(t *testing.T) []byte {
 				ev := decode(t, genuine)
-				cert, err := otherCA.CertifyAK(ev.AkPublic, "gce-instance", metadata.Worker, start, time.Hour)
+				cert, err := otherCA.CertifyNodeAK(ev.AkPublic, "gce-instance", attestation.RoleWorker, start, time.Hour)
 				require.NoError(t, err)
 				ev.AkCert = cert
 				return encode(t, ev)
@@ -436,7 +434,7 @@ func TestRelayedReportAttackControl(t *testing.T) {
 		require.NoError(t, err)
 		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: gcpsnp.Variant, Hardware: src})
 		require.NoError(t, err)
-		cert, err := google().CertifyAK(iss.AKPublic(), "gce-instance", metadata.Worker, start, 90*24*time.Hour)
+		cert, err := google().CertifyNodeAK(iss.AKPublic(), "gce-instance", attestation.RoleWorker, start, 90*24*time.Hour)
 		require.NoError(t, err)
 		iss, err = vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: gcpsnp.Variant, AKCert: cert, Hardware: src})
 		require.NoError(t, err)

@@ -7,8 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
@@ -41,11 +39,11 @@ func BenchmarkIssue(b *testing.B) {
 func BenchmarkValidate(b *testing.B) {
 	tpm := vtpmtest.Simulator(b)
 	ref, log := bootNode(b, tpm)
-	ca, err := akca.New("bench", time.Now(), time.Hour)
+	ca, err := vtpmtest.NewPlatformCA("bench")
 	require.NoError(b, err)
 	iss, err := qemu.NewIssuer(tpm, nil, log)
 	require.NoError(b, err)
-	cert, err := ca.CertifyAK(iss.AKPublic(), "node", metadata.Worker, time.Now(), time.Hour)
+	cert, err := ca.CertifyNodeAK(iss.AKPublic(), "node", attestation.RoleWorker, time.Now(), time.Hour)
 	require.NoError(b, err)
 	iss, err = qemu.NewIssuer(tpm, cert, log)
 	require.NoError(b, err)

@@ -18,9 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
-	"github.com/openconstellation/constellation/internal/attestation/akca"
-	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
@@ -98,11 +96,11 @@ func TestRoundTrip(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tpm := open(t)
 			ref, log := bootNode(t, tpm)
-			ca, err := akca.New("test AK CA", testNow, 24*time.Hour)
+			ca, err := vtpmtest.NewPlatformCA("test AK CA")
 			require.NoError(t, err)
 			iss, err := qemu.NewIssuer(tpm, nil, log)
 			require.NoError(t, err)
-			cert, err := ca.CertifyAK(iss.AKPublic(), "worker-0", metadata.Worker, testNow, time.Hour)
+			cert, err := ca.CertifyNodeAK(iss.AKPublic(), "worker-0", attestation.RoleWorker, testNow, time.Hour)
 			require.NoError(t, err)
 			require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, cert))
 			iss, err = qemu.NewIssuer(tpm, nil, log)
@@ -131,6 +129,28 @@ func TestRoundTrip(t *testing.T) {
 			akHash := sha256.Sum256(iss.AKPublic())
 			assert.Equal(t, hex.EncodeToString(akHash[:]), got.SignerID)
 		})
+	}
+}
+
+// TestValidateReportData: a relying party with its own binding scheme (here: the bytes it
+// chose, bound as a quote's qualifying data) checks the evidence with ValidateReportData;
+// all other checks are Validate's, and a mismatch is a nonce mismatch.
+func TestValidateReportData(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	ref, iss, _ := bootAndIssue(t, tpm)
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}}, AcceptUnauthenticatedAK: true})
+	require.NoError(t, err)
+	rd, err := attestation.ReportData(attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	ev, err := iss.Issue(context.Background(), attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+
+	got, err := attestation.ValidateReportData(context.Background(), val, ev, rd)
+	require.NoError(t, err)
+	assert.Equal(t, "image-v1", got.ReferenceSet)
+	for name, bad := range map[string][]byte{"other": bytes.Repeat([]byte{1}, 32), "empty": nil, "too long": make([]byte, 65)} {
+		_, err := val.ValidateReportData(context.Background(), ev, bad)
+		assert.ErrorIs(t, err, attestation.ErrNonceMismatch, name)
 	}
 }
 
@@ -279,9 +299,9 @@ func TestAKCertificate(t *testing.T) {
 	ref, log := bootNode(t, tpm)
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
 
-	ca, err := akca.New("test AK CA", testNow, 24*time.Hour)
+	ca, err := vtpmtest.NewPlatformCA("test AK CA")
 	require.NoError(t, err)
-	otherCA, err := akca.New("someone else", testNow, 24*time.Hour)
+	otherCA, err := vtpmtest.NewPlatformCA("someone else")
 	require.NoError(t, err)
 
 	uncertified, err := qemu.NewIssuer(tpm, nil, log)
@@ -290,7 +310,7 @@ func TestAKCertificate(t *testing.T) {
 	genuineNoCert, err := uncertified.Issue(context.Background(), attestation.PurposeVerify, nonce)
 	require.NoError(t, err)
 
-	goodCert, err := ca.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
+	goodCert, err := ca.CertifyNodeAK(akPub, "node-0", attestation.RoleWorker, testNow, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, tpm.WriteNV(vtpm.AKCertNVIndex, goodCert), "the provider stores the AK certificate in NV")
 	certified, err := qemu.NewIssuer(tpm, nil, log)
@@ -299,15 +319,15 @@ func TestAKCertificate(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, goodCert, decode(t, genuine).AkCert)
 
-	foreignCert, err := otherCA.CertifyAK(akPub, "node-0", metadata.Worker, testNow, time.Hour)
+	foreignCert, err := otherCA.CertifyNodeAK(akPub, "node-0", attestation.RoleWorker, testNow, time.Hour)
 	require.NoError(t, err)
 	attacker := mustRSAKey(t)
-	attackerCert, err := otherCA.CertifyAK(vtpmtest.SoftwareAK(t, attacker), "evil", metadata.ControlPlane, testNow, time.Hour)
+	attackerCert, err := otherCA.CertifyNodeAK(vtpmtest.SoftwareAK(t, attacker), "evil", attestation.RoleControlPlane, testNow, time.Hour)
 	require.NoError(t, err)
 
 	_, err = qemu.NewIssuer(tpm, attackerCert, log)
 	assert.ErrorContains(t, err, "certificate does not match key", "issuer refuses a certificate for another key")
-	_, err = ca.CertifyAK(mutate(t, genuine, func(*vtpmpb.Evidence) {})[:0], "x", metadata.Worker, testNow, time.Hour)
+	_, err = ca.CertifyNodeAK(mutate(t, genuine, func(*vtpmpb.Evidence) {})[:0], "x", attestation.RoleWorker, testNow, time.Hour)
 	assert.Error(t, err)
 
 	withRoots := func(now time.Time) *vtpm.Validator {
@@ -492,10 +512,9 @@ func TestSoftwareKey(t *testing.T) {
 	require.Equal(t, measurementstest.FromRegisters(qemu.Variant, forged.PCRs), ref, "the forger computed the image's PCRs")
 	sets := measurements.ReferenceSets{{Name: "image-v1", Measurements: ref}}
 
-	ca, err := akca.New("platform AK CA", testNow, 24*time.Hour)
+	ca, err := vtpmtest.NewPlatformCA("platform AK CA")
 	require.NoError(t, err)
-	caPEM, _, err := ca.PEM()
-	require.NoError(t, err)
+	caPEM := []byte(ca.PEM())
 	constructors := map[string]func(roots bool, optIn bool) (attestation.Validator, error){
 		"qemu.NewValidator": func(roots, optIn bool) (attestation.Validator, error) {
 			cfg := qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: sets, Now: func() time.Time { return testNow }}, AcceptUnauthenticatedAK: optIn}
@@ -545,7 +564,7 @@ func TestSoftwareKey(t *testing.T) {
 	// a cluster uses, too.
 	iss, err := qemu.NewIssuer(tpm, nil, log)
 	require.NoError(t, err)
-	cert, err := ca.CertifyAK(iss.AKPublic(), "worker-0", metadata.Worker, testNow, time.Hour)
+	cert, err := ca.CertifyNodeAK(iss.AKPublic(), "worker-0", attestation.RoleWorker, testNow, time.Hour)
 	require.NoError(t, err)
 	noLogIss, err := qemu.NewIssuer(tpm, cert, func() ([]byte, error) { return nil, nil })
 	require.NoError(t, err)

@@ -24,7 +24,7 @@ import (
 	"github.com/google/go-sev-guest/verify"
 	"github.com/google/go-sev-guest/verify/trust"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/internal/memo"

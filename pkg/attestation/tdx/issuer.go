@@ -11,7 +11,7 @@ import (
 	pb "github.com/google/go-tdx-guest/proto/tdx"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"

@@ -18,7 +18,7 @@ import (
 	"github.com/google/go-tdx-guest/validate"
 	"github.com/google/go-tdx-guest/verify"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/untrusted"
@@ -305,7 +305,7 @@ func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*ha
 			if opts.Revocation != attestation.RevocationUnknownAccepted {
 				return nil, fmt.Errorf("TD quote: Intel's collateral: %w (the quote's signatures and PCK chain verified; revocation policy %s): %w", err, opts.Revocation, attestation.ErrRevocationUnknown)
 			}
-			return fmt.Errorf("Intel's collateral: %w", err), nil
+			return fmt.Errorf("collateral of Intel: %w", err), nil
 		}
 	}
 	getter := &recordingGetter{g: collateral.TDXGetter{S: session}}
@@ -353,7 +353,7 @@ func collateralURLs(quote *pb.QuoteV4, root *x509.Certificate) ([]string, error)
 		return nil, fmt.Errorf("PCK certificate issued by %s, not a PCK CA", untrusted.Quote(chain.PCKCertificate.Issuer.CommonName))
 	}
 	if len(root.CRLDistributionPoints) != 1 {
-		return nil, fmt.Errorf("Intel root has %d CRL distribution points, want 1", len(root.CRLDistributionPoints))
+		return nil, fmt.Errorf("the Intel root has %d CRL distribution points, want 1", len(root.CRLDistributionPoints))
 	}
 	return []string{pcs.TcbInfoURL(exts.FMSPC), pcs.QeIdentityURL(), pcs.PckCrlURL(ca), root.CRLDistributionPoints[0]}, nil
 }

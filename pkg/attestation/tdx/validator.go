@@ -12,7 +12,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -115,7 +115,27 @@ func (v *Validator) Variant() variant.Variant { return Variant }
 
 // Validate implements attestation.Validator.
 func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
-	verified, err := v.validate(ctx, evidence, purpose, data)
+	// The expected binding first: a caller error is no fault of the evidence.
+	want, err := ReportDataFor(purpose, data)
+	if err != nil {
+		return nil, fmt.Errorf("report data: %w", err)
+	}
+	return v.validateLogged(ctx, evidence, want)
+}
+
+// ValidateReportData implements attestation.ReportDataValidator: the quote's REPORTDATA must
+// be reportData (1..64 bytes) zero-padded to 64 bytes.
+func (v *Validator) ValidateReportData(ctx context.Context, evidence, reportData []byte) (*attestation.Verified, error) {
+	if err := attestation.CheckReportDataSize(reportData); err != nil {
+		return nil, err
+	}
+	var want [64]byte
+	copy(want[:], reportData)
+	return v.validateLogged(ctx, evidence, want)
+}
+
+func (v *Validator) validateLogged(ctx context.Context, evidence []byte, want [64]byte) (*attestation.Verified, error) {
+	verified, err := v.validate(ctx, evidence, want)
 	if err != nil {
 		v.cfg.Log.Debug("TDX evidence rejected", "reason", attestation.Reason(err), "error", err)
 		return nil, fmt.Errorf("%s evidence: %w", Variant, err)
@@ -148,13 +168,7 @@ func (v *Validator) CollateralURLs(evidence []byte) ([]string, error) {
 	return urls, nil
 }
 
-func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attestation.Purpose, data []byte) (*attestation.Verified, error) {
-	// The expected binding first: a caller error is no fault of the evidence.
-	want, err := ReportDataFor(purpose, data)
-	if err != nil {
-		return nil, fmt.Errorf("report data: %w", err)
-	}
-
+func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte) (*attestation.Verified, error) {
 	// 1. Parse.
 	if len(evidence) > v.cfg.MaxEvidenceSize {
 		return nil, fmt.Errorf("%d bytes, limit %d: %w", len(evidence), v.cfg.MaxEvidenceSize, attestation.ErrTooLarge)
@@ -174,7 +188,7 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, purpose attes
 		return nil, err
 	}
 	if subtle.ConstantTimeCompare(q.ReportData, want[:]) != 1 {
-		return nil, fmt.Errorf("TD quote REPORTDATA %x is not ReportData(%s, data) || 0^32: %w", q.ReportData, purpose, attestation.ErrNonceMismatch)
+		return nil, fmt.Errorf("TD quote REPORTDATA %x is not the expected %x: %w", q.ReportData, want, attestation.ErrNonceMismatch)
 	}
 
 	// 3. Validate policy: the hardware reference, then the measurement registers.

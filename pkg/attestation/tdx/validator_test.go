@@ -3,6 +3,7 @@ package tdx
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"testing"
@@ -12,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
@@ -252,4 +253,25 @@ func TestValidatorConcurrent(t *testing.T) {
 	for range 16 {
 		assert.NoError(t, <-errs)
 	}
+}
+
+// TestValidateReportData: a relying party with its own binding scheme checks a quote whose
+// REPORTDATA it chose; everything else is Validate's.
+func TestValidateReportData(t *testing.T) {
+	intel := newFakeIntel(t)
+	v := newTestValidator(t, intel, cannedReference(t))
+	own := sha256.Sum256([]byte("key broker session 7"))
+	ev := evidence(t, intel.quote(t, own[:], func(b *pb.TDQuoteBody) { b.Rtmrs[3] = ClusterIDMarker([]byte("cluster")) }))
+
+	got, err := attestation.ValidateReportData(context.Background(), v, ev, own[:])
+	require.NoError(t, err)
+	assert.Equal(t, Variant, got.Variant)
+
+	other := sha256.Sum256([]byte("key broker session 8"))
+	_, err = v.ValidateReportData(context.Background(), ev, other[:])
+	assert.ErrorIs(t, err, attestation.ErrNonceMismatch)
+	_, err = v.ValidateReportData(context.Background(), ev, make([]byte, 65))
+	assert.ErrorIs(t, err, attestation.ErrNonceMismatch)
+	_, err = v.Validate(context.Background(), ev, attestation.PurposeVerify, own[:])
+	assert.ErrorIs(t, err, attestation.ErrNonceMismatch, "the caller's own binding is not a Constellation purpose's")
 }

@@ -1,10 +1,14 @@
 package vtpm
 
 import (
+	"crypto"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
@@ -31,6 +35,31 @@ func AKCertSubject(name string, role attestation.Role) (pkix.Name, error) {
 		return pkix.Name{}, fmt.Errorf("AK certificate for role %q, want %s or %s", role, attestation.RoleControlPlane, attestation.RoleWorker)
 	}
 	return pkix.Name{CommonName: name, OrganizationalUnit: []string{akCertOU, akCertRoleUnit + string(role)}}, nil
+}
+
+// AKCertTemplate returns the certificate a platform issues for the AK whose TPMT_PUBLIC
+// encoding is akPublic, of node name in role, valid from a minute before now for validity,
+// and the AK's public key to sign it for, after checking that the AK is a TPM-resident
+// restricted signing key (CheckAKAttributes). The serial number is left to the CA.
+func AKCertTemplate(akPublic []byte, name string, role attestation.Role, now time.Time, validity time.Duration) (*x509.Certificate, crypto.PublicKey, error) {
+	subject, err := AKCertSubject(name, role)
+	if err != nil {
+		return nil, nil, err
+	}
+	pub, err := tpm2.DecodePublic(akPublic)
+	if err != nil {
+		return nil, nil, fmt.Errorf("AK public area: %w", err)
+	}
+	key, err := CheckAKAttributes(pub)
+	if err != nil {
+		return nil, nil, fmt.Errorf("refusing to certify: %w", err)
+	}
+	return &x509.Certificate{
+		Subject:   subject,
+		NotBefore: now.Add(-time.Minute),
+		NotAfter:  now.Add(validity),
+		KeyUsage:  x509.KeyUsageDigitalSignature,
+	}, key, nil
 }
 
 // AKCertRole returns the role an AK certificate gives its node, or "" when it names no

@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
-	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )

@@ -22,8 +22,8 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/openconstellation/constellation/api/attestation/hardwarepb"
-	"github.com/openconstellation/constellation/api/attestation/vtpmpb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/api/attestation/vtpmpb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -180,6 +180,20 @@ func (v *Validator) Validate(ctx context.Context, evidence []byte, purpose attes
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrNonceMismatch, err)
 	}
+	return v.validate(ctx, evidence, nonce)
+}
+
+// ValidateReportData implements attestation.ReportDataValidator: the quote's qualifying data
+// must be reportData (1..64 bytes), which hardware checks bind as they bind a nonce.
+func (v *Validator) ValidateReportData(ctx context.Context, evidence, reportData []byte) (*attestation.Verified, error) {
+	if err := attestation.CheckReportDataSize(reportData); err != nil {
+		return nil, err
+	}
+	return v.validate(ctx, evidence, reportData)
+}
+
+// validate parses, verifies and evaluates evidence whose quote must bind nonce.
+func (v *Validator) validate(ctx context.Context, evidence, nonce []byte) (*attestation.Verified, error) {
 	p, err := v.parse(evidence)
 	if err != nil {
 		return nil, err

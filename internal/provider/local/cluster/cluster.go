@@ -53,7 +53,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/apilb"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
-	"github.com/openconstellation/constellation/internal/swtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 

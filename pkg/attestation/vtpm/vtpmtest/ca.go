@@ -7,11 +7,15 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
 // CA is a certificate authority standing in for a cloud's AK CA (Azure's vTPM root, Google's
@@ -25,8 +29,20 @@ type CA struct {
 // valid from 2020 to 2050, so tests can pin any time in between.
 func NewCA(t testing.TB, name string, parent *CA) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := newCA(name, parent)
 	require.NoError(t, err)
+	return ca
+}
+
+// NewPlatformCA returns a self-signed CA like NewCA's, for a platform that certifies its
+// nodes' AKs (CertifyNodeAK); it needs no testing.TB, so examples can use it.
+func NewPlatformCA(name string) (*CA, error) { return newCA(name, nil) }
+
+func newCA(name string, parent *CA) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(time.Now().UnixNano()),
 		Subject:               pkix.Name{CommonName: name},
@@ -41,10 +57,30 @@ func NewCA(t testing.TB, name string, parent *CA) *CA {
 		issuer, signer = parent.Cert, parent.key
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, key.Public(), signer)
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
 	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &CA{Cert: cert, key: key}
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, key: key}, nil
+}
+
+// PEM returns the CA certificate in PEM, as a configuration's AK roots take it.
+func (c *CA) PEM() string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw}))
+}
+
+// CertifyNodeAK certifies the AK whose TPMT_PUBLIC encoding is akPublic the way a platform
+// certifies a node's AK (vtpm.AKCertTemplate, as the local provider's AK CA does).
+func (c *CA) CertifyNodeAK(akPublic []byte, nodeName string, role attestation.Role, now time.Time, validity time.Duration) ([]byte, error) {
+	tmpl, key, err := vtpm.AKCertTemplate(akPublic, nodeName, role, now, validity)
+	if err != nil {
+		return nil, err
+	}
+	tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
+	return x509.CreateCertificate(rand.Reader, tmpl, c.Cert, key, c.key)
 }
 
 // Pool returns a pool holding only this CA.

@@ -24,8 +24,8 @@ import (
 	"github.com/google/go-tpm/tpmutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/swtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 )
 
 // Simulator returns a fresh simulator TPM, closed when the test ends. The simulator is a

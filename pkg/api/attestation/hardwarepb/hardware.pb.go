@@ -2,7 +2,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: api/attestation/hardwarepb/hardware.proto
+// source: pkg/api/attestation/hardwarepb/hardware.proto
 
 // Hardware evidence of confidential VMs (AMD SEV-SNP, Intel TDX) and the collateral that
 // checks it. It is untrusted input: validators parse it, verify every signature against pinned
@@ -51,7 +51,7 @@ type Hardware struct {
 
 func (x *Hardware) Reset() {
 	*x = Hardware{}
-	mi := &file_api_attestation_hardwarepb_hardware_proto_msgTypes[0]
+	mi := &file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -63,7 +63,7 @@ func (x *Hardware) String() string {
 func (*Hardware) ProtoMessage() {}
 
 func (x *Hardware) ProtoReflect() protoreflect.Message {
-	mi := &file_api_attestation_hardwarepb_hardware_proto_msgTypes[0]
+	mi := &file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -76,7 +76,7 @@ func (x *Hardware) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hardware.ProtoReflect.Descriptor instead.
 func (*Hardware) Descriptor() ([]byte, []int) {
-	return file_api_attestation_hardwarepb_hardware_proto_rawDescGZIP(), []int{0}
+	return file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Hardware) GetSnpReport() []byte {
@@ -128,7 +128,7 @@ type Collateral struct {
 
 func (x *Collateral) Reset() {
 	*x = Collateral{}
-	mi := &file_api_attestation_hardwarepb_hardware_proto_msgTypes[1]
+	mi := &file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -140,7 +140,7 @@ func (x *Collateral) String() string {
 func (*Collateral) ProtoMessage() {}
 
 func (x *Collateral) ProtoReflect() protoreflect.Message {
-	mi := &file_api_attestation_hardwarepb_hardware_proto_msgTypes[1]
+	mi := &file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -153,7 +153,7 @@ func (x *Collateral) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Collateral.ProtoReflect.Descriptor instead.
 func (*Collateral) Descriptor() ([]byte, []int) {
-	return file_api_attestation_hardwarepb_hardware_proto_rawDescGZIP(), []int{1}
+	return file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Collateral) GetUrl() string {
@@ -193,7 +193,7 @@ type TDX struct {
 
 func (x *TDX) Reset() {
 	*x = TDX{}
-	mi := &file_api_attestation_hardwarepb_hardware_proto_msgTypes[2]
+	mi := &file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +205,7 @@ func (x *TDX) String() string {
 func (*TDX) ProtoMessage() {}
 
 func (x *TDX) ProtoReflect() protoreflect.Message {
-	mi := &file_api_attestation_hardwarepb_hardware_proto_msgTypes[2]
+	mi := &file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +218,7 @@ func (x *TDX) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDX.ProtoReflect.Descriptor instead.
 func (*TDX) Descriptor() ([]byte, []int) {
-	return file_api_attestation_hardwarepb_hardware_proto_rawDescGZIP(), []int{2}
+	return file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TDX) GetVariant() string {
@@ -242,11 +242,11 @@ func (x *TDX) GetCollateral() []*Collateral {
 	return nil
 }
 
-var File_api_attestation_hardwarepb_hardware_proto protoreflect.FileDescriptor
+var File_pkg_api_attestation_hardwarepb_hardware_proto protoreflect.FileDescriptor
 
-const file_api_attestation_hardwarepb_hardware_proto_rawDesc = "" +
+const file_pkg_api_attestation_hardwarepb_hardware_proto_rawDesc = "" +
 	"\n" +
-	")api/attestation/hardwarepb/hardware.proto\x12%constellation.attestation.hardware.v1\"\xe1\x01\n" +
+	"-pkg/api/attestation/hardwarepb/hardware.proto\x12%constellation.attestation.hardware.v1\"\xe1\x01\n" +
 	"\bHardware\x12\x1d\n" +
 	"\n" +
 	"snp_report\x18\x01 \x01(\fR\tsnpReport\x12)\n" +
@@ -270,28 +270,28 @@ const file_api_attestation_hardwarepb_hardware_proto_rawDesc = "" +
 	"\x05quote\x18\x02 \x01(\fR\x05quote\x12Q\n" +
 	"\n" +
 	"collateral\x18\x03 \x03(\v21.constellation.attestation.hardware.v1.CollateralR\n" +
-	"collateralBGZEgithub.com/openconstellation/constellation/api/attestation/hardwarepbb\x06proto3"
+	"collateralBKZIgithub.com/openconstellation/constellation/pkg/api/attestation/hardwarepbb\x06proto3"
 
 var (
-	file_api_attestation_hardwarepb_hardware_proto_rawDescOnce sync.Once
-	file_api_attestation_hardwarepb_hardware_proto_rawDescData []byte
+	file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescOnce sync.Once
+	file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescData []byte
 )
 
-func file_api_attestation_hardwarepb_hardware_proto_rawDescGZIP() []byte {
-	file_api_attestation_hardwarepb_hardware_proto_rawDescOnce.Do(func() {
-		file_api_attestation_hardwarepb_hardware_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_api_attestation_hardwarepb_hardware_proto_rawDesc), len(file_api_attestation_hardwarepb_hardware_proto_rawDesc)))
+func file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescGZIP() []byte {
+	file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescOnce.Do(func() {
+		file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_pkg_api_attestation_hardwarepb_hardware_proto_rawDesc), len(file_pkg_api_attestation_hardwarepb_hardware_proto_rawDesc)))
 	})
-	return file_api_attestation_hardwarepb_hardware_proto_rawDescData
+	return file_pkg_api_attestation_hardwarepb_hardware_proto_rawDescData
 }
 
-var file_api_attestation_hardwarepb_hardware_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
-var file_api_attestation_hardwarepb_hardware_proto_goTypes = []any{
+var file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_pkg_api_attestation_hardwarepb_hardware_proto_goTypes = []any{
 	(*Hardware)(nil),   // 0: constellation.attestation.hardware.v1.Hardware
 	(*Collateral)(nil), // 1: constellation.attestation.hardware.v1.Collateral
 	(*TDX)(nil),        // 2: constellation.attestation.hardware.v1.TDX
 	nil,                // 3: constellation.attestation.hardware.v1.Collateral.HeadersEntry
 }
-var file_api_attestation_hardwarepb_hardware_proto_depIdxs = []int32{
+var file_pkg_api_attestation_hardwarepb_hardware_proto_depIdxs = []int32{
 	1, // 0: constellation.attestation.hardware.v1.Hardware.collateral:type_name -> constellation.attestation.hardware.v1.Collateral
 	3, // 1: constellation.attestation.hardware.v1.Collateral.headers:type_name -> constellation.attestation.hardware.v1.Collateral.HeadersEntry
 	1, // 2: constellation.attestation.hardware.v1.TDX.collateral:type_name -> constellation.attestation.hardware.v1.Collateral
@@ -302,26 +302,26 @@ var file_api_attestation_hardwarepb_hardware_proto_depIdxs = []int32{
 	0, // [0:3] is the sub-list for field type_name
 }
 
-func init() { file_api_attestation_hardwarepb_hardware_proto_init() }
-func file_api_attestation_hardwarepb_hardware_proto_init() {
-	if File_api_attestation_hardwarepb_hardware_proto != nil {
+func init() { file_pkg_api_attestation_hardwarepb_hardware_proto_init() }
+func file_pkg_api_attestation_hardwarepb_hardware_proto_init() {
+	if File_pkg_api_attestation_hardwarepb_hardware_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_attestation_hardwarepb_hardware_proto_rawDesc), len(file_api_attestation_hardwarepb_hardware_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_api_attestation_hardwarepb_hardware_proto_rawDesc), len(file_pkg_api_attestation_hardwarepb_hardware_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_api_attestation_hardwarepb_hardware_proto_goTypes,
-		DependencyIndexes: file_api_attestation_hardwarepb_hardware_proto_depIdxs,
-		MessageInfos:      file_api_attestation_hardwarepb_hardware_proto_msgTypes,
+		GoTypes:           file_pkg_api_attestation_hardwarepb_hardware_proto_goTypes,
+		DependencyIndexes: file_pkg_api_attestation_hardwarepb_hardware_proto_depIdxs,
+		MessageInfos:      file_pkg_api_attestation_hardwarepb_hardware_proto_msgTypes,
 	}.Build()
-	File_api_attestation_hardwarepb_hardware_proto = out.File
-	file_api_attestation_hardwarepb_hardware_proto_goTypes = nil
-	file_api_attestation_hardwarepb_hardware_proto_depIdxs = nil
+	File_pkg_api_attestation_hardwarepb_hardware_proto = out.File
+	file_pkg_api_attestation_hardwarepb_hardware_proto_goTypes = nil
+	file_pkg_api_attestation_hardwarepb_hardware_proto_depIdxs = nil
 }

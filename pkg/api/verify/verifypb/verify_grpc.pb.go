@@ -2,7 +2,7 @@
 // versions:
 // - protoc-gen-go-grpc v1.6.2
 // - protoc             v3.21.12
-// source: api/verify/verifypb/verify.proto
+// source: pkg/api/verify/verifypb/verify.proto
 
 // The verification service runs on every node (docs/services.md). It answers a
 // caller's nonce with fresh evidence of the node: `constellation verify` checks that evidence
@@ -130,5 +130,5 @@ var VerificationService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "api/verify/verifypb/verify.proto",
+	Metadata: "pkg/api/verify/verifypb/verify.proto",
 }

@@ -2,7 +2,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: api/atls/atlspb/atls.proto
+// source: pkg/api/atls/atlspb/atls.proto
 
 // Frames of the attested-TLS exchange that runs inside a fresh TLS 1.3 connection, right after
 // the TLS handshake and before any application data. See docs/atls.md.
@@ -39,7 +39,7 @@ type Frame struct {
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[0]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -51,7 +51,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[0]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -64,7 +64,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{0}
+	return file_pkg_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Frame) GetKind() isFrame_Kind {
@@ -153,7 +153,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[1]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -165,7 +165,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[1]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -178,7 +178,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{1}
+	return file_pkg_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Hello) GetVersion() uint32 {
@@ -213,7 +213,7 @@ type Evidence struct {
 
 func (x *Evidence) Reset() {
 	*x = Evidence{}
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[2]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +225,7 @@ func (x *Evidence) String() string {
 func (*Evidence) ProtoMessage() {}
 
 func (x *Evidence) ProtoReflect() protoreflect.Message {
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[2]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +238,7 @@ func (x *Evidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Evidence.ProtoReflect.Descriptor instead.
 func (*Evidence) Descriptor() ([]byte, []int) {
-	return file_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{2}
+	return file_pkg_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Evidence) GetVariant() string {
@@ -265,7 +265,7 @@ type Verdict struct {
 
 func (x *Verdict) Reset() {
 	*x = Verdict{}
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[3]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -277,7 +277,7 @@ func (x *Verdict) String() string {
 func (*Verdict) ProtoMessage() {}
 
 func (x *Verdict) ProtoReflect() protoreflect.Message {
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[3]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -290,7 +290,7 @@ func (x *Verdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdict.ProtoReflect.Descriptor instead.
 func (*Verdict) Descriptor() ([]byte, []int) {
-	return file_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{3}
+	return file_pkg_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Verdict) GetAccepted() bool {
@@ -310,7 +310,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[4]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +322,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_api_atls_atlspb_atls_proto_msgTypes[4]
+	mi := &file_pkg_api_atls_atlspb_atls_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +335,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{4}
+	return file_pkg_api_atls_atlspb_atls_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Abort) GetReason() string {
@@ -345,11 +345,11 @@ func (x *Abort) GetReason() string {
 	return ""
 }
 
-var File_api_atls_atlspb_atls_proto protoreflect.FileDescriptor
+var File_pkg_api_atls_atlspb_atls_proto protoreflect.FileDescriptor
 
-const file_api_atls_atlspb_atls_proto_rawDesc = "" +
+const file_pkg_api_atls_atlspb_atls_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/atls/atlspb/atls.proto\x12\x15constellation.atls.v1\"\xf6\x01\n" +
+	"\x1epkg/api/atls/atlspb/atls.proto\x12\x15constellation.atls.v1\"\xf6\x01\n" +
 	"\x05Frame\x124\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1c.constellation.atls.v1.HelloH\x00R\x05hello\x12=\n" +
 	"\bevidence\x18\x02 \x01(\v2\x1f.constellation.atls.v1.EvidenceH\x00R\bevidence\x12:\n" +
@@ -366,29 +366,29 @@ const file_api_atls_atlspb_atls_proto_rawDesc = "" +
 	"\aVerdict\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x1f\n" +
 	"\x05Abort\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reasonB<Z:github.com/openconstellation/constellation/api/atls/atlspbb\x06proto3"
+	"\x06reason\x18\x01 \x01(\tR\x06reasonB@Z>github.com/openconstellation/constellation/pkg/api/atls/atlspbb\x06proto3"
 
 var (
-	file_api_atls_atlspb_atls_proto_rawDescOnce sync.Once
-	file_api_atls_atlspb_atls_proto_rawDescData []byte
+	file_pkg_api_atls_atlspb_atls_proto_rawDescOnce sync.Once
+	file_pkg_api_atls_atlspb_atls_proto_rawDescData []byte
 )
 
-func file_api_atls_atlspb_atls_proto_rawDescGZIP() []byte {
-	file_api_atls_atlspb_atls_proto_rawDescOnce.Do(func() {
-		file_api_atls_atlspb_atls_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_api_atls_atlspb_atls_proto_rawDesc), len(file_api_atls_atlspb_atls_proto_rawDesc)))
+func file_pkg_api_atls_atlspb_atls_proto_rawDescGZIP() []byte {
+	file_pkg_api_atls_atlspb_atls_proto_rawDescOnce.Do(func() {
+		file_pkg_api_atls_atlspb_atls_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_pkg_api_atls_atlspb_atls_proto_rawDesc), len(file_pkg_api_atls_atlspb_atls_proto_rawDesc)))
 	})
-	return file_api_atls_atlspb_atls_proto_rawDescData
+	return file_pkg_api_atls_atlspb_atls_proto_rawDescData
 }
 
-var file_api_atls_atlspb_atls_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
-var file_api_atls_atlspb_atls_proto_goTypes = []any{
+var file_pkg_api_atls_atlspb_atls_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_pkg_api_atls_atlspb_atls_proto_goTypes = []any{
 	(*Frame)(nil),    // 0: constellation.atls.v1.Frame
 	(*Hello)(nil),    // 1: constellation.atls.v1.Hello
 	(*Evidence)(nil), // 2: constellation.atls.v1.Evidence
 	(*Verdict)(nil),  // 3: constellation.atls.v1.Verdict
 	(*Abort)(nil),    // 4: constellation.atls.v1.Abort
 }
-var file_api_atls_atlspb_atls_proto_depIdxs = []int32{
+var file_pkg_api_atls_atlspb_atls_proto_depIdxs = []int32{
 	1, // 0: constellation.atls.v1.Frame.hello:type_name -> constellation.atls.v1.Hello
 	2, // 1: constellation.atls.v1.Frame.evidence:type_name -> constellation.atls.v1.Evidence
 	3, // 2: constellation.atls.v1.Frame.verdict:type_name -> constellation.atls.v1.Verdict
@@ -400,12 +400,12 @@ var file_api_atls_atlspb_atls_proto_depIdxs = []int32{
 	0, // [0:4] is the sub-list for field type_name
 }
 
-func init() { file_api_atls_atlspb_atls_proto_init() }
-func file_api_atls_atlspb_atls_proto_init() {
-	if File_api_atls_atlspb_atls_proto != nil {
+func init() { file_pkg_api_atls_atlspb_atls_proto_init() }
+func file_pkg_api_atls_atlspb_atls_proto_init() {
+	if File_pkg_api_atls_atlspb_atls_proto != nil {
 		return
 	}
-	file_api_atls_atlspb_atls_proto_msgTypes[0].OneofWrappers = []any{
+	file_pkg_api_atls_atlspb_atls_proto_msgTypes[0].OneofWrappers = []any{
 		(*Frame_Hello)(nil),
 		(*Frame_Evidence)(nil),
 		(*Frame_Verdict)(nil),
@@ -415,17 +415,17 @@ func file_api_atls_atlspb_atls_proto_init() {
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_atls_atlspb_atls_proto_rawDesc), len(file_api_atls_atlspb_atls_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_api_atls_atlspb_atls_proto_rawDesc), len(file_pkg_api_atls_atlspb_atls_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_api_atls_atlspb_atls_proto_goTypes,
-		DependencyIndexes: file_api_atls_atlspb_atls_proto_depIdxs,
-		MessageInfos:      file_api_atls_atlspb_atls_proto_msgTypes,
+		GoTypes:           file_pkg_api_atls_atlspb_atls_proto_goTypes,
+		DependencyIndexes: file_pkg_api_atls_atlspb_atls_proto_depIdxs,
+		MessageInfos:      file_pkg_api_atls_atlspb_atls_proto_msgTypes,
 	}.Build()
-	File_api_atls_atlspb_atls_proto = out.File
-	file_api_atls_atlspb_atls_proto_goTypes = nil
-	file_api_atls_atlspb_atls_proto_depIdxs = nil
+	File_pkg_api_atls_atlspb_atls_proto = out.File
+	file_pkg_api_atls_atlspb_atls_proto_goTypes = nil
+	file_pkg_api_atls_atlspb_atls_proto_depIdxs = nil
 }

@@ -2,7 +2,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: api/verify/verifypb/verify.proto
+// source: pkg/api/verify/verifypb/verify.proto
 
 // The verification service runs on every node (docs/services.md). It answers a
 // caller's nonce with fresh evidence of the node: `constellation verify` checks that evidence
@@ -38,7 +38,7 @@ type GetAttestationRequest struct {
 
 func (x *GetAttestationRequest) Reset() {
 	*x = GetAttestationRequest{}
-	mi := &file_api_verify_verifypb_verify_proto_msgTypes[0]
+	mi := &file_pkg_api_verify_verifypb_verify_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +50,7 @@ func (x *GetAttestationRequest) String() string {
 func (*GetAttestationRequest) ProtoMessage() {}
 
 func (x *GetAttestationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_verify_verifypb_verify_proto_msgTypes[0]
+	mi := &file_pkg_api_verify_verifypb_verify_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +63,7 @@ func (x *GetAttestationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttestationRequest.ProtoReflect.Descriptor instead.
 func (*GetAttestationRequest) Descriptor() ([]byte, []int) {
-	return file_api_verify_verifypb_verify_proto_rawDescGZIP(), []int{0}
+	return file_pkg_api_verify_verifypb_verify_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *GetAttestationRequest) GetNonce() []byte {
@@ -85,7 +85,7 @@ type GetAttestationResponse struct {
 
 func (x *GetAttestationResponse) Reset() {
 	*x = GetAttestationResponse{}
-	mi := &file_api_verify_verifypb_verify_proto_msgTypes[1]
+	mi := &file_pkg_api_verify_verifypb_verify_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +97,7 @@ func (x *GetAttestationResponse) String() string {
 func (*GetAttestationResponse) ProtoMessage() {}
 
 func (x *GetAttestationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_verify_verifypb_verify_proto_msgTypes[1]
+	mi := &file_pkg_api_verify_verifypb_verify_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +110,7 @@ func (x *GetAttestationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttestationResponse.ProtoReflect.Descriptor instead.
 func (*GetAttestationResponse) Descriptor() ([]byte, []int) {
-	return file_api_verify_verifypb_verify_proto_rawDescGZIP(), []int{1}
+	return file_pkg_api_verify_verifypb_verify_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *GetAttestationResponse) GetEvidence() []byte {
@@ -127,37 +127,37 @@ func (x *GetAttestationResponse) GetVariant() string {
 	return ""
 }
 
-var File_api_verify_verifypb_verify_proto protoreflect.FileDescriptor
+var File_pkg_api_verify_verifypb_verify_proto protoreflect.FileDescriptor
 
-const file_api_verify_verifypb_verify_proto_rawDesc = "" +
+const file_pkg_api_verify_verifypb_verify_proto_rawDesc = "" +
 	"\n" +
-	" api/verify/verifypb/verify.proto\x12\x17constellation.verify.v1\"-\n" +
+	"$pkg/api/verify/verifypb/verify.proto\x12\x17constellation.verify.v1\"-\n" +
 	"\x15GetAttestationRequest\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"N\n" +
 	"\x16GetAttestationResponse\x12\x1a\n" +
 	"\bevidence\x18\x01 \x01(\fR\bevidence\x12\x18\n" +
 	"\avariant\x18\x02 \x01(\tR\avariant2\x88\x01\n" +
 	"\x13VerificationService\x12q\n" +
-	"\x0eGetAttestation\x12..constellation.verify.v1.GetAttestationRequest\x1a/.constellation.verify.v1.GetAttestationResponseB@Z>github.com/openconstellation/constellation/api/verify/verifypbb\x06proto3"
+	"\x0eGetAttestation\x12..constellation.verify.v1.GetAttestationRequest\x1a/.constellation.verify.v1.GetAttestationResponseBDZBgithub.com/openconstellation/constellation/pkg/api/verify/verifypbb\x06proto3"
 
 var (
-	file_api_verify_verifypb_verify_proto_rawDescOnce sync.Once
-	file_api_verify_verifypb_verify_proto_rawDescData []byte
+	file_pkg_api_verify_verifypb_verify_proto_rawDescOnce sync.Once
+	file_pkg_api_verify_verifypb_verify_proto_rawDescData []byte
 )
 
-func file_api_verify_verifypb_verify_proto_rawDescGZIP() []byte {
-	file_api_verify_verifypb_verify_proto_rawDescOnce.Do(func() {
-		file_api_verify_verifypb_verify_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_api_verify_verifypb_verify_proto_rawDesc), len(file_api_verify_verifypb_verify_proto_rawDesc)))
+func file_pkg_api_verify_verifypb_verify_proto_rawDescGZIP() []byte {
+	file_pkg_api_verify_verifypb_verify_proto_rawDescOnce.Do(func() {
+		file_pkg_api_verify_verifypb_verify_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_pkg_api_verify_verifypb_verify_proto_rawDesc), len(file_pkg_api_verify_verifypb_verify_proto_rawDesc)))
 	})
-	return file_api_verify_verifypb_verify_proto_rawDescData
+	return file_pkg_api_verify_verifypb_verify_proto_rawDescData
 }
 
-var file_api_verify_verifypb_verify_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
-var file_api_verify_verifypb_verify_proto_goTypes = []any{
+var file_pkg_api_verify_verifypb_verify_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_pkg_api_verify_verifypb_verify_proto_goTypes = []any{
 	(*GetAttestationRequest)(nil),  // 0: constellation.verify.v1.GetAttestationRequest
 	(*GetAttestationResponse)(nil), // 1: constellation.verify.v1.GetAttestationResponse
 }
-var file_api_verify_verifypb_verify_proto_depIdxs = []int32{
+var file_pkg_api_verify_verifypb_verify_proto_depIdxs = []int32{
 	0, // 0: constellation.verify.v1.VerificationService.GetAttestation:input_type -> constellation.verify.v1.GetAttestationRequest
 	1, // 1: constellation.verify.v1.VerificationService.GetAttestation:output_type -> constellation.verify.v1.GetAttestationResponse
 	1, // [1:2] is the sub-list for method output_type
@@ -167,26 +167,26 @@ var file_api_verify_verifypb_verify_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for field type_name
 }
 
-func init() { file_api_verify_verifypb_verify_proto_init() }
-func file_api_verify_verifypb_verify_proto_init() {
-	if File_api_verify_verifypb_verify_proto != nil {
+func init() { file_pkg_api_verify_verifypb_verify_proto_init() }
+func file_pkg_api_verify_verifypb_verify_proto_init() {
+	if File_pkg_api_verify_verifypb_verify_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_verify_verifypb_verify_proto_rawDesc), len(file_api_verify_verifypb_verify_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_api_verify_verifypb_verify_proto_rawDesc), len(file_pkg_api_verify_verifypb_verify_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
-		GoTypes:           file_api_verify_verifypb_verify_proto_goTypes,
-		DependencyIndexes: file_api_verify_verifypb_verify_proto_depIdxs,
-		MessageInfos:      file_api_verify_verifypb_verify_proto_msgTypes,
+		GoTypes:           file_pkg_api_verify_verifypb_verify_proto_goTypes,
+		DependencyIndexes: file_pkg_api_verify_verifypb_verify_proto_depIdxs,
+		MessageInfos:      file_pkg_api_verify_verifypb_verify_proto_msgTypes,
 	}.Build()
-	File_api_verify_verifypb_verify_proto = out.File
-	file_api_verify_verifypb_verify_proto_goTypes = nil
-	file_api_verify_verifypb_verify_proto_depIdxs = nil
+	File_pkg_api_verify_verifypb_verify_proto = out.File
+	file_pkg_api_verify_verifypb_verify_proto_goTypes = nil
+	file_pkg_api_verify_verifypb_verify_proto_depIdxs = nil
 }

@@ -2,7 +2,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: api/attestation/vtpmpb/vtpm.proto
+// source: pkg/api/attestation/vtpmpb/vtpm.proto
 
 // Evidence of the TPM-based attestation variants (qemu-vtpm, and the vTPM part of the cloud
 // variants). It is untrusted input: a validator parses it, verifies the quote signature and
@@ -11,7 +11,7 @@
 package vtpmpb
 
 import (
-	hardwarepb "github.com/openconstellation/constellation/api/attestation/hardwarepb"
+	hardwarepb "github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -56,7 +56,7 @@ type Evidence struct {
 
 func (x *Evidence) Reset() {
 	*x = Evidence{}
-	mi := &file_api_attestation_vtpmpb_vtpm_proto_msgTypes[0]
+	mi := &file_pkg_api_attestation_vtpmpb_vtpm_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -68,7 +68,7 @@ func (x *Evidence) String() string {
 func (*Evidence) ProtoMessage() {}
 
 func (x *Evidence) ProtoReflect() protoreflect.Message {
-	mi := &file_api_attestation_vtpmpb_vtpm_proto_msgTypes[0]
+	mi := &file_pkg_api_attestation_vtpmpb_vtpm_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -81,7 +81,7 @@ func (x *Evidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Evidence.ProtoReflect.Descriptor instead.
 func (*Evidence) Descriptor() ([]byte, []int) {
-	return file_api_attestation_vtpmpb_vtpm_proto_rawDescGZIP(), []int{0}
+	return file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Evidence) GetVariant() string {
@@ -140,11 +140,11 @@ func (x *Evidence) GetHardware() *hardwarepb.Hardware {
 	return nil
 }
 
-var File_api_attestation_vtpmpb_vtpm_proto protoreflect.FileDescriptor
+var File_pkg_api_attestation_vtpmpb_vtpm_proto protoreflect.FileDescriptor
 
-const file_api_attestation_vtpmpb_vtpm_proto_rawDesc = "" +
+const file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDesc = "" +
 	"\n" +
-	"!api/attestation/vtpmpb/vtpm.proto\x12!constellation.attestation.vtpm.v1\x1a)api/attestation/hardwarepb/hardware.proto\"\x8c\x02\n" +
+	"%pkg/api/attestation/vtpmpb/vtpm.proto\x12!constellation.attestation.vtpm.v1\x1a-pkg/api/attestation/hardwarepb/hardware.proto\"\x8c\x02\n" +
 	"\bEvidence\x12\x18\n" +
 	"\avariant\x18\x01 \x01(\tR\avariant\x12\x1b\n" +
 	"\tak_public\x18\x02 \x01(\fR\bakPublic\x12\x17\n" +
@@ -153,26 +153,26 @@ const file_api_attestation_vtpmpb_vtpm_proto_rawDesc = "" +
 	"\tsignature\x18\x05 \x01(\fR\tsignature\x12\x12\n" +
 	"\x04pcrs\x18\x06 \x03(\fR\x04pcrs\x12\x1b\n" +
 	"\tevent_log\x18\a \x01(\fR\beventLog\x12K\n" +
-	"\bhardware\x18\b \x01(\v2/.constellation.attestation.hardware.v1.HardwareR\bhardwareBCZAgithub.com/openconstellation/constellation/api/attestation/vtpmpbb\x06proto3"
+	"\bhardware\x18\b \x01(\v2/.constellation.attestation.hardware.v1.HardwareR\bhardwareBGZEgithub.com/openconstellation/constellation/pkg/api/attestation/vtpmpbb\x06proto3"
 
 var (
-	file_api_attestation_vtpmpb_vtpm_proto_rawDescOnce sync.Once
-	file_api_attestation_vtpmpb_vtpm_proto_rawDescData []byte
+	file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescOnce sync.Once
+	file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescData []byte
 )
 
-func file_api_attestation_vtpmpb_vtpm_proto_rawDescGZIP() []byte {
-	file_api_attestation_vtpmpb_vtpm_proto_rawDescOnce.Do(func() {
-		file_api_attestation_vtpmpb_vtpm_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_api_attestation_vtpmpb_vtpm_proto_rawDesc), len(file_api_attestation_vtpmpb_vtpm_proto_rawDesc)))
+func file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescGZIP() []byte {
+	file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescOnce.Do(func() {
+		file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDesc), len(file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDesc)))
 	})
-	return file_api_attestation_vtpmpb_vtpm_proto_rawDescData
+	return file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDescData
 }
 
-var file_api_attestation_vtpmpb_vtpm_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
-var file_api_attestation_vtpmpb_vtpm_proto_goTypes = []any{
+var file_pkg_api_attestation_vtpmpb_vtpm_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_pkg_api_attestation_vtpmpb_vtpm_proto_goTypes = []any{
 	(*Evidence)(nil),            // 0: constellation.attestation.vtpm.v1.Evidence
 	(*hardwarepb.Hardware)(nil), // 1: constellation.attestation.hardware.v1.Hardware
 }
-var file_api_attestation_vtpmpb_vtpm_proto_depIdxs = []int32{
+var file_pkg_api_attestation_vtpmpb_vtpm_proto_depIdxs = []int32{
 	1, // 0: constellation.attestation.vtpm.v1.Evidence.hardware:type_name -> constellation.attestation.hardware.v1.Hardware
 	1, // [1:1] is the sub-list for method output_type
 	1, // [1:1] is the sub-list for method input_type
@@ -181,26 +181,26 @@ var file_api_attestation_vtpmpb_vtpm_proto_depIdxs = []int32{
 	0, // [0:1] is the sub-list for field type_name
 }
 
-func init() { file_api_attestation_vtpmpb_vtpm_proto_init() }
-func file_api_attestation_vtpmpb_vtpm_proto_init() {
-	if File_api_attestation_vtpmpb_vtpm_proto != nil {
+func init() { file_pkg_api_attestation_vtpmpb_vtpm_proto_init() }
+func file_pkg_api_attestation_vtpmpb_vtpm_proto_init() {
+	if File_pkg_api_attestation_vtpmpb_vtpm_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_attestation_vtpmpb_vtpm_proto_rawDesc), len(file_api_attestation_vtpmpb_vtpm_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDesc), len(file_pkg_api_attestation_vtpmpb_vtpm_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   1,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_api_attestation_vtpmpb_vtpm_proto_goTypes,
-		DependencyIndexes: file_api_attestation_vtpmpb_vtpm_proto_depIdxs,
-		MessageInfos:      file_api_attestation_vtpmpb_vtpm_proto_msgTypes,
+		GoTypes:           file_pkg_api_attestation_vtpmpb_vtpm_proto_goTypes,
+		DependencyIndexes: file_pkg_api_attestation_vtpmpb_vtpm_proto_depIdxs,
+		MessageInfos:      file_pkg_api_attestation_vtpmpb_vtpm_proto_msgTypes,
 	}.Build()
-	File_api_attestation_vtpmpb_vtpm_proto = out.File
-	file_api_attestation_vtpmpb_vtpm_proto_goTypes = nil
-	file_api_attestation_vtpmpb_vtpm_proto_depIdxs = nil
+	File_pkg_api_attestation_vtpmpb_vtpm_proto = out.File
+	file_pkg_api_attestation_vtpmpb_vtpm_proto_goTypes = nil
+	file_pkg_api_attestation_vtpmpb_vtpm_proto_depIdxs = nil
 }

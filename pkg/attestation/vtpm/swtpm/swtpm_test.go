@@ -11,9 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/swtpm"
-	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 )
 
 func shortTempDir(t *testing.T) string {
@@ -27,7 +26,7 @@ func shortTempDir(t *testing.T) string {
 // TestRestartKeepsAK: the TPM state survives a restart, so a node's AK (and the certificate
 // the provider issued for it) stays valid; Stop leaves no process behind.
 func TestRestartKeepsAK(t *testing.T) {
-	testtier.Integration(t, "swtpm")
+	integration(t)
 	dir := shortTempDir(t)
 	ctx := context.Background()
 	akOf := func() ([]byte, int) {
@@ -72,7 +71,7 @@ func TestStartErrors(t *testing.T) {
 // TestExited: a swtpm that dies on its own (a failed TPM chip) is noticed through Exited,
 // with how it ended; Stop afterwards is harmless.
 func TestExited(t *testing.T) {
-	testtier.Integration(t, "swtpm")
+	integration(t)
 	proc, err := swtpm.Start(context.Background(), swtpm.Options{StateDir: shortTempDir(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proc.Stop() })
@@ -89,4 +88,12 @@ func TestExited(t *testing.T) {
 	}
 	assert.ErrorContains(t, proc.ExitErr(), "signal: killed")
 	assert.NoError(t, proc.Stop())
+}
+
+// integration skips t in the unit tier (go test -short): it runs a real swtpm.
+func integration(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration tier: runs swtpm")
+	}
 }
