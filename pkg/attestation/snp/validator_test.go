@@ -435,6 +435,14 @@ func TestCheckStaleCRLInCache(t *testing.T) {
 	_, err = v.Check(context.Background(), s.amd.Sign(t, snptest.DefaultReport()), s.amd.Certs("VCEK"), nil, reportData())
 	assertOneReason(t, err, attestation.ErrRevocationUnknown)
 	assert.Contains(t, err.Error(), "CRL of the ASK is stale")
+
+	// A revocation counts even in a CRL past its next update: revoked is never "unknown".
+	s.fetcher.docs[s.amd.CRLURL("VCEK")] = s.amd.CRL(t, now.Add(-48*time.Hour), now.Add(-time.Hour), s.amd.Signer.Ask.SerialNumber)
+	v, err = snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: s.cache(earlier), Now: func() time.Time { return now }, Roots: s.amd.Roots, Revocation: attestation.RevocationUnknownAccepted})
+	require.NoError(t, err)
+	_, err = v.Check(context.Background(), s.amd.Sign(t, snptest.DefaultReport()), s.amd.Certs("VCEK"), nil, reportData())
+	assertOneReason(t, err, attestation.ErrUntrustedSigner)
+	assert.Contains(t, err.Error(), "ASK of Milan revoked")
 }
 
 // TestCheckOfflineVerdicts: a verifier without network and without a CRL tells a forged
