@@ -308,6 +308,13 @@ func (cfg Config) callError(what string, creds *atls.RecordingCredentials, err e
 		if errors.As(hsErr, &aErr) && !aErr.Local {
 			return fmt.Errorf("recover %s: %s: %w: %w; nothing was sent", cfg.Endpoint, what, ErrBusy, hsErr)
 		}
+		// The connection itself failed under the handshake (reset, closed, timed out): the
+		// node's recovery server stopped while it answered (the node rejoined at that moment)
+		// or the network failed. No recovery server answered; the next attempt tells which.
+		// An attestation refusal of ours is no network error, and stays final.
+		if errors.As(hsErr, &aErr) && aErr.Reason == "protocol" && retry.Transient(hsErr) {
+			return fmt.Errorf("recover %s: %s: %w (the connection failed during the attested handshake): %w; nothing was sent", cfg.Endpoint, what, ErrUnreachable, hsErr)
+		}
 		return fmt.Errorf("recover %s: %s: %w; nothing was sent", cfg.Endpoint, what, hsErr)
 	}
 	// The status is the node's: its message is the node's text, made one bounded line.

@@ -312,6 +312,36 @@ func TestRecoverNoServer(t *testing.T) {
 	assert.True(t, recovery.Retryable(err))
 }
 
+// A recovery server whose connection breaks during the attested handshake (it stopped because
+// the node rejoined, or the network failed): unreachable, so retryable and not final, and the
+// next attempt tells whether the node still waits.
+func TestRecoverConnectionResetDuringHandshake(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Read the ClientHello, then reset the connection (no FIN: an RST).
+			_, _ = conn.Read(make([]byte, 512))
+			_ = conn.(*net.TCPConn).SetLinger(0)
+			_ = conn.Close()
+		}
+	}()
+	keys := bootstraptest.NewClusterKeys(t)
+	_, err = run(recovery.Config{
+		Endpoint: ln.Addr().String(), Validator: bootstraptest.Validator(t, newCA(t)), ExpectedNode: "control-plane-0", Disk: "3f2504e0-4f89-11d3-9a0c-0305e82c3301",
+		MasterSecret: keys.Master, MeasurementSalt: keys.MeasurementSalt, ClusterID: keys.ClusterID,
+	})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, recovery.ErrUnreachable)
+	assert.True(t, recovery.Retryable(err), "%v", err)
+	assert.ErrorContains(t, err, "nothing was sent")
+}
+
 // A node whose handshake limits refuse the client for now: retryable, nothing sent.
 func TestRecoverBusyNode(t *testing.T) {
 	skipShort(t)
