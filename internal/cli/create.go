@@ -30,6 +30,8 @@ type createOptions struct {
 	drainTimeout time.Duration
 	// allowDowngrade lets apply move the cluster to an older release.
 	allowDowngrade bool
+	// mergeKubeconfig adds the cluster to the user's kubeconfig once apply succeeded.
+	mergeKubeconfig bool
 	// image is the node image the nodes boot, resolved from the configuration
 	// (configuredImage); empty: the configured image itself.
 	image string
@@ -123,6 +125,7 @@ func newApplyCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of a removed node may wait for its pods to be evicted (PodDisruptionBudgets)")
 	cmd.Flags().BoolVar(&o.allowDowngrade, "allow-downgrade", false, "accept a release older than the one the cluster runs")
+	cmd.Flags().BoolVar(&o.mergeKubeconfig, "merge-kubeconfig", false, "add the cluster to your kubeconfig ($KUBECONFIG's first file, else ~/.kube/config) as a context named after it, and make it current")
 	cmd.Flags().StringSliceVar(&o.remove, "remove", nil, "when the configuration has fewer nodes of a role than the cluster, remove these nodes first (then the newest); e.g. --remove control-plane-0")
 	return cmd
 }
@@ -178,9 +181,14 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 		return fmt.Errorf("%s names cluster %q, but %s describes %q: they are not the same cluster", state.FileName, st.Name, config.FileName, conf.Name)
 	}
 	if st.Phase == state.Initialized {
-		return reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, allowDowngrade: o.allowDowngrade, remove: o.remove})
+		err = reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, allowDowngrade: o.allowDowngrade, remove: o.remove})
+	} else {
+		err = initAndWait(ctx, out, t, workspace, conf, st)
 	}
-	return initAndWait(ctx, out, t, workspace, conf, st)
+	if err != nil || !o.mergeKubeconfig {
+		return err
+	}
+	return mergeIntoUserKubeconfig(out, workspace, st.Name)
 }
 
 // createCluster creates the nodes conf describes with its provider and records them in a new
@@ -276,6 +284,7 @@ func terminate(ctx context.Context, out io.Writer, workspace string, generatedCo
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	forgetInUserKubeconfig(out, workspace)
 	// The cluster's files go with it: its state and keys protect nothing any more. A
 	// configuration mini up generated goes too (mini down); one the user wrote stays.
 	files := []string{AdminConfFile, MasterSecretFile, state.FileName}

@@ -38,6 +38,7 @@ type miniOptions struct {
 	// extraWorkerImage adds a worker booting another image (tests: a modified bootstrapper).
 	extraWorkerBootstrapper string
 	timeout                 time.Duration
+	mergeKubeconfig         bool
 }
 
 func newMiniUpCmd() *cobra.Command {
@@ -66,6 +67,7 @@ service verified its attestation. Files go to <workspace>/mini; remove with 'min
 	cmd.Flags().StringVar(&o.imagesDir, "images", filepath.Join(out, "images"), "directory of the node's container images (make images)")
 	cmd.Flags().StringVar(&o.extraWorkerBootstrapper, "extra-worker-bootstrapper", "", "add a worker whose image has this bootstrapper binary (tests)")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	cmd.Flags().BoolVar(&o.mergeKubeconfig, "merge-kubeconfig", false, "add the cluster to your kubeconfig ($KUBECONFIG's first file, else ~/.kube/config) as a context named after it, and make it current")
 	_ = cmd.Flags().MarkHidden("extra-worker-bootstrapper")
 	return cmd
 }
@@ -205,7 +207,7 @@ func miniUp(ctx context.Context, out io.Writer, workspace string, o miniOptions)
 	} else {
 		fmt.Fprintf(out, "using the workspace's %s (its node counts and image; --control-planes and --workers apply to a generated one)\n", config.FileName)
 	}
-	return apply(ctx, out, t, workspace, createOptions{imagesDir: o.imagesDir, extraWorkerBootstrapper: o.extraWorkerBootstrapper, kubeDir: o.kubeDir})
+	return apply(ctx, out, t, workspace, createOptions{imagesDir: o.imagesDir, extraWorkerBootstrapper: o.extraWorkerBootstrapper, kubeDir: o.kubeDir, mergeKubeconfig: o.mergeKubeconfig})
 }
 
 // layOutDefaultImage lays out the local provider's default node image of a Kubernetes version
