@@ -90,7 +90,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 	}
 	reportUnexpected(ctx, out, client, st.Nodes)
 	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
-		adminConf, toolPath("kubectl"), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
+		adminConf, kubectlFor(conf.KubernetesVersion), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
 	return nil
 }
 
@@ -492,6 +492,19 @@ func toolPath(name string) string {
 		}
 	}
 	return name
+}
+
+// kubectlFor names the kubectl of the cluster's Kubernetes version: the build output's
+// (_output/kube/<version>/bin/kubectl) when there is one, as make builds it, so that the
+// kubectl the user is told to run is the cluster's own version; else toolPath's choice.
+func kubectlFor(version string) string {
+	if exe, err := os.Executable(); err == nil {
+		own := filepath.Join(filepath.Dir(filepath.Dir(exe)), "kube", version, "bin", "kubectl")
+		if info, err := os.Stat(own); err == nil && !info.IsDir() {
+			return own
+		}
+	}
+	return toolPath("kubectl")
 }
 
 func newKubeClient(kubeconfig string) (kubernetes.Interface, error) {
