@@ -43,6 +43,7 @@ replace (
 )
 
 require (
+	github.com/google/go-containerregistry v0.22.1
 	github.com/google/go-eventlog v0.0.3-0.20260617163629-883cc5652c69
 	github.com/google/go-tpm-tools v0.4.10
 	github.com/google/uuid v1.6.0
@@ -74,6 +75,10 @@ require (
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
 	github.com/google/go-sev-guest v0.14.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	golang.org/x/sync v0.23.0 // indirect
 	k8s.io/cluster-bootstrap v0.34.4 // indirect
 )
 
@@ -111,7 +116,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/spf13/pflag v1.0.9 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.opentelemetry.io/otel v1.45.0 // indirect
 	go.opentelemetry.io/otel/trace v1.45.0 // indirect

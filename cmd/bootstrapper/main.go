@@ -23,15 +23,16 @@ func (l *list) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
 	var o nodeboot.Options
-	var images list
+	var images, stores list
 	flag.StringVar(&o.NodeDir, "node-dir", "", "the node's folder in the workspace")
 	flag.StringVar(&o.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml, node-config.json)")
 	flag.Var(&images, "image", "container image tarball to import (repeatable)")
+	flag.Var(&stores, "images-from", "folder of further image tarballs (*.tar) to import, listed when containerd is up (repeatable)")
 	flag.StringVar(&o.MetadataURL, "metadata", "http://10.42.0.1:8080", "metadata service")
 	flag.StringVar(&o.InitAddr, "init-addr", ":9000", "listen address of the init server (fresh control planes)")
 	flag.StringVar(&o.RecoverAddr, "recover-addr", ":9999", "listen address of the recovery server (rebooted control planes)")
 	flag.Parse()
-	o.Images = images
+	o.Images, o.ImageStores = images, stores
 	o.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	if o.NodeDir == "" || o.ImageDir == "" {
 		fmt.Fprintln(os.Stderr, "bootstrapper: --node-dir and --image-dir are required")

@@ -70,6 +70,10 @@ func TestSecondProvider(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, fake.Variant, ref.Variant)
 
+	// A platform whose nodes pull from registries has no image load.
+	err = loadImages(t.Context(), &out, ws, []string{"app.tar"})
+	assert.ErrorContains(t, err, "the fake platform's nodes pull their images from registries")
+
 	// terminate removes it through the provider, and the files with it.
 	out.Reset()
 	require.NoError(t, terminate(t.Context(), &out, ws, false))

@@ -13,6 +13,6 @@ func NewRootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().StringP("workspace", "C", ".", "workspace directory holding the cluster's files")
 	root.AddCommand(newConfigCmd(), newCreateCmd(), newApplyCmd(), newVerifyCmd(), newVerifyEvidenceCmd(), newTerminateCmd(), newMiniCmd(), newVersionCmd(),
-		newStatusCmd(), newRebootCmd(), newStopCmd(), newStartCmd(), newRecoverCmd(), newUpgradeCmd())
+		newStatusCmd(), newImageCmd(), newRebootCmd(), newStopCmd(), newStartCmd(), newRecoverCmd(), newUpgradeCmd())
 	return root
 }

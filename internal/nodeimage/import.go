@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -28,6 +31,23 @@ func Import(ctx context.Context, ctr, socket, namespace string, archives ...stri
 	if _, err := os.Stat(socket); err != nil {
 		return fmt.Errorf("importing images: containerd socket: %w", err)
 	}
+	return importAll(ctx, nil, ctr, socket, namespace, archives)
+}
+
+// ImportInMountNamespace is Import run in the mount namespace of process pid: a running local
+// node's containerd socket and snapshots are in the node's own mount namespace (nodeos), which
+// the host reaches only through one of the node's processes. The archives' paths must be
+// visible there (the node sees the host's workspace).
+func ImportInMountNamespace(ctx context.Context, pid int, ctr, socket, namespace string, archives ...string) error {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, socket)); err != nil {
+		return fmt.Errorf("importing images: containerd socket of process %d: %w", pid, err)
+	}
+	return importAll(ctx, []string{"nsenter", "--target", strconv.Itoa(pid), "--mount", "--"}, ctr, socket, namespace, archives)
+}
+
+// importAll imports archives with ctr (prefixed by prefix), in parallel, each failed one once
+// more alone.
+func importAll(ctx context.Context, prefix []string, ctr, socket, namespace string, archives []string) error {
 	errs := make([]error, len(archives))
 	sem := make(chan struct{}, importParallel)
 	var wg sync.WaitGroup
@@ -37,27 +57,39 @@ func Import(ctx context.Context, ctr, socket, namespace string, archives ...stri
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			errs[i] = importOne(ctx, ctr, socket, namespace, a)
+			errs[i] = importOne(ctx, prefix, ctr, socket, namespace, a)
 		}()
 	}
 	wg.Wait()
 	for i, a := range archives {
 		if errs[i] != nil && ctx.Err() == nil {
-			errs[i] = importOne(ctx, ctr, socket, namespace, a)
+			errs[i] = importOne(ctx, prefix, ctr, socket, namespace, a)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func importOne(ctx context.Context, ctr, socket, namespace, archive string) error {
-	cmd := exec.CommandContext(ctx, ctr, "--address", socket, "--namespace", namespace,
+func importOne(ctx context.Context, prefix []string, ctr, socket, namespace, archive string) error {
+	args := append(append(append([]string(nil), prefix...), ctr), "--address", socket, "--namespace", namespace,
 		"images", "import", archive)
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("importing %s into containerd at %s: %w: %s", archive, socket, err, tail(out.String()))
 	}
 	return nil
+}
+
+// ArchivesIn returns the image archives (*.tar) in dir, sorted by name; none if dir does not
+// exist.
+func ArchivesIn(dir string) ([]string, error) {
+	archives, err := filepath.Glob(filepath.Join(dir, "*.tar"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(archives)
+	return archives, nil
 }
 
 // tail returns the last lines of a command's output for an error message.

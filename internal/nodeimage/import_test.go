@@ -15,13 +15,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/kubeversion"
-	"github.com/openconstellation/constellation/internal/testtier"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/openconstellation/constellation/internal/imageload"
+	"github.com/openconstellation/constellation/internal/kubeversion"
+	"github.com/openconstellation/constellation/internal/testtier"
 )
 
 // containerd is a containerd started for one test.
@@ -459,4 +463,32 @@ func repoDir(t *testing.T) string {
 		}
 		require.NotEqual(t, dir, filepath.Dir(dir), "no repository above %s", wd)
 	}
+}
+
+// TestImportLoadedImage: an image a user loads (internal/imageload: read, checked, stored
+// under its own name) is imported into a running containerd through its mount namespace, as
+// the local provider imports it into a running node, and the CRI finds it under that name.
+func TestImportLoadedImage(t *testing.T) {
+	ctx := context.Background()
+	c := startContainerd(t)
+	pause, err := Build(Pause(buildStatic(t, "../../cmd/pause"), defaultRelease(t)).Spec, filepath.Join(t.TempDir(), "pause.tar"))
+	require.NoError(t, err)
+	img, err := tarball.ImageFromPath(pause.File, nil)
+	require.NoError(t, err)
+	tag, err := name.NewTag("example.com/team/app:v1")
+	require.NoError(t, err)
+	userArchive := filepath.Join(t.TempDir(), "app.tar")
+	require.NoError(t, tarball.WriteToFile(userArchive, tag, img)) // what `docker save` gives
+
+	images, err := imageload.Read([]string{userArchive}, imageload.NodePlatform)
+	require.NoError(t, err)
+	stored, err := imageload.Store(filepath.Join(t.TempDir(), "loaded-images"), images)
+	require.NoError(t, err)
+	require.NoError(t, ImportInMountNamespace(ctx, c.pid, c.ctr, c.socket, "k8s.io", stored...))
+	got := c.criImage(t, "example.com/team/app:v1")
+	require.NotNil(t, got, "the CRI finds the loaded image by its name")
+	assert.True(t, c.unpacked(t)["example.com/team/app:v1"], "unpacked for the snapshotter")
+
+	err = ImportInMountNamespace(ctx, 1<<22, c.ctr, c.socket, "k8s.io", stored...)
+	assert.ErrorContains(t, err, "containerd socket of process")
 }

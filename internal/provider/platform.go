@@ -151,6 +151,25 @@ type APIServerStopper interface {
 	StopAPIServer(ctx context.Context, name string) error
 }
 
+// ImageLoader is implemented by a Platform whose nodes cannot get the user's images by
+// themselves (the local provider: images the user built have no registry): `constellation
+// image load` stores archives in the cluster's LoadedImagesDir, which every node imports at
+// every boot, and LoadImages imports them into the running nodes now.
+type ImageLoader interface {
+	LoadedImagesDir(workspace string) string
+	// LoadImages imports the named archives of LoadedImagesDir into every running node; a
+	// node that is off imports them when it boots (ImageLoad.Deferred).
+	LoadImages(ctx context.Context, workspace string, archives []string) ([]ImageLoad, error)
+}
+
+// ImageLoad is the outcome of loading images into one node.
+type ImageLoad struct {
+	Node string `json:"node"`
+	// Deferred: the node is off; it imports the images when it boots.
+	Deferred bool   `json:"deferred,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
 // Daemon is implemented by a Platform that runs a long-lived process of its own on the CLI's
 // host (the local provider's process, which owns the nodes): the CLI binary runs it when the
 // platform starts itself, through the hidden command `mini provider ARGS`.

@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,11 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
@@ -197,6 +204,15 @@ func TestDayTwo(t *testing.T) {
 	helloPod(t, d.kubeconfig, images, "worker-0")
 	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
 
+	// An image the user built, loaded into the running nodes: a pod of it runs on worker-0
+	// and must run again after worker-0's reboot, and a node added later runs it too.
+	loaded := userImage(t, images)
+	out = []byte(d.run("image", "load", loaded))
+	t.Logf("image load:\n%s", out)
+	assert.Contains(t, string(out), "stored "+userImageRef)
+	assert.Contains(t, string(out), "OK    worker-0: 1 image(s) imported")
+	loadedPod(t, d.kubeconfig, "loaded-on-worker-0", "worker-0")
+
 	t.Run("reboot a worker", func(t *testing.T) {
 		d := d.on(t)
 		out := d.run("reboot", "worker-0")
@@ -207,6 +223,7 @@ func TestDayTwo(t *testing.T) {
 		assert.Equal(t, 2, s.Nodes[i].Provider.Boots)
 		assert.Equal(t, "rejoined", s.Nodes[i].Provider.Reported)
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/loaded-on-worker-0", "--timeout=120s")
 		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
 	})
 
@@ -239,6 +256,9 @@ func TestDayTwo(t *testing.T) {
 		t.Logf("%s", out)
 		assert.Contains(t, out, "+ worker-2")
 		d.requireHealthy("control-plane-0", "worker-0", "worker-1", "worker-2")
+		// A node created after the load imports the loaded images at its boot.
+		loadedPod(t, d.kubeconfig, "loaded-on-worker-2", "worker-2")
+		kubectl(t, d.kubeconfig, "delete", "pod", "loaded-on-worker-2", "--wait=false")
 
 		// A pod on worker-2: the drain evicts it through the Eviction API.
 		applyManifest(t, d.kubeconfig, fmt.Sprintf(`apiVersion: v1
@@ -440,4 +460,54 @@ spec:
     readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
 `, node, ref))
 	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+}
+
+// userImageRef names the image userImage builds: no node image has it.
+const userImageRef = "example.com/user/hello:v1"
+
+// userImage builds an image as a user would: the hello image with a layer of its own (so its
+// content is new), saved as `docker save` does. It returns the archive's path.
+func userImage(t *testing.T, images string) string {
+	t.Helper()
+	index, err := nodeimage.ReadIndex(images)
+	require.NoError(t, err)
+	hello, err := index.Find(nodeimage.HelloRepo)
+	require.NoError(t, err)
+	base, err := tarball.ImageFromPath(filepath.Join(images, hello.File), nil)
+	require.NoError(t, err)
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	content := []byte("loaded by constellation image load\n")
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "etc/loaded.txt", Mode: 0o644, Size: int64(len(content))}))
+	_, err = tw.Write(content)
+	require.NoError(t, err)
+	require.NoError(t, tw.Close())
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer.Bytes())), nil })
+	require.NoError(t, err)
+	img, err := mutate.AppendLayers(base, l)
+	require.NoError(t, err)
+	tag, err := name.NewTag(userImageRef)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "user-image.tar")
+	require.NoError(t, tarball.WriteToFile(path, tag, img))
+	return path
+}
+
+// loadedPod runs the loaded image on node (never pulled) and waits until it serves.
+func loadedPod(t *testing.T, kubeconfig, pod, node string) {
+	t.Helper()
+	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: hello
+    image: %s
+    imagePullPolicy: Never
+    ports: [{containerPort: 8080}]
+    readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
+`, pod, node, userImageRef))
+	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s")
 }

@@ -10,7 +10,8 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
+
+	"github.com/openconstellation/constellation/internal/nodeimage"
 )
 
 // PCRKubernetes holds the Kubernetes node binaries (kubelet, then kubeadm).
@@ -92,12 +93,7 @@ const ImageArchivesDir = "images"
 // ImageArchives returns the archives (*.tar) in dir's ImageArchivesDir, sorted by name; none
 // if it does not exist.
 func ImageArchives(dir string) ([]string, error) {
-	archives, err := filepath.Glob(filepath.Join(dir, ImageArchivesDir, "*.tar"))
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(archives)
-	return archives, nil
+	return nodeimage.ArchivesIn(filepath.Join(dir, ImageArchivesDir))
 }
 
 // ImageDigest is the digest of a node image directory, what a release signs as its node image

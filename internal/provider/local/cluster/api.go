@@ -24,6 +24,7 @@ import (
 //	POST   /v1/nodes/{name}/stop-api-server  the API server of a leaving control plane stops gracefully; etcd keeps running
 //	POST   /v1/nodes/{name}/power-cut  cuts the node's power and restores it (returns once it booted)
 //	DELETE /v1/nodes/{name}
+//	POST   /v1/images              {"archives": [names in loaded-images/]} → []provider.ImageLoad (imported into every running node)
 //	GET    /v1/endpoints           provider.Endpoints
 //	POST   /v1/stop                turns every node off and ends the provider (folders kept)
 //
@@ -57,6 +58,7 @@ func (p *Provider) apiHandler() http.Handler {
 		writeJSON(w, p.views())
 	})
 	mux.HandleFunc("POST /v1/nodes", p.handleAddNodes)
+	mux.HandleFunc("POST /v1/images", p.handleLoadImages)
 	mux.HandleFunc("POST /v1/nodes/{name}/reboot", p.nodeAction("reboot requested", func(n *node) error {
 		return p.reboot(n, "reboot requested", graceful)
 	}))

@@ -214,6 +214,7 @@ type node struct {
 	state    provider.NodeState
 	detail   string
 	boots    int
+	pid      int // this boot's bootstrapper: a process in the node's namespaces
 	bootedAt time.Time
 	crashes  int // failures within crashWindow of boot, in a row
 	events   []provider.Event
@@ -428,6 +429,7 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 	p.mu.Lock()
 	n.exited, n.ending, n.off = exited, false, false
 	n.boots++
+	n.pid = cmd.Process.Pid
 	n.bootedAt = time.Now().UTC()
 	n.state, n.detail = provider.Running, ""
 	boot := n.boots
@@ -526,6 +528,7 @@ func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 	for _, img := range images {
 		args = append(args, "--image", img)
 	}
+	args = append(args, "--images-from", p.loadedImagesDir())
 	// The launcher puts itself into the node's cgroup before it execs into the node's
 	// namespaces, so nothing the node starts escapes the cgroup.
 	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`

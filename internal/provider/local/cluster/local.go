@@ -176,6 +176,16 @@ func (l *Local) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([]p
 	return nodes, nil
 }
 
+// LoadImages asks the provider to import archives of its LoadedImagesDir into every running
+// node.
+func (l *Local) LoadImages(ctx context.Context, archives []string) ([]provider.ImageLoad, error) {
+	var loads []provider.ImageLoad
+	if err := l.call(ctx, http.MethodPost, "/v1/images", LoadImagesRequest{Archives: archives}, &loads); err != nil {
+		return nil, fmt.Errorf("loading images: %w", err)
+	}
+	return loads, nil
+}
+
 // RebootNode reboots a node.
 func (l *Local) RebootNode(ctx context.Context, name string) error {
 	if err := l.call(ctx, http.MethodPost, "/v1/nodes/"+name+"/reboot", nil, nil); err != nil {

@@ -60,9 +60,11 @@ import (
 
 // Options are the bootstrapper's flags.
 type Options struct {
-	NodeDir     string   // the node's workspace folder
-	ImageDir    string   // the node image: kubeadm, kubelet, containerd.toml
-	Images      []string // container images to import
+	NodeDir  string   // the node's workspace folder
+	ImageDir string   // the node image: kubeadm, kubelet, containerd.toml
+	Images   []string // container images to import
+	// ImageStores are folders of further archives to import (nodeos.Config.ImageStores).
+	ImageStores []string
 	MetadataURL string
 	InitAddr    string // listen address of the init server (fresh control planes)
 	// RecoverAddr is the listen address of the recovery server (rebooted control planes).
@@ -101,7 +103,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	start := time.Now()
 	osys, err := nodeos.Boot(ctx, nodeos.Config{
-		NodeDir: o.NodeDir, ContainerdConfig: containerdConfig, Images: o.Images,
+		NodeDir: o.NodeDir, ContainerdConfig: containerdConfig, Images: o.Images, ImageStores: o.ImageStores,
 		Kubelet: filepath.Join(o.ImageDir, "kubelet"), Log: log,
 	}, self.Name)
 	if err != nil {

@@ -59,6 +59,9 @@ type Config struct {
 	ContainerdConfig []byte
 	// Images are docker-archive tarballs to import into containerd.
 	Images []string
+	// ImageStores are folders whose archives (*.tar) are imported too, listed when containerd
+	// is up: the images a user loaded (constellation image load), kept on the host.
+	ImageStores []string
 	// Kubelet is the kubelet binary of the node image.
 	Kubelet string
 	Log     *slog.Logger
@@ -221,10 +224,18 @@ func (o *OS) startContainerd(ctx context.Context) error {
 
 func (o *OS) importImages(ctx context.Context) error {
 	start := time.Now()
-	if err := nodeimage.Import(ctx, "ctr", ContainerdSocket, "k8s.io", o.cfg.Images...); err != nil {
+	images := o.cfg.Images
+	for _, dir := range o.cfg.ImageStores {
+		loaded, err := nodeimage.ArchivesIn(dir)
+		if err != nil {
+			return fmt.Errorf("loaded images in %s: %w", dir, err)
+		}
+		images = append(images, loaded...)
+	}
+	if err := nodeimage.Import(ctx, "ctr", ContainerdSocket, "k8s.io", images...); err != nil {
 		return err
 	}
-	o.cfg.Log.Info("images imported", "count", len(o.cfg.Images), "seconds", time.Since(start).Seconds())
+	o.cfg.Log.Info("images imported", "count", len(images), "seconds", time.Since(start).Seconds())
 	return nil
 }
 

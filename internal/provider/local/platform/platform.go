@@ -47,10 +47,25 @@ const (
 type Platform struct{}
 
 var (
-	_ provider.Platform   = Platform{}
-	_ provider.NodeImages = Platform{}
-	_ provider.Daemon     = Platform{}
+	_ provider.Platform    = Platform{}
+	_ provider.NodeImages  = Platform{}
+	_ provider.Daemon      = Platform{}
+	_ provider.ImageLoader = Platform{}
 )
+
+// LoadedImagesDir implements provider.ImageLoader.
+func (p Platform) LoadedImagesDir(workspace string) string {
+	return filepath.Join(p.Folder(workspace), cluster.LoadedImagesDir)
+}
+
+// LoadImages implements provider.ImageLoader through the running provider's API.
+func (p Platform) LoadImages(ctx context.Context, workspace string, archives []string) ([]provider.ImageLoad, error) {
+	prov, err := p.Open(workspace)
+	if err != nil {
+		return nil, err
+	}
+	return prov.(*cluster.Local).LoadImages(ctx, archives)
+}
 
 // Name implements provider.Platform.
 func (Platform) Name() string { return Name }
