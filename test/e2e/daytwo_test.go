@@ -3,9 +3,11 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +31,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/internal/testnet"
 )
 
 // statusJSON is what the tests read of `constellation status -o json`.
@@ -212,6 +215,8 @@ func TestDayTwo(t *testing.T) {
 	assert.Contains(t, string(out), "stored "+userImageRef)
 	assert.Contains(t, string(out), "OK    worker-0: 1 image(s) imported")
 	loadedPod(t, d.kubeconfig, "loaded-on-worker-0", "worker-0")
+	// kubectl port-forward with the admin kubeconfig reaches it from the host.
+	requirePortForward(t, d.kubeconfig, "pod/loaded-on-worker-0", 8080)
 
 	t.Run("reboot a worker", func(t *testing.T) {
 		d := d.on(t)
@@ -510,4 +515,26 @@ spec:
     readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
 `, pod, node, userImageRef))
 	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s")
+}
+
+// requirePortForward runs kubectl port-forward to target's port on a free loopback port of
+// the host and waits until a request through it is answered; the forward ends with the test.
+func requirePortForward(t *testing.T, kubeconfig, target string, port int) {
+	t.Helper()
+	local := testnet.Port(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, kubectlPath(t), "--kubeconfig", kubeconfig, "port-forward", target, fmt.Sprintf("%d:%d", local, port))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+	client := &http.Client{Timeout: 2 * time.Second}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
+		if !assert.NoError(c, err) {
+			return
+		}
+		_ = resp.Body.Close()
+		assert.Equal(c, http.StatusOK, resp.StatusCode)
+	}, time.Minute, 500*time.Millisecond, "kubectl port-forward to %s answers (kubectl: %s)", target, &out)
 }
