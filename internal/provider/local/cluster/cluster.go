@@ -528,7 +528,7 @@ func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
 	for _, img := range images {
 		args = append(args, "--image", img)
 	}
-	args = append(args, "--images-from", p.loadedImagesDir())
+	args = append(args, loadedImagesArgs(filepath.Join(n.spec.Image, "bootstrapper"), p.loadedImagesDir())...)
 	// The launcher puts itself into the node's cgroup before it execs into the node's
 	// namespaces, so nothing the node starts escapes the cgroup.
 	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`

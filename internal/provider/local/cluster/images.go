@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -32,6 +34,43 @@ func (p *Provider) loadedImagesDir() string { return filepath.Join(p.spec.Dir, L
 // LoadImagesRequest names archives of LoadedImagesDir to import.
 type LoadImagesRequest struct {
 	Archives []string `json:"archives"`
+}
+
+// loadedImagesArgs are the bootstrapper arguments that make a boot import the loaded images:
+// --images-from, which lists them once the node's containerd is up (so a load during the boot
+// is never missed), or, for a bootstrapper of an earlier release that lacks the flag, each
+// archive there now as --image.
+func loadedImagesArgs(bootstrapper, dir string) []string {
+	if supportsImagesFrom(bootstrapper) {
+		return []string{"--images-from", dir}
+	}
+	archives, _ := nodeimage.ArchivesIn(dir)
+	var args []string
+	for _, a := range archives {
+		args = append(args, "--image", a)
+	}
+	return args
+}
+
+// imagesFromFlag memoizes, by bootstrapper path and modification time, whether it knows
+// --images-from (its usage, printed for -h, lists its flags).
+var imagesFromFlag sync.Map
+
+func supportsImagesFrom(bootstrapper string) bool {
+	info, err := os.Stat(bootstrapper)
+	if err != nil {
+		return false
+	}
+	key := fmt.Sprintf("%s@%d", bootstrapper, info.ModTime().UnixNano())
+	if v, ok := imagesFromFlag.Load(key); ok {
+		return v.(bool)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, bootstrapper, "-h").CombinedOutput() // exits 2 after the usage
+	ok := bytes.Contains(out, []byte("-images-from"))
+	imagesFromFlag.Store(key, ok)
+	return ok
 }
 
 // containerdWait bounds how long a load waits for a booting node's containerd.
