@@ -89,6 +89,7 @@ func initAndWait(ctx context.Context, out io.Writer, t *phaseTimer, workspace st
 		return err
 	}
 	reportUnexpected(ctx, out, client, st.Nodes)
+	warnServiceLB(ctx, out, workspace, st, client)
 	fmt.Fprintf(out, "\nThe cluster is up. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes\n  %s verify -C %s\nRemove it with: %s terminate --yes -C %s (or mini down, for a cluster of mini up)\n",
 		adminConf, kubectlFor(conf.KubernetesVersion), toolPath("constellation"), workspace, toolPath("constellation"), workspace)
 	return nil

@@ -202,6 +202,7 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err != nil {
 		return err
 	}
+	warnServiceLB(ctx, out, workspace, st, client)
 	prog := newProgress(t)
 	stop := prog.start(ctx)
 	defer stop()

@@ -170,6 +170,15 @@ type ImageLoad struct {
 	Error    string `json:"error,omitempty"`
 }
 
+// ServiceLoadBalancer is implemented by a Platform that makes the cluster's NodePort and
+// LoadBalancer Services reachable from outside (the local provider: ports on the host's
+// loopback), as a cloud's load balancer controller does. It acts on the cluster with the
+// kubeconfig the CLI writes to ServiceLBKubeconfig, which may only read Services and write
+// their status.
+type ServiceLoadBalancer interface {
+	ServiceLBKubeconfig(workspace string) string
+}
+
 // Daemon is implemented by a Platform that runs a long-lived process of its own on the CLI's
 // host (the local provider's process, which owns the nodes): the CLI binary runs it when the
 // platform starts itself, through the hidden command `mini provider ARGS`.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -215,8 +216,10 @@ func TestDayTwo(t *testing.T) {
 	assert.Contains(t, string(out), "stored "+userImageRef)
 	assert.Contains(t, string(out), "OK    worker-0: 1 image(s) imported")
 	loadedPod(t, d.kubeconfig, "loaded-on-worker-0", "worker-0")
-	// kubectl port-forward with the admin kubeconfig reaches it from the host.
+	// kubectl port-forward with the admin kubeconfig reaches it from the host, and so do a
+	// LoadBalancer Service's address and its node port on the host's loopback.
 	requirePortForward(t, d.kubeconfig, "pod/loaded-on-worker-0", 8080)
+	lbAddr, nodePortAddr := loadBalancerService(t, d.kubeconfig, "loaded-on-worker-0")
 
 	t.Run("reboot a worker", func(t *testing.T) {
 		d := d.on(t)
@@ -229,6 +232,8 @@ func TestDayTwo(t *testing.T) {
 		assert.Equal(t, "rejoined", s.Nodes[i].Provider.Reported)
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/loaded-on-worker-0", "--timeout=120s")
+		requireAnswers(t, lbAddr)
+		requireAnswers(t, nodePortAddr)
 		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
 	})
 
@@ -503,13 +508,13 @@ func loadedPod(t *testing.T, kubeconfig, pod, node string) {
 	t.Helper()
 	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
 kind: Pod
-metadata: {name: %s, namespace: default}
+metadata: {name: %[1]s, namespace: default, labels: {app: %[1]s}}
 spec:
-  nodeName: %s
+  nodeName: %[2]s
   terminationGracePeriodSeconds: 1
   containers:
   - name: hello
-    image: %s
+    image: %[3]s
     imagePullPolicy: Never
     ports: [{containerPort: 8080}]
     readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
@@ -537,4 +542,53 @@ func requirePortForward(t *testing.T, kubeconfig, target string, port int) {
 		_ = resp.Body.Close()
 		assert.Equal(c, http.StatusOK, resp.StatusCode)
 	}, time.Minute, 500*time.Millisecond, "kubectl port-forward to %s answers (kubectl: %s)", target, &out)
+}
+
+// loadBalancerService exposes pod (label app=<pod>, port 8080) by a LoadBalancer Service and
+// waits until its address (status.loadBalancer.ingress, set by the local provider) and its
+// node port on the host's loopback answer from the host. It returns both host:port.
+func loadBalancerService(t *testing.T, kubeconfig, pod string) (lb, nodePort string) {
+	t.Helper()
+	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: default}
+spec:
+  type: LoadBalancer
+  selector: {app: %[1]s}
+  ports: [{port: 8081, targetPort: 8080}]
+`, pod))
+	var ip string
+	bin := kubectlPath(t)
+	require.Eventually(t, func() bool {
+		ip = kubectlQuiet(bin, kubeconfig, "get", "service", pod, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}")
+		return ip != ""
+	}, time.Minute, time.Second, "the LoadBalancer Service gets an address")
+	port := kubectl(t, kubeconfig, "get", "service", pod, "-o", "jsonpath={.spec.ports[0].nodePort}")
+	lb, nodePort = net.JoinHostPort(ip, "8081"), net.JoinHostPort("127.0.0.1", port)
+	requireAnswers(t, lb)
+	requireAnswers(t, nodePort)
+	return lb, nodePort
+}
+
+// requireAnswers waits (a minute at most) until an HTTP request to addr from the host gets 200.
+func requireAnswers(t *testing.T, addr string) {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		resp, err := client.Get("http://" + addr + "/")
+		if !assert.NoError(c, err) {
+			return
+		}
+		_ = resp.Body.Close()
+		assert.Equal(c, http.StatusOK, resp.StatusCode)
+	}, time.Minute, 500*time.Millisecond, "http://%s answers from the host", addr)
+}
+
+// kubectlQuiet runs kubectl and returns its output, or "" if it failed (for polling).
+func kubectlQuiet(bin, kubeconfig string, args ...string) string {
+	out, err := exec.Command(bin, append([]string{"--kubeconfig", kubeconfig}, args...)...).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }

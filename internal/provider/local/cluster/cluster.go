@@ -319,6 +319,7 @@ func (p *Provider) create(ctx context.Context) error {
 	if err := p.serveAPI(ctx); err != nil {
 		return err
 	}
+	go p.serveServiceLBs(ctx)
 	p.mu.Lock()
 	p.status.Ready = true
 	p.writeStatus()

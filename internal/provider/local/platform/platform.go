@@ -47,11 +47,17 @@ const (
 type Platform struct{}
 
 var (
-	_ provider.Platform    = Platform{}
-	_ provider.NodeImages  = Platform{}
-	_ provider.Daemon      = Platform{}
-	_ provider.ImageLoader = Platform{}
+	_ provider.Platform            = Platform{}
+	_ provider.NodeImages          = Platform{}
+	_ provider.Daemon              = Platform{}
+	_ provider.ImageLoader         = Platform{}
+	_ provider.ServiceLoadBalancer = Platform{}
 )
+
+// ServiceLBKubeconfig implements provider.ServiceLoadBalancer.
+func (p Platform) ServiceLBKubeconfig(workspace string) string {
+	return filepath.Join(p.Folder(workspace), cluster.ServiceLBKubeconfigFile)
+}
 
 // LoadedImagesDir implements provider.ImageLoader.
 func (p Platform) LoadedImagesDir(workspace string) string {
