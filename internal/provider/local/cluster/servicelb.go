@@ -37,10 +37,13 @@ func (p *Provider) serveServiceLBs(ctx context.Context) {
 	for {
 		if info, err := os.Stat(path); err == nil && !info.ModTime().Equal(modTime) {
 			modTime = info.ModTime()
+			// The old balancer goes first: the new one takes its ports (a port still held is
+			// taken at its next round).
+			stop()
+			stop = func() {}
 			if next, err := p.startServiceLBs(ctx, path, bridge); err != nil {
 				p.log.Warn("service load balancers", "kubeconfig", path, "err", err)
 			} else {
-				stop()
 				stop = next
 			}
 		}
