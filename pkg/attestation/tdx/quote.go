@@ -281,32 +281,38 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 	return q, nil
 }
 
-// verifyQuoteSignatures has go-tdx-guest verify the quote twice: first its signatures and
-// PCK chain to the pinned root alone, then with Intel's collateral (revocation, TCB info, QE
-// identity). The first failure of the first pass is reported whether collateral is at hand or
-// not, so an offline verifier tells a forged quote from a genuine one. Between the passes,
-// every document of CollateralURLs is looked up: one that cannot be had (not cached, carried
-// or fetchable, or stale) makes the status unknown, returned when opts.Revocation accepts it.
-// Collateral at hand that does not verify always rejects.
+// verifyQuoteSignatures has go-tdx-guest verify the quote with Intel's collateral
+// (revocation, TCB info, QE identity). Every document of collateralURLs is looked up first
+// (cached, carried or fetched). When one cannot be had (or the quote names none), the quote's
+// signatures, QE report and PCK chain to the pinned root are verified alone before anything
+// else is said, so an offline verifier tells a forged quote (bad signature) from a genuine one
+// whose collateral is missing: an unknown status, returned when opts.Revocation accepts it.
+// Collateral at hand that does not verify always rejects. With every document at hand, one
+// pass checks everything (the warm path costs what it did before the offline verdicts).
 func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*hardwarepb.Collateral, opts VerifyOptions, root *x509.Certificate, t time.Time) (unknown error, err error) {
 	roots := x509.NewCertPool()
 	roots.AddCert(root)
 	at := &verify.TimeSet{PckCertChain: t, TcbInfo: t, QeIdentity: t, PckCrl: t, RootCaCrl: t}
-	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, Now: at}); err != nil {
-		return nil, classifyVerifyError(err, nil)
-	}
 	session := opts.Collateral.Session(ctx, carried)
-	urls, err := collateralURLs(quote, root)
-	if err != nil {
-		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrUntrustedSigner)
-	}
+	urls, urlErr := collateralURLs(quote, root)
+	var missing error
 	for _, url := range urls {
 		if _, err := session.Get(url); err != nil {
-			if opts.Revocation != attestation.RevocationUnknownAccepted {
-				return nil, fmt.Errorf("TD quote: Intel's collateral: %w (the quote's signatures and PCK chain verified; revocation policy %s): %w", err, opts.Revocation, attestation.ErrRevocationUnknown)
-			}
-			return fmt.Errorf("collateral of Intel: %w", err), nil
+			missing = err
+			break
 		}
+	}
+	if urlErr != nil || missing != nil {
+		if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, Now: at}); err != nil {
+			return nil, classifyVerifyError(err, nil)
+		}
+		if urlErr != nil {
+			return nil, fmt.Errorf("TD quote: %v: %w", urlErr, attestation.ErrUntrustedSigner)
+		}
+		if opts.Revocation != attestation.RevocationUnknownAccepted {
+			return nil, fmt.Errorf("TD quote: Intel's collateral: %w (the quote's signatures and PCK chain verified; revocation policy %s): %w", missing, opts.Revocation, attestation.ErrRevocationUnknown)
+		}
+		return fmt.Errorf("collateral of Intel: %w", missing), nil
 	}
 	getter := &recordingGetter{g: collateral.TDXGetter{S: session}}
 	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, GetCollateral: true, CheckRevocations: true, Getter: getter, Now: at}); err != nil {
