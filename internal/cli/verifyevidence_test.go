@@ -137,3 +137,18 @@ func TestVerifyEvidence(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyEvidenceStdin: "-" reads the evidence from standard input, bounded.
+func TestVerifyEvidenceStdin(t *testing.T) {
+	f := newEvidenceFixture(t)
+	ev, err := os.ReadFile(f.answer)
+	require.NoError(t, err)
+	o := f.opts()
+	o.nonce = hex.EncodeToString(f.nonce)
+	var out bytes.Buffer
+	require.NoError(t, runVerifyEvidence(context.Background(), &out, bytes.NewReader(ev), "-", o))
+	assert.Contains(t, out.String(), `reference set "image-v1"`)
+
+	err = runVerifyEvidence(context.Background(), &out, bytes.NewReader(make([]byte, maxEvidenceFile+1)), "-", o)
+	assert.ErrorContains(t, err, "not evidence")
+}
