@@ -27,6 +27,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -97,14 +98,16 @@ type Config struct {
 
 // Credentials makes attested connections with one configuration, in either role.
 type Credentials struct {
-	cfg  Config
-	cert tls.Certificate
+	cfg Config
+	// cert makes the server role's certificate on first use: credentials only ever used as
+	// a client (the CLI, a joining node) never pay for a key pair and a signature.
+	cert func() (tls.Certificate, error)
 }
 
-// NewCredentials checks cfg and creates the TLS certificate used in the server role. The
-// certificate is ephemeral and self-signed: it is never trusted as such, authentication comes
-// from the evidence bound to each connection. Ed25519 because it is the cheapest signature to
-// make and check per handshake.
+// NewCredentials checks cfg. The TLS certificate of the server role is made when the
+// credentials first serve a connection: it is ephemeral and self-signed, never trusted as
+// such (authentication comes from the evidence bound to each connection). Ed25519 because it
+// is the cheapest signature to make and check per handshake.
 func NewCredentials(cfg Config) (*Credentials, error) {
 	if cfg.Issuer == nil && len(cfg.Validators) == 0 {
 		return nil, errors.New("atls: neither issuer nor validators: use plain TLS instead")
@@ -122,11 +125,7 @@ func NewCredentials(cfg Config) (*Credentials, error) {
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	cert, err := ephemeralCert()
-	if err != nil {
-		return nil, fmt.Errorf("atls: creating TLS certificate: %w", err)
-	}
-	return &Credentials{cfg: cfg, cert: cert}, nil
+	return &Credentials{cfg: cfg, cert: sync.OnceValues(ephemeralCert)}, nil
 }
 
 // Conn is an established attested connection.
@@ -179,9 +178,15 @@ func (c *Credentials) serverKeepingDeadline(ctx context.Context, raw net.Conn) (
 
 func (c *Credentials) serverTLSConfig() *tls.Config {
 	return &tls.Config{
-		MinVersion:             tls.VersionTLS13,
-		NextProtos:             []string{ALPN},
-		Certificates:           []tls.Certificate{c.cert},
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{ALPN},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			cert, err := c.cert()
+			if err != nil {
+				return nil, fmt.Errorf("atls: creating TLS certificate: %w", err)
+			}
+			return &cert, nil
+		},
 		SessionTicketsDisabled: true,
 	}
 }

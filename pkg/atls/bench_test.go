@@ -106,3 +106,15 @@ func BenchmarkHandshake(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNewCredentials: credentials a client makes per connection (the CLI, a joining
+// node) cost no key pair or certificate; the server role's certificate is made on first use.
+func BenchmarkNewCredentials(b *testing.B) {
+	validators := []attestation.Validator{bootNode(b, vtpmtest.Simulator(b)).validator(b)}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := atls.NewCredentials(atls.Config{Validators: validators}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
