@@ -41,24 +41,33 @@ func kubeconfigNames(cluster string) (context, user string) { return cluster, cl
 // mergeKubeconfig adds the admin kubeconfig adminConf of cluster to the user's kubeconfig
 // target and makes its context the current one. It returns the context's name.
 func mergeKubeconfig(adminConf, cluster, target string) (string, error) {
-	admin, err := clientcmd.LoadFromFile(adminConf)
+	adminCluster, adminUser, err := adminContext(adminConf)
 	if err != nil {
-		return "", fmt.Errorf("reading the admin kubeconfig: %w", err)
-	}
-	ctx, ok := admin.Contexts[admin.CurrentContext]
-	if !ok || admin.Clusters[ctx.Cluster] == nil || admin.AuthInfos[ctx.AuthInfo] == nil {
-		return "", fmt.Errorf("%s: its current context %q names no cluster and user", adminConf, admin.CurrentContext)
+		return "", err
 	}
 	path, existing, err := loadUserKubeconfig(target)
 	if err != nil {
 		return "", err
 	}
 	name, user := kubeconfigNames(cluster)
-	existing.Clusters[name] = admin.Clusters[ctx.Cluster]
-	existing.AuthInfos[user] = admin.AuthInfos[ctx.AuthInfo]
+	existing.Clusters[name] = adminCluster
+	existing.AuthInfos[user] = adminUser
 	existing.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: user}
 	existing.CurrentContext = name
 	return name, writeUserKubeconfig(path, existing)
+}
+
+// adminContext reads the cluster and user of the admin kubeconfig's current context.
+func adminContext(adminConf string) (*clientcmdapi.Cluster, *clientcmdapi.AuthInfo, error) {
+	admin, err := clientcmd.LoadFromFile(adminConf)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the admin kubeconfig: %w", err)
+	}
+	ctx, ok := admin.Contexts[admin.CurrentContext]
+	if !ok || admin.Clusters[ctx.Cluster] == nil || admin.AuthInfos[ctx.AuthInfo] == nil {
+		return nil, nil, fmt.Errorf("%s: its current context %q names no cluster and user", adminConf, admin.CurrentContext)
+	}
+	return admin.Clusters[ctx.Cluster], admin.AuthInfos[ctx.AuthInfo], nil
 }
 
 // unmergeKubeconfig removes cluster's entries from the user's kubeconfig target if its

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -54,16 +54,12 @@ func ensureServiceLBAccess(ctx context.Context, workspace string, st *state.Stat
 	if err != nil {
 		return fmt.Errorf("a token for the Service load balancers: %w", err)
 	}
-	admin, err := clientcmd.LoadFromFile(filepath.Join(workspace, AdminConfFile))
+	cluster, _, err := adminContext(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
-		return fmt.Errorf("reading the admin kubeconfig: %w", err)
-	}
-	ctxName := admin.Contexts[admin.CurrentContext]
-	if ctxName == nil || admin.Clusters[ctxName.Cluster] == nil {
-		return fmt.Errorf("the admin kubeconfig names no cluster")
+		return err
 	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["cluster"] = admin.Clusters[ctxName.Cluster]
+	cfg.Clusters["cluster"] = cluster
 	cfg.AuthInfos[serviceLBAccount] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
 	cfg.Contexts["service-lb"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: serviceLBAccount}
 	cfg.CurrentContext = "service-lb"
@@ -78,39 +74,31 @@ func ensureServiceLBAccess(ctx context.Context, workspace string, st *state.Stat
 	return fileutil.WriteAtomic(path, data, 0o600)
 }
 
-// applyServiceLBRBAC creates (or sets again) the ServiceAccount, the role that may read
-// Services and write their status, and its binding.
+// applyServiceLBRBAC applies (server-side, as internal/deploy applies the cluster's objects)
+// the ServiceAccount, the role that may read Services and write their status, and its
+// binding.
 func applyServiceLBRBAC(ctx context.Context, client kubernetes.Interface) error {
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: serviceLBAccount, Namespace: metav1.NamespaceSystem}}
-	if _, err := client.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	opts := metav1.ApplyOptions{FieldManager: serviceLBFieldManager, Force: true}
+	if _, err := client.CoreV1().ServiceAccounts(metav1.NamespaceSystem).Apply(ctx,
+		corev1ac.ServiceAccount(serviceLBAccount, metav1.NamespaceSystem), opts); err != nil {
 		return err
 	}
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: serviceLBRole},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"services/status"}, Verbs: []string{"update", "patch"}},
-		},
-	}
-	if err := createOrUpdate(ctx, role, client.RbacV1().ClusterRoles().Create, client.RbacV1().ClusterRoles().Update); err != nil {
+	role := rbacv1ac.ClusterRole(serviceLBRole).WithRules(
+		rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("services").WithVerbs("get", "list", "watch"),
+		rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("services/status").WithVerbs("update", "patch"),
+	)
+	if _, err := client.RbacV1().ClusterRoles().Apply(ctx, role, opts); err != nil {
 		return err
 	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: serviceLBRole},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: serviceLBRole},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: serviceLBAccount, Namespace: metav1.NamespaceSystem}},
-	}
-	return createOrUpdate(ctx, binding, client.RbacV1().ClusterRoleBindings().Create, client.RbacV1().ClusterRoleBindings().Update)
-}
-
-// createOrUpdate creates obj, or updates the existing one to it.
-func createOrUpdate[T any](ctx context.Context, obj T, create func(context.Context, T, metav1.CreateOptions) (T, error), update func(context.Context, T, metav1.UpdateOptions) (T, error)) error {
-	if _, err := create(ctx, obj, metav1.CreateOptions{}); err == nil || !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	_, err := update(ctx, obj, metav1.UpdateOptions{})
+	binding := rbacv1ac.ClusterRoleBinding(serviceLBRole).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("ClusterRole").WithName(serviceLBRole)).
+		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(serviceLBAccount).WithNamespace(metav1.NamespaceSystem))
+	_, err := client.RbacV1().ClusterRoleBindings().Apply(ctx, binding, opts)
 	return err
 }
+
+// serviceLBFieldManager owns the Service load balancers' objects.
+const serviceLBFieldManager = "constellation-cli"
 
 // warnServiceLB is ensureServiceLBAccess whose failure leaves the cluster as it is: Services
 // are then not reachable from the host until an apply succeeds at it.

@@ -7,14 +7,12 @@ import (
 	"net"
 	"time"
 
-	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm-tools/simulator"
 	"google.golang.org/grpc"
 
 	"github.com/openconstellation/constellation/pkg/api/verify/verifypb"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
-	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -92,20 +90,9 @@ func startNode() (*exampleNode, error) {
 
 func bootNode(tpm *vtpm.TPM) (*exampleNode, error) {
 	// Firmware and boot loader measure the image into PCRs 0..14 and log it.
-	log := eventlog.NewBuilder()
-	for _, pcr := range variant.QEMUVTPM.ImageRegisters() {
-		d := log.Add(pcr, tcg.Ipl, fmt.Appendf(nil, "image v1, component %d", pcr))
-		if err := tpm.ExtendPCR(int(pcr), d[:]); err != nil {
-			return nil, err
-		}
-	}
-	image := measurements.M{}
-	for _, pcr := range variant.QEMUVTPM.ImageRegisters() {
-		values, err := tpm.ReadPCRs(int(pcr))
-		if err != nil {
-			return nil, err
-		}
-		image[pcr] = measurements.Measurement{Expected: values[pcr]}
+	image, log, err := vtpmtest.BootImage(tpm, variant.QEMUVTPM, "image v1")
+	if err != nil {
+		return nil, err
 	}
 	// The platform certifies the node's AK; the node joins a cluster (PCR 15).
 	ca, err := vtpmtest.NewPlatformCA("example platform AK CA")
@@ -127,7 +114,7 @@ func bootNode(tpm *vtpm.TPM) (*exampleNode, error) {
 	if err := tpm.ExtendPCR(int(marker), digest[:]); err != nil {
 		return nil, err
 	}
-	iss, err := qemu.NewIssuer(tpm, cert, func() ([]byte, error) { return log.Bytes(), nil })
+	iss, err := qemu.NewIssuer(tpm, cert, func() ([]byte, error) { return log, nil })
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,18 +13,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm-tools/simulator"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
-	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
 // TestOwnBinding: evidence of a TPM, bound to report data of the relying party's own
@@ -38,20 +36,11 @@ func TestOwnBinding(t *testing.T) {
 	}
 	tpm := vtpm.New(sim, "simulator")
 	t.Cleanup(func() { _ = tpm.Close() })
-	log := eventlog.NewBuilder()
-	image := measurements.M{}
-	for _, pcr := range variant.QEMUVTPM.ImageRegisters() {
-		d := log.Add(pcr, tcg.Ipl, fmt.Appendf(nil, "component %d", pcr))
-		if err := tpm.ExtendPCR(int(pcr), d[:]); err != nil {
-			t.Fatal(err)
-		}
-		values, err := tpm.ReadPCRs(int(pcr))
-		if err != nil {
-			t.Fatal(err)
-		}
-		image[pcr] = measurements.Measurement{Expected: values[pcr]}
+	image, log, err := vtpmtest.BootImage(tpm, variant.QEMUVTPM, "v1")
+	if err != nil {
+		t.Fatal(err)
 	}
-	issuer, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log.Bytes(), nil })
+	issuer, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log, nil })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,16 +5,15 @@ import (
 	"crypto/sha256"
 	"fmt"
 
-	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm-tools/simulator"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
-	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
 // A relying party with a binding scheme of its own (here: a hash of its session key) checks
@@ -69,20 +68,11 @@ func tpmEvidence() (evidence []byte, image measurements.M, reportData []byte, er
 	}
 	tpm := vtpm.New(sim, "simulator")
 	defer tpm.Close()
-	log := eventlog.NewBuilder()
-	image = measurements.M{}
-	for _, pcr := range variant.QEMUVTPM.ImageRegisters() {
-		d := log.Add(pcr, tcg.Ipl, fmt.Appendf(nil, "component %d", pcr))
-		if err := tpm.ExtendPCR(int(pcr), d[:]); err != nil {
-			return nil, nil, nil, err
-		}
-		values, err := tpm.ReadPCRs(int(pcr))
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		image[pcr] = measurements.Measurement{Expected: values[pcr]}
+	image, log, err := vtpmtest.BootImage(tpm, variant.QEMUVTPM, "v1")
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	issuer, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log.Bytes(), nil })
+	issuer, err := qemu.NewIssuer(tpm, nil, func() ([]byte, error) { return log, nil })
 	if err != nil {
 		return nil, nil, nil, err
 	}

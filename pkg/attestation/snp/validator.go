@@ -212,10 +212,11 @@ func (v *Validator) CollateralURLs(report []byte, certs [][]byte) ([]string, err
 	}
 	var urls []string
 	if p.key == nil {
-		if p.signer == abi.VlekReportSigner || isZero(p.report.GetChipId()) {
-			return nil, untrusted("no %s certificate with the report, and it cannot be fetched", p.signerName())
+		url, err := vcekURL(p)
+		if err != nil {
+			return nil, err
 		}
-		urls = append(urls, kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb())))
+		urls = append(urls, url)
 	}
 	intermediate, name := signerIntermediate(roots, p.signer)
 	crl, err := crlURL(intermediate, name)
@@ -446,13 +447,10 @@ func (v *Validator) productRoots(product string) (ProductRoots, error) {
 // fetchVCEK fetches the VCEK of the report's chip and reported TCB from AMD's KDS (through
 // the collateral session); its product line must be the report's. A VLEK cannot be fetched.
 func fetchVCEK(ctx context.Context, getter collateral.SNPGetter, p *parsed) (*x509.Certificate, error) {
-	if p.signer == abi.VlekReportSigner {
-		return nil, untrusted("VLEK-signed report without its VLEK certificate (AMD does not publish VLEKs)")
+	url, err := vcekURL(p)
+	if err != nil {
+		return nil, err
 	}
-	if isZero(p.report.GetChipId()) {
-		return nil, untrusted("VCEK missing, and the report's CHIP_ID is masked: the VCEK cannot be fetched")
-	}
-	url := kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb()))
 	der, err := getter.GetContext(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("%w: SEV-SNP VCEK: %w", attestation.ErrUntrustedSigner, err)
@@ -469,6 +467,18 @@ func fetchVCEK(ctx context.Context, getter collateral.SNPGetter, p *parsed) (*x5
 		return nil, untrusted("product line: report says %s, VCEK certificate says %s", p.product, got)
 	}
 	return fetched[0], nil
+}
+
+// vcekURL is where AMD's KDS serves the VCEK of the report's chip and reported TCB; a VLEK,
+// or a VCEK of a masked CHIP_ID, cannot be fetched.
+func vcekURL(p *parsed) (string, error) {
+	if p.signer == abi.VlekReportSigner {
+		return "", untrusted("VLEK-signed report without its VLEK certificate (AMD does not publish VLEKs)")
+	}
+	if isZero(p.report.GetChipId()) {
+		return "", untrusted("VCEK missing, and the report's CHIP_ID is masked: the VCEK cannot be fetched")
+	}
+	return kds.VCEKCertURL(p.product, p.report.GetChipId(), kds.TCBVersion(p.report.GetReportedTcb())), nil
 }
 
 // signerIntermediate returns the intermediate that certifies the signer: the ASK for a

@@ -114,11 +114,7 @@ func signedEnd(q *pb.QuoteV4) int {
 // node's cache has or can fetch; a document that cannot be had is simply not attached (the
 // verifier fetches it, or decides by its revocation policy).
 func (i *Issuer) collateral(ctx context.Context, quote *pb.QuoteV4) []*hardwarepb.Collateral {
-	root := i.root
-	if root == nil {
-		root = intelRoot
-	}
-	urls, err := collateralURLs(quote, root)
+	urls, err := collateralURLs(quote, rootOrPinned(i.root))
 	if err != nil {
 		return nil
 	}

@@ -237,11 +237,7 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 		now = opts.Collateral.Now
 	}
 	t := now()
-	root := opts.root
-	if root == nil {
-		root = intelRoot
-	}
-	unknown, err := verifyQuoteSignatures(ctx, quote, carried, opts, root, t)
+	unknown, err := verifyQuoteSignatures(ctx, quote, carried, opts, rootOrPinned(opts.root), t)
 	if err != nil {
 		return nil, err
 	}
@@ -326,12 +322,15 @@ func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*ha
 // its PCK certificate, and the Intel SGX Root CA's CRL. An offline verifier fetches them
 // ahead (over HTTPS from Intel's PCS) and hands them to the collateral cache
 // (collateral.Cache.Put) or carries them with the evidence. The quote is parsed, not verified.
-func CollateralURLs(raw []byte) ([]string, error) {
+func CollateralURLs(raw []byte) ([]string, error) { return rawCollateralURLs(raw, nil) }
+
+// rawCollateralURLs is CollateralURLs for a quote chaining to root (nil: the pinned root).
+func rawCollateralURLs(raw []byte, root *x509.Certificate) ([]string, error) {
 	quote, err := ParseQuote(raw)
 	if err != nil {
 		return nil, err
 	}
-	urls, err := collateralURLs(quote, intelRoot)
+	urls, err := collateralURLs(quote, rootOrPinned(root))
 	if err != nil {
 		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrMalformed)
 	}

@@ -48,3 +48,11 @@ func parseRoot(pemBytes []byte, fingerprint string) (*x509.Certificate, error) {
 	}
 	return cert, nil
 }
+
+// rootOrPinned is root, which only this package's tests set, else the pinned Intel root.
+func rootOrPinned(root *x509.Certificate) *x509.Certificate {
+	if root == nil {
+		return intelRoot
+	}
+	return root
+}

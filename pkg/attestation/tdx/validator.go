@@ -146,30 +146,15 @@ func (v *Validator) validateLogged(ctx context.Context, evidence []byte, want [6
 // CollateralURLs implements attestation.CollateralLister: the Intel collateral verifying the
 // evidence's quote reads (tdx.CollateralURLs).
 func (v *Validator) CollateralURLs(evidence []byte) ([]string, error) {
-	if len(evidence) > v.cfg.MaxEvidenceSize {
-		return nil, fmt.Errorf("%d bytes, limit %d: %w", len(evidence), v.cfg.MaxEvidenceSize, attestation.ErrTooLarge)
-	}
-	var ev hardwarepb.TDX
-	if err := proto.Unmarshal(evidence, &ev); err != nil {
-		return nil, fmt.Errorf("decoding: %v: %w", err, attestation.ErrMalformed)
-	}
-	root := v.root
-	if root == nil {
-		root = intelRoot
-	}
-	quote, err := ParseQuote(ev.GetQuote())
+	ev, err := v.parse(evidence)
 	if err != nil {
 		return nil, err
 	}
-	urls, err := collateralURLs(quote, root)
-	if err != nil {
-		return nil, fmt.Errorf("TD quote: %v: %w", err, attestation.ErrMalformed)
-	}
-	return urls, nil
+	return rawCollateralURLs(ev.GetQuote(), v.root)
 }
 
-func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte) (*attestation.Verified, error) {
-	// 1. Parse.
+// parse decodes evidence (size-bounded) and checks it names this variant.
+func (v *Validator) parse(evidence []byte) (*hardwarepb.TDX, error) {
 	if len(evidence) > v.cfg.MaxEvidenceSize {
 		return nil, fmt.Errorf("%d bytes, limit %d: %w", len(evidence), v.cfg.MaxEvidenceSize, attestation.ErrTooLarge)
 	}
@@ -179,6 +164,15 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte
 	}
 	if ev.GetVariant() != Variant.String() {
 		return nil, fmt.Errorf("evidence names variant %s: %w", untrusted.Quote(ev.GetVariant()), attestation.ErrWrongVariant)
+	}
+	return &ev, nil
+}
+
+func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte) (*attestation.Verified, error) {
+	// 1. Parse.
+	ev, err := v.parse(evidence)
+	if err != nil {
+		return nil, err
 	}
 
 	// 2. Verify: the quote's signatures and collateral (VerifyQuote parses the quote itself),

@@ -43,10 +43,19 @@ func Image(component string) []Measurement {
 // them.
 func Boot(t testing.TB, tpm Extender, ms []Measurement) []byte {
 	t.Helper()
+	log, err := BootLog(tpm, ms)
+	require.NoError(t, err)
+	return log
+}
+
+// BootLog is Boot for code without a testing.TB (examples, other modules' tests).
+func BootLog(tpm Extender, ms []Measurement) ([]byte, error) {
 	b := eventlog.NewBuilder()
 	for _, m := range ms {
 		d := b.Add(m.PCR, m.Type, m.Data)
-		require.NoError(t, tpm.ExtendPCR(int(m.PCR), d[:]))
+		if err := tpm.ExtendPCR(int(m.PCR), d[:]); err != nil {
+			return nil, err
+		}
 	}
-	return b.Bytes()
+	return b.Bytes(), nil
 }

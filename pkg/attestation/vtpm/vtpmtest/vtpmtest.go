@@ -24,6 +24,10 @@ import (
 	"github.com/google/go-tpm/tpmutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 )
@@ -197,4 +201,20 @@ func LockOut(t testing.TB, tpm *vtpm.TPM, recovery time.Duration) {
 	da, err := tpm.DAState()
 	require.NoError(t, err)
 	require.True(t, da.LockedOut(), "two wrong passwords lock the TPM out: %+v", da)
+}
+
+// BootImage boots tpm as a node image does (eventlogtest.Image(component): measured into
+// the PCRs and logged) and returns the image's reference values (every image register of
+// variant v, as the TPM now holds them) and the event log. It needs no testing.TB, so
+// examples and other modules' tests use it.
+func BootImage(tpm *vtpm.TPM, v variant.Variant, component string) (measurements.M, []byte, error) {
+	log, err := eventlogtest.BootLog(tpm, eventlogtest.Image(component))
+	if err != nil {
+		return nil, nil, err
+	}
+	pcrs, err := tpm.ReadPCRs()
+	if err != nil {
+		return nil, nil, err
+	}
+	return measurementstest.FromRegisters(v, pcrs), log, nil
 }
