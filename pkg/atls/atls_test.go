@@ -3,10 +3,8 @@ package atls_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -174,10 +172,10 @@ func TestMutualSwtpm(t *testing.T) {
 		creds(t, atls.Config{Issuer: b.issuer, Validators: []attestation.Validator{a.validator(t)}}))
 	require.NoError(t, srv.err)
 	require.NoError(t, cli.err)
-	akA, akB := sha256.Sum256(a.issuer.AKPublic()), sha256.Sum256(b.issuer.AKPublic())
+	akA, akB := vtpmtest.AKID(t, a.issuer.AKPublic()), vtpmtest.AKID(t, b.issuer.AKPublic())
 	assert.NotEqual(t, akA, akB)
-	assert.Equal(t, hex.EncodeToString(akB[:]), srv.conn.Peer().SignerID)
-	assert.Equal(t, hex.EncodeToString(akA[:]), cli.conn.Peer().SignerID)
+	assert.Equal(t, akB, srv.conn.Peer().SignerID)
+	assert.Equal(t, akA, cli.conn.Peer().SignerID)
 }
 
 // issuerFunc lets a test play a malicious or broken peer.

@@ -274,7 +274,7 @@ type Verified struct {
 	// Warnings lists mismatches of warn-only registers in the matched set.
 	Warnings []string
 	// SignerID identifies the key that signed the evidence (for a TPM: SHA-256 of the AK's
-	// public area, hex), so logs can tell nodes apart.
+	// PKIX public key, hex; for TDX: of the PCK certificate), so logs can tell nodes apart.
 	SignerID string
 	// SignerCertified reports whether the signing key was checked against a configured root.
 	SignerCertified bool

@@ -126,8 +126,7 @@ func TestRoundTrip(t *testing.T) {
 			assert.True(t, got.SignerCertified)
 			assert.Equal(t, "worker-0", got.SignerName)
 			assert.Empty(t, got.Warnings)
-			akHash := sha256.Sum256(iss.AKPublic())
-			assert.Equal(t, hex.EncodeToString(akHash[:]), got.SignerID)
+			assert.Equal(t, vtpmtest.AKID(t, iss.AKPublic()), got.SignerID)
 		})
 	}
 }
@@ -231,6 +230,30 @@ func TestRejections(t *testing.T) {
 			}),
 			nonce: nonce, wantErr: attestation.ErrUntrustedSigner, wantMsg: "not a TPM-resident restricted signing key",
 		},
+		// The AK's own key restated in another public area: the quote's signature still
+		// verifies, so only the area's checks stand between these and a pass.
+		"AK area restating the scheme's hash": {
+			evidence: restateAK(t, ev, func(p *tpm2.Public) { p.RSAParameters.Sign.Hash = 0x00ec }),
+			nonce:    nonce, wantErr: attestation.ErrUntrustedSigner, wantMsg: "AK signing scheme",
+		},
+		"AK area restating the key size": {
+			evidence: restateAK(t, ev, func(p *tpm2.Public) { p.RSAParameters.KeyBits = 1792 }),
+			nonce:    nonce, wantErr: attestation.ErrUntrustedSigner, wantMsg: "states 1792 bits, its modulus has 2048",
+		},
+		"AK area with a symmetric scheme": {
+			evidence: restateAK(t, ev, func(p *tpm2.Public) {
+				p.RSAParameters.Symmetric = &tpm2.SymScheme{Alg: tpm2.AlgAES, KeyBits: 128, Mode: tpm2.AlgCFB}
+			}),
+			nonce: nonce, wantErr: attestation.ErrUntrustedSigner, wantMsg: "symmetric scheme",
+		},
+		"AK area with an unknown name algorithm": {
+			evidence: restateAK(t, ev, func(p *tpm2.Public) { p.NameAlg = 0x00ec }),
+			nonce:    nonce, wantErr: attestation.ErrUntrustedSigner, wantMsg: "name algorithm",
+		},
+		"AK area with trailing bytes": {
+			evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.AkPublic = append(e.AkPublic, 0) }),
+			nonce:    nonce, wantErr: attestation.ErrMalformed, wantMsg: "not in its canonical",
+		},
 		"other variant":  {evidence: otherVariant, nonce: nonce, wantErr: attestation.ErrWrongVariant, wantMsg: `got "aws-nitro-tpm", want "qemu-vtpm"`},
 		"oversized":      {evidence: append(bytes.Clone(ev), make([]byte, 8<<10)...), nonce: nonce, wantErr: attestation.ErrTooLarge},
 		"truncated":      {evidence: ev[:len(ev)/2], nonce: nonce, wantErr: attestation.ErrMalformed},
@@ -265,6 +288,42 @@ func mutate(t *testing.T, ev []byte, fn func(*vtpmpb.Evidence)) []byte {
 	e := decode(t, ev)
 	fn(e)
 	return encode(t, e)
+}
+
+// restateAK returns ev with its AK's public area changed by fn and encoded again.
+func restateAK(t *testing.T, ev []byte, fn func(*tpm2.Public)) []byte {
+	t.Helper()
+	return mutate(t, ev, func(e *vtpmpb.Evidence) {
+		pub, err := tpm2.DecodePublic(e.AkPublic)
+		require.NoError(t, err)
+		fn(&pub)
+		e.AkPublic, err = pub.Encode()
+		require.NoError(t, err)
+	})
+}
+
+// TestSignerIDNamesTheKey: an AK's public area may restate what the checks do not require
+// (an explicit default exponent, another policy), and such evidence passes, signed as it is
+// by the AK; the signer's ID is the key's, so restating cannot make one node look like two.
+func TestSignerIDNamesTheKey(t *testing.T) {
+	tpm := vtpmtest.Simulator(t)
+	ref, _, ev := bootAndIssue(t, tpm)
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "v1", Measurements: ref}}}, AcceptUnauthenticatedAK: true})
+	require.NoError(t, err)
+	want, err := val.Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
+	require.NoError(t, err)
+	for name, fn := range map[string]func(*tpm2.Public){
+		"explicit exponent": func(p *tpm2.Public) { p.RSAParameters.ExponentRaw = 65537 },
+		"auth policy":       func(p *tpm2.Public) { p.AuthPolicy = bytes.Repeat([]byte{1}, 32) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			restated := restateAK(t, ev, fn)
+			require.NotEqual(t, decode(t, ev).AkPublic, decode(t, restated).AkPublic)
+			got, err := val.Validate(context.Background(), restated, attestation.PurposeVerify, nonce)
+			require.NoError(t, err)
+			assert.Equal(t, want.SignerID, got.SignerID)
+		})
+	}
 }
 
 func mustRSAKey(t *testing.T) *rsa.PrivateKey {
@@ -465,14 +524,26 @@ func FuzzValidate(f *testing.F) {
 	f.Add(ev)
 	f.Add(ev[:len(ev)/2])
 	f.Add([]byte{})
+	akPub, err := tpm2.DecodePublic(iss.AKPublic())
+	require.NoError(f, err)
+	akKey, err := akPub.Key()
+	require.NoError(f, err)
+	akID := vtpmtest.AKID(f, iss.AKPublic())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := val.Validate(context.Background(), data, attestation.PurposeVerify, nonce)
 		if err == nil {
-			// Only a quote signed by our TPM's AK may pass: nothing else can sign for it.
+			// Only a quote signed by our TPM's AK may pass: nothing else can sign for it. Its
+			// public area may restate attributes the check does not require (which only an AK
+			// certificate makes trustworthy), but the key and so the signer's ID are the AK's.
 			require.NotNil(t, got)
 			e := &vtpmpb.Evidence{}
 			require.NoError(t, proto.Unmarshal(data, e))
-			require.Equal(t, iss.AKPublic(), e.AkPublic)
+			pub, err := tpm2.DecodePublic(e.AkPublic)
+			require.NoError(t, err)
+			key, err := pub.Key()
+			require.NoError(t, err)
+			require.Equal(t, akKey, key)
+			require.Equal(t, akID, got.SignerID)
 			return
 		}
 		require.Nil(t, got)

@@ -99,8 +99,7 @@ func TestTrustedLaunch(t *testing.T) {
 	assert.True(t, got.SignerCertified)
 	assert.Equal(t, "vm.TrustedVM.Azure.windows.net", got.SignerName)
 	assert.Equal(t, "v1", got.ReferenceSet)
-	akHash := sha256.Sum256(vm.akPub)
-	assert.Equal(t, hex.EncodeToString(akHash[:]), got.SignerID)
+	assert.Equal(t, vtpmtest.AKID(t, vm.akPub), got.SignerID)
 
 	ev := &vtpmpb.Evidence{}
 	require.NoError(t, proto.Unmarshal(genuine, ev))

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/go-tpm/legacy/tpm2"
-
 	"github.com/openconstellation/constellation/pkg/attestation"
 )
 
@@ -46,9 +44,9 @@ func AKCertTemplate(akPublic []byte, name string, role attestation.Role, now tim
 	if err != nil {
 		return nil, nil, err
 	}
-	pub, err := tpm2.DecodePublic(akPublic)
+	pub, err := DecodeAKPublic(akPublic)
 	if err != nil {
-		return nil, nil, fmt.Errorf("AK public area: %w", err)
+		return nil, nil, err
 	}
 	key, err := CheckAKAttributes(pub)
 	if err != nil {

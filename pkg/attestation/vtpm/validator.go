@@ -231,12 +231,15 @@ func (v *Validator) validate(ctx context.Context, evidence, nonce []byte) (*atte
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurementPolicy, err)
 	}
-	akHash := sha256.Sum256(p.ev.AkPublic)
+	signerID, err := AKID(key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMalformed, err)
+	}
 	out := &attestation.Verified{
 		Variant:         v.cfg.Variant,
 		Registers:       p.pcrs,
 		ReferenceSet:    match.Set,
-		SignerID:        hex.EncodeToString(akHash[:]),
+		SignerID:        signerID,
 		SignerCertified: signer != nil,
 		Hardware:        hw,
 	}
@@ -283,9 +286,9 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 		}
 		pcrs[uint32(idx)] = val
 	}
-	akPub, err := tpm2.DecodePublic(ev.AkPublic)
+	akPub, err := DecodeAKPublic(ev.AkPublic)
 	if err != nil {
-		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMalformed, err)
 	}
 	return &parsed{ev: ev, akPub: akPub, pcrs: pcrs}, nil
 }
@@ -313,12 +316,35 @@ func (v *Validator) CollateralURLs(evidence []byte) ([]string, error) {
 	return l.CollateralURLs(p.ev.Hardware)
 }
 
+// DecodeAKPublic decodes an AK's TPMT_PUBLIC area and insists on its one encoding: no
+// trailing bytes, nothing the TPM would encode differently. The area's bytes name the AK (its
+// TPM name, what hardware evidence binds), so two encodings of one area must not both pass.
+func DecodeAKPublic(raw []byte) (tpm2.Public, error) {
+	pub, err := tpm2.DecodePublic(raw)
+	if err != nil {
+		return tpm2.Public{}, fmt.Errorf("AK public area: %w", err)
+	}
+	enc, err := pub.Encode()
+	if err != nil {
+		return tpm2.Public{}, fmt.Errorf("AK public area: %w", err)
+	}
+	if !bytes.Equal(enc, raw) {
+		return tpm2.Public{}, fmt.Errorf("AK public area of %d bytes is not in its canonical %d-byte encoding", len(raw), len(enc))
+	}
+	return pub, nil
+}
+
 // CheckAKAttributes checks that pub describes an acceptable attestation key: a TPM-resident
 // restricted signing key (only such a key cannot sign a TPMS_ATTEST the TPM did not produce),
-// RSA of at least 2048 bits or ECC P-256/P-384. It returns the decoded public key.
+// RSA of at least 2048 bits or ECC P-256/P-384, with parameters a TPM could have made it with
+// (a known name and scheme hash, no symmetric or KDF scheme, the key size it states). It
+// returns the decoded public key.
 func CheckAKAttributes(pub tpm2.Public) (crypto.PublicKey, error) {
 	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
 		return nil, fmt.Errorf("AK is not a TPM-resident restricted signing key (attributes %#x)", uint32(pub.Attributes))
+	}
+	if !knownHash(pub.NameAlg) {
+		return nil, fmt.Errorf("AK name algorithm %#x", uint16(pub.NameAlg))
 	}
 	key, err := pub.Key()
 	if err != nil {
@@ -329,14 +355,58 @@ func CheckAKAttributes(pub tpm2.Public) (crypto.PublicKey, error) {
 		if k.N.BitLen() < 2048 {
 			return nil, fmt.Errorf("RSA AK of %d bits", k.N.BitLen())
 		}
+		p := pub.RSAParameters
+		if int(p.KeyBits) != k.N.BitLen() {
+			return nil, fmt.Errorf("RSA AK states %d bits, its modulus has %d", p.KeyBits, k.N.BitLen())
+		}
+		if err := checkAKSchemes(p.Symmetric, p.Sign, tpm2.AlgRSASSA, tpm2.AlgRSAPSS); err != nil {
+			return nil, err
+		}
 	case *ecdsa.PublicKey:
 		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
 			return nil, fmt.Errorf("ECC AK on curve %s", k.Curve.Params().Name)
+		}
+		p := pub.ECCParameters
+		if p.KDF != nil && !p.KDF.Alg.IsNull() {
+			return nil, fmt.Errorf("ECC AK with KDF scheme %#x", uint16(p.KDF.Alg))
+		}
+		if err := checkAKSchemes(p.Symmetric, p.Sign, tpm2.AlgECDSA); err != nil {
+			return nil, err
 		}
 	default:
 		return nil, fmt.Errorf("AK of type %T", k)
 	}
 	return key, nil
+}
+
+// checkAKSchemes checks a signing key's schemes: no symmetric scheme (a TPM refuses one for a
+// signing key) and either no signing scheme or one of sigAlgs over a known hash.
+func checkAKSchemes(sym *tpm2.SymScheme, sig *tpm2.SigScheme, sigAlgs ...tpm2.Algorithm) error {
+	if sym != nil && !sym.Alg.IsNull() {
+		return fmt.Errorf("AK with symmetric scheme %#x", uint16(sym.Alg))
+	}
+	if sig == nil || sig.Alg.IsNull() {
+		return nil
+	}
+	if !slices.Contains(sigAlgs, sig.Alg) || !knownHash(sig.Hash) {
+		return fmt.Errorf("AK signing scheme %#x with hash %#x", uint16(sig.Alg), uint16(sig.Hash))
+	}
+	return nil
+}
+
+func knownHash(alg tpm2.Algorithm) bool {
+	return alg == tpm2.AlgSHA256 || alg == tpm2.AlgSHA384 || alg == tpm2.AlgSHA512 || alg == tpm2.AlgSHA1
+}
+
+// AKID identifies an AK by its key (SHA-256 of its PKIX encoding, hex): unlike a hash of the
+// public area, an attacker cannot vary it by restating the key's attributes or parameters.
+func AKID(key crypto.PublicKey) (string, error) {
+	der, err := x509.MarshalPKIXPublicKey(key)
+	if err != nil {
+		return "", fmt.Errorf("AK public key: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // requiredAKAttributes make a key a TPM-resident restricted signing key: only such a key

@@ -218,3 +218,16 @@ func BootImage(tpm *vtpm.TPM, v variant.Variant, component string) (measurements
 	}
 	return measurementstest.FromRegisters(v, pcrs), log, nil
 }
+
+// AKID returns the signer ID a validator reports for the AK whose public area is akPublic
+// (vtpm.AKID of its key).
+func AKID(t testing.TB, akPublic []byte) string {
+	t.Helper()
+	pub, err := tpm2.DecodePublic(akPublic)
+	require.NoError(t, err)
+	key, err := pub.Key()
+	require.NoError(t, err)
+	id, err := vtpm.AKID(key)
+	require.NoError(t, err)
+	return id
+}
