@@ -53,6 +53,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/apilb"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/reaper"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
@@ -194,6 +195,8 @@ type Provider struct {
 	ctx    context.Context
 	stop   context.CancelFunc
 	status Status
+	// reapWarn warns once that orphans cannot be reaped.
+	reapWarn sync.Once
 
 	mu    sync.Mutex // guards spec, nodes and the status file
 	spec  Spec
@@ -245,7 +248,7 @@ func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
 			log.Error("teardown", "err", err)
 			retErr = errors.Join(retErr, err)
 		}
-		reapAll()
+		p.reapAll()
 	}()
 	if err := p.create(ctx); err != nil {
 		p.writeStatus()
@@ -266,7 +269,7 @@ func (p *Provider) create(ctx context.Context) error {
 	if err := p.cgroup.Child("provider").Add(os.Getpid()); err != nil {
 		return err
 	}
-	go reapOrphans(ctx)
+	go p.reapOrphans(ctx)
 	// A provider that died without tearing down leaves namespaces behind: start clean.
 	var names []string
 	for _, n := range p.spec.Nodes {
@@ -1030,26 +1033,21 @@ func lastLogLine(path string) string {
 	return untrusted.Text(last)
 }
 
-// reapOrphans collects exited orphans while the cluster runs. Only processes that have
-// exited are collected; a child started with os/exec whose status is taken here sees
-// ECHILD from Wait, which the provider treats as exited.
-func reapOrphans(ctx context.Context) {
+// reapOrphans collects exited orphans while the cluster runs: never a child the provider
+// started itself, whose exec.Cmd waits for it (reaper.Reap).
+func (p *Provider) reapOrphans(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(2 * time.Second):
 		}
-		reapAll()
+		p.reapAll()
 	}
 }
 
-func reapAll() {
-	for {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		if pid <= 0 || err != nil {
-			return
-		}
+func (p *Provider) reapAll() {
+	if _, err := reaper.Reap(); err != nil {
+		p.reapWarn.Do(func() { p.log.Warn("orphans of the nodes stay zombies until the provider exits", "err", err) })
 	}
 }
