@@ -124,8 +124,8 @@ func (o object) String() string {
 }
 
 // objects returns the manifests in the order they are applied: identities and permissions,
-// configuration, then the workloads that use them.
-func objects(p params) []object {
+// configuration, then the workloads that use them; then the default StorageClass's.
+func objects(p params) ([]object, error) {
 	ns := clusterrecord.Namespace
 	var objs []object
 	for _, sa := range []struct {
@@ -182,7 +182,11 @@ func objects(p params) []object {
 			return err
 		}})
 	}
-	return objs
+	storage, err := storageObjects(p)
+	if err != nil {
+		return nil, err
+	}
+	return append(objs, storage...), nil
 }
 
 // Render returns the manifests Apply applies, as one YAML stream, for review. The key
@@ -192,8 +196,12 @@ func Render(cfg Config) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	objs, err := objects(p)
+	if err != nil {
+		return nil, err
+	}
 	var out []byte
-	for _, o := range objects(p) {
+	for _, o := range objs {
 		y, err := yaml.Marshal(o.manifest)
 		if err != nil {
 			return nil, fmt.Errorf("rendering %s: %w", o, err)
@@ -229,8 +237,12 @@ func Apply(ctx context.Context, client kubernetes.Interface, cfg Config, progres
 	if created {
 		progress(fmt.Sprintf("created Secret %s/%s (key service TLS)", clusterrecord.Namespace, clusterrecord.KeyServiceTLSSecretName))
 	}
+	objs, err := objects(p)
+	if err != nil {
+		return err
+	}
 	opts := metav1.ApplyOptions{FieldManager: FieldManager, Force: true}
-	for _, o := range objects(p) {
+	for _, o := range objs {
 		if err := o.apply(ctx, client, opts); err != nil {
 			return fmt.Errorf("deploy: applying %s: %w", o, err)
 		}

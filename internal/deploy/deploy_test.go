@@ -174,7 +174,31 @@ func TestApply(t *testing.T) {
 		"applied DaemonSet kube-system/constellation-key-service",
 		"applied DaemonSet kube-system/constellation-join-service",
 		"applied DaemonSet kube-system/constellation-verification-service",
+		"applied Namespace local-path-storage",
+		"applied ServiceAccount local-path-storage/local-path-provisioner",
+		"applied Role local-path-storage/local-path-provisioner",
+		"applied RoleBinding local-path-storage/local-path-provisioner",
+		"applied ClusterRole local-path-provisioner",
+		"applied ClusterRoleBinding local-path-provisioner",
+		"applied ConfigMap local-path-storage/local-path-config",
+		"applied Deployment local-path-storage/local-path-provisioner",
+		"applied StorageClass local-path",
 	}, progress)
+
+	t.Run("default StorageClass", func(t *testing.T) {
+		classes, err := c.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
+		require.NoError(t, err)
+		var defaults []string
+		for _, sc := range classes.Items {
+			if sc.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" {
+				defaults = append(defaults, sc.Name+" by "+sc.Provisioner)
+			}
+		}
+		assert.Equal(t, []string{"local-path by rancher.io/local-path"}, defaults)
+		d, err := c.AppsV1().Deployments(deploy.StorageNamespace).Get(ctx, deploy.StorageProvisioner, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, cfg.Image, d.Spec.Template.Spec.Containers[0].Image)
+	})
 
 	t.Run("attestation ConfigMap", func(t *testing.T) {
 		cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
@@ -642,6 +666,11 @@ func TestRender(t *testing.T) {
 		"ValidatingAdmissionPolicy//constellation-removed-nodes", "ValidatingAdmissionPolicyBinding//constellation-removed-nodes",
 		"ConfigMap/kube-system/constellation-attestation", "ConfigMap/kube-system/constellation-join-refusals",
 		"DaemonSet/kube-system/constellation-key-service", "DaemonSet/kube-system/constellation-join-service", "DaemonSet/kube-system/constellation-verification-service",
+		"Namespace//local-path-storage", "ServiceAccount/local-path-storage/local-path-provisioner",
+		"Role/local-path-storage/local-path-provisioner", "RoleBinding/local-path-storage/local-path-provisioner",
+		"ClusterRole//local-path-provisioner", "ClusterRoleBinding//local-path-provisioner",
+		"ConfigMap/local-path-storage/local-path-config", "Deployment/local-path-storage/local-path-provisioner",
+		"StorageClass//local-path",
 	}, kinds)
 	assert.Contains(t, string(out), "image: "+image)
 	assert.Contains(t, string(out), "imagePullPolicy: Never")

@@ -181,8 +181,10 @@ func Services(binaries ...string) (Image, error) {
 	return contentTagged("services", ServicesRepo, Spec{Files: files})
 }
 
-// ServiceBinaries are the binaries of the services image, by name (cmd/<name>).
-var ServiceBinaries = []string{"joinservice", "keyservice", "verificationservice"}
+// ServiceBinaries are the binaries of the services image, by name: cmd/<name>, and
+// local-path-provisioner (tools/local-path-provisioner), the default StorageClass's
+// provisioner, whose helper pods run volumehelper.
+var ServiceBinaries = []string{"joinservice", "keyservice", "verificationservice", "volumehelper", "local-path-provisioner"}
 
 // ReleaseEnv is the variable of a release's services image that names the release.
 const ReleaseEnv = "CONSTELLATION_RELEASE"

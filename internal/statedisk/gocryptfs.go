@@ -36,6 +36,12 @@ import (
 // are untrusted: a changed uuid makes the released key wrong, so the unlock fails; a
 // removed marker makes the node treat the storage as a fresh node's, whose random key was
 // lost with the previous boot anyway.
+//
+// Access: the plaintext view is mounted -allow_other, so that the kernel checks every
+// access by the files' permissions (FUSE's default_permissions) instead of refusing every
+// user but the mounting one (root): a pod of another user reaches its volume there
+// (internal/volumes), as on any other file system, and root without capabilities only
+// what it owns.
 type Gocryptfs struct {
 	// Dir holds the cipher tree and the storage's metadata.
 	Dir string
@@ -256,7 +262,8 @@ func (g *Gocryptfs) Unlock(ctx context.Context, key []byte) error {
 		return fmt.Errorf("creating mount point: %w", err)
 	}
 	// -nosyslog: the daemon's messages go to our stderr capture, not a syslog nobody reads.
-	if _, err := g.run(ctx, password(key), "-q", "-nosyslog", g.cipherDir(), g.MountPoint); err != nil {
+	// -allow_other: see the type's doc.
+	if _, err := g.run(ctx, password(key), "-q", "-nosyslog", "-allow_other", g.cipherDir(), g.MountPoint); err != nil {
 		return fmt.Errorf("unlocking state storage: %w", err)
 	}
 	return nil

@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -106,6 +108,31 @@ func TestGocryptfsLifecycle(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, secretContent, string(data))
 		require.NoError(t, g.Lock(ctx))
+	})
+
+	// Mounted -allow_other: another user gets what the files' permissions give it (a pod's
+	// volume), and no more (the root-only etcd data).
+	t.Run("other users by the files' permissions", func(t *testing.T) {
+		require.NoError(t, g.Unlock(ctx, derived))
+		defer func() { require.NoError(t, g.Lock(ctx)) }()
+		// The test's temporary directories are 0700: open the way to the mount point.
+		for dir := g.MountPoint; strings.HasPrefix(dir, os.TempDir()+"/"); dir = filepath.Dir(dir) {
+			require.NoError(t, os.Chmod(dir, 0o755))
+		}
+		vol := filepath.Join(g.MountPoint, "volume")
+		require.NoError(t, os.Mkdir(vol, 0o777))
+		require.NoError(t, os.Chmod(vol, 0o777))
+		asNobody := func(script string) ([]byte, error) {
+			cmd := exec.Command("sh", "-c", script)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			return cmd.CombinedOutput()
+		}
+		out, err := asNobody("echo written > " + vol + "/file && cat " + vol + "/file")
+		require.NoError(t, err, "%s", out)
+		assert.Equal(t, "written\n", string(out))
+		out, err = asNobody("cat " + filepath.Join(g.MountPoint, "etcd", "member", "snap.db"))
+		assert.Error(t, err, "%s", out)
+		assert.Contains(t, string(out), "Permission denied")
 	})
 
 	t.Run("initialized storage is never replaced", func(t *testing.T) {

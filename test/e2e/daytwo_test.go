@@ -33,6 +33,7 @@ import (
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/testnet"
+	"github.com/openconstellation/constellation/internal/volumes"
 )
 
 // statusJSON is what the tests read of `constellation status -o json`.
@@ -215,11 +216,19 @@ func TestDayTwo(t *testing.T) {
 	t.Logf("image load:\n%s", out)
 	assert.Contains(t, string(out), "stored "+userImageRef)
 	assert.Contains(t, string(out), "OK    worker-0: 1 image(s) imported")
-	loadedPod(t, d.kubeconfig, "loaded-on-worker-0", "worker-0")
+	// It runs as a StatefulSet of a user that is not root, with a volume of the default
+	// StorageClass (in worker-0's encrypted state storage) that must keep its data across
+	// the reboot.
+	loadedStatefulSet(t, d.kubeconfig, "loaded-on-worker-0", "worker-0")
 	// kubectl port-forward with the admin kubeconfig reaches it from the host, and so do a
 	// LoadBalancer Service's address and its node port on the host's loopback.
-	requirePortForward(t, d.kubeconfig, "pod/loaded-on-worker-0", 8080)
+	requirePortForward(t, d.kubeconfig, "pod/loaded-on-worker-0-0", 8080)
 	lbAddr, nodePortAddr := loadBalancerService(t, d.kubeconfig, "loaded-on-worker-0")
+	const stored = "written before the reboot"
+	putData(t, lbAddr, stored)
+	pv := kubectl(t, d.kubeconfig, "get", "pvc", "data-loaded-on-worker-0-0", "-o", "jsonpath={.spec.volumeName}")
+	assert.Contains(t, kubectl(t, d.kubeconfig, "get", "pv", pv, "-o", "jsonpath={.spec.hostPath.path}"), volumes.Dir+"/",
+		"the volume is a directory of the node's state storage")
 
 	t.Run("reboot a worker", func(t *testing.T) {
 		d := d.on(t)
@@ -231,9 +240,10 @@ func TestDayTwo(t *testing.T) {
 		assert.Equal(t, 2, s.Nodes[i].Provider.Boots)
 		assert.Equal(t, "rejoined", s.Nodes[i].Provider.Reported)
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
-		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/loaded-on-worker-0", "--timeout=120s")
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/loaded-on-worker-0-0", "--timeout=120s")
 		requireAnswers(t, lbAddr)
 		requireAnswers(t, nodePortAddr)
+		assert.Equal(t, stored, getData(t, lbAddr), "the volume kept its data across the reboot")
 		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
 	})
 
@@ -520,6 +530,74 @@ spec:
     readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
 `, pod, node, userImageRef))
 	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=120s")
+}
+
+// loadedStatefulSet runs the loaded image on node as a StatefulSet of one replica (pod
+// <name>-0) as user 1000, with a volume "data" of the default StorageClass at /data where the
+// server keeps what is PUT to /data, and waits until it serves.
+func loadedStatefulSet(t *testing.T, kubeconfig, name, node string) {
+	t.Helper()
+	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: %[1]s, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: %[1]s}}
+  serviceName: %[1]s
+  template:
+    metadata: {labels: {app: %[1]s}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: %[2]s}
+      terminationGracePeriodSeconds: 1
+      securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
+      containers:
+      - name: hello
+        image: %[3]s
+        imagePullPolicy: Never
+        env: [{name: DATA_DIR, value: /data}]
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 10Mi}}
+`, name, node, userImageRef))
+	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/"+name+"-0", "--timeout=180s")
+}
+
+// putData stores data in the hello server at addr (PUT /data) and fails the test if it is not
+// stored.
+func putData(t *testing.T, addr, data string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPut, "http://"+addr+"/data", strings.NewReader(data))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "PUT /data: %s", body)
+}
+
+// getData returns what the hello server at addr has stored (GET /data), retrying for a minute
+// while it does not answer.
+func getData(t *testing.T, addr string) string {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var got string
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		resp, err := client.Get("http://" + addr + "/data")
+		if !assert.NoError(c, err) {
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		assert.NoError(c, err)
+		assert.Equal(c, http.StatusOK, resp.StatusCode, "GET /data: %s", body)
+		got = string(body)
+	}, time.Minute, time.Second, "GET http://%s/data", addr)
+	return got
 }
 
 // requirePortForward runs kubectl port-forward to target's port on a free loopback port of

@@ -3,6 +3,9 @@
 // Without arguments it is an HTTP server on :8080 (or $PORT) that answers every request with
 // its pod name ($POD_NAME, else the hostname), so a test can tell which replica answered.
 //
+// With $DATA_DIR set (a volume) it also serves /data: PUT stores the body in $DATA_DIR/data, GET
+// returns what was stored, so a test can tell that a volume kept its data.
+//
 // "hello get URL..." is the client: it fetches each URL, retrying for up to a minute (the
 // server, its Service or DNS may still be coming up), prints each answer, and exits non-zero
 // if any URL never answered 200. On SIGTERM the server keeps serving for 5 s (lame duck), so
@@ -18,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -48,6 +52,9 @@ func serve() {
 	http.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "hello from %s\n", name)
 	})
+	if dir := os.Getenv("DATA_DIR"); dir != "" {
+		http.HandleFunc("/data", func(w http.ResponseWriter, r *http.Request) { data(w, r, filepath.Join(dir, "data")) })
+	}
 	srv := &http.Server{Addr: ":" + port, ReadHeaderTimeout: 5 * time.Second}
 	// A pod that is deleted gets SIGTERM while every node's kube-proxy may still send it
 	// traffic for a second or so (until it has seen the endpoint go): it keeps serving for
@@ -66,6 +73,35 @@ func serve() {
 	log.Printf("hello: %s listening on :%s", name, port)
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
+	}
+}
+
+// data serves the stored data in file: PUT replaces it (1 MiB at most), GET returns it.
+func data(w http.ResponseWriter, r *http.Request, file string) {
+	switch r.Method {
+	case http.MethodPut:
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err == nil {
+			err = os.WriteFile(file, body, 0o644)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintf(w, "stored %d bytes\n", len(body))
+	case http.MethodGet:
+		body, err := os.ReadFile(file)
+		if errors.Is(err, os.ErrNotExist) {
+			http.Error(w, "nothing stored", http.StatusNotFound)
+			return
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write(body)
+	default:
+		http.Error(w, "GET or PUT", http.StatusMethodNotAllowed)
 	}
 }
 

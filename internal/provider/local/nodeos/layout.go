@@ -34,6 +34,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/openconstellation/constellation/internal/volumes"
 )
 
 // PersistentDir is a directory of the node that outlives a boot: a bind mount of the directory
@@ -55,6 +57,9 @@ var PersistentDirs = []PersistentDir{
 	{Path: kubeletRoot + "/pki", Mode: 0o700},
 	// etcd's data (control planes; etcd wants 0700).
 	{Path: "/var/lib/etcd", Mode: 0o700},
+	// The default StorageClass's volumes (internal/volumes): the provisioner's helper pods
+	// make one directory each below it, and pods bind-mount those.
+	{Path: volumes.Dir, Mode: 0o755},
 }
 
 // PersistentFiles are the files kubeadm writes into the kubelet's volatile root directory at
