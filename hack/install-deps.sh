@@ -9,10 +9,10 @@ cd "$(dirname "$0")/.."
 # debugging them, protoc for `make proto`, gcc + libssl-dev for the go-tpm-tools simulator (cgo),
 # cryptsetup (LUKS2) + e2fsprogs (mkfs.ext4) and gocryptfs + fuse3 for the node state storage;
 # containerd + runc, the CNI plugins (bridge, host-local, loopback) and util-linux's
-# nsenter/unshare for the local provider's sandbox nodes; nftables (nft) and netbase
-# (/etc/protocols) for the kube-proxy image.
+# nsenter/unshare for the local provider's sandbox nodes, slirp4netns for their NAT (the
+# uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT.
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
-  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase)
+  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

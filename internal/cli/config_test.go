@@ -53,7 +53,7 @@ func TestConfigGenerateLocal(t *testing.T) {
 	assert.Equal(t, image, c.Provider.Block().ImagePath(ws))
 	assert.Equal(t, config.DefaultKubernetesVersion, c.KubernetesVersion)
 	assert.Contains(t, out, "Kubernetes "+config.DefaultKubernetesVersion)
-	assert.Equal(t, config.NetworkConfig{PodCIDR: config.DefaultPodCIDR, ServiceCIDR: config.DefaultServiceCIDR}, c.Network)
+	assert.Equal(t, config.NetworkConfig{PodCIDR: config.DefaultPodCIDR, ServiceCIDR: config.DefaultServiceCIDR, Outbound: config.OutboundNAT}, c.Network)
 
 	// The reference values are exactly what a node booting this image shows.
 	components, err := local.ImageComponents(image)

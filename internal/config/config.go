@@ -244,7 +244,26 @@ type NetworkConfig struct {
 	// ServiceCIDR is the network of Kubernetes service addresses, a /12 to /28. Default
 	// 10.96.0.0/12.
 	ServiceCIDR string `json:"serviceCIDR"`
+	// Outbound is how nodes and pods reach networks outside the cluster (registries, the
+	// internet): "nat" (the default: through the provider's NAT, where the host can reach) or
+	// "none" (nowhere). Fixed when the cluster is created.
+	Outbound string `json:"outbound"`
+	// HostLoopback lets nodes and pods reach services on the host's loopback (127.0.0.1:PORT)
+	// at HostLoopbackAddr (the local provider: 10.0.2.2:PORT), for a registry or a database
+	// you run on your machine. Default false: like a rootless container's, the cluster's
+	// workloads do not reach what listens only on your loopback. Needs outbound nat.
+	HostLoopback bool `json:"hostLoopback,omitempty"`
 }
+
+// Values of network.outbound.
+const (
+	OutboundNAT  = "nat"
+	OutboundNone = "none"
+)
+
+// NAT reports whether the nodes reach outside networks through NAT (network.outbound nat, the
+// default).
+func (n NetworkConfig) NAT() bool { return n.Outbound != OutboundNone }
 
 // Default returns a configuration with every default set and no provider or attestation
 // variant: the base that `constellation config generate` completes.
@@ -255,7 +274,7 @@ func Default() *Config {
 }
 
 // SetDefaults fills the empty fields that have defaults: kubernetesVersion,
-// network.podCIDR and network.serviceCIDR.
+// network.podCIDR, network.serviceCIDR and network.outbound.
 func (c *Config) SetDefaults() {
 	if c.KubernetesVersion == "" {
 		c.KubernetesVersion = DefaultKubernetesVersion
@@ -265,6 +284,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Network.ServiceCIDR == "" {
 		c.Network.ServiceCIDR = DefaultServiceCIDR
+	}
+	if c.Network.Outbound == "" {
+		c.Network.Outbound = OutboundNAT
 	}
 }
 
@@ -415,6 +437,15 @@ func (c *Config) Validate() error {
 	}
 	if pod.IsValid() && svc.IsValid() && pod.Overlaps(svc) {
 		v.bad("network", "podCIDR %s and serviceCIDR %s overlap", pod, svc)
+	}
+	switch c.Network.Outbound {
+	case OutboundNAT, "": // "": the default, in a configuration built in Go
+	case OutboundNone:
+		if c.Network.HostLoopback {
+			v.bad("network.hostLoopback", "needs network.outbound %s (it is %s)", OutboundNAT, OutboundNone)
+		}
+	default:
+		v.bad("network.outbound", "%q: want %s or %s", c.Network.Outbound, OutboundNAT, OutboundNone)
 	}
 	if rules != nil {
 		for _, fe := range rules.CheckNetworks(pod, svc, c.Provider.nodes()) {

@@ -80,7 +80,7 @@ func validConfig() *Config {
 		Attestation: AttestationFor(variant.QEMUVTPM, VariantConfig{Measurements: measurements.ReferenceSets{{
 			Name: "local-1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: digest(0xab), 12: digest(0x11)}),
 		}}}),
-		Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"},
+		Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12", Outbound: OutboundNAT},
 	}
 }
 
@@ -109,12 +109,12 @@ func TestParseDefaults(t *testing.T) {
 		"attestation: {qemuVTPM: {measurements: [{name: a, measurements: " + fullSetYAML(map[uint32]string{11: hexOf(1)}) + "}]}}\n"))
 	require.NoError(t, err)
 	assert.Equal(t, DefaultKubernetesVersion, c.KubernetesVersion)
-	assert.Equal(t, NetworkConfig{PodCIDR: DefaultPodCIDR, ServiceCIDR: DefaultServiceCIDR}, c.Network)
+	assert.Equal(t, NetworkConfig{PodCIDR: DefaultPodCIDR, ServiceCIDR: DefaultServiceCIDR, Outbound: OutboundNAT}, c.Network)
 	assert.Equal(t, 0, c.Provider.Block().Workers)
 	require.NoError(t, c.Validate())
 
 	d := Default()
-	assert.Equal(t, &Config{Version: "v1", KubernetesVersion: "v1.34.4", Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12"}}, d)
+	assert.Equal(t, &Config{Version: "v1", KubernetesVersion: "v1.34.4", Network: NetworkConfig{PodCIDR: "10.244.0.0/16", ServiceCIDR: "10.96.0.0/12", Outbound: OutboundNAT}}, d)
 }
 
 // TestParseRejects: each malformed input names the field at fault.
@@ -220,9 +220,19 @@ func TestValidate(t *testing.T) {
 		// want maps each field path to a fragment of its message; exactly these are reported.
 		want map[string]string
 	}{
-		"valid":                 {edit: func(*Config) {}},
-		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + caPEM }},
-		"valid without workers": {edit: func(c *Config) { c.Provider.Block().Workers = 0 }},
+		"valid":                          {edit: func(*Config) {}},
+		"valid with AK roots":            {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + caPEM }},
+		"valid without workers":          {edit: func(c *Config) { c.Provider.Block().Workers = 0 }},
+		"valid without NAT":              {edit: func(c *Config) { c.Network.Outbound = OutboundNone }},
+		"valid with the host's loopback": {edit: func(c *Config) { c.Network.HostLoopback = true }},
+		"unknown outbound": {
+			edit: func(c *Config) { c.Network.Outbound = "proxy" },
+			want: map[string]string{"network.outbound": `"proxy": want nat or none`},
+		},
+		"host loopback without NAT": {
+			edit: func(c *Config) { c.Network.Outbound, c.Network.HostLoopback = OutboundNone, true },
+			want: map[string]string{"network.hostLoopback": "needs network.outbound nat"},
+		},
 		// Valid as a file: the local provider adds its AK CA at apply, which then refuses
 		// the opt-in beside roots (choose.NewValidator).
 		"valid with the opt-in to unauthenticated AKs": {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AcceptUnauthenticatedAK = true }},
@@ -302,7 +312,7 @@ func TestValidate(t *testing.T) {
 			want: map[string]string{"provider.local.workers": "must be at least 0, got -1"},
 		},
 		"too many nodes": {
-			edit: func(c *Config) { c.Provider.Block().Workers = 243; c.Network.PodCIDR = "10.0.0.0/12" },
+			edit: func(c *Config) { c.Provider.Block().Workers = 243; c.Network.PodCIDR = "10.128.0.0/12" },
 			want: map[string]string{"provider.local": "246 nodes, more than the 245 addresses"},
 		},
 		"image missing": {edit: func(c *Config) { c.Provider.Block().Image = "" }, want: map[string]string{"provider.local.image": "missing"}},
@@ -406,6 +416,10 @@ func TestValidate(t *testing.T) {
 		"pod CIDR overlaps node network": {
 			edit: func(c *Config) { c.Network.PodCIDR = "10.42.0.0/16" },
 			want: map[string]string{"network.podCIDR": "overlaps the local provider's node network 10.42.0.0/24"},
+		},
+		"service CIDR overlaps the uplink network": {
+			edit: func(c *Config) { c.Network.ServiceCIDR = "10.0.0.0/12" },
+			want: map[string]string{"network.serviceCIDR": "overlaps the local provider's uplink network 10.0.2.0/24"},
 		},
 		"service CIDR too large": {
 			edit: func(c *Config) { c.Network.ServiceCIDR = "10.96.0.0/11" },

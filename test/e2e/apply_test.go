@@ -1,6 +1,10 @@
 package e2e
 
 import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,12 +16,15 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
 // TestCreateApplyTerminate walks the CLI's step-by-step flow on one control plane: generate
 // the configuration (default node image), create the nodes, apply (init), apply again
-// (as configured: nothing to do), verify, terminate.
+// (as configured: nothing to do), verify, terminate. The configuration lets the cluster reach
+// the host's loopback (network.hostLoopback): a pod fetches from a server there through the
+// NAT.
 func TestCreateApplyTerminate(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
@@ -40,6 +47,9 @@ func TestCreateApplyTerminate(t *testing.T) {
 	conf, err := config.Load(filepath.Join(ws, config.FileName))
 	require.NoError(t, err)
 	assert.Equal(t, "node-image", conf.Provider.Block().Image, "the image lives in the workspace")
+	assert.Equal(t, config.OutboundNAT, conf.Network.Outbound, "NAT is the default")
+	conf.Network.HostLoopback = true
+	require.NoError(t, config.Write(filepath.Join(ws, config.FileName), conf, true))
 
 	out, err = cli("apply", "--help")
 	require.NoError(t, err, out)
@@ -75,6 +85,28 @@ func TestCreateApplyTerminate(t *testing.T) {
 	out, err = cli("apply", "--images", images)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "as configured: nothing to apply")
+
+	// A pod reaches a server on the host's loopback at the uplink's gateway: through the
+	// node, the bridge namespace's NAT and slirp4netns.
+	host := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "the host answers") }))
+	t.Cleanup(host.Close)
+	_, port, err := net.SplitHostPort(host.Listener.Addr().String())
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
+	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: reach-host, namespace: default}
+spec:
+  restartPolicy: Never
+  tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: get
+    image: %s
+    imagePullPolicy: Never
+    command: [/hello, get, "http://%s/"]
+`, helloRef(t, images), net.JoinHostPort(sandbox.UplinkGateway.String(), port)))
+	kubectl(t, kubeconfig, "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/reach-host", "--timeout=120s")
+	assert.Contains(t, kubectl(t, kubeconfig, "logs", "reach-host"), "the host answers")
 
 	out, err = cli("verify")
 	require.NoError(t, err, out)

@@ -37,7 +37,7 @@ func (ConfigRules) CheckNodes(controlPlanes, workers int) error {
 }
 
 // CheckNetworks implements config.ProviderRules: the pod and service networks stay off the
-// node network, and the pod network holds a /24 for each of the nodes.
+// node network and the uplink's, and the pod network holds a /24 for each of the nodes.
 func (ConfigRules) CheckNetworks(pod, svc netip.Prefix, nodes int) []*strictyaml.FieldError {
 	var problems []*strictyaml.FieldError
 	bad := func(path, format string, args ...any) {
@@ -49,6 +49,9 @@ func (ConfigRules) CheckNetworks(pod, svc netip.Prefix, nodes int) []*strictyaml
 	}{{"network.podCIDR", pod}, {"network.serviceCIDR", svc}} {
 		if n.p.IsValid() && n.p.Overlaps(sandbox.NodePrefix) {
 			bad(n.field, "%s overlaps the local provider's node network %s", n.p, sandbox.NodePrefix)
+		}
+		if n.p.IsValid() && n.p.Overlaps(sandbox.UplinkPrefix) {
+			bad(n.field, "%s overlaps the local provider's uplink network %s (NAT)", n.p, sandbox.UplinkPrefix)
 		}
 	}
 	if pod.IsValid() && nodes > 0 {

@@ -97,6 +97,17 @@ type Spec struct {
 	APIServerPort int `json:"apiServerPort,omitempty"`
 	// NextIndex is the next free node index: indexes (and names) are never reused.
 	NextIndex int `json:"nextIndex"`
+	// NAT, when set, gives the nodes their way out (network.outbound nat): the bridge
+	// namespace's uplink (sandbox.Uplink), which forwards and masquerades. Nil: the nodes
+	// reach nothing outside the cluster (network.outbound none, or a spec written before NAT).
+	NAT *NATSpec `json:"nat,omitempty"`
+}
+
+// NATSpec configures a cluster's NAT.
+type NATSpec struct {
+	// HostLoopback lets the nodes reach the host's 127.0.0.1 at sandbox.UplinkGateway
+	// (network.hostLoopback).
+	HostLoopback bool `json:"hostLoopback,omitempty"`
 }
 
 // SpecFile is the spec's path below Spec.Dir.
@@ -198,9 +209,10 @@ type Provider struct {
 	// reapWarn warns once that orphans cannot be reaped.
 	reapWarn sync.Once
 
-	mu    sync.Mutex // guards spec, nodes and the status file
-	spec  Spec
-	nodes map[string]*node
+	mu     sync.Mutex // guards spec, nodes, uplink and the status file
+	spec   Spec
+	nodes  map[string]*node
+	uplink *sandbox.Uplink // nil without NAT
 }
 
 // node is one node's machine.
@@ -281,6 +293,16 @@ func (p *Provider) create(ctx context.Context) error {
 	if err := p.net.CreateBridge(ctx); err != nil {
 		return err
 	}
+	if p.spec.NAT != nil {
+		u, err := p.net.StartUplink(ctx, p.spec.NAT.HostLoopback)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		p.uplink = u
+		p.mu.Unlock()
+		go p.keepUplink(ctx, u)
+	}
 	ca, err := loadCA(p.spec.AKCACert, p.spec.AKCAKey)
 	if err != nil {
 		return err
@@ -329,6 +351,39 @@ func (p *Provider) create(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("cluster running", "nodes", len(p.spec.Nodes), "apiServer", p.status.APIServer)
 	return nil
+}
+
+// keepUplink starts the uplink again whenever it exits while the cluster runs (slirp4netns
+// ending is the host's network cable pulled: the nodes lose their way out until it is back),
+// with a back-off of 1 s doubling to 30 s, until ctx ends.
+func (p *Provider) keepUplink(ctx context.Context, u *sandbox.Uplink) {
+	backoff := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-u.Done():
+		}
+		p.log.Warn("uplink exited; starting it again", "err", u.Err(), "in", backoff)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			next, err := p.net.StartUplink(ctx, p.spec.NAT.HostLoopback)
+			if err == nil {
+				p.mu.Lock()
+				p.uplink = next
+				p.mu.Unlock()
+				u, backoff = next, time.Second
+				p.log.Info("uplink running again", "pid", next.PID())
+				break
+			}
+			backoff = min(2*backoff, 30*time.Second)
+			p.log.Warn("uplink did not start", "err", err, "retry in", backoff)
+		}
+	}
 }
 
 // publish gives the metadata service the current node list and join endpoints, and writes
@@ -959,6 +1014,13 @@ func (p *Provider) teardown(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+	}
+	p.mu.Lock()
+	uplink := p.uplink
+	p.uplink = nil
+	p.mu.Unlock()
+	if uplink != nil {
+		uplink.Stop()
 	}
 	if err := p.net.Delete(ctx, names); err != nil {
 		errs = append(errs, err)

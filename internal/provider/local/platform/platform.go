@@ -150,6 +150,9 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 		return nil, err
 	}
 	spec := cluster.Spec{Dir: dir, ImagesDir: imagesDir}
+	if req.Config.Network.NAT() {
+		spec.NAT = &cluster.NATSpec{HostLoopback: req.Config.Network.HostLoopback}
+	}
 	if spec.AKCACert, spec.AKCAKey, err = writeAKCA(dir); err != nil {
 		return nil, err
 	}

@@ -76,8 +76,9 @@ func (n Network) CreateBridge(ctx context.Context) error {
 }
 
 // AddNode creates node i's namespace, wires it to the bridge with a veth (eth0 inside), gives
-// it its address, a default route to the bridge, routes to the pod ranges of the other nodes
-// (peers: their indexes), and turns on forwarding so its pods are reachable.
+// it its address, a default route to the bridge (and the bridge namespace a route to its pod
+// range), routes to the pod ranges of the other nodes (peers: their indexes), and turns on
+// forwarding so its pods are reachable.
 func (n Network) AddNode(ctx context.Context, name string, i int, peers []int) error {
 	if i < 0 || i >= MaxNodes {
 		return fmt.Errorf("node index %d out of range 0..%d", i, MaxNodes-1)
@@ -93,6 +94,9 @@ func (n Network) AddNode(ctx context.Context, name string, i int, peers []int) e
 		{"ip", "-n", ns, "addr", "add", netip.PrefixFrom(NodeAddr(i), NodePrefix.Bits()).String(), "dev", "eth0"},
 		{"ip", "-n", ns, "link", "set", "eth0", "up"},
 		{"ip", "-n", ns, "route", "add", "default", "via", BridgeAddr.String()},
+		// The bridge namespace routes the node's pod range to it: the answers to what its pods
+		// send out through the uplink (StartUplink) come back that way.
+		{"ip", "-n", br, "route", "replace", NodePodCIDR(i).String(), "via", NodeAddr(i).String()},
 	}
 	for _, j := range peers {
 		if j != i {
@@ -130,6 +134,10 @@ func (n Network) DeleteNode(ctx context.Context, node string, i int) error {
 	if out, err := exec.CommandContext(ctx, "ip", "-n", n.BridgeNS(), "link", "del", fmt.Sprintf("v%d", i)).CombinedOutput(); err != nil &&
 		!strings.Contains(string(out), "Cannot find device") && !strings.Contains(string(out), "No such file") {
 		return fmt.Errorf("deleting the veth of %s: %w: %s", node, err, strings.TrimSpace(string(out)))
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "-n", n.BridgeNS(), "route", "del", NodePodCIDR(i).String()).CombinedOutput(); err != nil &&
+		!strings.Contains(string(out), "No such process") && !strings.Contains(string(out), "No such file") {
+		return fmt.Errorf("deleting the route to the pods of %s: %w: %s", node, err, strings.TrimSpace(string(out)))
 	}
 	name := n.NodeNS(node)
 	if _, err := os.Stat(NSPath(name)); errors.Is(err, os.ErrNotExist) {
