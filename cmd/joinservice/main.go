@@ -51,6 +51,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/metadata/platforms"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -121,6 +122,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		APIServerEndpoint:       f.apiServerEndpoint,
 		KubernetesVersion:       cluster.KubernetesVersion,
 		KubernetesComponents:    components(cluster),
+		RegistryMirrors:         registryMirrors(f.configDir),
 		RateLimit:               rate.Limit(f.rateLimit),
 		RateBurst:               f.rateBurst,
 		MaxHandshakesPerPeer:    f.perPeer,
@@ -332,6 +334,27 @@ func readConfig(dir string) (clusterrecord.Cluster, choose.Reference, error) {
 		return clusterrecord.Cluster{}, choose.Reference{}, fmt.Errorf("attestation configuration in %s: %w", dir, err)
 	}
 	return cluster, ref, nil
+}
+
+// registryMirrors reads the cluster's registry mirrors from the mounted ConfigMap
+// constellation-registries at each call (the kubelet updates the file when the ConfigMap
+// changes). A missing file is none: a cluster recorded before registry mirrors.
+func registryMirrors(dir string) func() (registries.Mirrors, error) {
+	return func() (registries.Mirrors, error) {
+		p := filepath.Join(dir, clusterrecord.RegistryMirrorsKey)
+		data, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		m, err := registries.Parse(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		return m, nil
+	}
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

@@ -130,8 +130,12 @@ func initRequest(ctx context.Context, workspace string, conf *config.Config, st 
 	if _, err := rand.Read(salt); err != nil {
 		return preparedInit{}, err
 	}
+	mirrors, err := conf.RegistryMirrors.Encode()
+	if err != nil {
+		return preparedInit{}, fmt.Errorf("registryMirrors: %w", err)
+	}
 	req := &initpb.InitRequest{
-		MasterSecret: master.Key, MasterSalt: master.Salt, MeasurementSalt: salt,
+		MasterSecret: master.Key, MasterSalt: master.Salt, MeasurementSalt: salt, RegistryMirrors: mirrors,
 		InitSecret: initSecret, ClusterName: conf.Name, KubernetesVersion: conf.KubernetesVersion,
 		ApiServerCertSans: []string{"127.0.0.1", "localhost"},
 		ServiceCidr:       conf.Network.ServiceCIDR, PodCidr: conf.Network.PodCIDR,

@@ -211,6 +211,10 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err := r.syncWithPlatform(ctx); err != nil {
 		return err
 	}
+	mirrorsChanged, err := syncRegistryMirrors(ctx, out, client, conf)
+	if err != nil {
+		return err
+	}
 	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
 	stale, err := u.check(ctx)
 	if err != nil {
@@ -230,7 +234,7 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err := u.run(ctx); err != nil {
 		return err
 	}
-	if plan.empty() && !u.changed {
+	if plan.empty() && !u.changed && !mirrorsChanged {
 		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
 	}
 	return recordDisks(ctx, out, workspace, st, client)

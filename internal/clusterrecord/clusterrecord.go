@@ -56,6 +56,14 @@ const (
 	HardwareKey              = "hardware.json"
 )
 
+// The cluster's registry mirrors (internal/registries), which the join service puts into its
+// tickets: written at init from the init request, and by `apply` when the configuration
+// changes.
+const (
+	RegistriesConfigMapName = "constellation-registries"
+	RegistryMirrorsKey      = "registry-mirrors.json"
+)
+
 // The key service's mutual TLS: a CA made for it alone (its private key is discarded once the
 // two leaves are signed), the key service's server pair and the join service's client pair.
 const (

@@ -28,6 +28,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/kubeversion"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -82,6 +83,12 @@ type Config struct {
 	Attestation AttestationConfig `json:"attestation"`
 	// Network holds the cluster's networks. Defaults: see NetworkConfig.
 	Network NetworkConfig `json:"network"`
+	// RegistryMirrors maps a registry host ("docker.io", "registry.example.com:5000") to the
+	// endpoints the nodes pull its images from first, in order ("https://mirror.example.com");
+	// a plain-HTTP registry is its own mirror with an http:// endpoint. Optional. Nodes get it
+	// from the cluster on attested paths only (internal/registries); `apply` records changes,
+	// and each node takes them at its next boot.
+	RegistryMirrors registries.Mirrors `json:"registryMirrors,omitempty"`
 	// Release says which releases the CLI trusts (docs/releases.md). Optional: needed to
 	// boot a release (an image that is a release directory) and by `upgrade check`.
 	Release ReleaseConfig `json:"release,omitzero"`
@@ -437,6 +444,9 @@ func (c *Config) Validate() error {
 	}
 	if pod.IsValid() && svc.IsValid() && pod.Overlaps(svc) {
 		v.bad("network", "podCIDR %s and serviceCIDR %s overlap", pod, svc)
+	}
+	if err := c.RegistryMirrors.Validate(); err != nil {
+		v.add("registryMirrors", err)
 	}
 	switch c.Network.Outbound {
 	case OutboundNAT, "": // "": the default, in a configuration built in Go

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -102,6 +103,21 @@ func TestParseValid(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, validConfig(), c)
 	require.NoError(t, c.Validate())
+}
+
+func TestParseRegistryMirrors(t *testing.T) {
+	c, err := Parse([]byte(validYAML + "registryMirrors:\n  docker.io: [https://b.example.com, https://a.example.com]\n  \"10.0.2.2:5000\": [http://10.0.2.2:5000]\n"))
+	require.NoError(t, err)
+	assert.Equal(t, registries.Mirrors{"docker.io": {"https://b.example.com", "https://a.example.com"}, "10.0.2.2:5000": {"http://10.0.2.2:5000"}}, c.RegistryMirrors)
+	require.NoError(t, c.Validate())
+	out, err := c.Marshal()
+	require.NoError(t, err)
+	back, err := Parse(out)
+	require.NoError(t, err)
+	assert.Equal(t, c.RegistryMirrors, back.RegistryMirrors, "written as read: %s", out)
+
+	_, err = Parse([]byte(validYAML + "registryMirrors:\n  docker.io: https://a.example.com\n"))
+	assert.ErrorContains(t, err, "registryMirrors")
 }
 
 func TestParseDefaults(t *testing.T) {
@@ -220,10 +236,17 @@ func TestValidate(t *testing.T) {
 		// want maps each field path to a fragment of its message; exactly these are reported.
 		want map[string]string
 	}{
-		"valid":                          {edit: func(*Config) {}},
-		"valid with AK roots":            {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + caPEM }},
-		"valid without workers":          {edit: func(c *Config) { c.Provider.Block().Workers = 0 }},
-		"valid without NAT":              {edit: func(c *Config) { c.Network.Outbound = OutboundNone }},
+		"valid":                 {edit: func(*Config) {}},
+		"valid with AK roots":   {edit: func(c *Config) { c.Attestation.Of(variant.QEMUVTPM).AKRoots = caPEM + caPEM }},
+		"valid without workers": {edit: func(c *Config) { c.Provider.Block().Workers = 0 }},
+		"valid without NAT":     {edit: func(c *Config) { c.Network.Outbound = OutboundNone }},
+		"valid with mirrors": {edit: func(c *Config) {
+			c.RegistryMirrors = registries.Mirrors{"docker.io": {"https://mirror.gcr.io"}, "10.0.2.2:5000": {"http://10.0.2.2:5000"}}
+		}},
+		"bad mirror": {
+			edit: func(c *Config) { c.RegistryMirrors = registries.Mirrors{"docker.io": {"ftp://m.example.com"}} },
+			want: map[string]string{"registryMirrors": "registry docker.io: mirror 1"},
+		},
 		"valid with the host's loopback": {edit: func(c *Config) { c.Network.HostLoopback = true }},
 		"unknown outbound": {
 			edit: func(c *Config) { c.Network.Outbound = "proxy" },

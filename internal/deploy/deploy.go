@@ -34,6 +34,7 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/metadata/platforms"
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 )
 
@@ -54,6 +55,9 @@ type Config struct {
 	// cluster's controlPlaneEndpoint. Default: the address of the node the join service runs
 	// on, port 6443.
 	APIServerEndpoint string
+	// RegistryMirrors are the cluster's registry mirrors, written to ConfigMap
+	// constellation-registries for the join service's tickets.
+	RegistryMirrors registries.Mirrors
 	// LogLevel of the services: debug, info, warn or error (default info).
 	LogLevel string
 	// WaitTimeout, when positive, makes Run wait that long for the DaemonSets to be ready.
@@ -67,6 +71,7 @@ type params struct {
 	image, metadataURL, logLevel, variant string
 	apiServerEndpoint                     string
 	attestation                           map[string]string
+	registryMirrors                       string // encoded (registries.Mirrors.Encode)
 }
 
 func (c Config) params() (params, error) {
@@ -80,6 +85,11 @@ func (c Config) params() (params, error) {
 	}
 	p := params{image: c.Image, metadataURL: c.MetadataURL, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data,
 		apiServerEndpoint: c.APIServerEndpoint}
+	if mirrors, err := c.RegistryMirrors.Encode(); err != nil {
+		problems = append(problems, fmt.Errorf("registry mirrors: %w", err))
+	} else {
+		p.registryMirrors = string(mirrors)
+	}
 	if p.apiServerEndpoint == "" {
 		p.apiServerEndpoint = fmt.Sprintf("$(HOST_IP):%d", APIServerPort)
 	} else if _, err := netip.ParseAddrPort(p.apiServerEndpoint); err != nil {
@@ -139,6 +149,7 @@ func objects(p params) ([]object, error) {
 		}})
 	}
 	cm := attestationConfigMap(p.attestation)
+	mirrorsCM := RegistriesConfigMap(p.registryMirrors)
 	disks := diskOwnerNamespace()
 	objs = append(objs, object{"Namespace", diskowner.Namespace, "", disks, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 		_, err := c.CoreV1().Namespaces().Apply(ctx, disks, o)
@@ -173,6 +184,10 @@ func objects(p params) ([]object, error) {
 		}},
 		object{"ConfigMap", refusals.ConfigMapName, ns, refusalsCM, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
 			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, refusalsCM, o)
+			return err
+		}},
+		object{"ConfigMap", clusterrecord.RegistriesConfigMapName, ns, mirrorsCM, func(ctx context.Context, c kubernetes.Interface, o metav1.ApplyOptions) error {
+			_, err := c.CoreV1().ConfigMaps(ns).Apply(ctx, mirrorsCM, o)
 			return err
 		}},
 	)

@@ -126,6 +126,13 @@ func joinRefusalsConfigMap() *corev1ac.ConfigMapApplyConfiguration {
 	return corev1ac.ConfigMap(refusals.ConfigMapName, refusals.Namespace).WithLabels(labels(JoinService))
 }
 
+// RegistriesConfigMap is ConfigMap constellation-registries with the encoded registry mirrors
+// (registries.Mirrors.Encode), as deploy writes it at init and `apply` when they change.
+func RegistriesConfigMap(encoded string) *corev1ac.ConfigMapApplyConfiguration {
+	return corev1ac.ConfigMap(clusterrecord.RegistriesConfigMapName, clusterrecord.Namespace).
+		WithLabels(labels(JoinService)).WithData(map[string]string{clusterrecord.RegistryMirrorsKey: encoded})
+}
+
 func attestationConfigMap(data map[string]string) *corev1ac.ConfigMapApplyConfiguration {
 	return corev1ac.ConfigMap(clusterrecord.AttestationConfigMapName, clusterrecord.Namespace).
 		WithLabels(labels(JoinService)).WithData(data)
@@ -292,6 +299,10 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 						corev1ac.KeyToPath().WithKey(clusterrecord.AKRootsKey).WithPath(clusterrecord.AKRootsKey),
 						corev1ac.KeyToPath().WithKey(clusterrecord.HardwareKey).WithPath(clusterrecord.HardwareKey),
 					)),
+				// Optional: a cluster deployed before registry mirrors has no such ConfigMap.
+				corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().WithName(clusterrecord.RegistriesConfigMapName).
+					WithOptional(true).
+					WithItems(corev1ac.KeyToPath().WithKey(clusterrecord.RegistryMirrorsKey).WithPath(clusterrecord.RegistryMirrorsKey))),
 			)),
 			keyServiceTLSVolume(clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey),
 			corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(PKIDir).WithType(corev1.HostPathDirectory)),

@@ -59,6 +59,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
@@ -119,6 +120,9 @@ type Config struct {
 	APIServerEndpoint    string
 	KubernetesVersion    string
 	KubernetesComponents []*joinpb.KubernetesComponent
+	// RegistryMirrors returns the cluster's registry mirrors as recorded now, for every ticket
+	// (nodes take changes at their next join or reboot); nil: none.
+	RegistryMirrors func() (registries.Mirrors, error)
 
 	// RateLimit and RateBurst bound handshakes per peer address (defaults 1/s, burst 5).
 	RateLimit rate.Limit
@@ -347,6 +351,10 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 		return nil, outcome{}, err
 	}
 
+	mirrors, err := s.registryMirrors()
+	if err != nil {
+		return nil, outcome{}, err
+	}
 	diskKey, measurementSecret, err := s.keys(ctx, diskID)
 	if err != nil {
 		return nil, outcome{}, err
@@ -375,6 +383,7 @@ func (s *Service) issueJoinTicket(ctx context.Context, a *admitted, req *joinpb.
 		KubernetesVersion:    s.cfg.KubernetesVersion,
 		KubernetesComponents: s.cfg.KubernetesComponents,
 		ControlPlaneFiles:    cpFiles,
+		RegistryMirrors:      mirrors,
 	}, outcome{set: set, role: role, logArgs: []any{"clientCertNotAfter", clientCert.NotAfter}}, nil
 }
 
@@ -401,6 +410,10 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 	if err := s.checkDiskOwner(ctx, a, diskID); err != nil {
 		return nil, outcome{}, err
 	}
+	mirrors, err := s.registryMirrors()
+	if err != nil {
+		return nil, outcome{}, err
+	}
 	diskKey, measurementSecret, err := s.keys(ctx, diskID)
 	if err != nil {
 		return nil, outcome{}, err
@@ -411,8 +424,28 @@ func (s *Service) issueRejoinTicket(ctx context.Context, a *admitted, req *joinp
 	}
 	return &joinpb.IssueRejoinTicketResponse{
 		StateDiskKey: diskKey, MeasurementSecret: measurementSecret, MeasurementSalt: s.cfg.MeasurementSalt,
-		KubeletClientCert: pki.EncodeCert(clientCert),
+		KubeletClientCert: pki.EncodeCert(clientCert), RegistryMirrors: mirrors,
 	}, outcome{set: set, role: "any", logArgs: []any{"clientCertNotAfter", clientCert.NotAfter}}, nil
+}
+
+// registryMirrors returns the encoded registry mirrors for a ticket, nil for none. A record the
+// service cannot read refuses the ticket: a node must not come up without the mirrors its
+// operator configured.
+func (s *Service) registryMirrors() ([]byte, error) {
+	if s.cfg.RegistryMirrors == nil {
+		return nil, nil
+	}
+	m, err := s.cfg.RegistryMirrors()
+	if err == nil && len(m) > 0 {
+		var data []byte
+		if data, err = m.Encode(); err == nil {
+			return data, nil
+		}
+	}
+	if err != nil {
+		return nil, deny(codes.Internal, "internal", "the cluster's registry mirrors: %v", err)
+	}
+	return nil, nil
 }
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {

@@ -52,6 +52,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/testtier"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
@@ -142,6 +143,8 @@ type envOptions struct {
 	accept handshakelimit.AcceptLimits
 	// wrapIssuer, when set, wraps the service's issuer (to count or hold its quotes).
 	wrapIssuer func(attestation.Issuer) attestation.Issuer
+	// mirrors is the service's source of the cluster's registry mirrors (nil: none).
+	mirrors func() (registries.Mirrors, error)
 }
 
 func newEnv(t testing.TB, opts envOptions) *env {
@@ -218,6 +221,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		KubernetesComponents: []*joinpb.KubernetesComponent{
 			{Name: "kubelet", Url: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
 		},
+		RegistryMirrors:         opts.mirrors,
 		RateLimit:               opts.rateLimit,
 		RateBurst:               opts.rateBurst,
 		MaxHandshakesPerPeer:    opts.perPeer,
@@ -492,6 +496,41 @@ func TestJoinWorker(t *testing.T) {
 	assert.Equal(t, "rejoin", accepted[1]["method"])
 	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "join", "role", "worker"))
 	assert.Equal(t, 1.0, e.counter("constellation_joinservice_tickets_issued_total", "method", "rejoin", "role", "any"))
+}
+
+// TestTicketsCarryRegistryMirrors: join and rejoin tickets carry the registry mirrors as the
+// cluster records them at the moment of the ticket, and a record the service cannot read
+// refuses the ticket, naming why.
+func TestTicketsCarryRegistryMirrors(t *testing.T) {
+	var current atomic.Pointer[registries.Mirrors]
+	var broken atomic.Bool
+	e := newEnv(t, envOptions{mirrors: func() (registries.Mirrors, error) {
+		if broken.Load() {
+			return nil, errors.New("registry-mirrors.json: not JSON")
+		}
+		return *current.Load(), nil
+	}})
+	first := registries.Mirrors{"docker.io": {"https://mirror.gcr.io"}}
+	current.Store(&first)
+	j := e.joiner("worker-0", "127.0.0.10")
+	resp, err := e.join(j, false)
+	require.NoError(t, err)
+	got, err := registries.Parse(resp.RegistryMirrors)
+	require.NoError(t, err)
+	assert.Equal(t, first, got)
+
+	second := registries.Mirrors{"10.0.2.2:5000": {"http://10.0.2.2:5000"}}
+	current.Store(&second)
+	rejoin, err := e.rejoin(j)
+	require.NoError(t, err)
+	got, err = registries.Parse(rejoin.RegistryMirrors)
+	require.NoError(t, err)
+	assert.Equal(t, second, got, "a rebooted node gets the mirrors recorded now")
+
+	broken.Store(true)
+	_, err = e.rejoin(j)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "registry mirrors")
 }
 
 func TestJoinControlPlane(t *testing.T) {

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -10,21 +12,29 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
 // TestCreateApplyTerminate walks the CLI's step-by-step flow on one control plane: generate
 // the configuration (default node image), create the nodes, apply (init), apply again
 // (as configured: nothing to do), verify, terminate. The configuration lets the cluster reach
-// the host's loopback (network.hostLoopback): a pod fetches from a server there through the
-// NAT.
+// the host's loopback (network.hostLoopback) and names a registry there as the mirror of
+// example.com (registryMirrors): a pod of an image that exists only in that registry is
+// pulled through the mirror (imagePullPolicy Always) and fetches from a server on the host's
+// loopback, both through the NAT.
 func TestCreateApplyTerminate(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
@@ -49,6 +59,17 @@ func TestCreateApplyTerminate(t *testing.T) {
 	assert.Equal(t, "node-image", conf.Provider.Block().Image, "the image lives in the workspace")
 	assert.Equal(t, config.OutboundNAT, conf.Network.Outbound, "NAT is the default")
 	conf.Network.HostLoopback = true
+	// A registry on the host's loopback holding the user's image, which no node has.
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(reg.Close)
+	_, regPort, err := net.SplitHostPort(reg.Listener.Addr().String())
+	require.NoError(t, err)
+	img, err := tarball.ImageFromPath(userImage(t, images), nil)
+	require.NoError(t, err)
+	pushed, err := name.ParseReference("127.0.0.1:" + regPort + "/user/hello:v1")
+	require.NoError(t, err)
+	require.NoError(t, remote.Write(pushed, img))
+	conf.RegistryMirrors = registries.Mirrors{"example.com": {"http://" + net.JoinHostPort(sandbox.UplinkGateway.String(), regPort)}}
 	require.NoError(t, config.Write(filepath.Join(ws, config.FileName), conf, true))
 
 	out, err = cli("apply", "--help")
@@ -86,8 +107,9 @@ func TestCreateApplyTerminate(t *testing.T) {
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "as configured: nothing to apply")
 
-	// A pod reaches a server on the host's loopback at the uplink's gateway: through the
-	// node, the bridge namespace's NAT and slirp4netns.
+	// A pod of example.com/user/hello:v1, pulled from the mirror, reaches a server on the
+	// host's loopback at the uplink's gateway: through the node, the bridge namespace's NAT
+	// and slirp4netns.
 	host := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "the host answers") }))
 	t.Cleanup(host.Close)
 	_, port, err := net.SplitHostPort(host.Listener.Addr().String())
@@ -102,10 +124,10 @@ spec:
   containers:
   - name: get
     image: %s
-    imagePullPolicy: Never
+    imagePullPolicy: Always
     command: [/hello, get, "http://%s/"]
-`, helloRef(t, images), net.JoinHostPort(sandbox.UplinkGateway.String(), port)))
-	kubectl(t, kubeconfig, "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/reach-host", "--timeout=120s")
+`, userImageRef, net.JoinHostPort(sandbox.UplinkGateway.String(), port)))
+	waitPodSucceeded(t, kubeconfig, "reach-host", 2*time.Minute)
 	assert.Contains(t, kubectl(t, kubeconfig, "logs", "reach-host"), "the host answers")
 
 	out, err = cli("verify")
@@ -126,4 +148,24 @@ spec:
 	}
 	assert.ElementsMatch(t, []string{config.FileName, "node-image"}, names, "terminate keeps the configuration and its image: %s", strings.Join(names, ", "))
 	assertNoLeftovers(t, ws, id)
+}
+
+// waitPodSucceeded waits until pod has run to completion, and otherwise fails the test with
+// what the cluster says about the pod (its events name a failed pull).
+func waitPodSucceeded(t *testing.T, kubeconfig, pod string, timeout time.Duration) {
+	t.Helper()
+	bin := kubectlPath(t)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		switch kubectlQuiet(bin, kubeconfig, "get", "pod", pod, "-o", "jsonpath={.status.phase}") {
+		case "Succeeded":
+			return
+		case "Failed":
+			deadline = time.Now()
+		}
+		time.Sleep(time.Second)
+	}
+	describe, _ := exec.Command(bin, "--kubeconfig", kubeconfig, "describe", "pod", pod).CombinedOutput()
+	logs, _ := exec.Command(bin, "--kubeconfig", kubeconfig, "logs", pod).CombinedOutput()
+	t.Fatalf("pod %s did not succeed within %v:\n%s\nlogs:\n%s", pod, timeout, describe, logs)
 }

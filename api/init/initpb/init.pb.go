@@ -54,8 +54,12 @@ type InitRequest struct {
 	// encoding, JSON as choose.Reference.Encode writes it. Empty when the node deploys no
 	// services.
 	AttestationReference []byte `protobuf:"bytes,15,opt,name=attestation_reference,json=attestationReference,proto3" json:"attestation_reference,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The cluster's registry mirrors (constellation-conf.yaml registryMirrors; internal/registries:
+	// JSON, registry host to endpoints), recorded in ConfigMap kube-system/constellation-registries
+	// for the join service's tickets; empty for none.
+	RegistryMirrors []byte `protobuf:"bytes,16,opt,name=registry_mirrors,json=registryMirrors,proto3" json:"registry_mirrors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -161,6 +165,13 @@ func (x *InitRequest) GetPodCidr() string {
 func (x *InitRequest) GetAttestationReference() []byte {
 	if x != nil {
 		return x.AttestationReference
+	}
+	return nil
+}
+
+func (x *InitRequest) GetRegistryMirrors() []byte {
+	if x != nil {
+		return x.RegistryMirrors
 	}
 	return nil
 }
@@ -411,7 +422,7 @@ var File_api_init_initpb_init_proto protoreflect.FileDescriptor
 
 const file_api_init_initpb_init_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/init/initpb/init.proto\x12\x15constellation.init.v1\x1a\x1aapi/join/joinpb/join.proto\"\xc7\x04\n" +
+	"\x1aapi/init/initpb/init.proto\x12\x15constellation.init.v1\x1a\x1aapi/join/joinpb/join.proto\"\xf2\x04\n" +
 	"\vInitRequest\x12#\n" +
 	"\rmaster_secret\x18\x01 \x01(\fR\fmasterSecret\x12\x1f\n" +
 	"\vmaster_salt\x18\x02 \x01(\fR\n" +
@@ -426,7 +437,8 @@ const file_api_init_initpb_init_proto_rawDesc = "" +
 	"\fservice_cidr\x18\t \x01(\tR\vserviceCidr\x12\x19\n" +
 	"\bpod_cidr\x18\n" +
 	" \x01(\tR\apodCidr\x123\n" +
-	"\x15attestation_reference\x18\x0f \x01(\fR\x14attestationReferenceJ\x04\b\v\x10\fJ\x04\b\f\x10\rJ\x04\b\r\x10\x0eJ\x04\b\x0e\x10\x0fR\x13attestation_variantR\x0ereference_setsR\bak_rootsR\bhardware\"\xcd\x01\n" +
+	"\x15attestation_reference\x18\x0f \x01(\fR\x14attestationReference\x12)\n" +
+	"\x10registry_mirrors\x18\x10 \x01(\fR\x0fregistryMirrorsJ\x04\b\v\x10\fJ\x04\b\f\x10\rJ\x04\b\r\x10\x0eJ\x04\b\x0e\x10\x0fR\x13attestation_variantR\x0ereference_setsR\bak_rootsR\bhardware\"\xcd\x01\n" +
 	"\fInitResponse\x12A\n" +
 	"\bprogress\x18\x01 \x01(\v2#.constellation.init.v1.InitProgressH\x00R\bprogress\x12>\n" +
 	"\asuccess\x18\x02 \x01(\v2\".constellation.init.v1.InitSuccessH\x00R\asuccess\x122\n" +

@@ -117,8 +117,11 @@ type IssueJoinTicketResponse struct {
 	// The kubelet's client certificate (PEM) signed from client_certificate_request: it names
 	// this node only and is short-lived; the kubelet renews it itself.
 	KubeletClientCert []byte `protobuf:"bytes,13,opt,name=kubelet_client_cert,json=kubeletClientCert,proto3" json:"kubelet_client_cert,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The cluster's registry mirrors (internal/registries: JSON, registry host to endpoints), as
+	// recorded in ConfigMap kube-system/constellation-registries; empty for none.
+	RegistryMirrors []byte `protobuf:"bytes,14,opt,name=registry_mirrors,json=registryMirrors,proto3" json:"registry_mirrors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *IssueJoinTicketResponse) Reset() {
@@ -217,6 +220,13 @@ func (x *IssueJoinTicketResponse) GetControlPlaneFiles() []*ControlPlaneFile {
 func (x *IssueJoinTicketResponse) GetKubeletClientCert() []byte {
 	if x != nil {
 		return x.KubeletClientCert
+	}
+	return nil
+}
+
+func (x *IssueJoinTicketResponse) GetRegistryMirrors() []byte {
+	if x != nil {
+		return x.RegistryMirrors
 	}
 	return nil
 }
@@ -405,8 +415,11 @@ type IssueRejoinTicketResponse struct {
 	MeasurementSalt []byte `protobuf:"bytes,3,opt,name=measurement_salt,json=measurementSalt,proto3" json:"measurement_salt,omitempty"`
 	// The kubelet's client certificate (PEM) signed from client_certificate_request.
 	KubeletClientCert []byte `protobuf:"bytes,4,opt,name=kubelet_client_cert,json=kubeletClientCert,proto3" json:"kubelet_client_cert,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The cluster's registry mirrors, as in IssueJoinTicketResponse: a node takes changes at
+	// its next boot.
+	RegistryMirrors []byte `protobuf:"bytes,5,opt,name=registry_mirrors,json=registryMirrors,proto3" json:"registry_mirrors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *IssueRejoinTicketResponse) Reset() {
@@ -467,6 +480,13 @@ func (x *IssueRejoinTicketResponse) GetKubeletClientCert() []byte {
 	return nil
 }
 
+func (x *IssueRejoinTicketResponse) GetRegistryMirrors() []byte {
+	if x != nil {
+		return x.RegistryMirrors
+	}
+	return nil
+}
+
 var File_api_join_joinpb_join_proto protoreflect.FileDescriptor
 
 const file_api_join_joinpb_join_proto_rawDesc = "" +
@@ -476,7 +496,7 @@ const file_api_join_joinpb_join_proto_rawDesc = "" +
 	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12/\n" +
 	"\x13certificate_request\x18\x02 \x01(\fR\x12certificateRequest\x12(\n" +
 	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\x12<\n" +
-	"\x1aclient_certificate_request\x18\x04 \x01(\fR\x18clientCertificateRequest\"\xfb\x04\n" +
+	"\x1aclient_certificate_request\x18\x04 \x01(\fR\x18clientCertificateRequest\"\xa6\x05\n" +
 	"\x17IssueJoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
@@ -488,7 +508,8 @@ const file_api_join_joinpb_join_proto_rawDesc = "" +
 	" \x01(\tR\x11kubernetesVersion\x12_\n" +
 	"\x15kubernetes_components\x18\v \x03(\v2*.constellation.join.v1.KubernetesComponentR\x14kubernetesComponents\x12W\n" +
 	"\x13control_plane_files\x18\f \x03(\v2'.constellation.join.v1.ControlPlaneFileR\x11controlPlaneFiles\x12.\n" +
-	"\x13kubelet_client_cert\x18\r \x01(\fR\x11kubeletClientCertJ\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\a\x10\bR\x05tokenR\x15token_expiration_unixR\x1cdiscovery_token_ca_cert_hash\"r\n" +
+	"\x13kubelet_client_cert\x18\r \x01(\fR\x11kubeletClientCert\x12)\n" +
+	"\x10registry_mirrors\x18\x0e \x01(\fR\x0fregistryMirrorsJ\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\a\x10\bR\x05tokenR\x15token_expiration_unixR\x1cdiscovery_token_ca_cert_hash\"r\n" +
 	"\x13KubernetesComponent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x12\n" +
@@ -499,12 +520,13 @@ const file_api_join_joinpb_join_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"u\n" +
 	"\x18IssueRejoinTicketRequest\x12\x1b\n" +
 	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12<\n" +
-	"\x1aclient_certificate_request\x18\x02 \x01(\fR\x18clientCertificateRequest\"\xcb\x01\n" +
+	"\x1aclient_certificate_request\x18\x02 \x01(\fR\x18clientCertificateRequest\"\xf6\x01\n" +
 	"\x19IssueRejoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
 	"\x10measurement_salt\x18\x03 \x01(\fR\x0fmeasurementSalt\x12.\n" +
-	"\x13kubelet_client_cert\x18\x04 \x01(\fR\x11kubeletClientCert2\xf7\x01\n" +
+	"\x13kubelet_client_cert\x18\x04 \x01(\fR\x11kubeletClientCert\x12)\n" +
+	"\x10registry_mirrors\x18\x05 \x01(\fR\x0fregistryMirrors2\xf7\x01\n" +
 	"\vJoinService\x12p\n" +
 	"\x0fIssueJoinTicket\x12-.constellation.join.v1.IssueJoinTicketRequest\x1a..constellation.join.v1.IssueJoinTicketResponse\x12v\n" +
 	"\x11IssueRejoinTicket\x12/.constellation.join.v1.IssueRejoinTicketRequest\x1a0.constellation.join.v1.IssueRejoinTicketResponseB<Z:github.com/openconstellation/constellation/api/join/joinpbb\x06proto3"

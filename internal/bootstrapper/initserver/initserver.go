@@ -79,6 +79,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -173,6 +174,8 @@ type Deployment struct {
 	// Attestation is what the join service admits nodes by, from the init request (set
 	// whenever Config.Deploy is).
 	Attestation choose.Reference
+	// RegistryMirrors are the cluster's registry mirrors, from the init request.
+	RegistryMirrors registries.Mirrors
 	// APIEndpoint is the cluster's stable API endpoint (kubeadm's controlPlaneEndpoint): the
 	// API server the join service names in its tickets.
 	APIEndpoint string
@@ -204,6 +207,10 @@ type Config struct {
 	// APIServerConfigDir is where the API server reads the removed-node authorizer's
 	// configuration (nodeauthz.ConfigDir): written before kubeadm runs.
 	APIServerConfigDir string
+	// RegistryHostsDir is where the node's containerd reads its registry hosts
+	// (registries.HostsDir): the request's registry mirrors are written there after the
+	// commit. Empty: the node's registries are not configured.
+	RegistryHostsDir string
 	// PKIDir is kubeadm's certificates directory (/etc/kubernetes/pki): the init server
 	// creates the cluster CAs there before kubeadm runs (kubeadm uses existing CAs), so it
 	// can sign the first kubelet's serving certificate, which it writes to KubeletPKIDir
@@ -437,6 +444,14 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if err := nodeauthz.WriteAPIServerFiles(s.cfg.APIServerConfigDir, filepath.Join(kubeadmconfig.CertificatesDir, pki.CACert), nodeauthz.Addr); err != nil {
 		return nil, nil, err
 	}
+	if s.cfg.RegistryHostsDir != "" {
+		if err := registries.Write(s.cfg.RegistryHostsDir, r.registryMirrors); err != nil {
+			return nil, nil, err
+		}
+		if len(r.registryMirrors) > 0 {
+			rec.step("registry mirrors of %s written for containerd", strings.Join(r.registryMirrors.Hosts(), ", "))
+		}
+	}
 
 	config, err := s.cfg.KubeadmConfig(InitParams{
 		Self: self, ClusterName: r.clusterName, KubernetesVersion: r.version,
@@ -461,7 +476,8 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	rec.step("state disk %s recorded as node %s's in namespace %s", diskUUID, self.Name, diskowner.Namespace)
 	if s.cfg.Deploy != nil {
 		rec.step("deploying the join, key and verification services")
-		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Attestation: *r.attestation, APIEndpoint: r.endpoint, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
+		err := s.cfg.Deploy(ctx, Deployment{Kubeconfig: kubeconfig, Cluster: record, Attestation: *r.attestation, RegistryMirrors: r.registryMirrors,
+			APIEndpoint: r.endpoint, Progress: func(msg string) { rec.step("deploy: %s", msg) }})
 		if err != nil {
 			return nil, nil, fmt.Errorf("deploying the in-cluster services: %w", err)
 		}

@@ -77,8 +77,10 @@ type env struct {
 	// kubeletConf is the kubelet's kubeconfig the server writes before kubeadm runs;
 	// apiServerDir where the API server's authorizer files go.
 	kubeletConf, apiServerDir string
-	deploy                    initserver.DeployFunc
-	opts                      envOptions
+	// registryDir is where the node's registry hosts go.
+	registryDir string
+	deploy      initserver.DeployFunc
+	opts        envOptions
 	// hashReads counts the init-secret hash reads of the server: an attempt that reads it
 	// goes on to a bcrypt comparison.
 	hashReads atomic.Int32
@@ -132,7 +134,7 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	t.Helper()
 	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
-	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki"), kubeletConf: filepath.Join(t.TempDir(), "etc", "kubelet.conf"), apiServerDir: filepath.Join(t.TempDir(), "constellation")}
+	e := &env{t: t, ca: ca, pkiDir: filepath.Join(t.TempDir(), "pki"), kubeletPKIDir: filepath.Join(t.TempDir(), "kubelet-pki"), kubeletConf: filepath.Join(t.TempDir(), "etc", "kubelet.conf"), apiServerDir: filepath.Join(t.TempDir(), "constellation"), registryDir: filepath.Join(t.TempDir(), "certs.d")}
 	e.node = bootstraptest.NewNode(t, "control-plane-0", metadata.ControlPlane, ca)
 	e.meta = &metadata.Static{
 		Instance: metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.2")}},
@@ -173,6 +175,7 @@ func (e *env) start() {
 			return initserver.KubeadmConfig(settings)(p)
 		},
 		PKIDir: e.pkiDir, KubeletPKIDir: e.kubeletPKIDir, KubeletKubeconfig: e.kubeletConf, APIServerConfigDir: e.apiServerDir,
+		RegistryHostsDir:  e.registryDir,
 		KubernetesVersion: kubetest.Version,
 		AdminKubeconfig:   e.kubeadm.AdminKubeconfigPath,
 		NodeLogs:          func(context.Context) []byte { return []byte("kubelet: node log line\n") },
@@ -233,9 +236,15 @@ func (e *env) callWith(v attestation.Validator, req *initpb.InitRequest) result 
 func TestInit(t *testing.T) {
 	e := newEnv(t)
 	req, master := request(t)
+	req.RegistryMirrors = []byte(`{"docker.io":["https://mirror.gcr.io"]}`)
 	res := e.call(req)
 	require.NoError(t, res.Err)
 	require.NotNil(t, res.Success)
+
+	// The request's registry mirrors are the node's containerd's.
+	hosts, err := os.ReadFile(filepath.Join(e.registryDir, "docker.io", "hosts.toml"))
+	require.NoError(t, err)
+	assert.Contains(t, string(hosts), `[host."https://mirror.gcr.io"]`)
 
 	// The cluster ID follows docs/design.md "2.3 Cluster ID", and PCR 15 carries it
 	// (extended exactly once).
@@ -458,6 +467,10 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 				r.AttestationReference = []byte(`{"variant":"qemu-vtpm","measurements":[{"name":"x"`)
 			},
 			code: codes.InvalidArgument, want: []string{"attestation configuration:"},
+		},
+		"registry mirrors that escape their directory": {
+			mutate: func(r *initpb.InitRequest) { r.RegistryMirrors = []byte(`{"..": ["https://m.example.com"]}`) },
+			code:   codes.InvalidArgument, want: []string{`registry "..": want a host name`},
 		},
 		"overlapping networks": {
 			mutate: func(r *initpb.InitRequest) { r.PodCidr = "10.100.0.0/16" },

@@ -12,6 +12,7 @@ import (
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
@@ -31,6 +32,8 @@ type request struct {
 	podCIDR         netip.Prefix // invalid when not given
 	// attestation is what the join service admits nodes by; nil when the request has none.
 	attestation *choose.Reference
+	// registryMirrors are the cluster's registry mirrors (none: empty).
+	registryMirrors registries.Mirrors
 	// endpoint is the cluster's stable API endpoint (host:port, kubeadm's
 	// controlPlaneEndpoint): the platform's load balancer, or this node's address where the
 	// platform has none. From metadata, not from the request.
@@ -112,6 +115,9 @@ func parseRequest(req *initpb.InitRequest, wantVersion string) (*request, error)
 		} else {
 			r.attestation = &ref
 		}
+	}
+	if r.registryMirrors, err = registries.Parse(req.GetRegistryMirrors()); err != nil {
+		problems = append(problems, err)
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("invalid init request: %w", errors.Join(problems...))

@@ -112,6 +112,9 @@ func TestCheckTicketRefusals(t *testing.T) {
 		"path traversal": {mutate: func(r *joinpb.IssueJoinTicketResponse, _, _ *ecdsa.PrivateKey) {
 			r.ControlPlaneFiles[0].Name = "../../etc/shadow"
 		}, want: `control-plane file "../../etc/shadow"`},
+		"registry mirrors that are not a configuration": {mutate: func(r *joinpb.IssueJoinTicketResponse, _, _ *ecdsa.PrivateKey) {
+			r.RegistryMirrors = []byte(`{"../../etc": ["https://m.example.com"]}`)
+		}, want: `registry "../../etc": want a host name`},
 		"worker with keys": {worker: true, mutate: func(*joinpb.IssueJoinTicketResponse, *ecdsa.PrivateKey, *ecdsa.PrivateKey) {}, want: "worker ticket carries control-plane files"},
 		"certs from another CA": {mutate: func(r *joinpb.IssueJoinTicketResponse, _, _ *ecdsa.PrivateKey) {
 			r.ClusterCaCert = pki.EncodeCert(otherCA.Cert)

@@ -38,6 +38,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
@@ -129,6 +130,10 @@ type Config struct {
 	// APIServerConfigDir is where a control plane's API server reads the removed-node
 	// authorizer's configuration (nodeauthz.ConfigDir): written before kubeadm join.
 	APIServerConfigDir string
+	// RegistryHostsDir is where the node's containerd reads its registry hosts
+	// (registries.HostsDir): the ticket's registry mirrors are written there after the
+	// commit, at join and rejoin. Empty: the node's registries are not configured.
+	RegistryHostsDir string
 	// Clock drives the waits between attempts (default: real clock). PollInterval is the
 	// wait while no join service answers (default PollInterval), Backoff the schedule after
 	// a service refused (default NewBackoff); see the package documentation.
@@ -298,10 +303,13 @@ func (c *Client) commit(ctx context.Context, ticket *joinpb.IssueJoinTicketRespo
 	return nil
 }
 
-// writeJoinFiles writes the PKI files, the discovery kubeconfig with the client key, and on
-// a control plane the API server's files for the removed-node authorizer.
+// writeJoinFiles writes the PKI files, the registry mirrors, the discovery kubeconfig with the
+// client key, and on a control plane the API server's files for the removed-node authorizer.
 func (c *Client) writeJoinFiles(ticket *joinpb.IssueJoinTicketResponse, self metadata.Instance, keys kubeletKeys) error {
 	if err := c.writePKI(ticket, keys.serving); err != nil {
+		return err
+	}
+	if err := c.writeRegistryMirrors(ticket.RegistryMirrors); err != nil {
 		return err
 	}
 	if err := c.writeDiscoveryFile(ticket, self.Name, keys.client); err != nil {
@@ -363,6 +371,9 @@ func (c *Client) Rejoin(ctx context.Context) error {
 		if err := checkClientCert(resp.KubeletClientCert, nil, self.Name, clientKey.Public()); err != nil {
 			return fmt.Errorf("invalid rejoin ticket: %w", err)
 		}
+		if _, err := registries.Parse(resp.RegistryMirrors); err != nil {
+			return fmt.Errorf("invalid rejoin ticket: %w", err)
+		}
 		if err := sameCluster(resp.MeasurementSecret, resp.MeasurementSalt); err != nil {
 			return err
 		}
@@ -387,6 +398,9 @@ func (c *Client) Rejoin(ctx context.Context) error {
 		return err
 	}
 	if err := kubeletcred.StoreClientCert(c.cfg.KubeletPKIDir, ticket.KubeletClientCert, keyPEM); err != nil {
+		return err
+	}
+	if err := c.writeRegistryMirrors(ticket.RegistryMirrors); err != nil {
 		return err
 	}
 	c.cfg.Log.Info("node lock taken, PCR 15 extended, state storage unlocked, kubelet client certificate renewed; restarting the kubelet", "disk", diskUUID)
@@ -514,7 +528,23 @@ func checkTicketFields(t *joinpb.IssueJoinTicketResponse, self metadata.Instance
 	if self.Role != metadata.ControlPlane && len(t.ControlPlaneFiles) > 0 {
 		bad("worker ticket carries control-plane files")
 	}
+	if _, err := registries.Parse(t.RegistryMirrors); err != nil {
+		problems = append(problems, err)
+	}
 	return errors.Join(problems...)
+}
+
+// writeRegistryMirrors writes a ticket's registry mirrors (checked with the ticket) for the
+// node's containerd.
+func (c *Client) writeRegistryMirrors(data []byte) error {
+	if c.cfg.RegistryHostsDir == "" {
+		return nil
+	}
+	m, err := registries.Parse(data)
+	if err != nil {
+		return err
+	}
+	return registries.Write(c.cfg.RegistryHostsDir, m)
 }
 
 // checkTicketCerts checks that both kubelet certificates are signed by the ticket's cluster

@@ -83,6 +83,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/run/constellation/cni"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
 `
 
 // ImageArchivesDir is the folder of a node image that holds container image archives the

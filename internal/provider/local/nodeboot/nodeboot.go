@@ -51,6 +51,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -245,7 +246,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	jc, err := joinclient.New(joinclient.Config{
 		Node: n, Metadata: meta, Dial: dial, Kubeadm: runner, KubeadmConfig: joinclient.KubeadmConfig(settings),
 		Kubelet: lifetimeKubelet{kubelet, ctx}, PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir,
-		DiscoveryFile: "/etc/kubernetes/constellation-join.conf", APIServerConfigDir: nodeauthz.ConfigDir, Log: log,
+		DiscoveryFile: "/etc/kubernetes/constellation-join.conf", APIServerConfigDir: nodeauthz.ConfigDir, RegistryHostsDir: registries.HostsDir, Log: log,
 	})
 	if err != nil {
 		return "", err
@@ -261,7 +262,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		is, err := initserver.New(initserver.Config{
 			Node: n, Metadata: meta, Issuer: issuer, Kubeadm: runner,
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
-			AdminKubeconfig: adminKubeconfig, KubeletKubeconfig: kubeletcred.KubeconfigFile, APIServerConfigDir: nodeauthz.ConfigDir,
+			AdminKubeconfig: adminKubeconfig, KubeletKubeconfig: kubeletcred.KubeconfigFile, APIServerConfigDir: nodeauthz.ConfigDir, RegistryHostsDir: registries.HostsDir,
 			PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir, NodeLogs: osys.Logs, Log: log,
 			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout),
 		})
@@ -351,7 +352,7 @@ func deployServices(image, metadataURL string, wait time.Duration) initserver.De
 	}
 	return func(ctx context.Context, d initserver.Deployment) error {
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
-			Image: image, Attestation: d.Attestation, MetadataURL: metadataURL, WaitTimeout: wait,
+			Image: image, Attestation: d.Attestation, RegistryMirrors: d.RegistryMirrors, MetadataURL: metadataURL, WaitTimeout: wait,
 			APIServerEndpoint: d.APIEndpoint,
 		}, d.Progress)
 	}

@@ -35,6 +35,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/volumes"
 )
 
@@ -60,6 +61,10 @@ var PersistentDirs = []PersistentDir{
 	// The default StorageClass's volumes (internal/volumes): the provisioner's helper pods
 	// make one directory each below it, and pods bind-mount those.
 	{Path: volumes.Dir, Mode: 0o755},
+	// containerd's registry hosts (internal/registries): the cluster's registry mirrors as the
+	// last init, join or rejoin ticket delivered them, kept for a boot that gets no ticket (a
+	// recovered control plane).
+	{Path: registries.HostsDir, Mode: 0o755},
 }
 
 // PersistentFiles are the files kubeadm writes into the kubelet's volatile root directory at
