@@ -411,7 +411,8 @@ func TestApply(t *testing.T) {
 		}
 		assert.ElementsMatch(t, []string{"ca.crt", "joinservice.crt", "joinservice.key"}, items)
 		assert.ElementsMatch(t, []string{"constellation-cluster/cluster.json", "constellation-attestation/variant",
-			"constellation-attestation/reference-sets.json", "constellation-attestation/ak-roots.pem", "constellation-attestation/hardware.json"}, projected)
+			"constellation-attestation/reference-sets.json", "constellation-attestation/ak-roots.pem", "constellation-attestation/hardware.json",
+			"constellation-registries/registry-mirrors.json"}, projected)
 	})
 
 	// Applying again changes nothing: not one resource version moves, the TLS pair stays.

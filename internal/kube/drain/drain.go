@@ -471,8 +471,12 @@ func (d *drainer) evict(ctx context.Context, p *corev1.Pod, st *podState) error 
 
 // budgetsOf names the PodDisruptionBudgets that select p, as the eviction handler finds them
 // (every budget of the pod's namespace whose selector matches its labels). The 429 only carries
-// the name inside a sentence; a drain that times out names the budgets exactly.
+// the name inside a sentence; a drain that times out names the budgets exactly. The list has a
+// few seconds of its own: a refusal that arrives as the drain's time runs out is still reported
+// with its budgets.
 func (d *drainer) budgetsOf(ctx context.Context, p *corev1.Pod) []string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budgetListTimeout)
+	defer cancel()
 	list, err := d.client.PolicyV1().PodDisruptionBudgets(p.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil
@@ -492,6 +496,9 @@ func (d *drainer) budgetsOf(ctx context.Context, p *corev1.Pod) []string {
 	sort.Strings(names)
 	return names
 }
+
+// budgetListTimeout bounds budgetsOf's list.
+const budgetListTimeout = 5 * time.Second
 
 // refusal renders the API server's refusal: its message and the causes it names (for a budget:
 // "The disruption budget web needs 2 healthy pods and has 2 currently"), bounded in length.
