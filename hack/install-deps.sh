@@ -33,9 +33,10 @@ mkdir -p _output/bin
 stamp=_output/bin/.devtools.sum
 want=$(sha256sum tools/devtools/go.mod tools/devtools/go.sum | sha256sum | cut -d' ' -f1)
 if [ ! -x _output/bin/staticcheck ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "install-deps: building pinned Go tools (staticcheck, protoc-gen-go, protoc-gen-go-grpc)"
+  echo "install-deps: building pinned Go tools (staticcheck, protoc-gen-go, protoc-gen-go-grpc, benchstat)"
   (cd tools/devtools && go build -o ../../_output/bin/ \
     honnef.co/go/tools/cmd/staticcheck \
+    golang.org/x/perf/cmd/benchstat \
     google.golang.org/protobuf/cmd/protoc-gen-go \
     google.golang.org/grpc/cmd/protoc-gen-go-grpc)
   echo "$want" > "$stamp"

@@ -29,7 +29,9 @@ package nodeos
 //     ("failed to get rootfs info ... could not find device in cached partitions map").
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,6 +95,19 @@ var nodeLayout = layout{root: "/", volatile: RunDir + "/volatile"}
 
 func (l layout) path(p ...string) string { return filepath.Join(append([]string{l.root}, p...)...) }
 
+// upperOf returns where the node's own writes to path are kept when path is below a volatile
+// overlay (the overlay's upper layer), or "" when it is not.
+func (l layout) upperOf(path string) string {
+	for _, target := range volatileOverlays {
+		rel, err := filepath.Rel(target, path)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			continue
+		}
+		return filepath.Join(l.volatile, strings.ReplaceAll(strings.Trim(target, "/"), "/", "-"), "upper", rel)
+	}
+	return ""
+}
+
 // mountVolatile overlays /etc and /var/lib with upper layers on the tmpfs.
 func (l layout) mountVolatile() error {
 	for _, target := range volatileOverlays {
@@ -140,10 +155,16 @@ func (l layout) mountState(dir string) error {
 		if err := os.MkdirAll(target, d.Mode); err != nil {
 			return fmt.Errorf("creating %s: %w", d.Path, err)
 		}
-		// Anything written there before the unlock would be hidden by the bind mount and lost
-		// at the next boot: a bug of the node's flow, not something to paper over.
-		entries, err := os.ReadDir(target)
-		if err != nil {
+		// Anything the node wrote there before the unlock would be hidden by the bind mount and
+		// lost at the next boot: a bug of the node's flow, not something to paper over. What
+		// the host's own directory holds there (the overlay's lower layer: a host with its own
+		// containerd or kubeadm) is not the node's, and the bind mount hides it from the node.
+		written := target
+		if upper := l.upperOf(d.Path); upper != "" {
+			written = upper
+		}
+		entries, err := os.ReadDir(written)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("reading %s: %w", d.Path, err)
 		}
 		if len(entries) > 0 {

@@ -52,6 +52,9 @@ func newTestNode(t *testing.T) *testNode {
 	n := &testNode{tmp: tmp, l: layout{root: filepath.Join(tmp, "host"), volatile: filepath.Join(tmp, "run", "volatile")}}
 	require.NoError(t, os.MkdirAll(n.l.path("etc"), 0o755))
 	require.NoError(t, os.WriteFile(n.l.path("etc", "hosts"), []byte("the host's hosts\n"), 0o644))
+	// A host with a containerd of its own: its registry hosts are not the node's.
+	require.NoError(t, os.MkdirAll(n.l.path("etc", "containerd", "certs.d", "docker.io"), 0o755))
+	require.NoError(t, os.WriteFile(n.l.path("etc", "containerd", "certs.d", "docker.io", "hosts.toml"), []byte("# the host's\n"), 0o644))
 	require.NoError(t, os.MkdirAll(n.l.path("var", "lib", "dpkg"), 0o755))
 	require.NoError(t, os.MkdirAll(filepath.Join(tmp, "run"), 0o755))
 	// The host's view of its own directories, without the node's mounts on top.
@@ -179,11 +182,14 @@ const secret = "-----BEGIN PRIVATE KEY----- the cluster CA's key, never on a dis
 func TestLayout(t *testing.T) {
 	n := newTestNode(t)
 	n.boot(t)
-	require.NoError(t, n.l.mountState(n.storage.MountPoint))
+	require.NoError(t, n.l.mountState(n.storage.MountPoint), "the host's own registry hosts are no write of the node's")
+	_, err := os.Stat(n.l.path("etc", "containerd", "certs.d", "docker.io"))
+	assert.ErrorIs(t, err, fs.ErrNotExist, "the node sees its own registry hosts, not the host's")
 
 	for path, want := range map[string]int64{
 		"/etc": overlayMagic, "/var/lib": overlayMagic, "/var/lib/kubelet": overlayMagic,
 		"/etc/kubernetes": fuseMagic, "/var/lib/kubelet/pki": fuseMagic, "/var/lib/etcd": fuseMagic,
+		"/etc/containerd/certs.d": fuseMagic, "/var/lib/constellation/volumes": fuseMagic,
 	} {
 		assert.Equal(t, fmt.Sprintf("%x", want), fmt.Sprintf("%x", fsType(t, n.l.path(path))), path)
 	}
