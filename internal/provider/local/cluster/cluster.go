@@ -364,6 +364,7 @@ func (p *Provider) keepUplink(ctx context.Context, u *sandbox.Uplink) {
 			return
 		case <-u.Done():
 		}
+		u.Stop() // releases its exit pipe
 		p.log.Warn("uplink exited; starting it again", "err", u.Err(), "in", backoff)
 		for {
 			select {
