@@ -436,16 +436,17 @@ func (s *Service) registryMirrors() ([]byte, error) {
 		return nil, nil
 	}
 	m, err := s.cfg.RegistryMirrors()
-	if err == nil && len(m) > 0 {
-		var data []byte
-		if data, err = m.Encode(); err == nil {
-			return data, nil
-		}
-	}
 	if err != nil {
 		return nil, deny(codes.Internal, "internal", "the cluster's registry mirrors: %v", err)
 	}
-	return nil, nil
+	if len(m) == 0 {
+		return nil, nil
+	}
+	data, err := m.Encode()
+	if err != nil {
+		return nil, deny(codes.Internal, "internal", "the cluster's registry mirrors: %v", err)
+	}
+	return data, nil
 }
 
 func (s *Service) keys(ctx context.Context, diskID string) (diskKey, measurementSecret []byte, err error) {

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -112,14 +113,7 @@ func checkEndpoint(e string) error {
 }
 
 // Hosts returns m's registry hosts, sorted.
-func (m Mirrors) Hosts() []string {
-	hosts := make([]string, 0, len(m))
-	for h := range m {
-		hosts = append(hosts, h)
-	}
-	slices.Sort(hosts)
-	return hosts
-}
+func (m Mirrors) Hosts() []string { return slices.Sorted(maps.Keys(m)) }
 
 // Encode returns m's recorded form: JSON with sorted hosts. It validates m first.
 func (m Mirrors) Encode() ([]byte, error) {
@@ -204,15 +198,5 @@ func Write(dir string, m Mirrors) error {
 	return nil
 }
 
-// Equal reports whether a and b configure the same mirrors.
-func Equal(a, b Mirrors) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for h, e := range a {
-		if !slices.Equal(e, b[h]) {
-			return false
-		}
-	}
-	return true
-}
+// Equal reports whether a and b configure the same mirrors (nil and empty alike).
+func Equal(a, b Mirrors) bool { return maps.EqualFunc(a, b, slices.Equal[[]string]) }

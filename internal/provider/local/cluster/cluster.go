@@ -282,26 +282,8 @@ func (p *Provider) create(ctx context.Context) error {
 		return err
 	}
 	go p.reapOrphans(ctx)
-	// A provider that died without tearing down leaves namespaces behind: start clean.
-	var names []string
-	for _, n := range p.spec.Nodes {
-		names = append(names, n.Name)
-	}
-	if err := p.net.Delete(ctx, names); err != nil {
+	if err := p.createNetwork(ctx); err != nil {
 		return err
-	}
-	if err := p.net.CreateBridge(ctx); err != nil {
-		return err
-	}
-	if p.spec.NAT != nil {
-		u, err := p.net.StartUplink(ctx, p.spec.NAT.HostLoopback)
-		if err != nil {
-			return err
-		}
-		p.mu.Lock()
-		p.uplink = u
-		p.mu.Unlock()
-		go p.keepUplink(ctx, u)
 	}
 	ca, err := loadCA(p.spec.AKCACert, p.spec.AKCAKey)
 	if err != nil {
@@ -353,6 +335,42 @@ func (p *Provider) create(ctx context.Context) error {
 	return nil
 }
 
+// createNetwork makes the cluster's private network afresh (a provider that died without
+// tearing down leaves namespaces behind) and, with NAT, its uplink, kept running.
+func (p *Provider) createNetwork(ctx context.Context) error {
+	var names []string
+	for _, n := range p.spec.Nodes {
+		names = append(names, n.Name)
+	}
+	if err := p.net.Delete(ctx, names); err != nil {
+		return err
+	}
+	if err := p.net.CreateBridge(ctx); err != nil {
+		return err
+	}
+	if p.spec.NAT == nil {
+		return nil
+	}
+	u, err := p.startUplink(ctx)
+	if err != nil {
+		return err
+	}
+	go p.keepUplink(ctx, u)
+	return nil
+}
+
+// startUplink starts the bridge namespace's uplink and makes it the provider's.
+func (p *Provider) startUplink(ctx context.Context) (*sandbox.Uplink, error) {
+	u, err := p.net.StartUplink(ctx, p.spec.NAT.HostLoopback)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.uplink = u
+	p.mu.Unlock()
+	return u, nil
+}
+
 // keepUplink starts the uplink again whenever it exits while the cluster runs (slirp4netns
 // ending is the host's network cable pulled: the nodes lose their way out until it is back),
 // with a back-off of 1 s doubling to 30 s, until ctx ends.
@@ -372,11 +390,8 @@ func (p *Provider) keepUplink(ctx context.Context, u *sandbox.Uplink) {
 				return
 			case <-time.After(backoff):
 			}
-			next, err := p.net.StartUplink(ctx, p.spec.NAT.HostLoopback)
+			next, err := p.startUplink(ctx)
 			if err == nil {
-				p.mu.Lock()
-				p.uplink = next
-				p.mu.Unlock()
 				u, backoff = next, time.Second
 				p.log.Info("uplink running again", "pid", next.PID())
 				break
