@@ -251,7 +251,7 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 		return nil, &Error{Local: true, Reason: "protocol", Err: err}
 	}
 
-	w := newAsyncWriter(conn)
+	w := newFrameWriter(conn)
 	verified, err := c.admitAndRun(ctx, conn, w, role, exporter)
 	if err != nil {
 		var e *Error
@@ -269,7 +269,7 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 
 // admitAndRun asks Config.Admit, then runs the attestation exchange; the admission is
 // released when the exchange ends.
-func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
+func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *frameWriter, role Role, exporter []byte) (*attestation.Verified, error) {
 	if c.cfg.Admit != nil {
 		release, err := c.cfg.Admit(ctx, conn.RemoteAddr())
 		if err != nil {
@@ -288,7 +288,7 @@ func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *asyncW
 //  3. our evidence, bound to this connection's exporter, if the peer requires it;
 //  4. the peer's evidence, validated, and our verdict on it;
 //  5. the peer's verdict on ours.
-func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte) (*attestation.Verified, error) {
+func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *frameWriter, role Role, exporter []byte) (*attestation.Verified, error) {
 	hello, peerHello, err := c.exchangeHellos(conn, w)
 	if err != nil {
 		return nil, err
@@ -328,7 +328,7 @@ func localError(reason string, format string, args ...any) error {
 }
 
 // exchangeHellos sends our Hello and reads the peer's, which must speak our version.
-func (c *Credentials) exchangeHellos(conn *tls.Conn, w *asyncWriter) (hello, peerHello *atlspb.Hello, err error) {
+func (c *Credentials) exchangeHellos(conn *tls.Conn, w *frameWriter) (hello, peerHello *atlspb.Hello, err error) {
 	hello = &atlspb.Hello{Version: protocolVersion}
 	if c.cfg.Issuer != nil {
 		hello.IssuerVariant = c.cfg.Issuer.Variant().String()
@@ -374,7 +374,7 @@ func (c *Credentials) chooseValidator(hello, peerHello *atlspb.Hello) (attestati
 }
 
 // attest sends our evidence for the peer, which requires it, bound to exporter.
-func (c *Credentials) attest(ctx context.Context, w *asyncWriter, role Role, exporter []byte, hello, peerHello *atlspb.Hello) error {
+func (c *Credentials) attest(ctx context.Context, w *frameWriter, role Role, exporter []byte, hello, peerHello *atlspb.Hello) error {
 	if c.cfg.Issuer == nil {
 		return localError("incompatible", "no compatible evidence: peer requires one of %s; we do not attest", untrusted.QuoteList(peerHello.AcceptedVariants))
 	}
@@ -385,13 +385,19 @@ func (c *Credentials) attest(ctx context.Context, w *asyncWriter, role Role, exp
 	if err != nil {
 		return localError("issue", "issuing evidence: %w", err)
 	}
-	w.send(&atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: hello.IssuerVariant, Evidence: evidence}}})
+	frame := &atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: hello.IssuerVariant, Evidence: evidence}}}
+	if len(c.cfg.Validators) > 0 {
+		// The peer sends its evidence now too: write ours while we read it.
+		w.sendBehind(frame)
+	} else {
+		w.send(frame)
+	}
 	return nil
 }
 
 // verifyPeer reads the peer's evidence, validates it for exporter and the peer's purpose,
 // and sends our accepting verdict.
-func (c *Credentials) verifyPeer(ctx context.Context, conn *tls.Conn, w *asyncWriter, role Role, exporter []byte, validator attestation.Validator, peerHello *atlspb.Hello) (*attestation.Verified, error) {
+func (c *Credentials) verifyPeer(ctx context.Context, conn *tls.Conn, w *frameWriter, role Role, exporter []byte, validator attestation.Validator, peerHello *atlspb.Hello) (*attestation.Verified, error) {
 	f, err := c.read(conn, c.cfg.MaxEvidenceSize+frameOverhead)
 	if errors.Is(err, errFrameTooLarge) {
 		return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrTooLarge), Err: fmt.Errorf("%w: %w", attestation.ErrTooLarge, errors.Unwrap(err))}

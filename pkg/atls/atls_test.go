@@ -182,6 +182,30 @@ func TestMutualSwtpm(t *testing.T) {
 	assert.Equal(t, akA, cli.conn.Peer().SignerID)
 }
 
+// TestMutualLargeEvidence: in mutual attestation both sides send their evidence at once.
+// Evidence larger than the socket buffers hold (48 MiB, more than Linux's loopback buffers
+// grow to: 4 MiB to send, 32 MiB to receive by default) needs each side to read the other's
+// while its own is still being written; written inline, both writes would wait for a reader
+// until the deadline, and the handshake would fail.
+func TestMutualLargeEvidence(t *testing.T) {
+	const size = 48 << 20
+	big := issuerFunc{variant.QEMUVTPM, func(context.Context, attestation.Purpose, []byte) ([]byte, error) {
+		return bytes.Repeat([]byte{0xa5}, size), nil
+	}}
+	var seen [2]chan []byte
+	cfgs := [2]atls.Config{}
+	for i := range cfgs {
+		seen[i] = make(chan []byte, 1)
+		cfgs[i] = atls.Config{Issuer: big, Validators: []attestation.Validator{acceptAnything{variant.QEMUVTPM, seen[i]}}, MaxEvidenceSize: size}
+	}
+	srv, cli := connect(t, creds(t, cfgs[0]), creds(t, cfgs[1]))
+	require.NoError(t, srv.err, "a deadlock ends at the handshake deadline")
+	require.NoError(t, cli.err)
+	for i := range seen {
+		assert.Len(t, <-seen[i], size)
+	}
+}
+
 // issuerFunc lets a test play a malicious or broken peer.
 type issuerFunc struct {
 	v  variant.Variant

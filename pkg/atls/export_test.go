@@ -6,6 +6,9 @@ import "bytes"
 // floor.
 var EphemeralCert = ephemeralCert
 
+// ExporterLabel is the exporter label of the evidence binding, for the benchmarks' limit.
+const ExporterLabel = exporterLabel
+
 // DecodeFramesForFuzzing decodes frames from data until it fails; it must never panic nor allocate
 // beyond the limit.
 func DecodeFramesForFuzzing(data []byte) {

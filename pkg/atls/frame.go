@@ -58,31 +58,49 @@ func readFrame(r io.Reader, limit int) (*atlspb.Frame, error) {
 	return f, nil
 }
 
-// asyncWriter sends frames from its own goroutine, so both sides of the exchange can write
-// (possibly large) evidence at the same time without deadlocking on full socket buffers.
-type asyncWriter struct {
-	frames chan *atlspb.Frame
-	done   chan error
+// frameWriter writes frames in order, on the caller's goroutine except for one case. Writing
+// inline blocks only while the peer does not read, and the protocol always has the peer reading
+// except when both sides send their evidence at once (mutual attestation): evidence can be
+// larger than the socket buffers, so each side would wait for the other to read. sendBehind
+// writes such a frame on its own goroutine while the caller reads; the next frame waits for
+// it. Hellos, verdicts and aborts are small (maxHelloFrame). A write that blocks anyway (a peer
+// that stopped reading) is bounded by the connection's handshake deadline.
+type frameWriter struct {
+	w       io.Writer
+	pending chan error // the result of the write running behind, nil if none
+	err     error      // the first write error
 }
 
-func newAsyncWriter(w io.Writer) *asyncWriter {
-	aw := &asyncWriter{frames: make(chan *atlspb.Frame, 4), done: make(chan error, 1)}
-	go func() {
-		var err error
-		for f := range aw.frames {
-			if err == nil {
-				err = writeFrame(w, f)
-			}
+func newFrameWriter(w io.Writer) *frameWriter { return &frameWriter{w: w} }
+
+// send writes f once the frame behind (if any) is written. After a write error it writes
+// nothing more.
+func (fw *frameWriter) send(f *atlspb.Frame) {
+	if fw.wait() == nil {
+		fw.err = writeFrame(fw.w, f)
+	}
+}
+
+// sendBehind starts writing f on its own goroutine and returns at once.
+func (fw *frameWriter) sendBehind(f *atlspb.Frame) {
+	if fw.wait() != nil {
+		return
+	}
+	done := make(chan error, 1)
+	fw.pending = done
+	go func() { done <- writeFrame(fw.w, f) }()
+}
+
+// wait waits for the frame behind and returns the first write error.
+func (fw *frameWriter) wait() error {
+	if fw.pending != nil {
+		if err := <-fw.pending; fw.err == nil {
+			fw.err = err
 		}
-		aw.done <- err
-	}()
-	return aw
+		fw.pending = nil
+	}
+	return fw.err
 }
-
-func (aw *asyncWriter) send(f *atlspb.Frame) { aw.frames <- f }
 
 // finish waits until every frame was written and returns the first write error.
-func (aw *asyncWriter) finish() error {
-	close(aw.frames)
-	return <-aw.done
-}
+func (fw *frameWriter) finish() error { return fw.wait() }
