@@ -114,18 +114,20 @@ var imageV1 = image("bootstrapper v1")
 // env is a join service on an initialized, measured control-plane node, with a real key
 // service behind it and a real API server, and TPMs for joining nodes.
 type env struct {
-	t         testing.TB
-	addr      string
-	svc       *joinservice.Service
-	active    *measurements.Active
-	akCA      *akca.CA
-	secret    kms.MasterSecret
-	salt      []byte
-	keys      *countingKeys
-	logs      *syncBuffer
-	registry  *prometheus.Registry
-	nodeTPM   *vtpm.TPM // measured with imageV1, shared by the simulated joining nodes
-	directory joinservice.StaticDirectory
+	t testing.TB
+	// serviceSwtpm is the PID of the service's swtpm process.
+	serviceSwtpm int
+	addr         string
+	svc          *joinservice.Service
+	active       *measurements.Active
+	akCA         *akca.CA
+	secret       kms.MasterSecret
+	salt         []byte
+	keys         *countingKeys
+	logs         *syncBuffer
+	registry     *prometheus.Registry
+	nodeTPM      *vtpm.TPM // measured with imageV1, shared by the simulated joining nodes
+	directory    joinservice.StaticDirectory
 	// removed are nodes the platform no longer lists (deleted instances).
 	removed sync.Map
 	// clock is added to the real time of the service's clock (Config.Now).
@@ -166,7 +168,8 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	e.keys = &countingKeys{secret: e.secret}
 
 	// The service's node: booted from the image, AK certified, initialized (PCR 15).
-	serviceTPM, _ := vtpmtest.Swtpm(t)
+	serviceTPM, serviceSwtpm := vtpmtest.Swtpm(t)
+	e.serviceSwtpm = serviceSwtpm.Pid()
 	serviceLog, err := local.MeasureLogged(serviceTPM, opts.serviceImg)
 	require.NoError(t, err)
 	require.NoError(t, local.CertifyAK(serviceTPM, e.akCA, "control-plane-0", metadata.ControlPlane, time.Now()))

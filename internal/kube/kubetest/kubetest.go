@@ -67,6 +67,18 @@ type Cluster struct {
 	procs []*exec.Cmd
 }
 
+// PIDs returns the process ID of each running process by its binary's name ("etcd",
+// "kube-apiserver", ...), for benchmarks that account the control plane's CPU.
+func (c *Cluster) PIDs() map[string]int {
+	pids := map[string]int{}
+	for _, p := range c.procs {
+		if p.Process != nil {
+			pids[filepath.Base(p.Path)] = p.Process.Pid
+		}
+	}
+	return pids
+}
+
 // Options tune a control plane.
 type Options struct {
 	// Fsync keeps etcd's fsync on every commit. Off by default: tests do not survive a power

@@ -56,6 +56,10 @@ type Issuer struct {
 	akCert   []byte
 	eventLog func() ([]byte, error)
 	hardware HardwareSource
+	// pcrs are the PCR values read after the last quote and digest their SHA-256 digest in
+	// quote order; read and written only inside tpm.With. See quote.
+	pcrs   [][]byte
+	digest []byte
 }
 
 // NewIssuer loads (or creates) the attestation key on tpm.
@@ -166,13 +170,19 @@ func (i *Issuer) Issue(ctx context.Context, purpose attestation.Purpose, data []
 // quoteAttempts bounds retries when a PCR changes between the quote and the PCR read.
 const quoteAttempts = 3
 
-// quote signs all SHA-256 PCRs with nonce and reads their values.
+// quote signs all SHA-256 PCRs with nonce and returns their values.
 //
 // Why not client.Key.Quote: it verifies its own signature after quoting, to catch PCRs that
 // changed between TPM2_Quote and the PCR read. That costs an ECDSA verify (~150 µs) on the
 // critical path of every join the join service answers. Comparing the quoted PCR digest with
 // the digest of the values read catches the same race for the cost of a hash; a bad signature
 // is the validator's to find, as it must be anyway.
+//
+// The values are read once and then again only when a quote's PCR digest differs from theirs
+// (a PCR was extended since): a node's PCRs rarely change after boot, and the three
+// TPM2_PCR_Read commands cost three more round trips to the TPM than the quote itself. The
+// values sent are always ones whose digest the TPM just signed, so the evidence is the same as
+// with a fresh read.
 func (i *Issuer) quote(rw io.ReadWriter, nonce []byte) (quote, sig []byte, pcrs [][]byte, err error) {
 	sel := tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: allPCRs()}
 	for range quoteAttempts {
@@ -180,30 +190,43 @@ func (i *Issuer) quote(rw io.ReadWriter, nonce []byte) (quote, sig []byte, pcrs 
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("quote: %w", err)
 		}
-		read, err := client.ReadPCRs(rw, sel)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("reading PCRs: %w", err)
-		}
 		attested, err := tpm2.DecodeAttestationData(quote)
 		if err != nil || attested.AttestedQuoteInfo == nil {
 			return nil, nil, nil, fmt.Errorf("TPM returned an undecodable quote: %v", err)
 		}
-		pcrs = make([][]byte, NumPCRs)
-		h := sha256.New()
-		for idx := range pcrs {
-			v, ok := read.GetPcrs()[uint32(idx)]
-			if !ok {
-				return nil, nil, nil, fmt.Errorf("TPM did not return PCR %d", idx)
-			}
-			pcrs[idx] = v
-			h.Write(v)
+		if i.digest != nil && bytes.Equal(i.digest, attested.AttestedQuoteInfo.PCRDigest) {
+			return quote, sig, i.pcrs, nil
 		}
-		if bytes.Equal(h.Sum(nil), attested.AttestedQuoteInfo.PCRDigest) {
-			return quote, sig, pcrs, nil
+		if err := i.readPCRs(rw, sel); err != nil {
+			return nil, nil, nil, err
+		}
+		if bytes.Equal(i.digest, attested.AttestedQuoteInfo.PCRDigest) {
+			return quote, sig, i.pcrs, nil
 		}
 		// A PCR was extended between the quote and the read: quote again.
 	}
 	return nil, nil, nil, fmt.Errorf("PCRs kept changing while quoting (%d attempts)", quoteAttempts)
+}
+
+// readPCRs reads the values of sel into i.pcrs and their digest in quote order into i.digest.
+func (i *Issuer) readPCRs(rw io.ReadWriter, sel tpm2.PCRSelection) error {
+	i.pcrs, i.digest = nil, nil
+	read, err := client.ReadPCRs(rw, sel)
+	if err != nil {
+		return fmt.Errorf("reading PCRs: %w", err)
+	}
+	pcrs := make([][]byte, NumPCRs)
+	h := sha256.New()
+	for idx := range pcrs {
+		v, ok := read.GetPcrs()[uint32(idx)]
+		if !ok {
+			return fmt.Errorf("TPM did not return PCR %d", idx)
+		}
+		pcrs[idx] = v
+		h.Write(v)
+	}
+	i.pcrs, i.digest = pcrs, h.Sum(nil)
+	return nil
 }
 
 // Close releases the attestation key handle (the persistent key stays in the TPM).

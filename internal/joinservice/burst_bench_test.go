@@ -1,0 +1,120 @@
+package joinservice_test
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
+	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
+)
+
+// burstSize is how many new nodes ask for a join ticket at the same moment in
+// BenchmarkJoinBurst.
+const burstSize = 1000
+
+// BenchmarkJoinBurst: 1,000 new nodes ask the join service (defaults: 16 handshakes working,
+// 256 waiting) for a join ticket at the same moment, as a scale-up of a large pool would. The
+// service refuses what exceeds its bounds (busy) before any quote or validation, and a refused
+// node tries again on the join client's back-off schedule (joinclient.NewBackoff: about 1 s,
+// doubling). Every node must get its ticket; reported: the time to the last ticket, the
+// tickets (must equal the nodes), the attempts per node, and the test process's peak
+// HeapInuse+StackInuse over its baseline (sampled every 20 ms; the 1,000 joiners' connections
+// share the process, so this bounds the service's from above) and peak goroutines.
+//
+// One iteration is one burst: run with -benchtime 1x.
+func BenchmarkJoinBurst(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	nodes := vtpmtest.Simulator(b)
+	measure(b, nodes, imageV1)
+	provisionRoot(b, nodes, e.akCA)
+	var serviceValidator attestation.Validator
+	newJoiners := func(round int) []*joiner {
+		joiners := make([]*joiner, burstSize)
+		for i := range joiners {
+			// Every node its own address: per-address limits do not apply, the global ones do.
+			j := e.joiner(fmt.Sprintf("node-%03d", i%256), fmt.Sprintf("127.%d.%d.%d", 2+round, i/250, i%250+1))
+			j.tpm = nodes
+			if serviceValidator == nil {
+				serviceValidator = e.serviceValidator(j)
+			}
+			j.serviceValidator = serviceValidator
+			e.prepare(j)
+			joiners[i] = j
+		}
+		return joiners
+	}
+	var longest time.Duration
+	var attempts, tickets, peakGoroutines int64
+	var peakBytes uint64
+	b.ResetTimer()
+	for round := range b.N {
+		b.StopTimer()
+		joiners := newJoiners(round)
+		runtime.GC()
+		base := inUse()
+		baseGoroutines := runtime.NumGoroutine()
+		stopSampling := make(chan struct{})
+		sampled := make(chan struct{})
+		go func() {
+			defer close(sampled)
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stopSampling:
+					return
+				case <-tick.C:
+					if m := inUse(); m > base && m-base > peakBytes {
+						peakBytes = m - base
+					}
+					if g := int64(runtime.NumGoroutine() - baseGoroutines); g > peakGoroutines {
+						peakGoroutines = g
+					}
+				}
+			}
+		}()
+		b.StartTimer()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, j := range joiners {
+			wg.Go(func() {
+				asJoiner(func() {
+					backoff := joinclient.NewBackoff()
+					for attempt := 1; ; attempt++ {
+						atomic.AddInt64(&attempts, 1)
+						_, err := e.join(j, false)
+						if err == nil {
+							atomic.AddInt64(&tickets, 1)
+							return
+						}
+						if attempt == 10 {
+							b.Errorf("node %s (%s): no ticket after %d attempts: %v", j.name, j.local, attempt, err)
+							return
+						}
+						time.Sleep(backoff.Step())
+					}
+				})
+			})
+		}
+		wg.Wait()
+		if d := time.Since(start); d > longest {
+			longest = d
+		}
+		b.StopTimer()
+		close(stopSampling)
+		<-sampled
+	}
+	b.ReportMetric(longest.Seconds(), "s-to-last-ticket")
+	b.ReportMetric(float64(tickets)/float64(b.N), "tickets")
+	b.ReportMetric(float64(attempts)/float64(tickets), "attempts/ticket")
+	b.ReportMetric(float64(peakBytes)/(1<<20), "peak-MB")
+	b.ReportMetric(float64(peakGoroutines), "peak-goroutines")
+	if tickets != int64(burstSize*b.N) {
+		b.Errorf("%d tickets for %d nodes", tickets, burstSize*b.N)
+	}
+}
