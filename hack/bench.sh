@@ -34,7 +34,9 @@ raw=_output/bench/$(date -u +%Y%m%dT%H%M%SZ).txt
   (cd pkg && go test -run '^$' -bench 'BenchmarkCheck$|BenchmarkValidate|BenchmarkValidator|BenchmarkVerifyQuote|BenchmarkReplay' -benchtime "$benchtime" -count "$count" \
     ./attestation/snp/ ./attestation/awssnp/ ./attestation/gcpsnp/ ./attestation/azuresnp/ \
     ./attestation/tdx/ ./attestation/eventlog/ 2>/dev/null) || true
-  go test -run '^$' -bench BenchmarkJoin -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
+  go test -run '^$' -bench 'BenchmarkJoin$' -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
+  # 1,000 nodes asking for a join ticket at the same moment (one burst).
+  go test -run '^$' -bench 'BenchmarkJoinBurst$' -benchtime 1x ./internal/joinservice/ 2>/dev/null || true
   # 10,000 connections that never complete TLS against the join service (one flood per run:
   # each waits for the 20 s handshake deadline).
   go test -run '^$' -bench BenchmarkStalledConnections -benchtime 1x ./internal/joinservice/ 2>/dev/null || true
@@ -82,7 +84,7 @@ if [ -n "$previous" ] && [ -x "$benchstat" ]; then
   # CSV rows: name, old, CI, new, CI, vs base, P. A regression: slower by more than 5 %, p < 0.05.
   regressions=$("$benchstat" -format csv "$previous" "$raw" 2>/dev/null | awk -F, '
     /^,/ { unit=$2 }
-    unit ~ /sec\/op|ms|ns/ && $6 ~ /^\+[0-9.]+%$/ && $7 ~ /^p=/ {
+    unit ~ /sec\/op|ms|µs|ns/ && $6 ~ /^\+[0-9.]+%$/ && $7 ~ /^p=/ {
       delta=$6; sub(/%/, "", delta); p=$7; sub(/^p=/, "", p); sub(/ .*/, "", p)
       if (delta+0 > 5 && p+0 < 0.05) printf "  %s: %s (%s)\n", $1, $6, $7
     }')
