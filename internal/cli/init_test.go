@@ -163,3 +163,43 @@ func TestRejectionsPrintSafely(t *testing.T) {
 	}
 	assert.LessOrEqual(t, len(got), 2*(untrusted.MaxTextBytes+32)+64)
 }
+
+// TestInitWaitsForTheListener: while the node boots nothing listens at its init address; the
+// connection attempt keeps knocking (every initPoll) and connects once the node listens,
+// instead of failing or waiting out gRPC's growing back-off.
+func TestInitWaitsForTheListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // the node is not up yet: connections are refused
+
+	attempts := 0
+	up := make(chan net.Listener, 1)
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		attempts++
+		if attempts == 3 { // the node starts listening
+			l, err := net.Listen("tcp", addr)
+			require.NoError(t, err)
+			t.Cleanup(func() { l.Close() })
+			up <- l
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	conn, err := untilListening(&bytes.Buffer{}, dial)(ctx, addr)
+	require.NoError(t, err)
+	conn.Close()
+	assert.Equal(t, 3, attempts)
+	<-up
+
+	// A context that ends while nothing listens ends the wait with the last refusal.
+	ctx, cancel = context.WithTimeout(t.Context(), 3*initPoll)
+	defer cancel()
+	refused := func(ctx context.Context, _ string) (net.Conn, error) {
+		return nil, errors.New("connect: connection refused")
+	}
+	_, err = untilListening(&bytes.Buffer{}, refused)(ctx, addr)
+	assert.ErrorContains(t, err, "connection refused")
+}

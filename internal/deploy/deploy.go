@@ -375,7 +375,7 @@ func Run(ctx context.Context, kubeconfig []byte, cfg Config, progress func(strin
 	progress(fmt.Sprintf("waiting up to %s for the services to be ready", cfg.WaitTimeout))
 	wctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)
 	defer cancel()
-	if err := Wait(wctx, client, 2*time.Second); err != nil {
+	if err := Wait(wctx, client, 500*time.Millisecond); err != nil {
 		return err
 	}
 	progress("join, key and verification services ready")

@@ -190,12 +190,17 @@ func restricted(user int64) *corev1ac.SecurityContextApplyConfiguration {
 	return sc
 }
 
+// tcpProbe checks every second that the service accepts connections: a TCP connect is cheap,
+// and the first probe after the container starts decides when the service counts as ready, so
+// init's wait for the services and a node's readiness follow its start within about a second
+// (every 5 s, they lagged up to 10 s: the kubelet's first probe waits a random part of the
+// period).
 func tcpProbe(host string, port int32) *corev1ac.ProbeApplyConfiguration {
 	a := corev1ac.TCPSocketAction().WithPort(intstr.FromInt32(port))
 	if host != "" {
 		a.WithHost(host)
 	}
-	return corev1ac.Probe().WithTCPSocket(a).WithPeriodSeconds(5).WithFailureThreshold(3)
+	return corev1ac.Probe().WithTCPSocket(a).WithPeriodSeconds(1).WithFailureThreshold(3)
 }
 
 func tpmVolume() *corev1ac.VolumeApplyConfiguration {

@@ -48,6 +48,7 @@ var (
 	controllerManager = kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: []kubeadmv1beta4.Arg{
 		{Name: "profiling", Value: "false"}, {Name: "bind-address", Value: "127.0.0.1"},
 		{Name: "cluster-signing-duration", Value: "24h0m0s"},
+		{Name: "kube-api-qps", Value: "100"}, {Name: "kube-api-burst", Value: "200"},
 	}}
 	// The kubelet settings every variant has.
 	kubeletAuth = kubeletv1beta1.KubeletAuthentication{

@@ -116,20 +116,25 @@ func Run(ctx context.Context, o Options) error {
 	}
 	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
 
-	by, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet)
+	authz := &authorizer{ctx: ctx, log: log}
+	by, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet, authz)
 	if err != nil {
 		return err
 	}
 	log.Info("node is in its cluster", "by", by)
+	// A rejoined node restarted its kubelet without kubeadm: its images must be there too.
+	if err := osys.WaitImages(ctx); err != nil {
+		return fmt.Errorf("node failed: %w", err)
+	}
 	// A control plane's API server asks the removed-node authorizer about every request of a
 	// node identity: from now on it must answer (nodeauthz).
 	var authzFailed <-chan error
 	if self.Instance().Role == metadata.ControlPlane {
-		authz, err := nodeauthz.Start(ctx, nodeauthz.Config{PKIDir: kubeadmconfig.CertificatesDir, Kubeconfig: adminKubeconfig, Log: log})
+		srv, err := authz.start()
 		if err != nil {
 			return fmt.Errorf("node failed: %w", err)
 		}
-		authzFailed = authz.Err()
+		authzFailed = srv.Err()
 		if err := keepKubernetesVersion(ctx, o, nodeConfig, log); err != nil {
 			return fmt.Errorf("node failed: %w", err)
 		}
@@ -224,7 +229,7 @@ func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Lo
 //  3. the join client;
 //  4. on a control plane, the recovery server (rebooted) or the init server (fresh);
 //  5. the bootstrapper, which picks init, join, rejoin or recovery.
-func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor) (string, error) {
+func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor, authz *authorizer) (string, error) {
 	tpm := vtpm.PerUseTPM{Open: vtpm.OpenAddr("unix:" + nodeos.TPMSocket)}
 	progress := asyncReporter(ctx, meta, log)
 	issuer, serviceValidator, err := nodeAttestation(ctx, tpm, nodeConfig.JoinServiceSets, progress, log)
@@ -238,7 +243,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 	}
 	log.Info("node opened", "state", n.State().String())
 	settings := kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true}
-	runner := &kubeletFirst{Runner: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")}, kubelet: kubelet, ctx: ctx}
+	runner := &kubeletFirst{Runner: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")}, kubelet: kubelet, images: osys.WaitImages, ctx: ctx}
 	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
 	if err != nil {
 		return "", err
@@ -264,7 +269,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
 			AdminKubeconfig: adminKubeconfig, KubeletKubeconfig: kubeletcred.KubeconfigFile, APIServerConfigDir: nodeauthz.ConfigDir, RegistryHostsDir: registries.HostsDir,
 			PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir, NodeLogs: osys.Logs, Log: log,
-			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout),
+			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout, authz),
 		})
 		if err != nil {
 			return "", err
@@ -346,16 +351,41 @@ const DefaultDeployWaitTimeout = 3 * time.Minute
 // deployServices deploys the join, key and verification services from the image the node
 // configuration names (measured with the node) and waits until they run: when init returns,
 // the cluster can admit workers.
-func deployServices(image, metadataURL string, wait time.Duration) initserver.DeployFunc {
+func deployServices(image, metadataURL string, wait time.Duration, authz *authorizer) initserver.DeployFunc {
 	if wait <= 0 {
 		wait = DefaultDeployWaitTimeout
 	}
 	return func(ctx context.Context, d initserver.Deployment) error {
+		// Nodes join as soon as the join service serves, before init returns: the API server
+		// must find its removed-node authorizer by then.
+		if _, err := authz.start(); err != nil {
+			return err
+		}
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
 			Image: image, Attestation: d.Attestation, RegistryMirrors: d.RegistryMirrors, MetadataURL: metadataURL, WaitTimeout: wait,
 			APIServerEndpoint: d.APIEndpoint,
 		}, d.Progress)
 	}
+}
+
+// authorizer starts a control plane's removed-node authorizer (internal/nodeauthz) once, for
+// the bootstrapper's lifetime. The API server asks it about every request of a node identity
+// and fails the request while it does not answer (kubeadm join then waits 5 s to try again):
+// on the init path it starts as soon as kubeadm init made the API server, before the services
+// are deployed and workers join; on the others once the node is in its cluster.
+type authorizer struct {
+	ctx  context.Context
+	log  *slog.Logger
+	once sync.Once
+	srv  *nodeauthz.Server
+	err  error
+}
+
+func (a *authorizer) start() (*nodeauthz.Server, error) {
+	a.once.Do(func() {
+		a.srv, a.err = nodeauthz.Start(a.ctx, nodeauthz.Config{PKIDir: kubeadmconfig.CertificatesDir, Kubeconfig: adminKubeconfig, Log: a.log})
+	})
+	return a.srv, a.err
 }
 
 // stateStorage mounts the node's state overlays right after the storage is unlocked, as a
@@ -387,10 +417,12 @@ type lifetimeKubelet struct {
 func (k lifetimeKubelet) Restart(context.Context) error { return k.Supervisor.Restart(k.ctx) }
 
 // kubeletFirst starts the kubelet supervisor before kubeadm runs: kubeadm writes the
-// kubelet's configuration and then waits for it to become healthy, as with systemd.
+// kubelet's configuration and then waits for it to become healthy, as with systemd. kubeadm
+// runs once the node's images are imported: its preflight would pull missing ones.
 type kubeletFirst struct {
 	kubeadm.Runner
 	kubelet *nodeos.Supervisor
+	images  func(context.Context) error
 	// ctx is the bootstrapper's lifetime: the kubelet outlives the kubeadm call that starts it.
 	ctx  context.Context
 	once sync.Once
@@ -399,11 +431,17 @@ type kubeletFirst struct {
 func (k *kubeletFirst) start() { k.once.Do(func() { k.kubelet.Start(k.ctx) }) }
 
 func (k *kubeletFirst) Init(ctx context.Context, config []byte, out io.Writer) error {
+	if err := k.images(ctx); err != nil {
+		return err
+	}
 	k.start()
 	return k.Runner.Init(ctx, config, out)
 }
 
 func (k *kubeletFirst) Join(ctx context.Context, config []byte, out io.Writer) error {
+	if err := k.images(ctx); err != nil {
+		return err
+	}
 	k.start()
 	return k.Runner.Join(ctx, config, out)
 }
