@@ -114,6 +114,34 @@ func Tag(ref string) string {
 	return ""
 }
 
+// ForWorker returns the entries without the images only a control plane runs: its static
+// pods' (kube-apiserver, kube-controller-manager, kube-scheduler and etcd, of every version). A
+// worker never runs them, and importing them at every boot cost it about half its import time
+// and memory (265 instead of 533 MB of archives, held twice in containerd's tmpfs).
+func (idx Index) ForWorker() Index {
+	var out Index
+	for _, e := range idx.Images {
+		if !ControlPlaneOnly(e.Ref) {
+			out.Images = append(out.Images, e)
+		}
+	}
+	return out
+}
+
+// ControlPlaneOnly reports whether ref is an image only control planes run (ForWorker).
+func ControlPlaneOnly(ref string) bool {
+	repo := Repository(ref)
+	if repo == Registry+"/etcd" {
+		return true
+	}
+	for _, c := range controlPlane {
+		if repo == Registry+"/"+c {
+			return true
+		}
+	}
+	return false
+}
+
 // Files returns the paths of the index's archives in dir.
 func (idx Index) Files(dir string) []string {
 	files := make([]string, 0, len(idx.Images))

@@ -629,14 +629,15 @@ func (p *Provider) nodeImages(node provider.NodeSpec) ([]string, error) {
 	if p.spec.ImagesDir == "" {
 		return p.spec.Images, nil
 	}
-	return NodeImages(p.spec.ImagesDir, node.Image, node.KubernetesVersions...)
+	return NodeImages(p.spec.ImagesDir, node.Image, node.Role, node.KubernetesVersions...)
 }
 
-// NodeImages returns the archives a node booting the node image in imageDir imports: from the
-// image index in imagesDir the images of the Kubernetes version its node-config.json names and
-// of the further versions, and ours (nodeimage.Index.ForKubernetes); and those the node image
-// carries (local.ImageArchives: a release's services image).
-func NodeImages(imagesDir, imageDir string, further ...string) ([]string, error) {
+// NodeImages returns the archives a node of role booting the node image in imageDir imports:
+// from the image index in imagesDir the images of the Kubernetes version its node-config.json
+// names and of the further versions, and ours (nodeimage.Index.ForKubernetes), a worker's
+// without the control plane's (nodeimage.Index.ForWorker); and those the node image carries
+// (local.ImageArchives: a release's services image).
+func NodeImages(imagesDir, imageDir string, role metadata.Role, further ...string) ([]string, error) {
 	data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
 	if err != nil {
 		return nil, fmt.Errorf("node image: %w", err)
@@ -652,6 +653,9 @@ func NodeImages(imagesDir, imageDir string, further ...string) ([]string, error)
 	images, err := index.ForKubernetes(append([]string{nodeConfig.KubernetesVersion}, further...)...)
 	if err != nil {
 		return nil, fmt.Errorf("container images of node image %s: %w", imageDir, err)
+	}
+	if role != metadata.ControlPlane {
+		images = images.ForWorker()
 	}
 	carried, err := local.ImageArchives(imageDir)
 	if err != nil {

@@ -148,24 +148,34 @@ func TestCheckImages(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.images, dir)
-			files, err := cluster.NodeImages(dir, tc.image)
+			files, err := cluster.NodeImages(dir, tc.image, metadata.ControlPlane)
 			require.NoError(t, err)
 			assert.Len(t, files, tc.wantImages, "7 of the version, and ours")
 			assert.Contains(t, files, filepath.Join(dir, "services.tar"))
 			assert.Contains(t, files, filepath.Join(dir, tc.confVersion+"-0.tar"))
+			// A worker's: kube-proxy, CoreDNS, pause and ours; not the control plane's static
+			// pods (kube-apiserver, kube-controller-manager, kube-scheduler, etcd).
+			files, err = cluster.NodeImages(dir, tc.image, metadata.Worker)
+			require.NoError(t, err)
+			assert.Len(t, files, 4, "kube-proxy, CoreDNS, pause, ours")
+			assert.Contains(t, files, filepath.Join(dir, "services.tar"))
+			assert.Contains(t, files, filepath.Join(dir, tc.confVersion+"-3.tar"), "kube-proxy")
+			for _, i := range []int{0, 1, 2, 6} {
+				assert.NotContains(t, files, filepath.Join(dir, fmt.Sprintf("%s-%d.tar", tc.confVersion, i)))
+			}
 		})
 	}
 
 	// A node of an upgrade's release runs its cluster's older version too: it imports both.
 	t.Run("further versions", func(t *testing.T) {
-		files, err := cluster.NodeImages(both, v135, "v1.34.4")
+		files, err := cluster.NodeImages(both, v135, metadata.ControlPlane, "v1.34.4")
 		require.NoError(t, err)
 		assert.Contains(t, files, filepath.Join(both, "v1.35.4-0.tar"))
 		assert.Contains(t, files, filepath.Join(both, "v1.34.4-0.tar"))
 		assert.Contains(t, files, filepath.Join(both, "services.tar"))
-		_, err = cluster.NodeImages(both, v135, "v1.33.0")
+		_, err = cluster.NodeImages(both, v135, metadata.ControlPlane, "v1.33.0")
 		assert.ErrorContains(t, err, `kubernetesVersion "v1.33.0" is not supported`)
-		_, err = cluster.NodeImages(fakeIndex(t, "v1.35.4"), v135, "v1.34.4")
+		_, err = cluster.NodeImages(fakeIndex(t, "v1.35.4"), v135, metadata.ControlPlane, "v1.34.4")
 		assert.ErrorContains(t, err, "registry.k8s.io/kube-apiserver:v1.34.4")
 	})
 }

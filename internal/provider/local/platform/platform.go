@@ -200,7 +200,7 @@ func checkImages(req provider.CreateRequest) (string, error) {
 			return "", fmt.Errorf("node image %s runs Kubernetes %s, but %s says kubernetesVersion %s: lay out an image of %s",
 				n.Image, nodeConfig.KubernetesVersion, config.FileName, want, want)
 		}
-		if _, err := cluster.NodeImages(imagesDir, n.Image, n.KubernetesVersions...); err != nil {
+		if _, err := cluster.NodeImages(imagesDir, n.Image, n.Role, n.KubernetesVersions...); err != nil {
 			return "", err
 		}
 	}
