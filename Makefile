@@ -21,7 +21,7 @@ debs: ## install missing Debian packages
 devtools: ## build the pinned Go tools (staticcheck, protoc plugins, benchstat) into _output/bin
 	@./hack/install-deps.sh devtools
 
-kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~7-10 min per version cold)
+kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~8 CPU-minutes per version cold)
 	@./hack/build-kube.sh
 
 images: debs kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
@@ -90,9 +90,8 @@ bench: deps kube images ## run the benchmarks and print a table (see docs/benchm
 
 # `make up` builds and images the default Kubernetes version only (hack/kubeversions); the tests
 # build every supported one. Our binaries, CoreDNS and local-path-provisioner build beside
-# etcd and Kubernetes (-j2: image-bins after build): one go build alone leaves a core idle for a
-# good part of its time (loading packages, packages waiting on others, links), which the other
-# fills (docs/benchmarks.md "`make up` on a fresh machine").
+# etcd and Kubernetes (-j2: image-bins after build): a go build alone does not keep both cores
+# busy all the time (loading packages, packages waiting on others, links); the other fills them.
 up: export KUBE_VERSIONS = default
 up: debs ## create a local confidential cluster: one control plane, two workers (see README)
 	@$(MAKE) --no-print-directory -j2 kube image-bins
