@@ -7,22 +7,34 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api pkg/api -name '*.proto')
 
-.PHONY: help deps kube images build release-key release test unit integration e2e fuzz lint consumer proto proto-check bench up down clean
+.PHONY: help deps debs devtools kube image-bins images build release-key release test unit integration e2e fuzz lint consumer proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## install missing Debian packages and pinned Go tools
-	@./hack/install-deps.sh
+deps: debs devtools ## install missing Debian packages and pinned Go tools
 
-kube: deps ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~7-10 min per version cold)
+# What building needs (make up) is the Debian packages; the Go tools are for lint, proto and bench.
+debs: ## install missing Debian packages
+	@./hack/install-deps.sh debs
+
+devtools: ## build the pinned Go tools (staticcheck, protoc plugins, benchstat) into _output/bin
+	@./hack/install-deps.sh devtools
+
+kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~8 CPU-minutes per version cold)
 	@./hack/build-kube.sh
 
-images: deps kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
+images: debs kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
 	@./hack/build-images.sh
 
-build: deps ## build the binaries into _output/bin
-	$(GO) build -o $(BIN)/ ./cmd/...
+# After build: both compile our packages with the same flags, one after the other, so only once.
+image-bins: debs build ## build the images' binaries that are not Kubernetes' (CoreDNS, local-path-provisioner, ours)
+	@./hack/build-images.sh bins
+
+# Static and -trimpath, as hack/build-images.sh builds the services for the images: both then
+# compile our packages once. None of our commands needs cgo.
+build: debs ## build the binaries into _output/bin
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
 release-key: build ## make the local release key once: _output/release-key.pem (private) and .pub (pinned by configs)
 	@if [ -f _output/release-key.pem ]; then echo "release key: _output/release-key.pem exists"; else $(BIN)/release keygen _output/release-key.pem; fi
@@ -54,7 +66,7 @@ e2e: deps kube images ## end-to-end tier: test/e2e, local clusters from the buil
 fuzz: deps ## run every fuzz target briefly (FUZZTIME per target)
 	@./hack/fuzz.sh $(FUZZTIME)
 
-lint: deps ## gofmt, go vet, staticcheck, go mod tidy check, citations only of what is in the repo
+lint: devtools ## gofmt, go vet, staticcheck, go mod tidy check, citations only of what is in the repo
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd pkg && $(GO) vet ./...
@@ -66,20 +78,24 @@ lint: deps ## gofmt, go vet, staticcheck, go mod tidy check, citations only of w
 consumer: deps ## build and test a separate module against pkg/ as published through a module proxy (hack/check-consumer.sh)
 	@./hack/check-consumer.sh
 
-proto: deps ## regenerate the protobuf/gRPC code under api/
+proto: debs devtools ## regenerate the protobuf/gRPC code under api/
 	@for p in $(PROTOS); do protoc -I . --go_out=. --go_opt=paths=source_relative \
 	  --go-grpc_out=. --go-grpc_opt=paths=source_relative "$$p"; done
 
-proto-check: deps ## fail if the committed generated code is stale
+proto-check: debs devtools ## fail if the committed generated code is stale
 	@./hack/check-proto.sh
 
 bench: deps kube images ## run the benchmarks and print a table (see docs/benchmarks.md)
 	@./hack/bench.sh
 
 # `make up` builds and images the default Kubernetes version only (hack/kubeversions); the tests
-# build every supported one.
+# build every supported one. Our binaries, CoreDNS and local-path-provisioner build beside
+# etcd and Kubernetes (-j2: image-bins after build): a go build alone does not keep both cores
+# busy all the time (loading packages, packages waiting on others, links); the other fills them.
 up: export KUBE_VERSIONS = default
-up: build images ## create a local confidential cluster: one control plane, two workers (see README)
+up: debs ## create a local confidential cluster: one control plane, two workers (see README)
+	@$(MAKE) --no-print-directory -j2 kube image-bins
+	@$(MAKE) --no-print-directory images
 	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
 
 down: ## remove what `make up` created

@@ -7,6 +7,9 @@
 # change), then pause, the e2e hello server and, when their commands exist, our services. Every
 # binary is static (CGO_ENABLED=0). Archives whose inputs did not change are kept, so a warm run
 # takes a few seconds.
+#
+# `build-images.sh bins` builds the binaries only, not the archives: `make up` runs it beside
+# hack/build-kube.sh, as these builds need none of Kubernetes' (Makefile, target up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -18,7 +21,7 @@ mkdir -p "$bin"
 
 # build_coredns VERSION: tools/coredns/VERSION into $bin/coredns-VERSION.
 build_coredns() {
-  (cd "tools/coredns/$1" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$repo/$bin/coredns-$1" .)
+  (cd "tools/coredns/$1" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$repo/$bin/coredns-$1" .)
 }
 
 # CoreDNS: about 2 minutes cold per version on 2 cores, cached by a stamp like hack/build-kube.sh.
@@ -53,7 +56,7 @@ done
 build_provisioner() {
   (cd tools/local-path-provisioner &&
     v=$(go list -m -f '{{.Version}}' github.com/rancher/local-path-provisioner) &&
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.VERSION=$v" -o "$repo/$bin/local-path-provisioner" github.com/rancher/local-path-provisioner)
+    CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w -X main.VERSION=$v" -o "$repo/$bin/local-path-provisioner" github.com/rancher/local-path-provisioner)
 }
 stamp=$bin/.local-path-provisioner.stamp
 want=$({ cat tools/local-path-provisioner/go.mod tools/local-path-provisioner/go.sum; declare -f build_provisioner; } | sha256sum | cut -d' ' -f1)
@@ -66,17 +69,22 @@ if ! [ -x "$bin/local-path-provisioner" ] || [ "$(cat "$stamp" 2>/dev/null)" != 
   echo "$want" > "$stamp"
 fi
 
-# Our small binaries: go's build cache makes these quick when nothing changed.
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/pause" ./cmd/pause
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/hello" ./test/e2e/hello
-services=()
+# Our small binaries: go's build cache makes these quick when nothing changed. One go build for
+# all (each binary is named by its package), with the flags of `make build` (CGO_ENABLED=0,
+# -trimpath), so that both compile our packages once.
+services=() pkgs=(./cmd/pause ./test/e2e/hello)
 for s in joinservice keyservice verificationservice verifyservice volumehelper; do
   if [ -d "cmd/$s" ]; then
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/$s" "./cmd/$s"
+    pkgs+=("./cmd/$s")
     services+=("$bin/$s")
   fi
 done
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/" "${pkgs[@]}"
 services+=("$bin/local-path-provisioner")
+
+if [ "${1:-}" = bins ]; then
+  exit 0
+fi
 
 versions=()
 for line in "${releases[@]}"; do versions+=("${line%% *}"); done
