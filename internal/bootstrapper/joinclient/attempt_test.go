@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -142,7 +143,7 @@ func TestAttemptKinds(t *testing.T) {
 			wantKind:   joinclient.Refused,
 			wantReason: "connection refused",
 		},
-		"TCP accepted, then closed": {
+		"TCP accepted, the ClientHello read, then closed (FIN)": {
 			endpoint: func(t *testing.T) string {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				require.NoError(t, err)
@@ -153,6 +154,9 @@ func TestAttemptKinds(t *testing.T) {
 						if err != nil {
 							return
 						}
+						// Read what the node sent, so that the close is an orderly one.
+						_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+						_, _ = io.Copy(io.Discard, c)
 						c.Close()
 					}
 				}()
@@ -161,6 +165,28 @@ func TestAttemptKinds(t *testing.T) {
 			wantKind:      joinclient.Refused,
 			wantGRPC:      codes.Unavailable,
 			wantHandshake: &atls.Error{Local: true, Reason: "protocol"},
+		},
+		"TCP accepted, then reset before a byte (the service's accept bounds are full)": {
+			endpoint: func(t *testing.T) string {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				require.NoError(t, err)
+				t.Cleanup(func() { ln.Close() })
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						// What handshakelimit.AcceptLimiter does to a connection it refuses.
+						_ = c.(*net.TCPConn).SetLinger(0)
+						c.Close()
+					}
+				}()
+				return ln.Addr().String()
+			},
+			// The reset may meet the node's connect or its ClientHello: unreachable either way.
+			wantKind:   joinclient.Unreachable,
+			wantReason: "connection reset by peer",
 		},
 		"TCP accepted, never answered (overloaded)": {
 			endpoint: func(t *testing.T) string {

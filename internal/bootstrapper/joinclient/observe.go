@@ -2,9 +2,12 @@ package joinclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 
 	"google.golang.org/grpc/credentials"
 
@@ -23,6 +26,12 @@ type connObserver struct {
 	connected    bool  // a TCP connection was established
 	handshaking  int   // attested handshakes started and not yet ended
 	handshakeErr error // the first failed attested handshake
+	// answered: the service sent a byte on some connection of the attempt.
+	answered bool
+	// resetUnanswered: the service reset a connection before it sent a byte. That is what a
+	// service whose accept bounds are full does (internal/handshakelimit.AcceptLimiter resets
+	// the connection inside Accept): it did no work for it, like a refused TCP connection.
+	resetUnanswered bool
 }
 
 type observerKey struct{}
@@ -54,6 +63,8 @@ func (o *connObserver) classify(err error) *AttemptError {
 	switch {
 	case o.watched && !o.connected:
 		return &AttemptError{Kind: Unreachable, Err: err}
+	case o.watched && o.resetUnanswered && !o.answered:
+		return &AttemptError{Kind: Unreachable, Err: fmt.Errorf("the service reset the connection before answering (its connection bounds are full, or it is not serving): %w", o.handshakeErr)}
 	case o.handshakeErr != nil:
 		return &AttemptError{Kind: Refused, Err: o.handshakeErr}
 	case o.handshaking > 0:
@@ -75,14 +86,34 @@ func (c observedCredentials) ClientHandshake(ctx context.Context, authority stri
 	c.obs.connected = true
 	c.obs.handshaking++
 	c.obs.mu.Unlock()
-	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	observed := &readObserver{Conn: raw}
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, observed)
 	c.obs.mu.Lock()
 	c.obs.handshaking--
+	answered := observed.read.Load()
+	c.obs.answered = c.obs.answered || answered
 	if err != nil && c.obs.handshakeErr == nil {
 		c.obs.handshakeErr = err
 	}
+	if err != nil && !answered && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+		c.obs.resetUnanswered = true
+	}
 	c.obs.mu.Unlock()
 	return conn, info, err
+}
+
+// readObserver records whether a byte was ever read from the connection.
+type readObserver struct {
+	net.Conn
+	read atomic.Bool
+}
+
+func (r *readObserver) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	if n > 0 {
+		r.read.Store(true)
+	}
+	return n, err
 }
 
 // Clone implements credentials.TransportCredentials; the clone reports to the same observer.

@@ -9,15 +9,18 @@
 //
 //   - Unreachable: no join service answered. Metadata lists no endpoint yet or cannot be
 //     read, or no listed endpoint accepted the TCP connection (refused, no route, dial
-//     timeout). Nothing on the service's side did any work, so the node polls at a short
-//     fixed interval (PollInterval, 0.5 s ± 20 %) and is admitted within about that interval
-//     of the service starting to listen.
+//     timeout), or the service reset the connection before it sent a byte (what its accept
+//     bounds do to a connection over them, internal/handshakelimit.AcceptLimiter). Nothing on
+//     the service's side did any work, so the node polls at a short fixed interval
+//     (PollInterval, 0.5 s ± 20 %) and is admitted within about that interval of the service
+//     starting to listen or having room.
 //   - Refused: some service answered and gave no ticket: the attested handshake failed
 //     either way (the service's handshake limiter refused or rate-limited the node, the
 //     service rejected the node's evidence, the node rejected the service's), the RPC
 //     returned a status (PermissionDenied, InvalidArgument, Unavailable because the
 //     service's key service or API server is down, ...), the ticket was invalid or from
-//     another cluster, or the connection was accepted and then hung or closed. A handshake
+//     another cluster, or the connection was accepted and then hung, closed, or reset after
+//     the service had sent something. A handshake
 //     costs the service a TPM quote or at least a turn of its per-peer handshake budget
 //     (internal/handshakelimit: 1/s, burst 5), so the node backs off exponentially: from at
 //     most FirstDelayMax, doubling, capped at MaxDelay, with jitter.
