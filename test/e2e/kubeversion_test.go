@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -59,13 +60,17 @@ func TestKubernetesV135(t *testing.T) {
 		}
 	}
 	// The control plane's static pods, kube-proxy and CoreDNS run the images kubeadm v1.35.4
-	// deploys.
-	pods := kubectl(t, kubeconfig, "-n", "kube-system", "get", "pods", "-o", "jsonpath={range .items[*]}{.spec.containers[*].image}{\"\\n\"}{end}")
-	for _, ref := range nodeimage.ReleaseRefs(release) {
-		if !strings.Contains(ref, "/pause:") {
-			assert.Contains(t, pods, ref)
+	// deploys. The static pods appear in the API as mirror pods, which the kubelet creates on
+	// its own schedule: `mini up` may return before the last of them, so wait for them.
+	kubectlBin := kubectlPath(t)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		pods := kubectlQuiet(kubectlBin, kubeconfig, "-n", "kube-system", "get", "pods", "-o", "jsonpath={range .items[*]}{.spec.containers[*].image}{\"\\n\"}{end}")
+		for _, ref := range nodeimage.ReleaseRefs(release) {
+			if !strings.Contains(ref, "/pause:") {
+				assert.Contains(c, pods, ref)
+			}
 		}
-	}
+	}, time.Minute, time.Second)
 
 	out, err := exec.Command(bin, "verify", "-C", ws).CombinedOutput()
 	require.NoError(t, err, "%s", out)
