@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
@@ -42,25 +43,8 @@ func BenchmarkJoin(b *testing.B) {
 		{"burst=100", 100, true},
 	} {
 		b.Run(run.name, func(b *testing.B) {
-			e := newEnv(b, envOptions{})
-			nodes := vtpmtest.Simulator(b)
-			measure(b, nodes, imageV1)
-			provisionRoot(b, nodes, e.akCA)
-			// Prepare every joiner (AK certificate, CSR key) outside the timer. Each has its own
-			// AK certificate, so the service verifies a new chain per join as it would for new
-			// nodes; the joiners' check of the service is shared (load generator, not measured).
-			joiners := make([]*joiner, b.N)
-			var serviceValidator attestation.Validator
-			for i := range joiners {
-				j := e.joiner(fmt.Sprintf("node-%03d", i%256), fmt.Sprintf("127.1.%d.%d", i/250%250, i%250+1))
-				j.tpm = nodes
-				if serviceValidator == nil {
-					serviceValidator = e.serviceValidator(j)
-				}
-				j.serviceValidator = serviceValidator
-				e.prepare(j)
-				joiners[i] = j
-			}
+			e, nodes := newBenchEnv(b)
+			joiners := e.benchJoiners(nodes, b.N, func(i int) string { return fmt.Sprintf("127.1.%d.%d", i/250%250, i%250+1) })
 			latencies := make([]time.Duration, b.N)
 			joinRange := func(from, to, workers int) {
 				next := make(chan int, to-from)
@@ -107,4 +91,34 @@ func BenchmarkJoin(b *testing.B) {
 			b.ReportMetric(float64(latencies[(len(latencies)*99)/100].Microseconds())/1000, "p99-ms")
 		})
 	}
+}
+
+// newBenchEnv is the join service of newEnv and the simulator TPM its simulated joiners share,
+// booted with the service's image and its AK root provisioned.
+func newBenchEnv(b *testing.B) (*env, *vtpm.TPM) {
+	e := newEnv(b, envOptions{})
+	nodes := vtpmtest.Simulator(b)
+	measure(b, nodes, imageV1)
+	provisionRoot(b, nodes, e.akCA)
+	return e, nodes
+}
+
+// benchJoiners prepares n simulated new nodes on tpm, the i-th connecting from addr(i), outside
+// any timer (AK certificate, CSR keys). Each has its own AK certificate, so the service
+// verifies a new chain per join as it would for new nodes; the joiners' check of the service
+// is one validator for all (load generator, not measured).
+func (e *env) benchJoiners(tpm *vtpm.TPM, n int, addr func(i int) string) []*joiner {
+	joiners := make([]*joiner, n)
+	var serviceValidator attestation.Validator
+	for i := range joiners {
+		j := e.joiner(fmt.Sprintf("node-%03d", i%256), addr(i))
+		j.tpm = tpm
+		if serviceValidator == nil {
+			serviceValidator = e.serviceValidator(j)
+		}
+		j.serviceValidator = serviceValidator
+		e.prepare(j)
+		joiners[i] = j
+	}
+	return joiners
 }

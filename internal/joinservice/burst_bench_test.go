@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
-	"github.com/openconstellation/constellation/pkg/attestation"
-	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
 // burstSize is how many new nodes ask for a join ticket at the same moment in
@@ -33,56 +31,19 @@ const burstSize = 1000
 //
 // One iteration is one burst: run with -benchtime 1x.
 func BenchmarkJoinBurst(b *testing.B) {
-	e := newEnv(b, envOptions{})
-	nodes := vtpmtest.Simulator(b)
-	measure(b, nodes, imageV1)
-	provisionRoot(b, nodes, e.akCA)
-	var serviceValidator attestation.Validator
-	newJoiners := func(round int) []*joiner {
-		joiners := make([]*joiner, burstSize)
-		for i := range joiners {
-			// Every node its own address: per-address limits do not apply, the global ones do.
-			j := e.joiner(fmt.Sprintf("node-%03d", i%256), fmt.Sprintf("127.%d.%d.%d", 2+round, i/250, i%250+1))
-			j.tpm = nodes
-			if serviceValidator == nil {
-				serviceValidator = e.serviceValidator(j)
-			}
-			j.serviceValidator = serviceValidator
-			e.prepare(j)
-			joiners[i] = j
-		}
-		return joiners
-	}
+	e, nodes := newBenchEnv(b)
 	var longest time.Duration
-	var attempts, tickets, peakGoroutines int64
+	var attempts, tickets int64
+	var peakGoroutines int
 	var peakBytes uint64
 	b.ResetTimer()
 	for round := range b.N {
 		b.StopTimer()
-		joiners := newJoiners(round)
+		// Every node its own address: per-address limits do not apply, the global ones do.
+		joiners := e.benchJoiners(nodes, burstSize, func(i int) string { return fmt.Sprintf("127.%d.%d.%d", 2+round, i/250, i%250+1) })
 		runtime.GC()
-		base := inUse()
-		baseGoroutines := runtime.NumGoroutine()
-		stopSampling := make(chan struct{})
-		sampled := make(chan struct{})
-		go func() {
-			defer close(sampled)
-			tick := time.NewTicker(20 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stopSampling:
-					return
-				case <-tick.C:
-					if m := inUse(); m > base && m-base > peakBytes {
-						peakBytes = m - base
-					}
-					if g := int64(runtime.NumGoroutine() - baseGoroutines); g > peakGoroutines {
-						peakGoroutines = g
-					}
-				}
-			}
-		}()
+		base, baseGoroutines := inUse(), runtime.NumGoroutine()
+		sampler := samplePeaks()
 		b.StartTimer()
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -115,8 +76,11 @@ func BenchmarkJoinBurst(b *testing.B) {
 			longest = d
 		}
 		b.StopTimer()
-		close(stopSampling)
-		<-sampled
+		mem, goroutines := sampler.stop()
+		if mem > base {
+			peakBytes = max(peakBytes, mem-base)
+		}
+		peakGoroutines = max(peakGoroutines, goroutines-baseGoroutines)
 	}
 	b.ReportMetric(longest.Seconds(), "s-to-last-ticket")
 	b.ReportMetric(float64(tickets)/float64(b.N), "tickets")

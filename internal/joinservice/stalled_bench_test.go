@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,21 +73,7 @@ func stalledFlood(b *testing.B, peers, each int, half bool) {
 		return sum
 	}
 
-	var peak uint64
-	stopSampling := make(chan struct{})
-	var sampling sync.WaitGroup
-	sampling.Go(func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-tick.C:
-				peak = max(peak, inUse())
-			}
-		}
-	})
+	sampler := samplePeaks()
 
 	b.StartTimer()
 	start := time.Now()
@@ -100,8 +85,7 @@ func stalledFlood(b *testing.B, peers, each int, half bool) {
 	}
 	floodDone := time.Since(start)
 	b.StopTimer()
-	close(stopSampling)
-	sampling.Wait()
+	peak, _ := sampler.stop()
 	runtime.GC()
 	held := int64(inUse()) - int64(baseMem)
 	goroutines := runtime.NumGoroutine() - baseGoroutines
@@ -124,6 +108,40 @@ func stalledFlood(b *testing.B, peers, each int, half bool) {
 	b.ReportMetric(drain.Seconds()+floodDone.Seconds(), "drain-s")
 	b.ReportMetric(float64(after), "after-goroutines")
 	b.ReportMetric(float64(attacker.resetAtDial), "reset-at-dial")
+}
+
+// peaks samples the process's inUse and goroutine count every 20 ms, without forcing a GC,
+// until stop returns the largest values seen.
+type peaks struct {
+	done       chan struct{}
+	sampled    chan struct{}
+	mem        uint64
+	goroutines int
+}
+
+func samplePeaks() *peaks {
+	p := &peaks{done: make(chan struct{}), sampled: make(chan struct{})}
+	go func() {
+		defer close(p.sampled)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-tick.C:
+				p.mem = max(p.mem, inUse())
+				p.goroutines = max(p.goroutines, runtime.NumGoroutine())
+			}
+		}
+	}()
+	return p
+}
+
+func (p *peaks) stop() (mem uint64, goroutines int) {
+	close(p.done)
+	<-p.sampled
+	return p.mem, p.goroutines
 }
 
 func inUse() uint64 {

@@ -166,22 +166,27 @@ func TestAttemptKinds(t *testing.T) {
 			wantGRPC:      codes.Unavailable,
 			wantHandshake: &atls.Error{Local: true, Reason: "protocol"},
 		},
-		"TCP accepted, then reset before a byte (the service's accept bounds are full)": {
+		"reset by the service's accept bounds before a byte (handshakelimit.AcceptLimiter, full)": {
 			endpoint: func(t *testing.T) string {
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				// The accept bounds every attesting server is served through, with room for one
+				// pending connection per address, which a stalled caller of this address holds.
+				limiter, err := handshakelimit.NewAcceptLimiter(handshakelimit.AcceptLimits{PerPeer: 1, Total: 1, Timeout: time.Minute}, nil)
 				require.NoError(t, err)
-				t.Cleanup(func() { ln.Close() })
+				raw, err := net.Listen("tcp", "127.0.0.1:0")
+				require.NoError(t, err)
+				ln := limiter.Listener(raw)
+				t.Cleanup(func() { ln.Close() }) // also closes the pending connection
 				go func() {
 					for {
-						c, err := ln.Accept()
-						if err != nil {
+						if _, err := ln.Accept(); err != nil { // held pending, never served
 							return
 						}
-						// What handshakelimit.AcceptLimiter does to a connection it refuses.
-						_ = c.(*net.TCPConn).SetLinger(0)
-						c.Close()
 					}
 				}()
+				stalled, err := net.Dial("tcp", ln.Addr().String())
+				require.NoError(t, err)
+				t.Cleanup(func() { stalled.Close() })
+				require.Eventually(t, func() bool { return limiter.Pending() == 1 }, 10*time.Second, 10*time.Millisecond)
 				return ln.Addr().String()
 			},
 			// The reset may meet the node's connect or its ClientHello: unreachable either way.
