@@ -61,6 +61,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	joinservice.SetGCDefaults(os.Getenv)
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "joinservice:", err)
 		os.Exit(1)
@@ -368,8 +369,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	cfg.Timeout = 30 * time.Second
-	return kubernetes.NewForConfig(cfg)
+	return joinservice.APIClient(cfg)
 }
 
 func components(c clusterrecord.Cluster) []*joinpb.KubernetesComponent {

@@ -210,13 +210,16 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		name := fmt.Sprintf("node-%03d", i)
 		e.directory[name] = joinservice.Node{Name: name, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 43, byte(i / 250), byte(i%250 + 1)})}}
 	}
+	// The API client cmd/joinservice makes, as the cluster admin here.
+	apiClient, err := joinservice.APIClient(kube.AdminConfig)
+	require.NoError(t, err)
 	e.svc, err = joinservice.New(joinservice.Config{
 		Issuer:            issuer,
 		Validator:         validator,
 		Active:            e.active,
 		Keys:              e.keys,
 		MeasurementSalt:   e.salt,
-		Kube:              kube.Admin,
+		Kube:              apiClient,
 		PKIDir:            kube.PKIDir,
 		Platform:          joinservice.CertifiedNames{Directory: removableDirectory{e}},
 		APIServerEndpoint: kube.Host,
