@@ -29,7 +29,7 @@ func NewGRPCServer(accept *AcceptLimiter, creds credentials.TransportCredentials
 		// No read buffer of gRPC's own (32 KiB per connection by default): the transport
 		// below is TLS, whose connection already holds a decrypted record, and these
 		// servers' peers send a request or two per connection. Measured on the join path:
-		// a quarter of the service's allocations per join (docs/benchmarks.md).
+		// about a sixth of the service's allocations per join (docs/benchmarks.md).
 		grpc.ReadBufferSize(0),
 	}
 	if creds != nil {
