@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api pkg/api -name '*.proto')
 
-.PHONY: help deps debs devtools kube image-bins images build release-key release test unit integration e2e fuzz lint consumer proto proto-check bench up down clean
+.PHONY: help deps debs devtools kube image-bins images build release-key release test unit integration e2e conformance fuzz lint consumer proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -97,6 +97,13 @@ up: debs ## create a local confidential cluster: one control plane, two workers 
 	@$(MAKE) --no-print-directory -j2 kube image-bins
 	@$(MAKE) --no-print-directory images
 	$(BIN)/constellation mini up --workspace $(CURDIR)/_output
+
+# The conformance suite against the cluster of `make up` (created if none answers; it stays).
+conformance: export KUBE_VERSIONS = default
+conformance: debs ## run the Kubernetes conformance suite against the local cluster (docs/conformance.md)
+	@$(MAKE) --no-print-directory -j2 kube image-bins
+	@$(MAKE) --no-print-directory images
+	@./hack/conformance.sh
 
 down: ## remove what `make up` created
 	@if [ -x $(BIN)/constellation ]; then $(BIN)/constellation mini down --workspace $(CURDIR)/_output; else rm -rf $(CURDIR)/_output/mini; fi

@@ -14,9 +14,12 @@ cd "$(dirname "$0")/.."
 # cryptsetup (LUKS2) + e2fsprogs (mkfs.ext4) and gocryptfs + fuse3 for the node state storage;
 # containerd + runc, the CNI plugins (bridge, host-local, loopback) and util-linux's
 # nsenter/unshare for the local provider's sandbox nodes, slirp4netns for their NAT (the
-# uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT.
+# uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT;
+# busybox-static, curl, bind9-dnsutils (dig) and netcat-openbsd for the conformance suite's test
+# images (internal/conformance).
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
-  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns)
+  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
+  busybox-static curl bind9-dnsutils netcat-openbsd)
 
 debs() {
   local missing=() p

@@ -43,6 +43,15 @@ type File struct {
 	Src string
 	// Path is the absolute path in the image.
 	Path string
+	// Mode, when set, is the file's permission bits in the image (0o4755: a set-user-ID
+	// program); unset, 0755 for an executable source, 0644 otherwise.
+	Mode int64
+}
+
+// Link is a symbolic link of an image.
+type Link struct {
+	// Path is the link's absolute path in the image, Target what it points to.
+	Path, Target string
 }
 
 // Spec describes an image.
@@ -51,6 +60,8 @@ type Spec struct {
 	Ref string
 	// Files are the files of the image's only layer. Parent directories are added (0755).
 	Files []File
+	// Links are symbolic links of the layer. Parent directories are added (0755).
+	Links []Link
 	// Dirs are extra empty directories; /tmp is always there (1777).
 	Dirs []string
 	// Entrypoint, Cmd, Env and WorkingDir go into the image config. Env always has DefaultPath
@@ -59,6 +70,8 @@ type Spec struct {
 	Cmd        []string
 	Env        []string
 	WorkingDir string
+	// User is the user the image's processes run as (a UID, or UID:GID); empty: root.
+	User string
 }
 
 // Result tells what Build made.
@@ -155,6 +168,21 @@ func (s Spec) validate() error {
 		}
 		seen[p] = true
 	}
+	for _, l := range s.Links {
+		p := path.Clean(l.Path)
+		if !path.IsAbs(l.Path) || p == "/" || l.Target == "" {
+			return fmt.Errorf("image %s: link %q -> %q: want an absolute path and a target", s.Ref, l.Path, l.Target)
+		}
+		if seen[p] {
+			return fmt.Errorf("image %s: path %s given twice", s.Ref, p)
+		}
+		seen[p] = true
+	}
+	for _, f := range s.Files {
+		if f.Mode&^0o7777 != 0 {
+			return fmt.Errorf("image %s: mode %o of %s: permission bits only", s.Ref, f.Mode, f.Path)
+		}
+	}
 	for _, d := range s.Dirs {
 		if !path.IsAbs(d) {
 			return fmt.Errorf("image %s: directory %q is not absolute", s.Ref, d)
@@ -172,6 +200,10 @@ func (s Spec) key(withRef bool) (string, error) {
 		WorkingDir                     string
 		Files                          [][2]string
 		Format, Architecture, Platform string
+		// Added after the first images: absent when unused, so earlier keys stay as they were.
+		Modes map[string]int64 `json:",omitempty"`
+		Links [][2]string      `json:",omitempty"`
+		User  string           `json:",omitempty"`
 	}{
 		Entrypoint: s.Entrypoint, Cmd: s.Cmd, Env: s.env(), Dirs: s.Dirs, WorkingDir: s.WorkingDir,
 		// Format changes whenever writeArchive changes what it writes.
@@ -186,7 +218,18 @@ func (s Spec) key(withRef bool) (string, error) {
 			return "", err
 		}
 		desc.Files = append(desc.Files, [2]string{path.Clean(f.Path), sum})
+		if f.Mode != 0 {
+			if desc.Modes == nil {
+				desc.Modes = map[string]int64{}
+			}
+			desc.Modes[path.Clean(f.Path)] = f.Mode
+		}
 	}
+	for _, l := range s.Links {
+		desc.Links = append(desc.Links, [2]string{path.Clean(l.Path), l.Target})
+	}
+	sort.Slice(desc.Links, func(i, j int) bool { return desc.Links[i][0] < desc.Links[j][0] })
+	desc.User = s.User
 	sort.Slice(desc.Files, func(i, j int) bool { return desc.Files[i][0] < desc.Files[j][0] })
 	if err := json.NewEncoder(h).Encode(desc); err != nil {
 		return "", err
@@ -262,6 +305,7 @@ type ContainerConfig struct {
 	Cmd        []string `json:"Cmd,omitempty"`
 	Env        []string `json:"Env,omitempty"`
 	WorkingDir string   `json:"WorkingDir,omitempty"`
+	User       string   `json:"User,omitempty"`
 }
 
 // RootFS lists the layers of an image by the digests of their uncompressed tars.
@@ -354,6 +398,7 @@ func imageMetadata(spec Spec, diffID string) (archiveMetadata, error) {
 		OS:           runtime.GOOS,
 		Config: ContainerConfig{
 			Entrypoint: spec.Entrypoint, Cmd: spec.Cmd, Env: spec.env(), WorkingDir: spec.WorkingDir,
+			User: spec.User,
 		},
 		RootFS:  RootFS{Type: "layers", DiffIDs: []string{"sha256:" + diffID}},
 		History: []History{{Created: epoch, CreatedBy: "constellation nodeimage"}},
@@ -414,9 +459,10 @@ func install(out *os.File, file string) error {
 // parents before children.
 func writeLayer(w io.Writer, spec Spec) error {
 	type entry struct {
-		src  string
-		mode int64
-		dir  bool
+		src    string
+		mode   int64
+		dir    bool
+		target string // a symbolic link's
 	}
 	entries := map[string]entry{"tmp": {mode: 0o1777, dir: true}}
 	addParents := func(p string) {
@@ -445,11 +491,23 @@ func writeLayer(w io.Writer, spec Spec) error {
 		if info.Mode().Perm()&0o111 != 0 {
 			mode = 0o755
 		}
+		if f.Mode != 0 {
+			mode = f.Mode
+		}
 		rel := strings.TrimPrefix(p, "/")
 		if e, ok := entries[rel]; ok && e.dir {
 			return fmt.Errorf("image %s: %s is both a directory and a file", spec.Ref, p)
 		}
 		entries[rel] = entry{src: f.Src, mode: mode}
+	}
+	for _, l := range spec.Links {
+		p := path.Clean(l.Path)
+		addParents(p)
+		rel := strings.TrimPrefix(p, "/")
+		if e, ok := entries[rel]; ok && e.dir {
+			return fmt.Errorf("image %s: %s is both a directory and a link", spec.Ref, p)
+		}
+		entries[rel] = entry{target: l.Target, mode: 0o777}
 	}
 	names := make([]string, 0, len(entries))
 	for n := range entries {
@@ -465,6 +523,14 @@ func writeLayer(w io.Writer, spec Spec) error {
 		if e.dir {
 			if err := addDir(tw, n, e.mode); err != nil {
 				return err
+			}
+			continue
+		}
+		if e.target != "" {
+			h := header(n, tar.TypeSymlink, e.mode, 0)
+			h.Linkname = e.target
+			if err := tw.WriteHeader(h); err != nil {
+				return fmt.Errorf("writing tar entry %s: %w", n, err)
 			}
 			continue
 		}

@@ -270,6 +270,10 @@ func TestBuildRefusesBadSpecs(t *testing.T) {
 		"relative dir":   {Ref: "localhost/app:1", Dirs: []string{"var"}},
 		"missing input":  {Ref: "localhost/app:1", Files: []File{{Src: filepath.Join(dir, "none"), Path: "/app"}}},
 		"input is a dir": {Ref: "localhost/app:1", Files: []File{{Src: dir, Path: "/app"}}},
+		"link no target": {Ref: "localhost/app:1", Links: []Link{{Path: "/bin/sh"}}},
+		"link relative":  {Ref: "localhost/app:1", Links: []Link{{Path: "bin/sh", Target: "busybox"}}},
+		"link on a file": {Ref: "localhost/app:1", Files: []File{{Src: bin, Path: "/app"}}, Links: []Link{{Path: "/app", Target: "x"}}},
+		"mode not perm":  {Ref: "localhost/app:1", Files: []File{{Src: bin, Path: "/app", Mode: 0o100755}}},
 	}
 	for name, spec := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -278,5 +282,57 @@ func TestBuildRefusesBadSpecs(t *testing.T) {
 			assert.Error(t, err)
 			assert.NoFileExists(t, out)
 		})
+	}
+}
+
+// TestLinksModesUser: symbolic links, explicit modes (set-user-ID) and the image's user reach
+// the layer and the config, and each changes the input key.
+func TestLinksModesUser(t *testing.T) {
+	dir := t.TempDir()
+	bin := writeInput(t, dir, "busybox", "#!busybox", 0o755)
+	spec := Spec{
+		Ref:   "localhost/test/box:v1",
+		Files: []File{{Src: bin, Path: "/bin/busybox"}, {Src: bin, Path: "/usr/bin/nnp", Mode: 0o4755}},
+		Links: []Link{{Path: "/bin/sh", Target: "busybox"}, {Path: "/usr/local/bin/wget", Target: "/bin/busybox"}},
+		User:  "1234",
+	}
+	file := filepath.Join(t.TempDir(), "box.tar")
+	_, err := Build(spec, file)
+	require.NoError(t, err)
+
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	_, contents := readTar(t, bytes.NewReader(data))
+	var manifest []Manifest
+	require.NoError(t, json.Unmarshal(contents["manifest.json"], &manifest))
+	var cfg Config
+	require.NoError(t, json.Unmarshal(contents[manifest[0].Config], &cfg))
+	assert.Equal(t, "1234", cfg.Config.User)
+	hdrs, _ := readTar(t, bytes.NewReader(contents[manifest[0].Layers[0]]))
+	got := map[string]*tar.Header{}
+	for _, h := range hdrs {
+		got[h.Name] = h
+	}
+	require.Contains(t, got, "bin/sh")
+	assert.Equal(t, byte(tar.TypeSymlink), got["bin/sh"].Typeflag)
+	assert.Equal(t, "busybox", got["bin/sh"].Linkname)
+	require.Contains(t, got, "usr/local/bin/wget")
+	assert.Equal(t, "/bin/busybox", got["usr/local/bin/wget"].Linkname)
+	require.Contains(t, got, "usr/local/bin/", "a link's parents are added")
+	assert.Equal(t, int64(0o4755), got["usr/bin/nnp"].Mode)
+	assert.Equal(t, int64(0o755), got["bin/busybox"].Mode)
+
+	base, err := spec.key(true)
+	require.NoError(t, err)
+	for name, change := range map[string]func(*Spec){
+		"link target": func(s *Spec) { s.Links = []Link{{Path: "/bin/sh", Target: "other"}, s.Links[1]} },
+		"mode":        func(s *Spec) { s.Files = []File{s.Files[0], {Src: bin, Path: "/usr/bin/nnp", Mode: 0o755}} },
+		"user":        func(s *Spec) { s.User = "0" },
+	} {
+		changed := spec
+		change(&changed)
+		k, err := changed.key(true)
+		require.NoError(t, err)
+		assert.NotEqual(t, base, k, name)
 	}
 }

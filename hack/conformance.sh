@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make conformance: runs the Kubernetes conformance suite against a local cluster.
+#
+#   1. builds the suite and its images for the cluster's Kubernetes version
+#      (hack/build-conformance.sh);
+#   2. uses the cluster of `make up` (workspace _output) when it answers, else creates one with
+#      `constellation mini up` there (1 control plane, 2 workers) and leaves it running for
+#      inspection (`make down` removes it);
+#   3. loads the images into every node (`constellation image load`; they stay across reboots);
+#   4. runs the [Conformance] tests with ginkgo, CONFORMANCE_NODES (default 4) in parallel and
+#      the [Serial] ones after them, skipping by name only the tests internal/conformance.Skips
+#      lists; CONFORMANCE_FOCUS replaces the focus (the CI smoke subset, hack/conformance-smoke);
+#   5. writes the JUnit report, the suite's log and a summary (passed, failed, skipped, each
+#      failure's first line) under _output/conformance/results/<UTC time>/, and prints the summary.
+#
+# It fails when a test fails. What each test needs and why a skipped one cannot pass here:
+# docs/conformance.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=_output/bin
+ws=${CONFORMANCE_WORKSPACE:-$PWD/_output}
+kubeconfig=$ws/constellation-admin.conf
+version=$(KUBE_VERSIONS=default go run ./hack/kubeversions | cut -d' ' -f1)
+
+if ! [ -f "$kubeconfig" ] || ! "$bin/constellation" status --workspace "$ws" --no-verify --timeout 5s >/dev/null 2>&1; then
+  echo "conformance: no running cluster in $ws: creating one (1 control plane, 2 workers)"
+  "$bin/constellation" mini up --workspace "$ws"
+fi
+kubectl=_output/kube/$version/bin/kubectl
+running=$("$kubectl" --kubeconfig "$kubeconfig" version -o json | sed -n 's/.*"gitVersion": *"\(v[^"]*\)".*/\1/p' | tail -1)
+if [ -n "$running" ] && [ "$running" != "$version" ]; then
+  version=$running
+  kubectl=_output/kube/$version/bin/kubectl
+fi
+echo "conformance: the cluster runs Kubernetes $version"
+./hack/build-conformance.sh "$version"
+dir=_output/conformance/$version
+"$bin/constellation" image load --workspace "$ws" "$dir"/images/*.tar
+
+results=_output/conformance/results/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$results"
+focus=${CONFORMANCE_FOCUS:-'\[Conformance\]'}
+skip=$(cat "$dir/skip.regex")
+echo "conformance: running the suite (focus: $focus); results in $results"
+set +e
+KUBE_TEST_REPO_LIST=$PWD/$dir/repo-list.yaml "$dir/ginkgo" --nodes="${CONFORMANCE_NODES:-4}" \
+  --focus="$focus" ${skip:+--skip="$skip"} --timeout="${CONFORMANCE_TIMEOUT:-3h}" \
+  --junit-report=junit.xml --output-dir="$results" --no-color --poll-progress-after=60s \
+  "$dir/e2e.test" -- --kubeconfig="$kubeconfig" --provider=skeleton --kubectl-path="$PWD/$kubectl" \
+  --report-dir="$results" 2>&1 | tee "$results/e2e.log"
+rc=${PIPESTATUS[0]}
+set -e
+go run ./hack/conformance summary -junit "$results/junit.xml" -out "$results/summary.txt"
+echo "conformance: Kubernetes $version, $(date -u +%F); report $results/junit.xml"
+exit "$rc"
