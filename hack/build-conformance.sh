@@ -10,6 +10,7 @@
 #                                                    tools/conformance/sample-apiserver; a
 #                                                    newer one needs RBAC the test does not grant)
 #   _output/conformance/<version>/nnp                test/conformance/nnp
+#   _output/conformance/<version>/localhost.{crt,key} agnhost porter's TLS certificate
 #   _output/conformance/<version>/images/*.tar       the images (internal/conformance)
 #   _output/conformance/<version>/repo-list.yaml     the suite's image-repository override
 #   _output/conformance/<version>/skip.regex         the tests skipped by name
@@ -53,5 +54,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! [ -x "$out/e2e.test" ]; the
   echo "$want" > "$stamp"
 fi
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/nnp" ./test/conformance/nnp
+# agnhost's porter and netexec serve TLS with the certificate beside their source.
+porter=$(cd "$pins" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost/porter)
+install -m 0644 "$porter/localhost.crt" "$porter/localhost.key" "$out/"
 etcd=$(KUBE_VERSIONS=$version go run ./hack/kubeversions | cut -d' ' -f2)
 go run ./hack/conformance images -dir "$out" -etcd "_output/etcd/$etcd/etcd"

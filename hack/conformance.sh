@@ -9,22 +9,25 @@
 #   3. loads the images into every node (`constellation image load`; they stay across reboots);
 #   4. runs the [Conformance] tests with ginkgo, CONFORMANCE_NODES (default 4) in parallel and
 #      the [Serial] ones after them, skipping by name only the tests internal/conformance.Skips
-#      lists; CONFORMANCE_FOCUS replaces the focus (the CI smoke subset, hack/conformance-smoke);
+#      lists; CONFORMANCE_FOCUS replaces the focus (CI's smoke subset: internal/conformance.Smoke);
 #   5. writes the JUnit report, the suite's log and a summary (passed, failed, skipped, each
-#      failure's first line) under _output/conformance/results/<UTC time>/, and prints the summary.
+#      failure's first line) under _output/conformance/results/<UTC time>/ (CONFORMANCE_RESULTS
+#      names another directory), and prints the summary.
+#
+# CONSTELLATION names the CLI to use (default _output/bin/constellation).
 #
 # It fails when a test fails. What each test needs and why a skipped one cannot pass here:
 # docs/conformance.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=_output/bin
-ws=${CONFORMANCE_WORKSPACE:-$PWD/_output}
+cli=${CONSTELLATION:-_output/bin/constellation}
+ws=$(realpath -m "${CONFORMANCE_WORKSPACE:-_output}")
 kubeconfig=$ws/constellation-admin.conf
 version=$(KUBE_VERSIONS=default go run ./hack/kubeversions | cut -d' ' -f1)
 
-if ! [ -f "$kubeconfig" ] || ! "$bin/constellation" status --workspace "$ws" --no-verify --timeout 5s >/dev/null 2>&1; then
+if ! [ -f "$kubeconfig" ] || ! "$cli" status --workspace "$ws" --no-verify --timeout 5s >/dev/null 2>&1; then
   echo "conformance: no running cluster in $ws: creating one (1 control plane, 2 workers)"
-  "$bin/constellation" mini up --workspace "$ws"
+  "$cli" mini up --workspace "$ws"
 fi
 kubectl=_output/kube/$version/bin/kubectl
 running=$("$kubectl" --kubeconfig "$kubeconfig" version -o json | sed -n 's/.*"gitVersion": *"\(v[^"]*\)".*/\1/p' | tail -1)
@@ -35,10 +38,12 @@ fi
 echo "conformance: the cluster runs Kubernetes $version"
 ./hack/build-conformance.sh "$version"
 dir=_output/conformance/$version
-"$bin/constellation" image load --workspace "$ws" "$dir"/images/*.tar
+"$cli" image load --workspace "$ws" "$dir"/images/*.tar
 
-results=_output/conformance/results/$(date -u +%Y%m%dT%H%M%SZ)
+results=${CONFORMANCE_RESULTS:-_output/conformance/results/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$results"
+# ginkgo runs e2e.test in the binary's directory: every path it gets is absolute.
+results=$(realpath "$results")
 focus=${CONFORMANCE_FOCUS:-'\[Conformance\]'}
 skip=$(cat "$dir/skip.regex")
 echo "conformance: running the suite (focus: $focus); results in $results"

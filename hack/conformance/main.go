@@ -4,6 +4,7 @@
 //	conformance images -dir DIR -etcd FILE    the suite's images into DIR/images, the override
 //	                                          into DIR/repo-list.yaml, the skips into DIR/skip.regex
 //	conformance summary -junit FILE -out FILE the summary of a run's JUnit report
+//	conformance smoke-focus                   the focus expression of CI's smoke subset
 package main
 
 import (
@@ -30,8 +31,10 @@ func main() {
 		err = images(os.Args[2:])
 	case "summary":
 		err = summary(os.Args[2:])
+	case "smoke-focus":
+		fmt.Println(conformance.SmokeFocus())
 	default:
-		err = fmt.Errorf("unknown command %q: want images or summary", os.Args[1])
+		err = fmt.Errorf("unknown command %q: want images, summary or smoke-focus", os.Args[1])
 	}
 	if err != nil {
 		log.Fatalf("conformance: %v", err)

@@ -30,14 +30,20 @@ type Inputs struct {
 	// Agnhost and SampleAPIServer are built from the Kubernetes version's modules; Etcd is the
 	// cluster's etcd; NNP is this repository's test/conformance/nnp.
 	Agnhost, SampleAPIServer, Etcd, NNP string
+	// PorterCert and PorterKey are the TLS certificate and key agnhost's porter and netexec
+	// serve (test/images/agnhost/porter of the Kubernetes module), at / in upstream's image.
+	PorterCert, PorterKey string
 	// Busybox (busybox-static), Curl, Dig (bind9-dnsutils), Getent (libc-bin) and Netcat
 	// (netcat-openbsd, as upstream's agnhost has) are Debian's, with the shared libraries they
 	// load (Libraries).
 	Busybox, Curl, Dig, Getent, Netcat string
-	// Dash (Debian's dash) is /bin/sh where other programs than busybox's applets must run:
-	// Debian's busybox-static shell runs its own applet for a name before looking at PATH, so
-	// `sh -c "nc …"` would run busybox's nc, which lacks the options the suite uses.
-	Dash string
+	// Bash (Debian's) is every image's /bin/sh, for two reasons found by the suite: Debian's
+	// busybox-static shell runs its own applet for a name before looking at PATH, so
+	// `sh -c "nc -v …"` ran busybox's nc, which lacks the options the suite uses; and both it and
+	// dash drop environment variables whose names are no shell identifiers ("data-1"), which
+	// Kubernetes allows and the suite checks reach the container (upstream's busybox 1.37 keeps
+	// them, as bash does).
+	Bash string
 	// Libraries resolves a dynamically linked program's shared libraries; nil: ELFLibraries.
 	Libraries func(program string) ([]string, error)
 	// Scratch is a directory for the small files the images carry (web pages, nsswitch.conf).
@@ -51,8 +57,9 @@ func DefaultInputs(dir, etcd string) Inputs {
 		Scratch: path.Join(dir, "files"),
 		Agnhost: path.Join(dir, "agnhost"), SampleAPIServer: path.Join(dir, "sample-apiserver"),
 		NNP: path.Join(dir, "nnp"), Etcd: etcd,
+		PorterCert: path.Join(dir, "localhost.crt"), PorterKey: path.Join(dir, "localhost.key"),
 		Busybox: "/bin/busybox", Curl: "/usr/bin/curl", Dig: "/usr/bin/dig", Getent: "/usr/bin/getent",
-		Netcat: "/bin/nc.openbsd", Dash: "/bin/dash",
+		Netcat: "/bin/nc.openbsd", Bash: "/bin/bash",
 	}
 }
 
@@ -74,6 +81,14 @@ func Images(in Inputs) ([]Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	shell, err := libs(in.Bash)
+	if err != nil {
+		return nil, err
+	}
+	box.files = append(box.files, nodeimage.File{Src: in.Bash, Path: "/bin/sh"}, nodeimage.File{Src: in.Bash, Path: "/bin/bash"})
+	for _, l := range shell {
+		box.files = append(box.files, nodeimage.File{Src: l, Path: l})
+	}
 	withLibs := func(programs ...[2]string) ([]nodeimage.File, error) {
 		var files []nodeimage.File
 		seen := map[string]bool{}
@@ -92,15 +107,24 @@ func Images(in Inputs) ([]Image, error) {
 		}
 		return files, nil
 	}
-	dnsTools, err := withLibs([2]string{in.Dash, "/bin/sh"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Getent, "/usr/bin/getent"})
+	dnsTools, err := withLibs([2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Getent, "/usr/bin/getent"})
 	if err != nil {
 		return nil, err
 	}
-	netTools, err := withLibs([2]string{in.Dash, "/bin/sh"}, [2]string{in.Curl, "/usr/bin/curl"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Netcat, "/usr/bin/nc"})
+	netTools, err := withLibs([2]string{in.Getent, "/usr/bin/getent"}, [2]string{in.Curl, "/usr/bin/curl"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Netcat, "/usr/bin/nc"})
 	if err != nil {
 		return nil, err
 	}
 	nsswitch, err := writeFile(in.Scratch, "nsswitch.conf", "hosts: files dns\n")
+	if err != nil {
+		return nil, err
+	}
+	// Upstream's agnhost image has a user and a group of its own (a SupplementalGroups test).
+	passwd, err := writeFile(in.Scratch, "agnhost-passwd", "root:x:0:0:root:/root:/bin/sh\nuser-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n")
+	if err != nil {
+		return nil, err
+	}
+	group, err := writeFile(in.Scratch, "agnhost-group", "root:x:0:\nuser-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")
 	if err != nil {
 		return nil, err
 	}
@@ -123,14 +147,22 @@ func Images(in Inputs) ([]Image, error) {
 		{Spec: withBox(box, nodeimage.Spec{Ref: e2e("busybox:1.37.0-1"), Cmd: []string{"sh"}})},
 		{Spec: withBox(box, nodeimage.Spec{
 			Ref:        e2e("agnhost:2.56"),
-			Files:      append([]nodeimage.File{{Src: in.Agnhost, Path: "/agnhost"}, {Src: nsswitch, Path: "/etc/nsswitch.conf"}}, netTools...),
+			Files: append([]nodeimage.File{
+				{Src: in.Agnhost, Path: "/agnhost"}, {Src: nsswitch, Path: "/etc/nsswitch.conf"},
+				{Src: in.PorterCert, Path: "/localhost.crt"}, {Src: in.PorterKey, Path: "/localhost.key"},
+				{Src: passwd, Path: "/etc/passwd"}, {Src: group, Path: "/etc/group"},
+			}, netTools...),
+			Dirs: []string{"/uploads"},
+			// The suite overrides the entrypoint with /agnhost-2 (Containers tests); a link
+			// keeps the name it is run by (argv[0]), which is what the test reads.
+			Links: []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
-		}), Substitutes: "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's dash (sh), curl, dig and OpenBSD netcat"},
+		}), Substitutes: "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
 		{Spec: withBox(box, nodeimage.Spec{
 			Ref:   e2e("jessie-dnsutils:1.7"),
 			Files: append([]nodeimage.File{{Src: nsswitch, Path: "/etc/nsswitch.conf"}}, dnsTools...),
 			Cmd:   []string{"sh"},
-		}), Substitutes: "Debian jessie by busybox with Debian 12's dash (sh), dig and getent"},
+		}), Substitutes: "Debian jessie by busybox with Debian 12's bash (sh), dig and getent"},
 		{Spec: withBox(box, nodeimage.Spec{
 			Ref:        e2e("nonewprivs:1.3"),
 			Files:      []nodeimage.File{{Src: in.NNP, Path: "/usr/local/bin/nnp", Mode: 0o4755}},
@@ -174,9 +206,9 @@ func RepoList() []byte {
 		"gcEtcdRegistry: " + Registry + "\n")
 }
 
-// box is busybox and the links of its applets.
+// box is busybox and the links of its applets, and the shell with its libraries.
 type box struct {
-	file  nodeimage.File
+	files []nodeimage.File
 	links []nodeimage.Link
 }
 
@@ -186,11 +218,11 @@ func busybox(bin string) (box, error) {
 	if err != nil {
 		return box{}, fmt.Errorf("listing the applets of %s (Debian's busybox-static): %w", bin, err)
 	}
-	b := box{file: nodeimage.File{Src: bin, Path: "/bin/busybox"}}
+	b := box{files: []nodeimage.File{{Src: bin, Path: "/bin/busybox"}}}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		p := "/" + strings.TrimSpace(sc.Text())
-		if p == "/" || p == "/bin/busybox" {
+		if p == "/" || p == "/bin/busybox" || p == "/bin/sh" || p == "/bin/bash" {
 			continue
 		}
 		b.links = append(b.links, nodeimage.Link{Path: p, Target: "/bin/busybox"})
@@ -201,13 +233,21 @@ func busybox(bin string) (box, error) {
 	return b, nil
 }
 
-// withBox adds busybox and its applets to spec, except where spec has a file of its own.
+// withBox adds busybox, its applets and the shell to spec, except where spec has a file of its
+// own.
 func withBox(b box, spec nodeimage.Spec) nodeimage.Spec {
 	own := map[string]bool{}
 	for _, f := range spec.Files {
 		own[path.Clean(f.Path)] = true
 	}
-	spec.Files = append([]nodeimage.File{b.file}, spec.Files...)
+	var files []nodeimage.File
+	for _, f := range b.files {
+		if !own[f.Path] {
+			own[f.Path] = true
+			files = append(files, f)
+		}
+	}
+	spec.Files = append(files, spec.Files...)
 	for _, l := range b.links {
 		if !own[l.Path] {
 			spec.Links = append(spec.Links, l)

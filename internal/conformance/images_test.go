@@ -20,8 +20,9 @@ func TestImages(t *testing.T) {
 	}
 	in := Inputs{
 		Agnhost: file("agnhost", "agnhost"), SampleAPIServer: file("sample-apiserver", "s"), Etcd: file("etcd", "e"), NNP: file("nnp", "n"),
+		PorterCert: file("localhost.crt", "cert"), PorterKey: file("localhost.key", "key"),
 		Busybox: file("busybox", "#!/bin/sh\necho bin/sh\necho usr/bin/nc\necho usr/bin/wget\n"),
-		Curl:    file("curl", "c"), Dig: file("dig", "d"), Getent: file("getent", "g"), Netcat: file("nc", "n"), Dash: file("dash", "sh"),
+		Curl:    file("curl", "c"), Dig: file("dig", "d"), Getent: file("getent", "g"), Netcat: file("nc", "n"), Bash: file("bash", "sh"),
 		Libraries: func(program string) ([]string, error) {
 			if program == filepath.Join(dir, "curl") {
 				return []string{filepath.Join(dir, "libcurl.so.4")}, nil
@@ -60,14 +61,19 @@ func TestImages(t *testing.T) {
 	agnhost := byRef[Registry+"/e2e-test-images/agnhost:2.56"]
 	af := files(agnhost)
 	assert.Equal(t, in.Netcat, af["/usr/bin/nc"].Src, "OpenBSD netcat, not busybox's applet")
-	assert.Equal(t, in.Dash, af["/bin/sh"].Src, "dash: busybox's shell would run its own nc")
+	assert.Equal(t, in.Bash, af["/bin/sh"].Src, "bash: busybox's shell would run its own nc")
+	assert.Equal(t, "/agnhost", links(agnhost)["/agnhost-2"])
+	assert.Equal(t, in.Getent, af["/usr/bin/getent"].Src, "the DNS tests' probes run getent in agnhost too")
+	assert.Equal(t, in.PorterCert, af["/localhost.crt"].Src, "porter and netexec serve TLS with it")
+	assert.Contains(t, agnhost.Dirs, "/uploads")
 	assert.Contains(t, af, filepath.Join(dir, "libcurl.so.4"), "curl's libraries")
 	assert.NotContains(t, links(agnhost), "/usr/bin/nc")
 	assert.Equal(t, "/bin/busybox", links(agnhost)["/usr/bin/wget"])
 	assert.Equal(t, []string{"/agnhost"}, agnhost.Entrypoint)
 
 	box := byRef[Registry+"/e2e-test-images/busybox:1.37.0-1"]
-	assert.Equal(t, "/bin/busybox", links(box)["/bin/sh"])
+	assert.Equal(t, in.Bash, files(box)["/bin/sh"].Src, "bash keeps environment variables busybox's shell drops")
+	assert.NotContains(t, links(box), "/bin/sh")
 	assert.Equal(t, int64(0o4755), files(byRef[Registry+"/e2e-test-images/nonewprivs:1.3"])["/usr/local/bin/nnp"].Mode)
 	assert.Equal(t, "1234", byRef[Registry+"/e2e-test-images/nonroot:1.4"].User)
 

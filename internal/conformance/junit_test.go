@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 
@@ -49,4 +50,13 @@ func TestSkipsCompile(t *testing.T) {
 		assert.NotEmpty(t, Skips[i].Reason, "skip %q names no reason", Skips[i].Name)
 		assert.NotNil(t, re)
 	}
+}
+
+func TestSmokeFocus(t *testing.T) {
+	re := regexp.MustCompile(SmokeFocus())
+	for _, n := range Smoke {
+		assert.True(t, re.MatchString(n+" [sig-network, Conformance]"), n)
+	}
+	assert.False(t, re.MatchString("[sig-network] DNS should provide DNS for services with a long name [Conformance]"), "a longer name that shares a prefix")
+	assert.False(t, re.MatchString("[sig-apps] Deployment should run the lifecycle of a Deployment [Conformance]"))
 }

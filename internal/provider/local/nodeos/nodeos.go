@@ -169,7 +169,8 @@ func (o *OS) MountState(dir, hostname string, ip netip.Addr) error {
 // (sandbox.BridgeMAC of its gateway address: a bridge without one changes its address when a
 // pod's veth leaves, and every pod's cached gateway goes dead for seconds), and writes the pod
 // network configuration: the bridge plugin on cni0 with the node's pod range, routed (not
-// masqueraded) to the other nodes by the provider's routes. After a reboot the bridge may
+// masqueraded) to the other nodes by the provider's routes, and the portmap plugin for pods'
+// hostPorts (the node's iptables rules; the conformance suite's HostPort test). After a reboot the bridge may
 // exist already: its address is set again.
 func SetUpPodNetwork(ctx context.Context, podCIDR netip.Prefix) error {
 	mac, err := sandbox.BridgeMAC(podCIDR.Masked().Addr().Next())
@@ -207,6 +208,7 @@ func writeCNIConfig(podCIDR netip.Prefix) error {
         "routes": [{"dst": "0.0.0.0/0"}]
       }
     },
+    {"type": "portmap", "capabilities": {"portMappings": true}},
     {"type": "loopback"}
   ]
 }
