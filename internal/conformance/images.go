@@ -146,7 +146,7 @@ func Images(in Inputs) ([]Image, error) {
 	images := []Image{
 		{Spec: withBox(box, nodeimage.Spec{Ref: e2e("busybox:1.37.0-1"), Cmd: []string{"sh"}})},
 		{Spec: withBox(box, nodeimage.Spec{
-			Ref:        e2e("agnhost:2.56"),
+			Ref: e2e("agnhost:2.56"),
 			Files: append([]nodeimage.File{
 				{Src: in.Agnhost, Path: "/agnhost"}, {Src: nsswitch, Path: "/etc/nsswitch.conf"},
 				{Src: in.PorterCert, Path: "/localhost.crt"}, {Src: in.PorterKey, Path: "/localhost.key"},
@@ -155,7 +155,7 @@ func Images(in Inputs) ([]Image, error) {
 			Dirs: []string{"/uploads"},
 			// The suite overrides the entrypoint with /agnhost-2 (Containers tests); a link
 			// keeps the name it is run by (argv[0]), which is what the test reads.
-			Links: []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
+			Links:      []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
 		}), Substitutes: "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
 		{Spec: withBox(box, nodeimage.Spec{
