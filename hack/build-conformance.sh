@@ -57,5 +57,11 @@ CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/nnp" ./test/conforman
 # agnhost's porter and netexec serve TLS with the certificate beside their source.
 porter=$(cd "$pins" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost/porter)
 install -m 0644 "$porter/localhost.crt" "$porter/localhost.key" "$out/"
+# kitten's and nautilus' pages (test/images of the Kubernetes module).
+kubemod=$(cd "$pins" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+for img in kitten nautilus; do
+  mkdir -p "$out/test-images/$img/html"
+  install -m 0644 "$kubemod/test/images/$img/html/"* "$out/test-images/$img/html/"
+done
 etcd=$(KUBE_VERSIONS=$version go run ./hack/kubeversions | cut -d' ' -f2)
 go run ./hack/conformance images -dir "$out" -etcd "_output/etcd/$etcd/etcd"

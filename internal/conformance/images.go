@@ -33,6 +33,8 @@ type Inputs struct {
 	// PorterCert and PorterKey are the TLS certificate and key agnhost's porter and netexec
 	// serve (test/images/agnhost/porter of the Kubernetes module), at / in upstream's image.
 	PorterCert, PorterKey string
+	// TestImages is the Kubernetes module's test/images: kitten's and nautilus' pages.
+	TestImages string
 	// Busybox (busybox-static), Curl, Dig (bind9-dnsutils), Getent (libc-bin) and Netcat
 	// (netcat-openbsd, as upstream's agnhost has) are Debian's, with the shared libraries they
 	// load (Libraries).
@@ -58,6 +60,7 @@ func DefaultInputs(dir, etcd string) Inputs {
 		Agnhost: path.Join(dir, "agnhost"), SampleAPIServer: path.Join(dir, "sample-apiserver"),
 		NNP: path.Join(dir, "nnp"), Etcd: etcd,
 		PorterCert: path.Join(dir, "localhost.crt"), PorterKey: path.Join(dir, "localhost.key"),
+		TestImages: path.Join(dir, "test-images"),
 		Busybox: "/bin/busybox", Curl: "/usr/bin/curl", Dig: "/usr/bin/dig", Getent: "/usr/bin/getent",
 		Netcat: "/bin/nc.openbsd", Bash: "/bin/bash",
 	}
@@ -143,10 +146,9 @@ func Images(in Inputs) ([]Image, error) {
 			Substitutes: "busybox httpd serving a static page on port 80",
 		}, nil
 	}
-	images := []Image{
-		{Spec: withBox(box, nodeimage.Spec{Ref: e2e("busybox:1.37.0-1"), Cmd: []string{"sh"}})},
-		{Spec: withBox(box, nodeimage.Spec{
-			Ref: e2e("agnhost:2.56"),
+	agnhost := func(ref string) nodeimage.Spec {
+		return withBox(box, nodeimage.Spec{
+			Ref: ref,
 			Files: append([]nodeimage.File{
 				{Src: in.Agnhost, Path: "/agnhost"}, {Src: nsswitch, Path: "/etc/nsswitch.conf"},
 				{Src: in.PorterCert, Path: "/localhost.crt"}, {Src: in.PorterKey, Path: "/localhost.key"},
@@ -157,7 +159,23 @@ func Images(in Inputs) ([]Image, error) {
 			// keeps the name it is run by (argv[0]), which is what the test reads.
 			Links:      []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
-		}), Substitutes: "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
+		})
+	}
+	// kitten and nautilus are agnhost serving their page and picture (test-webserver), as
+	// upstream builds them; the kubectl Update Demo test reads data.json.
+	webserver := func(name string) Image {
+		spec := agnhost(e2e(name + ":1.7"))
+		for _, f := range []string{"data.json", name + ".jpg"} {
+			spec.Files = append(spec.Files, nodeimage.File{Src: path.Join(in.TestImages, name, "html", f), Path: "/" + f})
+		}
+		spec.Cmd = []string{"test-webserver"}
+		return Image{Spec: spec, Substitutes: "upstream's, on the agnhost image here"}
+	}
+	images := []Image{
+		{Spec: withBox(box, nodeimage.Spec{Ref: e2e("busybox:1.37.0-1"), Cmd: []string{"sh"}})},
+		{Spec: agnhost(e2e("agnhost:2.56")), Substitutes: "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
+		webserver("kitten"),
+		webserver("nautilus"),
 		{Spec: withBox(box, nodeimage.Spec{
 			Ref:   e2e("jessie-dnsutils:1.7"),
 			Files: append([]nodeimage.File{{Src: nsswitch, Path: "/etc/nsswitch.conf"}}, dnsTools...),
@@ -185,8 +203,6 @@ func Images(in Inputs) ([]Image, error) {
 		{e2e("httpd:2.4.39-4"), "<html><body><h1>It works!</h1></body></html>\n"},
 		{e2e("nginx:1.14-4"), "<html><body><h1>Welcome to nginx!</h1></body></html>\n"},
 		{e2e("nginx:1.15-4"), "<html><body><h1>Welcome to nginx!</h1></body></html>\n"},
-		{e2e("kitten:1.7"), "kitten\n"},
-		{e2e("nautilus:1.7"), "nautilus\n"},
 	} {
 		img, err := web(w.ref, w.page)
 		if err != nil {

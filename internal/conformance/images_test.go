@@ -20,7 +20,7 @@ func TestImages(t *testing.T) {
 	}
 	in := Inputs{
 		Agnhost: file("agnhost", "agnhost"), SampleAPIServer: file("sample-apiserver", "s"), Etcd: file("etcd", "e"), NNP: file("nnp", "n"),
-		PorterCert: file("localhost.crt", "cert"), PorterKey: file("localhost.key", "key"),
+		PorterCert: file("localhost.crt", "cert"), PorterKey: file("localhost.key", "key"), TestImages: filepath.Join(dir, "test-images"),
 		Busybox: file("busybox", "#!/bin/sh\necho bin/sh\necho usr/bin/nc\necho usr/bin/wget\n"),
 		Curl:    file("curl", "c"), Dig: file("dig", "d"), Getent: file("getent", "g"), Netcat: file("nc", "n"), Bash: file("bash", "sh"),
 		Libraries: func(program string) ([]string, error) {
@@ -32,6 +32,11 @@ func TestImages(t *testing.T) {
 		Scratch: filepath.Join(dir, "files"),
 	}
 	file("libcurl.so.4", "lib")
+	for _, n := range []string{"kitten", "nautilus"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "test-images", n, "html"), 0o755))
+		file(filepath.Join("test-images", n, "html", "data.json"), `{"image": "`+n+`.jpg"}`)
+		file(filepath.Join("test-images", n, "html", n+".jpg"), "jpg")
+	}
 	images, err := Images(in)
 	require.NoError(t, err)
 	byRef := map[string]nodeimage.Spec{}
@@ -70,6 +75,11 @@ func TestImages(t *testing.T) {
 	assert.NotContains(t, links(agnhost), "/usr/bin/nc")
 	assert.Equal(t, "/bin/busybox", links(agnhost)["/usr/bin/wget"])
 	assert.Equal(t, []string{"/agnhost"}, agnhost.Entrypoint)
+
+	kitten := byRef[Registry+"/e2e-test-images/kitten:1.7"]
+	assert.Equal(t, filepath.Join(dir, "test-images", "kitten", "html", "data.json"), files(kitten)["/data.json"].Src, "the Update Demo test reads it")
+	assert.Equal(t, []string{"test-webserver"}, kitten.Cmd)
+	assert.Equal(t, in.Agnhost, files(kitten)["/agnhost"].Src)
 
 	box := byRef[Registry+"/e2e-test-images/busybox:1.37.0-1"]
 	assert.Equal(t, in.Bash, files(box)["/bin/sh"].Src, "bash keeps environment variables busybox's shell drops")
