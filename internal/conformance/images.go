@@ -61,7 +61,7 @@ func DefaultInputs(dir, etcd string) Inputs {
 		NNP: path.Join(dir, "nnp"), Etcd: etcd,
 		PorterCert: path.Join(dir, "localhost.crt"), PorterKey: path.Join(dir, "localhost.key"),
 		TestImages: path.Join(dir, "test-images"),
-		Busybox: "/bin/busybox", Curl: "/usr/bin/curl", Dig: "/usr/bin/dig", Getent: "/usr/bin/getent",
+		Busybox:    "/bin/busybox", Curl: "/usr/bin/curl", Dig: "/usr/bin/dig", Getent: "/usr/bin/getent",
 		Netcat: "/bin/nc.openbsd", Bash: "/bin/bash",
 	}
 }
