@@ -235,6 +235,7 @@ func busybox(bin string) (box, error) {
 		return box{}, fmt.Errorf("listing the applets of %s (Debian's busybox-static): %w", bin, err)
 	}
 	b := box{files: []nodeimage.File{{Src: bin, Path: "/bin/busybox"}}}
+	seen := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		p := "/" + strings.TrimSpace(sc.Text())
@@ -242,6 +243,12 @@ func busybox(bin string) (box, error) {
 			continue
 		}
 		b.links = append(b.links, nodeimage.Link{Path: p, Target: "/bin/busybox"})
+		// Upstream's busybox image has every applet in /bin as well (the suite runs
+		// /bin/sysctl), Debian's lists some under /sbin and /usr/bin.
+		if bin := "/bin/" + path.Base(p); bin != p && !seen[bin] && bin != "/bin/sh" && bin != "/bin/bash" {
+			b.links = append(b.links, nodeimage.Link{Path: bin, Target: "/bin/busybox"})
+		}
+		seen[p], seen["/bin/"+path.Base(p)] = true, true
 	}
 	if len(b.links) == 0 {
 		return box{}, fmt.Errorf("%s lists no applets", bin)

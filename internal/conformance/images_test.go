@@ -21,7 +21,7 @@ func TestImages(t *testing.T) {
 	in := Inputs{
 		Agnhost: file("agnhost", "agnhost"), SampleAPIServer: file("sample-apiserver", "s"), Etcd: file("etcd", "e"), NNP: file("nnp", "n"),
 		PorterCert: file("localhost.crt", "cert"), PorterKey: file("localhost.key", "key"), TestImages: filepath.Join(dir, "test-images"),
-		Busybox: file("busybox", "#!/bin/sh\necho bin/sh\necho usr/bin/nc\necho usr/bin/wget\n"),
+		Busybox: file("busybox", "#!/bin/sh\necho bin/sh\necho usr/bin/nc\necho usr/bin/wget\necho sbin/sysctl\necho bin/ls\n"),
 		Curl:    file("curl", "c"), Dig: file("dig", "d"), Getent: file("getent", "g"), Netcat: file("nc", "n"), Bash: file("bash", "sh"),
 		Libraries: func(program string) ([]string, error) {
 			if program == filepath.Join(dir, "curl") {
@@ -84,6 +84,9 @@ func TestImages(t *testing.T) {
 	box := byRef[Registry+"/e2e-test-images/busybox:1.37.0-1"]
 	assert.Equal(t, in.Bash, files(box)["/bin/sh"].Src, "bash keeps environment variables busybox's shell drops")
 	assert.NotContains(t, links(box), "/bin/sh")
+	assert.Equal(t, "/bin/busybox", links(box)["/bin/sysctl"], "every applet in /bin too, as upstream's image")
+	assert.Equal(t, "/bin/busybox", links(box)["/sbin/sysctl"])
+	assert.Equal(t, "/bin/busybox", links(box)["/bin/ls"])
 	assert.Equal(t, int64(0o4755), files(byRef[Registry+"/e2e-test-images/nonewprivs:1.3"])["/usr/local/bin/nnp"].Mode)
 	assert.Equal(t, "1234", byRef[Registry+"/e2e-test-images/nonroot:1.4"].User)
 
