@@ -25,12 +25,19 @@ ws=$(realpath -m "${CONFORMANCE_WORKSPACE:-_output}")
 kubeconfig=$ws/constellation-admin.conf
 version=$(KUBE_VERSIONS=default go run ./hack/kubeversions | cut -d' ' -f1)
 
-if ! [ -f "$kubeconfig" ] || ! "$cli" status --workspace "$ws" --no-verify --timeout 5s >/dev/null 2>&1; then
-  echo "conformance: no running cluster in $ws: creating one (1 control plane, 2 workers)"
+# A workspace with a cluster's state is used as it is (a cluster that does not answer fails the
+# run below, naming the request); one without gets a new cluster.
+if ! [ -f "$ws/constellation-state.yaml" ]; then
+  echo "conformance: no cluster in $ws: creating one (1 control plane, 2 workers)"
   "$cli" mini up --workspace "$ws"
 fi
 kubectl=_output/kube/$version/bin/kubectl
-running=$("$kubectl" --kubeconfig "$kubeconfig" version -o json | sed -n 's/.*"gitVersion": *"\(v[^"]*\)".*/\1/p' | tail -1)
+# The server's version (the JSON's last gitVersion; the client's comes first).
+if ! info=$("$kubectl" --kubeconfig "$kubeconfig" version -o json 2>&1); then
+  echo "conformance: the cluster in $ws does not answer: $info" >&2
+  exit 1
+fi
+running=$(echo "$info" | sed -n 's/.*"gitVersion": *"\(v[^"]*\)".*/\1/p' | tail -1)
 if [ -n "$running" ] && [ "$running" != "$version" ]; then
   version=$running
   kubectl=_output/kube/$version/bin/kubectl
