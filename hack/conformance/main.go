@@ -49,7 +49,15 @@ func images(args []string) error {
 	if *dir == "" || *etcd == "" {
 		return fmt.Errorf("images: -dir and -etcd are required")
 	}
-	imgs, err := conformance.Images(conformance.DefaultInputs(*dir, *etcd))
+	repoList := filepath.Join(*dir, "repo-list.yaml")
+	if err := fileutil.WriteAtomic(repoList, conformance.RepoList(), 0o644); err != nil {
+		return err
+	}
+	listed, err := conformance.ListedImages(filepath.Join(*dir, "e2e.test"), repoList)
+	if err != nil {
+		return err
+	}
+	imgs, err := conformance.Images(conformance.DefaultInputs(*dir, *etcd), listed)
 	if err != nil {
 		return err
 	}
@@ -64,9 +72,6 @@ func images(args []string) error {
 			state = "up to date"
 		}
 		fmt.Printf("conformance: %s %s (%d MB)\n", state, res.Ref, res.Size>>20)
-	}
-	if err := fileutil.WriteAtomic(filepath.Join(*dir, "repo-list.yaml"), conformance.RepoList(), 0o644); err != nil {
-		return err
 	}
 	return fileutil.WriteAtomic(filepath.Join(*dir, "skip.regex"), []byte(conformance.SkipRegex()+"\n"), 0o644)
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"sort"
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/nodeimage"
@@ -73,9 +74,12 @@ type Image struct {
 	Substitutes string
 }
 
-// Images returns the images of the suite this repository provides, under Registry with the
-// names and tags the suite of kubernetesVersion asks for (its test/utils/image manifest).
-func Images(in Inputs) ([]Image, error) {
+// Images returns the images of the suite this repository provides, one per reference of listed
+// (the suite's image list, `e2e.test --list-images` with the override: ListedImages) under
+// Registry whose name it knows how to build: the suite says which tags it wants. The others
+// under Registry are images no conformance test runs (perl, resource-consumer, volume servers
+// and the like); it is an error when an image it builds is not listed at all.
+func Images(in Inputs, listed []string) ([]Image, error) {
 	libs := in.Libraries
 	if libs == nil {
 		libs = ELFLibraries
@@ -131,22 +135,18 @@ func Images(in Inputs) ([]Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	e2e := func(name string) string { return Registry + "/e2e-test-images/" + name }
-	web := func(ref, page string) (Image, error) {
-		index, err := writeFile(in.Scratch, path.Base(strings.ReplaceAll(ref, ":", "-"))+".html", page)
+	web := func(ref string) (nodeimage.Spec, error) {
+		index, err := writeFile(in.Scratch, path.Base(strings.ReplaceAll(ref, ":", "-"))+".html", "<html><body><h1>"+ref+"</h1></body></html>\n")
 		if err != nil {
-			return Image{}, err
+			return nodeimage.Spec{}, err
 		}
-		return Image{
-			Spec: withBox(box, nodeimage.Spec{
-				Ref:   ref,
-				Files: []nodeimage.File{{Src: index, Path: "/htdocs/index.html"}},
-				Cmd:   []string{"httpd", "-f", "-p", "80", "-h", "/htdocs"},
-			}),
-			Substitutes: "busybox httpd serving a static page on port 80",
-		}, nil
+		return withBox(box, nodeimage.Spec{
+			Ref:   ref,
+			Files: []nodeimage.File{{Src: index, Path: "/htdocs/index.html"}},
+			Cmd:   []string{"httpd", "-f", "-p", "80", "-h", "/htdocs"},
+		}), nil
 	}
-	agnhost := func(ref string) nodeimage.Spec {
+	agnhost := func(ref string) (nodeimage.Spec, error) {
 		return withBox(box, nodeimage.Spec{
 			Ref: ref,
 			Files: append([]nodeimage.File{
@@ -159,57 +159,92 @@ func Images(in Inputs) ([]Image, error) {
 			// keeps the name it is run by (argv[0]), which is what the test reads.
 			Links:      []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
-		})
+		}), nil
 	}
 	// kitten and nautilus are agnhost serving their page and picture (test-webserver), as
 	// upstream builds them; the kubectl Update Demo test reads data.json.
-	webserver := func(name string) Image {
-		spec := agnhost(e2e(name + ":1.7"))
-		for _, f := range []string{"data.json", name + ".jpg"} {
-			spec.Files = append(spec.Files, nodeimage.File{Src: path.Join(in.TestImages, name, "html", f), Path: "/" + f})
+	webserver := func(name string) func(string) (nodeimage.Spec, error) {
+		return func(ref string) (nodeimage.Spec, error) {
+			spec, err := agnhost(ref)
+			for _, f := range []string{"data.json", name + ".jpg"} {
+				spec.Files = append(spec.Files, nodeimage.File{Src: path.Join(in.TestImages, name, "html", f), Path: "/" + f})
+			}
+			spec.Cmd = []string{"test-webserver"}
+			return spec, err
 		}
-		spec.Cmd = []string{"test-webserver"}
-		return Image{Spec: spec, Substitutes: "upstream's, on the agnhost image here"}
 	}
-	images := []Image{
-		{Spec: withBox(box, nodeimage.Spec{Ref: e2e("busybox:1.37.0-1"), Cmd: []string{"sh"}})},
-		{Spec: agnhost(e2e("agnhost:2.56")), Substitutes: "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
-		webserver("kitten"),
-		webserver("nautilus"),
-		{Spec: withBox(box, nodeimage.Spec{
-			Ref:   e2e("jessie-dnsutils:1.7"),
-			Files: append([]nodeimage.File{{Src: nsswitch, Path: "/etc/nsswitch.conf"}}, dnsTools...),
-			Cmd:   []string{"sh"},
-		}), Substitutes: "Debian jessie by busybox with Debian 12's bash (sh), dig and getent"},
-		{Spec: withBox(box, nodeimage.Spec{
-			Ref:        e2e("nonewprivs:1.3"),
-			Files:      []nodeimage.File{{Src: in.NNP, Path: "/usr/local/bin/nnp", Mode: 0o4755}},
-			Entrypoint: []string{"/usr/local/bin/nnp"},
-		}), Substitutes: "test/conformance/nnp (Go) for upstream's nnp.c: a set-user-ID program printing its effective UID"},
-		{Spec: withBox(box, nodeimage.Spec{Ref: e2e("nonroot:1.4"), User: "1234", Cmd: []string{"sh", "-c", "sleep 3600"}})},
-		{Spec: nodeimage.Spec{
-			Ref:        e2e("sample-apiserver:1.29.2"),
-			Files:      []nodeimage.File{{Src: in.SampleAPIServer, Path: "/sample-apiserver"}},
-			Entrypoint: []string{"/sample-apiserver"},
-		}, Substitutes: "k8s.io/sample-apiserver of the cluster's Kubernetes version"},
-		{Spec: nodeimage.Spec{
-			Ref:   Registry + "/etcd:3.6.4-0",
-			Files: []nodeimage.File{{Src: in.Etcd, Path: "/usr/local/bin/etcd"}},
-			Cmd:   []string{"/usr/local/bin/etcd"},
-		}, Substitutes: "the cluster's etcd"},
+	// What this repository builds, by the image's name under the registry; the tags are the
+	// suite's (its image list, ListedImages).
+	builders := map[string]struct {
+		build       func(ref string) (nodeimage.Spec, error)
+		substitutes string
+	}{
+		"e2e-test-images/agnhost": {agnhost, "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
+		"e2e-test-images/busybox": {func(ref string) (nodeimage.Spec, error) {
+			return withBox(box, nodeimage.Spec{Ref: ref, Cmd: []string{"sh"}}), nil
+		}, "Debian's busybox-static with bash as sh"},
+		"e2e-test-images/kitten":   {webserver("kitten"), "upstream's, on the agnhost image here"},
+		"e2e-test-images/nautilus": {webserver("nautilus"), "upstream's, on the agnhost image here"},
+		"e2e-test-images/httpd":    {web, "busybox httpd serving a static page on port 80"},
+		"e2e-test-images/nginx":    {web, "busybox httpd serving a static page on port 80"},
+		"e2e-test-images/jessie-dnsutils": {func(ref string) (nodeimage.Spec, error) {
+			return withBox(box, nodeimage.Spec{
+				Ref:   ref,
+				Files: append([]nodeimage.File{{Src: nsswitch, Path: "/etc/nsswitch.conf"}}, dnsTools...),
+				Cmd:   []string{"sh"},
+			}), nil
+		}, "Debian jessie by busybox with Debian 12's bash (sh), dig and getent"},
+		"e2e-test-images/nonewprivs": {func(ref string) (nodeimage.Spec, error) {
+			return withBox(box, nodeimage.Spec{
+				Ref:        ref,
+				Files:      []nodeimage.File{{Src: in.NNP, Path: "/usr/local/bin/nnp", Mode: 0o4755}},
+				Entrypoint: []string{"/usr/local/bin/nnp"},
+			}), nil
+		}, "test/conformance/nnp (Go) for upstream's nnp.c: a set-user-ID program printing its effective UID"},
+		"e2e-test-images/nonroot": {func(ref string) (nodeimage.Spec, error) {
+			return withBox(box, nodeimage.Spec{Ref: ref, User: "1234", Cmd: []string{"sh", "-c", "sleep 3600"}}), nil
+		}, ""},
+		"e2e-test-images/sample-apiserver": {func(ref string) (nodeimage.Spec, error) {
+			return nodeimage.Spec{
+				Ref:        ref,
+				Files:      []nodeimage.File{{Src: in.SampleAPIServer, Path: "/sample-apiserver"}},
+				Entrypoint: []string{"/sample-apiserver"},
+			}, nil
+		}, "k8s.io/sample-apiserver at the version tools/conformance/sample-apiserver pins"},
+		"etcd": {func(ref string) (nodeimage.Spec, error) {
+			return nodeimage.Spec{
+				Ref:   ref,
+				Files: []nodeimage.File{{Src: in.Etcd, Path: "/usr/local/bin/etcd"}},
+				Cmd:   []string{"/usr/local/bin/etcd"},
+			}, nil
+		}, "the cluster's etcd"},
 	}
-	for _, w := range []struct{ ref, page string }{
-		{e2e("httpd:2.4.38-4"), "<html><body><h1>It works!</h1></body></html>\n"},
-		{e2e("httpd:2.4.39-4"), "<html><body><h1>It works!</h1></body></html>\n"},
-		{e2e("nginx:1.14-4"), "<html><body><h1>Welcome to nginx!</h1></body></html>\n"},
-		{e2e("nginx:1.15-4"), "<html><body><h1>Welcome to nginx!</h1></body></html>\n"},
-	} {
-		img, err := web(w.ref, w.page)
+	var images []Image
+	for _, ref := range listed {
+		name, _, ok := strings.Cut(strings.TrimPrefix(ref, Registry+"/"), ":")
+		if !ok || !strings.HasPrefix(ref, Registry+"/") {
+			continue
+		}
+		b, ok := builders[name]
+		if !ok {
+			continue
+		}
+		spec, err := b.build(ref)
 		if err != nil {
 			return nil, err
 		}
-		images = append(images, img)
+		images = append(images, Image{Spec: spec, Substitutes: b.substitutes})
 	}
+	for name := range builders {
+		found := false
+		for _, img := range images {
+			found = found || strings.HasPrefix(img.Spec.Ref, Registry+"/"+name+":")
+		}
+		if !found {
+			return nil, fmt.Errorf("the suite's image list names no %s/%s: is it the list of an e2e.test run with the override (RepoList)?", Registry, name)
+		}
+	}
+	sort.Slice(images, func(i, j int) bool { return images[i].Spec.Ref < images[j].Spec.Ref })
 	return images, nil
 }
 
@@ -289,4 +324,22 @@ func writeFile(dir, name, content string) (string, error) {
 		return "", err
 	}
 	return p, nil
+}
+
+// ListedImages runs the suite's e2e.test with the override in repoList and returns the image
+// references it lists (--list-images), one per line.
+func ListedImages(e2eTest, repoList string) ([]string, error) {
+	cmd := exec.Command(e2eTest, "--list-images")
+	cmd.Env = append(os.Environ(), "KUBE_TEST_REPO_LIST="+repoList)
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing the suite's images (%s --list-images): %w", e2eTest, err)
+	}
+	var refs []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			refs = append(refs, l)
+		}
+	}
+	return refs, nil
 }

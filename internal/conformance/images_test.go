@@ -37,8 +37,15 @@ func TestImages(t *testing.T) {
 		file(filepath.Join("test-images", n, "html", "data.json"), `{"image": "`+n+`.jpg"}`)
 		file(filepath.Join("test-images", n, "html", n+".jpg"), "jpg")
 	}
-	images, err := Images(in)
+	var listed []string
+	for _, r := range []string{"busybox:1.37.0-1", "agnhost:2.56", "jessie-dnsutils:1.7", "httpd:2.4.38-4", "httpd:2.4.39-4",
+		"nginx:1.14-4", "nginx:1.15-4", "nonewprivs:1.3", "nonroot:1.4", "sample-apiserver:1.29.2", "kitten:1.7", "nautilus:1.7", "perl:5.26"} {
+		listed = append(listed, Registry+"/e2e-test-images/"+r)
+	}
+	listed = append(listed, Registry+"/etcd:3.6.4-0", "registry.k8s.io/pause:3.10.1", "gcr.io/k8s-authenticated-test/agnhost:2.6")
+	images, err := Images(in, listed)
 	require.NoError(t, err)
+	assert.Len(t, images, 13, "one per listed tag it builds: not perl, not what is outside the registry")
 	byRef := map[string]nodeimage.Spec{}
 	for _, img := range images {
 		byRef[img.Spec.Ref] = img.Spec
@@ -90,6 +97,10 @@ func TestImages(t *testing.T) {
 	assert.Equal(t, int64(0o4755), files(byRef[Registry+"/e2e-test-images/nonewprivs:1.3"])["/usr/local/bin/nnp"].Mode)
 	assert.Equal(t, "1234", byRef[Registry+"/e2e-test-images/nonroot:1.4"].User)
 
+	// A list without one of the images it builds is not the suite's list with the override.
+	_, err = Images(in, listed[:3])
+	assert.ErrorContains(t, err, "names no")
+
 	// Every spec builds.
 	for _, img := range images {
 		_, err := nodeimage.Build(img.Spec, filepath.Join(t.TempDir(), "x.tar"))
@@ -98,7 +109,7 @@ func TestImages(t *testing.T) {
 }
 
 func TestImagesNeedBusybox(t *testing.T) {
-	_, err := Images(Inputs{Busybox: filepath.Join(t.TempDir(), "none"), Scratch: t.TempDir()})
+	_, err := Images(Inputs{Busybox: filepath.Join(t.TempDir(), "none"), Scratch: t.TempDir()}, nil)
 	assert.ErrorContains(t, err, "busybox-static")
 }
 
