@@ -1,5 +1,5 @@
 // Module conformance builds the Kubernetes conformance suite (e2e.test of k8s.io/kubernetes v1.34.4),
-// ginkgo and the test images built from source, from the Go module proxy; see hack/build-conformance.sh.
+// ginkgo and agnhost, from the Go module proxy; see hack/build-conformance.sh.
 module github.com/openconstellation/constellation/tools/conformance/v1.34.4
 
 go 1.26
