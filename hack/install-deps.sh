@@ -15,11 +15,12 @@ cd "$(dirname "$0")/.."
 # containerd + runc, the CNI plugins (bridge, host-local, loopback) and util-linux's
 # nsenter/unshare for the local provider's sandbox nodes, slirp4netns for their NAT (the
 # uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT;
-# iptables for the CNI portmap plugin (hostPort); busybox-static, bash, curl, bind9-dnsutils (dig)
-# and netcat-openbsd for the conformance suite's test images (internal/conformance).
+# iptables for the CNI portmap plugin (hostPort); for the conformance suite's test images
+# (internal/conformance): make, bzip2 and libc6-dev to build busybox from source, curl to fetch
+# it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images.
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
   cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
-  iptables busybox-static bash curl bind9-dnsutils netcat-openbsd)
+  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd)
 
 debs() {
   local missing=() p

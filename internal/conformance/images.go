@@ -36,17 +36,13 @@ type Inputs struct {
 	PorterCert, PorterKey string
 	// TestImages is the Kubernetes module's test/images: kitten's and nautilus' pages.
 	TestImages string
-	// Busybox (busybox-static), Curl, Dig (bind9-dnsutils), Getent (libc-bin) and Netcat
-	// (netcat-openbsd, as upstream's agnhost has) are Debian's, with the shared libraries they
-	// load (Libraries).
-	Busybox, Curl, Dig, Getent, Netcat string
-	// Bash (Debian's) is every image's /bin/sh, for two reasons found by the suite: Debian's
-	// busybox-static shell runs its own applet for a name before looking at PATH, so
-	// `sh -c "nc -v …"` ran busybox's nc, which lacks the options the suite uses; and both it and
-	// dash drop environment variables whose names are no shell identifiers ("data-1"), which
-	// Kubernetes allows and the suite checks reach the container (upstream's busybox 1.37 keeps
-	// them, as bash does).
-	Bash string
+	// Busybox is upstream's, built from source (tools/conformance/busybox): its ash is /bin/sh
+	// of every image with a shell, as in upstream's images (the suite compares its messages).
+	Busybox string
+	// Bash, Curl, Dig (bind9-dnsutils), Getent (libc-bin) and Netcat (netcat-openbsd) are
+	// Debian's, with the shared libraries they load (Libraries), for the agnhost and
+	// jessie-dnsutils images, as upstream's have them.
+	Bash, Curl, Dig, Getent, Netcat string
 	// Libraries resolves a dynamically linked program's shared libraries; nil: ELFLibraries.
 	Libraries func(program string) ([]string, error)
 	// Scratch is a directory for the small files the images carry (web pages, nsswitch.conf).
@@ -62,7 +58,7 @@ func DefaultInputs(dir, etcd string) Inputs {
 		NNP: path.Join(dir, "nnp"), Etcd: etcd,
 		PorterCert: path.Join(dir, "localhost.crt"), PorterKey: path.Join(dir, "localhost.key"),
 		TestImages: path.Join(dir, "test-images"),
-		Busybox:    "/bin/busybox", Curl: "/usr/bin/curl", Dig: "/usr/bin/dig", Getent: "/usr/bin/getent",
+		Busybox:    path.Join(dir, "busybox"), Curl: "/usr/bin/curl", Dig: "/usr/bin/dig", Getent: "/usr/bin/getent",
 		Netcat: "/bin/nc.openbsd", Bash: "/bin/bash",
 	}
 }
@@ -88,14 +84,6 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	shell, err := libs(in.Bash)
-	if err != nil {
-		return nil, err
-	}
-	box.files = append(box.files, nodeimage.File{Src: in.Bash, Path: "/bin/sh"}, nodeimage.File{Src: in.Bash, Path: "/bin/bash"})
-	for _, l := range shell {
-		box.files = append(box.files, nodeimage.File{Src: l, Path: l})
-	}
 	withLibs := func(programs ...[2]string) ([]nodeimage.File, error) {
 		var files []nodeimage.File
 		seen := map[string]bool{}
@@ -114,11 +102,11 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 		}
 		return files, nil
 	}
-	dnsTools, err := withLibs([2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Getent, "/usr/bin/getent"})
+	dnsTools, err := withLibs([2]string{in.Bash, "/bin/bash"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Getent, "/usr/bin/getent"})
 	if err != nil {
 		return nil, err
 	}
-	netTools, err := withLibs([2]string{in.Getent, "/usr/bin/getent"}, [2]string{in.Curl, "/usr/bin/curl"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Netcat, "/usr/bin/nc"})
+	netTools, err := withLibs([2]string{in.Bash, "/bin/bash"}, [2]string{in.Getent, "/usr/bin/getent"}, [2]string{in.Curl, "/usr/bin/curl"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Netcat, "/usr/bin/nc"})
 	if err != nil {
 		return nil, err
 	}
@@ -179,10 +167,10 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 		build       func(ref string) (nodeimage.Spec, error)
 		substitutes string
 	}{
-		"e2e-test-images/agnhost": {agnhost, "upstream's Alpine tools by busybox (ip, nslookup, …) and Debian's bash (sh), curl, dig, getent and OpenBSD netcat"},
+		"e2e-test-images/agnhost": {agnhost, "upstream's Alpine tools by busybox and Debian's bash, curl, dig, getent and OpenBSD netcat"},
 		"e2e-test-images/busybox": {func(ref string) (nodeimage.Spec, error) {
 			return withBox(box, nodeimage.Spec{Ref: ref, Cmd: []string{"sh"}}), nil
-		}, "Debian's busybox-static with bash as sh"},
+		}, ""},
 		"e2e-test-images/kitten":   {webserver("kitten"), "upstream's, on the agnhost image here"},
 		"e2e-test-images/nautilus": {webserver("nautilus"), "upstream's, on the agnhost image here"},
 		"e2e-test-images/httpd":    {web, "busybox httpd serving a static page on port 80"},
@@ -193,7 +181,7 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 				Files: append([]nodeimage.File{{Src: nsswitch, Path: "/etc/nsswitch.conf"}}, dnsTools...),
 				Cmd:   []string{"sh"},
 			}), nil
-		}, "Debian jessie by busybox with Debian 12's bash (sh), dig and getent"},
+		}, "Debian jessie by busybox with Debian 12's bash, dig and getent"},
 		"e2e-test-images/nonewprivs": {func(ref string) (nodeimage.Spec, error) {
 			return withBox(box, nodeimage.Spec{
 				Ref:        ref,
@@ -257,7 +245,7 @@ func RepoList() []byte {
 		"gcEtcdRegistry: " + Registry + "\n")
 }
 
-// box is busybox and the links of its applets, and the shell with its libraries.
+// box is busybox and the links of its applets.
 type box struct {
 	files []nodeimage.File
 	links []nodeimage.Link
@@ -267,20 +255,20 @@ type box struct {
 func busybox(bin string) (box, error) {
 	out, err := exec.Command(bin, "--list-full").Output()
 	if err != nil {
-		return box{}, fmt.Errorf("listing the applets of %s (Debian's busybox-static): %w", bin, err)
+		return box{}, fmt.Errorf("listing the applets of %s (hack/build-conformance.sh builds it): %w", bin, err)
 	}
 	b := box{files: []nodeimage.File{{Src: bin, Path: "/bin/busybox"}}}
 	seen := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		p := "/" + strings.TrimSpace(sc.Text())
-		if p == "/" || p == "/bin/busybox" || p == "/bin/sh" || p == "/bin/bash" {
+		if p == "/" || p == "/bin/busybox" {
 			continue
 		}
 		b.links = append(b.links, nodeimage.Link{Path: p, Target: "/bin/busybox"})
 		// Upstream's busybox image has every applet in /bin as well (the suite runs
 		// /bin/sysctl), Debian's lists some under /sbin and /usr/bin.
-		if bin := "/bin/" + path.Base(p); bin != p && !seen[bin] && bin != "/bin/sh" && bin != "/bin/bash" {
+		if bin := "/bin/" + path.Base(p); bin != p && !seen[bin] {
 			b.links = append(b.links, nodeimage.Link{Path: bin, Target: "/bin/busybox"})
 		}
 		seen[p], seen["/bin/"+path.Base(p)] = true, true
@@ -291,8 +279,7 @@ func busybox(bin string) (box, error) {
 	return b, nil
 }
 
-// withBox adds busybox, its applets and the shell to spec, except where spec has a file of its
-// own.
+// withBox adds busybox and its applets to spec, except where spec has a file of its own.
 func withBox(b box, spec nodeimage.Spec) nodeimage.Spec {
 	own := map[string]bool{}
 	for _, f := range spec.Files {
