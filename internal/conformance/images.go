@@ -123,16 +123,20 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	web := func(ref string) (nodeimage.Spec, error) {
-		index, err := writeFile(in.Scratch, path.Base(strings.ReplaceAll(ref, ":", "-"))+".html", "<html><body><h1>"+ref+"</h1></body></html>\n")
-		if err != nil {
-			return nodeimage.Spec{}, err
+	// httpd and nginx serve their page from where upstream's images keep it: the StatefulSet
+	// tests break and mend a pod's readiness by moving /usr/local/apache2/htdocs/index.html.
+	web := func(root string) func(ref string) (nodeimage.Spec, error) {
+		return func(ref string) (nodeimage.Spec, error) {
+			index, err := writeFile(in.Scratch, path.Base(strings.ReplaceAll(ref, ":", "-"))+".html", "<html><body><h1>"+ref+"</h1></body></html>\n")
+			if err != nil {
+				return nodeimage.Spec{}, err
+			}
+			return withBox(box, nodeimage.Spec{
+				Ref:   ref,
+				Files: []nodeimage.File{{Src: index, Path: root + "/index.html"}},
+				Cmd:   []string{"httpd", "-f", "-p", "80", "-h", root},
+			}), nil
 		}
-		return withBox(box, nodeimage.Spec{
-			Ref:   ref,
-			Files: []nodeimage.File{{Src: index, Path: "/htdocs/index.html"}},
-			Cmd:   []string{"httpd", "-f", "-p", "80", "-h", "/htdocs"},
-		}), nil
 	}
 	agnhost := func(ref string) (nodeimage.Spec, error) {
 		return withBox(box, nodeimage.Spec{
@@ -173,8 +177,8 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 		}, ""},
 		"e2e-test-images/kitten":   {webserver("kitten"), "upstream's, on the agnhost image here"},
 		"e2e-test-images/nautilus": {webserver("nautilus"), "upstream's, on the agnhost image here"},
-		"e2e-test-images/httpd":    {web, "busybox httpd serving a static page on port 80"},
-		"e2e-test-images/nginx":    {web, "busybox httpd serving a static page on port 80"},
+		"e2e-test-images/httpd":    {web("/usr/local/apache2/htdocs"), "busybox httpd serving a static page on port 80"},
+		"e2e-test-images/nginx":    {web("/usr/share/nginx/html"), "busybox httpd serving a static page on port 80"},
 		"e2e-test-images/jessie-dnsutils": {func(ref string) (nodeimage.Spec, error) {
 			return withBox(box, nodeimage.Spec{
 				Ref:   ref,

@@ -84,6 +84,10 @@ func TestImages(t *testing.T) {
 	assert.Equal(t, "/bin/busybox", links(agnhost)["/usr/bin/wget"])
 	assert.Equal(t, []string{"/agnhost"}, agnhost.Entrypoint)
 
+	httpd := byRef[Registry+"/e2e-test-images/httpd:2.4.38-4"]
+	assert.Contains(t, files(httpd), "/usr/local/apache2/htdocs/index.html", "the StatefulSet tests move it to break readiness")
+	assert.Equal(t, []string{"httpd", "-f", "-p", "80", "-h", "/usr/local/apache2/htdocs"}, httpd.Cmd)
+
 	kitten := byRef[Registry+"/e2e-test-images/kitten:1.7"]
 	assert.Equal(t, filepath.Join(dir, "test-images", "kitten", "html", "data.json"), files(kitten)["/data.json"].Src, "the Update Demo test reads it")
 	assert.Equal(t, []string{"test-webserver"}, kitten.Cmd)
