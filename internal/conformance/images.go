@@ -76,113 +76,146 @@ type Image struct {
 // under Registry are images no conformance test runs (perl, resource-consumer, volume servers
 // and the like); it is an error when an image it builds is not listed at all.
 func Images(in Inputs, listed []string) ([]Image, error) {
+	p, err := newParts(in)
+	if err != nil {
+		return nil, err
+	}
+	return fromList(p.builders(), listed)
+}
+
+// builder makes the spec of one image for a reference (the suite's tag), and says what stands
+// in for upstream's program, if anything.
+type builder struct {
+	build       func(ref string) (nodeimage.Spec, error)
+	substitutes string
+}
+
+// parts are what several images share: busybox, the Debian tools with their libraries, and the
+// small files written to Inputs.Scratch.
+type parts struct {
+	in                      Inputs
+	box                     box
+	dnsTools, netTools      []nodeimage.File
+	nsswitch, passwd, group string
+}
+
+func newParts(in Inputs) (parts, error) {
 	libs := in.Libraries
 	if libs == nil {
 		libs = ELFLibraries
 	}
-	box, err := busybox(in.Busybox)
-	if err != nil {
-		return nil, err
+	p := parts{in: in}
+	var err error
+	if p.box, err = busybox(in.Busybox); err != nil {
+		return parts{}, err
 	}
-	withLibs := func(programs ...[2]string) ([]nodeimage.File, error) {
-		var files []nodeimage.File
-		seen := map[string]bool{}
-		for _, p := range programs {
-			files = append(files, nodeimage.File{Src: p[0], Path: p[1]})
-			l, err := libs(p[0])
-			if err != nil {
-				return nil, err
-			}
-			for _, lib := range l {
-				if !seen[lib] {
-					seen[lib] = true
-					files = append(files, nodeimage.File{Src: lib, Path: lib})
-				}
-			}
-		}
-		return files, nil
+	if p.dnsTools, err = withLibraries(libs, [2]string{in.Bash, "/bin/bash"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Getent, "/usr/bin/getent"}); err != nil {
+		return parts{}, err
 	}
-	dnsTools, err := withLibs([2]string{in.Bash, "/bin/bash"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Getent, "/usr/bin/getent"})
-	if err != nil {
-		return nil, err
+	if p.netTools, err = withLibraries(libs, [2]string{in.Bash, "/bin/bash"}, [2]string{in.Getent, "/usr/bin/getent"}, [2]string{in.Curl, "/usr/bin/curl"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Netcat, "/usr/bin/nc"}); err != nil {
+		return parts{}, err
 	}
-	netTools, err := withLibs([2]string{in.Bash, "/bin/bash"}, [2]string{in.Getent, "/usr/bin/getent"}, [2]string{in.Curl, "/usr/bin/curl"}, [2]string{in.Dig, "/usr/bin/dig"}, [2]string{in.Netcat, "/usr/bin/nc"})
-	if err != nil {
-		return nil, err
-	}
-	nsswitch, err := writeFile(in.Scratch, "nsswitch.conf", "hosts: files dns\n")
-	if err != nil {
-		return nil, err
-	}
-	// Upstream's agnhost image has a user and a group of its own (a SupplementalGroups test).
-	passwd, err := writeFile(in.Scratch, "agnhost-passwd", "root:x:0:0:root:/root:/bin/sh\nuser-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n")
-	if err != nil {
-		return nil, err
-	}
-	group, err := writeFile(in.Scratch, "agnhost-group", "root:x:0:\nuser-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")
-	if err != nil {
-		return nil, err
-	}
-	// httpd and nginx serve their page from where upstream's images keep it: the StatefulSet
-	// tests break and mend a pod's readiness by moving /usr/local/apache2/htdocs/index.html.
-	web := func(root string) func(ref string) (nodeimage.Spec, error) {
-		return func(ref string) (nodeimage.Spec, error) {
-			index, err := writeFile(in.Scratch, path.Base(strings.ReplaceAll(ref, ":", "-"))+".html", "<html><body><h1>"+ref+"</h1></body></html>\n")
-			if err != nil {
-				return nodeimage.Spec{}, err
-			}
-			return withBox(box, nodeimage.Spec{
-				Ref:   ref,
-				Files: []nodeimage.File{{Src: index, Path: root + "/index.html"}},
-				Cmd:   []string{"httpd", "-f", "-p", "80", "-h", root},
-			}), nil
+	for _, f := range []struct {
+		dst           *string
+		name, content string
+	}{
+		{&p.nsswitch, "nsswitch.conf", "hosts: files dns\n"},
+		// Upstream's agnhost image has a user and a group of its own (a SupplementalGroups test).
+		{&p.passwd, "agnhost-passwd", "root:x:0:0:root:/root:/bin/sh\nuser-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"},
+		{&p.group, "agnhost-group", "root:x:0:\nuser-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"},
+	} {
+		if *f.dst, err = writeFile(in.Scratch, f.name, f.content); err != nil {
+			return parts{}, err
 		}
 	}
-	agnhost := func(ref string) (nodeimage.Spec, error) {
-		return withBox(box, nodeimage.Spec{
-			Ref: ref,
-			Files: append([]nodeimage.File{
-				{Src: in.Agnhost, Path: "/agnhost"}, {Src: nsswitch, Path: "/etc/nsswitch.conf"},
-				{Src: in.PorterCert, Path: "/localhost.crt"}, {Src: in.PorterKey, Path: "/localhost.key"},
-				{Src: passwd, Path: "/etc/passwd"}, {Src: group, Path: "/etc/group"},
-			}, netTools...),
-			Dirs: []string{"/uploads"},
-			// The suite overrides the entrypoint with /agnhost-2 (Containers tests); a link
-			// keeps the name it is run by (argv[0]), which is what the test reads.
-			Links:      []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
-			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
+	return p, nil
+}
+
+// withLibraries is each program (source, path in the image) and the shared libraries it loads,
+// each library once.
+func withLibraries(libs func(string) ([]string, error), programs ...[2]string) ([]nodeimage.File, error) {
+	var files []nodeimage.File
+	seen := map[string]bool{}
+	for _, p := range programs {
+		files = append(files, nodeimage.File{Src: p[0], Path: p[1]})
+		l, err := libs(p[0])
+		if err != nil {
+			return nil, err
+		}
+		for _, lib := range l {
+			if !seen[lib] {
+				seen[lib] = true
+				files = append(files, nodeimage.File{Src: lib, Path: lib})
+			}
+		}
+	}
+	return files, nil
+}
+
+// web serves a page naming the image from root with busybox httpd. httpd and nginx serve from
+// where upstream's images keep their page: the StatefulSet tests break and mend a pod's
+// readiness by moving /usr/local/apache2/htdocs/index.html.
+func (p parts) web(root string) func(ref string) (nodeimage.Spec, error) {
+	return func(ref string) (nodeimage.Spec, error) {
+		index, err := writeFile(p.in.Scratch, path.Base(strings.ReplaceAll(ref, ":", "-"))+".html", "<html><body><h1>"+ref+"</h1></body></html>\n")
+		if err != nil {
+			return nodeimage.Spec{}, err
+		}
+		return withBox(p.box, nodeimage.Spec{
+			Ref:   ref,
+			Files: []nodeimage.File{{Src: index, Path: root + "/index.html"}},
+			Cmd:   []string{"httpd", "-f", "-p", "80", "-h", root},
 		}), nil
 	}
-	// kitten and nautilus are agnhost serving their page and picture (test-webserver), as
-	// upstream builds them; the kubectl Update Demo test reads data.json.
-	webserver := func(name string) func(string) (nodeimage.Spec, error) {
-		return func(ref string) (nodeimage.Spec, error) {
-			spec, err := agnhost(ref)
-			for _, f := range []string{"data.json", name + ".jpg"} {
-				spec.Files = append(spec.Files, nodeimage.File{Src: path.Join(in.TestImages, name, "html", f), Path: "/" + f})
-			}
-			spec.Cmd = []string{"test-webserver"}
-			return spec, err
+}
+
+func (p parts) agnhost(ref string) (nodeimage.Spec, error) {
+	in := p.in
+	return withBox(p.box, nodeimage.Spec{
+		Ref: ref,
+		Files: append([]nodeimage.File{
+			{Src: in.Agnhost, Path: "/agnhost"}, {Src: p.nsswitch, Path: "/etc/nsswitch.conf"},
+			{Src: in.PorterCert, Path: "/localhost.crt"}, {Src: in.PorterKey, Path: "/localhost.key"},
+			{Src: p.passwd, Path: "/etc/passwd"}, {Src: p.group, Path: "/etc/group"},
+		}, p.netTools...),
+		Dirs: []string{"/uploads"},
+		// The suite overrides the entrypoint with /agnhost-2 (Containers tests); a link
+		// keeps the name it is run by (argv[0]), which is what the test reads.
+		Links:      []nodeimage.Link{{Path: "/agnhost-2", Target: "/agnhost"}},
+		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
+	}), nil
+}
+
+// webserver is kitten or nautilus: agnhost serving their page and picture (test-webserver), as
+// upstream builds them; the kubectl Update Demo test reads data.json.
+func (p parts) webserver(name string) func(string) (nodeimage.Spec, error) {
+	return func(ref string) (nodeimage.Spec, error) {
+		spec, err := p.agnhost(ref)
+		for _, f := range []string{"data.json", name + ".jpg"} {
+			spec.Files = append(spec.Files, nodeimage.File{Src: path.Join(p.in.TestImages, name, "html", f), Path: "/" + f})
 		}
+		spec.Cmd = []string{"test-webserver"}
+		return spec, err
 	}
-	// What this repository builds, by the image's name under the registry; the tags are the
-	// suite's (its image list, ListedImages).
-	builders := map[string]struct {
-		build       func(ref string) (nodeimage.Spec, error)
-		substitutes string
-	}{
-		"e2e-test-images/agnhost": {agnhost, "upstream's Alpine tools by busybox and Debian's bash, curl, dig, getent and OpenBSD netcat"},
+}
+
+// builders are what this repository builds, by the image's name under the registry; the tags
+// are the suite's (its image list, ListedImages).
+func (p parts) builders() map[string]builder {
+	in, box := p.in, p.box
+	return map[string]builder{
+		"e2e-test-images/agnhost": {p.agnhost, "upstream's Alpine tools by busybox and Debian's bash, curl, dig, getent and OpenBSD netcat"},
 		"e2e-test-images/busybox": {func(ref string) (nodeimage.Spec, error) {
 			return withBox(box, nodeimage.Spec{Ref: ref, Cmd: []string{"sh"}}), nil
 		}, ""},
-		"e2e-test-images/kitten":   {webserver("kitten"), "upstream's, on the agnhost image here"},
-		"e2e-test-images/nautilus": {webserver("nautilus"), "upstream's, on the agnhost image here"},
-		"e2e-test-images/httpd":    {web("/usr/local/apache2/htdocs"), "busybox httpd serving a static page on port 80"},
-		"e2e-test-images/nginx":    {web("/usr/share/nginx/html"), "busybox httpd serving a static page on port 80"},
+		"e2e-test-images/kitten":   {p.webserver("kitten"), "upstream's, on the agnhost image here"},
+		"e2e-test-images/nautilus": {p.webserver("nautilus"), "upstream's, on the agnhost image here"},
+		"e2e-test-images/httpd":    {p.web("/usr/local/apache2/htdocs"), "busybox httpd serving a static page on port 80"},
+		"e2e-test-images/nginx":    {p.web("/usr/share/nginx/html"), "busybox httpd serving a static page on port 80"},
 		"e2e-test-images/jessie-dnsutils": {func(ref string) (nodeimage.Spec, error) {
 			return withBox(box, nodeimage.Spec{
 				Ref:   ref,
-				Files: append([]nodeimage.File{{Src: nsswitch, Path: "/etc/nsswitch.conf"}}, dnsTools...),
+				Files: append([]nodeimage.File{{Src: p.nsswitch, Path: "/etc/nsswitch.conf"}}, p.dnsTools...),
 				Cmd:   []string{"sh"},
 			}), nil
 		}, "Debian jessie by busybox with Debian 12's bash, dig and getent"},
@@ -196,29 +229,33 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 		"e2e-test-images/nonroot": {func(ref string) (nodeimage.Spec, error) {
 			return withBox(box, nodeimage.Spec{Ref: ref, User: "1234", Cmd: []string{"sh", "-c", "sleep 3600"}}), nil
 		}, ""},
-		"e2e-test-images/sample-apiserver": {func(ref string) (nodeimage.Spec, error) {
-			return nodeimage.Spec{
-				Ref:        ref,
-				Files:      []nodeimage.File{{Src: in.SampleAPIServer, Path: "/sample-apiserver"}},
-				Entrypoint: []string{"/sample-apiserver"},
-			}, nil
-		}, "k8s.io/sample-apiserver at the version tools/conformance/sample-apiserver pins"},
-		"etcd": {func(ref string) (nodeimage.Spec, error) {
-			return nodeimage.Spec{
-				Ref:   ref,
-				Files: []nodeimage.File{{Src: in.Etcd, Path: "/usr/local/bin/etcd"}},
-				Cmd:   []string{"/usr/local/bin/etcd"},
-			}, nil
-		}, "the cluster's etcd"},
+		"e2e-test-images/sample-apiserver": {binary(in.SampleAPIServer, "/sample-apiserver", true), "k8s.io/sample-apiserver at the version tools/conformance/sample-apiserver pins"},
+		"etcd":                             {binary(in.Etcd, "/usr/local/bin/etcd", false), "the cluster's etcd"},
 	}
+}
+
+// binary is an image of one program at dst, its entrypoint or its command.
+func binary(src, dst string, entrypoint bool) func(ref string) (nodeimage.Spec, error) {
+	return func(ref string) (nodeimage.Spec, error) {
+		spec := nodeimage.Spec{Ref: ref, Files: []nodeimage.File{{Src: src, Path: dst}}}
+		if entrypoint {
+			spec.Entrypoint = []string{dst}
+		} else {
+			spec.Cmd = []string{dst}
+		}
+		return spec, nil
+	}
+}
+
+// fromList builds one image per listed reference under Registry that a builder knows, and fails
+// when a builder's image is not listed at all.
+func fromList(builders map[string]builder, listed []string) ([]Image, error) {
 	var images []Image
+	built := map[string]bool{}
 	for _, ref := range listed {
 		name, _, ok := strings.Cut(strings.TrimPrefix(ref, Registry+"/"), ":")
-		if !ok || !strings.HasPrefix(ref, Registry+"/") {
-			continue
-		}
-		b, ok := builders[name]
-		if !ok {
+		b, known := builders[name]
+		if !ok || !strings.HasPrefix(ref, Registry+"/") || !known {
 			continue
 		}
 		spec, err := b.build(ref)
@@ -226,13 +263,10 @@ func Images(in Inputs, listed []string) ([]Image, error) {
 			return nil, err
 		}
 		images = append(images, Image{Spec: spec, Substitutes: b.substitutes})
+		built[name] = true
 	}
 	for name := range builders {
-		found := false
-		for _, img := range images {
-			found = found || strings.HasPrefix(img.Spec.Ref, Registry+"/"+name+":")
-		}
-		if !found {
+		if !built[name] {
 			return nil, fmt.Errorf("the suite's image list names no %s/%s: is it the list of an e2e.test run with the override (RepoList)?", Registry, name)
 		}
 	}

@@ -455,21 +455,23 @@ func install(out *os.File, file string) error {
 	return nil
 }
 
-// writeLayer writes the layer tar of spec: every directory, then every file, sorted by path,
-// parents before children.
-func writeLayer(w io.Writer, spec Spec) error {
-	type entry struct {
-		src    string
-		mode   int64
-		dir    bool
-		target string // a symbolic link's
-	}
-	entries := map[string]entry{"tmp": {mode: 0o1777, dir: true}}
+// layerEntry is one entry of a layer: a directory, a file copied from src, or a link.
+type layerEntry struct {
+	src    string
+	mode   int64
+	dir    bool
+	target string // a symbolic link's
+}
+
+// layerEntries maps every path of spec's layer (without the leading /) to its entry: the
+// directories (given, /tmp, and every parent), the files and the links.
+func layerEntries(spec Spec) (map[string]layerEntry, error) {
+	entries := map[string]layerEntry{"tmp": {mode: 0o1777, dir: true}}
 	addParents := func(p string) {
 		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
 			rel := strings.TrimPrefix(d, "/")
 			if _, ok := entries[rel]; !ok {
-				entries[rel] = entry{mode: 0o755, dir: true}
+				entries[rel] = layerEntry{mode: 0o755, dir: true}
 			}
 		}
 	}
@@ -477,7 +479,7 @@ func writeLayer(w io.Writer, spec Spec) error {
 		d = path.Clean(d)
 		addParents(d)
 		if _, ok := entries[strings.TrimPrefix(d, "/")]; !ok {
-			entries[strings.TrimPrefix(d, "/")] = entry{mode: 0o755, dir: true}
+			entries[strings.TrimPrefix(d, "/")] = layerEntry{mode: 0o755, dir: true}
 		}
 	}
 	for _, f := range spec.Files {
@@ -485,7 +487,7 @@ func writeLayer(w io.Writer, spec Spec) error {
 		addParents(p)
 		info, err := os.Stat(f.Src)
 		if err != nil {
-			return fmt.Errorf("image input: %w", err)
+			return nil, fmt.Errorf("image input: %w", err)
 		}
 		mode := int64(0o644)
 		if info.Mode().Perm()&0o111 != 0 {
@@ -496,18 +498,28 @@ func writeLayer(w io.Writer, spec Spec) error {
 		}
 		rel := strings.TrimPrefix(p, "/")
 		if e, ok := entries[rel]; ok && e.dir {
-			return fmt.Errorf("image %s: %s is both a directory and a file", spec.Ref, p)
+			return nil, fmt.Errorf("image %s: %s is both a directory and a file", spec.Ref, p)
 		}
-		entries[rel] = entry{src: f.Src, mode: mode}
+		entries[rel] = layerEntry{src: f.Src, mode: mode}
 	}
 	for _, l := range spec.Links {
 		p := path.Clean(l.Path)
 		addParents(p)
 		rel := strings.TrimPrefix(p, "/")
 		if e, ok := entries[rel]; ok && e.dir {
-			return fmt.Errorf("image %s: %s is both a directory and a link", spec.Ref, p)
+			return nil, fmt.Errorf("image %s: %s is both a directory and a link", spec.Ref, p)
 		}
-		entries[rel] = entry{target: l.Target, mode: 0o777}
+		entries[rel] = layerEntry{target: l.Target, mode: 0o777}
+	}
+	return entries, nil
+}
+
+// writeLayer writes the layer tar of spec: every directory, then every file, sorted by path,
+// parents before children.
+func writeLayer(w io.Writer, spec Spec) error {
+	entries, err := layerEntries(spec)
+	if err != nil {
+		return err
 	}
 	names := make([]string, 0, len(entries))
 	for n := range entries {
