@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,76 +21,221 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/state"
 )
 
-// The availability measurements of the e2e tests (TestAPIEndpoint, TestUpgrade): while an
-// operation runs, pollers count every request to the Kubernetes API (every 500 ms, client-go
-// through the admin kubeconfig from the host, as the CLI reaches it) and to a workload's
-// Service (every 100 ms, asked the way the test says), and every request must succeed. A
-// request fails when it is not answered within 10 s (a request may be slow while etcd changes
-// members).
+// The availability measurements of the e2e tests (TestAPIEndpoint, TestUpgrade) and of
+// BenchmarkUpgrade: while an operation runs, pollers ask targets at a fixed interval (the
+// Kubernetes API every 500 ms, client-go through the admin kubeconfig from the host, as the CLI
+// reaches it; a workload's Service every 100 ms, asked the way the test says; optionally the
+// API's /readyz) and count every request; every request must succeed. A request fails when it
+// is not answered within its target's timeout (10 s for the API: a request may be slow while
+// etcd changes members).
+//
+// Each failure is recorded with its reason (failureKind: timeout, refused, reset, closed
+// without an answer, an HTTP status, an API error) and with how long the polling process itself
+// was stalled while the request ran (stallMonitor): a request that timed out while the poller
+// could not run is the client starving, not the cluster failing, and the log says which.
 
-// pollers count requests to the API and to a Service until stopped.
+// target is one thing the pollers ask: how, how often and how long one request may take.
+type target struct {
+	what    string // for the log: what is asked and how
+	every   time.Duration
+	timeout time.Duration
+	ask     func(context.Context) error
+}
+
+// apiTarget asks the API for a namespace every 500 ms through the admin kubeconfig (client-go,
+// kept connections).
+func apiTarget(client kubernetes.Interface) target {
+	return target{what: "API (every 500 ms, from the host through the admin kubeconfig)", every: 500 * time.Millisecond, timeout: 10 * time.Second,
+		ask: func(ctx context.Context) error {
+			_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+			return err
+		}}
+}
+
+// readyzTarget asks the API's /readyz every 500 ms with a 2 s timeout, as a health checker
+// (a load balancer's, a monitoring probe) would.
+func readyzTarget(client kubernetes.Interface) target {
+	return target{what: "API /readyz (every 500 ms, 2 s timeout)", every: 500 * time.Millisecond, timeout: 2 * time.Second,
+		ask: func(ctx context.Context) error {
+			return client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+		}}
+}
+
+// serviceTarget asks a Service every 100 ms with ask; asked says how, for the log.
+func serviceTarget(service, asked string, ask func(context.Context) error) target {
+	return target{what: "Service " + service + " (every 100 ms, " + asked + ")", every: 100 * time.Millisecond, timeout: 10 * time.Second, ask: ask}
+}
+
+// pollers count requests to their targets until stopped.
 type pollers struct {
 	stop    func()
 	wg      sync.WaitGroup
 	start   time.Time
-	service string // the Service's name and how it is asked, for the log
-	asked   string
-	api     pollCount
-	web     pollCount
+	service string // the Service whose EndpointSlices are recorded
+	counts  []*pollCount
+	stalls  *stallMonitor
 	// slices records the Service's EndpointSlice changes, to tell a failure's cause.
 	slicesMu sync.Mutex
 	slices   []string
 }
 
-// pollCount is one poller's tally; failures keep their first few messages.
+// pollCount is one target's tally; failures keep their first few records, and every
+// failure is counted by reason.
 type pollCount struct {
+	what               string
 	mu                 sync.Mutex
 	requests, failures int
-	firstFailures      []string
+	// starved counts the failures during which the poller itself was stalled for at least half
+	// of the request's timeout.
+	starved       int
+	byKind        map[string]int
+	firstFailures []string
 }
 
-func (c *pollCount) record(err error) {
+func (c *pollCount) record(start time.Time, took, timeout, stalled time.Duration, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.requests++
-	if err != nil {
-		c.failures++
-		if len(c.firstFailures) < 10 {
-			c.firstFailures = append(c.firstFailures, time.Now().Format("15:04:05.000")+" "+err.Error())
+	if err == nil {
+		return
+	}
+	c.failures++
+	kind := failureKind(err)
+	if stalled >= timeout/2 {
+		c.starved++
+		kind += " (poller stalled)"
+	}
+	if c.byKind == nil {
+		c.byKind = map[string]int{}
+	}
+	c.byKind[kind]++
+	if len(c.firstFailures) < 10 {
+		c.firstFailures = append(c.firstFailures, fmt.Sprintf("%s %s after %v, poller stalled %v: %v",
+			start.Format("15:04:05.000"), kind, took.Round(time.Millisecond), stalled.Round(time.Millisecond), err))
+	}
+}
+
+// failureKind names why a request failed, from the error's chain: what the failure says about
+// where the request was lost.
+func failureKind(err error) string {
+	var status apiStatus
+	var httpErr *httpStatusError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
+		return "timeout"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "reset"
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "closed without an answer"
+	case errors.As(err, &httpErr):
+		return fmt.Sprintf("HTTP %d", httpErr.code)
+	case errors.As(err, &status):
+		return fmt.Sprintf("API %d %s", status.Status().Code, status.Status().Reason)
+	}
+	return "other"
+}
+
+// apiStatus is what client-go's API errors are (apierrors.APIStatus).
+type apiStatus interface{ Status() metav1.Status }
+
+// httpStatusError is an answer that was not the expected one.
+type httpStatusError struct {
+	code int
+	msg  string
+}
+
+func (e *httpStatusError) Error() string { return e.msg }
+
+// stallMonitor measures how late a 10 ms sleep of the polling process wakes up: under CPU
+// load the poller may not run for a while, and a request that times out then was lost by the
+// client, not the cluster. It keeps the stalls of 50 ms or more.
+type stallMonitor struct {
+	mu     sync.Mutex
+	stalls []stall
+}
+
+type stall struct {
+	at   time.Time // when the stalled sleep ended
+	late time.Duration
+}
+
+const stallTick = 10 * time.Millisecond
+
+func (m *stallMonitor) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		before := time.Now()
+		time.Sleep(stallTick)
+		if late := time.Since(before) - stallTick; late >= 50*time.Millisecond {
+			m.mu.Lock()
+			m.stalls = append(m.stalls, stall{at: time.Now(), late: late})
+			m.mu.Unlock()
 		}
 	}
+}
+
+// during is the longest stall that overlapped [from, to].
+func (m *stallMonitor) during(from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var longest time.Duration
+	for _, s := range m.stalls {
+		if s.at.After(from) && s.at.Add(-s.late).Before(to) && s.late > longest {
+			longest = s.late
+		}
+	}
+	return longest
+}
+
+// summary is the count and the longest of the stalls.
+func (m *stallMonitor) summary() (n int, longest time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.stalls {
+		longest = max(longest, s.late)
+	}
+	return len(m.stalls), longest
 }
 
 // startPollers polls the API every 500 ms and Service service every 100 ms with ask (asked
 // says how, for the log) until requireNoFailures.
 func startPollers(t *testing.T, kubeconfig, service, asked string, ask func(context.Context) error) *pollers {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	require.NoError(t, err)
-	cfg.Timeout = 10 * time.Second
-	client, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
+	return pollTargets(t, kubeconfig, service, apiTarget(adminClient(t, kubeconfig)), serviceTarget(service, asked, ask))
+}
+
+// pollTargets polls every target until stopped (requireNoFailures, or the test's end), and
+// records the EndpointSlice changes of Service service.
+func pollTargets(t testing.TB, kubeconfig, service string, targets ...target) *pollers {
+	t.Helper()
+	client := adminClient(t, kubeconfig)
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &pollers{stop: cancel, start: time.Now(), service: service, asked: asked}
+	p := &pollers{stop: cancel, start: time.Now(), service: service, stalls: &stallMonitor{}}
+	p.wg.Go(func() { p.stalls.run(ctx) })
 	p.wg.Go(func() { p.watchSlices(ctx, client) })
-	every := func(interval time.Duration, c *pollCount, req func(context.Context) error) {
+	for _, tg := range targets {
+		c := &pollCount{what: tg.what}
+		p.counts = append(p.counts, c)
 		p.wg.Go(func() {
-			tick := time.NewTicker(interval)
+			tick := time.NewTicker(tg.every)
 			defer tick.Stop()
 			for {
-				rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-				err := req(rctx)
+				rctx, rcancel := context.WithTimeout(ctx, tg.timeout)
+				start := time.Now()
+				err := tg.ask(rctx)
+				took := time.Since(start)
 				rcancel()
 				if ctx.Err() != nil {
 					return
 				}
-				c.record(err)
+				c.record(start, took, tg.timeout, p.stalls.during(start, start.Add(took)), err)
 				select {
 				case <-ctx.Done():
 					return
@@ -97,11 +244,6 @@ func startPollers(t *testing.T, kubeconfig, service, asked string, ask func(cont
 			}
 		})
 	}
-	every(500*time.Millisecond, &p.api, func(ctx context.Context) error {
-		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err
-	})
-	every(100*time.Millisecond, &p.web, ask)
 	t.Cleanup(p.stopNow)
 	return p
 }
@@ -144,29 +286,37 @@ func (p *pollers) stopNow() {
 	p.wg.Wait()
 }
 
-// requireNoFailures stops the pollers, logs their counts and fails if any request failed.
-func (p *pollers) requireNoFailures(t *testing.T) {
+// report stops the pollers and logs the EndpointSlice changes, the poller's stalls and each
+// target's counts, failures by reason and first failures.
+func (p *pollers) report(t testing.TB) {
 	t.Helper()
 	p.stopNow()
 	p.slicesMu.Lock()
 	t.Logf("polled from %s to %s; Service %s's EndpointSlice changes:\n%s", p.start.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), p.service, strings.Join(p.slices, "\n"))
 	p.slicesMu.Unlock()
-	for _, c := range []struct {
-		what string
-		n    *pollCount
-	}{{"API (every 500 ms, from the host through the admin kubeconfig)", &p.api}, {"Service " + p.service + " (every 100 ms, " + p.asked + ")", &p.web}} {
-		data, _ := json.Marshal(c.n.firstFailures)
-		t.Logf("%s: %d requests, %d failures %s", c.what, c.n.requests, c.n.failures, data)
-		assert.Positive(t, c.n.requests, c.what)
-		assert.Zero(t, c.n.failures, "%s: first failures: %s", c.what, data)
+	n, longest := p.stalls.summary()
+	t.Logf("the poller stalled %d times for 50 ms or more, longest %v", n, longest.Round(time.Millisecond))
+	for _, c := range p.counts {
+		data, _ := json.Marshal(c.firstFailures)
+		t.Logf("%s: %d requests, %d failures (%d while the poller stalled) by reason %v; first: %s", c.what, c.requests, c.failures, c.starved, c.byKind, data)
+	}
+}
+
+// requireNoFailures stops the pollers, logs what they saw and fails if any request failed.
+func (p *pollers) requireNoFailures(t *testing.T) {
+	t.Helper()
+	p.report(t)
+	for _, c := range p.counts {
+		assert.Positive(t, c.requests, c.what)
+		assert.Zero(t, c.failures, "%s: first failures: %s", c.what, c.firstFailures)
 	}
 }
 
 // helloService runs the workload of the upgrade test: Deployment hello (3 replicas, each
 // answering with its pod name, a readiness probe every second), PodDisruptionBudget hello (at
-// least 2 available, so a drain evicts one replica at a time) and Service hello (NodePort). It
-// returns the node port.
-func helloService(t *testing.T, kubeconfig, images string) int {
+// least 2 available, so a drain evicts one replica at a time) and Service hello of type
+// serviceType (NodePort or LoadBalancer). It returns the node port.
+func helloService(t testing.TB, kubeconfig, images, serviceType string) int {
 	t.Helper()
 	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
@@ -197,10 +347,10 @@ apiVersion: v1
 kind: Service
 metadata: {name: hello, namespace: default}
 spec:
-  type: NodePort
+  type: %s
   selector: {app: hello-deployment}
   ports: [{port: 80, targetPort: 8080}]
-`, helloRef(t, images)))
+`, helloRef(t, images), serviceType))
 	kubectl(t, kubeconfig, "rollout", "status", "deployment/hello", "--timeout=180s")
 	port, err := strconv.Atoi(kubectl(t, kubeconfig, "get", "service", "hello", "-o", "jsonpath={.spec.ports[0].nodePort}"))
 	require.NoError(t, err)
@@ -261,6 +411,11 @@ func nodeIPs(ws, first string) []string {
 func getHello(ctx context.Context, c *http.Client, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
+	return getHelloWith(ctx, c, addr)
+}
+
+// getHelloWith asks hello at addr once, within ctx.
+func getHelloWith(ctx context.Context, c *http.Client, addr string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
 	if err != nil {
 		return err
@@ -272,7 +427,31 @@ func getHello(ctx context.Context, c *http.Client, addr string) error {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "hello from ") {
-		return fmt.Errorf("%s: %s %q", addr, resp.Status, body)
+		return &httpStatusError{code: resp.StatusCode, msg: fmt.Sprintf("%s: %s %q", addr, resp.Status, body)}
 	}
 	return nil
+}
+
+// askLoadBalancer returns how BenchmarkUpgrade asks Service hello: from the host through its
+// LoadBalancer address (the local provider's host load balancer, port 80), a new connection
+// each time, 2 s per request. It waits (a minute at most) until the Service has its address and
+// answers.
+func askLoadBalancer(t testing.TB, kubeconfig string) func(context.Context) error {
+	t.Helper()
+	bin := kubectlPath(t)
+	var ip string
+	require.Eventually(t, func() bool {
+		ip = kubectlQuiet(bin, kubeconfig, "get", "service", "hello", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}")
+		return ip != ""
+	}, time.Minute, time.Second, "Service hello gets its LoadBalancer address")
+	addr := net.JoinHostPort(ip, "80")
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	ask := func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return getHelloWith(ctx, client, addr)
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, ask(context.Background())) },
+		time.Minute, 200*time.Millisecond, "Service hello answers at %s", addr)
+	return ask
 }

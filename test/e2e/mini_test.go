@@ -268,7 +268,7 @@ spec:
 }
 
 // helloRef is the image reference of the hello workload of the node images in images.
-func helloRef(t *testing.T, images string) string {
+func helloRef(t testing.TB, images string) string {
 	t.Helper()
 	index, err := nodeimage.ReadIndex(images)
 	require.NoError(t, err)
@@ -277,7 +277,7 @@ func helloRef(t *testing.T, images string) string {
 	return hello.Ref
 }
 
-func applyManifest(t *testing.T, kubeconfig, manifest string) {
+func applyManifest(t testing.TB, kubeconfig, manifest string) {
 	t.Helper()
 	cmd := exec.Command(kubectlPath(t), "--kubeconfig", kubeconfig, "apply", "-f", "-")
 	cmd.Stdin = strings.NewReader(manifest)

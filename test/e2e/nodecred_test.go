@@ -95,7 +95,7 @@ func (c nodeCredential) client(t *testing.T, adminKubeconfig string) kubernetes.
 	return client
 }
 
-func adminClient(t *testing.T, kubeconfig string) kubernetes.Interface {
+func adminClient(t testing.TB, kubeconfig string) kubernetes.Interface {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	require.NoError(t, err)

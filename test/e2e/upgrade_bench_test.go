@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,21 +17,87 @@ import (
 // from its development image to a signed release: the release's reference set added and
 // loaded by the join service, then three nodes replaced one at a time (each replacement
 // attested and Ready before the old node is drained and removed), the old set retired.
-// Reported: the whole upgrade and its time per node. Run with -benchtime 1x: each iteration
-// creates and removes a cluster.
+//
+// While it runs, a workload (Deployment hello, 3 replicas, a PodDisruptionBudget, a
+// LoadBalancer Service) is asked every 100 ms from the host through its LoadBalancer address,
+// the API every 500 ms and its /readyz every 500 ms (2 s timeout), and BENCH_CPU_LOAD processes
+// (default: twice the cores) spin beside the cluster, as a parallel build would load the
+// machine. Every failed request is logged with its reason and with how long the poller itself
+// was stalled (availability_test.go); the failures are reported as metrics, whose target is 0.
+//
+// Reported: the whole upgrade, its time per node, and the failed requests of each target. Run
+// with -benchtime 1x: each iteration creates and removes a cluster.
 func BenchmarkUpgrade(b *testing.B) {
 	bin, _ := buildBinaries(b)
 	var upgrade time.Duration
+	var lbFailed, apiFailed, readyzFailed, starved int
 	withBenchCluster(b, bin, []string{"--control-planes", "1", "--workers", "2"}, func(ws string) {
+		kubeconfig := filepath.Join(ws, "constellation-admin.conf")
+		helloService(b, kubeconfig, filepath.Join(repoOutput(b), "images"), "LoadBalancer")
 		base := filepath.Join(ws, "mini", "image")
 		r := newReleases(b)
 		useRelease(b, ws, r.key+".pub", r.source, r.create(base, "v0.1.0", base))
+		client := adminClient(b, kubeconfig)
+		p := pollTargets(b, kubeconfig, "hello",
+			serviceTarget("hello", "from the host through its LoadBalancer address, 2 s timeout", askLoadBalancer(b, kubeconfig)),
+			apiTarget(client), readyzTarget(client))
+		stopLoad := cpuLoad(b, benchCPULoad(b))
 		start := time.Now()
 		out, err := exec.Command(bin, "apply", "-C", ws).CombinedOutput()
 		upgrade += time.Since(start)
+		stopLoad()
+		p.report(b)
 		require.NoError(b, err, "%s", out)
 		require.Contains(b, string(out), "upgraded: every node boots release v0.1.0")
+		lbFailed += p.counts[0].failures
+		apiFailed += p.counts[1].failures
+		readyzFailed += p.counts[2].failures
+		for _, c := range p.counts {
+			starved += c.starved
+		}
 	})
-	b.ReportMetric(upgrade.Seconds()/float64(b.N), "upgrade-1+2-s")
-	b.ReportMetric(upgrade.Seconds()/float64(b.N)/3, "per-node-s")
+	n := float64(b.N)
+	b.ReportMetric(upgrade.Seconds()/n, "upgrade-1+2-s")
+	b.ReportMetric(upgrade.Seconds()/n/3, "per-node-s")
+	b.ReportMetric(float64(lbFailed)/n, "lb-failed")
+	b.ReportMetric(float64(apiFailed)/n, "api-failed")
+	b.ReportMetric(float64(readyzFailed)/n, "readyz-failed")
+	b.ReportMetric(float64(starved)/n, "failed-while-poller-stalled")
+}
+
+// benchCPULoad is the number of spinning processes beside a benchmark: $BENCH_CPU_LOAD, else
+// twice the cores.
+func benchCPULoad(b *testing.B) int {
+	if v := os.Getenv("BENCH_CPU_LOAD"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(b, err, "BENCH_CPU_LOAD")
+		return n
+	}
+	return 2 * runtime.NumCPU()
+}
+
+// cpuLoad starts n processes that spin until the returned func (or the benchmark's cleanup)
+// kills them by PID.
+func cpuLoad(b *testing.B, n int) (stop func()) {
+	b.Helper()
+	var procs []*exec.Cmd
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		require.NoError(b, cmd.Start())
+		procs = append(procs, cmd)
+	}
+	b.Logf("CPU load: %d spinning processes", n)
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		for _, p := range procs {
+			_ = p.Process.Signal(syscall.SIGKILL)
+			_ = p.Wait()
+		}
+	}
+	b.Cleanup(stop)
+	return stop
 }

@@ -295,7 +295,7 @@ func TestUpgrade(t *testing.T) {
 
 	t.Run("v0.1.0 to v0.2.0 with no failed request", func(t *testing.T) {
 		d := d.on(t)
-		port := helloService(t, d.kubeconfig, filepath.Join(repoOutput(t), "images"))
+		port := helloService(t, d.kubeconfig, filepath.Join(repoOutput(t), "images"), "NodePort")
 		// From the source's URL: apply fetches the release into the workspace, checking it.
 		useRelease(t, ws, pub, r.source, v2)
 		useURL(t, ws, served.URL, served.URL+"/v0.2.0")
