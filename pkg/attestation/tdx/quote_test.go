@@ -169,8 +169,23 @@ func TestVerifyQuoteRejectsTampering(t *testing.T) {
 	}
 }
 
+// verifyFully is VerifyQuote followed by the verdict of Intel's collateral it kept
+// (Quote.Claims): everything a validator learns of a quote beside its own checks.
+func verifyFully(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral, opts VerifyOptions) (*Quote, error) {
+	q, err := VerifyQuote(ctx, raw, carried, opts)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := q.Claims("test"); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
 // TestVerifyQuoteCollateral attacks the collateral: tampered, stale, missing, or checked
-// outside the validity of the certificates.
+// outside the validity of the certificates. A quote whose signatures and PCK chain verify
+// is returned, and what its collateral says is the verdict Claims gives (last, after the
+// caller's own checks); one whose chain does not verify is refused at once.
 func TestVerifyQuoteCollateral(t *testing.T) {
 	tcbInfo := bytes.Replace(testdata.TcbInfoBody, []byte(`"tcbEvaluationDataNumber":15`), []byte(`"tcbEvaluationDataNumber":16`), 1)
 	// QE identity with a later nextUpdate (its signature no longer verifies): lets the
@@ -185,6 +200,8 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 		change    func(*fakePCS)
 		wantErr   []error
 		msg       string
+		// atOnce: the quote fails without collateral (VerifyQuote refuses it).
+		atOnce bool
 	}{
 		"tampered TCB info": {
 			now:     cannedNow,
@@ -219,11 +236,13 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 			verifyNow: time.Date(2022, 9, 1, 0, 0, 0, 0, time.UTC),
 			wantErr:   []error{attestation.ErrUntrustedSigner},
 			msg:       "PCK",
+			atOnce:    true,
 		},
 		"after everything expired (the PCK chain first)": {
 			now:     time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
 			wantErr: []error{attestation.ErrUntrustedSigner},
 			msg:     "PCK",
+			atOnce:  true,
 		},
 		"PCS does not have the TCB info": {
 			now:     cannedNow,
@@ -259,8 +278,16 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 				opts.Now = func() time.Time { return tc.verifyNow }
 			}
 			q, err := VerifyQuote(context.Background(), cannedQuote(), nil, opts)
-			require.Error(t, err)
-			assert.Nil(t, q)
+			if tc.atOnce {
+				require.Error(t, err)
+				assert.Nil(t, q)
+			} else {
+				require.NoError(t, err, "the collateral's verdict is kept for last")
+				_, err = q.Claims("test")
+				require.Error(t, err)
+				_, isCollateral := errors.AsType[*attestation.CollateralError](err)
+				assert.True(t, isCollateral, "a verdict of the collateral is marked as one")
+			}
 			for _, want := range tc.wantErr {
 				assert.ErrorIs(t, err, want)
 			}
@@ -284,16 +311,16 @@ func TestVerifyQuoteCarriedCollateral(t *testing.T) {
 	offline := collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now})
 	opts := VerifyOptions{Collateral: offline, root: intel.root}
 
-	_, err := VerifyQuote(context.Background(), raw, nil, opts)
+	_, err := verifyFully(context.Background(), raw, nil, opts)
 	require.ErrorIs(t, err, collateral.ErrOffline)
 	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 
-	q, err := VerifyQuote(context.Background(), raw, carried, opts)
+	q, err := verifyFully(context.Background(), raw, carried, opts)
 	require.NoError(t, err)
 	assert.Equal(t, "50806f000000", q.FMSPC)
 
 	// Carried documents serve one verification only.
-	_, err = VerifyQuote(context.Background(), raw, nil, opts)
+	_, err = verifyFully(context.Background(), raw, nil, opts)
 	require.ErrorIs(t, err, collateral.ErrOffline)
 
 	// A tampered carried document is caught like a fetched one.
@@ -302,7 +329,7 @@ func TestVerifyQuoteCarriedCollateral(t *testing.T) {
 			c.Body = bytes.Replace(c.Body, []byte(`"tcbEvaluationDataNumber":15`), []byte(`"tcbEvaluationDataNumber":16`), 1)
 		}
 	}
-	_, err = VerifyQuote(context.Background(), raw, carried, opts)
+	_, err = verifyFully(context.Background(), raw, carried, opts)
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	assert.ErrorContains(t, err, "tcbInfo")
 }
@@ -317,7 +344,7 @@ func TestVerifyQuoteNeedsCache(t *testing.T) {
 // platform's TCB status, which its own collateral says is not up to date.
 func TestVerifyCannedQuoteTCBOutOfDate(t *testing.T) {
 	cache := newCache(&fixedClock{t: cannedNow}, newFakePCS())
-	_, err := VerifyQuote(context.Background(), cannedQuote(), nil, VerifyOptions{Collateral: cache})
+	_, err := verifyFully(context.Background(), cannedQuote(), nil, VerifyOptions{Collateral: cache})
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	assert.ErrorContains(t, err, "TCB status check: no matching TCB level found")
 }
@@ -380,7 +407,7 @@ func TestCollateralURLs(t *testing.T) {
 		offline := VerifyOptions{Collateral: collateral.New(collateral.Config{Now: clock.Now}), root: intel.root, Revocation: policy}
 		_, err := VerifyQuote(context.Background(), forged, nil, offline)
 		require.ErrorIs(t, err, attestation.ErrBadSignature, policy.String())
-		q, err := VerifyQuote(context.Background(), raw, nil, offline)
+		q, err := verifyFully(context.Background(), raw, nil, offline)
 		if policy == attestation.RevocationRequired {
 			require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 			assert.ErrorIs(t, err, collateral.ErrOffline)
