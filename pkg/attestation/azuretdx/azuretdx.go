@@ -49,10 +49,10 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 // HardwareCheck checks the hardware part of azure-tdx evidence (a vtpm.HardwareCheck).
 type HardwareCheck struct {
 	ref tdx.Reference
-	// verifyQuote, validateQuote and claims are tdx.VerifyQuote, (*tdx.Quote).Validate and
-	// (*tdx.Quote).Claims. Only this package's tests replace them: a TD quote that verifies
-	// must be signed by Intel's hardware, which no test can make, and only tdx.VerifyQuote
-	// gives a quote the verdict of Intel's collateral.
+	// verifyQuote, validateQuote and claims are tdx.VerifyQuoteHoldingCollateral,
+	// (*tdx.Quote).Validate and (*tdx.Quote).Claims. Only this package's tests replace them: a
+	// TD quote that verifies must be signed by Intel's hardware, which no test can make, and
+	// only tdx gives a quote the verdict of Intel's collateral.
 	verifyQuote   func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error)
 	validateQuote func(q *tdx.Quote) error
 	claims        func(q *tdx.Quote) (*attestation.Hardware, error)
@@ -72,7 +72,7 @@ func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
 	return &HardwareCheck{
 		ref: ref,
 		verifyQuote: func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error) {
-			return tdx.VerifyQuote(ctx, raw, carried, opts)
+			return tdx.VerifyQuoteHoldingCollateral(ctx, raw, carried, opts)
 		},
 		validateQuote: func(q *tdx.Quote) error { return q.Validate(ref) },
 		claims:        func(q *tdx.Quote) (*attestation.Hardware, error) { return q.Claims(ref.Name) },

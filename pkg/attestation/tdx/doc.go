@@ -27,8 +27,9 @@
 //     status of platform and QE (UpToDate only). Collateral comes from the shared cache
 //     (pkg/attestation/collateral) by URL; it is never used past its next update, and a
 //     document that cannot be refreshed is an unknown status (VerifyOptions.Revocation).
-//     The body fields are returned once the signatures and PCK chain verified; what the
-//     collateral says is kept in the quote.
+//     VerifyQuoteHoldingCollateral, what the validators use, returns the body once the
+//     signatures and PCK chain verified and holds what the collateral says in the quote;
+//     VerifyQuote returns it only when the collateral passed too.
 //  3. Validate: Quote.Validate against a Reference (MRSEAM accepted, TD attributes and
 //     XFAM exact, DEBUG never, minimum TEE_TCB_SVN, QE vendor, minimum QE/PCE SVN), then,
 //     in the variant, REPORTDATA = attestation.ReportData(purpose, data) || 0^32 and the

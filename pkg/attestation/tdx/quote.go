@@ -52,10 +52,12 @@ type VerifyOptions struct {
 }
 
 // Quote is the body of a TD quote whose signature, QE report and PCK chain to the pinned
-// root verified, and the verdict of Intel's collateral on it, which Claims gives: the last
-// step of a validator, after its own checks of the body (binding, reference), so that a
-// quote those refuse is refused for that, whatever the collateral says or whether it is at
-// hand (docs/attestation.md "Verdict order"). It exists only after VerifyQuote succeeded.
+// root verified. From VerifyQuote, its collateral verified too; from
+// VerifyQuoteHoldingCollateral, the verdict of Intel's collateral is held in it, and Claims
+// gives it: the last step of a validator, after its own checks of the body (binding,
+// reference), so that a quote those refuse is refused for that, whatever the collateral says
+// or whether it is at hand (docs/attestation.md "Verdict order"). It exists only after one
+// of them succeeded.
 type Quote struct {
 	// TeeTcbSvn is the TEE_TCB_SVN (16 bytes): the TDX module's security versions.
 	TeeTcbSvn []byte
@@ -113,7 +115,7 @@ func (q *Quote) Measurements() map[string][]byte {
 	return m
 }
 
-// Claims gives the verdict of Intel's collateral that VerifyQuote kept (an
+// Claims gives the verdict of Intel's collateral that VerifyQuoteHoldingCollateral held (an
 // attestation.CollateralError: the PCK chain revoked, a TCB status other than UpToDate, or
 // the collateral not at hand when the revocation policy requires it) and, if it passes, the
 // claims of the quote for the hardware reference named reference. Call it last, after every
@@ -232,12 +234,29 @@ func checkLayout(raw []byte) error {
 // body with the attestation key, the QE report binding that key, the QE report's signature
 // with the PCK certificate, the PCK chain up to the pinned Intel SGX Root CA, then, with
 // Intel's collateral, the PCK and root CRLs and the TCB status of the platform and of the
-// quoting enclave against Intel's TCB info and QE identity (both signed, both fresh).
-// Collateral comes from opts.Collateral (and, for this call only, from carried). It returns
-// the body only when the signatures and chain verified, errors wrapping one
-// attestation.Err* reason and naming what failed; the collateral's verdict (under
-// opts.Revocation) is kept in the quote, and Quote.Claims gives it, last.
+// quoting enclave against Intel's TCB info and QE identity (both signed, both fresh), under
+// opts.Revocation. Collateral comes from opts.Collateral (and, for this call only, from
+// carried). It returns the body only when every check passed; errors wrap one
+// attestation.Err* reason and name what failed. A caller that checks the body further (a
+// validator: binding, reference) uses VerifyQuoteHoldingCollateral instead, so that its
+// checks come before the collateral's verdict.
 func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral, opts VerifyOptions) (*Quote, error) {
+	q, err := VerifyQuoteHoldingCollateral(ctx, raw, carried, opts)
+	if err != nil {
+		return nil, err
+	}
+	if q.collateral != nil {
+		return nil, q.collateral
+	}
+	return q, nil
+}
+
+// VerifyQuoteHoldingCollateral is VerifyQuote, but the verdict of Intel's collateral (a
+// refusal, or an unknown status that opts.Revocation does not accept) is held in the quote
+// rather than returned: the quote is returned once its signatures and PCK chain verified,
+// and Quote.Claims gives the verdict, to be called after the caller's own checks of the body
+// (docs/attestation.md "Verdict order").
+func VerifyQuoteHoldingCollateral(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral, opts VerifyOptions) (*Quote, error) {
 	// 1. Parse.
 	quote, err := ParseQuote(raw)
 	if err != nil {

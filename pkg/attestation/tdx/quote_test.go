@@ -169,23 +169,11 @@ func TestVerifyQuoteRejectsTampering(t *testing.T) {
 	}
 }
 
-// verifyFully is VerifyQuote followed by the verdict of Intel's collateral it kept
-// (Quote.Claims): everything a validator learns of a quote beside its own checks.
-func verifyFully(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral, opts VerifyOptions) (*Quote, error) {
-	q, err := VerifyQuote(ctx, raw, carried, opts)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := q.Claims("test"); err != nil {
-		return nil, err
-	}
-	return q, nil
-}
-
 // TestVerifyQuoteCollateral attacks the collateral: tampered, stale, missing, or checked
-// outside the validity of the certificates. A quote whose signatures and PCK chain verify
-// is returned, and what its collateral says is the verdict Claims gives (last, after the
-// caller's own checks); one whose chain does not verify is refused at once.
+// outside the validity of the certificates. VerifyQuote refuses the quote. For a validator,
+// VerifyQuoteHoldingCollateral returns a quote whose signatures and PCK chain verify, and
+// what its collateral says is the verdict Claims gives (last, after the validator's own
+// checks); one whose chain does not verify is refused at once.
 func TestVerifyQuoteCollateral(t *testing.T) {
 	tcbInfo := bytes.Replace(testdata.TcbInfoBody, []byte(`"tcbEvaluationDataNumber":15`), []byte(`"tcbEvaluationDataNumber":16`), 1)
 	// QE identity with a later nextUpdate (its signature no longer verifies): lets the
@@ -278,11 +266,20 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 				opts.Now = func() time.Time { return tc.verifyNow }
 			}
 			q, err := VerifyQuote(context.Background(), cannedQuote(), nil, opts)
+			require.Error(t, err)
+			assert.Nil(t, q)
+			for _, want := range tc.wantErr {
+				assert.ErrorIs(t, err, want)
+			}
+			assert.ErrorContains(t, err, tc.msg)
+			t.Log(err)
+
+			q, err = VerifyQuoteHoldingCollateral(context.Background(), cannedQuote(), nil, opts)
 			if tc.atOnce {
 				require.Error(t, err)
 				assert.Nil(t, q)
 			} else {
-				require.NoError(t, err, "the collateral's verdict is kept for last")
+				require.NoError(t, err, "the collateral's verdict is held for last")
 				_, err = q.Claims("test")
 				require.Error(t, err)
 				_, isCollateral := errors.AsType[*attestation.CollateralError](err)
@@ -292,7 +289,6 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 				assert.ErrorIs(t, err, want)
 			}
 			assert.ErrorContains(t, err, tc.msg)
-			t.Log(err)
 		})
 	}
 }
@@ -311,16 +307,16 @@ func TestVerifyQuoteCarriedCollateral(t *testing.T) {
 	offline := collateral.New(collateral.Config{Now: (&fixedClock{t: cannedNow}).Now})
 	opts := VerifyOptions{Collateral: offline, root: intel.root}
 
-	_, err := verifyFully(context.Background(), raw, nil, opts)
+	_, err := VerifyQuote(context.Background(), raw, nil, opts)
 	require.ErrorIs(t, err, collateral.ErrOffline)
 	require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 
-	q, err := verifyFully(context.Background(), raw, carried, opts)
+	q, err := VerifyQuote(context.Background(), raw, carried, opts)
 	require.NoError(t, err)
 	assert.Equal(t, "50806f000000", q.FMSPC)
 
 	// Carried documents serve one verification only.
-	_, err = verifyFully(context.Background(), raw, nil, opts)
+	_, err = VerifyQuote(context.Background(), raw, nil, opts)
 	require.ErrorIs(t, err, collateral.ErrOffline)
 
 	// A tampered carried document is caught like a fetched one.
@@ -329,7 +325,7 @@ func TestVerifyQuoteCarriedCollateral(t *testing.T) {
 			c.Body = bytes.Replace(c.Body, []byte(`"tcbEvaluationDataNumber":15`), []byte(`"tcbEvaluationDataNumber":16`), 1)
 		}
 	}
-	_, err = verifyFully(context.Background(), raw, carried, opts)
+	_, err = VerifyQuote(context.Background(), raw, carried, opts)
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	assert.ErrorContains(t, err, "tcbInfo")
 }
@@ -344,7 +340,7 @@ func TestVerifyQuoteNeedsCache(t *testing.T) {
 // platform's TCB status, which its own collateral says is not up to date.
 func TestVerifyCannedQuoteTCBOutOfDate(t *testing.T) {
 	cache := newCache(&fixedClock{t: cannedNow}, newFakePCS())
-	_, err := verifyFully(context.Background(), cannedQuote(), nil, VerifyOptions{Collateral: cache})
+	_, err := VerifyQuote(context.Background(), cannedQuote(), nil, VerifyOptions{Collateral: cache})
 	require.ErrorIs(t, err, attestation.ErrUntrustedSigner)
 	assert.ErrorContains(t, err, "TCB status check: no matching TCB level found")
 }
@@ -407,7 +403,7 @@ func TestCollateralURLs(t *testing.T) {
 		offline := VerifyOptions{Collateral: collateral.New(collateral.Config{Now: clock.Now}), root: intel.root, Revocation: policy}
 		_, err := VerifyQuote(context.Background(), forged, nil, offline)
 		require.ErrorIs(t, err, attestation.ErrBadSignature, policy.String())
-		q, err := verifyFully(context.Background(), raw, nil, offline)
+		q, err := VerifyQuote(context.Background(), raw, nil, offline)
 		if policy == attestation.RevocationRequired {
 			require.ErrorIs(t, err, attestation.ErrRevocationUnknown)
 			assert.ErrorIs(t, err, collateral.ErrOffline)

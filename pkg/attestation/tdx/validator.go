@@ -183,10 +183,10 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte
 		return nil, err
 	}
 
-	// 2. Verify: the quote's signatures and PCK chain (VerifyQuote parses the quote itself,
-	// and keeps the verdict of Intel's collateral for step 4), then the binding to this
-	// purpose and data.
-	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, Revocation: v.cfg.Revocation, root: v.root})
+	// 2. Verify: the quote's signatures and PCK chain (it parses the quote itself, and holds
+	// the verdict of Intel's collateral for step 4), then the binding to this purpose and
+	// data.
+	q, err := VerifyQuoteHoldingCollateral(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, Revocation: v.cfg.Revocation, root: v.root})
 	if err != nil {
 		return nil, err
 	}
