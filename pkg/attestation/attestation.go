@@ -7,7 +7,10 @@
 //  2. verify: check signatures, key trust and the binding to the caller's nonce;
 //  3. validate policy: compare the now-authentic measurements with the reference sets.
 //
-// It returns a Verified only after all three passed.
+// What collateral says of a hardware report (a revocation, a TCB status, or that it could
+// not be learned) is read in step 2 but decided last, after step 3 (CollateralError), so the
+// reason of a refusal names what is wrong with the evidence itself first. It returns a
+// Verified only after all of it passed.
 package attestation
 
 import (
@@ -52,9 +55,11 @@ type ValidatorCommon struct {
 // that signed a hardware report is revoked: the CRL (SEV-SNP: AMD's CRL of the ASK or ASVK;
 // TDX: Intel's PCK and root CA CRLs, with the TCB info and QE identity the same check reads)
 // is neither cached, nor carried by the evidence, nor fetchable, or only a copy past its next
-// update is at hand. The signature and the chain to the pinned roots are always checked
-// first, so a forged report is refused as forged whatever this policy says. A CRL that is at
-// hand is always used: one that lists the chain, or is not signed by the pinned root, rejects.
+// update is at hand. It is applied last (CollateralError): every check that needs no
+// collateral (signatures, chains to the pinned roots, bindings, policy) comes first, so
+// forged evidence is refused for what is wrong with it whatever this policy says. A CRL that
+// is at hand is always used: one that lists the chain, or is not signed by the pinned root,
+// rejects.
 type RevocationPolicy int
 
 const (
@@ -325,11 +330,44 @@ var (
 	ErrBadSignature    = errors.New("evidence signature invalid")
 	ErrNonceMismatch   = errors.New("evidence not bound to this nonce")
 	ErrUntrustedSigner = errors.New("evidence signer not trusted")
-	// ErrRevocationUnknown: the signature and chain verified, but whether the chain is
-	// revoked could not be learned (no current CRL at hand) and RevocationRequired applies.
+	// ErrRevocationUnknown: the evidence passed every check that needs no collateral, but
+	// whether its hardware report's chain is revoked could not be learned (no current CRL at
+	// hand) and RevocationRequired applies. It is never the reason of evidence that fails
+	// another check (CollateralError).
 	ErrRevocationUnknown = errors.New("revocation status of the evidence signer unknown")
 	ErrMeasurementPolicy = errors.New("measurements do not match any reference set")
 )
+
+// CollateralError is a refusal that rests on collateral (pkg/attestation/collateral: AMD's
+// CRLs; Intel's CRLs, TCB info and QE identity) rather than on the evidence alone: the
+// revocation status could not be learned and RevocationRequired applies (it wraps
+// ErrRevocationUnknown), or collateral at hand refuses the signer (it wraps
+// ErrUntrustedSigner: a revoked chain, a CRL not signed by the pinned root, a TCB status
+// other than UpToDate).
+//
+// It is the last verdict of every validator (docs/attestation.md "Verdict order"): a check
+// returns it only after every one of its own checks that needs no collateral passed, and a
+// validator that runs more such checks after it holds it (HoldCollateral) until they passed
+// too. So evidence that is forged, replayed, bound to another key or outside the reference is
+// refused for that, offline as online, and ErrRevocationUnknown says of evidence that it
+// passed everything that can be checked without collateral: an offline auditor and a metric
+// can tell a forgery from a collateral outage.
+type CollateralError struct{ Err error }
+
+func (e *CollateralError) Error() string { return e.Err.Error() }
+
+func (e *CollateralError) Unwrap() error { return e.Err }
+
+// HoldCollateral splits err, what a check returned: a refusal that rests on collateral
+// (a CollateralError, possibly wrapped) is returned as held, which the caller must return
+// once its own remaining checks passed (they fail first); any other error is returned as
+// failed, to be returned at once. Both are nil when err is.
+func HoldCollateral(err error) (held, failed error) {
+	if _, ok := errors.AsType[*CollateralError](err); ok {
+		return err, nil
+	}
+	return nil, err
+}
 
 // Reason returns a short stable label for the failure reason of err ("malformed",
 // "measurement-mismatch", ...), or "other". Used as a metrics label.

@@ -92,9 +92,9 @@ func (c *HardwareCheck) CollateralURLs(hw *hardwarepb.Hardware) ([]string, error
 }
 
 // Check parses the HCL report, verifies and validates its SEV-SNP report with the VCEK that
-// came with it, and checks that the report binds the runtime data and that the runtime data's
-// AK is ak, the key that signed the quote. nonce is not used: the HCL report is made at boot
-// and binds the AK, and the quote binds the nonce.
+// came with it, checks that the report binds the runtime data and that the runtime data's
+// AK is ak, the key that signed the quote, and then gives the verdict of AMD's CRL. nonce is
+// not used: the HCL report is made at boot and binds the AK, and the quote binds the nonce.
 func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak crypto.PublicKey, _ []byte, _ []byte) (*attestation.Hardware, error) {
 	// 1. Parse.
 	if len(hw.GetSnpReport()) != 0 || len(hw.GetTdQuote()) != 0 {
@@ -117,16 +117,22 @@ func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak c
 		return nil, err
 	}
 
-	// 2 and 3. Verify the report (VCEK signature, chain to the pinned roots, CRL) and
-	// validate it against the reference, its REPORT_DATA included: the binding above is
-	// then one the hardware signed.
+	// 2 and 3. Verify the report (VCEK signature, chain to the pinned roots) and validate it
+	// against the reference, its REPORT_DATA included: the binding above is then one the
+	// hardware signed. The verdict of AMD's CRL is held: the AK check needs no collateral,
+	// so it comes first.
 	claims, err := c.snp.Check(ctx, hcl.HardwareReport, hw.GetSnpCertificates(), hw.GetCollateral(), azure.BindingReportData(hcl.RuntimeData))
+	crl, err := attestation.HoldCollateral(err)
 	if err != nil {
 		return nil, err
 	}
 	// The hardware vouches for the runtime data's AK: the quote must be signed by it.
 	if err := runtime.CheckAK(ak); err != nil {
 		return nil, err
+	}
+	// 4. The verdict of AMD's CRL, last.
+	if crl != nil {
+		return nil, crl
 	}
 	return claims, nil
 }

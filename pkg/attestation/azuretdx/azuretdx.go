@@ -49,11 +49,13 @@ func NewValidator(cfg ValidatorConfig) (*vtpm.Validator, error) {
 // HardwareCheck checks the hardware part of azure-tdx evidence (a vtpm.HardwareCheck).
 type HardwareCheck struct {
 	ref tdx.Reference
-	// verifyQuote and validateQuote are tdx.VerifyQuote and (*tdx.Quote).Validate. Only this
-	// package's tests replace them: a TD quote that verifies must be signed by Intel's
-	// hardware, which no test can make.
+	// verifyQuote, validateQuote and claims are tdx.VerifyQuoteHoldingCollateral,
+	// (*tdx.Quote).Validate and (*tdx.Quote).Claims. Only this package's tests replace them: a
+	// TD quote that verifies must be signed by Intel's hardware, which no test can make, and
+	// only tdx gives a quote the verdict of Intel's collateral.
 	verifyQuote   func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error)
 	validateQuote func(q *tdx.Quote) error
+	claims        func(q *tdx.Quote) (*attestation.Hardware, error)
 }
 
 // NewHardwareCheck returns the check NewValidator installs (from cfg's Hardware, Collateral,
@@ -70,9 +72,10 @@ func NewHardwareCheck(cfg ValidatorConfig) (*HardwareCheck, error) {
 	return &HardwareCheck{
 		ref: ref,
 		verifyQuote: func(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral) (*tdx.Quote, error) {
-			return tdx.VerifyQuote(ctx, raw, carried, opts)
+			return tdx.VerifyQuoteHoldingCollateral(ctx, raw, carried, opts)
 		},
 		validateQuote: func(q *tdx.Quote) error { return q.Validate(ref) },
+		claims:        func(q *tdx.Quote) (*attestation.Hardware, error) { return q.Claims(ref.Name) },
 	}, nil
 }
 
@@ -83,8 +86,9 @@ func (c *HardwareCheck) CollateralURLs(hw *hardwarepb.Hardware) ([]string, error
 
 // Check parses the HCL report and its TDREPORT, verifies the TD quote, requires the quote's
 // body to repeat the TDREPORT, the quote's REPORTDATA to bind the runtime data and the
-// runtime data's AK to be ak, and validates the quote against the reference. nonce is not
-// used: the TDREPORT is made at boot and binds the AK, and the TPM quote binds the nonce.
+// runtime data's AK to be ak, validates the quote against the reference, and then gives the
+// verdict of Intel's collateral. nonce is not used: the TDREPORT is made at boot and binds
+// the AK, and the TPM quote binds the nonce.
 func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak crypto.PublicKey, _ []byte, _ []byte) (*attestation.Hardware, error) {
 	// 1. Parse.
 	if len(hw.GetSnpReport()) != 0 || len(hw.GetSnpCertificates()) != 0 {
@@ -109,8 +113,9 @@ func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak c
 		return nil, err
 	}
 
-	// 2. Verify: the quote is Intel-signed, it is of this TDREPORT, and the TDREPORT (its
-	// REPORTDATA now authentic) binds the runtime data, whose AK signed the TPM quote.
+	// 2. Verify: the quote is Intel-signed (the verdict of Intel's collateral is kept for
+	// step 4), it is of this TDREPORT, and the TDREPORT (its REPORTDATA now authentic) binds
+	// the runtime data, whose AK signed the TPM quote.
 	quote, err := c.verifyQuote(ctx, hw.GetTdQuote(), hw.GetCollateral())
 	if err != nil {
 		return nil, err
@@ -129,7 +134,9 @@ func (c *HardwareCheck) Check(ctx context.Context, hw *hardwarepb.Hardware, ak c
 	if err := c.validateQuote(quote); err != nil {
 		return nil, err
 	}
-	return quote.Claims(c.ref.Name), nil
+	// 4. The verdict of Intel's collateral, last (an attestation.CollateralError, which the
+	// vTPM validator holds until its own checks passed).
+	return c.claims(quote)
 }
 
 // checkQuote compares the TDREPORT with the fields of the verified quote that tdx.Quote

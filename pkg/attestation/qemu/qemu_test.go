@@ -258,7 +258,7 @@ func TestRejections(t *testing.T) {
 		"oversized":      {evidence: append(bytes.Clone(ev), make([]byte, 8<<10)...), nonce: nonce, wantErr: attestation.ErrTooLarge},
 		"truncated":      {evidence: ev[:len(ev)/2], nonce: nonce, wantErr: attestation.ErrMalformed},
 		"garbage":        {evidence: []byte("\xff\xfe not a protobuf"), nonce: nonce, wantErr: attestation.ErrMalformed},
-		"empty":          {evidence: nil, nonce: nonce, wantErr: attestation.ErrWrongVariant},
+		"empty":          {evidence: nil, nonce: nonce, wantErr: attestation.ErrMalformed, wantMsg: "no evidence"},
 		"no quote":       {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Quote = nil }), nonce: nonce, wantErr: attestation.ErrMalformed, wantMsg: "quote missing"},
 		"25 PCRs":        {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs = append(e.Pcrs, e.Pcrs[0]) }), nonce: nonce, wantErr: attestation.ErrMalformed},
 		"short PCR":      {evidence: mutate(t, ev, func(e *vtpmpb.Evidence) { e.Pcrs[3] = e.Pcrs[3][:20] }), nonce: nonce, wantErr: attestation.ErrMalformed},

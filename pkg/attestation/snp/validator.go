@@ -82,15 +82,16 @@ type Config struct {
 //     (through the collateral cache); VLEK only from the evidence (AMD does not publish
 //     them). Either must chain to the pinned ASK or ASVK at Now: an expired or foreign key is
 //     refused.
-//   - Report signature (ECDSA P-384 over the report) with that key, before any revocation
-//     check: a forged report is refused as forged (attestation.ErrBadSignature) whether a
-//     CRL is at hand or not.
+//   - Report signature (ECDSA P-384 over the report) with that key: a forged report is
+//     refused as forged (attestation.ErrBadSignature) whether a CRL is at hand or not.
 //   - Revocation: AMD's CRL for the ASK (VCEK) or ASVK (VLEK), through the same cache, must
 //     be signed by the pinned ARK, current at Now (a CRL past its next update is never used
 //     "for now") and must not list the intermediate or the key. No current CRL at hand is an
 //     unknown status (attestation.ErrRevocationUnknown), which fails closed unless
 //     Config.Revocation accepts it; a CRL that is not AMD's, or lists the chain, always
-//     rejects.
+//     rejects. The CRL is read with the chain, but its verdict is the last one Check gives
+//     (an attestation.CollateralError), after REPORT_DATA and every policy below: a report
+//     that is replayed or outside the Reference is refused for that, offline as online.
 //   - REPORT_DATA equal to the caller's data: binds the report to the caller's nonce or
 //     key, so a recorded report cannot be replayed.
 //   - Guest policy: debug never (the host could read the guest), migration agent only if
@@ -185,17 +186,32 @@ func (p *parsed) signerName() string { return p.signer.String() }
 // came with it (DER or PEM, bundles allowed; only the VCEK or VLEK is used, the chain the
 // host sends along is ignored) and the collateral the
 // evidence carried, and validates it against the Reference. REPORT_DATA must equal
-// reportData, zero-padded to 64 bytes. Errors wrap exactly one attestation.Err* reason.
+// reportData, zero-padded to 64 bytes. Errors wrap exactly one attestation.Err* reason; a
+// refusal that rests on AMD's CRL is an attestation.CollateralError, returned only when
+// every other check passed.
 func (v *Validator) Check(ctx context.Context, report []byte, certs [][]byte, carried []*hardwarepb.Collateral, reportData []byte) (*attestation.Hardware, error) {
+	// 1. Parse.
 	p, err := parseReport(report, certs)
 	if err != nil {
 		return nil, err
 	}
-	revoked, err := v.verify(ctx, p, carried)
+	// 2. Verify: the key's chain and the report's signature; the CRL is read, its verdict
+	// kept for step 4.
+	revocation, err := v.verify(ctx, p, carried)
 	if err != nil {
 		return nil, err
 	}
-	return v.validate(p, reportData, revoked)
+	// 3. Validate: REPORT_DATA and the Reference.
+	claims, err := v.validate(p, reportData, revocation)
+	if err != nil {
+		return nil, err
+	}
+	// 4. The CRL's verdict, last: only a report that passed everything else is refused for
+	// what the CRL says, or for want of one.
+	if err := v.revocationVerdict(revocation); err != nil {
+		return nil, err
+	}
+	return claims, nil
 }
 
 // CollateralURLs returns the URLs of the documents Check reads for report and certs: the
@@ -383,11 +399,11 @@ func parseCertificates(b []byte) ([]*x509.Certificate, error) {
 // --- Step 2: verify --------------------------------------------------------------------
 
 // verify establishes that the report was signed by a VCEK or VLEK that chains to the pinned
-// roots of its product line, with no intermediate revoked. In order: the product line is
-// accepted and has pinned roots, the signing key's certificate is at hand (fetched for a
-// VCEK the evidence lacks), the key's chain and the report's signature verify (once per key
-// and report: remembered after), and then the revocation status. It returns what is known
-// of revocation (revocationStatus), an error if the report must be refused.
+// roots of its product line. In order: the product line is accepted and has pinned roots,
+// the signing key's certificate is at hand (fetched for a VCEK the evidence lacks), the key's
+// chain and the report's signature verify (once per key and report: remembered after), and
+// then the CRL is read. It returns what the CRL says (revocationStatus, whose verdict
+// revocationVerdict gives last), an error if the report must be refused without it.
 func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb.Collateral) (revocationStatus, error) {
 	roots, err := v.productRoots(p.product)
 	if err != nil {
@@ -404,14 +420,20 @@ func (v *Validator) verify(ctx context.Context, p *parsed, carried []*hardwarepb
 	if err := v.verifyKeyAndSignature(ctx, p, roots, intermediate, now); err != nil {
 		return revocationStatus{}, err
 	}
-	status, err := v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now)
-	if err != nil {
-		return revocationStatus{}, err
+	return v.checkRevocation(ctx, getter, roots, intermediate, intermediateName, p, now)
+}
+
+// revocationVerdict is the verdict of what checkRevocation learned, under the revocation
+// policy: a CollateralError when the CRL refuses the chain, or when no current CRL was at hand
+// and the policy requires one. Check gives it last, after every check that needs no CRL.
+func (v *Validator) revocationVerdict(status revocationStatus) error {
+	switch {
+	case status.refused != nil:
+		return &attestation.CollateralError{Err: status.refused}
+	case status.unknown != nil && v.revocation != attestation.RevocationUnknownAccepted:
+		return &attestation.CollateralError{Err: fmt.Errorf("%w: SEV-SNP %w (revocation policy %s; decided last, after every check that needs no collateral passed)", attestation.ErrRevocationUnknown, status.unknown, v.revocation)}
 	}
-	if status.unknown != nil && v.revocation != attestation.RevocationUnknownAccepted {
-		return revocationStatus{}, fmt.Errorf("%w: SEV-SNP %w (the report's signature and chain verified; revocation policy %s)", attestation.ErrRevocationUnknown, status.unknown, v.revocation)
-	}
-	return status, nil
+	return nil
 }
 
 // verifyKeyAndSignature checks the key's chain to the pinned roots at now and the report's
@@ -571,17 +593,22 @@ type signedKey struct {
 // maxSigned bounds the memo of verified report signatures (one per node boot).
 const maxSigned = 8192
 
-// revocationStatus is what checkRevocation learned: unknown says why the status could not be
-// learned (nil: a current CRL of AMD's lists neither the intermediate nor the key).
+// revocationStatus is what checkRevocation learned. Both nil: a current CRL of AMD's lists
+// neither the intermediate nor the key.
 type revocationStatus struct {
+	// unknown says why the status could not be learned (for the policy to decide).
 	unknown error
+	// refused says why the CRL at hand refuses the chain (whatever the policy).
+	refused error
 }
 
 // checkRevocation fetches the CRL of the intermediate through the collateral session and
 // checks it is AMD's (signed by the pinned ARK), current at now, and revokes neither the
-// intermediate nor the signer's key. No CRL at hand, or none current, is an unknown status
-// (returned, for the policy to decide); a CRL that is not AMD's or revokes the chain is an
-// error. A revocation listed in an AMD CRL counts even when the CRL is past its next update.
+// intermediate nor the signer's key. No CRL at hand, or none current, is an unknown status;
+// a CRL that is not AMD's or revokes the chain is a refusal: both are returned in the status,
+// for revocationVerdict to give last. A revocation listed in an AMD CRL counts even when the
+// CRL is past its next update. Only an intermediate without its one CRL distribution point
+// (a pinned root, nothing the evidence chooses) is an error.
 func (v *Validator) checkRevocation(ctx context.Context, getter collateral.SNPGetter, roots ProductRoots, intermediate *x509.Certificate, name string, p *parsed, now time.Time) (revocationStatus, error) {
 	url, err := crlURL(intermediate, name)
 	if err != nil {
@@ -596,14 +623,14 @@ func (v *Validator) checkRevocation(ctx context.Context, getter collateral.SNPGe
 	}
 	crl, err := v.verifiedCRL(roots, body)
 	if err != nil {
-		return revocationStatus{}, untrusted("CRL of the %s from %s: %v", name, url, err)
+		return revocationStatus{refused: untrusted("CRL of the %s from %s: %v", name, url, err)}, nil
 	}
 	for _, e := range crl.RevokedCertificateEntries {
 		switch {
 		case e.SerialNumber.Cmp(intermediate.SerialNumber) == 0:
-			return revocationStatus{}, untrusted("%s of %s revoked at %s", name, roots.Product, e.RevocationTime.UTC().Format(time.RFC3339))
+			return revocationStatus{refused: untrusted("%s of %s revoked at %s", name, roots.Product, e.RevocationTime.UTC().Format(time.RFC3339))}, nil
 		case p.key != nil && e.SerialNumber.Cmp(p.key.SerialNumber) == 0 && bytes.Equal(p.key.RawIssuer, intermediate.RawSubject):
-			return revocationStatus{}, untrusted("%s revoked at %s", p.signerName(), e.RevocationTime.UTC().Format(time.RFC3339))
+			return revocationStatus{refused: untrusted("%s revoked at %s", p.signerName(), e.RevocationTime.UTC().Format(time.RFC3339))}, nil
 		}
 	}
 	if crl.NextUpdate.IsZero() || !now.Before(crl.NextUpdate) {
@@ -660,7 +687,8 @@ func isZero(b []byte) bool {
 // --- Step 3: validate ------------------------------------------------------------------
 
 // validate compares the authentic report with the caller's data and the Reference, one
-// policy at a time, and returns the claims only after every one passed.
+// policy at a time, and returns the claims only after every one passed (Check then gives the
+// CRL's verdict).
 func (v *Validator) validate(p *parsed, reportData []byte, revocation revocationStatus) (*attestation.Hardware, error) {
 	wantData, err := checkReportData(p.report, reportData)
 	if err != nil {

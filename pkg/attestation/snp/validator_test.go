@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -448,7 +449,9 @@ func TestCheckStaleCRLInCache(t *testing.T) {
 // TestCheckOfflineVerdicts: a verifier without network and without a CRL tells a forged
 // report from a genuine one (bad signature vs. unknown revocation); RevocationUnknownAccepted
 // accepts the genuine one with the status in the claims, never the forged one; a CRL at hand
-// is used under either policy.
+// is used under either policy. The CRL's verdict (unknown, or revoked) comes last: a genuine
+// report for another binding, or outside the reference, is refused for that, with or
+// without a CRL at hand.
 func TestCheckOfflineVerdicts(t *testing.T) {
 	s := newSynth(t, snp.Milan)
 	genuine := s.amd.Sign(t, snptest.DefaultReport())
@@ -473,7 +476,9 @@ func TestCheckOfflineVerdicts(t *testing.T) {
 			if policy == attestation.RevocationRequired {
 				assertOneReason(t, err, attestation.ErrRevocationUnknown)
 				assert.ErrorIs(t, err, collateral.ErrOffline)
-				assert.Contains(t, err.Error(), "signature and chain verified")
+				assert.Contains(t, err.Error(), "decided last, after every check that needs no collateral passed")
+				_, isCollateral := errors.AsType[*attestation.CollateralError](err)
+				assert.True(t, isCollateral, "a verdict of the collateral is marked as one")
 			} else {
 				require.NoError(t, err)
 				assert.False(t, hw.RevocationChecked)
@@ -488,6 +493,21 @@ func TestCheckOfflineVerdicts(t *testing.T) {
 			_, err = check(genuine, revoking)
 			assertOneReason(t, err, attestation.ErrUntrustedSigner)
 			assert.Contains(t, err.Error(), "ASK of Milan revoked")
+			_, isCollateral := errors.AsType[*attestation.CollateralError](err)
+			assert.True(t, isCollateral, "a verdict of the collateral is marked as one")
+
+			// Checks that need no collateral come before its verdict.
+			otherRef := s.reference()
+			otherRef.Measurements = snp.Digests{bytes.Repeat([]byte{0x33}, 48)}
+			otherLaunch, err := snp.NewValidator(snp.Config{Reference: otherRef, Collateral: offline, Now: func() time.Time { return now }, Roots: s.amd.Roots, Revocation: policy})
+			require.NoError(t, err)
+			for _, carried := range [][]*hardwarepb.Collateral{nil, revoking} {
+				_, err = v.Check(context.Background(), genuine, s.amd.Certs("VCEK"), carried, bytes.Repeat([]byte{0x44}, 64))
+				assertOneReason(t, err, attestation.ErrNonceMismatch)
+				_, err = otherLaunch.Check(context.Background(), genuine, s.amd.Certs("VCEK"), carried, reportData())
+				assertOneReason(t, err, attestation.ErrMeasurementPolicy)
+				assert.Contains(t, err.Error(), "MEASUREMENT")
+			}
 		})
 	}
 	_, err := snp.NewValidator(snp.Config{Reference: s.reference(), Collateral: collateral.New(collateral.Config{}), Revocation: 7})

@@ -12,7 +12,7 @@
 // Intel certifies the PCK key (PCK certificate, PCK platform/processor CA, Intel SGX Root
 // CA). The result is a version 4 TD quote.
 //
-// The three steps are separate, as in every validator of this tree:
+// The steps are separate, as in every validator of this tree:
 //
 //  1. Parse (ParseQuote): version 4 only, at most MaxQuoteSize bytes, every size field
 //     checked to stay inside the quote before go-tdx-guest slices by it (its parser trusts
@@ -26,12 +26,17 @@
 //     the PCK CRL and root CA CRL, Intel's signed TCB info and QE identity, and the TCB
 //     status of platform and QE (UpToDate only). Collateral comes from the shared cache
 //     (pkg/attestation/collateral) by URL; it is never used past its next update, and a
-//     document that cannot be refreshed fails the verification. The body fields are
-//     returned only after all of this passed.
+//     document that cannot be refreshed is an unknown status (VerifyOptions.Revocation).
+//     VerifyQuoteHoldingCollateral, what the validators use, returns the body once the
+//     signatures and PCK chain verified and holds what the collateral says in the quote;
+//     VerifyQuote returns it only when the collateral passed too.
 //  3. Validate: Quote.Validate against a Reference (MRSEAM accepted, TD attributes and
 //     XFAM exact, DEBUG never, minimum TEE_TCB_SVN, QE vendor, minimum QE/PCE SVN), then,
 //     in the variant, REPORTDATA = attestation.ReportData(purpose, data) || 0^32 and the
 //     measurement registers against the reference sets.
+//  4. Quote.Claims gives the verdict of the collateral (an attestation.CollateralError) and
+//     then the claims: last, so that a quote refused by the steps before is refused for
+//     that, with or without collateral (docs/attestation.md "Verdict order").
 //
 // # What each check defends against
 //

@@ -41,9 +41,9 @@ type VerifyOptions struct {
 	Now func() time.Time
 	// Revocation says what it means when Intel's collateral (PCK and root CA CRLs, TCB
 	// info, QE identity) is not at hand or past its next update; the zero value rejects
-	// (attestation.RevocationPolicy). Under RevocationUnknownAccepted such a quote passes
-	// with Quote.CollateralUnknown set: its signatures and PCK chain verified, but neither
-	// revocation nor the platform's TCB status was checked.
+	// (attestation.RevocationPolicy), in Quote.Claims. Under RevocationUnknownAccepted such
+	// a quote passes with Quote.CollateralUnknown set: its signatures and PCK chain
+	// verified, but neither revocation nor the platform's TCB status was checked.
 	Revocation attestation.RevocationPolicy
 
 	// root replaces the pinned Intel root in this package's tests only (a fake Intel
@@ -51,8 +51,13 @@ type VerifyOptions struct {
 	root *x509.Certificate
 }
 
-// Quote is the body of a TD quote whose signature, PCK chain, QE report and collateral
-// all verified. It exists only after VerifyQuote succeeded.
+// Quote is the body of a TD quote whose signature, QE report and PCK chain to the pinned
+// root verified. From VerifyQuote, its collateral verified too; from
+// VerifyQuoteHoldingCollateral, the verdict of Intel's collateral is held in it, and Claims
+// gives it: the last step of a validator, after its own checks of the body (binding,
+// reference), so that a quote those refuse is refused for that, whatever the collateral says
+// or whether it is at hand (docs/attestation.md "Verdict order"). It exists only after one
+// of them succeeded.
 type Quote struct {
 	// TeeTcbSvn is the TEE_TCB_SVN (16 bytes): the TDX module's security versions.
 	TeeTcbSvn []byte
@@ -88,10 +93,15 @@ type Quote struct {
 	// PCKCertificate is the platform's PCK certificate, which certified the quoting
 	// enclave's report.
 	PCKCertificate *x509.Certificate
-	// CollateralUnknown is nil when Intel's collateral was checked: the PCK chain is not
-	// revoked and the TCB status of platform and quoting enclave is UpToDate. Otherwise it
-	// says why the collateral was not at hand, and VerifyOptions.Revocation accepted that.
+	// CollateralUnknown is nil when Intel's collateral was checked or refuses the quote
+	// (Claims says which). Otherwise it says why the collateral was not at hand, and
+	// VerifyOptions.Revocation accepted that.
 	CollateralUnknown error
+
+	// collateral is the verdict of Intel's collateral that Claims gives: nil, or an
+	// attestation.CollateralError (revoked, TCB status not UpToDate, or not at hand when
+	// the revocation policy requires it).
+	collateral error
 
 	proto *pb.QuoteV4
 }
@@ -105,9 +115,15 @@ func (q *Quote) Measurements() map[string][]byte {
 	return m
 }
 
-// Claims are what a quote that verified and matched the hardware reference named reference
-// establishes.
-func (q *Quote) Claims(reference string) *attestation.Hardware {
+// Claims gives the verdict of Intel's collateral that VerifyQuoteHoldingCollateral held (an
+// attestation.CollateralError: the PCK chain revoked, a TCB status other than UpToDate, or
+// the collateral not at hand when the revocation policy requires it) and, if it passes, the
+// claims of the quote for the hardware reference named reference. Call it last, after every
+// check of the quote that needs no collateral: binding, reference, measurement registers.
+func (q *Quote) Claims(reference string) (*attestation.Hardware, error) {
+	if q.collateral != nil {
+		return nil, q.collateral
+	}
 	claims := &attestation.Hardware{
 		Technology:        "TDX",
 		Product:           "fmspc " + q.FMSPC,
@@ -120,7 +136,7 @@ func (q *Quote) Claims(reference string) *attestation.Hardware {
 	if q.CollateralUnknown != nil {
 		claims.Warnings = []string{fmt.Sprintf("revocation and TCB status not checked (policy %s): %v", attestation.RevocationUnknownAccepted, q.CollateralUnknown)}
 	}
-	return claims
+	return claims, nil
 }
 
 // TCB describes the quote's trusted computing base, for humans.
@@ -216,12 +232,31 @@ func checkLayout(raw []byte) error {
 
 // VerifyQuote parses and verifies a TD quote: the quote's ECDSA signature over header and
 // body with the attestation key, the QE report binding that key, the QE report's signature
-// with the PCK certificate, the PCK chain up to the pinned Intel SGX Root CA, the PCK and
-// root CRLs, and the TCB status of the platform and of the quoting enclave against Intel's
-// TCB info and QE identity (both signed, both fresh). Collateral comes from opts.Collateral
-// (and, for this call only, from carried). It returns the body only when every check passed;
-// errors wrap one attestation.Err* reason and name what failed.
+// with the PCK certificate, the PCK chain up to the pinned Intel SGX Root CA, then, with
+// Intel's collateral, the PCK and root CRLs and the TCB status of the platform and of the
+// quoting enclave against Intel's TCB info and QE identity (both signed, both fresh), under
+// opts.Revocation. Collateral comes from opts.Collateral (and, for this call only, from
+// carried). It returns the body only when every check passed; errors wrap one
+// attestation.Err* reason and name what failed. A caller that checks the body further (a
+// validator: binding, reference) uses VerifyQuoteHoldingCollateral instead, so that its
+// checks come before the collateral's verdict.
 func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral, opts VerifyOptions) (*Quote, error) {
+	q, err := VerifyQuoteHoldingCollateral(ctx, raw, carried, opts)
+	if err != nil {
+		return nil, err
+	}
+	if q.collateral != nil {
+		return nil, q.collateral
+	}
+	return q, nil
+}
+
+// VerifyQuoteHoldingCollateral is VerifyQuote, but the verdict of Intel's collateral (a
+// refusal, or an unknown status that opts.Revocation does not accept) is held in the quote
+// rather than returned: the quote is returned once its signatures and PCK chain verified,
+// and Quote.Claims gives the verdict, to be called after the caller's own checks of the body
+// (docs/attestation.md "Verdict order").
+func VerifyQuoteHoldingCollateral(ctx context.Context, raw []byte, carried []*hardwarepb.Collateral, opts VerifyOptions) (*Quote, error) {
 	// 1. Parse.
 	quote, err := ParseQuote(raw)
 	if err != nil {
@@ -237,7 +272,7 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 		now = opts.Collateral.Now
 	}
 	t := now()
-	unknown, err := verifyQuoteSignatures(ctx, quote, carried, opts, rootOrPinned(opts.root), t)
+	status, err := verifyQuoteSignatures(ctx, quote, carried, opts, rootOrPinned(opts.root), t)
 	if err != nil {
 		return nil, err
 	}
@@ -252,24 +287,31 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 
 	body := quote.GetTdQuoteBody()
 	q := &Quote{
-		TeeTcbSvn:         bytes.Clone(body.GetTeeTcbSvn()),
-		MrSeam:            bytes.Clone(body.GetMrSeam()),
-		MrSignerSeam:      bytes.Clone(body.GetMrSignerSeam()),
-		SeamAttributes:    bytes.Clone(body.GetSeamAttributes()),
-		MrConfigID:        bytes.Clone(body.GetMrConfigId()),
-		MrOwner:           bytes.Clone(body.GetMrOwner()),
-		MrOwnerConfig:     bytes.Clone(body.GetMrOwnerConfig()),
-		TdAttributes:      bytes.Clone(body.GetTdAttributes()),
-		Xfam:              bytes.Clone(body.GetXfam()),
-		MrTd:              bytes.Clone(body.GetMrTd()),
-		ReportData:        bytes.Clone(body.GetReportData()),
-		QEVendorID:        bytes.Clone(quote.GetHeader().GetQeVendorId()),
-		QESvn:             binary.LittleEndian.Uint16(quote.GetHeader().GetQeSvn()),
-		PCESvn:            binary.LittleEndian.Uint16(quote.GetHeader().GetPceSvn()),
-		FMSPC:             strings.ToLower(exts.FMSPC),
-		PCKCertificate:    chain.PCKCertificate,
-		CollateralUnknown: unknown,
-		proto:             quote,
+		TeeTcbSvn:      bytes.Clone(body.GetTeeTcbSvn()),
+		MrSeam:         bytes.Clone(body.GetMrSeam()),
+		MrSignerSeam:   bytes.Clone(body.GetMrSignerSeam()),
+		SeamAttributes: bytes.Clone(body.GetSeamAttributes()),
+		MrConfigID:     bytes.Clone(body.GetMrConfigId()),
+		MrOwner:        bytes.Clone(body.GetMrOwner()),
+		MrOwnerConfig:  bytes.Clone(body.GetMrOwnerConfig()),
+		TdAttributes:   bytes.Clone(body.GetTdAttributes()),
+		Xfam:           bytes.Clone(body.GetXfam()),
+		MrTd:           bytes.Clone(body.GetMrTd()),
+		ReportData:     bytes.Clone(body.GetReportData()),
+		QEVendorID:     bytes.Clone(quote.GetHeader().GetQeVendorId()),
+		QESvn:          binary.LittleEndian.Uint16(quote.GetHeader().GetQeSvn()),
+		PCESvn:         binary.LittleEndian.Uint16(quote.GetHeader().GetPceSvn()),
+		FMSPC:          strings.ToLower(exts.FMSPC),
+		PCKCertificate: chain.PCKCertificate,
+		proto:          quote,
+	}
+	switch {
+	case status.refused != nil:
+		q.collateral = &attestation.CollateralError{Err: status.refused}
+	case status.unknown != nil && opts.Revocation != attestation.RevocationUnknownAccepted:
+		q.collateral = &attestation.CollateralError{Err: fmt.Errorf("TD quote: Intel's collateral: %w (revocation policy %s; decided last, after every check that needs no collateral passed): %w", status.unknown, opts.Revocation, attestation.ErrRevocationUnknown)}
+	case status.unknown != nil:
+		q.CollateralUnknown = status.unknown
 	}
 	for i, r := range body.GetRtmrs() {
 		q.Rtmrs[i] = bytes.Clone(r)
@@ -277,15 +319,27 @@ func VerifyQuote(ctx context.Context, raw []byte, carried []*hardwarepb.Collater
 	return q, nil
 }
 
+// collateralStatus is what Intel's collateral said of a quote whose signatures and PCK chain
+// verified. Both nil: every document was at hand and accepts the quote.
+type collateralStatus struct {
+	// unknown says why a document could not be had (for the revocation policy to decide).
+	unknown error
+	// refused says why the collateral at hand refuses the quote (whatever the policy).
+	refused error
+}
+
 // verifyQuoteSignatures has go-tdx-guest verify the quote with Intel's collateral
 // (revocation, TCB info, QE identity). Every document of collateralURLs is looked up first
 // (cached, carried or fetched). When one cannot be had (or the quote names none), the quote's
-// signatures, QE report and PCK chain to the pinned root are verified alone before anything
-// else is said, so an offline verifier tells a forged quote (bad signature) from a genuine one
-// whose collateral is missing: an unknown status, returned when opts.Revocation accepts it.
-// Collateral at hand that does not verify always rejects. With every document at hand, one
-// pass checks everything (the warm path costs what it did before the offline verdicts).
-func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*hardwarepb.Collateral, opts VerifyOptions, root *x509.Certificate, t time.Time) (unknown error, err error) {
+// signatures, QE report and PCK chain to the pinned root are verified alone; when the
+// library refuses the quote with its collateral, they are verified alone to learn whether
+// the collateral is what refuses it. Either way a quote whose signatures or chain fail is
+// refused for that (the error), and what the collateral says of the others is returned in
+// the status, for the caller's verdict after its own checks: an offline verifier tells a
+// forged quote (bad signature) from a genuine one whose collateral is missing. With every
+// document at hand and the quote accepted, one pass checks everything (the warm path costs
+// what it did before the offline verdicts).
+func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*hardwarepb.Collateral, opts VerifyOptions, root *x509.Certificate, t time.Time) (collateralStatus, error) {
 	roots := x509.NewCertPool()
 	roots.AddCert(root)
 	at := &verify.TimeSet{PckCertChain: t, TcbInfo: t, QeIdentity: t, PckCrl: t, RootCaCrl: t}
@@ -298,23 +352,42 @@ func verifyQuoteSignatures(ctx context.Context, quote *pb.QuoteV4, carried []*ha
 			break
 		}
 	}
-	if urlErr != nil || missing != nil {
+	withoutCollateral := func() error {
 		if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, Now: at}); err != nil {
-			return nil, classifyVerifyError(err, nil)
+			return classifyVerifyError(err, nil)
+		}
+		return nil
+	}
+	if urlErr != nil || missing != nil {
+		if err := withoutCollateral(); err != nil {
+			return collateralStatus{}, err
 		}
 		if urlErr != nil {
-			return nil, fmt.Errorf("TD quote: %v: %w", urlErr, attestation.ErrUntrustedSigner)
+			return collateralStatus{}, fmt.Errorf("TD quote: %v: %w", urlErr, attestation.ErrUntrustedSigner)
 		}
-		if opts.Revocation != attestation.RevocationUnknownAccepted {
-			return nil, fmt.Errorf("TD quote: Intel's collateral: %w (the quote's signatures and PCK chain verified; revocation policy %s): %w", missing, opts.Revocation, attestation.ErrRevocationUnknown)
-		}
-		return fmt.Errorf("collateral of Intel: %w", missing), nil
+		return collateralStatus{unknown: fmt.Errorf("collateral of Intel: %w", missing)}, nil
 	}
 	getter := &recordingGetter{g: collateral.TDXGetter{S: session}}
 	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{TrustedRoots: roots, GetCollateral: true, CheckRevocations: true, Getter: getter, Now: at}); err != nil {
-		return nil, classifyVerifyError(err, getter.err())
+		// go-tdx-guest checks the collateral before the quote's signature: learn whether
+		// the quote itself fails.
+		if sigErr := withoutCollateral(); sigErr != nil {
+			return collateralStatus{}, sigErr
+		}
+		return collateralStatus{refused: collateralRefusal(err, getter.err())}, nil
 	}
-	return nil, nil
+	return collateralStatus{}, nil
+}
+
+// collateralRefusal names why go-tdx-guest refused, with Intel's collateral, a quote whose
+// signatures and PCK chain verified without it: the collateral (a revocation, a TCB status,
+// a document that does not verify) refuses its signer. A collateral lookup failure is wrapped
+// as well (collateral.ErrStale, collateral.ErrOffline).
+func collateralRefusal(err, getterErr error) error {
+	if getterErr != nil {
+		return fmt.Errorf("TD quote: Intel's collateral refuses it: %v (collateral: %w): %w", err, getterErr, attestation.ErrUntrustedSigner)
+	}
+	return fmt.Errorf("TD quote: Intel's collateral refuses it: %v: %w", err, attestation.ErrUntrustedSigner)
 }
 
 // CollateralURLs returns the URLs of the Intel collateral VerifyQuote reads for a TD quote:

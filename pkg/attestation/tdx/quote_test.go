@@ -170,7 +170,10 @@ func TestVerifyQuoteRejectsTampering(t *testing.T) {
 }
 
 // TestVerifyQuoteCollateral attacks the collateral: tampered, stale, missing, or checked
-// outside the validity of the certificates.
+// outside the validity of the certificates. VerifyQuote refuses the quote. For a validator,
+// VerifyQuoteHoldingCollateral returns a quote whose signatures and PCK chain verify, and
+// what its collateral says is the verdict Claims gives (last, after the validator's own
+// checks); one whose chain does not verify is refused at once.
 func TestVerifyQuoteCollateral(t *testing.T) {
 	tcbInfo := bytes.Replace(testdata.TcbInfoBody, []byte(`"tcbEvaluationDataNumber":15`), []byte(`"tcbEvaluationDataNumber":16`), 1)
 	// QE identity with a later nextUpdate (its signature no longer verifies): lets the
@@ -185,6 +188,8 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 		change    func(*fakePCS)
 		wantErr   []error
 		msg       string
+		// atOnce: the quote fails without collateral (VerifyQuote refuses it).
+		atOnce bool
 	}{
 		"tampered TCB info": {
 			now:     cannedNow,
@@ -219,11 +224,13 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 			verifyNow: time.Date(2022, 9, 1, 0, 0, 0, 0, time.UTC),
 			wantErr:   []error{attestation.ErrUntrustedSigner},
 			msg:       "PCK",
+			atOnce:    true,
 		},
 		"after everything expired (the PCK chain first)": {
 			now:     time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
 			wantErr: []error{attestation.ErrUntrustedSigner},
 			msg:     "PCK",
+			atOnce:  true,
 		},
 		"PCS does not have the TCB info": {
 			now:     cannedNow,
@@ -266,6 +273,22 @@ func TestVerifyQuoteCollateral(t *testing.T) {
 			}
 			assert.ErrorContains(t, err, tc.msg)
 			t.Log(err)
+
+			q, err = VerifyQuoteHoldingCollateral(context.Background(), cannedQuote(), nil, opts)
+			if tc.atOnce {
+				require.Error(t, err)
+				assert.Nil(t, q)
+			} else {
+				require.NoError(t, err, "the collateral's verdict is held for last")
+				_, err = q.Claims("test")
+				require.Error(t, err)
+				_, isCollateral := errors.AsType[*attestation.CollateralError](err)
+				assert.True(t, isCollateral, "a verdict of the collateral is marked as one")
+			}
+			for _, want := range tc.wantErr {
+				assert.ErrorIs(t, err, want)
+			}
+			assert.ErrorContains(t, err, tc.msg)
 		})
 	}
 }

@@ -158,9 +158,17 @@ func (v *Validator) parse(evidence []byte) (*hardwarepb.TDX, error) {
 	if len(evidence) > v.cfg.MaxEvidenceSize {
 		return nil, fmt.Errorf("%d bytes, limit %d: %w", len(evidence), v.cfg.MaxEvidenceSize, attestation.ErrTooLarge)
 	}
+	// Nothing (an empty file or body) decodes as a message with every field unset: it is no
+	// evidence, not evidence of another variant.
+	if len(evidence) == 0 {
+		return nil, fmt.Errorf("no evidence (0 bytes): %w", attestation.ErrMalformed)
+	}
 	var ev hardwarepb.TDX
 	if err := proto.Unmarshal(evidence, &ev); err != nil {
 		return nil, fmt.Errorf("decoding: %v: %w", err, attestation.ErrMalformed)
+	}
+	if ev.GetVariant() == "" {
+		return nil, fmt.Errorf("evidence names no variant: %w", attestation.ErrMalformed)
 	}
 	if ev.GetVariant() != Variant.String() {
 		return nil, fmt.Errorf("evidence names variant %s: %w", untrusted.Quote(ev.GetVariant()), attestation.ErrWrongVariant)
@@ -175,9 +183,10 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte
 		return nil, err
 	}
 
-	// 2. Verify: the quote's signatures and collateral (VerifyQuote parses the quote itself),
-	// then the binding to this purpose and data.
-	q, err := VerifyQuote(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, Revocation: v.cfg.Revocation, root: v.root})
+	// 2. Verify: the quote's signatures and PCK chain (it parses the quote itself, and holds
+	// the verdict of Intel's collateral for step 4), then the binding to this purpose and
+	// data.
+	q, err := VerifyQuoteHoldingCollateral(ctx, ev.GetQuote(), ev.GetCollateral(), VerifyOptions{Collateral: v.cfg.Collateral, Now: v.cfg.Now, Revocation: v.cfg.Revocation, root: v.root})
 	if err != nil {
 		return nil, err
 	}
@@ -201,6 +210,13 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte
 	for _, w := range match.Warnings {
 		warnings = append(warnings, w.Describe(Variant))
 	}
+
+	// 4. The verdict of Intel's collateral, last: a quote refused above is refused for that,
+	// whether the collateral is at hand or not.
+	hw, err := q.Claims(v.cfg.Reference.Name)
+	if err != nil {
+		return nil, err
+	}
 	pck := sha256.Sum256(q.PCKCertificate.Raw)
 	return &attestation.Verified{
 		Variant:      Variant,
@@ -211,6 +227,6 @@ func (v *Validator) validate(ctx context.Context, evidence []byte, want [64]byte
 		// there is no node name or role to report (SignerCertified stays false, and
 		// services must not take a name from it).
 		SignerID: hex.EncodeToString(pck[:]),
-		Hardware: q.Claims(v.cfg.Reference.Name),
+		Hardware: hw,
 	}, nil
 }

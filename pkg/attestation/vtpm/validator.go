@@ -99,9 +99,11 @@ func (p EventLogPolicy) String() string {
 // HardwareCheck checks the hardware evidence of a vTPM variant on a confidential VM. It must
 // parse, verify (signatures to pinned roots, collateral) and validate (policy, and that the
 // report binds ak, and the nonce if it is to be fresh) the hardware part, and return claims
-// only when all passed; its errors wrap one of attestation's Err* reasons. Binding ak is what
-// makes the AK trusted when no AK roots are configured: a validator with a HardwareCheck needs
-// no AKRoots.
+// only when all passed; its errors wrap one of attestation's Err* reasons. A refusal that
+// rests on collateral is an attestation.CollateralError, returned only when every other
+// check of the hardware part passed; the validator holds it until its own checks passed too.
+// Binding ak is what makes the AK trusted when no AK roots are configured: a validator with a
+// HardwareCheck needs no AKRoots.
 type HardwareCheck interface {
 	Check(ctx context.Context, hw *hardwarepb.Hardware, ak crypto.PublicKey, akPublic []byte, nonce []byte) (*attestation.Hardware, error)
 }
@@ -209,12 +211,16 @@ func (v *Validator) validate(ctx context.Context, evidence, nonce []byte) (*atte
 		return nil, err
 	}
 	var hw *attestation.Hardware
+	// collateral is the hardware check's verdict that rests on collateral (CRLs, TCB info),
+	// held until every check below, which needs none, passed.
+	var collateral error
 	switch {
 	case v.cfg.Hardware != nil:
 		if p.ev.Hardware == nil {
 			return nil, fmt.Errorf("%w: no hardware evidence, and variant %s requires it", attestation.ErrMalformed, v.cfg.Variant)
 		}
-		if hw, err = v.cfg.Hardware.Check(ctx, p.ev.Hardware, key, p.ev.AkPublic, nonce); err != nil {
+		hw, err = v.cfg.Hardware.Check(ctx, p.ev.Hardware, key, p.ev.AkPublic, nonce)
+		if collateral, err = attestation.HoldCollateral(err); err != nil {
 			return nil, err
 		}
 	case p.ev.Hardware != nil:
@@ -230,6 +236,10 @@ func (v *Validator) validate(ctx context.Context, evidence, nonce []byte) (*atte
 	match, err := v.cfg.Active.Load().Match(v.cfg.Variant, p.pcrs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurementPolicy, err)
+	}
+	// The collateral's verdict, last (docs/attestation.md "Verdict order").
+	if collateral != nil {
+		return nil, collateral
 	}
 	signerID, err := AKID(key)
 	if err != nil {
@@ -261,9 +271,17 @@ func (v *Validator) parse(evidence []byte) (*parsed, error) {
 	if len(evidence) > v.cfg.MaxEvidenceSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", attestation.ErrTooLarge, len(evidence), v.cfg.MaxEvidenceSize)
 	}
+	// Nothing (an empty file or body) decodes as a message with every field unset: it is no
+	// evidence, not evidence of another variant.
+	if len(evidence) == 0 {
+		return nil, fmt.Errorf("%w: no evidence (0 bytes)", attestation.ErrMalformed)
+	}
 	ev := &vtpmpb.Evidence{}
 	if err := proto.Unmarshal(evidence, ev); err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMalformed, err)
+	}
+	if ev.Variant == "" {
+		return nil, fmt.Errorf("%w: evidence names no variant", attestation.ErrMalformed)
 	}
 	if ev.Variant != v.cfg.Variant.String() {
 		return nil, fmt.Errorf("%w: got %s, want %q", attestation.ErrWrongVariant, untrusted.Quote(ev.Variant), v.cfg.Variant)
