@@ -282,3 +282,23 @@ func TestUpgradeRefusesAReleaseThatDoesNotTrustTheRunningJoinServices(t *testing
 		assert.True(t, strings.HasPrefix(b.conf().Attestation.Of(variant.QEMUVTPM).Measurements[0].Name, "local-"), "the configuration's sets are unchanged")
 	})
 }
+
+// A release whose node image is another release's (re-signed under a new version: its
+// measured node configuration still names the old release) is refused before anything
+// changes: the image must say the release's version, Kubernetes version and services.
+func TestUpgradeCheckRefusesAnImageOfAnotherRelease(t *testing.T) {
+	b := newReleaseBench(t)
+	b.initialized(b.base, "")
+	v1 := b.publish("v0.1.0", b.base)
+	r, err := releasedir.Open(context.Background(), v1, b.key.Public(), release.Policy{}, local.ImageDigest)
+	require.NoError(t, err)
+	resigned := filepath.Join(b.source, "v0.1.1")
+	require.NoError(t, os.CopyFS(filepath.Join(resigned, releasedir.NodeImageDir), os.DirFS(r.NodeImage())))
+	m := r.Manifest()
+	m.Version = "v0.1.1"
+	m.References[0].Measurements[0].Name = "v0.1.1"
+	require.NoError(t, releasedir.Write(context.Background(), resigned, m, b.key, local.ImageDigest))
+	out := b.check("")
+	assert.Regexp(t, `(?m)^v0\.1\.1\s+\S+\s+refused: .*its node image names release "v0\.1\.0", its manifest "v0\.1\.1"`, out)
+	assert.Regexp(t, `(?m)^v0\.1\.0\s+\S+\s+allowed: upgrade`, out)
+}

@@ -236,7 +236,9 @@ func TestUpgrade(t *testing.T) {
 		for _, args := range [][]string{{"upgrade", "check"}, {"upgrade", "check", "--source", served.URL}} {
 			out := d.run(args...)
 			t.Logf("%s", out)
-			assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+allowed: upgrade with Kubernetes v1\.34\.4 -> v1\.35\.4`, out)
+			// v0.2.0 upgrades from v0.1.0 only: its nodes would refuse the development
+			// image's join services, so it is refused until the cluster runs v0.1.0.
+			assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+refused: release v0\.2\.0's nodes would not trust the join services of the running cluster`, out)
 			assert.Regexp(t, `v0\.1\.0\s+v1\.34\.4\s+allowed: upgrade`, out)
 		}
 	})
