@@ -21,7 +21,7 @@ debs: ## install missing Debian packages
 devtools: ## build the pinned Go tools (staticcheck, protoc plugins, benchstat) into _output/bin
 	@./hack/install-deps.sh devtools
 
-kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~8 CPU-minutes per version cold)
+kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS narrows it: a list of versions, default, built; hack/kubeversions) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~8 CPU-minutes per version cold)
 	@./hack/build-kube.sh
 
 images: debs kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images

@@ -44,9 +44,8 @@ enforced, the cluster's attestation variant, its node image as signed, the versi
 listed as) and checked against what the cluster runs: no older release (apply
 --allow-downgrade accepts one), Kubernetes one minor at a time and never back, and its nodes
 must trust the cluster's join services (it was made with FROM naming the running release or
-image). To move,
-set provider.<name>.image to the release's directory and kubernetesVersion to its
-Kubernetes version, then run 'constellation apply' (docs/upgrades.md).`,
+image). To move, set provider.<name>.image to the release's directory and kubernetesVersion
+to its Kubernetes version, then run 'constellation apply' (docs/upgrades.md).`,
 		Args: cobra.NoArgs,
 		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
 			return upgradeCheck(ctx, out, ws, source)
