@@ -21,7 +21,7 @@ debs: ## install missing Debian packages
 devtools: ## build the pinned Go tools (staticcheck, protoc plugins, benchstat) into _output/bin
 	@./hack/install-deps.sh devtools
 
-kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS=default or a list narrows it) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~8 CPU-minutes per version cold)
+kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_VERSIONS narrows it: a list of versions, default, built; hack/kubeversions) and its etcd from the Go module proxy into _output/kube/<version>/bin (once; ~8 CPU-minutes per version cold)
 	@./hack/build-kube.sh
 
 images: debs kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
@@ -39,8 +39,12 @@ build: debs ## build the binaries into _output/bin
 release-key: build ## make the local release key once: _output/release-key.pem (private) and .pub (pinned by configs)
 	@if [ -f _output/release-key.pem ]; then echo "release key: _output/release-key.pem exists"; else $(BIN)/release keygen _output/release-key.pem; fi
 
-release: build images release-key ## make release VERSION (e.g. make release VERSION=v0.2.0 FROM=v0.1.0 [KUBERNETES=v1.35.4]) into _output/releases/VERSION, signed
-	@if [ -z "$(VERSION)" ]; then echo "make release: set VERSION, e.g. make release VERSION=v0.2.0 FROM=v0.1.0" >&2; exit 1; fi
+# A release builds the Kubernetes of its image only (KUBERNETES, or the default version) and
+# keeps the images of the versions built before (hack/kubeversions "built"): the cluster it
+# upgrades runs one of them, and its nodes import them from the same image index.
+release: export KUBE_VERSIONS = $(or $(KUBERNETES),default),built
+release: build images release-key ## make release VERSION FROM (the running release, or _output/mini/image for make up's cluster; KUBERNETES=v1.35.4 for the next minor) into _output/releases/VERSION, signed; builds only its Kubernetes version
+	@if [ -z "$(VERSION)" ]; then echo "make release: set VERSION and FROM, e.g. make release VERSION=v0.2.0 FROM=v0.1.0 (docs/upgrades.md)" >&2; exit 1; fi
 	@KUBERNETES=$(KUBERNETES) ./hack/release.sh $(VERSION) $(FROM)
 
 test: deps proto-check lint consumer unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)

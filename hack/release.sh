@@ -4,8 +4,11 @@
 # image of this checkout for Kubernetes $KUBERNETES (the default version when unset: the built
 # bootstrapper, _output/kube/<version>/bin's kubelet and kubeadm, the services image of
 # _output/images), stamped with the version (docs/releases.md). The further
-# arguments name what the release upgrades from (its nodes trust their join services): a
-# version in _output/releases, or a release or node image directory.
+# arguments (make's FROM) name what the release upgrades from (its nodes trust their join
+# services): a version in _output/releases, or a release or node image directory (the cluster
+# of `make up` boots _output/mini/image). Without them the release can create clusters but
+# upgrade none: its first node would refuse every join service of a running cluster
+# (docs/upgrades.md "A new node trusts the previous release's join services").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${1:?usage: hack/release.sh VERSION}
@@ -21,6 +24,9 @@ kube=()
 if [ -n "${KUBERNETES:-}" ]; then kube=(--kubernetes-version "$KUBERNETES"); fi
 "$bin/constellation" config generate local --workspace "$base" "${kube[@]}" > /dev/null
 from=()
+if [ $# -lt 2 ]; then
+  echo "release: $version names no FROM: its nodes trust only their own image's join services, so it can create clusters but upgrade none (make release VERSION=$version FROM=<the running release, or _output/mini/image for make up's cluster>)" >&2
+fi
 for f in "${@:2}"; do
   if [ -d "_output/releases/$f" ]; then f="_output/releases/$f"; fi
   from+=(--from "$f")

@@ -190,6 +190,13 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	if err != nil {
 		return err
 	}
+	// So is whether its nodes can join the running cluster at all (their trust of its join
+	// services), before anything else is read or changed.
+	if rel != nil {
+		if err := checkJoinTrust(ctx, workspace, conf, st, rel); err != nil {
+			return err
+		}
+	}
 	restConfig, err := newKubeConfig(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
 		return err

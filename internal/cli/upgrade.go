@@ -63,16 +63,21 @@ const fetchedReleases = "releases"
 
 // fetchRelease downloads the release at u into the workspace (releases/<version>), checked
 // against the pinned key and the policy as it comes in (releasesource.Client.Fetch), unless
-// an earlier apply fetched it already (then it is opened, and so checked, again).
+// an earlier apply fetched it already: then it is opened, and so checked, again, including
+// that it is the version it is kept as (a copy there that is another release, whoever wrote
+// it, is refused and fetched again). u's last element must be the release's version: it
+// names the directory, and the release must sign it.
 func fetchRelease(ctx context.Context, workspace string, conf *config.Config, u string, policy release.Policy) (string, error) {
 	name := releasesource.Name(u)
-	if name == "" || name == "." || name == "/" {
-		return "", fmt.Errorf("%s: provider image %s names no release (want <source>/<version>)", config.FileName, u)
+	if !release.IsVersion(name) {
+		return "", fmt.Errorf("%s: provider image %s: %q is not a release version: a release URL is <source>/<version>, e.g. <source>/v0.2.0", config.FileName, u, name)
 	}
-	dest := filepath.Join(workspace, fetchedReleases, name)
-	if releasedir.IsRelease(dest) {
-		if _, err := openRelease(ctx, workspace, conf, dest, policy); err == nil {
-			return dest, nil
+	into := filepath.Join(workspace, fetchedReleases)
+	cached := filepath.Join(into, name)
+	var cacheErr error
+	if releasedir.IsRelease(cached) {
+		if _, cacheErr = openRelease(ctx, workspace, conf, cached, policy); cacheErr == nil {
+			return cached, nil
 		}
 	}
 	key, err := pinnedReleaseKey(workspace, conf)
@@ -81,10 +86,11 @@ func fetchRelease(ctx context.Context, workspace string, conf *config.Config, u 
 	}
 	fctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
-	if err := (releasesource.Client{}).Fetch(fctx, u, dest, key, policy); err != nil {
-		return "", err
+	dir, err := (releasesource.Client{}).Fetch(fctx, u, into, key, policy)
+	if err != nil && cacheErr != nil {
+		return "", fmt.Errorf("the copy of %s kept in %s was refused (%w), and fetching it again failed: %w", name, cached, cacheErr, err)
 	}
-	return dest, nil
+	return dir, err
 }
 
 // openRelease opens the release in dir with the key the configuration pins.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -39,11 +40,12 @@ func newUpgradeCheckCmd() *cobra.Command {
 		Short: "List the releases of a release source and which of them the cluster may move to",
 		Long: `List the releases of the release source (--source, or release.source of the configuration):
 each is opened as apply opens it (signed by the pinned release.key, every image register
-enforced, the cluster's attestation variant, its node image as signed) and checked against
-the version-skew rules from what the cluster runs: no older release (apply
---allow-downgrade accepts one), Kubernetes one minor at a time and never back. To move,
-set provider.<name>.image to the release's directory and kubernetesVersion to its
-Kubernetes version, then run 'constellation apply' (docs/upgrades.md).`,
+enforced, the cluster's attestation variant, its node image as signed, the version it is
+listed as) and checked against what the cluster runs: no older release (apply
+--allow-downgrade accepts one), Kubernetes one minor at a time and never back, and its nodes
+must trust the cluster's join services (it was made with FROM naming the running release or
+image). To move, set provider.<name>.image to the release's directory and kubernetesVersion
+to its Kubernetes version, then run 'constellation apply' (docs/upgrades.md).`,
 		Args: cobra.NoArgs,
 		RunE: inWorkspace(&timeout, func(ctx context.Context, out io.Writer, ws string, _ []string) error {
 			return upgradeCheck(ctx, out, ws, source)
@@ -58,6 +60,9 @@ Kubernetes version, then run 'constellation apply' (docs/upgrades.md).`,
 type running struct {
 	release    string // "" if not a release
 	kubernetes string // the oldest kubelet's version, or the configuration's without a cluster
+	// cluster is the initialized cluster's state; nil when there is none (no join service
+	// runs yet).
+	cluster *state.State
 }
 
 func upgradeCheck(ctx context.Context, out io.Writer, workspace, source string) error {
@@ -99,10 +104,18 @@ func upgradeCheck(ctx context.Context, out io.Writer, workspace, source string) 
 	for _, l := range listed {
 		switch {
 		case l.Err != nil:
+			// The name it was listed under: a release is shown by its signed version only
+			// once it opened as that version.
 			fmt.Fprintf(w, "%s\t-\trefused: %v\t%s\n", path.Base(filepath.ToSlash(l.Dir)), l.Err, l.Dir)
 		default:
 			m := l.Release.Manifest()
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.Version, m.KubernetesVersion, verdict(now, m), l.Dir)
+			v := verdict(now, m)
+			if now.cluster != nil && strings.HasPrefix(v, "allowed") {
+				if err := checkJoinTrust(lctx, workspace, conf, now.cluster, l.Release); err != nil {
+					v = "refused: " + err.Error()
+				}
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.Version, m.KubernetesVersion, v, l.Dir)
 		}
 	}
 	return w.Flush()
@@ -153,6 +166,7 @@ func runningOf(ctx context.Context, workspace string, conf *config.Config) (runn
 	if st.Phase != state.Initialized {
 		return now, nil
 	}
+	now.cluster = st
 	client, err := newKubeClient(filepath.Join(workspace, AdminConfFile))
 	if err != nil {
 		return running{}, err

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"io/fs"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -95,6 +96,13 @@ type NodeImages interface {
 	// releases it upgrades from), and carrying the release's services image. It returns what
 	// the image runs.
 	LayOutReleaseImage(dir, base string, r ReleaseImage) (ImageFacts, error)
+	// ReadImageFacts reads what a node image says about itself (the local provider: its
+	// node-config.json) from image, the image's files: a directory (os.DirFS), or a release
+	// source's, each file checked against the release's signed listing as it is read
+	// (releasesource.Client.ImageFiles). The CLI compares it with the release before an
+	// upgrade: which join services the image's nodes trust, and that the image is the
+	// release's.
+	ReadImageFacts(image fs.FS) (ImageFacts, error)
 }
 
 // ReleaseImage is what makes a node image a release's.
@@ -121,6 +129,12 @@ type ImageFacts struct {
 	// ServicesImage is the reference of the in-cluster services image its control planes
 	// deploy.
 	ServicesImage string
+	// Release is the version of the release the image was laid out for; empty for an image
+	// that is not a release's. (ReadImageFacts only.)
+	Release string
+	// JoinServiceSets describe the images whose join services the image's nodes trust
+	// besides their own (ReleaseImage.JoinServiceSets). (ReadImageFacts only.)
+	JoinServiceSets measurements.ReferenceSets
 }
 
 // PowerCutter is implemented by a Provider that can cut a node's power, or the whole

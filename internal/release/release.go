@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -34,8 +35,8 @@ const (
 
 // Manifest is what a release is: the predicate of its signed statement.
 type Manifest struct {
-	// Version is the release's semantic version ("v1.2.3"), compared with the running one
-	// to refuse downgrades.
+	// Version is the release's semantic version ("v1.2.3", IsVersion), compared with the
+	// running one to refuse downgrades; a release is used only under this name.
 	Version string `json:"version"`
 	// KubernetesVersion is the Kubernetes version the release's nodes run ("v1.34.4").
 	KubernetesVersion string `json:"kubernetesVersion"`
@@ -98,6 +99,10 @@ const (
 	// ReasonUnsupportedVariant: the release has no reference values for the cluster's
 	// attestation variant.
 	ReasonUnsupportedVariant
+	// ReasonMisnamed: the release was found under another name (a directory, a source's
+	// index, a release URL, a cache entry) than its signed version: a genuine release
+	// replayed under a newer name would hold a cluster back on it.
+	ReasonMisnamed
 )
 
 func (r Reason) String() string {
@@ -118,6 +123,8 @@ func (r Reason) String() string {
 		return "release is a downgrade"
 	case ReasonUnsupportedVariant:
 		return "release does not support the cluster's attestation variant"
+	case ReasonMisnamed:
+		return "release is not the version it is published as"
 	default:
 		return fmt.Sprintf("release refused (reason %d)", int(r))
 	}
@@ -144,3 +151,15 @@ func ReasonOf(err error) Reason {
 func refuse(r Reason, format string, args ...any) error {
 	return &Error{Reason: r, Err: fmt.Errorf(format, args...)}
 }
+
+// versionPattern is a release version: "v" and a semantic version (semver.org 2.0.0, no
+// leading zeros in its numbers), with optional pre-release and build identifiers, each
+// non-empty. Such a name is one path element that never leaves its folder ("..", "/" and a
+// backslash cannot occur), so a release's version can name its directory and its URL.
+var versionPattern = regexp.MustCompile(`\Av(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)` +
+	`(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?\z`)
+
+// IsVersion reports whether s is a release version as a manifest must carry it ("v1.2.3",
+// "v1.2.3-rc.1"): the one form of a release's name wherever it is used (a release
+// directory, a source's index, a release URL, the workspace's cache of fetched releases).
+func IsVersion(s string) bool { return versionPattern.MatchString(s) }

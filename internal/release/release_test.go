@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -484,4 +485,48 @@ func mustPayload(t *testing.T, env dsse.Envelope) []byte {
 	p, err := env.DecodeB64Payload()
 	require.NoError(t, err)
 	return p
+}
+
+// A release is used only under its signed version: a genuine release presented under another
+// name (a replay of an older release as a newer one) is refused naming both, before any other
+// policy check could word it otherwise (as a downgrade).
+func TestNamePolicy(t *testing.T) {
+	s := newSigner(t)
+	data := sign(t, manifest(), s) // v1.2.0
+	got, err := release.Open(context.Background(), data, s.Public(), release.Policy{Name: "v1.2.0"})
+	require.NoError(t, err)
+	assert.Equal(t, "v1.2.0", got.Manifest().Version)
+	for name, p := range map[string]release.Policy{
+		"a newer name":                      {Name: "v1.3.0"},
+		"a newer name, running the release": {Name: "v1.3.0", Running: "v1.2.0"},
+		"a newer name, running a newer one": {Name: "v1.3.0", Running: "v1.2.5"},
+		"the same precedence, other build":  {Name: "v1.2.0+other"},
+		"no v":                              {Name: "1.2.0"},
+		"not a version":                     {Name: "latest"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := release.Open(context.Background(), data, s.Public(), p)
+			assert.Equal(t, release.ReasonMisnamed, release.ReasonOf(err), "%v", err)
+			assert.ErrorContains(t, err, fmt.Sprintf("published as %q, but signed as v1.2.0", p.Name))
+		})
+	}
+}
+
+// A release version is one form: "v" and a semantic version. Nothing else can be signed or
+// accepted, so a version can name a directory and a URL and never leave its folder.
+func TestIsVersion(t *testing.T) {
+	for _, v := range []string{"v0.1.0", "v1.2.3", "v10.20.30", "v1.2.3-rc.1", "v1.2.3-0.3.7", "v1.2.3+build.5", "v1.2.3-rc-1+b.2"} {
+		assert.True(t, release.IsVersion(v), v)
+	}
+	for _, v := range []string{"", "1.2.3", "v1.2", "v1.2.3.4", "v01.2.3", "v1.02.3", "..", "v1.2.3/..", "v1.2.3-..", "v1.2.3-a..b",
+		"v1.2.3-", "v1.2.3+", "v1.2.3 ", " v1.2.3", "v1.2.3\n", `v1.2.3\x`, "V1.2.3", "v1.2.3-rc/1"} {
+		assert.False(t, release.IsVersion(v), "%q", v)
+	}
+	m := manifest()
+	m.Version = "1.2.3"
+	_, err := release.Sign(context.Background(), m, newSigner(t))
+	assert.Equal(t, release.ReasonMalformed, release.ReasonOf(err), "%v", err)
+	s := newSigner(t)
+	_, err = release.Open(context.Background(), signUnchecked(t, m, s), s.Public(), release.Policy{})
+	assert.Equal(t, release.ReasonMalformed, release.ReasonOf(err), "the verifier checks it too: %v", err)
 }

@@ -176,6 +176,13 @@ func checkSubjects(st statement, m Manifest) error {
 
 // Policy is what the running cluster requires of a release beyond its signature.
 type Policy struct {
+	// Name, if set, is the name the release was found under: its directory's name, its
+	// entry in a source's index, the last element of its URL. The signed version must be
+	// exactly this name (ReasonMisnamed), so that whoever controls where releases are kept
+	// cannot pass one release off as another (a replay of v0.2.0 as v0.3.0 would hold the
+	// cluster back on v0.2.0 while its user believes it moved). releasedir.Open and
+	// releasesource set it from where they found the release, whatever the caller passed.
+	Name string
 	// Running is the version the cluster runs ("v1.2.3"); empty: no cluster yet, any
 	// version is accepted.
 	Running string
@@ -206,12 +213,17 @@ func (v *Verified) KeyID() string { return v.keyID }
 func (v *Verified) Downgrade() bool { return v.downgrade }
 
 // CheckPolicy checks the signed manifest: every reference set of every variant enforces every
-// register the variant's images measure, and every variant's reference values are valid; it
-// supports p.Variant; its version is semantic and, unless p allows a downgrade, not older
-// than p.Running.
+// register the variant's images measure, and every variant's reference values are valid; its
+// version is p.Name (if set); it supports p.Variant; its version is semantic and, unless p
+// allows a downgrade, not older than p.Running.
 func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 	if err := checkManifest(s.manifest); err != nil {
 		return nil, err
+	}
+	// The name first: a replayed release is refused as what it is, naming both versions,
+	// before any other check could word it as something else (a downgrade).
+	if p.Name != "" && p.Name != s.manifest.Version {
+		return nil, refuse(ReasonMisnamed, "published as %q, but signed as %s: a release is used only under its own signed version", p.Name, s.manifest.Version)
 	}
 	if !p.Variant.IsZero() {
 		if _, ok := s.manifest.reference(p.Variant); !ok {
@@ -242,6 +254,9 @@ func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 // checkManifest checks what a manifest must be whoever reads it: what Sign refuses to sign
 // and CheckPolicy refuses to accept.
 func checkManifest(m Manifest) error {
+	if !IsVersion(m.Version) {
+		return refuse(ReasonMalformed, "version %q: want v and a semantic version, e.g. v1.2.3 or v1.2.3-rc.1", m.Version)
+	}
 	if _, err := version.ParseSemantic(m.Version); err != nil {
 		return refuse(ReasonMalformed, "version %q: %w", m.Version, err)
 	}

@@ -75,12 +75,14 @@ func (r *releases) signer() *release.Signer {
 	return s
 }
 
-// resign copies release version to name, lets edit change its manifest, and signs it with s,
-// without the checks release.Sign makes: what a careless or compromised release process could
-// publish with the pinned key.
+// resign copies release version to a directory of its own (named by the version: a release
+// is opened only under its signed version), lets edit change its manifest, and signs it with
+// s, without the checks release.Sign makes: what a careless or compromised release process
+// could publish with the pinned key. name says what the copy is, for the test's log.
 func (r *releases) resign(version, name string, s *release.Signer, edit func(m map[string]any)) string {
 	r.t.Helper()
-	dst := filepath.Join(r.source, name)
+	dst := filepath.Join(r.t.TempDir(), version)
+	r.t.Logf("%s: %s", name, dst)
 	require.NoError(r.t, os.CopyFS(dst, os.DirFS(filepath.Join(r.source, version))))
 	data, err := os.ReadFile(filepath.Join(dst, releasedir.EnvelopeFile))
 	require.NoError(r.t, err)
@@ -234,7 +236,9 @@ func TestUpgrade(t *testing.T) {
 		for _, args := range [][]string{{"upgrade", "check"}, {"upgrade", "check", "--source", served.URL}} {
 			out := d.run(args...)
 			t.Logf("%s", out)
-			assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+allowed: upgrade with Kubernetes v1\.34\.4 -> v1\.35\.4`, out)
+			// v0.2.0 upgrades from v0.1.0 only: its nodes would refuse the development
+			// image's join services, so it is refused until the cluster runs v0.1.0.
+			assert.Regexp(t, `v0\.2\.0\s+v1\.35\.4\s+refused: release v0\.2\.0's nodes would not trust the join services of the running cluster`, out)
 			assert.Regexp(t, `v0\.1\.0\s+v1\.34\.4\s+allowed: upgrade`, out)
 		}
 	})
@@ -247,6 +251,8 @@ func TestUpgrade(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(tamperedImage, releasedir.NodeImageDir, "node-config.json"), []byte(`{"evil":true}`), 0o644))
 		tamperedEnvelope := r.resign("v0.2.0", "tampered-envelope", r.signer(), func(map[string]any) {})
 		flipPayloadByte(t, filepath.Join(tamperedEnvelope, releasedir.EnvelopeFile))
+		replayed := filepath.Join(t.TempDir(), "v0.3.0")
+		require.NoError(t, os.CopyFS(replayed, os.DirFS(v2)))
 		for name, tc := range map[string]struct {
 			image, want string
 		}{
@@ -257,6 +263,9 @@ func TestUpgrade(t *testing.T) {
 			"an unenforced register": {image: r.resign("v0.2.0", "unenforced", r.signer(), func(m map[string]any) {
 				firstSet(m)["4"].(map[string]any)["warnOnly"] = true
 			}), want: "leaves an image register unenforced"},
+			"a genuine release replayed under a newer name": {image: replayed, want: `published as "v0.3.0", but signed as v0.2.0`},
+			"a release whose nodes do not trust the running join services (no FROM)": {
+				image: r.create(base, "v0.1.0-nofrom"), want: "would not trust the join services of the running cluster"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				d := d.on(t)

@@ -51,6 +51,11 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("provider %s has no node images this tool can release", o.Platform.Name())
 	}
+	// The version names the release's directory (which is removed and laid out again below):
+	// only a release version, one path element, may.
+	if !release.IsVersion(o.Version) {
+		return "", fmt.Errorf("version %q: want v and a semantic version, e.g. v0.2.0 or v0.3.0-rc.1", o.Version)
+	}
 	dir := filepath.Join(o.Source, o.Version)
 	if releasedir.IsRelease(dir) {
 		return "", fmt.Errorf("release %s exists in %s: a published version never changes (choose another version): %w", o.Version, dir, os.ErrExist)
@@ -116,7 +121,8 @@ func writeSourceFiles(source, nodeImage string, images provider.NodeImages) erro
 	}
 	idx := releasesource.Index{Releases: []string{}}
 	for _, e := range entries {
-		if e.IsDir() && releasedir.IsRelease(filepath.Join(source, e.Name())) {
+		// Only directories named by a version: a reader opens each under its name.
+		if e.IsDir() && release.IsVersion(e.Name()) && releasedir.IsRelease(filepath.Join(source, e.Name())) {
 			idx.Releases = append(idx.Releases, e.Name())
 		}
 	}

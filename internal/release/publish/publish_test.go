@@ -121,3 +121,22 @@ func mustRead(t *testing.T, path string) []byte {
 	require.NoError(t, err)
 	return data
 }
+
+// The version names the release's directory, which Publish clears before laying it out: a
+// version that is not one path element is refused before anything on disk is touched.
+func TestPublishRefusesAVersionThatIsNotOne(t *testing.T) {
+	key, err := release.GenerateKey()
+	require.NoError(t, err)
+	image, imagesDir := baseImage(t)
+	parent := t.TempDir()
+	source := filepath.Join(parent, "releases")
+	require.NoError(t, os.MkdirAll(source, 0o755))
+	keep := filepath.Join(parent, "keep")
+	require.NoError(t, os.WriteFile(keep, []byte("not the release's"), 0o644))
+	for _, v := range []string{"..", "../keep", "v0.2.0/../..", "0.2.0", ""} {
+		_, err := publish.Publish(context.Background(), publish.Options{Source: source, Version: v, BaseImage: image, ImagesDir: imagesDir,
+			Platform: localplatform.Platform{}, Signer: key})
+		assert.ErrorContains(t, err, "want v and a semantic version", "%q", v)
+		assert.FileExists(t, keep)
+	}
+}

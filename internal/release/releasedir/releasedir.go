@@ -4,9 +4,11 @@
 // directories (docs/releases.md "On disk").
 //
 // Opening a release checks, in this order, and returns it only if all pass: the signed
-// release (release.Open: parse, signature by the pinned key, policy), then the node image
-// beside it against the digest the release signed. A node image changed after signing is
-// refused as tampered, before anything boots it.
+// release (release.Open: parse, signature by the pinned key, policy, and that the directory
+// is named by the signed version), then the node image beside it against the digest the
+// release signed. A node image changed after signing is refused as tampered, before anything
+// boots it; a release in a directory named otherwise (v0.3.0 holding v0.2.0) is refused as
+// misnamed.
 package releasedir
 
 import (
@@ -57,12 +59,17 @@ func IsRelease(dir string) bool {
 }
 
 // Open reads the release in dir and checks it: signed by key and within policy
-// (release.Open), and its node image is the one it signed.
+// (release.Open), named by its signed version (dir's last element; policy.Name is set to it),
+// and its node image is the one it signed.
 func Open(ctx context.Context, dir string, key *release.PublicKey, policy release.Policy, digest ImageDigest) (*Release, error) {
 	data, err := readBounded(filepath.Join(dir, EnvelopeFile))
 	if err != nil {
 		return nil, err
 	}
+	// A release directory is named by its version: whoever can write the directory (a
+	// source, the workspace's cache of fetched releases) cannot pass one release off as
+	// another.
+	policy.Name = filepath.Base(filepath.Clean(dir))
 	verified, err := release.Open(ctx, data, key, policy)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, EnvelopeFile), err)

@@ -87,31 +87,53 @@ func (c Client) Versions(ctx context.Context, source string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("release source %s: %w", source, err)
 	}
+	versions, err := parseIndex(data)
+	if err != nil {
+		return nil, fmt.Errorf("release source %s: %s: %w", source, IndexFile, err)
+	}
+	return versions, nil
+}
+
+// parseIndex decodes an index strictly: known keys only, nothing after the object, every
+// entry a release version (release.IsVersion: one path element, never "..") and listed once.
+// An entry is only a name to look at: each release is checked to be that version when
+// opened.
+func parseIndex(data []byte) ([]string, error) {
 	var idx Index
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&idx); err != nil {
-		return nil, fmt.Errorf("release source %s: %s: %w", source, IndexFile, err)
+		return nil, err
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the JSON object")
+	}
+	seen := map[string]bool{}
 	for _, v := range idx.Releases {
-		if !versionPattern.MatchString(v) {
-			return nil, fmt.Errorf("release source %s: %s lists %q, not a release version", source, IndexFile, v)
+		if !release.IsVersion(v) {
+			return nil, fmt.Errorf("lists %q, not a release version", v)
 		}
+		if seen[v] {
+			return nil, fmt.Errorf("lists %s twice", v)
+		}
+		seen[v] = true
 	}
 	return idx.Releases, nil
 }
 
-// versionPattern is what a release version may look like in a URL (semantic versions; the
-// release itself is checked when opened).
-var versionPattern = regexp.MustCompile(`\Av[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?\z`)
-
 // Open fetches the signed release at releaseURL (<source>/<version>) and checks it
-// (release.Open), without its node image: what `upgrade check` lists.
+// (release.Open), without its node image: what `upgrade check` lists. The URL's last element
+// must be a release version, and the release must be that version (policy.Name is set to it).
 func (c Client) Open(ctx context.Context, releaseURL string, key *release.PublicKey, policy release.Policy) (*release.Verified, []byte, error) {
+	name := Name(releaseURL)
+	if !release.IsVersion(name) {
+		return nil, nil, fmt.Errorf("release %s: %q is not a release version: a release URL is <source>/<version>, e.g. <source>/v0.2.0", releaseURL, name)
+	}
 	data, err := c.get(ctx, join(releaseURL, releasedir.EnvelopeFile), release.MaxSize+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("release %s: %w", releaseURL, err)
 	}
+	policy.Name = name
 	verified, err := release.Open(ctx, data, key, policy)
 	if err != nil {
 		return nil, nil, fmt.Errorf("release %s: %w", releaseURL, err)
@@ -119,45 +141,60 @@ func (c Client) Open(ctx context.Context, releaseURL string, key *release.Public
 	return verified, data, nil
 }
 
-// Fetch downloads the release at releaseURL into dest (an earlier download there is replaced)
-// once the release and every file of its node image passed the checks of the package
-// documentation; nothing is left at dest otherwise. Open dest with releasedir.Open to use it.
-func (c Client) Fetch(ctx context.Context, releaseURL, dest string, key *release.PublicKey, policy release.Policy) error {
+// Fetch downloads the release at releaseURL into into/<its signed version> (an earlier
+// download there is replaced) once the release and every file of its node image passed the
+// checks of the package documentation, and returns that directory; nothing is left
+// otherwise. The URL must name the version the release signed (Open), so the directory is
+// named by both. Open the directory with releasedir.Open to use it.
+func (c Client) Fetch(ctx context.Context, releaseURL, into string, key *release.PublicKey, policy release.Policy) (string, error) {
 	verified, envelope, err := c.Open(ctx, releaseURL, key, policy)
 	if err != nil {
-		return err
+		return "", err
 	}
 	version := verified.Manifest().Version
-	imageURL := join(releaseURL, releasedir.NodeImageDir)
-	listing, err := c.get(ctx, join(imageURL, ListingFile), maxListingSize)
+	imageURL, files, err := c.imageListing(ctx, releaseURL, verified)
 	if err != nil {
-		return fmt.Errorf("release %s: %w", version, err)
+		return "", err
 	}
-	if got, want := "sha256:"+hexSum(listing), verified.Manifest().NodeImage.Digest; got != want {
-		return &release.Error{Reason: release.ReasonTampered, Err: fmt.Errorf(
-			"release %s: the node image listing %s has digest %s, the release signed %s", version, join(imageURL, ListingFile), got, want)}
-	}
-	files, err := parseListing(listing)
-	if err != nil {
-		return &release.Error{Reason: release.ReasonTampered, Err: fmt.Errorf("release %s: %s: %w", version, ListingFile, err)}
-	}
+	dest := filepath.Join(into, version)
 	tmp := dest + ".download"
 	if err := os.RemoveAll(tmp); err != nil {
-		return err
+		return "", err
 	}
 	defer os.RemoveAll(tmp)
 	for _, f := range files {
 		if err := c.download(ctx, join(imageURL, f.name), filepath.Join(tmp, releasedir.NodeImageDir, filepath.FromSlash(f.name)), f.sha256); err != nil {
-			return fmt.Errorf("release %s: %w", version, err)
+			return "", fmt.Errorf("release %s: %w", version, err)
 		}
 	}
 	if err := fileutil.WriteAtomic(filepath.Join(tmp, releasedir.EnvelopeFile), envelope, 0o644); err != nil {
-		return err
+		return "", err
 	}
 	if err := os.RemoveAll(dest); err != nil {
-		return err
+		return "", err
 	}
-	return os.Rename(tmp, dest)
+	return dest, os.Rename(tmp, dest)
+}
+
+// imageListing fetches the node image listing of the verified release at releaseURL and
+// checks it against the digest the release signed, before any file of the image is fetched.
+// It returns the image's URL and the files the listing names.
+func (c Client) imageListing(ctx context.Context, releaseURL string, verified *release.Verified) (string, []listed, error) {
+	version := verified.Manifest().Version
+	imageURL := join(releaseURL, releasedir.NodeImageDir)
+	listing, err := c.get(ctx, join(imageURL, ListingFile), maxListingSize)
+	if err != nil {
+		return "", nil, fmt.Errorf("release %s: %w", version, err)
+	}
+	if got, want := "sha256:"+hexSum(listing), verified.Manifest().NodeImage.Digest; got != want {
+		return "", nil, &release.Error{Reason: release.ReasonTampered, Err: fmt.Errorf(
+			"release %s: the node image listing %s has digest %s, the release signed %s", version, join(imageURL, ListingFile), got, want)}
+	}
+	files, err := parseListing(listing)
+	if err != nil {
+		return "", nil, &release.Error{Reason: release.ReasonTampered, Err: fmt.Errorf("release %s: %s: %w", version, ListingFile, err)}
+	}
+	return imageURL, files, nil
 }
 
 // List opens every release of source, a directory (releasedir.List) or a URL (its index's
@@ -294,14 +331,16 @@ func join(base, elem string) string {
 	return u.String()
 }
 
-// Name returns the last path element of a release URL (its version), for a local directory
-// name.
+// Name returns the last element of a release URL's path, cleaned as the requests for its
+// files are ("<source>/v0.2.0/" and "<source>/x/../v0.2.0" give v0.2.0; "<source>/v0.2.0/.."
+// gives the source's own name): the name the URL presents the release under, which Open
+// requires to be a release version and the release's signed one.
 func Name(releaseURL string) string {
 	u, err := url.Parse(releaseURL)
 	if err != nil {
 		return ""
 	}
-	return path.Base(strings.TrimSuffix(u.Path, "/"))
+	return path.Base(path.Clean("/" + u.Path))
 }
 
 func hexSum(data []byte) string {

@@ -94,9 +94,12 @@ func TestFetch(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "v0.2.0", verified.Manifest().Version)
 
-	dest := filepath.Join(t.TempDir(), "v0.2.0")
+	into := t.TempDir()
+	dest := filepath.Join(into, "v0.2.0")
 	for range 2 { // a second fetch replaces the first
-		require.NoError(t, c.Fetch(ctx, srv.URL+"/v0.2.0", dest, key.Public(), policy))
+		got, err := c.Fetch(ctx, srv.URL+"/v0.2.0", into, key.Public(), policy)
+		require.NoError(t, err)
+		assert.Equal(t, dest, got, "the release is kept under its signed version")
 		r, err := releasedir.Open(ctx, dest, key.Public(), policy, local.ImageDigest)
 		require.NoError(t, err, "the download is a release directory that opens")
 		assert.Equal(t, "v0.2.0", r.Version())
@@ -153,8 +156,9 @@ func TestFetchRefuses(t *testing.T) {
 			if tc.version != "" {
 				version = tc.version
 			}
-			dest := filepath.Join(t.TempDir(), "v0.1.0")
-			err := releasesource.Client{}.Fetch(ctx, srv.URL+"/"+version, dest, key.Public(), policy)
+			into := t.TempDir()
+			dest := filepath.Join(into, version)
+			_, err := releasesource.Client{}.Fetch(ctx, srv.URL+"/"+version, into, key.Public(), policy)
 			require.Error(t, err)
 			if tc.wantReason != 0 {
 				assert.Equal(t, tc.wantReason, release.ReasonOf(err), "%v", err)
@@ -187,6 +191,10 @@ func TestVersionsRefusesABadIndex(t *testing.T) {
 func TestName(t *testing.T) {
 	assert.Equal(t, "v0.2.0", releasesource.Name("https://example.com/releases/v0.2.0"))
 	assert.Equal(t, "v0.2.0", releasesource.Name("https://example.com/releases/v0.2.0/"))
+	assert.Equal(t, "v0.2.0", releasesource.Name("https://example.com/releases/x/../v0.2.0"), "the name the requests use")
+	assert.Equal(t, "releases", releasesource.Name("https://example.com/releases/v0.2.0/.."))
+	assert.Equal(t, "/", releasesource.Name("https://example.com/releases/%2e%2e"))
+	assert.Equal(t, "/", releasesource.Name("https://example.com"))
 	assert.True(t, releasesource.IsURL("http://127.0.0.1:8080/releases"))
 	assert.False(t, releasesource.IsURL("/srv/releases"))
 }

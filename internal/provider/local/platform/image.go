@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,6 +155,20 @@ func carryServicesOf(dir string, from []string) error {
 
 // ImageListing implements provider.NodeImages (local.ImageListing).
 func (Platform) ImageListing(dir string) ([]byte, error) { return local.ImageListing(dir) }
+
+// ReadImageFacts implements provider.NodeImages: the image's node configuration, parsed and
+// validated (local.ParseNodeConfig).
+func (Platform) ReadImageFacts(image fs.FS) (provider.ImageFacts, error) {
+	data, err := fs.ReadFile(image, local.NodeConfigFile)
+	if err != nil {
+		return provider.ImageFacts{}, fmt.Errorf("node image: %w", err)
+	}
+	nc, err := local.ParseNodeConfig(data)
+	if err != nil {
+		return provider.ImageFacts{}, fmt.Errorf("node image: %w", err)
+	}
+	return provider.ImageFacts{KubernetesVersion: nc.KubernetesVersion, ServicesImage: nc.ServicesImage, Release: nc.Release, JoinServiceSets: nc.JoinServiceSets}, nil
+}
 
 // ImageDigest implements provider.NodeImages (local.ImageDigest).
 func (Platform) ImageDigest(dir string) (string, error) { return local.ImageDigest(dir) }
