@@ -43,6 +43,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Where kubeadm keeps the cluster's configuration and the add-ons it deploys.
@@ -57,22 +58,31 @@ const (
 // Skew checks that a cluster may move from Kubernetes current to target: never back, one
 // minor at a time (Kubernetes' version skew policy; kubeadm upgrades one minor per step).
 func Skew(current, target string) error {
+	// The parser's error repeats its input whole: the message names the input itself, bounded.
 	cur, err := version.ParseSemantic(current)
 	if err != nil {
-		return fmt.Errorf("the running version %q does not parse: %w", current, err)
+		return fmt.Errorf("the running version %s does not parse as a version", untrusted.Quote(current))
 	}
 	tgt, err := version.ParseSemantic(target)
 	if err != nil {
-		return fmt.Errorf("version %q does not parse: %w", target, err)
+		return fmt.Errorf("version %s does not parse as a version", untrusted.Quote(target))
 	}
 	switch {
 	case tgt.LessThan(cur):
-		return fmt.Errorf("version %s is older than the running %s: Kubernetes never goes back", target, current)
+		return fmt.Errorf("version %s is older than the running %s: Kubernetes never goes back", shown(target), shown(current))
 	case tgt.Major() != cur.Major() || tgt.Minor() > cur.Minor()+1:
-		return fmt.Errorf("version %s skips a minor version from the running %s: upgrade one minor at a time", target, current)
+		return fmt.Errorf("version %s skips a minor version from the running %s: upgrade one minor at a time", shown(target), shown(current))
 	}
 	return nil
 }
+
+// shown is a version as errors and logs print it. The versions compared here come from the
+// cluster: kubeadm's configuration and the add-ons' images are the control planes', but a
+// kubelet's version is its node's own report (the Node status each node writes of itself), so
+// a compromised node chooses it, any bytes up to the object's size limit (1 MiB and more).
+// Every version printed goes through the one rule for a peer's strings (untrusted.Text: one
+// line, control characters escaped, bounded), which leaves a real version as it is.
+func shown(v string) string { return untrusted.Text(v) }
 
 // Observed is what the cluster runs, as far as the Kubernetes version goes.
 type Observed struct {
@@ -109,11 +119,14 @@ func Observe(ctx context.Context, kube kubernetes.Interface) (Observed, error) {
 
 // Others returns the versions the cluster runs besides own (its control plane's, kube-proxy's
 // and the kubelets'), sorted: a node of own's version that joins must be able to run their
-// images too.
+// images too. Only versions a node image can run (kubeversion) are returned: a kubelet's
+// version is its node's own report, and one that no supported release has is no version any
+// node runs (no image carries its containers); passing it on would only make the replacement's
+// creation fail, with the node's string in the error.
 func (o Observed) Others(own string) []string {
 	seen := map[string]bool{}
 	add := func(v string) {
-		if v != "" && v != own {
+		if _, err := kubeversion.Lookup(v); err == nil && v != own {
 			seen[v] = true
 		}
 	}
@@ -143,7 +156,7 @@ func ClusterVersion(ctx context.Context, kube kubernetes.Interface) (string, err
 		return "", fmt.Errorf("%s/%s %s: %w", Namespace, KubeadmConfigName, ClusterConfigKey, err)
 	}
 	if _, err := version.ParseSemantic(cfg.KubernetesVersion); err != nil {
-		return "", fmt.Errorf("%s/%s %s: kubernetesVersion %q: %w", Namespace, KubeadmConfigName, ClusterConfigKey, cfg.KubernetesVersion, err)
+		return "", fmt.Errorf("%s/%s %s: kubernetesVersion %s does not parse as a version", Namespace, KubeadmConfigName, ClusterConfigKey, untrusted.Quote(cfg.KubernetesVersion))
 	}
 	return cfg.KubernetesVersion, nil
 }
@@ -179,7 +192,7 @@ func AddonsAt(ctx context.Context, kube kubernetes.Interface, version string) (b
 	default:
 		st := ds.Status
 		if tag := containerTag(ds.Spec.Template.Spec, KubeProxyName); tag != version {
-			missing = append(missing, fmt.Sprintf("kube-proxy runs %s", tag))
+			missing = append(missing, fmt.Sprintf("kube-proxy runs %s", shown(tag)))
 		} else if ds.Generation > st.ObservedGeneration || st.UpdatedNumberScheduled < st.DesiredNumberScheduled || st.NumberAvailable < st.DesiredNumberScheduled {
 			missing = append(missing, fmt.Sprintf("kube-proxy %s rolling out: %d of %d nodes updated, %d available",
 				version, st.UpdatedNumberScheduled, st.DesiredNumberScheduled, st.NumberAvailable))
@@ -196,7 +209,7 @@ func AddonsAt(ctx context.Context, kube kubernetes.Interface, version string) (b
 			want = *d.Spec.Replicas
 		}
 		if tag := containerTag(d.Spec.Template.Spec, CoreDNSDeploymentName); tag != r.CoreDNS {
-			missing = append(missing, fmt.Sprintf("CoreDNS runs %s, not %s", tag, r.CoreDNS))
+			missing = append(missing, fmt.Sprintf("CoreDNS runs %s, not %s", shown(tag), r.CoreDNS))
 		} else if d.Generation > st.ObservedGeneration || st.UpdatedReplicas < want || st.AvailableReplicas < want || st.Replicas > want {
 			missing = append(missing, fmt.Sprintf("CoreDNS %s rolling out: %d of %d replicas updated, %d available, %d in all",
 				r.CoreDNS, st.UpdatedReplicas, want, st.AvailableReplicas, st.Replicas))
@@ -234,24 +247,26 @@ type Decision struct {
 }
 
 // Decide returns the step a control plane whose image runs Kubernetes own takes in a cluster
-// that runs o.
+// that runs o. Its Reason is logged: every version of o in it is printed by the rule for a
+// peer's strings (shown; the nodes with older kubelets as an untrusted.QuoteList, at most
+// MaxListItems of them, each cut).
 func Decide(own string, o Observed) Decision {
 	cluster, err := version.ParseSemantic(o.Cluster)
 	if err != nil {
-		return Decision{None, fmt.Sprintf("the cluster's version %q does not parse: %v", o.Cluster, err)}
+		return Decision{None, fmt.Sprintf("the cluster's version %s does not parse as a version", untrusted.Quote(o.Cluster))}
 	}
 	mine, err := version.ParseSemantic(own)
 	if err != nil {
-		return Decision{None, fmt.Sprintf("this node's version %q does not parse: %v", own, err)}
+		return Decision{None, fmt.Sprintf("this node's version %s does not parse as a version", untrusted.Quote(own))}
 	}
 	switch {
 	case mine.LessThan(cluster):
-		return Decision{None, fmt.Sprintf("the cluster runs %s, newer than this node's %s", o.Cluster, own)}
+		return Decision{None, fmt.Sprintf("the cluster runs %s, newer than this node's %s", shown(o.Cluster), own)}
 	case cluster.LessThan(mine):
 		if err := Skew(o.Cluster, own); err != nil {
 			return Decision{None, fmt.Sprintf("not upgrading the control plane: %v", err)}
 		}
-		return Decision{ApplyControlPlane, fmt.Sprintf("the cluster runs %s, this node's image %s", o.Cluster, own)}
+		return Decision{ApplyControlPlane, fmt.Sprintf("the cluster runs %s, this node's image %s", shown(o.Cluster), own)}
 	}
 	if o.KubeProxy == "" || o.KubeProxy == own {
 		return Decision{None, "the cluster and its add-ons run " + own}
@@ -264,10 +279,10 @@ func Decide(own string, o Observed) Decision {
 	}
 	if len(older) > 0 {
 		sort.Strings(older)
-		return Decision{None, fmt.Sprintf("the add-ons (kube-proxy %s) move to %s once every node runs it; not yet: %s",
-			o.KubeProxy, own, strings.Join(older, ", "))}
+		return Decision{None, fmt.Sprintf("the add-ons (kube-proxy %s) move to %s once every node runs it; not yet: %d node(s) %s",
+			shown(o.KubeProxy), own, len(older), untrusted.QuoteList(older))}
 	}
-	return Decision{ApplyAddons, fmt.Sprintf("every node runs %s, kube-proxy %s", own, o.KubeProxy)}
+	return Decision{ApplyAddons, fmt.Sprintf("every node runs %s, kube-proxy %s", own, shown(o.KubeProxy))}
 }
 
 // Kubeadm runs this node's kubeadm (internal/kube/kubeadm.Runner).

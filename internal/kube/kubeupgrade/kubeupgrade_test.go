@@ -6,7 +6,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -34,14 +37,20 @@ func TestSkew(t *testing.T) {
 		"patch back":      {current: "v1.34.4", target: "v1.34.3", wantErr: "never goes back"},
 		"current garbage": {current: "one", target: "v1.34.4", wantErr: `the running version "one" does not parse`},
 		"target garbage":  {current: "v1.34.4", target: "", wantErr: `version "" does not parse`},
+		// A kubelet's version is what its node reports of itself: the CLI compares each with
+		// the release's and prints the error.
+		"1 MiB that parses":   {current: "v1.34.4-" + strings.Repeat("x", 1<<20), target: "v1.36.0", wantErr: "skips a minor"},
+		"1 MiB that does not": {current: "\x1b[2J" + strings.Repeat("\x1b", 1<<20), target: "v1.35.4", wantErr: `the running version "\x1b[2J`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := kubeupgrade.Skew(tc.current, tc.target)
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
-			} else {
-				assert.ErrorContains(t, err, tc.wantErr)
+				return
 			}
+			require.ErrorContains(t, err, tc.wantErr)
+			assert.Less(t, len(err.Error()), 2048, "bounded")
+			assert.NotContains(t, err.Error(), "\x1b")
 		})
 	}
 }
@@ -68,7 +77,7 @@ func TestDecide(t *testing.T) {
 			want: kubeupgrade.None, wantReason: "newer than this node's v1.34.4"},
 		"add-ons wait for the old nodes": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4",
 			Kubelets: map[string]string{"control-plane-1": "v1.35.4", "worker-0": "v1.34.4"}},
-			want: kubeupgrade.None, wantReason: "not yet: worker-0 (v1.34.4)"},
+			want: kubeupgrade.None, wantReason: `not yet: 1 node(s) ["worker-0 (v1.34.4)"]`},
 		"add-ons once every node runs the version": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4", Kubelets: allAt("v1.35.4")},
 			want: kubeupgrade.ApplyAddons},
 		"no kube-proxy": {own: "v1.35.4", o: kubeupgrade.Observed{Cluster: "v1.35.4", Kubelets: allAt("v1.34.4")},
@@ -220,11 +229,14 @@ func TestObserveRealAPIServer(t *testing.T) {
 	assert.Contains(t, out.String(), "upgrading kube-proxy and CoreDNS")
 }
 
+// Others are versions a replacement must run the images of: only supported ones. A kubelet's
+// version is its node's own report; one no release has (a patch we do not build, 1 MiB a
+// compromised node wrote) is no version any image can run, and is left out.
 func TestOthers(t *testing.T) {
 	o := kubeupgrade.Observed{Cluster: "v1.35.4", KubeProxy: "v1.34.4",
-		Kubelets: map[string]string{"a": "v1.35.4", "b": "v1.34.4", "c": "v1.34.3"}}
-	assert.Equal(t, []string{"v1.34.3", "v1.34.4"}, o.Others("v1.35.4"))
-	assert.Equal(t, []string{"v1.34.3", "v1.35.4"}, o.Others("v1.34.4"))
+		Kubelets: map[string]string{"a": "v1.35.4", "b": "v1.34.4", "c": "v1.34.3", "d": "v1.34.4-" + strings.Repeat("x", 1<<20)}}
+	assert.Equal(t, []string{"v1.34.4"}, o.Others("v1.35.4"))
+	assert.Equal(t, []string{"v1.35.4"}, o.Others("v1.34.4"))
 	assert.Empty(t, kubeupgrade.Observed{Cluster: "v1.35.4"}.Others("v1.35.4"))
 }
 
@@ -275,4 +287,45 @@ func TestAddonsAt(t *testing.T) {
 	}
 	_, _, err := kubeupgrade.AddonsAt(ctx, fake.NewClientset(), "v1.20.0")
 	assert.ErrorContains(t, err, "not supported")
+}
+
+// A node reports its kubelet's version of itself (its Node status): a compromised node can
+// put 1 MiB of terminal escapes there. The keeper logs why it waits for the add-ons, naming
+// the nodes whose kubelets are older: each line stays bounded and escaped (pkg/untrusted).
+func TestKeeperLogsPeerVersionsBounded(t *testing.T) {
+	hostile := "v1.34.4-\x1b[2J\x1b]0;pwned\x07\nlevel=ERROR msg=forged" + strings.Repeat("\x1b[31m", (1<<20)/5)
+	kube := fake.NewClientset()
+	create(t, kube, "v1.35.4", "v1.34.4", map[string]string{"control-plane-1": "v1.35.4", "worker-0": hostile})
+	var logs syncBuffer
+	k := &kubeupgrade.Keeper{Version: "v1.35.4", Kube: kube, Kubeadm: &recordingKubeadm{}, Config: []byte("config"),
+		Interval: 10 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { k.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "worker-0") }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	<-done
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		assert.LessOrEqual(t, len(line), 2048, "a log line of %d bytes", len(line))
+		assert.NotContains(t, line, "\x1b")
+	}
+	assert.Contains(t, logs.String(), `…(`, "the version is cut and its length noted")
+}
+
+// syncBuffer is a bytes.Buffer for a log written from the keeper's goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
