@@ -197,9 +197,36 @@ type Error struct {
 	Local bool
 	// Reason is the failure reason label (attestation.Reason) when evidence was rejected,
 	// "incompatible" when no common variant exists, "refused" when Config.Admit refused the
-	// peer, "peer-abort" when the peer aborted, "protocol" otherwise.
+	// peer, ReasonPeerAbort when the peer aborted, "protocol" otherwise.
 	Reason string
-	Err    error
+	// PeerReason is, when the peer aborted, the reason label its Abort gave (its own Reason:
+	// "measurement-mismatch" when it refused this side's evidence for what it measures), or
+	// "" when it gave none (a peer that predates labels) or one that is not a label of this
+	// package or attestation.Reason. It is the peer's word for why it aborted: it tells a
+	// refusal from a transient failure to whoever reports it, and proves nothing.
+	PeerReason string
+	Err        error
+}
+
+// ReasonPeerAbort is Error.Reason when the peer aborted the handshake (Local is false).
+const ReasonPeerAbort = "peer-abort"
+
+// Reason labels of this side besides attestation.Reason's: no common variant, refused by
+// Config.Admit, anything else of the protocol.
+const (
+	reasonIncompatible = "incompatible"
+	reasonRefused      = "refused"
+	reasonProtocol     = "protocol"
+)
+
+// peerLabel is the label of a peer's Abort as this side keeps it: one of the labels a side
+// sends (its Error.Reason when Local), else "".
+func peerLabel(label string) string {
+	switch {
+	case label == reasonIncompatible, label == reasonRefused, label == reasonProtocol, attestation.IsReason(label):
+		return label
+	}
+	return ""
 }
 
 func (e *Error) Error() string {
@@ -240,15 +267,15 @@ func (c *Credentials) handshake(ctx context.Context, conn *tls.Conn, role Role, 
 
 func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (*attestation.Verified, error) {
 	if err := conn.HandshakeContext(ctx); err != nil {
-		return nil, &Error{Local: true, Reason: "protocol", Err: fmt.Errorf("TLS: %w", err)}
+		return nil, &Error{Local: true, Reason: reasonProtocol, Err: fmt.Errorf("TLS: %w", err)}
 	}
 	state := conn.ConnectionState()
 	if state.Version != tls.VersionTLS13 || state.NegotiatedProtocol != ALPN {
-		return nil, &Error{Local: true, Reason: "protocol", Err: fmt.Errorf("peer does not speak %s", ALPN)}
+		return nil, &Error{Local: true, Reason: reasonProtocol, Err: fmt.Errorf("peer does not speak %s", ALPN)}
 	}
 	exporter, err := state.ExportKeyingMaterial(exporterLabel, nil, 32)
 	if err != nil {
-		return nil, &Error{Local: true, Reason: "protocol", Err: err}
+		return nil, &Error{Local: true, Reason: reasonProtocol, Err: err}
 	}
 
 	w := newFrameWriter(conn)
@@ -256,13 +283,13 @@ func (c *Credentials) exchange(ctx context.Context, conn *tls.Conn, role Role) (
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) && e.Local {
-			w.send(&atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: abortReason(e.Err)}}})
+			w.send(&atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: abortReason(e.Err), Label: e.Reason}}})
 		}
 		_ = w.finish()
 		return nil, err
 	}
 	if err := w.finish(); err != nil {
-		return nil, &Error{Local: true, Reason: "protocol", Err: fmt.Errorf("writing: %w", err)}
+		return nil, &Error{Local: true, Reason: reasonProtocol, Err: fmt.Errorf("writing: %w", err)}
 	}
 	return verified, nil
 }
@@ -273,7 +300,7 @@ func (c *Credentials) admitAndRun(ctx context.Context, conn *tls.Conn, w *frameW
 	if c.cfg.Admit != nil {
 		release, err := c.cfg.Admit(ctx, conn.RemoteAddr())
 		if err != nil {
-			return nil, &Error{Local: true, Reason: "refused", Err: err}
+			return nil, &Error{Local: true, Reason: reasonRefused, Err: err}
 		}
 		defer release()
 	}
@@ -316,7 +343,7 @@ func (c *Credentials) run(ctx context.Context, conn *tls.Conn, w *frameWriter, r
 		}
 		if v := f.GetVerdict(); v == nil || !v.Accepted {
 			// The frame's kind, not its content: a peer's strings stay out of the error.
-			return nil, localError("protocol", "expected an accepting Verdict, got %T", f.Kind)
+			return nil, localError(reasonProtocol, "expected an accepting Verdict, got %T", f.Kind)
 		}
 	}
 	return verified, nil
@@ -344,10 +371,10 @@ func (c *Credentials) exchangeHellos(conn *tls.Conn, w *frameWriter) (hello, pee
 	}
 	peerHello = f.GetHello()
 	if peerHello == nil {
-		return nil, nil, localError("protocol", "expected Hello, got %T", f.Kind)
+		return nil, nil, localError(reasonProtocol, "expected Hello, got %T", f.Kind)
 	}
 	if peerHello.Version != protocolVersion {
-		return nil, nil, localError("protocol", "peer speaks protocol version %d, we speak %d", peerHello.Version, protocolVersion)
+		return nil, nil, localError(reasonProtocol, "peer speaks protocol version %d, we speak %d", peerHello.Version, protocolVersion)
 	}
 	return hello, peerHello, nil
 }
@@ -359,7 +386,7 @@ func (c *Credentials) chooseValidator(hello, peerHello *atlspb.Hello) (attestati
 		return nil, nil
 	}
 	if peerHello.IssuerVariant == "" {
-		return nil, localError("incompatible", "no compatible evidence: peer does not attest; we require one of [%s]", strings.Join(hello.AcceptedVariants, ", "))
+		return nil, localError(reasonIncompatible, "no compatible evidence: peer does not attest; we require one of [%s]", strings.Join(hello.AcceptedVariants, ", "))
 	}
 	var validator attestation.Validator
 	for _, v := range c.cfg.Validators {
@@ -368,7 +395,7 @@ func (c *Credentials) chooseValidator(hello, peerHello *atlspb.Hello) (attestati
 		}
 	}
 	if validator == nil {
-		return nil, localError("incompatible", "no compatible evidence: peer offers %s; we accept [%s]", untrusted.Quote(peerHello.IssuerVariant), strings.Join(hello.AcceptedVariants, ", "))
+		return nil, localError(reasonIncompatible, "no compatible evidence: peer offers %s; we accept [%s]", untrusted.Quote(peerHello.IssuerVariant), strings.Join(hello.AcceptedVariants, ", "))
 	}
 	return validator, nil
 }
@@ -376,10 +403,10 @@ func (c *Credentials) chooseValidator(hello, peerHello *atlspb.Hello) (attestati
 // attest sends our evidence for the peer, which requires it, bound to exporter.
 func (c *Credentials) attest(ctx context.Context, w *frameWriter, role Role, exporter []byte, hello, peerHello *atlspb.Hello) error {
 	if c.cfg.Issuer == nil {
-		return localError("incompatible", "no compatible evidence: peer requires one of %s; we do not attest", untrusted.QuoteList(peerHello.AcceptedVariants))
+		return localError(reasonIncompatible, "no compatible evidence: peer requires one of %s; we do not attest", untrusted.QuoteList(peerHello.AcceptedVariants))
 	}
 	if !slices.Contains(peerHello.AcceptedVariants, hello.IssuerVariant) {
-		return localError("incompatible", "no compatible evidence: we offer %s; peer accepts %s", hello.IssuerVariant, untrusted.QuoteList(peerHello.AcceptedVariants))
+		return localError(reasonIncompatible, "no compatible evidence: we offer %s; peer accepts %s", hello.IssuerVariant, untrusted.QuoteList(peerHello.AcceptedVariants))
 	}
 	evidence, err := c.cfg.Issuer.Issue(ctx, role.purpose(), exporter)
 	if err != nil {
@@ -407,7 +434,7 @@ func (c *Credentials) verifyPeer(ctx context.Context, conn *tls.Conn, w *frameWr
 	}
 	ev := f.GetEvidence()
 	if ev == nil {
-		return nil, localError("protocol", "expected Evidence, got %T", f.Kind)
+		return nil, localError(reasonProtocol, "expected Evidence, got %T", f.Kind)
 	}
 	if ev.Variant != peerHello.IssuerVariant {
 		return nil, &Error{Local: true, Reason: attestation.Reason(attestation.ErrWrongVariant), Err: fmt.Errorf("%w: announced %s, sent %s", attestation.ErrWrongVariant, untrusted.Quote(peerHello.IssuerVariant), untrusted.Quote(ev.Variant))}
@@ -428,10 +455,10 @@ func (c *Credentials) verifyPeer(ctx context.Context, conn *tls.Conn, w *frameWr
 func (c *Credentials) read(conn *tls.Conn, limit int) (*atlspb.Frame, error) {
 	f, err := readFrame(conn, limit)
 	if err != nil {
-		return nil, &Error{Local: true, Reason: "protocol", Err: err}
+		return nil, &Error{Local: true, Reason: reasonProtocol, Err: err}
 	}
 	if a := f.GetAbort(); a != nil {
-		return nil, &Error{Local: false, Reason: "peer-abort", Err: errors.New(untrusted.Text(a.Reason))}
+		return nil, &Error{Local: false, Reason: ReasonPeerAbort, PeerReason: peerLabel(a.Label), Err: errors.New(untrusted.Text(a.Reason))}
 	}
 	return f, nil
 }

@@ -376,8 +376,43 @@ func TestRejected(t *testing.T) {
 				assert.ErrorContains(t, cli.err, "peer aborted: ")
 				assert.ErrorContains(t, cli.err, tc.wantMsg)
 			}
+			// The Abort carries the server's reason label: the client learns why it was
+			// refused as a label, not only as text (what the join service publishes of a node
+			// that refused it, docs/atls.md "Errors").
+			var ce *atls.Error
+			if errors.As(cli.err, &ce) && !ce.Local {
+				assert.Equal(t, tc.wantReason, ce.PeerReason, "%v", cli.err)
+			}
 		})
 	}
+}
+
+// A node that refuses the join service's evidence aborts with its reason label; the service
+// sees that the peer aborted (Local false, Reason "peer-abort") and which label it gave.
+func TestAbortCarriesTheReasonLabel(t *testing.T) {
+	n := bootNode(t, vtpmtest.Simulator(t))
+	wrongRef := measurements.M{}
+	for k, v := range n.ref {
+		wrongRef[k] = v
+	}
+	wrongRef[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{0xab}, 32)}
+	nodeCheck, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{
+		ReferenceSets: measurements.ReferenceSets{{Name: "this node's image", Measurements: wrongRef}}, Log: slog.New(slog.DiscardHandler),
+	}, AcceptUnauthenticatedAK: true})
+	require.NoError(t, err)
+	service := creds(t, atls.Config{Issuer: n.issuer, Validators: []attestation.Validator{n.validator(t)}})
+	node := creds(t, atls.Config{Issuer: n.issuer, Validators: []attestation.Validator{nodeCheck}})
+	srv, cli := connect(t, service, node)
+
+	var e *atls.Error
+	require.ErrorAs(t, cli.err, &e)
+	assert.True(t, e.Local, "the node refused")
+	assert.Equal(t, "measurement-mismatch", e.Reason)
+	require.ErrorAs(t, srv.err, &e)
+	assert.False(t, e.Local, "the service was refused")
+	assert.Equal(t, atls.ReasonPeerAbort, e.Reason)
+	assert.Equal(t, "measurement-mismatch", e.PeerReason)
+	assert.ErrorContains(t, srv.err, "peer aborted: measurements do not match")
 }
 
 // A refused peer costs the server neither a quote nor a verification, and is told why.
@@ -701,6 +736,9 @@ func TestHostilePeerText(t *testing.T) {
 	abort := func(reason string) *atlspb.Frame {
 		return &atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: reason}}}
 	}
+	labelled := func(label string) *atlspb.Frame {
+		return &atlspb.Frame{Kind: &atlspb.Frame_Abort{Abort: &atlspb.Abort{Reason: "refused", Label: label}}}
+	}
 	evidence := func(v string) *atlspb.Frame {
 		return &atlspb.Frame{Kind: &atlspb.Frame_Evidence{Evidence: &atlspb.Evidence{Variant: v, Evidence: []byte("x")}}}
 	}
@@ -722,6 +760,8 @@ func TestHostilePeerText(t *testing.T) {
 		wantReason string
 		wantLocal  bool
 		wantMsg    string
+		// wantPeerReason is the label the victim keeps of the peer's Abort.
+		wantPeerReason string
 	}{
 		"server aborts with 256 KiB while the CLI awaits evidence": {
 			victim: cli, victimRole: atls.RoleClient,
@@ -742,6 +782,23 @@ func TestHostilePeerText(t *testing.T) {
 			victim: node, victimRole: atls.RoleClient,
 			frames:     []*atlspb.Frame{hello("", "qemu-vtpm"), abort(hostile(3 << 10))},
 			wantReason: "peer-abort",
+		},
+		// The label is the peer's word too: kept only when it is one of the labels this side
+		// knows, so what reaches a log or the CLI is one of a closed set.
+		"client aborts with a hostile label": {
+			victim: joinService, victimRole: atls.RoleServer,
+			frames:     []*atlspb.Frame{hello("qemu-vtpm"), labelled(hostile(3 << 10))},
+			wantReason: "peer-abort",
+		},
+		"client aborts with a label that is no reason": {
+			victim: joinService, victimRole: atls.RoleServer,
+			frames:     []*atlspb.Frame{hello("qemu-vtpm"), labelled("peer-abort")},
+			wantReason: "peer-abort",
+		},
+		"client aborts with a known label": {
+			victim: joinService, victimRole: atls.RoleServer,
+			frames:     []*atlspb.Frame{hello("qemu-vtpm"), labelled("measurement-mismatch")},
+			wantReason: "peer-abort", wantPeerReason: "measurement-mismatch",
 		},
 		"server offers a hostile variant": {
 			victim: cli, victimRole: atls.RoleClient,
@@ -775,6 +832,7 @@ func TestHostilePeerText(t *testing.T) {
 			require.ErrorAs(t, err, &e)
 			assert.Equal(t, tc.wantReason, e.Reason, "%v", err)
 			assert.Equal(t, tc.wantLocal, e.Local)
+			assert.Equal(t, tc.wantPeerReason, e.PeerReason)
 			assertSafeLine(t, err.Error())
 			assert.Contains(t, err.Error(), tc.wantMsg)
 		})

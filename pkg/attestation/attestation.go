@@ -369,25 +369,46 @@ func HoldCollateral(err error) (held, failed error) {
 	return nil, err
 }
 
+// reasons are the labels Reason returns, by the error they stand for.
+var reasons = []struct {
+	err   error
+	label string
+}{
+	{ErrMalformed, "malformed"},
+	{ErrTooLarge, "too-large"},
+	{ErrWrongVariant, "wrong-variant"},
+	{ErrBadSignature, "bad-signature"},
+	{ErrNonceMismatch, "nonce-mismatch"},
+	{ErrUntrustedSigner, "untrusted-signer"},
+	{ErrRevocationUnknown, "revocation-unknown"},
+	{ErrMeasurementPolicy, "measurement-mismatch"},
+}
+
+// reasonOther is Reason's label for every other error.
+const reasonOther = "other"
+
 // Reason returns a short stable label for the failure reason of err ("malformed",
 // "measurement-mismatch", ...), or "other". Used as a metrics label.
 func Reason(err error) string {
-	for _, r := range []struct {
-		err   error
-		label string
-	}{
-		{ErrMalformed, "malformed"},
-		{ErrTooLarge, "too-large"},
-		{ErrWrongVariant, "wrong-variant"},
-		{ErrBadSignature, "bad-signature"},
-		{ErrNonceMismatch, "nonce-mismatch"},
-		{ErrUntrustedSigner, "untrusted-signer"},
-		{ErrRevocationUnknown, "revocation-unknown"},
-		{ErrMeasurementPolicy, "measurement-mismatch"},
-	} {
+	for _, r := range reasons {
 		if errors.Is(err, r.err) {
 			return r.label
 		}
 	}
-	return "other"
+	return reasonOther
+}
+
+// IsReason reports whether label is one Reason returns ("other" included): a receiver of a
+// peer's label (an aTLS Abort) keeps it only then, so what it logs and publishes is one of a
+// closed set.
+func IsReason(label string) bool {
+	if label == reasonOther {
+		return true
+	}
+	for _, r := range reasons {
+		if r.label == label {
+			return true
+		}
+	}
+	return false
 }

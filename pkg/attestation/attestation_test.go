@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -50,5 +51,16 @@ func TestReportDataRefusals(t *testing.T) {
 			_, err := attestation.ReportData(tc.purpose, tc.data)
 			assert.ErrorContains(t, err, tc.want)
 		})
+	}
+}
+
+// Every label Reason returns is a reason; nothing else is (a peer's label is kept only then).
+func TestIsReason(t *testing.T) {
+	for _, err := range []error{attestation.ErrMalformed, attestation.ErrTooLarge, attestation.ErrWrongVariant, attestation.ErrBadSignature,
+		attestation.ErrNonceMismatch, attestation.ErrUntrustedSigner, attestation.ErrRevocationUnknown, attestation.ErrMeasurementPolicy, errors.New("x")} {
+		assert.True(t, attestation.IsReason(attestation.Reason(err)), "%v", err)
+	}
+	for _, label := range []string{"", "peer-abort", "Measurement-Mismatch", "measurement-mismatch\n", "\x1b[2J"} {
+		assert.False(t, attestation.IsReason(label), "%q", label)
 	}
 }

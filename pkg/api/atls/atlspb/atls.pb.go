@@ -302,8 +302,14 @@ func (x *Verdict) GetAccepted() bool {
 
 // Ends the exchange with a reason; the sender closes the connection after it.
 type Abort struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why, as text for people (the sender's error, at most 2 KiB).
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Why, as the sender's reason label (atls.Error.Reason: an attestation.Reason label such as
+	// "measurement-mismatch", or "incompatible", "refused", "protocol"), so that the receiver
+	// can tell a refusal of its evidence from a transient failure without parsing text. Empty
+	// from senders that predate it; a receiver keeps only labels it knows.
+	Label         string `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -345,6 +351,13 @@ func (x *Abort) GetReason() string {
 	return ""
 }
 
+func (x *Abort) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
+}
+
 var File_pkg_api_atls_atlspb_atls_proto protoreflect.FileDescriptor
 
 const file_pkg_api_atls_atlspb_atls_proto_rawDesc = "" +
@@ -364,9 +377,10 @@ const file_pkg_api_atls_atlspb_atls_proto_rawDesc = "" +
 	"\avariant\x18\x01 \x01(\tR\avariant\x12\x1a\n" +
 	"\bevidence\x18\x02 \x01(\fR\bevidence\"%\n" +
 	"\aVerdict\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x1f\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\"5\n" +
 	"\x05Abort\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reasonB@Z>github.com/openconstellation/constellation/pkg/api/atls/atlspbb\x06proto3"
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05label\x18\x02 \x01(\tR\x05labelB@Z>github.com/openconstellation/constellation/pkg/api/atls/atlspbb\x06proto3"
 
 var (
 	file_pkg_api_atls_atlspb_atls_proto_rawDescOnce sync.Once
