@@ -1,11 +1,15 @@
 package joinservice
 
 import (
+	"errors"
 	"net/netip"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
+	"github.com/openconstellation/constellation/pkg/atls"
 )
 
 // Defaults of the rejection log limiter (docs/joinservice.md, "Observability").
@@ -122,7 +126,7 @@ func (l *logLimiter) forget(now time.Time) {
 // suppresses it.
 func (s *Service) reject(method string, remote netip.Addr, node, reason string, err error, start time.Time) {
 	s.metrics.rejections.WithLabelValues(method, reason).Inc()
-	s.refusals.Add(remote.String(), reason, err.Error(), s.cfg.Now())
+	s.refusals.Add(remote.String(), bookEntry(reason, err), s.cfg.Now())
 	s.metrics.latency.WithLabelValues(method, "rejected").Observe(s.cfg.Now().Sub(start).Seconds())
 	d := s.logLimiter.allow(logKey{method: method, reason: reason, peer: remote})
 	if !d.write {
@@ -137,6 +141,20 @@ func (s *Service) reject(method string, remote netip.Addr, node, reason string, 
 		args = append(args, "suppressedOthers", d.other)
 	}
 	s.log.Warn("admission rejected", args...)
+}
+
+// bookEntry is a refusal as the book keeps it. When the peer aborted the attested handshake
+// (it refused this service: a joining node whose check of the service failed), the entry says
+// so with the label the peer gave (atls.Error.PeerReason) and keeps the peer's own text, which
+// the book's reason already introduces (atls.ReasonPeerAbort), so that the CLI can say which
+// side refused and why.
+func bookEntry(reason string, err error) refusals.Entry {
+	e := refusals.Entry{Reason: reason, Error: err.Error()}
+	var ae *atls.Error
+	if errors.As(err, &ae) && !ae.Local {
+		e.Reason, e.PeerReason, e.Error = atls.ReasonPeerAbort, ae.PeerReason, ae.Err.Error()
+	}
+	return e
 }
 
 // capError cuts an error text to maxLoggedError bytes. Errors quote peer strings through

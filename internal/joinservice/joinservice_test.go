@@ -725,17 +725,35 @@ func TestRejections(t *testing.T) {
 }
 
 // A service that does not run the node's image is refused by the node (mutual attestation),
-// and the node never sends its request.
+// and the node never sends its request. The service records that the node refused it, with
+// the node's label, in a streak: what apply reads to stop an upgrade whose new nodes refuse
+// the cluster's join services (docs/upgrades.md, "Failure is safe").
 func TestNodeRefusesForeignService(t *testing.T) {
 	e := newEnv(t, envOptions{serviceImg: image("a different bootstrapper")})
-	j := e.joiner("worker-0", "127.0.0.40")
-	_, err := e.join(j, false)
-	require.Error(t, err)
-	assert.ErrorContains(t, err, "PCR 11: expected")
+	for range 2 {
+		j := e.joiner("worker-0", "127.0.0.40")
+		_, err := e.join(j, false)
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "PCR 11: expected")
+	}
 	assert.Zero(t, e.keys.calls.Load())
+	var got refusals.Refusal
+	require.Eventually(t, func() bool {
+		book, _ := e.svc.Refusals().Snapshot()
+		i := slices.IndexFunc(book, func(r refusals.Refusal) bool { return r.Peer == "127.0.0.40" })
+		if i >= 0 {
+			got = book[i]
+		}
+		return i >= 0 && got.Count == 2
+	}, 10*time.Second, 10*time.Millisecond, "both refusals are in the book")
+	assert.True(t, got.RefusedByPeer(), "the node refused the service: %+v", got)
+	assert.Equal(t, "measurement-mismatch", got.PeerReason)
+	assert.True(t, got.Definitive())
+	assert.Equal(t, 2, got.Streak)
+	assert.True(t, strings.HasPrefix(got.Error, "measurements do not match"), "the node's own text: %q", got.Error)
 
 	e2 := newEnv(t, envOptions{noClusterID: true})
-	_, err = e2.join(e2.joiner("worker-0", "127.0.0.41"), false)
+	_, err := e2.join(e2.joiner("worker-0", "127.0.0.41"), false)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "not initialized (PCR 15 is zero)")
 }

@@ -14,6 +14,12 @@
 // administrators learns whom the service refused. docs/joinservice.md, "Refusals the CLI
 // reads", has the alternatives.
 //
+// A refusal says who refused whom: the join service refused the peer, or the peer refused the
+// join service (it aborted the attested handshake: a joining node whose check of the service
+// failed), with the label the peer gave (RefusedByPeer, PeerReason); and whether trying again
+// can change it (Definitive), so that an upgrade stops on a streak of refusals that cannot
+// (docs/upgrades.md, "Failure is safe").
+//
 // Everything in a refusal but the count and the time comes from, or quotes, the peer: readers
 // print it as untrusted text (pkg/untrusted).
 package refusals
@@ -34,6 +40,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/pkg/atls"
 )
 
 // Where the books are published: one ConfigMap, one key per join service (its node's name).
@@ -62,12 +69,59 @@ type Refusal struct {
 	// Count is how many admissions of Peer were refused, exactly (the log's limiter does not
 	// apply here), since the service started or since the book last dropped the peer.
 	Count int `json:"count"`
-	// Reason is the last refusal's reason label (docs/joinservice.md, "Observability").
+	// Reason is the last refusal's reason label (docs/joinservice.md, "Observability");
+	// atls.ReasonPeerAbort when the peer refused the join service (RefusedByPeer).
 	Reason string `json:"reason"`
-	// Error is the last refusal's error text, at most 1 KiB.
+	// PeerReason is, when the peer refused the join service, the reason label it gave for
+	// its abort (atls.Error.PeerReason: one of a closed set, "measurement-mismatch" when the
+	// node's check of the service's evidence failed), "" when it gave none (a peer that
+	// predates labels, or a join service that does).
+	PeerReason string `json:"peerReason,omitempty"`
+	// Error is the last refusal's error text, at most 1 KiB: when the peer refused, its own
+	// text for why.
 	Error string `json:"error"`
+	// Streak is how many of Peer's last refusals in a row had this Reason and PeerReason
+	// (1 to Count; 0 from a join service that predates it).
+	Streak int `json:"streak,omitempty"`
 	// Last is when Peer was last refused.
 	Last time.Time `json:"last"`
+}
+
+// RefusedByPeer reports whether the last refusal was the peer's: it aborted the attested
+// handshake, so the joining node refused the join service (its check of the service failed),
+// rather than the join service the node.
+func (r Refusal) RefusedByPeer() bool { return r.Reason == atls.ReasonPeerAbort }
+
+// Definitive reports whether the last refusal is one that trying again cannot change: one
+// side refused the other's evidence for what it measures or who signed it
+// (measurement-mismatch, untrusted-signer, bad-signature, wrong-variant, malformed), whichever
+// side refused. Everything else may pass on the next attempt and never is: a busy or
+// rate-limited service, a timeout or protocol error, a node the platform does not list yet,
+// the Kubernetes API, revocation data that could not be fetched, an error no label
+// classifies ("other"), and a peer's abort without a label.
+func (r Refusal) Definitive() bool {
+	label := r.Reason
+	if r.RefusedByPeer() {
+		label = r.PeerReason
+	}
+	switch label {
+	case "measurement-mismatch", "untrusted-signer", "bad-signature", "wrong-variant", "malformed":
+		return true
+	}
+	return false
+}
+
+// sameKind reports whether two refusals are for the same reason, on the same side.
+func (r Refusal) sameKind(e Entry) bool { return r.Reason == e.Reason && r.PeerReason == e.PeerReason }
+
+// Entry is one refusal as the join service decided it.
+type Entry struct {
+	// Reason is the refusal's reason label, atls.ReasonPeerAbort when the peer aborted.
+	Reason string
+	// PeerReason is the label of the peer's abort (atls.Error.PeerReason).
+	PeerReason string
+	// Error is the refusal's error text (cut to 1 KiB when added).
+	Error string
 }
 
 // Book is a join service's refusals, bounded to the MaxPeers peers refused last. It is safe
@@ -82,9 +136,9 @@ type Book struct {
 func NewBook() *Book { return &Book{byPeer: map[string]*Refusal{}} }
 
 // Add records a refusal of peer.
-func (b *Book) Add(peer, reason, errText string, now time.Time) {
-	if len(errText) > maxError {
-		errText = errText[:maxError] + "…(cut)"
+func (b *Book) Add(peer string, e Entry, now time.Time) {
+	if len(e.Error) > maxError {
+		e.Error = e.Error[:maxError] + "…(cut)"
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -96,8 +150,13 @@ func (b *Book) Add(peer, reason, errText string, now time.Time) {
 		r = &Refusal{Peer: peer}
 		b.byPeer[peer] = r
 	}
+	if r.Count > 0 && r.sameKind(e) {
+		r.Streak++
+	} else {
+		r.Streak = 1
+	}
 	r.Count++
-	r.Reason, r.Error, r.Last = reason, errText, now
+	r.Reason, r.PeerReason, r.Error, r.Last = e.Reason, e.PeerReason, e.Error, now
 	b.version++
 }
 
@@ -242,8 +301,8 @@ func Read(ctx context.Context, client kubernetes.Interface) (map[string][]Refusa
 }
 
 // Of sums what every join service refused of peer: the count of all refusals, and the
-// reason and error of the last one. The zero Refusal if none refused it (or none could be
-// read).
+// reason, peer reason and error of the last one (no Streak: a streak is per join service).
+// The zero Refusal if none refused it (or none could be read).
 func Of(ctx context.Context, client kubernetes.Interface, peer string) Refusal {
 	books, _ := Read(ctx, client)
 	sum := Refusal{Peer: peer}
@@ -254,7 +313,7 @@ func Of(ctx context.Context, client kubernetes.Interface, peer string) Refusal {
 			}
 			sum.Count += max(r.Count, 0)
 			if !r.Last.Before(sum.Last) {
-				sum.Reason, sum.Error, sum.Last = r.Reason, r.Error, r.Last
+				sum.Reason, sum.PeerReason, sum.Error, sum.Last = r.Reason, r.PeerReason, r.Error, r.Last
 			}
 		}
 	}
