@@ -365,7 +365,7 @@ func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, prog *pro
 		defer cancel()
 		for _, n := range nodes {
 			if want[n.Name] {
-				if r := joinRejections(rctx, client, n.IPs[0].String()); r.count > 0 {
+				if r := joinRejections(rctx, client, n.IPs[0].String()); r.Count > 0 {
 					fmt.Fprintf(out, "%s (%s): %s\n", n.Name, n.IPs[0], r)
 				}
 			}
@@ -560,21 +560,6 @@ func newKubeConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// rejections summarizes the join service's refusals of one peer address.
-type rejections struct {
-	count        int
-	reason, last string
-}
-
-func (r rejections) String() string {
-	if r.count == 0 {
-		return "the join service has no record of it (it did not reach the join service, or is still booting)"
-	}
-	// The join service's refusal: its reason label and error text (which quote the peer) are
-	// printed as one escaped, bounded line each.
-	return fmt.Sprintf("the join service rejected it %d time(s), last: %s: %s", r.count, untrusted.Text(r.reason), untrusted.Text(r.last))
-}
-
 // rejectionWait bounds the wait for the join service's refusal of a node that is not
 // expected to join: longer than the join client's longest back-off (30 s) plus a handshake.
 const rejectionWait = 45 * time.Second
@@ -586,7 +571,7 @@ func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, w
 	defer cancel()
 	for {
 		r := joinRejections(ctx, client, ip)
-		if r.count > 0 {
+		if r.Count > 0 {
 			return r
 		}
 		select {
@@ -601,8 +586,7 @@ func waitRejected(ctx context.Context, client kubernetes.Interface, ip string, w
 // the cluster (internal/joinservice/refusals, docs/joinservice.md), read with the admin
 // credentials.
 func joinRejections(ctx context.Context, client kubernetes.Interface, ip string) rejections {
-	r := refusals.Of(ctx, client, ip)
-	return rejections{count: r.Count, reason: r.Reason, last: r.Error}
+	return rejections{refusals.Of(ctx, client, ip)}
 }
 
 func podReady(p corev1.Pod) bool {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
+	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog/eventlogtest"
@@ -154,7 +155,7 @@ func TestInitRefusedNodeNamesTheMismatch(t *testing.T) {
 // reason and error fields decode to whatever bytes the line escaped, peer strings among
 // them; they are printed escaped and bounded.
 func TestRejectionsPrintSafely(t *testing.T) {
-	r := rejections{count: 3, reason: hostile(4 << 10), last: hostile(256 << 10)}
+	r := rejections{refusals.Refusal{Count: 3, Reason: hostile(4 << 10), Error: hostile(256 << 10)}}
 	got := r.String()
 	assert.Contains(t, got, "the join service rejected it 3 time(s), last: ")
 	assert.Contains(t, got, `\x1b[2J`)

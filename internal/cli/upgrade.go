@@ -323,11 +323,12 @@ func (u *upgrade) replace(ctx context.Context, old state.Node, sets []string) er
 		}
 		spec := provider.NodeSpec{Name: fmt.Sprintf("%s%d", prefix, nextIndex(u.st, prefix)), Role: old.Role, Image: u.image, KubernetesVersions: further}
 		fmt.Fprintf(u.out, "replacing %s: creating %s (release %s)\n", old.Name, spec.Name, u.release.Version())
+		baseline := u.refusalBaseline(ctx)
 		created := time.Now()
 		if err := u.createNodes(ctx, []provider.NodeSpec{spec}); err != nil {
 			return err
 		}
-		if err := u.waitReplacement(ctx, spec.Name, created); err != nil {
+		if err := u.waitReplacement(ctx, spec.Name, baseline, created); err != nil {
 			return u.abort(ctx, spec.Name, err)
 		}
 		if err := u.verifyReplacement(ctx, spec.Name); err != nil {
@@ -358,11 +359,22 @@ func (u *upgrade) wantOf(role metadata.Role) int {
 	return lc.Workers
 }
 
-// waitReplacement waits until node is Ready and verifiable, and fails at once when the join
-// services refused it on attestation since it was created: every join service admits by the
-// release's set already, so the refusal is the release's (its nodes do not measure what it
-// signed).
-func (u *upgrade) waitReplacement(ctx context.Context, node string, created time.Time) error {
+// refusalBaseline reads what the join services published before a replacement is created
+// (refusalBaseline); one that cannot be read is empty: then only the time of a record tells
+// whose refusals it holds.
+func (u *upgrade) refusalBaseline(ctx context.Context) refusalBaseline {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	books, _ := refusals.Read(rctx, u.client)
+	return newRefusalBaseline(books)
+}
+
+// waitReplacement waits until node is Ready and verifiable, and fails as soon as its
+// refusals since it was created are definitive (refusalBaseline.since: definitiveStreak
+// refusals in a row that trying again cannot change, on either side): every join service
+// admits by the release's set already, so the refusal is the release's (its nodes do not
+// measure what it signed, or do not trust the join services the cluster runs).
+func (u *upgrade) waitReplacement(ctx context.Context, node string, baseline refusalBaseline, created time.Time) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, replacementBound, fmt.Errorf("%s was not Ready within %v", node, replacementBound))
 	defer cancel()
 	ip := ""
@@ -381,9 +393,9 @@ func (u *upgrade) waitReplacement(ctx context.Context, node string, created time
 				return
 			case <-time.After(2 * time.Second):
 			}
-			r := refusals.Of(wctx, u.client, ip)
-			if r.Count > 0 && r.Last.After(created) && isAttestationRefusal(r.Reason) {
-				refused <- fmt.Errorf("the join service refused %s (%s) on attestation: %s: %s", node, ip, r.Reason, r.Error)
+			books, _ := refusals.Read(wctx, u.client)
+			if r, definitive := baseline.since(books, ip, created); definitive {
+				refused <- refusedForGood(node, ip, r)
 				stop()
 				return
 			}
@@ -424,17 +436,6 @@ func (u *upgrade) verifyReplacement(ctx context.Context, node string) error {
 	}
 	u.t.phase("verified", fmt.Sprintf("%s matches release %s's reference set %q", node, u.release.Version(), res.ReferenceSet))
 	return nil
-}
-
-// isAttestationRefusal reports whether a refusal reason (attestation.Reason's labels) says
-// the node's evidence did not pass: what a release whose nodes do not measure what it signed
-// gets.
-func isAttestationRefusal(reason string) bool {
-	switch reason {
-	case "measurement-mismatch", "malformed", "wrong-variant", "bad-signature", "untrusted-signer", "other":
-		return true
-	}
-	return false
 }
 
 // abort undoes a failed replacement: the replacement is removed (it never served), the

@@ -347,6 +347,9 @@ func TestUpgrade(t *testing.T) {
 		t.Logf("%s", out)
 		require.Error(t, err)
 		assert.Contains(t, out, "measurement-mismatch")
+		// The join services refused the new node (not the node them), 3 times in a row: apply
+		// stops then, not at its 10-minute bound (docs/upgrades.md "Failure is safe").
+		assert.Regexp(t, `the join service refused control-plane-\d+ \([0-9.]+\) \d+ time\(s\) in a row on attestation: measurement-mismatch`, out)
 		assert.Contains(t, out, "the cluster still runs on its old nodes")
 		d.requireHealthy("control-plane-2", "worker-2")
 		inCluster, inConfig := d.clusterSets()
