@@ -27,23 +27,29 @@ const definitiveStreak = 3
 // replacement was created: per join service (its node), per peer address, the count. A
 // replacement may get the address of a node refused before (an earlier attempt of the same
 // release): only refusals since the baseline are the replacement's.
-type refusalBaseline map[string]map[string]int
+type refusalBaseline struct {
+	counts map[string]map[string]int
+	// read says whether the books could be read. Without a baseline, only records written
+	// after the replacement was created count: the join services' clocks against the CLI's,
+	// which is why the counts are preferred.
+	read bool
+}
 
 // newRefusalBaseline takes the baseline from the join services' books (refusals.Read); nil
-// books (none could be read) make an empty one.
+// books (they could not be read) make none.
 func newRefusalBaseline(books map[string][]refusals.Refusal) refusalBaseline {
-	b := refusalBaseline{}
+	b := refusalBaseline{counts: map[string]map[string]int{}, read: books != nil}
 	for service, book := range books {
-		b[service] = map[string]int{}
+		b.counts[service] = map[string]int{}
 		for _, r := range book {
-			b[service][r.Peer] = r.Count
+			b.counts[service][r.Peer] = r.Count
 		}
 	}
 	return b
 }
 
-// since sums what the join services refused of ip since the baseline, counting only records
-// last written after created: Count is the number of refusals since; Reason, PeerReason,
+// since sums what the join services refused of ip since the baseline (without one, in records
+// last written after created): Count is the number of refusals since; Reason, PeerReason,
 // Error and Last are the last refusal's; Streak is how many refusals in a row were of the last
 // one's kind, summed over the join services whose last refusal of ip is of that kind, each
 // counted only since the baseline. They are definitive when every join service that refused
@@ -59,10 +65,10 @@ func (b refusalBaseline) since(books map[string][]refusals.Refusal, ip string, c
 	var lasts []counted
 	for service, book := range books {
 		for _, r := range book {
-			if r.Peer != ip || !r.Last.After(created) {
+			if r.Peer != ip || (!b.read && !r.Last.After(created)) {
 				continue
 			}
-			since := r.Count - b[service][ip]
+			since := r.Count - b.counts[service][ip]
 			if since < 0 { // the book dropped the address and added it again
 				since = r.Count
 			}

@@ -107,8 +107,13 @@ func TestRefusalsSince(t *testing.T) {
 			books:          map[string][]refusals.Refusal{"control-plane-0": {nodeRefused("measurement-mismatch", 3, 3, after)}},
 			wantDefinitive: true, wantCount: 3, wantStreak: 3,
 		},
-		"a record last written before the replacement is someone else's": {
+		"without a baseline, a record last written before the replacement is someone else's": {
 			books: map[string][]refusals.Refusal{"control-plane-0": {nodeRefused("measurement-mismatch", 27, 27, before)}},
+		},
+		"with a baseline, the join services' clocks do not matter": {
+			baseline:       map[string][]refusals.Refusal{},
+			books:          map[string][]refusals.Refusal{"control-plane-0": {nodeRefused("measurement-mismatch", 3, 3, before)}},
+			wantDefinitive: true, wantCount: 3, wantStreak: 3,
 		},
 		"in a row over two join services": {
 			books: map[string][]refusals.Refusal{
