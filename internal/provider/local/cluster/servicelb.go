@@ -27,24 +27,26 @@ const serviceLBWait = 2 * time.Second
 
 // serveServiceLBs runs the host's load balancers for NodePort and LoadBalancer Services
 // (hostlb) once the CLI wrote their kubeconfig, until ctx ends. A kubeconfig written again (a
-// new token) is read again.
+// new token, at every apply) is read again and handed to the running balancer, whose ports stay
+// open: a connection to a Service is never refused because apply ran.
 func (p *Provider) serveServiceLBs(ctx context.Context) {
 	path := filepath.Join(p.spec.Dir, ServiceLBKubeconfigFile)
 	bridge := sandbox.NSPath(p.net.BridgeNS())
 	var modTime time.Time
-	stop := func() {}
-	defer func() { stop() }()
+	var balancer *hostlb.Balancer
 	for {
 		if info, err := os.Stat(path); err == nil && !info.ModTime().Equal(modTime) {
 			modTime = info.ModTime()
-			// The old balancer goes first: the new one takes its ports (a port still held is
-			// taken at its next round).
-			stop()
-			stop = func() {}
-			if next, err := p.startServiceLBs(ctx, path, bridge); err != nil {
+			client, err := serviceLBClient(path)
+			switch {
+			case err != nil:
 				p.log.Warn("service load balancers", "kubeconfig", path, "err", err)
-			} else {
-				stop = next
+			case balancer == nil:
+				balancer = p.startServiceLBs(ctx, client, bridge)
+				p.log.Info("service load balancers started", "kubeconfig", path)
+			default:
+				balancer.SetClient(client)
+				p.log.Info("service load balancers use a new credential", "kubeconfig", path)
 			}
 		}
 		select {
@@ -55,13 +57,8 @@ func (p *Provider) serveServiceLBs(ctx context.Context) {
 	}
 }
 
-// startServiceLBs starts a balancer with the kubeconfig at path; the returned func stops it.
-func (p *Provider) startServiceLBs(ctx context.Context, path, bridge string) (func(), error) {
-	client, err := serviceLBClient(path)
-	if err != nil {
-		return nil, err
-	}
-	lbCtx, cancel := context.WithCancel(ctx)
+// startServiceLBs starts a balancer acting with client until ctx ends.
+func (p *Provider) startServiceLBs(ctx context.Context, client kubernetes.Interface, bridge string) *hostlb.Balancer {
 	b := hostlb.New(hostlb.Config{
 		Client: client,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -70,9 +67,8 @@ func (p *Provider) startServiceLBs(ctx context.Context, path, bridge string) (fu
 		Nodes: p.runningNodeAddrs,
 		Log:   p.log.With("component", "service-lb"),
 	})
-	go b.Run(lbCtx)
-	p.log.Info("service load balancers started", "kubeconfig", path)
-	return cancel, nil
+	go b.Run(ctx)
+	return b
 }
 
 func serviceLBClient(path string) (kubernetes.Interface, error) {

@@ -33,7 +33,7 @@ import (
 
 // Config configures a Balancer.
 type Config struct {
-	// Client reads Services and writes their status.
+	// Client reads Services and writes their status; SetClient replaces it.
 	Client kubernetes.Interface
 	// Dial connects to a node address from the cluster network.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -53,6 +53,7 @@ type Balancer struct {
 
 	mu        sync.Mutex
 	listeners map[netip.AddrPort]*forward
+	client    kubernetes.Interface // guarded by mu
 }
 
 // forward is one host port and the node port it forwards to.
@@ -73,7 +74,23 @@ func New(cfg Config) *Balancer {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Balancer{cfg: cfg, listeners: map[netip.AddrPort]*forward{}}
+	return &Balancer{cfg: cfg, listeners: map[netip.AddrPort]*forward{}, client: cfg.Client}
+}
+
+// SetClient makes the balancer act on the cluster with client from its next reconciliation
+// on: a new credential (the CLI issues one at every apply) changes nothing else. The ports
+// stay open: a balancer started anew for it would close them, and every connection to them
+// would be refused until it opened them again (BenchmarkUpgrade counted such a refusal).
+func (b *Balancer) SetClient(client kubernetes.Interface) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.client = client
+}
+
+func (b *Balancer) currentClient() kubernetes.Interface {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.client
 }
 
 // Run reconciles until ctx ends, then closes every listener.
@@ -103,7 +120,8 @@ type want struct {
 func (b *Balancer) Reconcile(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	list, err := b.cfg.Client.CoreV1().Services(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	client := b.currentClient()
+	list, err := client.CoreV1().Services(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing services: %w", err)
 	}
@@ -122,7 +140,7 @@ func (b *Balancer) Reconcile(ctx context.Context) error {
 			}
 		}
 		if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-			lb, err := b.loadBalancer(ctx, svc)
+			lb, err := b.loadBalancer(ctx, client, svc)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -137,7 +155,7 @@ func (b *Balancer) Reconcile(ctx context.Context) error {
 // loadBalancer returns the host ports of a LoadBalancer Service at its address (the one in
 // its status if that is still ours, else the next free one of the pool), and writes the
 // address to its status.
-func (b *Balancer) loadBalancer(ctx context.Context, svc *corev1.Service) ([]want, error) {
+func (b *Balancer) loadBalancer(ctx context.Context, client kubernetes.Interface, svc *corev1.Service) ([]want, error) {
 	var ports []corev1.ServicePort
 	for _, p := range svc.Spec.Ports {
 		if p.Protocol == corev1.ProtocolTCP && p.NodePort != 0 {
@@ -162,7 +180,7 @@ func (b *Balancer) loadBalancer(ctx context.Context, svc *corev1.Service) ([]wan
 	if len(svc.Status.LoadBalancer.Ingress) != 1 || svc.Status.LoadBalancer.Ingress[0].IP != addr.String() {
 		updated := svc.DeepCopy()
 		updated.Status.LoadBalancer.Ingress = ingress
-		if _, err := b.cfg.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		if _, err := client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 			return out, fmt.Errorf("service %s: writing its address %s: %w", key(svc), addr, err)
 		}
 		b.cfg.Log.Info("load balancer address", "service", key(svc), "address", addr.String())

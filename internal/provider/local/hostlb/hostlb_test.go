@@ -14,8 +14,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/openconstellation/constellation/internal/testnet"
 )
@@ -115,4 +118,57 @@ func TestBalancerNoNodeAnswers(t *testing.T) {
 	require.NoError(t, conn.SetDeadline(time.Now().Add(5*time.Second)))
 	_, err = conn.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF)
+}
+
+// TestBalancerNewClientKeepsPorts: a new credential (SetClient, as the provider does when
+// apply writes a new token) keeps every port open and every address, and a credential the API
+// refuses closes nothing either: a client of the Services never sees a refused connection
+// because of it.
+func TestBalancerNewClientKeepsPorts(t *testing.T) {
+	c := newCluster(t)
+	ports, err := testnet.Ports(2)
+	require.NoError(t, err)
+	nodePort, lbPort := int32(ports[0]), int32(ports[1])
+	shop := func() *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "shop", Namespace: "apps"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Protocol: corev1.ProtocolTCP, Port: lbPort, NodePort: nodePort}},
+		}}
+	}
+	first := fake.NewClientset(shop())
+	b := New(Config{Client: first, Dial: c.dial, Nodes: func() []netip.Addr { return c.nodes }, Pool: netip.MustParseAddr("127.0.44.1")})
+	t.Cleanup(b.closeAll)
+	ctx := context.Background()
+	require.NoError(t, b.Reconcile(ctx))
+	listeners := func() map[netip.AddrPort]net.Listener {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		m := map[netip.AddrPort]net.Listener{}
+		for a, f := range b.listeners {
+			m[a] = f.ln
+		}
+		return m
+	}
+	before := listeners()
+	require.Len(t, before, 2)
+
+	// The same cluster seen with a new token: the Service carries the address the balancer wrote.
+	second := fake.NewClientset()
+	written, err := first.CoreV1().Services("apps").Get(ctx, "shop", metav1.GetOptions{})
+	require.NoError(t, err)
+	_, err = second.CoreV1().Services("apps").Create(ctx, written, metav1.CreateOptions{})
+	require.NoError(t, err)
+	b.SetClient(second)
+	require.NoError(t, b.Reconcile(ctx))
+	assert.Equal(t, before, listeners(), "the same listeners, never closed")
+	assert.Equal(t, "pod answered", get(t, net.JoinHostPort("127.0.44.1", fmt.Sprint(lbPort))))
+
+	// A token the API refuses: the reconciliation fails, the ports stay.
+	refused := fake.NewClientset()
+	refused.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewUnauthorized("token expired")
+	})
+	b.SetClient(refused)
+	require.Error(t, b.Reconcile(ctx))
+	assert.Equal(t, before, listeners())
+	assert.Equal(t, "pod answered", get(t, fmt.Sprintf("127.0.0.1:%d", nodePort)))
 }
