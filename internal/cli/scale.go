@@ -282,6 +282,8 @@ type reconciler struct {
 	st         *state.State
 	statePath  string
 	o          scaleOptions
+	// revokeWait bounds waitRevoked (revokedBound when zero).
+	revokeWait time.Duration
 }
 
 // do runs one idempotent step of node, again while it fails transiently (retry.Transient),

@@ -98,7 +98,11 @@ const revokedBound = time.Minute
 // error: the admission policy refuses the identity's writes already, and its certificate
 // expires within 24 h.
 func (r *reconciler) waitRevoked(ctx context.Context, node string) {
-	err := r.do(ctx, node, "waiting until the API server refuses its credentials", revokedBound, func(ctx context.Context) error {
+	bound := r.revokeWait
+	if bound <= 0 {
+		bound = revokedBound
+	}
+	err := r.do(ctx, node, "waiting until the API server refuses its credentials", bound, func(ctx context.Context) error {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: kubeletcsr.NodeUserPrefix + node, Groups: []string{"system:nodes", "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Resource: "nodes", Name: node},
