@@ -30,6 +30,8 @@ import (
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/atls"
@@ -359,7 +361,13 @@ func initError(creds *atls.RecordingCredentials, err error, answered bool) error
 // waitNodesReady is waitReady, and on failure says why: what the join service refused of the
 // nodes that are missing.
 func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, prog *progress, client kubernetes.Interface, platform provider.Provider, nodes []state.Node, want map[string]bool, quietIfReady bool) error {
-	err := waitReady(ctx, t, prog, client, platform, want, quietIfReady)
+	controlPlanes := map[string]bool{}
+	for _, n := range nodes {
+		if n.Role == metadata.ControlPlane {
+			controlPlanes[n.Name] = true
+		}
+	}
+	err := waitReady(ctx, t, prog, client, platform, want, controlPlanes, quietIfReady)
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -375,12 +383,16 @@ func waitNodesReady(ctx context.Context, out io.Writer, t *phaseTimer, prog *pro
 }
 
 // waitReady waits until every node in want joined (its Node object exists), is Ready, and
-// runs a ready verification service: a node counts as ready when it can be verified. Each
-// step is a phase line, except for nodes that are ready at the first look when quietIfReady
-// (an apply that adds one node does not announce the others). While it waits, prog says per
-// node what is missing (with what the platform reports of the node, when platform is set)
-// and the last error of the API server.
-func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, platform provider.Provider, want map[string]bool, quietIfReady bool) error {
+// runs a ready verification service: a node counts as ready when it can be verified. A control
+// plane (in controlPlanes) also needs its removed-node authorizer ready, when it reports one:
+// a control plane whose report says not synced, or whose report is stale, is waited for (the
+// authorizer fails open, so a control plane without it is not whole); one without any report
+// is not, since images from before the reports never write one (status shows it as degraded).
+// Each step is a phase line, except for nodes that are ready at the first look when
+// quietIfReady (an apply that adds one node does not announce the others). While it waits,
+// prog says per node what is missing (with what the platform reports of the node, when
+// platform is set) and the last error of the API server.
+func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, platform provider.Provider, want, controlPlanes map[string]bool, quietIfReady bool) error {
 	joined, ready := map[string]bool{}, map[string]bool{}
 	// The first look that reached the API server decides what is quiet: a look that failed
 	// (an API server restarting) saw nothing.
@@ -402,7 +414,7 @@ func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubern
 			}
 			cancel()
 		}
-		err := readyRound(ctx, t, prog, client, want, joined, ready, reported, !looked && quietIfReady)
+		err := readyRound(ctx, t, prog, client, want, controlPlanes, joined, ready, reported, !looked && quietIfReady)
 		if err != nil {
 			for n := range want {
 				if !ready[n] {
@@ -436,12 +448,42 @@ func waitReady(ctx context.Context, t *phaseTimer, prog *progress, client kubern
 }
 
 // readyRound is one look of waitReady.
-func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, want, joined, ready map[string]bool, reported map[string]string, quiet bool) error {
+func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kubernetes.Interface, want, controlPlanes, joined, ready map[string]bool, reported map[string]string, quiet bool) error {
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	nodes, err := client.CoreV1().Nodes().List(lctx, metav1.ListOptions{})
 	if err != nil {
 		return err
+	}
+	var authzReports map[string]nodeauthz.Report
+	for n := range want {
+		if controlPlanes[n] && !ready[n] {
+			if authzReports, err = nodeauthz.Reports(lctx, client); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	now := time.Now()
+	// authorizerWhy is why control plane n's authorizer holds it back, "" when it does not.
+	authorizerWhy := func(n string) string {
+		if !controlPlanes[n] {
+			return ""
+		}
+		if h := nodeauthz.Assess(authzReports, n, now); h.Reported && !h.Ready {
+			return h.Why
+		}
+		return ""
+	}
+	readyWhat := func(n string) string {
+		switch h := nodeauthz.Assess(authzReports, n, now); {
+		case !controlPlanes[n]:
+			return "Ready, verification service up"
+		case h.Ready:
+			return "Ready, verification service up, removed-node authorizer synced"
+		default:
+			return "Ready, verification service up; its removed-node authorizer: " + h.Why
+		}
 	}
 	verifiers, err := client.CoreV1().Pods(clusterrecord.Namespace).List(lctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService})
 	if err != nil {
@@ -459,7 +501,7 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 			continue
 		}
 		registered[n.Name] = true
-		if quiet && isReady(n) && verifiable[n.Name] {
+		if quiet && isReady(n) && verifiable[n.Name] && authorizerWhy(n.Name) == "" {
 			joined[n.Name], ready[n.Name] = true, true
 			prog.done(n.Name)
 			continue
@@ -475,12 +517,14 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 			}
 			t.phase("join", fmt.Sprintf("%s (Node registered %s)", n.Name, when))
 		}
-		switch {
+		switch why := authorizerWhy(n.Name); {
 		case ready[n.Name]:
-		case isReady(n) && verifiable[n.Name]:
+		case isReady(n) && verifiable[n.Name] && why == "":
 			ready[n.Name] = true
 			prog.done(n.Name)
-			t.phase("ready", n.Name+" (Ready, verification service up)")
+			t.phase("ready", n.Name+" ("+readyWhat(n.Name)+")")
+		case isReady(n) && verifiable[n.Name]:
+			prog.waiting(n.Name, "its removed-node authorizer to be ready (now: "+why+")")
 		case !isReady(n):
 			what := "its kubelet to report Ready"
 			if c := readyCondition(n); c != nil && c.Reason != "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kube/drain"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
@@ -211,7 +212,8 @@ func (r *rebooter) drainedReboot(ctx context.Context, name string) error {
 
 // waitBack waits until each named node, booted after bootedAfter, is back in its cluster and
 // serving: its bootstrapper reported it is in (rejoined, recovered, ...); its kubelet is alive
-// now and says Ready; and its verification service runs a container started in this boot.
+// now and says Ready; its verification service runs a container started in this boot; and, on
+// a control plane, its removed-node authorizer reports synced since this boot (authorizerBack).
 //
 // "Alive now" needs care: a Node object keeps its Ready condition for a while after its
 // kubelet died. A node that booted after heartbeatAfter must have posted its status (Ready's
@@ -320,10 +322,32 @@ func servingAgain(ctx context.Context, client kubernetes.Interface, name string,
 			}
 		}
 		if fresh {
-			return true, "", nil
+			return authorizerBack(ctx, client, name, second(bootedAt))
 		}
 	}
 	return false, "its verification service to run again", nil
+}
+
+// authorizerBack checks, for a control plane that reports its removed-node authorizer
+// (nodeauthz), that the authorizer of this boot reports ready: a report renewed since
+// bootedAt that says synced. A node without a report (a worker, or an image from before the
+// reports) has nothing to wait for.
+func authorizerBack(ctx context.Context, client kubernetes.Interface, name string, bootedAt time.Time) (bool, string, error) {
+	reports, err := nodeauthz.Reports(ctx, client)
+	if err != nil {
+		return false, "its removed-node authorizer's report", err
+	}
+	rep, ok := reports[name]
+	if !ok {
+		return true, "", nil
+	}
+	if rep.RenewedAt.Before(bootedAt) {
+		return false, "its removed-node authorizer to report since it booted", nil
+	}
+	if h := nodeauthz.Assess(reports, name, time.Now()); !h.Ready {
+		return false, "its removed-node authorizer to be ready (now: " + h.Why + ")", nil
+	}
+	return true, "", nil
 }
 
 func readyCondition(n corev1.Node) *corev1.NodeCondition {

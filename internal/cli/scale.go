@@ -289,11 +289,24 @@ type reconciler struct {
 	st         *state.State
 	statePath  string
 	o          scaleOptions
+	// revokeWait bounds waitRevoked (revokedBound when zero).
+	revokeWait time.Duration
 }
 
 // do runs one idempotent step of node, again while it fails transiently (retry.Transient),
 // within bound (or ctx, when sooner); each failure is the node's progress.
 func (r *reconciler) do(ctx context.Context, node, what string, bound time.Duration, op func(context.Context) error) error {
+	return r.doWith(ctx, retry.Default, node, what, bound, op)
+}
+
+// pollEvery is the policy of a step that polls for a condition: every interval, not backing
+// off, so that it sees the condition hold within interval.
+func pollEvery(interval time.Duration) retry.Policy {
+	return retry.Policy{Initial: interval, Max: interval, Factor: 1}
+}
+
+// doWith is do with the retries' policy p.
+func (r *reconciler) doWith(ctx context.Context, p retry.Policy, node, what string, bound time.Duration, op func(context.Context) error) error {
 	if bound > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, bound)
@@ -302,7 +315,7 @@ func (r *reconciler) do(ctx context.Context, node, what string, bound time.Durat
 	if node != "" {
 		r.prog.step(node, what)
 	}
-	err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {
+	err := retry.Do(ctx, p, nil, func(ctx context.Context) error {
 		err := op(ctx)
 		if node != "" {
 			r.prog.failed(node, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/etcdmember"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
@@ -38,7 +39,11 @@ const etcdStepBound = time.Minute
 //  4. the control plane's etcd member is removed (again only if quorum holds);
 //  5. the node is recorded as removed (the join service refuses its name from then on, even
 //     if the platform lists it again), its Node object deleted, and the machine deleted with
-//     its disk.
+//     its disk;
+//  6. every pod still bound to it is deleted, and removal waits until they are gone
+//     (unbindPods): what drain leaves (DaemonSet pods, static pods' mirror pods) and pods
+//     still terminating would otherwise keep giving its credentials, through the Node
+//     authorizer, the Secrets they use whenever the removed-node authorizer is down.
 //
 // Every step is idempotent (a drained node drains at once, a node shut down before shuts
 // down at once, a member removed before is NoMember, the removal record and the deletions
@@ -83,8 +88,73 @@ func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 	if err := r.deleteMachine(ctx, n.Name); err != nil {
 		return err
 	}
+	if err := r.unbindPods(ctx, n.Name); err != nil {
+		return err
+	}
+	if n.Role == metadata.ControlPlane {
+		if err := r.do(ctx, n.Name, "deleting its removed-node authorizer's report", 0, func(ctx context.Context) error {
+			return nodeauthz.DeleteReport(ctx, r.client, n.Name)
+		}); err != nil {
+			return err
+		}
+	}
 	r.waitRevoked(ctx, n.Name)
 	r.t.phase("removed", n.Name+": deleted from Kubernetes and the platform, refused from now on")
+	return nil
+}
+
+// unbindBound bounds the wait until no pod is bound to a removed node; unbindPoll is the
+// pause between its rounds.
+const (
+	unbindBound = 2 * time.Minute
+	unbindPoll  = time.Second
+)
+
+// unbindPods deletes every pod still bound to node, once node's Node object and machine are
+// gone, and waits until they are gone, polling every unbindPoll within unbindBound (the
+// progress says every 5 s which pods it waits for and what keeps them).
+//
+// Why: the Node authorizer lets a node read what the pods bound to it use (Secrets,
+// ConfigMaps, volume claims, service account tokens), terminating pods included, as long as
+// their objects exist, Node object or not. The removed-node authorizer refuses a removed node
+// everything, but fails open while it is down or not synced; without its pods, the node's
+// credentials read nothing of anyone's workloads even then.
+//
+// The order: the Node object goes first, so the DaemonSet controller makes no pod for the node
+// any more (and the removed-nodes admission policy refuses every pod bound to its name from
+// the removal record on); the machine goes next, so nothing runs these pods any more and
+// deleting them at once (grace period 0) gives up nothing: the node's kubelet could not
+// confirm a graceful deletion anyway, its writes are refused. Finalizers are not removed:
+// they are their controllers' to remove, and the removal waits for them.
+func (r *reconciler) unbindPods(ctx context.Context, node string) error {
+	var deleted []drain.PodRef
+	err := r.doWith(ctx, pollEvery(unbindPoll), node, "deleting the pods still bound to it (the Node authorizer gives a node what its pods use)", unbindBound, func(ctx context.Context) error {
+		d, stuck, err := drain.DeleteBoundPods(ctx, r.client, node)
+		deleted = append(deleted, d...)
+		if err != nil {
+			return err
+		}
+		if len(stuck) > 0 {
+			names := make([]string, len(stuck))
+			for i, p := range stuck {
+				names[i] = p.String()
+			}
+			return retry.NotYet(fmt.Errorf("%d pod(s) still bound to %s: %s", len(stuck), node, strings.Join(names, "; ")))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (until they are gone, %s's credentials read what they use whenever the removed-node authorizer is down)", err, node)
+	}
+	if len(deleted) == 0 {
+		r.t.phase("unbound", node+": no pod is bound to it any more")
+		return nil
+	}
+	names := make([]string, len(deleted))
+	for i, p := range deleted {
+		names[i] = p.String()
+	}
+	r.t.phase("unbound", fmt.Sprintf("%s: deleted the %d pod(s) still bound to it (%s); none is bound to it any more", node, len(deleted), strings.Join(names, ", ")))
 	return nil
 }
 
@@ -98,7 +168,11 @@ const revokedBound = time.Minute
 // error: the admission policy refuses the identity's writes already, and its certificate
 // expires within 24 h.
 func (r *reconciler) waitRevoked(ctx context.Context, node string) {
-	err := r.do(ctx, node, "waiting until the API server refuses its credentials", revokedBound, func(ctx context.Context) error {
+	bound := r.revokeWait
+	if bound <= 0 {
+		bound = revokedBound
+	}
+	err := r.do(ctx, node, "waiting until the API server refuses its credentials", bound, func(ctx context.Context) error {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: kubeletcsr.NodeUserPrefix + node, Groups: []string{"system:nodes", "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Resource: "nodes", Name: node},
@@ -113,8 +187,34 @@ func (r *reconciler) waitRevoked(ctx context.Context, node string) {
 		return nil
 	})
 	if err != nil {
-		fmt.Fprintf(r.out, "note: the API server does not refuse %s's credentials yet (%v); its writes are refused by admission, and its certificate expires within 24 h\n", node, err)
+		fmt.Fprintf(r.out, "note: the API server does not refuse %s's credentials yet (%v; %s); its writes are refused by admission, no pod is bound to it any more (so the Node authorizer gives it nothing the cluster's pods use), and its certificate expires within 24 h\n",
+			node, err, r.authorizersSummary(ctx, node))
 	}
+}
+
+// authorizersSummary says which control planes' removed-node authorizers are not ready, as
+// their reports say (nodeauthz.Assess); removed, the node being removed, is not asked about.
+func (r *reconciler) authorizersSummary(ctx context.Context, removed string) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	reports, err := nodeauthz.Reports(ctx, r.client)
+	if err != nil {
+		return err.Error()
+	}
+	now := time.Now()
+	var notReady []string
+	for _, n := range r.st.Nodes {
+		if n.Role != metadata.ControlPlane || n.Unexpected || n.Name == removed {
+			continue
+		}
+		if h := nodeauthz.Assess(reports, n.Name, now); !h.Ready {
+			notReady = append(notReady, fmt.Sprintf("%s: %s", n.Name, h.Why))
+		}
+	}
+	if len(notReady) == 0 {
+		return "every control plane reports its removed-node authorizer ready"
+	}
+	return "removed-node authorizer not ready on " + strings.Join(notReady, "; ")
 }
 
 // etcdFor finds an etcd member on another control plane to run etcdctl on, and checks that

@@ -17,11 +17,14 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/untrusted"
@@ -32,10 +35,13 @@ import (
 // that cannot be had (no kubeconfig, the API server down, the cluster stopped) is reported as
 // an error of that view, and the others are still shown.
 type statusReport struct {
-	Cluster  clusterStatus   `json:"cluster"`
-	Nodes    []nodeStatus    `json:"nodes"`
-	Removed  []removedStatus `json:"removed,omitempty"`
-	Services []serviceStatus `json:"services,omitempty"`
+	Cluster clusterStatus `json:"cluster"`
+	// ControlPlane is the control planes' health, as Kubernetes and the control planes'
+	// reports say it; absent when the Kubernetes view could not be had.
+	ControlPlane *controlPlaneHealth `json:"controlPlane,omitempty"`
+	Nodes        []nodeStatus        `json:"nodes"`
+	Removed      []removedStatus     `json:"removed,omitempty"`
+	Services     []serviceStatus     `json:"services,omitempty"`
 	// Errors are the views that could not be had, with why.
 	Errors []string `json:"errors,omitempty"`
 }
@@ -57,14 +63,36 @@ type clusterStatus struct {
 }
 
 type nodeStatus struct {
-	Name        string             `json:"name"`
-	Role        string             `json:"role"`
-	IP          string             `json:"ip"`
-	Unexpected  bool               `json:"unexpected,omitempty"`
-	Disk        string             `json:"disk,omitempty"` // as recorded in the state file: the one disk whose key recover sends
-	Provider    *providerView      `json:"provider,omitempty"`
-	Kubernetes  *kubernetesView    `json:"kubernetes,omitempty"`
+	Name       string          `json:"name"`
+	Role       string          `json:"role"`
+	IP         string          `json:"ip"`
+	Unexpected bool            `json:"unexpected,omitempty"`
+	Disk       string          `json:"disk,omitempty"` // as recorded in the state file: the one disk whose key recover sends
+	Provider   *providerView   `json:"provider,omitempty"`
+	Kubernetes *kubernetesView `json:"kubernetes,omitempty"`
+	// Authorizer is a control plane's removed-node authorizer, as its report says.
+	Authorizer  *authorizerView    `json:"removedNodeAuthorizer,omitempty"`
 	Attestation *attestationStatus `json:"attestation,omitempty"`
+}
+
+// authorizerView is a control plane's removed-node authorizer (internal/nodeauthz), as the
+// control plane reports it into the cluster.
+type authorizerView struct {
+	// Ready: a fresh report says it has listed the removal records and serves.
+	Ready bool `json:"ready"`
+	// Detail is what the report says, or why there is none or it is stale.
+	Detail     string     `json:"detail"`
+	ReportedAt *time.Time `json:"reportedAt,omitempty"`
+}
+
+// controlPlaneHealth is whether every control plane is whole: registered and Ready, and its
+// removed-node authorizer ready. The authorizer fails open (a removed node's reads are decided
+// by the Node authorizer alone while it is down), so a control plane without it is degraded
+// even though the cluster works.
+type controlPlaneHealth struct {
+	Healthy bool `json:"healthy"`
+	// Problems name each control plane that is not whole, and why.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // providerView is the platform's view of a node.
@@ -353,9 +381,9 @@ func clusterStatusViews(workspace string, st *state.State, platform provider.Pro
 // that nothing answers.
 func skipStoppedViews(r *statusReport) {
 	for i := range r.Nodes {
-		r.Nodes[i].Kubernetes, r.Nodes[i].Attestation = nil, nil
+		r.Nodes[i].Kubernetes, r.Nodes[i].Attestation, r.Nodes[i].Authorizer = nil, nil, nil
 	}
-	r.Services = nil
+	r.Services, r.ControlPlane = nil, nil
 	kept := r.Errors[:0]
 	for _, e := range r.Errors {
 		if strings.HasPrefix(e, "platform") {
@@ -379,6 +407,14 @@ func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport,
 	if err != nil {
 		return fail("kubernetes: " + err.Error())
 	}
+	return kubernetesStatusOf(ctx, client, time.Now())
+}
+
+// kubernetesStatusOf is Kubernetes' view as client sees it at now.
+func kubernetesStatusOf(ctx context.Context, client kubernetes.Interface, now time.Time) func(*statusReport, map[string]*nodeStatus) {
+	fail := func(msg string) func(*statusReport, map[string]*nodeStatus) {
+		return func(r *statusReport, _ map[string]*nodeStatus) { r.Errors = append(r.Errors, msg) }
+	}
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fail("kubernetes: listing nodes: " + untrusted.Text(err.Error()))
@@ -386,7 +422,9 @@ func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport,
 	ds, dsErr := client.AppsV1().DaemonSets(clusterrecord.Namespace).List(ctx, metav1.ListOptions{})
 	clusterVersion, versionErr := kubeupgrade.ClusterVersion(ctx, client)
 	addOns, addOnsErr := kubeupgrade.KubeProxyVersion(ctx, client)
+	reports, reportsErr := nodeauthz.Reports(ctx, client)
 	return func(r *statusReport, byName map[string]*nodeStatus) {
+		defer func() { r.ControlPlane = controlPlaneHealthOf(r.Nodes, reportsErr) }()
 		if err := errors.Join(versionErr, addOnsErr); err != nil {
 			r.Errors = append(r.Errors, "kubernetes: "+untrusted.Text(err.Error()))
 		}
@@ -410,6 +448,13 @@ func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport,
 			}
 			ns.Kubernetes = v
 		}
+		if reportsErr == nil {
+			for _, ns := range byName {
+				if ns.Role == string(metadata.ControlPlane) {
+					ns.Authorizer = authorizerViewOf(reports, ns.Name, now)
+				}
+			}
+		}
 		if dsErr != nil {
 			r.Errors = append(r.Errors, "kubernetes: listing the services: "+untrusted.Text(dsErr.Error()))
 			return
@@ -424,6 +469,43 @@ func kubernetesStatus(ctx context.Context, workspace string) func(*statusReport,
 			r.Services = append(r.Services, s)
 		}
 	}
+}
+
+// authorizerViewOf is node's removed-node authorizer as reports say at now.
+func authorizerViewOf(reports map[string]nodeauthz.Report, node string, now time.Time) *authorizerView {
+	h := nodeauthz.Assess(reports, node, now)
+	v := &authorizerView{Ready: h.Ready, Detail: h.Why}
+	if rep, ok := reports[node]; ok {
+		at := rep.RenewedAt.UTC()
+		v.ReportedAt = &at
+	}
+	return v
+}
+
+// controlPlaneHealthOf is the control planes' health from what the Kubernetes view found of
+// them (nodes' Kubernetes and Authorizer), reportsErr the failure to read the authorizers'
+// reports.
+func controlPlaneHealthOf(nodes []nodeStatus, reportsErr error) *controlPlaneHealth {
+	h := &controlPlaneHealth{}
+	for _, n := range nodes {
+		if n.Role != string(metadata.ControlPlane) || n.Unexpected {
+			continue
+		}
+		switch k := n.Kubernetes; {
+		case k == nil || !k.Registered:
+			h.Problems = append(h.Problems, n.Name+": not registered with Kubernetes")
+		case !k.Ready:
+			h.Problems = append(h.Problems, fmt.Sprintf("%s: NotReady (%s)", n.Name, k.Reason))
+		}
+		if a := n.Authorizer; a != nil && !a.Ready {
+			h.Problems = append(h.Problems, fmt.Sprintf("%s: removed-node authorizer not ready: %s", n.Name, a.Detail))
+		}
+	}
+	if reportsErr != nil {
+		h.Problems = append(h.Problems, "removed-node authorizers unknown: "+untrusted.Text(reportsErr.Error()))
+	}
+	h.Healthy = len(h.Problems) == 0
+	return h
 }
 
 // attestationStatusOf is the attestation view: fresh evidence of every node, in parallel.
@@ -529,6 +611,13 @@ func printStatus(out io.Writer, r *statusReport) {
 			for _, e := range lastN(p.Events, 3) {
 				fmt.Fprintf(out, "  %s  %s: %s\n", e.Time.Local().Format(time.TimeOnly), n.Name, e.Message)
 			}
+		}
+	}
+	if cp := r.ControlPlane; cp != nil {
+		if cp.Healthy {
+			fmt.Fprintln(out, "Control plane: healthy (every control plane Ready, its removed-node authorizer synced)")
+		} else {
+			fmt.Fprintf(out, "Control plane: DEGRADED: %s\n", strings.Join(cp.Problems, "; "))
 		}
 	}
 	if len(r.Services) > 0 {

@@ -62,7 +62,7 @@ func TestWaitReadyAfterAFailedLook(t *testing.T) {
 			tm := newPhaseTimer(out)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			require.NoError(t, waitReady(ctx, tm, newProgress(tm), client, nil, map[string]bool{"worker-0": true}, tc.quiet))
+			require.NoError(t, waitReady(ctx, tm, newProgress(tm), client, nil, map[string]bool{"worker-0": true}, nil, tc.quiet))
 			assert.Zero(t, failures, "the failed looks were made")
 			var lines []string
 			for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {

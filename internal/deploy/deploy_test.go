@@ -253,7 +253,7 @@ func TestApply(t *testing.T) {
 
 		// It publishes its refusals, under its node's key, into the one object deploy made.
 		book := refusals.NewBook()
-		book.Add("10.42.0.99", "attestation", "PCR 11: expected …", time.Now())
+		book.Add("10.42.0.99", refusals.Entry{Reason: "attestation", Error: "PCR 11: expected …"}, time.Now())
 		pctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {

@@ -28,11 +28,14 @@ import (
 //   - RemovedNodesPolicy (a ValidatingAdmissionPolicy whose parameters are the removed-node
 //     records of internal/diskowner) refuses every write of a removed node's identity
 //     (system:node:<name>): its Node, Lease, pod status, events and, above all, its
-//     certificate requests, so it cannot renew; and anyone's creation of a Node with its name.
-//     It takes effect when `apply` writes the record, before the Node is deleted. Reads are
-//     not admission's to refuse: the Node authorizer limits them to what is bound to the
-//     node (nothing, once its pods are gone), and its certificate expires within
-//     kubeletcsr.ClientValidity.
+//     certificate requests, so it cannot renew; anyone's creation of a Node with its name; and
+//     anyone's binding of a pod to its name (a pod created with spec.nodeName, a pods/binding),
+//     so that nothing gives the Node authorizer a pod of a removed node again: not a
+//     DaemonSet controller or scheduler acting on a stale view of the Nodes, not an
+//     administrator. It takes effect when `apply` writes the record, before the Node is
+//     deleted. Reads are not admission's to refuse: the Node authorizer limits them to what is
+//     bound to the node (nothing, once removal deleted its pods), and its certificate expires
+//     within kubeletcsr.ClientValidity.
 const (
 	// SelfNodeClientRenewal is the ClusterRoleBinding's name: kubeadm's own, so kubeadm's
 	// upgrade finds it.
@@ -57,6 +60,11 @@ func removedNodesPolicy() *admissionv1ac.ValidatingAdmissionPolicyApplyConfigura
 	user := `request.userInfo.username`
 	nodeName := `params.data['node']`
 	isNodeCreate := `request.resource.group == '' && request.resource.resource == 'nodes' && (!has(request.subResource) || request.subResource == '') && request.operation == 'CREATE'`
+	// A pod is bound to a node when it is created with spec.nodeName or by a Binding (the
+	// scheduler's pods/binding): spec.nodeName cannot be changed otherwise.
+	isPodCreate := `request.resource.group == '' && request.resource.resource == 'pods' && (!has(request.subResource) || request.subResource == '') && request.operation == 'CREATE'`
+	isPodBinding := `request.resource.group == '' && request.resource.resource == 'pods' && has(request.subResource) && request.subResource == 'binding' && request.operation == 'CREATE'`
+	boundNode := fmt.Sprintf(`(%s) ? (has(object.spec.nodeName) ? object.spec.nodeName : '') : ((%s) ? object.target.name : '')`, isPodCreate, isPodBinding)
 	return admissionv1ac.ValidatingAdmissionPolicy(RemovedNodesPolicy).WithLabels(labels("node-identity")).
 		WithSpec(admissionv1ac.ValidatingAdmissionPolicySpec().
 			WithFailurePolicy(admissionv1.Fail).
@@ -65,9 +73,10 @@ func removedNodesPolicy() *admissionv1ac.ValidatingAdmissionPolicyApplyConfigura
 				admissionv1ac.NamedRuleWithOperations().
 					WithOperations(admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect).
 					WithAPIGroups("*").WithAPIVersions("*").WithResources("*/*"))).
-			// Cheap filter first: only nodes' own requests, and creations of Nodes.
-			WithMatchConditions(admissionv1ac.MatchCondition().WithName("node-user-or-node-creation").
-				WithExpression(fmt.Sprintf(`%s.startsWith('%s') || (%s)`, user, kubeletcsr.NodeUserPrefix, isNodeCreate))).
+			// Cheap filter first: only nodes' own requests, creations of Nodes and bindings of
+			// pods.
+			WithMatchConditions(admissionv1ac.MatchCondition().WithName("node-user-node-creation-or-pod-binding").
+				WithExpression(fmt.Sprintf(`%s.startsWith('%s') || (%s) || (%s) || (%s)`, user, kubeletcsr.NodeUserPrefix, isNodeCreate, isPodCreate, isPodBinding))).
 			WithValidations(
 				admissionv1ac.Validation().
 					WithExpression(fmt.Sprintf(`!(%s) || %s != '%s' + %s`, removedNodeRecordValid, user, kubeletcsr.NodeUserPrefix, nodeName)).
@@ -76,6 +85,10 @@ func removedNodesPolicy() *admissionv1ac.ValidatingAdmissionPolicyApplyConfigura
 				admissionv1ac.Validation().
 					WithExpression(fmt.Sprintf(`!(%s) || !(%s) || object.metadata.name != %s`, removedNodeRecordValid, isNodeCreate, nodeName)).
 					WithMessageExpression(fmt.Sprintf(`'node ' + %s + ' was removed from the cluster (record %s/' + params.metadata.name + '): its name is not given out again'`, nodeName, diskowner.Namespace)).
+					WithReason(metav1.StatusReasonForbidden),
+				admissionv1ac.Validation().
+					WithExpression(fmt.Sprintf(`!(%s) || (%s) != %s`, removedNodeRecordValid, boundNode, nodeName)).
+					WithMessageExpression(fmt.Sprintf(`'node ' + %s + ' was removed from the cluster (record %s/' + params.metadata.name + '): no pod is bound to it again'`, nodeName, diskowner.Namespace)).
 					WithReason(metav1.StatusReasonForbidden),
 			))
 }

@@ -195,6 +195,38 @@ func TestNodeIdentityAttacks(t *testing.T) {
 		assert.True(t, apierrors.IsForbidden(err), "a Node of the removed name was created: %v", err)
 		assert.ErrorContains(t, err, "its name is not given out again")
 
+		// Nor is a pod bound to it: not created so, not bound by a Binding (as a scheduler or
+		// a DaemonSet controller acting on a stale view of the Nodes would), so the Node
+		// authorizer never links anything to the removed node again. A pod bound to a node
+		// that stays is created and bound as before.
+		boundPod := func(name, node string) *corev1.Pod {
+			return &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10.1"}},
+					Volumes: []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "db"}}}}},
+			}
+		}
+		require.Eventually(t, func() bool {
+			// The namespace's default service account, which the pods need, is the
+			// serviceaccount controller's to create.
+			_, err := admin.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond)
+		_, err = admin.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, boundPod("to-removed", "worker-0"), metav1.CreateOptions{})
+		assert.True(t, apierrors.IsForbidden(err), "a pod was created bound to the removed node: %v", err)
+		assert.ErrorContains(t, err, "no pod is bound to it again")
+		_, err = admin.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, boundPod("unbound", ""), metav1.CreateOptions{})
+		require.NoError(t, err)
+		err = admin.CoreV1().Pods(metav1.NamespaceDefault).Bind(ctx, &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: "unbound"}, Target: corev1.ObjectReference{Kind: "Node", Name: "worker-0"},
+		}, metav1.CreateOptions{})
+		assert.True(t, apierrors.IsForbidden(err), "a pod was bound to the removed node: %v", err)
+		_, err = admin.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, boundPod("to-worker-1", "worker-1"), metav1.CreateOptions{})
+		assert.NoError(t, err, "a pod bound to another node")
+		assert.NoError(t, admin.CoreV1().Pods(metav1.NamespaceDefault).Bind(ctx, &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: "unbound"}, Target: corev1.ObjectReference{Kind: "Node", Name: "worker-1"},
+		}, metav1.CreateOptions{}), "a binding to another node")
+
 		// The policy is precise: another node, and a stray record without a name, change
 		// nothing for worker-1.
 		_, err = admin.CoreV1().ConfigMaps(diskowner.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{

@@ -26,8 +26,9 @@ import (
 // StartWithAuthorizer starts a control plane whose API server asks the removed-node
 // authorizer, configured with the files WriteAPIServerFiles writes (as a control plane's
 // init server and join client write them), and the authorizer itself, served by Start (as
-// a control plane's bootstrapper serves it), on a free loopback port.
-func startWithAuthorizer(t *testing.T) (*kubetest.Cluster, *nodeauthz.Server) {
+// a control plane's bootstrapper serves it, reporting its readiness as node's), on a free
+// loopback port.
+func startWithAuthorizer(t *testing.T, node string) (*kubetest.Cluster, *nodeauthz.Server) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -42,7 +43,7 @@ func startWithAuthorizer(t *testing.T) (*kubetest.Cluster, *nodeauthz.Server) {
 	}})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	srv, err := nodeauthz.Start(ctx, nodeauthz.Config{PKIDir: kube.PKIDir, Kubeconfig: kube.Kubeconfig, Addr: addr})
+	srv, err := nodeauthz.Start(ctx, nodeauthz.Config{PKIDir: kube.PKIDir, Kubeconfig: kube.Kubeconfig, Addr: addr, Node: node})
 	require.NoError(t, err)
 	require.Eventually(t, srv.Removed.Synced, 30*time.Second, 50*time.Millisecond, "the removal records were never listed")
 	return kube, srv
@@ -76,7 +77,7 @@ func TestRemovedNodeReadsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs kube-apiserver and etcd")
 	}
-	kube, srv := startWithAuthorizer(t)
+	kube, srv := startWithAuthorizer(t, "")
 	ctx := context.Background()
 	worker0, worker1 := nodeClient(t, kube, "worker-0"), nodeClient(t, kube, "worker-1")
 	for name, c := range map[string]kubernetes.Interface{"worker-0": worker0, "worker-1": worker1} {
@@ -127,4 +128,32 @@ func TestRemovedNodeReadsNothing(t *testing.T) {
 	for what, err := range reads(ctx, worker1, "worker-1") {
 		assert.NoError(t, err, "other nodes while the authorizer is down: %s", what)
 	}
+}
+
+// TestReadinessReport: a control plane's authorizer reports its readiness into the cluster,
+// where the CLI reads it (nodeauthz.Reports, as status and apply do): ready once synced, and
+// not ready within seconds once it stops serving (its report names why), so a control plane
+// whose authorizer is down shows as degraded instead of failing open unnoticed.
+func TestReadinessReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs kube-apiserver and etcd")
+	}
+	kube, srv := startWithAuthorizer(t, "control-plane-0")
+	ctx := t.Context()
+	health := func() nodeauthz.Health {
+		reports, err := nodeauthz.Reports(ctx, kube.Admin)
+		require.NoError(t, err)
+		return nodeauthz.Assess(reports, "control-plane-0", time.Now())
+	}
+	var h nodeauthz.Health
+	require.Eventually(t, func() bool { h = health(); return h.Ready }, 10*time.Second, 50*time.Millisecond, "never reported ready: %+v", h)
+	assert.Equal(t, "synced", h.Why)
+	assert.False(t, nodeauthz.Assess(map[string]nodeauthz.Report{}, "control-plane-1", time.Now()).Reported, "another control plane reported nothing")
+
+	stopped := time.Now()
+	require.NoError(t, srv.Close())
+	require.Eventually(t, func() bool { h = health(); return !h.Ready }, 10*time.Second, 50*time.Millisecond, "still reported ready: %+v", h)
+	t.Logf("reported not ready %s after it stopped serving: %s", time.Since(stopped).Round(time.Millisecond), h.Why)
+	assert.True(t, h.Reported)
+	assert.Contains(t, h.Why, "not serving")
 }

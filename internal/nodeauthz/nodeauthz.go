@@ -126,11 +126,36 @@ func ParseReview(body []byte) (*authorizationv1.SubjectAccessReview, error) {
 	return &sar, nil
 }
 
+// Readiness answers of ReadyPath.
+const (
+	readyAnswer    = "synced"
+	notReadyAnswer = "not synced: the removal records have not been listed yet"
+)
+
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != Path {
-		http.Error(w, "POST "+Path+" only", http.StatusNotFound)
+	switch {
+	case r.URL.Path == ReadyPath && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+		h.serveReady(w)
+	case r.URL.Path == Path && r.Method == http.MethodPost:
+		h.serveReview(w, r)
+	default:
+		http.Error(w, "POST "+Path+" or GET "+ReadyPath+" only", http.StatusNotFound)
+	}
+}
+
+// serveReady answers whether the authorizer decides: only once its view of the removal
+// records is synced. Before, it has no opinion on anything (Decide).
+func (h *Handler) serveReady(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !h.removed.Synced() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, notReadyAnswer+"\n")
 		return
 	}
+	_, _ = io.WriteString(w, readyAnswer+"\n")
+}
+
+func (h *Handler) serveReview(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestSize+1))
 	if err != nil {
 		http.Error(w, "reading the request", http.StatusBadRequest)

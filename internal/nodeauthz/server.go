@@ -34,7 +34,10 @@ type Config struct {
 	// Kubeconfig is the control plane's admin kubeconfig, to watch the removal records with.
 	Kubeconfig string
 	// Addr to listen on (default Addr; tests use a free port).
-	Addr       string
+	Addr string
+	// Node is the control plane's node name. When set, the authorizer's readiness is
+	// reported in the Lease ReportName(Node) (report.go); none when empty.
+	Node       string
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -115,6 +118,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		<-ctx.Done()
 		_ = s.srv.Close()
 	}()
+	if cfg.Node != "" {
+		go report(ctx, client, cfg.Node, s.Addr, ca.Cert, cfg.Log, cfg.Now)
+	}
 	cfg.Log.Info("removed-node authorizer serving", "addr", s.Addr)
 	return s, nil
 }

@@ -116,7 +116,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
 
-	authz := &authorizer{ctx: ctx, log: log}
+	authz := &authorizer{ctx: ctx, log: log, node: self.Name}
 	by, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet, authz)
 	if err != nil {
 		return err
@@ -372,10 +372,13 @@ func deployServices(image, metadataURL string, wait time.Duration, authz *author
 // the bootstrapper's lifetime. The API server asks it about every request of a node identity
 // and fails the request while it does not answer (kubeadm join then waits 5 s to try again):
 // on the init path it starts as soon as kubeadm init made the API server, before the services
-// are deployed and workers join; on the others once the node is in its cluster.
+// are deployed and workers join; on the others once the node is in its cluster. It reports its
+// readiness under the node's name (nodeauthz.ReportName), which `constellation status` and the
+// CLI's waits read.
 type authorizer struct {
 	ctx  context.Context
 	log  *slog.Logger
+	node string
 	once sync.Once
 	srv  *nodeauthz.Server
 	err  error
@@ -383,7 +386,7 @@ type authorizer struct {
 
 func (a *authorizer) start() (*nodeauthz.Server, error) {
 	a.once.Do(func() {
-		a.srv, a.err = nodeauthz.Start(a.ctx, nodeauthz.Config{PKIDir: kubeadmconfig.CertificatesDir, Kubeconfig: adminKubeconfig, Log: a.log})
+		a.srv, a.err = nodeauthz.Start(a.ctx, nodeauthz.Config{PKIDir: kubeadmconfig.CertificatesDir, Kubeconfig: adminKubeconfig, Node: a.node, Log: a.log})
 	})
 	return a.srv, a.err
 }
