@@ -18,6 +18,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/collateral"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 	"github.com/openconstellation/constellation/pkg/verify"
 )
@@ -183,9 +184,9 @@ func readEvidence(file string, in io.Reader, v variant.Variant) ([]byte, error) 
 			Variant  string `json:"variant"`
 			Evidence string `json:"evidence"`
 		}
-		dec := json.NewDecoder(bytes.NewReader(trimmed))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&answer); err != nil {
+		// One answer, each field once in its exact spelling: encoding/json alone read the
+		// first of two answers and the last of two "evidence" fields.
+		if err := strictjson.Unmarshal(trimmed, &answer); err != nil {
 			return nil, fmt.Errorf("%s: JSON, but not a verification service's answer: %w", file, err)
 		}
 		if answer.Variant != v.String() {

@@ -138,6 +138,40 @@ func TestVerifyEvidence(t *testing.T) {
 	}
 }
 
+// TestVerifyEvidenceRefusesAmbiguousAnswers: a verification service's answer is one JSON
+// object with one spelling per field. encoding/json alone read the first of two answers (and
+// printed OK for it), and the last of two "evidence" fields, in any letter case.
+func TestVerifyEvidenceRefusesAmbiguousAnswers(t *testing.T) {
+	f := newEvidenceFixture(t)
+	answer, err := os.ReadFile(f.answer)
+	require.NoError(t, err)
+	other, err := json.Marshal(map[string]string{"variant": "qemu-vtpm", "evidence": base64.StdEncoding.EncodeToString([]byte("other evidence"))})
+	require.NoError(t, err)
+	inner := strings.TrimSuffix(strings.TrimPrefix(string(answer), "{"), "}")
+	for name, tc := range map[string]struct {
+		data, want string
+	}{
+		"a second answer after the first": {string(answer) + "\n" + string(other), "data after the JSON value"},
+		"a stray brace after the answer":  {string(answer) + "}", "data after the JSON value"},
+		"evidence twice":                  {`{"evidence":"b3RoZXI=",` + inner + `}`, `duplicate member name "evidence"`},
+		"Evidence beside evidence":        {`{` + inner + `,"Evidence":"b3RoZXI="}`, "letter case"},
+		"Variant beside variant":          {`{"Variant":"aws-nitro-tpm",` + inner + `}`, "letter case"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "answer.json")
+			require.NoError(t, os.WriteFile(file, []byte(tc.data), 0o600))
+			o := f.opts()
+			o.nonce = hex.EncodeToString(f.nonce)
+			var out bytes.Buffer
+			err := runVerifyEvidence(context.Background(), &out, nil, file, o)
+			require.Error(t, err, "accepted: %s", out.String())
+			assert.ErrorContains(t, err, "not a verification service's answer")
+			assert.ErrorContains(t, err, tc.want)
+			assert.NotContains(t, out.String(), "OK")
+		})
+	}
+}
+
 // TestVerifyEvidenceStdin: "-" reads the evidence from standard input, bounded.
 func TestVerifyEvidenceStdin(t *testing.T) {
 	f := newEvidenceFixture(t)

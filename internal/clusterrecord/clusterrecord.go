@@ -30,6 +30,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Namespace holds every record and the in-cluster services.
@@ -109,7 +110,7 @@ func ParseCluster(data []byte) (Cluster, error) {
 		return Cluster{}, fmt.Errorf("cluster record of %d bytes, limit %d", len(data), MaxSize)
 	}
 	var c Cluster
-	if err := json.Unmarshal(data, &c); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(data, &c); err != nil {
 		return Cluster{}, fmt.Errorf("decoding cluster record: %w", err)
 	}
 	var problems []error
@@ -233,9 +234,9 @@ func parseHardware(data []byte) (choose.HardwareValues, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return none, nil
 	}
-	// One object and nothing after it (json.Unmarshal refuses trailing data).
+	// One object, each key once, and nothing after it.
 	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(data, &keys); err != nil {
+	if err := strictjson.Unmarshal(data, &keys); err != nil {
 		return none, fmt.Errorf("%s: %w", HardwareKey, err)
 	}
 	for key, home := range map[string]string{"measurements": ReferenceSetsKey, "akRoots": AKRootsKey} {
@@ -244,9 +245,7 @@ func parseHardware(data []byte) (choose.HardwareValues, error) {
 		}
 	}
 	var h choose.HardwareValues
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&h); err != nil {
+	if err := strictjson.Unmarshal(data, &h); err != nil {
 		return none, fmt.Errorf("%s: %w", HardwareKey, err)
 	}
 	return h, nil

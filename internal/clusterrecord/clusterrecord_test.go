@@ -57,7 +57,10 @@ func TestParseCluster(t *testing.T) {
 		},
 		"component without hash": {mutate: func(c *clusterrecord.Cluster) { c.KubernetesComponents[0].Hash = "" }, want: []string{"kubernetes component 0"}},
 		"unknown field ignored":  {mutate: func(*clusterrecord.Cluster) {}, extra: `,"addedLater":true`},
-		"oversized":              {raw: strings.Repeat(" ", clusterrecord.MaxSize+1), want: []string{"limit"}},
+		// One reading only: a field twice or in another letter case is no newer init's field.
+		"field twice":         {mutate: func(*clusterrecord.Cluster) {}, extra: `,"name":"other"`, want: []string{`duplicate member name "name"`}},
+		"field in other case": {mutate: func(*clusterrecord.Cluster) {}, extra: `,"Name":"other"`, want: []string{"letter case"}},
+		"oversized":           {raw: strings.Repeat(" ", clusterrecord.MaxSize+1), want: []string{"limit"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			data := []byte(tc.raw)
@@ -214,12 +217,12 @@ func TestParseHardwareRefuses(t *testing.T) {
 	}{
 		"not JSON":             {data: `snp`, want: "hardware.json: invalid character"},
 		"not an object":        {data: `[]`, want: "hardware.json: json: cannot unmarshal array"},
-		"unknown field":        {data: `{"sev":{}}`, want: `hardware.json: json: unknown field "sev"`},
-		"unknown field in snp": {data: `{"snp":{"minimumTCBs":{}}}`, want: `hardware.json: json: unknown field "minimumTCBs"`},
+		"unknown field":        {data: `{"sev":{}}`, want: `hardware.json: unknown field "sev"`},
+		"unknown field in snp": {data: `{"snp":{"minimumTCBs":{}}}`, want: `hardware.json: unknown field "minimumTCBs" in "/snp"`},
 		"unknown field in tdx": {data: `{"tdx":{"mrSeams":[]}}`, want: "hardware.json"},
 		"measurements":         {data: `{"snp":` + string(snpJSON) + `,"measurements":[]}`, want: `hardware.json: "measurements" is not a hardware value (it has its own key, reference-sets.json)`},
 		"AK roots":             {data: `{"akRoots":""}`, want: `hardware.json: "akRoots" is not a hardware value (it has its own key, ak-roots.pem)`},
-		"two objects":          {data: `{} {}`, want: "hardware.json: invalid character '{' after top-level value"},
+		"two objects":          {data: `{} {}`, want: "hardware.json: data after the JSON value"},
 		"oversized":            {data: strings.Repeat(" ", clusterrecord.MaxSize+1), want: "hardware.json: 1048577 bytes, limit"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -4,7 +4,6 @@
 package kms
 
 import (
-	"bytes"
 	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
@@ -15,8 +14,8 @@ import (
 
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/statedisk"
-
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Sizes of the master secret parts and of derived secrets.
@@ -137,9 +136,7 @@ func ReadMasterSecretFile(path string) (MasterSecret, error) {
 		return MasterSecret{}, fmt.Errorf("reading master secret: %w", err)
 	}
 	var m MasterSecret
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
+	if err := strictjson.Unmarshal(data, &m); err != nil {
 		return MasterSecret{}, fmt.Errorf("master secret file %s: %w", path, err)
 	}
 	if err := m.Validate(); err != nil {

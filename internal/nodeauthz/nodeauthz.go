@@ -41,6 +41,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -116,8 +117,10 @@ func ParseReview(body []byte) (*authorizationv1.SubjectAccessReview, error) {
 	if len(body) > MaxRequestSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrBadReview, len(body), MaxRequestSize)
 	}
+	// Fields Kubernetes may add are ignored; a field twice or in other letter case is
+	// refused: the API server reads names exactly, and so must the authorizer it asks.
 	var sar authorizationv1.SubjectAccessReview
-	if err := json.Unmarshal(body, &sar); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &sar); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadReview, err)
 	}
 	if sar.APIVersion != authorizationv1.SchemeGroupVersion.String() || sar.Kind != "SubjectAccessReview" {

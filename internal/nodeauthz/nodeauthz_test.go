@@ -111,6 +111,9 @@ func TestHandler(t *testing.T) {
 		"wrong kind":    {path: nodeauthz.Path, body: []byte(`{"apiVersion":"authorization.k8s.io/v1","kind":"TokenReview\u001b"}`), code: http.StatusBadRequest, want: `kind "TokenReview\x1b"`},
 		"wrong version": {path: nodeauthz.Path, body: []byte(`{"apiVersion":"authorization.k8s.io/v1beta1","kind":"SubjectAccessReview"}`), code: http.StatusBadRequest, want: "v1beta1"},
 		"oversized":     {path: nodeauthz.Path, body: append(review("system:node:worker-1"), bytes.Repeat([]byte(" "), nodeauthz.MaxRequestSize)...), code: http.StatusBadRequest, want: "limit"},
+		// One reading only: the API server reads names exactly, so must its authorizer.
+		"user in two cases": {path: nodeauthz.Path, body: []byte(`{"apiVersion":"authorization.k8s.io/v1","kind":"SubjectAccessReview","spec":{"user":"system:node:worker-0","User":"system:node:worker-1"}}`), code: http.StatusBadRequest, want: "letter case"},
+		"user twice":        {path: nodeauthz.Path, body: []byte(`{"apiVersion":"authorization.k8s.io/v1","kind":"SubjectAccessReview","spec":{"user":"system:node:worker-0","user":"system:node:worker-1"}}`), code: http.StatusBadRequest, want: "duplicate member name"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rec, _ := post(tc.path, tc.body)
@@ -121,7 +124,7 @@ func TestHandler(t *testing.T) {
 	}
 	assert.Equal(t, 7.0, decisions(t, reg, "denied"))
 	assert.Equal(t, 1.0, decisions(t, reg, "no-opinion"))
-	assert.Equal(t, 4.0, decisions(t, reg, "bad-request"))
+	assert.Equal(t, 6.0, decisions(t, reg, "bad-request"))
 }
 
 // FuzzParseReview: no input panics; whatever parses is a v1 SubjectAccessReview and Decide

@@ -132,6 +132,8 @@ func readStamp(file string) (stamp, bool) {
 	if err != nil {
 		return stamp{}, false
 	}
+	// encoding/json, not strictjson: a stamp is the build's own cache note (a bad one only
+	// rebuilds the archive).
 	var st stamp
 	if err := json.Unmarshal(data, &st); err != nil {
 		return stamp{}, false

@@ -65,6 +65,7 @@ func ReadIndex(dir string) (Index, error) {
 	if err != nil {
 		return Index{}, fmt.Errorf("reading image index (run `make images`): %w", err)
 	}
+	// encoding/json, not strictjson: the index is the build's own output (Build writes it).
 	var idx Index
 	if err := json.Unmarshal(data, &idx); err != nil {
 		return Index{}, fmt.Errorf("reading image index %s: %w", filepath.Join(dir, IndexFile), err)

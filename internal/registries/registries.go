@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/fileutil"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // HostsDir is where a node's containerd looks for registry hosts (its registry config_path).
@@ -134,14 +135,11 @@ func Parse(data []byte) (Mirrors, error) {
 	if len(data) > MaxEncodedSize {
 		return nil, fmt.Errorf("registry configuration of %d bytes, at most %d", len(data), MaxEncodedSize)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
+	// strictjson refuses a host twice (encoding/json alone keeps the last list) and anything
+	// after the object (a stray "}" too).
 	var m Mirrors
-	if err := dec.Decode(&m); err != nil {
+	if err := strictjson.Unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("registry configuration: %w", err)
-	}
-	if dec.More() {
-		return nil, errors.New("registry configuration: data after the JSON object")
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("registry configuration: %w", err)

@@ -59,13 +59,22 @@ func TestValidate(t *testing.T) {
 
 func TestParse(t *testing.T) {
 	for name, tc := range map[string]struct{ data, wantErr string }{
-		"empty: none":    {data: ""},
-		"empty object":   {data: "{}"},
-		"not JSON":       {data: "docker.io: x", wantErr: "invalid character"},
-		"wrong type":     {data: `{"docker.io": "https://m.example.com"}`, wantErr: "cannot unmarshal"},
-		"trailing data":  {data: `{} {}`, wantErr: "data after the JSON object"},
-		"invalid inside": {data: `{"docker.io": ["ftp://x"]}`, wantErr: "want an http:// or https:// URL"},
-		"too large":      {data: `{"a": ["` + strings.Repeat("x", MaxEncodedSize) + `"]}`, wantErr: "at most 16384"},
+		"empty: none":   {data: ""},
+		"empty object":  {data: "{}"},
+		"not JSON":      {data: "docker.io: x", wantErr: "invalid character"},
+		"wrong type":    {data: `{"docker.io": "https://m.example.com"}`, wantErr: "cannot unmarshal"},
+		"trailing data": {data: `{} {}`, wantErr: "data after the JSON value"},
+		// A host twice: encoding/json alone kept the last list, a reader keeping the first
+		// pulls from other mirrors.
+		"host twice": {
+			data:    `{"docker.io": ["https://a.example.com"], "docker.io": ["https://b.example.com"]}`,
+			wantErr: `duplicate member name "docker.io"`,
+		},
+		// A stray "}" after the object: encoding/json's More reported no more values.
+		"stray closing brace":   {data: `{"docker.io": ["https://a.example.com"]}}`, wantErr: "data after the JSON value"},
+		"stray closing bracket": {data: `{}]`, wantErr: "data after the JSON value"},
+		"invalid inside":        {data: `{"docker.io": ["ftp://x"]}`, wantErr: "want an http:// or https:// URL"},
+		"too large":             {data: `{"a": ["` + strings.Repeat("x", MaxEncodedSize) + `"]}`, wantErr: "at most 16384"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			m, err := Parse([]byte(tc.data))

@@ -8,6 +8,8 @@ import (
 	intoto "github.com/in-toto/attestation/go/v1"
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // PayloadType is the DSSE payload type of a release: an in-toto statement.
@@ -103,11 +105,11 @@ func decodeStatement(payload []byte) (statement, error) {
 		return statement{}, fmt.Errorf("predicate type %q, want %q", st.GetPredicateType(), PredicateType)
 	}
 	// protojson accepted the text, so it has no duplicate or unknown keys: this second read
-	// of it cannot see another value than the first.
+	// of it cannot see another value than the first (and strictjson refuses the same again).
 	var raw struct {
 		Predicate json.RawMessage `json:"predicate"`
 	}
-	if err := json.Unmarshal(payload, &raw); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(payload, &raw); err != nil {
 		return statement{}, fmt.Errorf("in-toto statement: %w", err)
 	}
 	out := statement{Type: st.GetType(), PredicateType: st.GetPredicateType(), Predicate: raw.Predicate}

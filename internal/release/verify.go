@@ -1,13 +1,10 @@
 package release
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
@@ -17,6 +14,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // MaxSize bounds a signed release that Parse reads (a release is a few KiB per variant).
@@ -31,22 +29,16 @@ type Envelope struct {
 }
 
 // Parse reads a signed release strictly: at most MaxSize bytes of one JSON DSSE envelope
-// (no unknown fields, nothing after it) of payload type PayloadType, whose payload and
+// (strictjson.Unmarshal: no unknown field, no field twice or in other letter case, nothing
+// after it) of payload type PayloadType, whose payload and
 // signatures are base64, with 1..MaxSignatures signatures. It checks no signature.
 func Parse(data []byte) (*Envelope, error) {
 	if len(data) > MaxSize {
 		return nil, refuse(ReasonMalformed, "%d bytes, limit %d", len(data), MaxSize)
 	}
 	var env dsse.Envelope
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&env); err != nil {
+	if err := strictjson.Unmarshal(data, &env); err != nil {
 		return nil, refuse(ReasonMalformed, "not a DSSE envelope: %w", err)
-	}
-	// Only whitespace may follow: Token returns io.EOF then, an error for anything else
-	// (even a stray "}", which More would report as no more values).
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, refuse(ReasonMalformed, "data after the DSSE envelope")
 	}
 	if env.PayloadType != PayloadType {
 		return nil, refuse(ReasonMalformed, "payload type %q, want %q (an in-toto statement)", env.PayloadType, PayloadType)
@@ -135,16 +127,13 @@ func signatureRefusal(env *Envelope, key *PublicKey, err error) error {
 	return refuse(ReasonWrongKey, "signed by %s, not by the pinned key %s: %w", strings.Join(others, ", "), key.KeyID(), err)
 }
 
-// decodeManifest decodes the predicate strictly: no unknown fields, nothing after it.
+// decodeManifest decodes the predicate strictly (strictjson.Unmarshal): no unknown field, no
+// field twice or in other letter case, nothing after it. protojson accepted the statement,
+// but it reads the predicate as a map, so "version" and "Version" are two keys to it.
 func decodeManifest(pred []byte) (Manifest, error) {
 	var m Manifest
-	dec := json.NewDecoder(bytes.NewReader(pred))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
+	if err := strictjson.Unmarshal(pred, &m); err != nil {
 		return Manifest{}, fmt.Errorf("release manifest: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Manifest{}, errors.New("release manifest: data after the JSON value")
 	}
 	return m, nil
 }

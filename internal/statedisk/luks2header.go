@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // LUKS2 on-disk format (cryptsetup's LUKS2 specification, docs/on-disk-format-luks2.pdf):
@@ -172,14 +173,11 @@ func ParseLUKS2Header(r io.ReaderAt) (*LUKS2Header, error) {
 		return nil, errors.New("LUKS2 header copies differ")
 	}
 
+	// Whoever controls the disk writes this JSON: a key twice or in other letter case would
+	// read one way here and another way in cryptsetup (json-c, case-sensitive).
 	var md luks2Metadata
-	dec := json.NewDecoder(bytes.NewReader(primary.json))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&md); err != nil {
+	if err := strictjson.Unmarshal(primary.json, &md); err != nil {
 		return nil, fmt.Errorf("LUKS2 metadata: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("LUKS2 metadata: data after the JSON object")
 	}
 	if err := md.check(primary.hdrSize); err != nil {
 		return nil, err

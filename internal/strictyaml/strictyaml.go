@@ -8,6 +8,7 @@
 //     (json.Unmarshaler, encoding.TextUnmarshaler) refuses is reported, each as a *FieldError
 //     that names the field path (for example provider.local.controlPlanes). encoding/json
 //     alone would stop at the first problem, match keys case-insensitively, and not say where.
+//     The document then decodes with strictjson, as every JSON input does.
 //     A map type whose keys are a closed set known at run time (KeySet) has its keys checked
 //     as a struct's fields are.
 //   - Scalars are not coerced: an unquoted 1.30 is a number, not the string "1.30", and
@@ -32,6 +33,8 @@ import (
 
 	yaml2 "go.yaml.in/yaml/v2"
 	"sigs.k8s.io/yaml"
+
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // FieldError is a problem with one field of a document.
@@ -90,6 +93,8 @@ func Unmarshal(data []byte, v any) error {
 	if err != nil {
 		return fmt.Errorf("invalid YAML: %w", err)
 	}
+	// The generic reading that check walks. The YAML parser refused duplicate keys, and a
+	// miscased field is check's to report (with a hint), so encoding/json reads this.
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.UseNumber()
@@ -104,14 +109,9 @@ func Unmarshal(data []byte, v any) error {
 	if len(problems) > 0 {
 		return errors.Join(problems...)
 	}
-	// The check above found nothing; the decoder's own strictness stays on as a backstop.
-	dec = json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return &FieldError{Path: te.Field, Err: fmt.Errorf("cannot hold %s: %w", te.Value, err)}
-		}
+	// The check above found nothing; the strict JSON decoder of every other input (no
+	// unknown field, none twice or in other letter case) decodes, and stays a backstop.
+	if err := strictjson.Unmarshal(js, v); err != nil {
 		return fmt.Errorf("decoding: %w", err)
 	}
 	return nil
@@ -190,7 +190,7 @@ func checkJSONUnmarshaler(t reflect.Type, v any, bad func(string, ...any)) {
 		bad("%w", err)
 		return
 	}
-	if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
+	if err := strictjson.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
 		bad("%w", err)
 	}
 }
@@ -426,6 +426,7 @@ func Marshal(v any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// encoding/json's tokenizer, not strictjson: it re-reads json.Marshal's output just above.
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.UseNumber()
 	ordered, err := orderedValue(dec)

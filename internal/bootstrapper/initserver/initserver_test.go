@@ -460,7 +460,7 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 				withAttestation(t, e, r)
 				r.AttestationReference = append(r.AttestationReference[:len(r.AttestationReference)-1], `,"snp":{},"hardware":{}}`...)
 			},
-			code: codes.InvalidArgument, want: []string{`attestation configuration: decoding the attestation reference: json: unknown field "hardware"`},
+			code: codes.InvalidArgument, want: []string{`attestation configuration: decoding the attestation reference: unknown field "hardware"`},
 		},
 		"attestation configuration malformed": {
 			mutate: func(r *initpb.InitRequest) {

@@ -41,6 +41,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/pkg/atls"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Where the books are published: one ConfigMap, one key per join service (its node's name).
@@ -291,7 +292,7 @@ func Read(ctx context.Context, client kubernetes.Interface) (map[string][]Refusa
 			continue
 		}
 		var rs []Refusal
-		if err := json.Unmarshal([]byte(data), &rs); err != nil {
+		if err := strictjson.UnmarshalIgnoreUnknown([]byte(data), &rs); err != nil {
 			problems = append(problems, fmt.Errorf("the refusals of the join service on %q: %w", node, err))
 			continue
 		}
@@ -335,7 +336,7 @@ func ReadReferenceSets(ctx context.Context, client kubernetes.Interface) (map[st
 			continue
 		}
 		var names []string
-		if err := json.Unmarshal([]byte(data), &names); err != nil {
+		if err := strictjson.Unmarshal([]byte(data), &names); err != nil {
 			problems = append(problems, fmt.Errorf("the reference sets of the join service on %q: %w", node, err))
 			continue
 		}

@@ -155,10 +155,14 @@ func TestParsePolicy(t *testing.T) {
 		"empty prefix":   {json: `{"clients":{"a":{"keyIDPrefixes":[""]}}}`, wantErr: "would grant every key id"},
 		"grants nothing": {json: `{"clients":{"a":{}}}`, wantErr: `client "a" is granted nothing`},
 		"empty name":     {json: `{"clients":{"":{"stateDiskKeys":true}}}`, wantErr: "empty name"},
-		"trailing data":  {json: `{"clients":{"a":{"stateDiskKeys":true}}} {}`, wantErr: "trailing"},
-		"stray brace":    {json: `{"clients":{"a":{"stateDiskKeys":true}}}}`, wantErr: "trailing"},
-		"stray bracket":  {json: `{"clients":{"a":{"stateDiskKeys":true}}}]`, wantErr: "trailing"},
+		"trailing data":  {json: `{"clients":{"a":{"stateDiskKeys":true}}} {}`, wantErr: "data after the JSON value"},
+		"stray brace":    {json: `{"clients":{"a":{"stateDiskKeys":true}}}}`, wantErr: "data after the JSON value"},
+		"stray bracket":  {json: `{"clients":{"a":{"stateDiskKeys":true}}}]`, wantErr: "data after the JSON value"},
 		"not JSON":       {json: `clients: a`, wantErr: "policy"},
+		// One reading only: encoding/json alone kept the last client "a" and read
+		// "StateDiskKeys" as stateDiskKeys.
+		"client twice":        {json: `{"clients":{"a":{"keyIDPrefixes":["x-"]},"a":{"stateDiskKeys":true}}}`, wantErr: `duplicate member name "a"`},
+		"grant in other case": {json: `{"clients":{"a":{"keyIDPrefixes":["x-"],"StateDiskKeys":true}}}`, wantErr: "letter case"},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {

@@ -1,14 +1,12 @@
 package keyservice
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"regexp"
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/kms"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Policy authorizes callers, named by the common name of their client certificate, for key
@@ -102,16 +100,12 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// ParsePolicy decodes and validates a policy; unknown fields are errors.
+// ParsePolicy decodes and validates a policy (strictjson.Unmarshal: unknown fields, a field
+// twice or in other letter case, and trailing data are errors).
 func ParsePolicy(data []byte) (Policy, error) {
 	var p Policy
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	if err := strictjson.Unmarshal(data, &p); err != nil {
 		return Policy{}, fmt.Errorf("policy: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Policy{}, fmt.Errorf("policy: trailing data")
 	}
 	return p, p.Validate()
 }

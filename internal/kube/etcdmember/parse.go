@@ -1,16 +1,14 @@
 package etcdmember
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/openconstellation/constellation/pkg/strictjson"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -45,9 +43,6 @@ type memberList struct {
 	Members []listedMember `json:"members"`
 }
 
-var memberListKeys = keySet("header", "cluster_id", "member_id", "revision", "raft_term",
-	"members", "ID", "name", "peerURLs", "clientURLs", "isLearner")
-
 // ParseMemberList parses the output of `etcdctl member list -w json` (and of `member remove`,
 // which prints the remaining members the same way). It returns the members, sorted by name
 // and ID, and the ID of the member that answered.
@@ -58,7 +53,7 @@ var memberListKeys = keySet("header", "cluster_id", "member_id", "revision", "ra
 // members after their nodes), valid http(s) URLs, and within the size limits.
 func ParseMemberList(data []byte) (members []Member, answeredBy uint64, err error) {
 	var out memberList
-	if err := decodeStrict(data, memberListKeys, &out); err != nil {
+	if err := decodeStrict(data, &out); err != nil {
 		return nil, 0, fmt.Errorf("etcdctl member list output: %w", err)
 	}
 	if out.Header == nil || out.Header.MemberID == 0 || out.Header.ClusterID == 0 {
@@ -114,14 +109,12 @@ type EndpointHealth struct {
 	Error string `json:"error"`
 }
 
-var endpointHealthKeys = keySet("endpoint", "health", "took", "error")
-
 // ParseEndpointHealth parses the output of `etcdctl endpoint health -w json`: a JSON array of
 // endpoint results, each with a valid http(s) endpoint named once and a duration; an
 // unhealthy endpoint says why.
 func ParseEndpointHealth(data []byte) ([]EndpointHealth, error) {
 	var out []EndpointHealth
-	if err := decodeStrict(data, endpointHealthKeys, &out); err != nil {
+	if err := decodeStrict(data, &out); err != nil {
 		return nil, fmt.Errorf("etcdctl endpoint health output: %w", err)
 	}
 	if out == nil {
@@ -170,102 +163,12 @@ func checkURL(s string) error {
 	return nil
 }
 
-func keySet(keys ...string) map[string]bool {
-	m := map[string]bool{}
-	for _, k := range keys {
-		m[k] = true
-	}
-	return m
-}
-
-// decodeStrict decodes exactly one JSON value from data into v: at most MaxOutputBytes, every
-// object key one of keys in its exact spelling (encoding/json alone matches keys
-// case-insensitively) and not repeated within its object (encoding/json alone keeps the last),
-// no unknown fields, nothing after the value.
-func decodeStrict(data []byte, keys map[string]bool, v any) error {
+// decodeStrict decodes exactly one JSON value from data into v: at most MaxOutputBytes, then
+// strictjson.Unmarshal (no unknown field, no field twice or in other letter case, nothing
+// after the value).
+func decodeStrict(data []byte, v any) error {
 	if len(data) > MaxOutputBytes {
 		return fmt.Errorf("%d bytes, more than %d", len(data), MaxOutputBytes)
 	}
-	if err := checkKeys(data, keys); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("data after the JSON value")
-	}
-	return nil
-}
-
-// checkKeys walks the JSON tokens of data and checks every object key against keys and for
-// repetition within its object.
-func checkKeys(data []byte, keys map[string]bool) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var stack []*frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if top != nil && top.object && top.expectKey {
-			if d, ok := tok.(json.Delim); ok && d == '}' {
-				stack = stack[:len(stack)-1]
-				markValueDone(stack)
-				continue
-			}
-			key, ok := tok.(string)
-			if !ok {
-				return errors.New("object key is not a string")
-			}
-			if !keys[key] {
-				return fmt.Errorf("unknown field %s", untrusted.Quote(key))
-			}
-			if top.seen[key] {
-				return fmt.Errorf("field %q repeated", key)
-			}
-			top.seen[key] = true
-			top.expectKey = false
-			continue
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, &frame{object: true, seen: map[string]bool{}, expectKey: true})
-		case json.Delim('['):
-			stack = append(stack, &frame{})
-		case json.Delim(']'), json.Delim('}'):
-			stack = stack[:len(stack)-1]
-			markValueDone(stack)
-		default:
-			markValueDone(stack)
-		}
-		if len(stack) > 16 {
-			return errors.New("nested too deeply")
-		}
-	}
-}
-
-// frame is an open object or array of checkKeys: for objects, the keys seen and whether the
-// next token is a key.
-type frame struct {
-	object    bool
-	seen      map[string]bool
-	expectKey bool
-}
-
-// markValueDone records that the value of the innermost object's current key is complete.
-func markValueDone(stack []*frame) {
-	if len(stack) > 0 && stack[len(stack)-1].object {
-		stack[len(stack)-1].expectKey = true
-	}
+	return strictjson.Unmarshal(data, v)
 }

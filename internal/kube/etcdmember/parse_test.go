@@ -54,10 +54,10 @@ func TestParseMemberListRejects(t *testing.T) {
 		want string
 	}{
 		"not JSON":            {in: `Error: context deadline exceeded`, want: "invalid character"},
-		"empty":               {in: ``, want: "EOF"},
+		"empty":               {in: ``, want: "unexpected end of JSON input"},
 		"unknown field":       {in: `{` + hdr + `,"members":[` + m7 + `],"extra":1}`, want: `unknown field "extra"`},
-		"other spelling":      {in: `{` + hdr + `,"members":[{"id":7,"name":"cp-0","peerURLs":["https://10.42.0.10:2380"]}]}`, want: `unknown field "id"`},
-		"key twice":           {in: `{` + hdr + `,"members":[{"ID":7,"ID":8,"name":"cp-0","peerURLs":["https://10.42.0.10:2380"]}]}`, want: `field "ID" repeated`},
+		"other spelling":      {in: `{` + hdr + `,"members":[{"id":7,"name":"cp-0","peerURLs":["https://10.42.0.10:2380"]}]}`, want: `field "id" in "/members/0": differs from a known field only in letter case`},
+		"key twice":           {in: `{` + hdr + `,"members":[{"ID":7,"ID":8,"name":"cp-0","peerURLs":["https://10.42.0.10:2380"]}]}`, want: `duplicate member name "ID" in "/members/0"`},
 		"trailing data":       {in: `{` + hdr + `,"members":[` + m7 + `]} {}`, want: "data after the JSON value"},
 		"no header":           {in: `{"members":[` + m7 + `]}`, want: "no header"},
 		"answerer not listed": {in: `{"header":{"cluster_id":1,"member_id":8},"members":[` + m7 + `]}`, want: "answered by member 8, which is not listed"},
@@ -71,7 +71,7 @@ func TestParseMemberListRejects(t *testing.T) {
 		"URL with path":       {in: `{` + hdr + `,"members":[{"ID":7,"name":"cp-0","peerURLs":["https://10.42.0.10:2380/x"]}]}`, want: "not an http(s) endpoint"},
 		"URL with user":       {in: `{` + hdr + `,"members":[{"ID":7,"name":"cp-0","peerURLs":["https://u@10.42.0.10:2380"]}]}`, want: "not an http(s) endpoint"},
 		"too large":           {in: `{"members":[` + strings.Repeat(" ", etcdmember.MaxOutputBytes) + `]}`, want: "more than"},
-		"deep nesting":        {in: strings.Repeat(`{"header":`, 20) + `1` + strings.Repeat(`}`, 20), want: "nested too deeply"},
+		"deep nesting":        {in: strings.Repeat(`{"header":`, 20) + `1` + strings.Repeat(`}`, 20), want: `unknown field "header" in "/header"`},
 		"list, not object":    {in: `[]`, want: "cannot unmarshal"},
 	}
 	for name, tc := range testCases {
@@ -106,7 +106,7 @@ func TestParseEndpointHealthRejects(t *testing.T) {
 		"null":               {in: `null`, want: "not a list"},
 		"object":             {in: `{}`, want: "cannot unmarshal"},
 		"unknown field":      {in: `[{"endpoint":"https://10.42.0.10:2379","health":true,"took":"1ms","leader":true}]`, want: `unknown field "leader"`},
-		"other spelling":     {in: `[{"Endpoint":"https://10.42.0.10:2379","health":true,"took":"1ms"}]`, want: `unknown field "Endpoint"`},
+		"other spelling":     {in: `[{"Endpoint":"https://10.42.0.10:2379","health":true,"took":"1ms"}]`, want: `field "Endpoint" in "/0": differs from a known field only in letter case`},
 		"endpoint twice":     {in: `[{"endpoint":"https://10.42.0.10:2379","health":true,"took":"1ms"},{"endpoint":"https://10.42.0.10:2379","health":false,"took":"1ms","error":"x"}]`, want: "listed twice"},
 		"bad endpoint":       {in: `[{"endpoint":"10.42.0.10:2379","health":true,"took":"1ms"}]`, want: "not an http(s) endpoint"},
 		"bad took":           {in: `[{"endpoint":"https://10.42.0.10:2379","health":true,"took":"soon"}]`, want: "not a duration"},

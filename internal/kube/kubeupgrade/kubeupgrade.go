@@ -43,6 +43,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/nodeimage"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -152,7 +153,14 @@ func ClusterVersion(ctx context.Context, kube kubernetes.Interface) (string, err
 	var cfg struct {
 		KubernetesVersion string `json:"kubernetesVersion"`
 	}
-	if err := yaml.Unmarshal([]byte(cm.Data[ClusterConfigKey]), &cfg); err != nil {
+	// kubeadm reads the key exactly and refuses it twice: a "KubernetesVersion" beside it, or
+	// the key twice, must not make this reading differ from kubeadm's (yaml.Unmarshal alone
+	// matches case-insensitively and keeps the last). Other fields are kubeadm's business.
+	js, err := yaml.YAMLToJSONStrict([]byte(cm.Data[ClusterConfigKey]))
+	if err == nil {
+		err = strictjson.UnmarshalIgnoreUnknown(js, &cfg)
+	}
+	if err != nil {
 		return "", fmt.Errorf("%s/%s %s: %w", Namespace, KubeadmConfigName, ClusterConfigKey, err)
 	}
 	if _, err := version.ParseSemantic(cfg.KubernetesVersion); err != nil {

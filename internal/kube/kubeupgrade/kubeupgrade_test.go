@@ -197,6 +197,20 @@ func TestObserveFailures(t *testing.T) {
 	create(t, kube, "latest", "v1.34.4", nil)
 	_, err = kubeupgrade.Observe(ctx, kube)
 	assert.ErrorContains(t, err, `kubernetesVersion "latest"`)
+
+	// One reading only: kubeadm reads kubernetesVersion exactly and refuses it twice; a
+	// second spelling must not make the keeper see another version than kubeadm does.
+	for name, tc := range map[string]struct{ version, want string }{
+		"in another case": {"v1.34.4\nKubernetesVersion: v1.35.4", "letter case"},
+		"twice":           {"v1.34.4\nkubernetesVersion: v1.35.4", "already set in map"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			kube := fake.NewClientset()
+			create(t, kube, tc.version, "v1.34.4", nil)
+			_, err := kubeupgrade.Observe(ctx, kube)
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
 }
 
 // TestObserveRealAPIServer reads what kubeadm leaves in a real API server, as the keeper of a

@@ -1,11 +1,9 @@
 package local
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/version"
@@ -13,6 +11,7 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // NodeConfigFile is the node configuration of a local node image (measured into PCR 12 with
@@ -84,17 +83,12 @@ func (c NodeConfig) Marshal() ([]byte, error) {
 	return append(data, '\n'), nil
 }
 
-// ParseNodeConfig decodes node-config.json strictly (unknown fields and trailing data are
-// errors) and validates it.
+// ParseNodeConfig decodes node-config.json strictly (strictjson.Unmarshal: unknown fields, a
+// field twice or in other letter case, and trailing data are errors) and validates it.
 func ParseNodeConfig(data []byte) (NodeConfig, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var c NodeConfig
-	if err := dec.Decode(&c); err != nil {
+	if err := strictjson.Unmarshal(data, &c); err != nil {
 		return NodeConfig{}, fmt.Errorf("decoding %s: %w", NodeConfigFile, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return NodeConfig{}, fmt.Errorf("decoding %s: data after the object", NodeConfigFile)
 	}
 	if err := c.Validate(); err != nil {
 		return NodeConfig{}, err

@@ -31,14 +31,17 @@ func TestNodeConfig(t *testing.T) {
 		data string
 		want []string
 	}{
-		"unknown field":      {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","extra":1}`, []string{`unknown field "extra"`}},
-		"trailing data":      {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"} {}`, []string{"data after the object"}},
-		"stray brace":        {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"}}`, []string{"data after the object"}},
-		"not JSON":           {`kubernetesVersion: v1.34.4`, []string{"decoding node-config.json"}},
-		"every field bad":    {`{"kubernetesVersion":"1.34","provider":"gcp","servicesImage":"services"}`, []string{`kubernetesVersion "1.34"`, `provider "gcp"`, `servicesImage "services"`}},
-		"release not semver": {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","release":"2"}`, []string{`release "2"`}},
-		"release without v":  {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","release":"1.2.3"}`, []string{`release "1.2.3"`}},
-		"image untagged":     {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services"}`, []string{"servicesImage"}},
+		"unknown field": {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","extra":1}`, []string{`unknown field "extra"`}},
+		"trailing data": {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"} {}`, []string{"data after the JSON value"}},
+		"stray brace":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c"}}`, []string{"data after the JSON value"}},
+		"not JSON":      {`kubernetesVersion: v1.34.4`, []string{"decoding node-config.json"}},
+		// One reading only: the file is measured, and the measured bytes must mean one thing.
+		"field in other case": {`{"kubernetesVersion":"v1.34.4","KubernetesVersion":"v1.33.0","provider":"local","servicesImage":"a/b:c"}`, []string{"letter case"}},
+		"field twice":         {`{"kubernetesVersion":"v1.34.4","kubernetesVersion":"v1.33.0","provider":"local","servicesImage":"a/b:c"}`, []string{`duplicate member name "kubernetesVersion"`}},
+		"every field bad":     {`{"kubernetesVersion":"1.34","provider":"gcp","servicesImage":"services"}`, []string{`kubernetesVersion "1.34"`, `provider "gcp"`, `servicesImage "services"`}},
+		"release not semver":  {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","release":"2"}`, []string{`release "2"`}},
+		"release without v":   {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"a/b:c","release":"1.2.3"}`, []string{`release "1.2.3"`}},
+		"image untagged":      {`{"kubernetesVersion":"v1.34.4","provider":"local","servicesImage":"localhost/constellation/services"}`, []string{"servicesImage"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := local.ParseNodeConfig([]byte(tc.data))

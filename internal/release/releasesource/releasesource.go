@@ -21,7 +21,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +36,7 @@ import (
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Names of a release source.
@@ -100,13 +100,8 @@ func (c Client) Versions(ctx context.Context, source string) ([]string, error) {
 // opened.
 func parseIndex(data []byte) ([]string, error) {
 	var idx Index
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&idx); err != nil {
+	if err := strictjson.Unmarshal(data, &idx); err != nil {
 		return nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("data after the JSON object")
 	}
 	seen := map[string]bool{}
 	for _, v := range idx.Releases {

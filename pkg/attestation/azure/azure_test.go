@@ -187,6 +187,11 @@ func TestParseRuntimeData(t *testing.T) {
 		"no vm-configuration":              {[]byte(`{"keys":[` + rsaKey("HCLAkPub", n, "AQAB") + `]}`), "vm-configuration"},
 		"not JSON":                         {[]byte("HCLA"), "JSON"},
 		"trailing garbage":                 {append(doc(rsaKey("HCLAkPub", n, "AQAB")), 'x'), "JSON"},
+		// One reading only: the AK read here must be the one any reader of the signed runtime
+		// data sees (encoding/json alone keeps the last of two fields, in any letter case).
+		"keys twice":       {[]byte(`{"keys":[` + rsaKey("HCLAkPub", "AQAB", "AQAB") + `],"keys":[` + rsaKey("HCLAkPub", n, "AQAB") + `],"vm-configuration":{"tpm-enabled":true}}`), `duplicate member name "keys"`},
+		"Keys beside keys": {[]byte(`{"keys":[` + rsaKey("HCLAkPub", "AQAB", "AQAB") + `],"Keys":[` + rsaKey("HCLAkPub", n, "AQAB") + `],"vm-configuration":{"tpm-enabled":true}}`), "letter case"},
+		"N beside n":       {doc(`{"kid":"HCLAkPub","kty":"RSA","n":"AQAB","N":"` + n + `","e":"AQAB"}`), "letter case"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

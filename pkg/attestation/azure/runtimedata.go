@@ -4,7 +4,6 @@ import (
 	"crypto"
 	"crypto/rsa"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"math/big"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/openconstellation/constellation/pkg/attestation"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Key IDs of the JWKs in the runtime data.
@@ -70,8 +70,10 @@ func parseRuntimeData(b []byte) (*RuntimeData, error) {
 	if len(b) > maxRuntimeDataLen {
 		return nil, fmt.Errorf("%d bytes, limit %d", len(b), maxRuntimeDataLen)
 	}
+	// The HCL may add fields (it has: "user-data", "current-time"); a field twice or in
+	// other letter case is refused, so that the AK read here is the one every reader sees.
 	var doc runtimeDataJSON
-	if err := json.Unmarshal(b, &doc); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(b, &doc); err != nil {
 		return nil, fmt.Errorf("JSON: %w", err)
 	}
 	if doc.VMConfig == nil {

@@ -2,7 +2,6 @@ package azuresnp
 
 import (
 	"context"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // CertificateSource returns the certificates for this VM's SEV-SNP report: the VCEK first
@@ -80,7 +80,7 @@ func (t *THIM) Certificates(ctx context.Context) ([][]byte, error) {
 		return nil, fmt.Errorf("THIM: response larger than %d bytes", maxTHIMResponse)
 	}
 	var r thimResponse
-	if err := json.Unmarshal(body, &r); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &r); err != nil {
 		return nil, fmt.Errorf("THIM: response: %w", err)
 	}
 	vcek, err := pemCertificates(r.VCEKCert)

@@ -15,6 +15,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // QuoteProvider turns a TDREPORT into a TD quote. Inside an Azure TDX VM the quoting enclave
@@ -82,7 +83,7 @@ func (m *IMDS) Quote(ctx context.Context, tdReport []byte) ([]byte, error) {
 	var r struct {
 		Quote string `json:"quote"`
 	}
-	if err := json.Unmarshal(respBody, &r); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(respBody, &r); err != nil {
 		return nil, fmt.Errorf("IMDS quote: response: %w", err)
 	}
 	quote, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(r.Quote, "="))

@@ -21,7 +21,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -43,6 +42,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/trustedlaunch"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Reference is everything evidence of one variant is checked against: what a cluster records
@@ -103,21 +103,17 @@ func (r Reference) Encode() ([]byte, error) {
 	return data, nil
 }
 
-// DecodeReference decodes the canonical encoding of a reference (Encode) strictly, refusing
-// unknown fields and trailing data. It does not check the reference: the caller does, once,
+// DecodeReference decodes the canonical encoding of a reference (Encode) strictly
+// (strictjson.Unmarshal: no unknown field, no field twice or in other letter case, nothing
+// after the value). It does not check the reference: the caller does, once,
 // by the rules of its trust boundary (Validate, or ValidateForCluster for a cluster's).
 func DecodeReference(data []byte) (Reference, error) {
 	if len(data) > MaxEncodedReferenceSize {
 		return Reference{}, fmt.Errorf("attestation reference of %d bytes, limit %d", len(data), MaxEncodedReferenceSize)
 	}
 	var r Reference
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	if err := strictjson.Unmarshal(data, &r); err != nil {
 		return Reference{}, fmt.Errorf("decoding the attestation reference: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Reference{}, errors.New("decoding the attestation reference: data after the JSON value")
 	}
 	return r, nil
 }

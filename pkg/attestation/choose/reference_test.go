@@ -53,6 +53,14 @@ func TestDecodeReferenceRefuses(t *testing.T) {
 		"stray brace":     {`{"variant":"qemu-vtpm"}}`, "data after the JSON value"},
 		"stray bracket":   {`{"variant":"qemu-vtpm"}]`, "data after the JSON value"},
 		"oversized":       {`"` + string(make([]byte, MaxEncodedReferenceSize)) + `"`, "limit"},
+		// One reading only: encoding/json alone keeps the last of two fields and matches names
+		// ignoring case, so each of these read one way here and another way elsewhere.
+		"variant twice":             {`{"variant":"aws-nitro-tpm","variant":"qemu-vtpm"}`, `duplicate member name "variant"`},
+		"Variant beside variant":    {`{"variant":"qemu-vtpm","Variant":"aws-nitro-tpm"}`, `field "Variant": differs from a known field only in letter case`},
+		"opt-in in another case":    {`{"variant":"qemu-vtpm","AcceptUnauthenticatedAK":true}`, "letter case"},
+		"expected digest twice":     {`{"variant":"qemu-vtpm","measurements":[{"name":"a","measurements":{"4":{"expected":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","expected":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"}}}]}`, `duplicate member name "expected"`},
+		"set name in another case":  {`{"variant":"qemu-vtpm","measurements":[{"name":"a","Name":"b","measurements":{}}]}`, "letter case"},
+		"TDX field in another case": {`{"variant":"qemu-tdx","tdx":{"name":"x","MrSeam":[]}}`, "letter case"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeReference([]byte(tc.data))

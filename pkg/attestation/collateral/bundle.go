@@ -1,12 +1,12 @@
 package collateral
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // A bundle carries collateral from a verifier with network to one without: a JSON array of
@@ -29,20 +29,16 @@ const MaxBundleSize = 8 << 20
 // MaxBundleEntries bounds the documents of a bundle.
 const MaxBundleEntries = 256
 
-// ParseBundle decodes a bundle strictly (size-bounded, no unknown fields, no trailing data,
-// every entry with a URL and a body).
+// ParseBundle decodes a bundle strictly (size-bounded; strictjson.Unmarshal: no unknown
+// field, no field twice or in other letter case, no trailing data; every entry with a URL
+// and a body).
 func ParseBundle(data []byte) ([]BundleEntry, error) {
 	if len(data) > MaxBundleSize {
 		return nil, fmt.Errorf("collateral bundle of %d bytes, limit %d", len(data), MaxBundleSize)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var entries []BundleEntry
-	if err := dec.Decode(&entries); err != nil {
+	if err := strictjson.Unmarshal(data, &entries); err != nil {
 		return nil, fmt.Errorf("collateral bundle: %w", err)
-	}
-	if dec.More() {
-		return nil, errors.New("collateral bundle: data after the array")
 	}
 	if len(entries) > MaxBundleEntries {
 		return nil, fmt.Errorf("collateral bundle of %d documents, limit %d", len(entries), MaxBundleEntries)

@@ -43,6 +43,10 @@ func TestParseBundleRejects(t *testing.T) {
 		"no body":       `[{"url":"x"}]`,
 		"trailing data": `[] []`,
 		"body not b64":  `[{"url":"x","body":"!"}]`,
+		// One reading only: which document a URL is cached for must not depend on the reader.
+		"url twice":      `[{"url":"https://a.example/crl","url":"https://b.example/crl","body":"AQ=="}]`,
+		"URL beside url": `[{"url":"https://a.example/crl","URL":"https://b.example/crl","body":"AQ=="}]`,
+		"body twice":     `[{"url":"x","body":"AQ==","body":"Ag=="}]`,
 	} {
 		_, err := ParseBundle([]byte(data))
 		assert.Error(t, err, name)

@@ -23,7 +23,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -33,6 +32,7 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/pkg/api/attestation/hardwarepb"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // ErrOffline: the document is neither cached nor carried, and the cache has no fetcher.
@@ -370,7 +370,8 @@ func intelDates(body []byte) (issued, next time.Time, ok bool) {
 		TCBInfo         section `json:"tcbInfo"`
 		EnclaveIdentity section `json:"enclaveIdentity"`
 	}
-	if json.Unmarshal(body, &doc) != nil {
+	// Intel's documents have many more fields (and may gain some): only these are read.
+	if strictjson.UnmarshalIgnoreUnknown(body, &doc) != nil {
 		return time.Time{}, time.Time{}, false
 	}
 	for _, sec := range []section{doc.TCBInfo, doc.EnclaveIdentity} {

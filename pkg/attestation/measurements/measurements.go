@@ -26,6 +26,7 @@ import (
 	"strings"
 
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Measurement is the reference value of one register.
@@ -56,24 +57,25 @@ func (m *Measurement) UnmarshalJSON(b []byte) error {
 		return errors.New("measurement: expected digest must be a hex string, got a number (in YAML, quote digests that are all digits)")
 	}
 	if len(b) > 0 && b[0] == '"' {
-		if err := json.Unmarshal(b, &raw.Expected); err != nil {
+		if err := strictjson.Unmarshal(b, &raw.Expected); err != nil {
 			return err
 		}
 	} else {
 		// Keys are matched exactly: encoding/json alone would accept "warnonly" or "Expected".
+		// strictjson refuses a key twice (encoding/json alone keeps the last "expected").
 		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(b, &fields); err != nil {
+		if err := strictjson.Unmarshal(b, &fields); err != nil {
 			return fmt.Errorf("measurement: %w", err)
 		}
 		for key, val := range fields {
 			var err error
 			switch key {
 			case "expected":
-				if err = json.Unmarshal(val, &raw.Expected); err != nil {
+				if err = strictjson.Unmarshal(val, &raw.Expected); err != nil {
 					err = fmt.Errorf("expected digest must be a hex string (in YAML, quote digests that are all digits): %w", err)
 				}
 			case "warnOnly":
-				err = json.Unmarshal(val, &raw.WarnOnly)
+				err = strictjson.Unmarshal(val, &raw.WarnOnly)
 			default:
 				err = fmt.Errorf("unknown field %q (known: expected, warnOnly)", key)
 			}
@@ -223,7 +225,9 @@ func (m M) MarshalJSON() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// UnmarshalJSON decodes registers, rejecting duplicates and non-numeric indices.
+// UnmarshalJSON decodes registers, rejecting duplicates and non-numeric indices. It walks the
+// tokens itself (encoding/json's tokenizer: the indices "4" and "04" name one register, which
+// a duplicate check of names alone would not see); each measurement decodes strictly.
 func (m *M) UnmarshalJSON(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	tok, err := dec.Token()

@@ -3,10 +3,7 @@ package measurements
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -15,20 +12,16 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
-// DecodeReferenceSets decodes reference sets (JSON, strictly: unknown fields and trailing data
-// are rejected) and validates them for v. YAML is the configuration file's business: it is
+// DecodeReferenceSets decodes reference sets (JSON, strictly: strictjson.Unmarshal refuses
+// unknown fields, a field twice or in other letter case, and trailing data) and validates them for v. YAML is the configuration file's business: it is
 // converted to JSON there, so this package needs no YAML codec.
 func DecodeReferenceSets(data []byte, v variant.Variant) (ReferenceSets, error) {
 	var sets ReferenceSets
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&sets); err != nil {
+	if err := strictjson.Unmarshal(data, &sets); err != nil {
 		return nil, fmt.Errorf("decoding reference sets: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("decoding reference sets: data after the JSON value")
 	}
 	if err := sets.Validate(v); err != nil {
 		return nil, err

@@ -9,6 +9,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // Reference is what an SEV-SNP report must show to be accepted: the hardware block of the
@@ -115,11 +117,11 @@ func (d *Digests) UnmarshalJSON(data []byte) error {
 	var list []string
 	if trimmed := bytes.TrimSpace(data); len(trimmed) > 0 && trimmed[0] == '"' {
 		var one string
-		if err := json.Unmarshal(data, &one); err != nil {
+		if err := strictjson.Unmarshal(data, &one); err != nil {
 			return err
 		}
 		list = []string{one}
-	} else if err := json.Unmarshal(data, &list); err != nil {
+	} else if err := strictjson.Unmarshal(data, &list); err != nil {
 		return err
 	}
 	out := make(Digests, 0, len(list))

@@ -1,15 +1,15 @@
 package tdx
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/google/go-tdx-guest/abi"
+
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // HexBytes is a byte string written as hex in JSON and YAML configs.
@@ -72,14 +72,13 @@ type Reference struct {
 	MinimumPCESvn uint16 `json:"minimumPceSvn,omitempty"`
 }
 
-// UnmarshalJSON decodes a reference strictly: unknown fields are errors, so a typo does not
-// silently leave a check at its default.
+// UnmarshalJSON decodes a reference strictly (strictjson.Unmarshal): unknown fields are
+// errors, so a typo does not silently leave a check at its default, and a field twice or in
+// other letter case is refused, so the reference has one reading.
 func (r *Reference) UnmarshalJSON(b []byte) error {
 	type plain Reference
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var p plain
-	if err := dec.Decode(&p); err != nil {
+	if err := strictjson.Unmarshal(b, &p); err != nil {
 		return fmt.Errorf("TDX reference: %w", err)
 	}
 	*r = Reference(p)

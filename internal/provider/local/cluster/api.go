@@ -89,6 +89,8 @@ func (p *Provider) apiHandler() http.Handler {
 
 // handleAddNodes creates and boots the nodes of the request's list and answers with them.
 func (p *Provider) handleAddNodes(w http.ResponseWriter, r *http.Request) {
+	// encoding/json, not strictjson: the control API listens on a socket in the cluster's
+	// folder, for this program's own CLI.
 	var specs []provider.NodeSpec
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&specs); err != nil {
 		http.Error(w, "malformed node list: "+err.Error(), http.StatusBadRequest)

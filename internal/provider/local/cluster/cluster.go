@@ -120,6 +120,7 @@ func ReadSpec(dir string) (Spec, error) {
 	if err != nil {
 		return s, fmt.Errorf("reading the local cluster's spec: %w", err)
 	}
+	// encoding/json, not strictjson: this program's own output (writeSpec).
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, fmt.Errorf("reading %s: %w", filepath.Join(dir, SpecFile), err)
 	}
@@ -173,6 +174,7 @@ func ReadStatus(dir string) (Status, error) {
 	if err != nil {
 		return s, err
 	}
+	// encoding/json, not strictjson: the provider process's own output for the CLI.
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, fmt.Errorf("reading %s: %w", filepath.Join(dir, StatusFile), err)
 	}
@@ -1105,6 +1107,8 @@ func lastLogLine(path string) string {
 	last := lines[len(lines)-1]
 	// The node writes this file: its last line is the node's text (JSON strings decode to
 	// any bytes), and it reaches the operator's terminal through `constellation status`.
+	// encoding/json, not strictjson: the line is only shown (escaped), nothing is decided on
+	// it, and slog's "msg" and "err" are matched to Msg and Err ignoring case.
 	var rec struct{ Msg, Err string }
 	if json.Unmarshal([]byte(last), &rec) == nil && rec.Msg != "" {
 		if rec.Err != "" {

@@ -77,6 +77,8 @@ func supportsImagesFrom(bootstrapper string) bool {
 const containerdWait = 2 * time.Minute
 
 func (p *Provider) handleLoadImages(w http.ResponseWriter, r *http.Request) {
+	// encoding/json, not strictjson: the control API's caller is this program's own CLI
+	// (handleAddNodes).
 	var req LoadImagesRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
 		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)

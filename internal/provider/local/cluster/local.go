@@ -314,6 +314,7 @@ func (l *Local) call(ctx context.Context, method, path string, in, out any) erro
 		return fmt.Errorf("local provider %s %s: %s: %s", method, path, resp.Status, msg)
 	}
 	if out != nil {
+		// encoding/json, not strictjson: the answer of this program's own provider process.
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("local provider %s %s: %w", method, path, err)
 		}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 )
 
 // DefaultURL is where the local provider serves metadata to its nodes.
@@ -242,7 +243,7 @@ func snippet(b []byte) string {
 
 func decodeSelf(body []byte) (metadata.Instance, error) {
 	var in instanceJSON
-	if err := json.Unmarshal(body, &in); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &in); err != nil {
 		return metadata.Instance{}, fmt.Errorf("decoding instance: %w", err)
 	}
 	return toInstance(in)
@@ -250,7 +251,7 @@ func decodeSelf(body []byte) (metadata.Instance, error) {
 
 func decodeNode(body []byte) (metaserver.Node, error) {
 	var n metaserver.Node
-	if err := json.Unmarshal(body, &n); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &n); err != nil {
 		return metaserver.Node{}, fmt.Errorf("decoding node: %w", err)
 	}
 	var problems []error
@@ -271,7 +272,7 @@ func decodeNode(body []byte) (metaserver.Node, error) {
 
 func decodeInstances(body []byte) ([]metadata.Instance, error) {
 	var list []instanceJSON
-	if err := json.Unmarshal(body, &list); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &list); err != nil {
 		return nil, fmt.Errorf("decoding instance list: %w", err)
 	}
 	out := make([]metadata.Instance, 0, len(list))
@@ -318,7 +319,7 @@ func toInstance(in instanceJSON) (metadata.Instance, error) {
 
 func decodeEndpoints(body []byte) ([]string, error) {
 	var eps []string
-	if err := json.Unmarshal(body, &eps); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &eps); err != nil {
 		return nil, fmt.Errorf("decoding endpoint list: %w", err)
 	}
 	for _, ep := range eps {
@@ -337,16 +338,11 @@ func decodeEndpoints(body []byte) ([]string, error) {
 // controlPlaneEndpoint, so it must be an address and a port (an empty one: the platform has
 // no load balancer).
 func decodeAPIEndpoint(body []byte) (string, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
 	var e struct {
 		Endpoint *string `json:"endpoint"`
 	}
-	if err := dec.Decode(&e); err != nil {
+	if err := strictjson.Unmarshal(body, &e); err != nil {
 		return "", fmt.Errorf("decoding API endpoint: %w", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return "", errors.New("decoding API endpoint: data after the value")
 	}
 	if e.Endpoint == nil {
 		return "", errors.New("decoding API endpoint: no endpoint field")
@@ -365,7 +361,7 @@ func decodeHash(body []byte) ([]byte, error) {
 	var h struct {
 		Hash string `json:"hash"`
 	}
-	if err := json.Unmarshal(body, &h); err != nil {
+	if err := strictjson.UnmarshalIgnoreUnknown(body, &h); err != nil {
 		return nil, fmt.Errorf("decoding init-secret hash: %w", err)
 	}
 	if _, err := bcrypt.Cost([]byte(h.Hash)); err != nil {

@@ -142,7 +142,7 @@ func TestRefusedAnswers(t *testing.T) {
 		"api: unspecified":       {path: "/v1/api-endpoint", body: `{"endpoint":"0.0.0.0:6443"}`, call: apiEndpoint, want: []string{"want IP:port"}},
 		"api: no field":          {path: "/v1/api-endpoint", body: `{}`, call: apiEndpoint, want: []string{"no endpoint field"}},
 		"api: unknown field":     {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2:6443","via":"x"}`, call: apiEndpoint, want: []string{"unknown field"}},
-		"api: trailing data":     {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2:6443"}}`, call: apiEndpoint, want: []string{"data after the value"}},
+		"api: trailing data":     {path: "/v1/api-endpoint", body: `{"endpoint":"10.42.0.2:6443"}}`, call: apiEndpoint, want: []string{"data after the JSON value"}},
 		"hash: not bcrypt":       {path: "/v1/init-secret-hash", body: `{"hash":"sha256:abcd"}`, call: initHash, want: []string{"not a bcrypt hash"}},
 		"hash: missing":          {path: "/v1/init-secret-hash", body: `{}`, call: initHash, want: []string{"not a bcrypt hash"}},
 		"hash: service too slow": {path: "/v1/init-secret-hash", body: `SLOW `, call: initHash, want: []string{"context deadline exceeded"}},

@@ -8,6 +8,7 @@ package metaserver
 
 import (
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/pkg/strictjson"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -86,7 +88,11 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		var rep Report
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxReportBody)).Decode(&rep); err != nil {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxReportBody))
+		if err == nil {
+			err = strictjson.UnmarshalIgnoreUnknown(body, &rep)
+		}
+		if err != nil {
 			http.Error(w, "malformed report: "+err.Error(), http.StatusBadRequest)
 			return
 		}

@@ -296,6 +296,8 @@ func (Platform) Serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// encoding/json, not strictjson: the spec is this program's own output (cluster.Create
+	// writes it into the cluster's folder for this daemon).
 	var spec cluster.Spec
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return fmt.Errorf("reading %s: %w", args[0], err)
