@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -97,7 +98,7 @@ type pollCount struct {
 	firstFailures []string
 }
 
-func (c *pollCount) record(start time.Time, took, timeout, stalled time.Duration, err error) {
+func (c *pollCount) record(start time.Time, took, timeout, stalled, ioStalled time.Duration, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.requests++
@@ -115,8 +116,8 @@ func (c *pollCount) record(start time.Time, took, timeout, stalled time.Duration
 	}
 	c.byKind[kind]++
 	if len(c.firstFailures) < 10 {
-		c.firstFailures = append(c.firstFailures, fmt.Sprintf("%s %s after %v, poller stalled %v: %v",
-			start.Format("15:04:05.000"), kind, took.Round(time.Millisecond), stalled.Round(time.Millisecond), err))
+		c.firstFailures = append(c.firstFailures, fmt.Sprintf("%s %s after %v, poller stalled %v, machine stalled on I/O %v: %v",
+			start.Format("15:04:05.000"), kind, took.Round(time.Millisecond), stalled.Round(time.Millisecond), ioStalled.Round(time.Millisecond), err))
 	}
 }
 
@@ -217,6 +218,30 @@ func (m *stallMonitor) summary() (n int, longest time.Duration) {
 	return n, longest
 }
 
+// ioFullStall is the machine's total time in which every runnable task waited for I/O (the
+// kernel's pressure stall information, /proc/pressure/io "full"); 0 where the kernel has none.
+func ioFullStall() time.Duration {
+	data, err := os.ReadFile("/proc/pressure/io")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if !strings.HasPrefix(line, "full ") {
+			continue
+		}
+		_, total, ok := strings.Cut(line, "total=")
+		if !ok {
+			return 0
+		}
+		us, err := strconv.ParseInt(strings.TrimSpace(total), 10, 64)
+		if err != nil {
+			return 0
+		}
+		return time.Duration(us) * time.Microsecond
+	}
+	return 0
+}
+
 // startPollers polls the API every 500 ms and Service service every 100 ms with ask (asked
 // says how, for the log) until requireNoFailures.
 func startPollers(t *testing.T, kubeconfig, service, asked string, ask func(context.Context) error) *pollers {
@@ -241,6 +266,7 @@ func pollTargets(t testing.TB, kubeconfig, service string, targets ...target) *p
 			defer tick.Stop()
 			for {
 				rctx, rcancel := context.WithTimeout(ctx, tg.timeout)
+				ioBefore := ioFullStall()
 				start := time.Now()
 				err := tg.ask(rctx)
 				took := time.Since(start)
@@ -248,7 +274,7 @@ func pollTargets(t testing.TB, kubeconfig, service string, targets ...target) *p
 				if ctx.Err() != nil {
 					return
 				}
-				c.record(start, took, tg.timeout, p.stalls.during(start, start.Add(took)), err)
+				c.record(start, took, tg.timeout, p.stalls.during(start, start.Add(took)), ioFullStall()-ioBefore, err)
 				select {
 				case <-ctx.Done():
 					return

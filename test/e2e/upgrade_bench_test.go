@@ -21,8 +21,9 @@ import (
 // While it runs, a workload (Deployment hello, 3 replicas, a PodDisruptionBudget, a
 // LoadBalancer Service) is asked every 100 ms from the host through its LoadBalancer address,
 // the API every 500 ms and its /readyz every 500 ms (2 s timeout), and BENCH_CPU_LOAD processes
-// (default: twice the cores) spin beside the cluster, as a parallel build would load the
-// machine. Every failed request is logged with its reason and with how long the poller itself
+// (default: twice the cores) spin beside the cluster; BENCH_BUILD_LOAD adds that many loops of a
+// Go build of the standard library into an empty build cache (CPU and disk, as a parallel build
+// loads the machine). Every failed request is logged with its reason and with how long the poller itself
 // was stalled (availability_test.go); the failures are reported as metrics, whose target is 0.
 //
 // Reported: the whole upgrade, its time per node, and the failed requests of each target. Run
@@ -41,7 +42,7 @@ func BenchmarkUpgrade(b *testing.B) {
 		p := pollTargets(b, kubeconfig, "hello",
 			serviceTarget("hello", "from the host through its LoadBalancer address, 2 s timeout", askLoadBalancer(b, kubeconfig)),
 			apiTarget(client), readyzTarget(client))
-		stopLoad := cpuLoad(b, benchCPULoad(b))
+		stopLoad := cpuLoad(b, benchCPULoad(b), benchLoad(b, "BENCH_BUILD_LOAD", 0))
 		start := time.Now()
 		out, err := exec.Command(bin, "apply", "-C", ws).CombinedOutput()
 		upgrade += time.Since(start)
@@ -67,26 +68,40 @@ func BenchmarkUpgrade(b *testing.B) {
 
 // benchCPULoad is the number of spinning processes beside a benchmark: $BENCH_CPU_LOAD, else
 // twice the cores.
-func benchCPULoad(b *testing.B) int {
-	if v := os.Getenv("BENCH_CPU_LOAD"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(b, err, "BENCH_CPU_LOAD")
-		return n
+func benchCPULoad(b *testing.B) int { return benchLoad(b, "BENCH_CPU_LOAD", 2*runtime.NumCPU()) }
+
+// benchLoad is the number in $env, else def.
+func benchLoad(b *testing.B, env string, def int) int {
+	v := os.Getenv(env)
+	if v == "" {
+		return def
 	}
-	return 2 * runtime.NumCPU()
+	n, err := strconv.Atoi(v)
+	require.NoError(b, err, env)
+	return n
 }
 
-// cpuLoad starts n processes that spin until the returned func (or the benchmark's cleanup)
-// kills them by PID.
-func cpuLoad(b *testing.B, n int) (stop func()) {
+// cpuLoad starts spinners processes that spin and builders loops of `go build -a std` into an
+// empty build cache of their own, each in a process group of its own, until the returned func
+// (or the benchmark's cleanup) kills those groups.
+func cpuLoad(b *testing.B, spinners, builders int) (stop func()) {
 	b.Helper()
 	var procs []*exec.Cmd
-	for range n {
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
+	start := func(script string, env ...string) {
+		cmd := exec.Command("sh", "-c", script)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		require.NoError(b, cmd.Start())
 		procs = append(procs, cmd)
 	}
-	b.Logf("CPU load: %d spinning processes", n)
+	for range spinners {
+		start("while :; do :; done")
+	}
+	for range builders {
+		cache := b.TempDir()
+		start(`while :; do go build -a std >/dev/null 2>&1; go clean -cache; done`, "GOCACHE="+cache)
+	}
+	b.Logf("load: %d spinning processes, %d build loops", spinners, builders)
 	stopped := false
 	stop = func() {
 		if stopped {
@@ -94,7 +109,7 @@ func cpuLoad(b *testing.B, n int) (stop func()) {
 		}
 		stopped = true
 		for _, p := range procs {
-			_ = p.Process.Signal(syscall.SIGKILL)
+			_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 			_ = p.Wait()
 		}
 	}
