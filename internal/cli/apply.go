@@ -455,45 +455,13 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 	if err != nil {
 		return err
 	}
-	var authzReports map[string]nodeauthz.Report
-	for n := range want {
-		if controlPlanes[n] && !ready[n] {
-			if authzReports, err = nodeauthz.Reports(lctx, client); err != nil {
-				return err
-			}
-			break
-		}
-	}
-	now := time.Now()
-	// authorizerWhy is why control plane n's authorizer holds it back, "" when it does not.
-	authorizerWhy := func(n string) string {
-		if !controlPlanes[n] {
-			return ""
-		}
-		if h := nodeauthz.Assess(authzReports, n, now); h.Reported && !h.Ready {
-			return h.Why
-		}
-		return ""
-	}
-	readyWhat := func(n string) string {
-		switch h := nodeauthz.Assess(authzReports, n, now); {
-		case !controlPlanes[n]:
-			return "Ready, verification service up"
-		case h.Ready:
-			return "Ready, verification service up, removed-node authorizer synced"
-		default:
-			return "Ready, verification service up; its removed-node authorizer: " + h.Why
-		}
-	}
-	verifiers, err := client.CoreV1().Pods(clusterrecord.Namespace).List(lctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService})
+	gate, err := newAuthorizerGate(lctx, client, want, controlPlanes, ready)
 	if err != nil {
 		return err
 	}
-	verifiable := map[string]bool{}
-	for _, p := range verifiers.Items {
-		if podReady(p) {
-			verifiable[p.Spec.NodeName] = true
-		}
+	verifiable, err := verifiableNodes(lctx, client)
+	if err != nil {
+		return err
 	}
 	registered := map[string]bool{}
 	for _, n := range nodes.Items {
@@ -501,7 +469,7 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 			continue
 		}
 		registered[n.Name] = true
-		if quiet && isReady(n) && verifiable[n.Name] && authorizerWhy(n.Name) == "" {
+		if quiet && isReady(n) && verifiable[n.Name] && gate.why(n.Name) == "" {
 			joined[n.Name], ready[n.Name] = true, true
 			prog.done(n.Name)
 			continue
@@ -517,12 +485,12 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 			}
 			t.phase("join", fmt.Sprintf("%s (Node registered %s)", n.Name, when))
 		}
-		switch why := authorizerWhy(n.Name); {
+		switch why := gate.why(n.Name); {
 		case ready[n.Name]:
 		case isReady(n) && verifiable[n.Name] && why == "":
 			ready[n.Name] = true
 			prog.done(n.Name)
-			t.phase("ready", n.Name+" ("+readyWhat(n.Name)+")")
+			t.phase("ready", n.Name+" ("+gate.readyWhat(n.Name)+")")
 		case isReady(n) && verifiable[n.Name]:
 			prog.waiting(n.Name, "its removed-node authorizer to be ready (now: "+why+")")
 		case !isReady(n):
@@ -545,6 +513,66 @@ func readyRound(ctx context.Context, t *phaseTimer, prog *progress, client kuber
 		}
 	}
 	return nil
+}
+
+// authorizerGate holds back a control plane whose removed-node authorizer reports that it is
+// not ready (docs/node-lifecycle.md "The removed-node authorizer's readiness"). A control plane
+// without a report (an image from before the reports) is not held back.
+type authorizerGate struct {
+	controlPlanes map[string]bool
+	reports       map[string]nodeauthz.Report
+	now           time.Time
+}
+
+// newAuthorizerGate reads the authorizers' reports, only when a control plane is still awaited.
+func newAuthorizerGate(ctx context.Context, client kubernetes.Interface, want, controlPlanes, ready map[string]bool) (authorizerGate, error) {
+	g := authorizerGate{controlPlanes: controlPlanes, now: time.Now()}
+	for n := range want {
+		if controlPlanes[n] && !ready[n] {
+			reports, err := nodeauthz.Reports(ctx, client)
+			g.reports = reports
+			return g, err
+		}
+	}
+	return g, nil
+}
+
+// why is why control plane n's authorizer holds it back, "" when it does not.
+func (g authorizerGate) why(n string) string {
+	if !g.controlPlanes[n] {
+		return ""
+	}
+	if h := nodeauthz.Assess(g.reports, n, g.now); h.Reported && !h.Ready {
+		return h.Why
+	}
+	return ""
+}
+
+// readyWhat says what node n's readiness consists of, for the ready phase line.
+func (g authorizerGate) readyWhat(n string) string {
+	switch h := nodeauthz.Assess(g.reports, n, g.now); {
+	case !g.controlPlanes[n]:
+		return "Ready, verification service up"
+	case h.Ready:
+		return "Ready, verification service up, removed-node authorizer synced"
+	default:
+		return "Ready, verification service up; its removed-node authorizer: " + h.Why
+	}
+}
+
+// verifiableNodes are the nodes on which a verification service pod is ready.
+func verifiableNodes(ctx context.Context, client kubernetes.Interface) (map[string]bool, error) {
+	verifiers, err := client.CoreV1().Pods(clusterrecord.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + deploy.VerificationService})
+	if err != nil {
+		return nil, err
+	}
+	verifiable := map[string]bool{}
+	for _, p := range verifiers.Items {
+		if podReady(p) {
+			verifiable[p.Spec.NodeName] = true
+		}
+	}
+	return verifiable, nil
 }
 
 // toolPath names a command for the user to run: its bare name when it is on PATH outside

@@ -550,23 +550,55 @@ func attestationStatusOf(ctx context.Context, workspace string, st *state.State,
 }
 
 func printStatus(out io.Writer, r *statusReport) {
-	fmt.Fprintf(out, "Cluster %s (%s provider, %s", r.Cluster.Name, r.Cluster.Provider, r.Cluster.Phase)
-	if r.Cluster.ClusterID != "" {
-		fmt.Fprintf(out, ", ID %s", r.Cluster.ClusterID)
+	printClusterLine(out, r.Cluster)
+	printNodeTable(out, r.Nodes)
+	printNodeDetails(out, r.Nodes)
+	if cp := r.ControlPlane; cp != nil {
+		if cp.Healthy {
+			fmt.Fprintln(out, "Control plane: healthy (every control plane Ready, its removed-node authorizer synced)")
+		} else {
+			fmt.Fprintf(out, "Control plane: DEGRADED: %s\n", strings.Join(cp.Problems, "; "))
+		}
 	}
-	if r.Cluster.Release != "" {
-		fmt.Fprintf(out, ", release %s", r.Cluster.Release)
+	if len(r.Services) > 0 {
+		var parts []string
+		for _, s := range r.Services {
+			parts = append(parts, fmt.Sprintf("%s %d/%d ready", strings.TrimPrefix(s.Name, "constellation-"), s.Ready, s.Desired))
+		}
+		fmt.Fprintf(out, "Services: %s\n", strings.Join(parts, ", "))
 	}
-	if r.Cluster.Kubernetes != "" {
-		fmt.Fprintf(out, ", Kubernetes %s", r.Cluster.Kubernetes)
-		if a := r.Cluster.AddOns; a != "" && a != r.Cluster.Kubernetes {
+	for _, rm := range r.Removed {
+		fmt.Fprintf(out, "Removed: %s (%s, %s): %s\n", rm.Name, rm.Role, rm.RemovedAt.Local().Format(time.RFC3339), rm.Admission)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(out, "note: %s\n", e)
+	}
+}
+
+// printClusterLine prints the status's first line: the cluster, its provider, phase, ID,
+// release and Kubernetes version.
+func printClusterLine(out io.Writer, c clusterStatus) {
+	fmt.Fprintf(out, "Cluster %s (%s provider, %s", c.Name, c.Provider, c.Phase)
+	if c.ClusterID != "" {
+		fmt.Fprintf(out, ", ID %s", c.ClusterID)
+	}
+	if c.Release != "" {
+		fmt.Fprintf(out, ", release %s", c.Release)
+	}
+	if c.Kubernetes != "" {
+		fmt.Fprintf(out, ", Kubernetes %s", c.Kubernetes)
+		if a := c.AddOns; a != "" && a != c.Kubernetes {
 			fmt.Fprintf(out, " (add-ons still %s)", a)
 		}
 	}
 	fmt.Fprintln(out, ")")
+}
+
+// printNodeTable prints one row per node: its three views.
+func printNodeTable(out io.Writer, nodes []nodeStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tROLE\tIP\tPLATFORM\tKUBERNETES\tATTESTATION")
-	for _, n := range r.Nodes {
+	for _, n := range nodes {
 		platform := "unknown"
 		if p := n.Provider; p != nil {
 			platform = string(p.State)
@@ -600,38 +632,25 @@ func printStatus(out io.Writer, r *statusReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, n.Role, n.IP, platform, kube, att)
 	}
 	tw.Flush()
-	for _, n := range r.Nodes {
-		if p := n.Provider; p != nil && (p.Detail != "" || p.ReportedDetail != "" || len(p.Events) > 1) {
-			if p.Detail != "" {
-				fmt.Fprintf(out, "  %s: %s\n", n.Name, p.Detail)
-			}
-			if p.ReportedDetail != "" {
-				fmt.Fprintf(out, "  %s: %s: %s\n", n.Name, p.Reported, p.ReportedDetail)
-			}
-			for _, e := range lastN(p.Events, 3) {
-				fmt.Fprintf(out, "  %s  %s: %s\n", e.Time.Local().Format(time.TimeOnly), n.Name, e.Message)
-			}
+}
+
+// printNodeDetails prints what the platform says of a node beyond its state: its detail,
+// its bootstrapper's report and its last events.
+func printNodeDetails(out io.Writer, nodes []nodeStatus) {
+	for _, n := range nodes {
+		p := n.Provider
+		if p == nil || (p.Detail == "" && p.ReportedDetail == "" && len(p.Events) <= 1) {
+			continue
 		}
-	}
-	if cp := r.ControlPlane; cp != nil {
-		if cp.Healthy {
-			fmt.Fprintln(out, "Control plane: healthy (every control plane Ready, its removed-node authorizer synced)")
-		} else {
-			fmt.Fprintf(out, "Control plane: DEGRADED: %s\n", strings.Join(cp.Problems, "; "))
+		if p.Detail != "" {
+			fmt.Fprintf(out, "  %s: %s\n", n.Name, p.Detail)
 		}
-	}
-	if len(r.Services) > 0 {
-		var parts []string
-		for _, s := range r.Services {
-			parts = append(parts, fmt.Sprintf("%s %d/%d ready", strings.TrimPrefix(s.Name, "constellation-"), s.Ready, s.Desired))
+		if p.ReportedDetail != "" {
+			fmt.Fprintf(out, "  %s: %s: %s\n", n.Name, p.Reported, p.ReportedDetail)
 		}
-		fmt.Fprintf(out, "Services: %s\n", strings.Join(parts, ", "))
-	}
-	for _, rm := range r.Removed {
-		fmt.Fprintf(out, "Removed: %s (%s, %s): %s\n", rm.Name, rm.Role, rm.RemovedAt.Local().Format(time.RFC3339), rm.Admission)
-	}
-	for _, e := range r.Errors {
-		fmt.Fprintf(out, "note: %s\n", e)
+		for _, e := range lastN(p.Events, 3) {
+			fmt.Fprintf(out, "  %s  %s: %s\n", e.Time.Local().Format(time.TimeOnly), n.Name, e.Message)
+		}
 	}
 }
 
