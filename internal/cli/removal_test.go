@@ -18,13 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
-	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
@@ -254,9 +252,7 @@ func nodeMay(t *testing.T, admin kubernetes.Interface, node, verb, ns, name stri
 // service issues it.
 func kubeletClient(t *testing.T, kube *kubetest.Cluster, name string) kubernetes.Interface {
 	t.Helper()
-	certPEM, keyPEM, err := kubeletcred.Issue(kube.PKI.CA, name, time.Now())
-	require.NoError(t, err)
-	c, err := kube.ClientFor(rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: certPEM, KeyData: keyPEM}})
+	c, err := kube.NodeClient(name)
 	require.NoError(t, err)
 	return c
 }

@@ -32,7 +32,6 @@ import (
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
-	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -303,9 +302,9 @@ func startControllerManagerAsKubeadm(t *testing.T, kube *kubetest.Cluster) {
 // as Constellation issues every node's (kubeletcred.Issue).
 func nodeClient(t *testing.T, kube *kubetest.Cluster, name string) kubernetes.Interface {
 	t.Helper()
-	certPEM, keyPEM, err := kubeletcred.Issue(kube.PKI.CA, name, time.Now())
+	c, err := kube.NodeClient(name)
 	require.NoError(t, err)
-	return clientFor(t, kube, rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: certPEM, KeyData: keyPEM}})
+	return c
 }
 
 func clientFor(t *testing.T, kube *kubetest.Cluster, auth rest.Config) kubernetes.Interface {

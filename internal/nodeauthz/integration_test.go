@@ -14,10 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/openconstellation/constellation/internal/diskowner"
-	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -51,9 +49,7 @@ func startWithAuthorizer(t *testing.T, node string) (*kubetest.Cluster, *nodeaut
 
 func nodeClient(t *testing.T, kube *kubetest.Cluster, name string) kubernetes.Interface {
 	t.Helper()
-	certPEM, keyPEM, err := kubeletcred.Issue(kube.PKI.CA, name, time.Now())
-	require.NoError(t, err)
-	c, err := kube.ClientFor(rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: certPEM, KeyData: keyPEM}})
+	c, err := kube.NodeClient(name)
 	require.NoError(t, err)
 	return c
 }

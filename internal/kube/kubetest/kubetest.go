@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/openconstellation/constellation/internal/kube/kubeletcred"
 	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/testnet"
@@ -397,6 +398,17 @@ func (c *Cluster) ClientFor(auth rest.Config) (kubernetes.Interface, error) {
 	auth.TLSClientConfig.CAData = pki.EncodeCert(c.PKI.CA.Cert)
 	auth.Timeout = 30 * time.Second
 	return kubernetes.NewForConfig(&auth)
+}
+
+// NodeClient returns a client that authenticates as node name's kubelet, with a client
+// certificate from the cluster CA issued as Constellation issues every node's
+// (kubeletcred.Issue).
+func (c *Cluster) NodeClient(name string) (kubernetes.Interface, error) {
+	certPEM, keyPEM, err := kubeletcred.Issue(c.PKI.CA, name, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return c.ClientFor(rest.Config{TLSClientConfig: rest.TLSClientConfig{CertData: certPEM, KeyData: keyPEM}})
 }
 
 // Shared is one control plane for all tests of a package, started on first use: test

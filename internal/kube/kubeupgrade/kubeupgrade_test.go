@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
 	"github.com/openconstellation/constellation/internal/testtier"
@@ -310,7 +310,7 @@ func TestKeeperLogsPeerVersionsBounded(t *testing.T) {
 	hostile := "v1.34.4-\x1b[2J\x1b]0;pwned\x07\nlevel=ERROR msg=forged" + strings.Repeat("\x1b[31m", (1<<20)/5)
 	kube := fake.NewClientset()
 	create(t, kube, "v1.35.4", "v1.34.4", map[string]string{"control-plane-1": "v1.35.4", "worker-0": hostile})
-	var logs syncBuffer
+	var logs cmdutil.SyncBuffer
 	k := &kubeupgrade.Keeper{Version: "v1.35.4", Kube: kube, Kubeadm: &recordingKubeadm{}, Config: []byte("config"),
 		Interval: 10 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -324,22 +324,4 @@ func TestKeeperLogsPeerVersionsBounded(t *testing.T) {
 		assert.NotContains(t, line, "\x1b")
 	}
 	assert.Contains(t, logs.String(), `…(`, "the version is cut and its length noted")
-}
-
-// syncBuffer is a bytes.Buffer for a log written from the keeper's goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
