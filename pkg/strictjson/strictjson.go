@@ -31,6 +31,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 
 	json "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -210,6 +211,11 @@ const (
 func checkName(t reflect.Type, name string, at jsontext.Pointer, known map[reflect.Type]map[string]nameMatch, ignoreUnknown bool) error {
 	m, ok := known[t][name]
 	if !ok {
+		if _, exact := exactNames.Load(typeName{t, name}); exact {
+			m, ok = matchExact, true
+		}
+	}
+	if !ok {
 		quoted, err := jsontext.AppendQuote(nil, name)
 		if err != nil {
 			return fmt.Errorf("field %q%s: %w", name, in(at), err) // checkSyntax accepted name: unreachable
@@ -228,6 +234,9 @@ func checkName(t reflect.Type, name string, at jsontext.Pointer, known map[refle
 			known[t] = map[string]nameMatch{}
 		}
 		known[t][name] = m
+		if m == matchExact {
+			exactNames.Store(typeName{t, name}, struct{}{})
+		}
 	}
 	switch {
 	case m == matchFolded:
@@ -236,6 +245,17 @@ func checkName(t reflect.Type, name string, at jsontext.Pointer, known map[refle
 		return fmt.Errorf("%w %q%s", ErrUnknownField, name, in(at))
 	}
 	return nil
+}
+
+// exactNames remembers, across calls, the member names that name a field of a struct type
+// exactly, so that a document of known fields (a webhook's every request) costs no probes
+// after the first. Only exact names are kept: they are bounded by the types' fields, while
+// unknown names and case variants are the sender's to vary.
+var exactNames sync.Map // typeName → struct{}
+
+type typeName struct {
+	t    reflect.Type
+	name string
 }
 
 // probeOptions decode a one-member probe, reporting an unknown member as ErrUnknownName.
