@@ -24,6 +24,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -308,6 +309,17 @@ func (s *Store) DetachNode(node string) error {
 	if err := CheckNode(node); err != nil {
 		return err
 	}
+	return s.detachWhere(func(n string) bool { return n == node })
+}
+
+// DetachNodesExcept releases every attachment to a node not in nodes: what a provider killed
+// between deleting a node and DetachNode left, released at its next start.
+func (s *Store) DetachNodesExcept(nodes []string) error {
+	return s.detachWhere(func(n string) bool { return !slices.Contains(nodes, n) })
+}
+
+// detachWhere releases every attachment to a node for which release is true.
+func (s *Store) detachWhere(release func(node string) bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ids, err := s.ids()
@@ -324,7 +336,7 @@ func (s *Store) DetachNode(node string) error {
 			errs = append(errs, err)
 			continue
 		}
-		if rec.AttachedTo != node {
+		if rec.AttachedTo == "" || !release(rec.AttachedTo) {
 			continue
 		}
 		rec.AttachedTo = ""

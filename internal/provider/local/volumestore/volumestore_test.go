@@ -159,6 +159,18 @@ func TestOperations(t *testing.T) {
 			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) { return nil, s.DetachNode("worker-1") },
 			after: csidriver.Volume{ID: idA, Bytes: mib, AttachedTo: "worker-0"},
 		},
+		"detach nodes except: a node the provider no longer has": {
+			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) {
+				return nil, s.DetachNodesExcept([]string{"control-plane-0", "worker-1"})
+			},
+			after: csidriver.Volume{ID: idA, Bytes: mib},
+		},
+		"detach nodes except: a node it has": {
+			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) {
+				return nil, s.DetachNodesExcept([]string{"control-plane-0", "worker-0"})
+			},
+			after: csidriver.Volume{ID: idA, Bytes: mib, AttachedTo: "worker-0"},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, dir := open(t)
