@@ -53,6 +53,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/apilb"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/provider/local/volumestore"
 	"github.com/openconstellation/constellation/internal/reaper"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 	"github.com/openconstellation/constellation/pkg/untrusted"
@@ -161,10 +162,12 @@ type NodeStatus struct {
 	LogFile    string `json:"logFile"`
 }
 
-// StatusFile is the status path below Spec.Dir; SocketFile the control API's socket.
+// StatusFile is the status path below Spec.Dir; SocketFile the control API's socket;
+// VolumesDir the movable volumes' storage (volumestore), outside every node's folder.
 const (
 	StatusFile = "provider.json"
 	SocketFile = "provider.sock"
+	VolumesDir = "volumes"
 )
 
 // ReadStatus reads the provider status of dir.
@@ -204,6 +207,8 @@ type Provider struct {
 	ca     *akca.CA
 	meta   *metaserver.Server
 	lb     *apilb.Balancer
+	// volumes are the movable volumes, served by the metadata service's volume API.
+	volumes *volumestore.Store
 	// ctx is the provider's lifetime; stop ends it keeping the nodes' folders.
 	ctx    context.Context
 	stop   context.CancelFunc
@@ -294,6 +299,9 @@ func (p *Provider) create(ctx context.Context) error {
 	p.ca = ca
 	p.meta = metaserver.New(nil, nil, []byte(p.spec.InitSecretHash))
 	p.meta.SetAPIEndpoint(APIEndpoint())
+	if err := p.openVolumes(); err != nil {
+		return err
+	}
 	ml, err := sandbox.Listen(sandbox.NSPath(p.net.BridgeNS()), "tcp", net.JoinHostPort(sandbox.BridgeAddr.String(), fmt.Sprint(MetadataPort)))
 	if err != nil {
 		return fmt.Errorf("metadata service: %w", err)
@@ -963,6 +971,12 @@ func (p *Provider) deleteNode(name string) error {
 		return err
 	}
 	p.publish()
+	// Unlisted first (no attach to it succeeds from now on), then its volumes released, as a
+	// cloud detaches a deleted machine's disks. A failure here is released at the provider's
+	// next start (openVolumes).
+	if err := p.volumes.DetachNode(name); err != nil {
+		p.log.Error("releasing the volumes of a deleted node", "node", name, "err", err)
+	}
 	if err := p.routeToAll(n.spec.Index, false); err != nil {
 		p.log.Warn("removing routes to a deleted node", "node", name, "err", err)
 	}
@@ -971,6 +985,30 @@ func (p *Provider) deleteNode(name string) error {
 		return fmt.Errorf("removing the disk of %s: %w", name, err)
 	}
 	p.log.Info("node deleted", "node", name)
+	return nil
+}
+
+// openVolumes opens the cluster's volume storage (Dir/volumes), releases the attachments of
+// nodes the cluster no longer has (a provider killed while deleting a node), and serves it
+// through the metadata service.
+func (p *Provider) openVolumes() error {
+	dir, err := filepath.Abs(filepath.Join(p.spec.Dir, VolumesDir))
+	if err != nil {
+		return err
+	}
+	store, err := volumestore.Open(dir)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, n := range p.spec.Nodes {
+		names = append(names, n.Name)
+	}
+	if err := store.DetachNodesExcept(names); err != nil {
+		return fmt.Errorf("releasing the volumes of deleted nodes: %w", err)
+	}
+	p.volumes = store
+	p.meta.SetVolumes(store)
 	return nil
 }
 

@@ -41,6 +41,8 @@ type Server struct {
 	apiEndpoint string
 	// reports are what nodes reported about themselves this boot, by node name.
 	reports map[string]Report
+	// volumes is the provider's volume storage; nil: no volume API.
+	volumes Volumes
 }
 
 // New returns a server for nodes, join endpoints and the init-secret hash.
@@ -108,6 +110,7 @@ func (s *Server) Handler() http.Handler {
 		s.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})
+	s.volumeHandlers(mux)
 	return mux
 }
 
