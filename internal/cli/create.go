@@ -148,7 +148,11 @@ func newTerminateCmd() *cobra.Command {
 		Short: "Remove the cluster's nodes and the files that belong to them",
 		Long: `Remove every node of the workspace's cluster, and constellation-state.yaml,
 constellation-admin.conf and constellation-mastersecret.json: with the nodes and their
-encrypted state gone, they protect nothing. constellation-conf.yaml stays.`,
+encrypted state gone, they protect nothing. constellation-conf.yaml stays.
+
+Every volume of the cluster goes with it: the node-local ones (local-path) with their nodes,
+and the movable ones, which the local provider keeps in the cluster's folder. Without --yes,
+terminate names them and refuses; with --yes it names them before it removes anything.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := absWorkspace(cmd)
@@ -156,7 +160,7 @@ encrypted state gone, they protect nothing. constellation-conf.yaml stays.`,
 				return err
 			}
 			if !yes {
-				return errors.New("terminate deletes the cluster, its state and its master secret: confirm with --yes")
+				return terminateRefusal(cmd.Context(), ws)
 			}
 			return terminate(cmd.Context(), cmd.OutOrStdout(), ws, false)
 		},
@@ -295,6 +299,7 @@ func terminate(ctx context.Context, out io.Writer, workspace string, generatedCo
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	announceLostVolumes(ctx, out, workspace)
 	forgetInUserKubeconfig(out, workspace)
 	// The cluster's files go with it: its state and keys protect nothing any more. A
 	// configuration mini up generated goes too (mini down); one the user wrote stays.

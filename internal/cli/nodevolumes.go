@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -66,7 +68,7 @@ func (r *reconciler) guardNodeLocalVolumes(ctx context.Context, leaving []string
 		return nil
 	}
 	fmt.Fprintf(r.out, "apply: %d node-local volume(s) on the node(s) it removes or replaces (%s) are destroyed with them:\n", len(vols), nodes)
-	printVolumes(r.out, vols)
+	printVolumes(r.out, "would destroy", vols)
 	if accepted {
 		fmt.Fprintf(r.out, "  accepted with %s: their data is destroyed with the nodes\n", deleteNodeLocalVolumesFlag)
 		return nil
@@ -79,15 +81,20 @@ func (r *reconciler) guardNodeLocalVolumes(ctx context.Context, leaving []string
 		nodes, len(vols), strings.Join(claims, "; "), deleteNodeLocalVolumesFlag)
 }
 
-// printVolumes prints a plan line per volume that would be destroyed.
-func printVolumes(out io.Writer, vols []nodevolumes.Volume) {
+// printVolumes prints a line per volume destroyed: "  <verb> node-local volume <volume> on
+// node <node>".
+func printVolumes(out io.Writer, verb string, vols []nodevolumes.Volume) {
 	for _, v := range vols {
-		kind := "node-local volume"
-		if v.Movable {
-			kind = "volume"
-		}
-		fmt.Fprintf(out, "  would destroy %s %s %s\n", kind, v, v.Where())
+		fmt.Fprintf(out, "  %s %s\n", verb, describeVolume(v))
 	}
+}
+
+func describeVolume(v nodevolumes.Volume) string {
+	kind := "node-local volume"
+	if v.Movable {
+		kind = "volume"
+	}
+	return fmt.Sprintf("%s %s %s", kind, v, v.Where())
 }
 
 // terminateVolumesBound bounds terminate's look at the cluster's volumes: a cluster that is
@@ -106,4 +113,49 @@ func volumesLostWith(ctx context.Context, workspace string) ([]nodevolumes.Volum
 		return nil, err
 	}
 	return nodevolumes.All(ctx, client)
+}
+
+// terminateRefusal is terminate's answer without --yes: what it would destroy, every volume
+// with its data named (or, when they cannot be listed, that all of them go), and the flag that
+// confirms it.
+func terminateRefusal(ctx context.Context, workspace string) error {
+	const what = "terminate deletes the cluster, its state and its master secret"
+	if !hasAdminConf(workspace) {
+		return errors.New(what + ": confirm with --yes")
+	}
+	vols, err := volumesLostWith(ctx, workspace)
+	if err != nil {
+		return fmt.Errorf("%s, and every volume of the cluster with its data (cannot list the cluster's volumes: %w): confirm with --yes", what, err)
+	}
+	if len(vols) == 0 {
+		return errors.New(what + " (it holds no volume): confirm with --yes")
+	}
+	described := make([]string, len(vols))
+	for i, v := range vols {
+		described[i] = describeVolume(v)
+	}
+	return fmt.Errorf("%s, and %d volume(s) with their data: %s: confirm with --yes", what, len(vols), strings.Join(described, "; "))
+}
+
+// announceLostVolumes prints, before terminate removes anything, every volume it destroys:
+// --yes asks nothing, so this is where the operator reads what went. A cluster whose API does
+// not answer is terminated all the same (terminate is how a broken cluster goes): then it says
+// that every volume goes, unnamed.
+func announceLostVolumes(ctx context.Context, out io.Writer, workspace string) {
+	if !hasAdminConf(workspace) {
+		return // never initialized: no workload, no volume
+	}
+	vols, err := volumesLostWith(ctx, workspace)
+	switch {
+	case err != nil:
+		fmt.Fprintf(out, "terminate: cannot list the cluster's volumes (%v); every volume of the cluster is destroyed with it\n", err)
+	case len(vols) > 0:
+		fmt.Fprintf(out, "terminate: %d volume(s) are destroyed with the cluster, their data with them (the local provider keeps movable volumes in the cluster's folder, which goes too):\n", len(vols))
+		printVolumes(out, "destroys", vols)
+	}
+}
+
+func hasAdminConf(workspace string) bool {
+	_, err := os.Stat(filepath.Join(workspace, AdminConfFile))
+	return err == nil
 }

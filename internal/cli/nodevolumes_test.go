@@ -2,7 +2,15 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,10 +33,14 @@ import (
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
+	fakeprovider "github.com/openconstellation/constellation/internal/provider/fake"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/internal/testnet"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
 // localPathPV is the PersistentVolume local-path-provisioner makes for claim default/<claim>:
@@ -298,4 +310,87 @@ func TestUpgradeRollRefusesToDestroyNodeLocalVolumes(t *testing.T) {
 	assert.Contains(t, c.out.String(), destroyLine+"worker-1")
 	c.assertKept(t, "worker-1")
 	assert.NotContains(t, c.out.String(), "creating", "no replacement was created")
+}
+
+// fakeCluster is a workspace with a cluster of the fake provider (runs nothing) whose admin
+// kubeconfig points at an API server holding pvs.
+func fakeCluster(t *testing.T, pvs ...*corev1.PersistentVolume) string {
+	t.Helper()
+	platform := fakeprovider.New()
+	catalog.Register(platform)
+	ws := t.TempDir()
+	reference, err := platform.ReferenceValues("image-a")
+	require.NoError(t, err)
+	conf := config.Default()
+	conf.Name = "fake-cluster"
+	conf.Provider = config.ProviderFor(fakeprovider.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 2, Image: "image-a"})
+	conf.Attestation = config.AttestationFor(fakeprovider.Variant, config.VariantConfig{Measurements: measurements.ReferenceSets{{Name: "fake", Measurements: reference.Measurements}}})
+	require.NoError(t, config.Write(filepath.Join(ws, config.FileName), conf, false))
+	_, err = createOn(t.Context(), newPhaseTimer(io.Discard), filepath.Join(ws, state.FileName), platform, ws, conf, createOptions{})
+	require.NoError(t, err)
+
+	list := corev1.PersistentVolumeList{TypeMeta: metav1.TypeMeta{Kind: "PersistentVolumeList", APIVersion: "v1"}}
+	for _, pv := range pvs {
+		list.Items = append(list.Items, *pv)
+	}
+	body, err := json.Marshal(list)
+	require.NoError(t, err)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/persistentvolumes" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(api.Close)
+	writeAdminConf(t, ws, api.URL)
+	return ws
+}
+
+func writeAdminConf(t *testing.T, ws, server string) {
+	t.Helper()
+	kubeconfig := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: %s\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user: {}\ncurrent-context: c\n", server)
+	require.NoError(t, os.WriteFile(filepath.Join(ws, AdminConfFile), []byte(kubeconfig), 0o600))
+}
+
+// terminate destroys every volume with the cluster: the node-local ones, and on the local
+// provider the movable ones too (their files are in the workspace's folder it removes). Its
+// refusal without --yes names them, and with --yes, which asks nothing, it prints them before
+// it removes anything. Before the fix, terminate named no volume.
+func TestTerminateNamesTheVolumesItDestroys(t *testing.T) {
+	ws := fakeCluster(t, localPathPV("pvc-1", "data-0", "worker-1"), movablePV("pvc-9", "data-9", "worker-0"))
+
+	out, err := run(t, "-C", ws, "terminate")
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "--yes")
+	assert.ErrorContains(t, err, "default/data-0 (pv pvc-1, 1Gi, local-path) on node worker-1")
+	assert.ErrorContains(t, err, "default/data-9 (pv pvc-9, 1Gi, encrypted)")
+	_, statErr := os.Stat(filepath.Join(ws, state.FileName))
+	assert.NoError(t, statErr, "nothing was removed\n%s", out)
+
+	out, err = run(t, "-C", ws, "terminate", "--yes")
+	t.Logf("terminate --yes:\n%s", out)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "destroys node-local volume default/data-0 (pv pvc-1, 1Gi, local-path) on node worker-1")
+	assert.Contains(t, out, "destroys volume default/data-9 (pv pvc-9, 1Gi, encrypted)")
+	assert.Less(t, strings.Index(out, "data-0"), strings.Index(out, "removed the cluster"), "named before the cluster is removed")
+	_, statErr = os.Stat(filepath.Join(ws, state.FileName))
+	assert.ErrorIs(t, statErr, os.ErrNotExist)
+}
+
+// A cluster whose API does not answer is terminated with --yes all the same (terminate is
+// how a broken cluster is removed), saying that its volumes could not be listed and are
+// destroyed; without --yes the refusal says so too.
+func TestTerminateWithoutAnAPI(t *testing.T) {
+	ws := fakeCluster(t)
+	writeAdminConf(t, ws, "https://"+testnet.Addr(t))
+	_, err := run(t, "-C", ws, "terminate")
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "--yes")
+	assert.ErrorContains(t, err, "cannot list the cluster's volumes")
+	out, err := run(t, "-C", ws, "terminate", "--yes")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "cannot list the cluster's volumes")
+	assert.Contains(t, out, "removed the cluster")
 }

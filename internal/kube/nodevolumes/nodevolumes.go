@@ -68,11 +68,11 @@ func (v Volume) String() string {
 }
 
 // Where says where the volume's data is: "on node worker-1", "on any node that mounted it
-// (...)" or "movable (...)".
+// (...)" or "kept by the platform outside every node (movable)".
 func (v Volume) Where() string {
 	switch {
 	case v.Movable:
-		return "movable: kept by the platform outside every node"
+		return "kept by the platform outside every node (movable)"
 	case v.Unpinned:
 		return "on whichever node mounted it (no node affinity names its node)"
 	case len(v.Nodes) == 1:
