@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,6 +38,9 @@ type createOptions struct {
 	image string
 	// remove names the nodes apply removes first when it scales down (apply --remove).
 	remove []string
+	// deleteNodeLocalVolumes accepts destroying the node-local volumes of the nodes apply
+	// removes or replaces (apply --delete-node-local-volumes).
+	deleteNodeLocalVolumes bool
 }
 
 // addKubeDirFlag adds --kube-dir: the directory of the Kubernetes binaries, <version>/bin per
@@ -108,7 +112,13 @@ func newApplyCmd() *cobra.Command {
     respecting PodDisruptionBudgets within --drain-timeout; a control plane is taken out of
     the API load balancer and its etcd member removed, only if etcd keeps its quorum; then
     the node is deleted from Kubernetes and the platform, and its name and disk are refused
-    from then on.`,
+    from then on.
+
+Before it removes or replaces a node (scale-down, --remove, an upgrade's roll), apply names
+every node-local volume on it (local-path volumes: directories on the node's disk, destroyed
+with it) and refuses, changing nothing, unless --delete-node-local-volumes accepts their loss.
+When the Kubernetes API cannot say which volumes the nodes hold, it refuses too, unless the
+flag is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := absWorkspace(cmd)
@@ -126,6 +136,7 @@ func newApplyCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&o.drainTimeout, "drain-timeout", 2*time.Minute, "how long the drain of a removed node may wait for its pods to be evicted (PodDisruptionBudgets)")
 	cmd.Flags().BoolVar(&o.allowDowngrade, "allow-downgrade", false, "accept a release older than the one the cluster runs")
 	cmd.Flags().BoolVar(&o.mergeKubeconfig, "merge-kubeconfig", false, "add the cluster to your kubeconfig ($KUBECONFIG's first file, else ~/.kube/config) as a context named after it, and make it current")
+	cmd.Flags().BoolVar(&o.deleteNodeLocalVolumes, strings.TrimPrefix(deleteNodeLocalVolumesFlag, "--"), false, "accept destroying the node-local volumes (local-path) of the nodes apply removes or replaces; without it apply refuses to remove such a node")
 	cmd.Flags().StringSliceVar(&o.remove, "remove", nil, "when the configuration has fewer nodes of a role than the cluster, remove these nodes first (then the newest); e.g. --remove control-plane-0")
 	return cmd
 }
@@ -137,7 +148,11 @@ func newTerminateCmd() *cobra.Command {
 		Short: "Remove the cluster's nodes and the files that belong to them",
 		Long: `Remove every node of the workspace's cluster, and constellation-state.yaml,
 constellation-admin.conf and constellation-mastersecret.json: with the nodes and their
-encrypted state gone, they protect nothing. constellation-conf.yaml stays.`,
+encrypted state gone, they protect nothing. constellation-conf.yaml stays.
+
+Every volume of the cluster goes with it: the node-local ones (local-path) with their nodes,
+and the movable ones, which the local provider keeps in the cluster's folder. Without --yes,
+terminate names them and refuses; with --yes it names them before it removes anything.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := absWorkspace(cmd)
@@ -145,7 +160,7 @@ encrypted state gone, they protect nothing. constellation-conf.yaml stays.`,
 				return err
 			}
 			if !yes {
-				return errors.New("terminate deletes the cluster, its state and its master secret: confirm with --yes")
+				return terminateRefusal(cmd.Context(), ws)
 			}
 			return terminate(cmd.Context(), cmd.OutOrStdout(), ws, false)
 		},
@@ -181,7 +196,7 @@ func apply(ctx context.Context, out io.Writer, t *phaseTimer, workspace string, 
 		return fmt.Errorf("%s names cluster %q, but %s describes %q: they are not the same cluster", state.FileName, st.Name, config.FileName, conf.Name)
 	}
 	if st.Phase == state.Initialized {
-		err = reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, allowDowngrade: o.allowDowngrade, remove: o.remove})
+		err = reconcile(ctx, out, t, workspace, conf, st, scaleOptions{drainTimeout: o.drainTimeout, allowDowngrade: o.allowDowngrade, remove: o.remove, deleteNodeLocalVolumes: o.deleteNodeLocalVolumes})
 	} else {
 		err = initAndWait(ctx, out, t, workspace, conf, st)
 	}
@@ -284,6 +299,7 @@ func terminate(ctx context.Context, out io.Writer, workspace string, generatedCo
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	announceLostVolumes(ctx, out, workspace)
 	forgetInUserKubeconfig(out, workspace)
 	// The cluster's files go with it: its state and keys protect nothing any more. A
 	// configuration mini up generated goes too (mini down); one the user wrote stays.

@@ -173,6 +173,10 @@ type scaleOptions struct {
 	allowDowngrade bool
 	// remove names nodes to remove before the newest (apply --remove).
 	remove []string
+	// deleteNodeLocalVolumes accepts destroying the node-local volumes of the nodes apply
+	// removes or replaces (apply --delete-node-local-volumes); without it apply refuses to
+	// remove such a node.
+	deleteNodeLocalVolumes bool
 }
 
 // reconcile brings an initialized cluster's node counts to the configuration's: it says what
@@ -215,14 +219,22 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	defer stop()
 	r := &reconciler{out: out, t: t, prog: prog, client: client, restConfig: restConfig, platform: platform,
 		st: st, statePath: filepath.Join(workspace, state.FileName), o: o}
+	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
+	if err := u.reconcileNodes(ctx); err != nil {
+		return err
+	}
+	return recordDisks(ctx, out, workspace, st, client)
+}
+
+// reconcileNodes is apply's work on an initialized cluster's nodes, once the release is
+// checked and the clients made: the state file made to agree with the platform, every check
+// that may refuse (the upgrade's, the node counts', the node-local volumes' of the nodes that
+// would go) before anything changes, then the registry mirrors, the scaling and the upgrade.
+func (u *upgrade) reconcileNodes(ctx context.Context) error {
+	r := u.reconciler
 	if err := r.syncWithPlatform(ctx); err != nil {
 		return err
 	}
-	mirrorsChanged, err := syncRegistryMirrors(ctx, out, client, conf)
-	if err != nil {
-		return err
-	}
-	u := &upgrade{reconciler: r, workspace: workspace, conf: conf, image: image, release: rel}
 	stale, err := u.check(ctx)
 	if err != nil {
 		return err
@@ -231,7 +243,16 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 	for _, n := range stale {
 		outdated = append(outdated, n.Name)
 	}
-	plan, err := planScale(conf, st, image, o.remove, outdated)
+	plan, err := planScale(u.conf, r.st, u.image, r.o.remove, outdated)
+	if err != nil {
+		return err
+	}
+	// Every node that goes, by scale-down, --remove or the upgrade's roll, is checked for
+	// node-local volumes before the first one goes.
+	if err := r.guardNodeLocalVolumes(ctx, leavingNodes(plan, stale)); err != nil {
+		return err
+	}
+	mirrorsChanged, err := syncRegistryMirrors(ctx, r.out, r.client, u.conf)
 	if err != nil {
 		return err
 	}
@@ -242,9 +263,9 @@ func reconcile(ctx context.Context, out io.Writer, t *phaseTimer, workspace stri
 		return err
 	}
 	if plan.empty() && !u.changed && !mirrorsChanged {
-		fmt.Fprintf(out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", st.Name, []byte(st.ClusterID), plan.haveCP, plan.haveW)
+		fmt.Fprintf(r.out, "cluster %s (ID %x) has %d control plane(s) and %d worker(s), as configured: nothing to apply\n", r.st.Name, []byte(r.st.ClusterID), plan.haveCP, plan.haveW)
 	}
-	return recordDisks(ctx, out, workspace, st, client)
+	return nil
 }
 
 // scale carries out plan: it adds nodes, waits until every node is Ready, then removes
