@@ -36,7 +36,7 @@ func (s *Service) issueVolumeKey(ctx context.Context, a *admitted, req *joinpb.I
 	id := req.GetVolumeId()
 	keyID, err := kms.VolumeKeyID(id)
 	if err != nil {
-		return nil, outcome{}, deny(codes.InvalidArgument, "invalid-volume-id", "volume id %s is not of the form vol-<32 lower-case hex digits>", untrusted.Quote(id))
+		return nil, outcome{}, deny(codes.InvalidArgument, "invalid-volume-id", "invalid-volume-id: volume id %s is not of the form vol-<32 lower-case hex digits>", untrusted.Quote(id))
 	}
 	set, err := s.recheck(a)
 	if err != nil {
@@ -61,21 +61,21 @@ func (s *Service) authorizeVolume(ctx context.Context, node, id string) (string,
 		return "", deny(codes.Unavailable, "kubernetes-api", "looking up volume %s: %v", id, err)
 	}
 	if pv == "" {
-		return "", deny(codes.PermissionDenied, "volume-unknown", "no PersistentVolume of driver %s has volume handle %s", csidriver.Name, id)
+		return "", deny(codes.PermissionDenied, "volume-unknown", "volume-unknown: no PersistentVolume of driver %s has volume handle %s", csidriver.Name, id)
 	}
 	attached, err := s.volumes.AttachedTo(ctx, pv, node)
 	if err != nil {
 		return "", deny(codes.Unavailable, "kubernetes-api", "looking up the attachments of PersistentVolume %s: %v", pv, err)
 	}
 	if !attached {
-		return "", deny(codes.PermissionDenied, "volume-not-attached", "volume %s (PersistentVolume %s) is not attached to node %q", id, pv, node)
+		return "", deny(codes.PermissionDenied, "volume-not-attached", "volume-not-attached: volume %s (PersistentVolume %s) is not attached to node %q", id, pv, node)
 	}
 	used, err := s.volumes.UsedOn(ctx, pv, node)
 	if err != nil {
 		return "", deny(codes.Unavailable, "kubernetes-api", "looking up the pods of node %q: %v", node, err)
 	}
 	if !used {
-		return "", deny(codes.PermissionDenied, "volume-not-used-by-node", "no running pod bound to node %q uses volume %s (PersistentVolume %s)", node, id, pv)
+		return "", deny(codes.PermissionDenied, "volume-not-used-by-node", "volume-not-used-by-node: no running pod bound to node %q uses volume %s (PersistentVolume %s)", node, id, pv)
 	}
 	return pv, nil
 }
