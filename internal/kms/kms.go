@@ -23,11 +23,11 @@ import (
 
 // Sizes of the master secret parts and of derived secrets.
 const (
-	MasterKeySize   = 32
-	MasterSaltSize  = 32
-	DerivedKeySize  = 32
-	MaxDerivedSize  = 255 * sha256.Size // HKDF-SHA256 output limit
-	MeasurementID   = "measurementSecret"
+	MasterKeySize  = 32
+	MasterSaltSize = 32
+	DerivedKeySize = 32
+	MaxDerivedSize = 255 * sha256.Size // HKDF-SHA256 output limit
+	MeasurementID  = "measurementSecret"
 	// VolumeKeyPrefix starts the key id of an encrypted volume's key: "volume-" + the
 	// volume's id (csidriver.IDFor).
 	VolumeKeyPrefix = "volume-"

@@ -220,6 +220,8 @@ func TestVolumeKeysOnlyByTheirGrant(t *testing.T) {
 
 func FuzzParsePolicy(f *testing.F) {
 	f.Add([]byte(`{"clients":{"joinservice":{"keyIDPrefixes":["measurementSecret"],"stateDiskKeys":true}}}`))
+	f.Add([]byte(`{"clients":{"joinservice":{"keyIDPrefixes":["measurementSecret"],"stateDiskKeys":true,"volumeKeys":true}}}`))
+	f.Add([]byte(`{"clients":{"a":{"keyIDPrefixes":["volume-"]}}}`))
 	f.Add([]byte(`{"clients":{"a":{"keyIDPrefixes":[""]}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := ParsePolicy(data)
@@ -230,6 +232,8 @@ func FuzzParsePolicy(f *testing.F) {
 		require.False(t, p.Allows("\x00unlisted", "measurementSecret"))
 		for name := range p.Clients {
 			require.False(t, p.Allows(name, "") && ValidKeyID("") == nil)
+			// Volume keys by their own grant only, whatever the prefixes.
+			require.Equal(t, p.Clients[name].VolumeKeys, p.Allows(name, volumeKeyID))
 		}
 	})
 }
