@@ -175,6 +175,7 @@ func objects(p params) ([]object, error) {
 			_, err := c.RbacV1().RoleBindings(ns).Apply(ctx, refusalsBinding, o)
 			return err
 		}})
+	objs = append(objs, joinServiceVolumeObjects()...)
 	objs = append(objs, nodeIdentityObjects()...)
 	refusalsCM := joinRefusalsConfigMap()
 	objs = append(objs,

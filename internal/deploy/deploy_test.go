@@ -15,8 +15,10 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -25,8 +27,10 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
+	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/diskowner"
+	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -166,6 +170,8 @@ func TestApply(t *testing.T) {
 		"applied RoleBinding constellation-disks/constellation-join-service",
 		"applied Role kube-system/constellation-join-service-refusals",
 		"applied RoleBinding kube-system/constellation-join-service-refusals",
+		"applied ClusterRole constellation-join-service-volume-reader",
+		"applied ClusterRoleBinding constellation-join-service-volume-reader",
 		"applied ClusterRoleBinding kubeadm:node-autoapprove-certificate-rotation",
 		"applied ValidatingAdmissionPolicy constellation-removed-nodes",
 		"applied ValidatingAdmissionPolicyBinding constellation-removed-nodes",
@@ -266,6 +272,17 @@ func TestApply(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "worker-0", owner, "first writer wins")
 
+		// It reads what a volume key is authorized by (joinservice.KubeVolumes), and only reads.
+		volumes := joinservice.KubeVolumes{Client: sa}
+		_, err = volumes.PersistentVolume(ctx, csidriver.IDFor("pv-x"))
+		assert.NoError(t, err, "list PersistentVolumes")
+		_, err = volumes.AttachedTo(ctx, "pv-x", "worker-0")
+		assert.NoError(t, err, "list VolumeAttachments")
+		_, err = volumes.UsedOn(ctx, "pv-x", "worker-0")
+		assert.NoError(t, err, "list pods by node")
+		_, err = sa.CoreV1().PersistentVolumeClaims("default").Get(ctx, "claim", metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "get a PersistentVolumeClaim: %v", err)
+
 		for action, call := range map[string]func() error{
 			"update a record": func() error {
 				cm, err := c.CoreV1().ConfigMaps(diskowner.Namespace).Get(ctx, name, metav1.GetOptions{})
@@ -295,6 +312,34 @@ func TestApply(t *testing.T) {
 			},
 			"apply another ConfigMap in kube-system": func() error {
 				_, err := sa.CoreV1().ConfigMaps(ns).Apply(ctx, corev1ac.ConfigMap(clusterrecord.AttestationConfigMapName, ns).WithData(map[string]string{"x": "y"}), metav1.ApplyOptions{FieldManager: "test", Force: true})
+				return err
+			},
+			"watch pods": func() error {
+				w, err := sa.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{})
+				if err == nil {
+					w.Stop()
+				}
+				return err
+			},
+			"delete a pod": func() error {
+				return sa.CoreV1().Pods("default").Delete(ctx, "app", metav1.DeleteOptions{})
+			},
+			"create a VolumeAttachment": func() error {
+				pv := "pv-x"
+				_, err := sa.StorageV1().VolumeAttachments().Create(ctx, &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "va-x"},
+					Spec: storagev1.VolumeAttachmentSpec{Attacher: csidriver.Name, NodeName: "worker-0", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}}}, metav1.CreateOptions{})
+				return err
+			},
+			"update a PersistentVolume": func() error {
+				_, err := sa.CoreV1().PersistentVolumes().Update(ctx, &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-x"}}, metav1.UpdateOptions{})
+				return err
+			},
+			"patch a PersistentVolumeClaim": func() error {
+				_, err := sa.CoreV1().PersistentVolumeClaims("default").Patch(ctx, "claim", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{})
+				return err
+			},
+			"read Secrets": func() error {
+				_, err := sa.CoreV1().Secrets(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 				return err
 			},
 			"read the refusals": func() error {
@@ -664,6 +709,7 @@ func TestRender(t *testing.T) {
 		"Namespace//constellation-disks",
 		"Role/constellation-disks/constellation-join-service", "RoleBinding/constellation-disks/constellation-join-service",
 		"Role/kube-system/constellation-join-service-refusals", "RoleBinding/kube-system/constellation-join-service-refusals",
+		"ClusterRole//constellation-join-service-volume-reader", "ClusterRoleBinding//constellation-join-service-volume-reader",
 		"ClusterRoleBinding//kubeadm:node-autoapprove-certificate-rotation",
 		"ValidatingAdmissionPolicy//constellation-removed-nodes", "ValidatingAdmissionPolicyBinding//constellation-removed-nodes",
 		"ConfigMap/kube-system/constellation-attestation", "ConfigMap/kube-system/constellation-join-refusals", "ConfigMap/kube-system/constellation-registries",

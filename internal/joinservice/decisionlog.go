@@ -121,12 +121,16 @@ func (l *logLimiter) forget(now time.Time) {
 	}
 }
 
-// reject records a refused admission: the rejection counter and the book of refusals the CLI
-// reads (internal/joinservice/refusals) always, and a log line unless the log limiter
-// suppresses it.
+// reject records a refused admission: the rejection counter always, the book of refusals the
+// CLI reads (internal/joinservice/refusals) for every stage but volume-key, and a log line
+// unless the log limiter suppresses it.
 func (s *Service) reject(method string, remote netip.Addr, node, reason string, err error, start time.Time) {
 	s.metrics.rejections.WithLabelValues(method, reason).Inc()
-	s.refusals.Add(remote.String(), bookEntry(reason, err), s.cfg.Now())
+	// The book tells why a node did not join (or rejoin). A joined node's refused volume key
+	// is no answer to that, and would hide the last join refusal of its address.
+	if method != methodVolumeKey {
+		s.refusals.Add(remote.String(), bookEntry(reason, err), s.cfg.Now())
+	}
 	s.metrics.latency.WithLabelValues(method, "rejected").Observe(s.cfg.Now().Sub(start).Seconds())
 	d := s.logLimiter.allow(logKey{method: method, reason: reason, peer: remote})
 	if !d.write {

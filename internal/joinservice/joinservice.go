@@ -24,6 +24,10 @@
 //     nothing behind (the disk-owner record of step 5's join is the one exception, see
 //     claimDisk).
 //
+// IssueVolumeKey passes steps 0-3 and 5 too, then releases an encrypted volume's key only to
+// a node that has the volume attached and a pod using it, read fresh from the API server
+// (VolumeUse; docs/joinservice.md, "Volume keys").
+//
 // A ticket carries no bootstrap token: a node authenticates to the API server with the
 // short-lived client certificate from the start, and renews it only for its own name
 // (internal/kube/kubeletcsr; docs/joinservice.md, "Node credentials").
@@ -114,6 +118,9 @@ type Config struct {
 	// kubelet certificates; control-plane nodes receive pki.ControlPlaneFiles.
 	PKIDir   string
 	Platform Platform
+	// Volumes answers whether a node may have a volume's key (IssueVolumeKey); nil: read
+	// from the API server through Kube (KubeVolumes), as cmd/joinservice does.
+	Volumes VolumeUse
 
 	// APIServerEndpoint (host:port), KubernetesVersion and KubernetesComponents are passed
 	// to nodes in the ticket.
@@ -158,6 +165,7 @@ type Service struct {
 	// refusals are the recent refusals by peer, which cmd/joinservice publishes for the CLI.
 	refusals *refusals.Book
 	owners   diskowner.Store
+	volumes  VolumeUse
 	creds    credentials.TransportCredentials
 	log      *slog.Logger
 	metrics  *metrics
@@ -205,6 +213,10 @@ func New(cfg Config) (*Service, error) {
 		logLimiter: newLogLimiter(rejectLogInterval, rejectLogRate, rejectLogBurst, cfg.Now),
 		refusals:   refusals.NewBook(),
 		owners:     diskowner.Store{Client: cfg.Kube},
+		volumes:    cfg.Volumes,
+	}
+	if s.volumes == nil {
+		s.volumes = KubeVolumes{Client: cfg.Kube}
 	}
 	s.acceptLimiter, err = handshakelimit.NewAcceptLimiter(cfg.AcceptLimits.Or(DefaultAcceptLimits), s.observeAccept)
 	if err != nil {

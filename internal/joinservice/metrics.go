@@ -16,11 +16,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		tickets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "constellation", Subsystem: "joinservice", Name: "tickets_issued_total",
-			Help: "Tickets issued, by method (join, rejoin) and role (worker, control-plane).",
+			Help: "Tickets and volume keys issued, by method (join, rejoin, volume-key) and role (worker, control-plane; any for rejoin and volume-key).",
 		}, []string{"method", "role"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "constellation", Subsystem: "joinservice", Name: "rejections_total",
-			Help: "Refused admissions, by stage (accept, handshake, join, rejoin) and reason (accept: peer-busy, busy, displaced, timeout; handshake: rate-limited, peer-busy, busy, peer-table-full, measurement-mismatch, untrusted-signer, ...; join, rejoin: certificate-request, ...).",
+			Help: "Refused admissions, by stage (accept, handshake, join, rejoin, volume-key) and reason (accept: peer-busy, busy, displaced, timeout; handshake: rate-limited, peer-busy, busy, peer-table-full, measurement-mismatch, untrusted-signer, ...; join, rejoin: certificate-request, ...; volume-key: invalid-volume-id, volume-unknown, volume-not-attached, volume-not-used-by-node, ...).",
 		}, []string{"stage", "reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "constellation", Subsystem: "joinservice", Name: "decision_duration_seconds",

@@ -146,6 +146,20 @@ func CheckClusterID(service *attestation.Verified, measurementSecret, measuremen
 	if err != nil {
 		return err
 	}
+	return CheckCluster(service, id)
+}
+
+// CheckCluster checks that the service's node is initialized for the cluster of the given ID
+// (its marker register). A node that knows its cluster already (it joined) checks a service
+// with it before it takes anything from it, a volume key for one: a service of another
+// cluster of the same image would otherwise hand it a key it knows.
+func CheckCluster(service *attestation.Verified, id []byte) error {
+	if service == nil {
+		return errors.New("no verified join service evidence")
+	}
+	if len(id) == 0 {
+		return errors.New("no cluster ID to check the join service against")
+	}
 	reg, ok := service.Variant.ClusterIDRegister()
 	if !ok {
 		return fmt.Errorf("%w: the join service's evidence names no variant", attestation.ErrMalformed)

@@ -11,20 +11,26 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
+	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/strictjson"
+	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
 // Sizes of the master secret parts and of derived secrets.
 const (
-	MasterKeySize   = 32
-	MasterSaltSize  = 32
-	DerivedKeySize  = 32
-	MaxDerivedSize  = 255 * sha256.Size // HKDF-SHA256 output limit
-	MeasurementID   = "measurementSecret"
+	MasterKeySize  = 32
+	MasterSaltSize = 32
+	DerivedKeySize = 32
+	MaxDerivedSize = 255 * sha256.Size // HKDF-SHA256 output limit
+	MeasurementID  = "measurementSecret"
+	// VolumeKeyPrefix starts the key id of an encrypted volume's key: "volume-" + the
+	// volume's id (csidriver.IDFor).
+	VolumeKeyPrefix = "volume-"
 	clusterIDInfo   = "key-clusterID"
 	derivedKeyLabel = "key-"
 )
@@ -76,6 +82,35 @@ func (m MasterSecret) DeriveKey(id string, length int) ([]byte, error) {
 // disk's id and statedisk.KeySize. Callers pass the canonical, lower-case UUID.
 func (m MasterSecret) StateDiskKey(diskUUID string) ([]byte, error) {
 	return m.DeriveKey(diskUUID, statedisk.KeySize)
+}
+
+// VolumeKey derives the key of the encrypted volume with the given id (csidriver.IDFor): the
+// derived key whose id is VolumeKeyID(id), DerivedKeySize bytes (docs/design.md "2.2 Derived
+// keys"). It is the one home of a volume key's derivation: the key service computes the same
+// bytes when the join service asks it for VolumeKeyID(id) and DerivedKeySize. An id not of
+// csidriver.IDFor's form is refused, so no other id space (a state disk's UUID, the
+// measurement secret) can be reached through it.
+func (m MasterSecret) VolumeKey(id string) ([]byte, error) {
+	keyID, err := VolumeKeyID(id)
+	if err != nil {
+		return nil, err
+	}
+	return m.DeriveKey(keyID, DerivedKeySize)
+}
+
+// VolumeKeyID is the key id of the volume with the given id: VolumeKeyPrefix + id, for ids of
+// csidriver.IDFor's form only.
+func VolumeKeyID(id string) (string, error) {
+	if !csidriver.ValidID(id) {
+		return "", fmt.Errorf("volume id %s is not of the form vol-<32 lower-case hex digits>", untrusted.Quote(id))
+	}
+	return VolumeKeyPrefix + id, nil
+}
+
+// IsVolumeKeyID reports whether keyID is the key id of a volume (VolumeKeyID of a valid id).
+func IsVolumeKeyID(keyID string) bool {
+	id, ok := strings.CutPrefix(keyID, VolumeKeyPrefix)
+	return ok && csidriver.ValidID(id)
 }
 
 // MeasurementSecret derives the measurement secret that, with the measurement salt,

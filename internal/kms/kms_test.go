@@ -180,3 +180,38 @@ func TestAttackMasterSecretFileSymlink(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, entries, 1, "only the planted symlink, no temporary file")
 }
+
+// A volume's key is the derived key of "volume-" + its id, 32 bytes; ids of any other form
+// are refused, so no other id space (a disk UUID, the measurement secret) is reachable
+// through VolumeKey.
+func TestVolumeKey(t *testing.T) {
+	m := MasterSecret{Key: bytes.Repeat([]byte{6}, 32), Salt: bytes.Repeat([]byte{7}, 32)}
+	const id = "vol-0123456789abcdef0123456789abcdef"
+	want, err := derive(m.Key, m.Salt, "key-volume-"+id, 32)
+	require.NoError(t, err)
+	got, err := m.VolumeKey(id)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	other, err := m.VolumeKey("vol-0123456789abcdef0123456789abcdee")
+	require.NoError(t, err)
+	assert.NotEqual(t, got, other, "per volume")
+	assert.True(t, IsVolumeKeyID("volume-"+id))
+
+	for name, bad := range map[string]string{
+		"empty":            "",
+		"disk UUID":        "c0ffee00-0000-4000-8000-000000000001",
+		"measurement":      MeasurementID,
+		"upper case":       "vol-0123456789ABCDEF0123456789ABCDEF",
+		"short":            "vol-0123",
+		"key id itself":    "volume-" + id,
+		"trailing newline": id + "\n",
+		"path":             "../" + id,
+	} {
+		t.Run(name, func(t *testing.T) {
+			key, err := m.VolumeKey(bad)
+			assert.ErrorContains(t, err, "is not of the form vol-")
+			assert.Nil(t, key)
+			assert.False(t, IsVolumeKeyID("volume-"+bad))
+		})
+	}
+}

@@ -487,6 +487,97 @@ func (x *IssueRejoinTicketResponse) GetRegistryMirrors() []byte {
 	return nil
 }
 
+type IssueVolumeKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The volume's id, its PersistentVolume's spec.csi.volumeHandle: "vol-" and 32 lower-case
+	// hex digits (csidriver.IDFor).
+	VolumeId      string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueVolumeKeyRequest) Reset() {
+	*x = IssueVolumeKeyRequest{}
+	mi := &file_api_join_joinpb_join_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueVolumeKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueVolumeKeyRequest) ProtoMessage() {}
+
+func (x *IssueVolumeKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_join_joinpb_join_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueVolumeKeyRequest.ProtoReflect.Descriptor instead.
+func (*IssueVolumeKeyRequest) Descriptor() ([]byte, []int) {
+	return file_api_join_joinpb_join_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *IssueVolumeKeyRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type IssueVolumeKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The volume's 32-byte key (kms.MasterSecret.VolumeKey).
+	Key           []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueVolumeKeyResponse) Reset() {
+	*x = IssueVolumeKeyResponse{}
+	mi := &file_api_join_joinpb_join_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueVolumeKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueVolumeKeyResponse) ProtoMessage() {}
+
+func (x *IssueVolumeKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_join_joinpb_join_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueVolumeKeyResponse.ProtoReflect.Descriptor instead.
+func (*IssueVolumeKeyResponse) Descriptor() ([]byte, []int) {
+	return file_api_join_joinpb_join_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *IssueVolumeKeyResponse) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 var File_api_join_joinpb_join_proto protoreflect.FileDescriptor
 
 const file_api_join_joinpb_join_proto_rawDesc = "" +
@@ -526,10 +617,15 @@ const file_api_join_joinpb_join_proto_rawDesc = "" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
 	"\x10measurement_salt\x18\x03 \x01(\fR\x0fmeasurementSalt\x12.\n" +
 	"\x13kubelet_client_cert\x18\x04 \x01(\fR\x11kubeletClientCert\x12)\n" +
-	"\x10registry_mirrors\x18\x05 \x01(\fR\x0fregistryMirrors2\xf7\x01\n" +
+	"\x10registry_mirrors\x18\x05 \x01(\fR\x0fregistryMirrors\"4\n" +
+	"\x15IssueVolumeKeyRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"*\n" +
+	"\x16IssueVolumeKeyResponse\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key2\xe6\x02\n" +
 	"\vJoinService\x12p\n" +
 	"\x0fIssueJoinTicket\x12-.constellation.join.v1.IssueJoinTicketRequest\x1a..constellation.join.v1.IssueJoinTicketResponse\x12v\n" +
-	"\x11IssueRejoinTicket\x12/.constellation.join.v1.IssueRejoinTicketRequest\x1a0.constellation.join.v1.IssueRejoinTicketResponseB<Z:github.com/openconstellation/constellation/api/join/joinpbb\x06proto3"
+	"\x11IssueRejoinTicket\x12/.constellation.join.v1.IssueRejoinTicketRequest\x1a0.constellation.join.v1.IssueRejoinTicketResponse\x12m\n" +
+	"\x0eIssueVolumeKey\x12,.constellation.join.v1.IssueVolumeKeyRequest\x1a-.constellation.join.v1.IssueVolumeKeyResponseB<Z:github.com/openconstellation/constellation/api/join/joinpbb\x06proto3"
 
 var (
 	file_api_join_joinpb_join_proto_rawDescOnce sync.Once
@@ -543,7 +639,7 @@ func file_api_join_joinpb_join_proto_rawDescGZIP() []byte {
 	return file_api_join_joinpb_join_proto_rawDescData
 }
 
-var file_api_join_joinpb_join_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_api_join_joinpb_join_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_api_join_joinpb_join_proto_goTypes = []any{
 	(*IssueJoinTicketRequest)(nil),    // 0: constellation.join.v1.IssueJoinTicketRequest
 	(*IssueJoinTicketResponse)(nil),   // 1: constellation.join.v1.IssueJoinTicketResponse
@@ -551,16 +647,20 @@ var file_api_join_joinpb_join_proto_goTypes = []any{
 	(*ControlPlaneFile)(nil),          // 3: constellation.join.v1.ControlPlaneFile
 	(*IssueRejoinTicketRequest)(nil),  // 4: constellation.join.v1.IssueRejoinTicketRequest
 	(*IssueRejoinTicketResponse)(nil), // 5: constellation.join.v1.IssueRejoinTicketResponse
+	(*IssueVolumeKeyRequest)(nil),     // 6: constellation.join.v1.IssueVolumeKeyRequest
+	(*IssueVolumeKeyResponse)(nil),    // 7: constellation.join.v1.IssueVolumeKeyResponse
 }
 var file_api_join_joinpb_join_proto_depIdxs = []int32{
 	2, // 0: constellation.join.v1.IssueJoinTicketResponse.kubernetes_components:type_name -> constellation.join.v1.KubernetesComponent
 	3, // 1: constellation.join.v1.IssueJoinTicketResponse.control_plane_files:type_name -> constellation.join.v1.ControlPlaneFile
 	0, // 2: constellation.join.v1.JoinService.IssueJoinTicket:input_type -> constellation.join.v1.IssueJoinTicketRequest
 	4, // 3: constellation.join.v1.JoinService.IssueRejoinTicket:input_type -> constellation.join.v1.IssueRejoinTicketRequest
-	1, // 4: constellation.join.v1.JoinService.IssueJoinTicket:output_type -> constellation.join.v1.IssueJoinTicketResponse
-	5, // 5: constellation.join.v1.JoinService.IssueRejoinTicket:output_type -> constellation.join.v1.IssueRejoinTicketResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
+	6, // 4: constellation.join.v1.JoinService.IssueVolumeKey:input_type -> constellation.join.v1.IssueVolumeKeyRequest
+	1, // 5: constellation.join.v1.JoinService.IssueJoinTicket:output_type -> constellation.join.v1.IssueJoinTicketResponse
+	5, // 6: constellation.join.v1.JoinService.IssueRejoinTicket:output_type -> constellation.join.v1.IssueRejoinTicketResponse
+	7, // 7: constellation.join.v1.JoinService.IssueVolumeKey:output_type -> constellation.join.v1.IssueVolumeKeyResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -577,7 +677,7 @@ func file_api_join_joinpb_join_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_join_joinpb_join_proto_rawDesc), len(file_api_join_joinpb_join_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	JoinService_IssueJoinTicket_FullMethodName   = "/constellation.join.v1.JoinService/IssueJoinTicket"
 	JoinService_IssueRejoinTicket_FullMethodName = "/constellation.join.v1.JoinService/IssueRejoinTicket"
+	JoinService_IssueVolumeKey_FullMethodName    = "/constellation.join.v1.JoinService/IssueVolumeKey"
 )
 
 // JoinServiceClient is the client API for JoinService service.
@@ -36,6 +37,9 @@ type JoinServiceClient interface {
 	IssueJoinTicket(ctx context.Context, in *IssueJoinTicketRequest, opts ...grpc.CallOption) (*IssueJoinTicketResponse, error)
 	// IssueRejoinTicket lets a rebooted node unlock the state it already has.
 	IssueRejoinTicket(ctx context.Context, in *IssueRejoinTicketRequest, opts ...grpc.CallOption) (*IssueRejoinTicketResponse, error)
+	// IssueVolumeKey releases an encrypted volume's key to the node that has it attached and a
+	// pod using it (docs/joinservice.md, "Volume keys").
+	IssueVolumeKey(ctx context.Context, in *IssueVolumeKeyRequest, opts ...grpc.CallOption) (*IssueVolumeKeyResponse, error)
 }
 
 type joinServiceClient struct {
@@ -66,6 +70,16 @@ func (c *joinServiceClient) IssueRejoinTicket(ctx context.Context, in *IssueRejo
 	return out, nil
 }
 
+func (c *joinServiceClient) IssueVolumeKey(ctx context.Context, in *IssueVolumeKeyRequest, opts ...grpc.CallOption) (*IssueVolumeKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IssueVolumeKeyResponse)
+	err := c.cc.Invoke(ctx, JoinService_IssueVolumeKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JoinServiceServer is the server API for JoinService service.
 // All implementations must embed UnimplementedJoinServiceServer
 // for forward compatibility.
@@ -75,6 +89,9 @@ type JoinServiceServer interface {
 	IssueJoinTicket(context.Context, *IssueJoinTicketRequest) (*IssueJoinTicketResponse, error)
 	// IssueRejoinTicket lets a rebooted node unlock the state it already has.
 	IssueRejoinTicket(context.Context, *IssueRejoinTicketRequest) (*IssueRejoinTicketResponse, error)
+	// IssueVolumeKey releases an encrypted volume's key to the node that has it attached and a
+	// pod using it (docs/joinservice.md, "Volume keys").
+	IssueVolumeKey(context.Context, *IssueVolumeKeyRequest) (*IssueVolumeKeyResponse, error)
 	mustEmbedUnimplementedJoinServiceServer()
 }
 
@@ -90,6 +107,9 @@ func (UnimplementedJoinServiceServer) IssueJoinTicket(context.Context, *IssueJoi
 }
 func (UnimplementedJoinServiceServer) IssueRejoinTicket(context.Context, *IssueRejoinTicketRequest) (*IssueRejoinTicketResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method IssueRejoinTicket not implemented")
+}
+func (UnimplementedJoinServiceServer) IssueVolumeKey(context.Context, *IssueVolumeKeyRequest) (*IssueVolumeKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method IssueVolumeKey not implemented")
 }
 func (UnimplementedJoinServiceServer) mustEmbedUnimplementedJoinServiceServer() {}
 func (UnimplementedJoinServiceServer) testEmbeddedByValue()                     {}
@@ -148,6 +168,24 @@ func _JoinService_IssueRejoinTicket_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JoinService_IssueVolumeKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IssueVolumeKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).IssueVolumeKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_IssueVolumeKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).IssueVolumeKey(ctx, req.(*IssueVolumeKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JoinService_ServiceDesc is the grpc.ServiceDesc for JoinService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -162,6 +200,10 @@ var JoinService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "IssueRejoinTicket",
 			Handler:    _JoinService_IssueRejoinTicket_Handler,
+		},
+		{
+			MethodName: "IssueVolumeKey",
+			Handler:    _JoinService_IssueVolumeKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

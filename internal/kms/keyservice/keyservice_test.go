@@ -21,7 +21,11 @@ import (
 	"github.com/openconstellation/constellation/internal/pki"
 )
 
-const diskUUID = "2f4a1c9e-8b7d-4e21-9a3c-5d6e7f809a1b"
+const (
+	diskUUID    = "2f4a1c9e-8b7d-4e21-9a3c-5d6e7f809a1b"
+	volumeID    = "vol-0123456789abcdef0123456789abcdef"
+	volumeKeyID = "volume-" + volumeID
+)
 
 type fixture struct {
 	secret   kms.MasterSecret
@@ -47,8 +51,8 @@ func startServer(t testing.TB) *fixture {
 	secret, err := kms.NewMasterSecret()
 	require.NoError(t, err)
 	policy, err := ParsePolicy([]byte(`{"clients": {
-		"joinservice": {"keyIDPrefixes": ["measurementSecret"], "stateDiskKeys": true},
-		"csi": {"keyIDPrefixes": ["csi-"]}}}`))
+		"joinservice": {"keyIDPrefixes": ["measurementSecret"], "stateDiskKeys": true, "volumeKeys": true},
+		"csi": {"keyIDPrefixes": ["csi-"], "stateDiskKeys": true}}}`))
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	srv, err := NewServer(secret, policy, nil, reg)
@@ -90,10 +94,16 @@ func TestGetDataKey(t *testing.T) {
 		wantCode codes.Code
 		wantMsg  string
 	}{
-		"measurement secret":            {client: joinservice, id: "measurementSecret", length: 32},
-		"state-disk key":                {client: joinservice, id: diskUUID, length: 64},
-		"prefix grant":                  {client: csi, id: "csi-volume-7", length: 32},
-		"disk key not granted":          {client: csi, id: diskUUID, length: 32, wantCode: codes.PermissionDenied, wantMsg: `client "csi" may not derive key`},
+		"measurement secret":   {client: joinservice, id: "measurementSecret", length: 32},
+		"state-disk key":       {client: joinservice, id: diskUUID, length: 64},
+		"prefix grant":         {client: csi, id: "csi-volume-7", length: 32},
+		"volume key":           {client: joinservice, id: volumeKeyID, length: 32},
+		"disk key not granted": {client: stranger, id: diskUUID, length: 32, wantCode: codes.PermissionDenied, wantMsg: `client "stranger" may not derive key`},
+		// Volume keys go to the join service only: another client, even one granted
+		// state-disk keys and a prefix, is refused.
+		"volume key, other client":      {client: csi, id: volumeKeyID, length: 32, wantCode: codes.PermissionDenied, wantMsg: `client "csi" may not derive key "volume-vol-`},
+		"volume key, unknown client":    {client: stranger, id: volumeKeyID, length: 32, wantCode: codes.PermissionDenied, wantMsg: `client "stranger"`},
+		"volume key of a malformed id":  {client: joinservice, id: "volume-vol-XYZ", length: 32, wantCode: codes.PermissionDenied},
 		"other prefix not granted":      {client: joinservice, id: "csi-volume-7", length: 32, wantCode: codes.PermissionDenied},
 		"upper-case UUID is no disk id": {client: joinservice, id: "2F4A1C9E-8B7D-4E21-9A3C-5D6E7F809A1B", length: 32, wantCode: codes.PermissionDenied},
 		"unknown client":                {client: stranger, id: "measurementSecret", length: 32, wantCode: codes.PermissionDenied, wantMsg: `client "stranger"`},
@@ -123,10 +133,10 @@ func TestGetDataKey(t *testing.T) {
 			assert.Equal(t, want, key)
 		})
 	}
-	// The forged certificate never reached the service: 3 + 4 + 6 requests were counted.
+	// The forged certificate never reached the service: 4 + 7 + 6 requests were counted.
 	requests := f.srv.metrics.requests
-	assert.Equal(t, 3.0, testutil.ToFloat64(requests.WithLabelValues("ok")))
-	assert.Equal(t, 4.0, testutil.ToFloat64(requests.WithLabelValues("PermissionDenied")))
+	assert.Equal(t, 4.0, testutil.ToFloat64(requests.WithLabelValues("ok")))
+	assert.Equal(t, 7.0, testutil.ToFloat64(requests.WithLabelValues("PermissionDenied")))
 	assert.Equal(t, 6.0, testutil.ToFloat64(requests.WithLabelValues("InvalidArgument")))
 	assert.Equal(t, 3, testutil.CollectAndCount(requests))
 	n, err := testutil.GatherAndCount(f.registry, "constellation_keyservice_request_duration_seconds")
@@ -148,17 +158,23 @@ func TestParsePolicy(t *testing.T) {
 		json    string
 		wantErr string
 	}{
-		"valid":          {json: `{"clients":{"a":{"keyIDPrefixes":["x-"]}}}`},
-		"disk keys only": {json: `{"clients":{"a":{"stateDiskKeys":true}}}`},
-		"unknown field":  {json: `{"clients":{"a":{"keyIdPrefix":["x-"]}}}`, wantErr: "unknown field"},
-		"no clients":     {json: `{"clients":{}}`, wantErr: "no clients"},
-		"empty prefix":   {json: `{"clients":{"a":{"keyIDPrefixes":[""]}}}`, wantErr: "would grant every key id"},
-		"grants nothing": {json: `{"clients":{"a":{}}}`, wantErr: `client "a" is granted nothing`},
-		"empty name":     {json: `{"clients":{"":{"stateDiskKeys":true}}}`, wantErr: "empty name"},
-		"trailing data":  {json: `{"clients":{"a":{"stateDiskKeys":true}}} {}`, wantErr: "data after the JSON value"},
-		"stray brace":    {json: `{"clients":{"a":{"stateDiskKeys":true}}}}`, wantErr: "data after the JSON value"},
-		"stray bracket":  {json: `{"clients":{"a":{"stateDiskKeys":true}}}]`, wantErr: "data after the JSON value"},
-		"not JSON":       {json: `clients: a`, wantErr: "policy"},
+		"valid":            {json: `{"clients":{"a":{"keyIDPrefixes":["x-"]}}}`},
+		"disk keys only":   {json: `{"clients":{"a":{"stateDiskKeys":true}}}`},
+		"volume keys only": {json: `{"clients":{"a":{"volumeKeys":true}}}`},
+		// Volume keys are granted by volumeKeys alone: a prefix that could reach them is
+		// refused, so the policy names every caller of volume keys in one field.
+		"prefix of volume key ids":     {json: `{"clients":{"a":{"keyIDPrefixes":["volume-"]}}}`, wantErr: "could match volume key ids"},
+		"longer prefix of volume ids":  {json: `{"clients":{"a":{"keyIDPrefixes":["volume-vol-0"]}}}`, wantErr: "could match volume key ids"},
+		"shorter prefix of volume ids": {json: `{"clients":{"a":{"keyIDPrefixes":["vol"]}}}`, wantErr: "could match volume key ids"},
+		"unknown field":                {json: `{"clients":{"a":{"keyIdPrefix":["x-"]}}}`, wantErr: "unknown field"},
+		"no clients":                   {json: `{"clients":{}}`, wantErr: "no clients"},
+		"empty prefix":                 {json: `{"clients":{"a":{"keyIDPrefixes":[""]}}}`, wantErr: "would grant every key id"},
+		"grants nothing":               {json: `{"clients":{"a":{}}}`, wantErr: `client "a" is granted nothing`},
+		"empty name":                   {json: `{"clients":{"":{"stateDiskKeys":true}}}`, wantErr: "empty name"},
+		"trailing data":                {json: `{"clients":{"a":{"stateDiskKeys":true}}} {}`, wantErr: "data after the JSON value"},
+		"stray brace":                  {json: `{"clients":{"a":{"stateDiskKeys":true}}}}`, wantErr: "data after the JSON value"},
+		"stray bracket":                {json: `{"clients":{"a":{"stateDiskKeys":true}}}]`, wantErr: "data after the JSON value"},
+		"not JSON":                     {json: `clients: a`, wantErr: "policy"},
 		// One reading only: encoding/json alone kept the last client "a" and read
 		// "StateDiskKeys" as stateDiskKeys.
 		"client twice":        {json: `{"clients":{"a":{"keyIDPrefixes":["x-"]},"a":{"stateDiskKeys":true}}}`, wantErr: `duplicate member name "a"`},
@@ -176,8 +192,36 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
+// A Policy built in code, past Validate, with a prefix covering volume key ids still grants
+// no volume key: only VolumeKeys does. The default policy grants them to the join service
+// and to nobody else.
+func TestVolumeKeysOnlyByTheirGrant(t *testing.T) {
+	p := Policy{Clients: map[string]Grant{
+		"prefix": {KeyIDPrefixes: []string{"volume-"}},
+		"disks":  {StateDiskKeys: true},
+		"vols":   {VolumeKeys: true},
+	}}
+	assert.False(t, p.Allows("prefix", volumeKeyID))
+	assert.False(t, p.Allows("disks", volumeKeyID))
+	assert.True(t, p.Allows("vols", volumeKeyID))
+	assert.False(t, p.Allows("vols", diskUUID), "volumeKeys grants volume keys only")
+	assert.False(t, p.Allows("vols", "volume-vol-0123"), "nor ids of another form")
+
+	def := DefaultPolicy()
+	require.NoError(t, def.Validate())
+	assert.True(t, def.Allows(JoinServiceClient, volumeKeyID))
+	for name, g := range def.Clients {
+		if name != JoinServiceClient {
+			assert.False(t, g.VolumeKeys, "client %q", name)
+		}
+	}
+	assert.False(t, def.Allows("csidriver", volumeKeyID))
+}
+
 func FuzzParsePolicy(f *testing.F) {
 	f.Add([]byte(`{"clients":{"joinservice":{"keyIDPrefixes":["measurementSecret"],"stateDiskKeys":true}}}`))
+	f.Add([]byte(`{"clients":{"joinservice":{"keyIDPrefixes":["measurementSecret"],"stateDiskKeys":true,"volumeKeys":true}}}`))
+	f.Add([]byte(`{"clients":{"a":{"keyIDPrefixes":["volume-"]}}}`))
 	f.Add([]byte(`{"clients":{"a":{"keyIDPrefixes":[""]}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := ParsePolicy(data)
@@ -188,6 +232,8 @@ func FuzzParsePolicy(f *testing.F) {
 		require.False(t, p.Allows("\x00unlisted", "measurementSecret"))
 		for name := range p.Clients {
 			require.False(t, p.Allows(name, "") && ValidKeyID("") == nil)
+			// Volume keys by their own grant only, whatever the prefixes.
+			require.Equal(t, p.Clients[name].VolumeKeys, p.Allows(name, volumeKeyID))
 		}
 	})
 }

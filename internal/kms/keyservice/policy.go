@@ -16,7 +16,7 @@ import (
 //
 // JSON form (the key service's policy file):
 //
-//	{"clients": {"joinservice": {"keyIDPrefixes": ["measurementSecret"], "stateDiskKeys": true}}}
+//	{"clients": {"joinservice": {"keyIDPrefixes": ["measurementSecret"], "stateDiskKeys": true, "volumeKeys": true}}}
 type Policy struct {
 	Clients map[string]Grant `json:"clients"`
 }
@@ -29,17 +29,23 @@ type Grant struct {
 	// (docs/design.md "2.2 Derived keys"). A prefix cannot express "any UUID", and no other
 	// id looks like one.
 	StateDiskKeys bool `json:"stateDiskKeys"`
+	// VolumeKeys: the caller may derive the keys of encrypted volumes, whose ids are
+	// "volume-" and a volume id (kms.VolumeKeyID). Only this grant reaches them: a prefix
+	// that could match a volume key id is refused (Validate), so that whoever reads the
+	// policy sees every caller of volume keys by this one field.
+	VolumeKeys bool `json:"volumeKeys"`
 }
 
 // JoinServiceClient is the join service's name in the policy: the common name of its client
 // certificate.
 const JoinServiceClient = "joinservice"
 
-// DefaultPolicy grants the join service what it derives: the measurement secret and
-// state-disk keys. No other caller exists yet.
+// DefaultPolicy grants the join service what it derives: the measurement secret, state-disk
+// keys and volume keys (it releases each only to the node it belongs to: docs/joinservice.md,
+// "Keys follow identity" and "Volume keys"). No other caller exists.
 func DefaultPolicy() Policy {
 	return Policy{Clients: map[string]Grant{
-		JoinServiceClient: {KeyIDPrefixes: []string{kms.MeasurementID}, StateDiskKeys: true},
+		JoinServiceClient: {KeyIDPrefixes: []string{kms.MeasurementID}, StateDiskKeys: true, VolumeKeys: true},
 	}}
 }
 
@@ -70,6 +76,11 @@ func (p Policy) Allows(client, id string) bool {
 	if g.StateDiskKeys && IsStateDiskKeyID(id) {
 		return true
 	}
+	if kms.IsVolumeKeyID(id) {
+		// Volume keys only by their own grant, whatever the prefixes say (Validate refuses
+		// such prefixes; this holds for a Policy built without it too).
+		return g.VolumeKeys
+	}
 	for _, prefix := range g.KeyIDPrefixes {
 		if strings.HasPrefix(id, prefix) {
 			return true
@@ -88,12 +99,15 @@ func (p Policy) Validate() error {
 		if name == "" {
 			return fmt.Errorf("policy: client with empty name")
 		}
-		if len(g.KeyIDPrefixes) == 0 && !g.StateDiskKeys {
+		if len(g.KeyIDPrefixes) == 0 && !g.StateDiskKeys && !g.VolumeKeys {
 			return fmt.Errorf("policy: client %q is granted nothing", name)
 		}
 		for i, prefix := range g.KeyIDPrefixes {
 			if prefix == "" {
 				return fmt.Errorf("policy: client %q: keyIDPrefixes[%d] is empty (it would grant every key id)", name, i)
+			}
+			if strings.HasPrefix(kms.VolumeKeyPrefix, prefix) || strings.HasPrefix(prefix, kms.VolumeKeyPrefix) {
+				return fmt.Errorf("policy: client %q: keyIDPrefixes[%d] %q could match volume key ids (%q...): grant them with volumeKeys", name, i, prefix, kms.VolumeKeyPrefix)
 			}
 		}
 	}
