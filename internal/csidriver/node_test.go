@@ -53,8 +53,8 @@ func TestNodeStageVolume(t *testing.T) {
 		wantErr     []string
 		wantStaged  bool
 	}{
-		"stages":       {req: stageReq(), wantStaged: true},
-		"key refused":  {req: stageReq(), refused: true, wantCode: codes.PermissionDenied, wantErr: []string{"no pod on this node"}},
+		"stages":      {req: stageReq(), wantStaged: true},
+		"key refused": {req: stageReq(), refused: true, wantCode: codes.PermissionDenied, wantErr: []string{"no pod on this node"}},
 		"key refused by the join service": {
 			req: stageReq(), keyErr: status.Error(codes.PermissionDenied, "no VolumeAttachment"), wantCode: codes.PermissionDenied, wantErr: []string{"no VolumeAttachment"},
 		},
