@@ -1,6 +1,6 @@
 // Package unlock holds the node platforms' csidriver.Unlocker implementations: how a volume's
-// device is opened with its key and mounted (docs/volumes.md "Local unlocker: what the host
-// sees").
+// device is opened with its key and mounted. What the host sees of a volume:
+// docs/volumes.md "Local unlocker: what the host sees".
 package unlock
 
 import (
