@@ -107,6 +107,15 @@ var (
 	ErrAttached = errors.New("volume is attached")
 	// ErrNotAttached: the volume is not attached to this node.
 	ErrNotAttached = errors.New("volume is not attached to this node")
+	// ErrNodeNotFound: Backing.Attach names a node the platform does not know (CSI: NotFound).
+	ErrNodeNotFound = errors.New("node not found")
+	// ErrKeyRefused: KeySource's answer when the cluster refuses to release the key (CSI:
+	// PermissionDenied). An error without it is taken as the key source being unreachable
+	// (Unavailable: the kubelet retries).
+	ErrKeyRefused = errors.New("volume key refused")
+	// ErrWrongKey: Unlocker.Stage's answer when the key does not open what is on the device
+	// (CSI: FailedPrecondition). Nothing on the device was changed.
+	ErrWrongKey = errors.New("the key does not open the volume")
 )
 
 // AttachedElsewhereError refuses attaching a volume that another node holds.
