@@ -22,18 +22,13 @@ import (
 
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/csidriver"
+	"github.com/openconstellation/constellation/internal/provider/local/volumeclient"
 )
 
-// newBacking returns the provider's volume API client at metadataURL.
-//
-// TODO(lead): the provider piece writes internal/provider/local/volumeclient; once it is
-// merged, replace this with
-//
-//	newBacking = func(metadataURL string) (csidriver.Backing, error) { return volumeclient.New(metadataURL), nil }
-//
-// Until then the controller refuses to start, naming the missing client.
+// newBacking returns the provider's volume API client at metadataURL (a variable so that the
+// command's test can see the URL it is given).
 var newBacking = func(metadataURL string) (csidriver.Backing, error) {
-	return nil, errors.New("no provider volume client is built into this binary (internal/provider/local/volumeclient)")
+	return volumeclient.New(metadataURL), nil
 }
 
 func main() {

@@ -89,6 +89,9 @@ func (e *RefusedError) Error() string {
 	return fmt.Sprintf("the join service refused the key of volume %s (%s): %s", e.ID, e.Code, e.Reason)
 }
 
+// Is makes a refusal csidriver.ErrKeyRefused: the driver answers the kubelet PermissionDenied.
+func (e *RefusedError) Is(target error) bool { return target == csidriver.ErrKeyRefused }
+
 // VolumeKey implements csidriver.KeySource. It tries every join service metadata lists, on
 // the join client's schedule (polling while none answers, backing off once one refused for
 // a transient reason: Unavailable, a failed handshake), until one releases the key or ctx

@@ -12,6 +12,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -64,8 +65,9 @@ type Node struct {
 	storage statedisk.Storage
 	state   State
 
-	mu       sync.Mutex
-	freshKey []byte // the random key of a fresh node's storage, until re-keyed
+	mu        sync.Mutex
+	freshKey  []byte // the random key of a fresh node's storage, until re-keyed
+	clusterID []byte // the cluster the node lock names, once taken here
 
 	claimed     chan struct{} // closed once the node lock is taken here
 	claimedOnce sync.Once
@@ -137,6 +139,7 @@ func (n *Node) Claim(ctx context.Context, holder string, clusterID, diskKey []by
 	n.claimedOnce.Do(func() { close(n.claimed) })
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.clusterID = bytes.Clone(clusterID)
 	if err := n.storage.Rekey(ctx, n.freshKey, diskKey); err != nil {
 		return fmt.Errorf("re-keying state storage to the disk key: %w", err)
 	}
@@ -190,8 +193,19 @@ func (n *Node) ReenterAs(ctx context.Context, holder string, clusterID, diskKey 
 		return err
 	}
 	n.claimedOnce.Do(func() { close(n.claimed) })
+	n.mu.Lock()
+	n.clusterID = bytes.Clone(clusterID)
+	n.mu.Unlock()
 	if err := n.storage.Unlock(ctx, diskKey); err != nil {
 		return fmt.Errorf("unlocking state storage: %w", err)
 	}
 	return nil
+}
+
+// ClusterID returns the ID of the cluster whose node lock this node took (Claim, ReenterAs),
+// or nil before: what the node checks every service it later asks for keys against.
+func (n *Node) ClusterID() []byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return bytes.Clone(n.clusterID)
 }

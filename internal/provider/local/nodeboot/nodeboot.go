@@ -39,6 +39,8 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/bootstrapper/tpmcheck"
+	"github.com/openconstellation/constellation/internal/csidriver"
+	"github.com/openconstellation/constellation/internal/csidriver/unlock"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
@@ -51,6 +53,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
+	"github.com/openconstellation/constellation/internal/provider/local/volumeclient"
 	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
@@ -117,11 +120,15 @@ func Run(ctx context.Context, o Options) error {
 	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
 
 	authz := &authorizer{ctx: ctx, log: log, node: self.Name}
-	by, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet, authz)
+	in, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet, authz)
 	if err != nil {
 		return err
 	}
-	log.Info("node is in its cluster", "by", by)
+	log.Info("node is in its cluster", "by", in.by)
+	volumesFailed, err := serveVolumes(ctx, o, log, meta, self.Name, in)
+	if err != nil {
+		return fmt.Errorf("node failed: %w", err)
+	}
 	// A rejoined node restarted its kubelet without kubeadm: its images must be there too.
 	if err := osys.WaitImages(ctx); err != nil {
 		return fmt.Errorf("node failed: %w", err)
@@ -154,7 +161,50 @@ func Run(ctx context.Context, o Options) error {
 			return nil
 		}
 		return fmt.Errorf("node failed: the removed-node authorizer stopped: %w", err)
+	case err := <-volumesFailed:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("node failed: the encrypted volumes' node plugin stopped: %w", err)
 	}
+}
+
+// Where the node half of the encrypted volume driver lives on a node: the kubelet's plugin
+// and registration directories (volatile, as the rest of the kubelet's root directory), and
+// the unlocker's private mounts on the node's tmpfs.
+const (
+	kubeletPluginDir       = "/var/lib/kubelet/plugins"
+	kubeletRegistrationDir = "/var/lib/kubelet/plugins_registry"
+	volumeWorkDir          = nodeos.RunDir + "/volumes"
+)
+
+// serveVolumes starts the node half of the encrypted volume driver (internal/csidriver,
+// docs/volumes.md): the kubelet finds it by its registration socket, stages a volume attached
+// to this node with the key the join service releases to this node alone, and mounts it into
+// its pods. It runs for the bootstrapper's lifetime; the channel carries why it stopped.
+func serveVolumes(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, name string, in inCluster) (<-chan error, error) {
+	keys, err := joinclient.NewVolumeKeys(joinclient.VolumeKeysConfig{Metadata: meta, Dial: in.dial, ClusterID: in.node.ClusterID()})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(volumeWorkDir, 0o700); err != nil {
+		return nil, fmt.Errorf("the encrypted volumes' work directory: %w", err)
+	}
+	plugin := csidriver.NewNode(csidriver.NodeConfig{
+		NodeName: name, KeySource: keys, Devices: volumeclient.New(o.MetadataURL),
+		Unlocker: &unlock.Gocryptfs{WorkDir: volumeWorkDir}, Logger: log.With("component", "csi-node"),
+	})
+	failed := make(chan error, 1)
+	go func() { failed <- csidriver.ServeNode(ctx, kubeletPluginDir, kubeletRegistrationDir, plugin) }()
+	return failed, nil
+}
+
+// inCluster is what bringIn leaves: how the node came in, the node, and its attested way to
+// its cluster's join service.
+type inCluster struct {
+	by   string
+	node *node.Node
+	dial joinclient.Dialer
 }
 
 // keepKubernetesVersion starts the control plane's Kubernetes version keeper: when this
@@ -229,24 +279,24 @@ func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Lo
 //  3. the join client;
 //  4. on a control plane, the recovery server (rebooted) or the init server (fresh);
 //  5. the bootstrapper, which picks init, join, rejoin or recovery.
-func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor, authz *authorizer) (string, error) {
+func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor, authz *authorizer) (inCluster, error) {
 	tpm := vtpm.PerUseTPM{Open: vtpm.OpenAddr("unix:" + nodeos.TPMSocket)}
 	progress := asyncReporter(ctx, meta, log)
 	issuer, serviceValidator, err := nodeAttestation(ctx, tpm, nodeConfig.JoinServiceSets, progress, log)
 	if err != nil {
-		return "", err
+		return inCluster{}, err
 	}
 	inst := self.Instance()
 	n, err := openNode(ctx, o, tpm, self, osys)
 	if err != nil {
-		return "", err
+		return inCluster{}, err
 	}
 	log.Info("node opened", "state", n.State().String())
 	settings := kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true}
 	runner := &kubeletFirst{Runner: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")}, kubelet: kubelet, images: osys.WaitImages, ctx: ctx}
 	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
 	if err != nil {
-		return "", err
+		return inCluster{}, err
 	}
 	jc, err := joinclient.New(joinclient.Config{
 		Node: n, Metadata: meta, Dial: dial, Kubeadm: runner, KubeadmConfig: joinclient.KubeadmConfig(settings),
@@ -254,12 +304,12 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 		DiscoveryFile: "/etc/kubernetes/constellation-join.conf", APIServerConfigDir: nodeauthz.ConfigDir, RegistryHostsDir: registries.HostsDir, Log: log,
 	})
 	if err != nil {
-		return "", err
+		return inCluster{}, err
 	}
 	cfg := bootstrapper.Config{Node: n, JoinClient: jc, Log: log, Progress: func(phase string) { progress(phase, "") }}
 	if inst.Role == metadata.ControlPlane && n.State() == node.Rebooted {
 		if cfg.RecoveryServer, cfg.RecoveryListener, err = recoveryServer(ctx, o, n, issuer, inst, kubelet, log); err != nil {
-			return "", err
+			return inCluster{}, err
 		}
 		defer cfg.RecoveryListener.Close()
 	}
@@ -272,16 +322,17 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout, authz),
 		})
 		if err != nil {
-			return "", err
+			return inCluster{}, err
 		}
 		l, err := net.Listen("tcp", o.InitAddr)
 		if err != nil {
-			return "", fmt.Errorf("listening for init: %w", err)
+			return inCluster{}, fmt.Errorf("listening for init: %w", err)
 		}
 		defer l.Close()
 		cfg.InitServer, cfg.InitListener = is, l
 	}
-	return bootstrapper.Run(ctx, cfg)
+	by, err := bootstrapper.Run(ctx, cfg)
+	return inCluster{by: by, node: n, dial: dial}, err
 }
 
 // nodeAttestation waits until the node's TPM quotes and returns the node's issuer, and the

@@ -296,6 +296,8 @@ func answerError(id string, status int, body []byte) error {
 		return &csidriver.AttachedElsewhereError{ID: id, Node: e.Node}
 	case status == http.StatusForbidden && e.Reason == metaserver.ReasonNotAttached:
 		return fmt.Errorf("%s: %w", msg, csidriver.ErrNotAttached)
+	case status == http.StatusNotFound && e.Reason == metaserver.ReasonNodeNotFound:
+		return fmt.Errorf("%s: %w", msg, csidriver.ErrNodeNotFound)
 	}
 	return fmt.Errorf("%d %s: %s (%s)", status, http.StatusText(status), msg, untrusted.Text(e.Reason))
 }
