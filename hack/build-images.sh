@@ -73,7 +73,8 @@ fi
 # The Kubernetes CSI sidecars beside the encrypted-volume driver's controller (tools/<sidecar>,
 # each a module of its own pinning the upstream release and its replace directives; in the
 # services image; docs/volumes.md "Deployment"): csi-provisioner, csi-attacher, csi-resizer.
-# Each about 1.5 minutes cold, cached by a stamp like CoreDNS.
+# Each 4 to 6 minutes cold on 2 cores shared with other builds, then cached by a stamp like
+# CoreDNS.
 # build_sidecar NAME MODULE: tools/NAME's MODULE/cmd/NAME into $bin/NAME, its version as upstream
 # stamps it (main.version).
 build_sidecar() {
@@ -94,7 +95,7 @@ for sidecar in "${sidecars[@]}"; do
     continue
   fi
   rm -f "$stamp"
-  echo "build-images: building $name (cold: about 1.5 minutes, then cached)"
+  echo "build-images: building $name (cold: 4 to 6 minutes, then cached)"
   t=$(date +%s)
   build_sidecar "$name" "$module"
   echo "build-images: $name built in $(($(date +%s) - t)) s"
