@@ -28,7 +28,7 @@ images: debs kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ou
 	@./hack/build-images.sh
 
 # After build: both compile our packages with the same flags, one after the other, so only once.
-image-bins: debs build ## build the images' binaries that are not Kubernetes' (CoreDNS, local-path-provisioner, ours)
+image-bins: debs build ## build the images' binaries that are not Kubernetes' (CoreDNS, local-path-provisioner, the CSI sidecars, ours)
 	@./hack/build-images.sh bins
 
 # Static and -trimpath, as hack/build-images.sh builds the services for the images: both then

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rc=0
-for mod in . pkg tools/devtools tools/local-path-provisioner tools/kube/*/ tools/etcd/*/ tools/coredns/*/ tools/conformance/*/; do
+for mod in . pkg tools/devtools tools/local-path-provisioner tools/csi-provisioner tools/csi-attacher tools/csi-resizer tools/kube/*/ tools/etcd/*/ tools/coredns/*/ tools/conformance/*/; do
   [ -f "$mod/go.mod" ] || continue # tools/conformance/busybox pins a source tarball, no module
   (cd "$mod" && cp go.mod /tmp/tidy.mod.$$ && cp go.sum /tmp/tidy.sum.$$ 2>/dev/null || true
    go mod tidy

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -62,6 +63,11 @@ type Config struct {
 	LogLevel string
 	// WaitTimeout, when positive, makes Run wait that long for the DaemonSets to be ready.
 	WaitTimeout time.Duration
+	// SkipCSIControllerWait leaves the encrypted-volume driver's controller (DaemonSet
+	// CSIController) out of Run's wait: it is applied all the same. By default Run waits
+	// for it with the services: a cluster whose default StorageClass cannot provision is
+	// not ready for workloads.
+	SkipCSIControllerWait bool
 	// Now is the time the key service's certificates start (default time.Now).
 	Now func() time.Time
 }
@@ -134,7 +140,9 @@ func (o object) String() string {
 }
 
 // objects returns the manifests in the order they are applied: identities and permissions,
-// configuration, then the workloads that use them; then the default StorageClass's.
+// configuration, then the workloads that use them; then the node-local StorageClass's, then
+// the encrypted-volume driver's with the default StorageClass (after local-path stopped being
+// the default, so that the cluster never has two).
 func objects(p params) ([]object, error) {
 	ns := clusterrecord.Namespace
 	var objs []object
@@ -202,7 +210,7 @@ func objects(p params) ([]object, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(objs, storage...), nil
+	return append(append(objs, storage...), csiObjects(p)...), nil
 }
 
 // Render returns the manifests Apply applies, as one YAML stream, for review. The key
@@ -376,9 +384,17 @@ func Run(ctx context.Context, kubeconfig []byte, cfg Config, progress func(strin
 	progress(fmt.Sprintf("waiting up to %s for the services to be ready", cfg.WaitTimeout))
 	wctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)
 	defer cancel()
-	if err := Wait(wctx, client, 500*time.Millisecond); err != nil {
+	names := DaemonSets
+	if cfg.SkipCSIControllerWait {
+		names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == CSIController })
+	}
+	if err := Wait(wctx, client, 500*time.Millisecond, names...); err != nil {
 		return err
 	}
-	progress("join, key and verification services ready")
+	if cfg.SkipCSIControllerWait {
+		progress("join, key and verification services ready")
+	} else {
+		progress("join, key and verification services and the volume driver's controller ready")
+	}
 	return nil
 }

@@ -81,6 +81,16 @@ func forget(c kubernetes.Interface) {
 	_ = c.RbacV1().Roles(diskowner.Namespace).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
 	_ = c.RbacV1().RoleBindings(diskowner.Namespace).Delete(ctx, deploy.JoinService, metav1.DeleteOptions{})
 	_ = c.RbacV1().ClusterRoleBindings().Delete(ctx, deploy.SelfNodeClientRenewal, metav1.DeleteOptions{})
+	for _, name := range csiClusterRoles {
+		_ = c.RbacV1().ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = c.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
+	}
+	_ = c.RbacV1().Roles(ns).Delete(ctx, deploy.CSIController, metav1.DeleteOptions{})
+	_ = c.RbacV1().RoleBindings(ns).Delete(ctx, deploy.CSIController, metav1.DeleteOptions{})
+	_ = c.StorageV1().CSIDrivers().Delete(ctx, csidriver.Name, metav1.DeleteOptions{})
+	for _, sc := range []string{deploy.EncryptedStorageClass, deploy.StorageClass} {
+		_ = c.StorageV1().StorageClasses().Delete(ctx, sc, metav1.DeleteOptions{})
+	}
 	_ = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, deploy.RemovedNodesPolicy, metav1.DeleteOptions{})
 	_ = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, deploy.RemovedNodesPolicy, metav1.DeleteOptions{})
 	for _, cm := range []string{clusterrecord.AttestationConfigMapName, clusterrecord.ClusterConfigMapName} {
@@ -90,6 +100,9 @@ func forget(c kubernetes.Interface) {
 		_ = c.CoreV1().Secrets(ns).Delete(ctx, s, metav1.DeleteOptions{})
 	}
 }
+
+// csiClusterRoles name the CSI sidecars' ClusterRoles and ClusterRoleBindings.
+var csiClusterRoles = []string{"constellation-csi-provisioner", "constellation-csi-attacher", "constellation-csi-resizer"}
 
 // recordInit creates what the init server records before it deploys.
 func recordInit(t *testing.T, c kubernetes.Interface) {
@@ -138,6 +151,28 @@ func versions(t *testing.T, c kubernetes.Interface) map[string]string {
 	cm, err := c.CoreV1().ConfigMaps(ns).Get(ctx, clusterrecord.AttestationConfigMapName, metav1.GetOptions{})
 	require.NoError(t, err)
 	out["ConfigMap"] = cm.ResourceVersion
+	for _, name := range csiClusterRoles {
+		cr, err := c.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		out["ClusterRole/"+name] = cr.ResourceVersion
+		crb, err := c.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		out["ClusterRoleBinding/"+name] = crb.ResourceVersion
+	}
+	csiRole, err := c.RbacV1().Roles(ns).Get(ctx, deploy.CSIController, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["Role/"+deploy.CSIController] = csiRole.ResourceVersion
+	csiRB, err := c.RbacV1().RoleBindings(ns).Get(ctx, deploy.CSIController, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["RoleBinding/"+deploy.CSIController] = csiRB.ResourceVersion
+	driver, err := c.StorageV1().CSIDrivers().Get(ctx, csidriver.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	out["CSIDriver"] = driver.ResourceVersion
+	for _, name := range []string{deploy.EncryptedStorageClass, deploy.StorageClass} {
+		sc, err := c.StorageV1().StorageClasses().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		out["StorageClass/"+name] = sc.ResourceVersion
+	}
 	s, err := c.CoreV1().Secrets(ns).Get(ctx, clusterrecord.KeyServiceTLSSecretName, metav1.GetOptions{})
 	require.NoError(t, err)
 	out["Secret"] = s.ResourceVersion
@@ -190,21 +225,84 @@ func TestApply(t *testing.T) {
 		"applied ConfigMap local-path-storage/local-path-config",
 		"applied Deployment local-path-storage/local-path-provisioner",
 		"applied StorageClass local-path",
+		"applied ServiceAccount kube-system/constellation-csi-controller",
+		"applied ClusterRole constellation-csi-provisioner",
+		"applied ClusterRoleBinding constellation-csi-provisioner",
+		"applied ClusterRole constellation-csi-attacher",
+		"applied ClusterRoleBinding constellation-csi-attacher",
+		"applied ClusterRole constellation-csi-resizer",
+		"applied ClusterRoleBinding constellation-csi-resizer",
+		"applied Role kube-system/constellation-csi-controller",
+		"applied RoleBinding kube-system/constellation-csi-controller",
+		"applied CSIDriver " + csidriver.Name,
+		"applied DaemonSet kube-system/constellation-csi-controller",
+		"applied StorageClass encrypted",
 	}, progress)
 
 	t.Run("default StorageClass", func(t *testing.T) {
-		classes, err := c.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
+		assert.Equal(t, []string{"encrypted by " + csidriver.Name}, defaultClasses(t, c), "exactly one default: the encrypted class")
+		sc, err := c.StorageV1().StorageClasses().Get(ctx, deploy.EncryptedStorageClass, metav1.GetOptions{})
 		require.NoError(t, err)
-		var defaults []string
-		for _, sc := range classes.Items {
-			if sc.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" {
-				defaults = append(defaults, sc.Name+" by "+sc.Provisioner)
-			}
-		}
-		assert.Equal(t, []string{"local-path by rancher.io/local-path"}, defaults)
+		assert.Equal(t, corev1.PersistentVolumeReclaimDelete, *sc.ReclaimPolicy)
+		assert.True(t, *sc.AllowVolumeExpansion)
+		assert.Equal(t, storagev1.VolumeBindingWaitForFirstConsumer, *sc.VolumeBindingMode)
+		local, err := c.StorageV1().StorageClasses().Get(ctx, deploy.StorageClass, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, deploy.StorageProvisionerName, local.Provisioner, "local-path stays, as an explicit node-local class")
 		d, err := c.AppsV1().Deployments(deploy.StorageNamespace).Get(ctx, deploy.StorageProvisioner, metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, cfg.Image, d.Spec.Template.Spec.Containers[0].Image)
+	})
+	t.Run("CSIDriver", func(t *testing.T) {
+		d, err := c.StorageV1().CSIDrivers().Get(ctx, csidriver.Name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.True(t, *d.Spec.AttachRequired)
+		assert.False(t, *d.Spec.PodInfoOnMount)
+		assert.Equal(t, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent}, d.Spec.VolumeLifecycleModes)
+		assert.Equal(t, storagev1.FileFSGroupPolicy, *d.Spec.FSGroupPolicy)
+	})
+	t.Run("CSI controller", func(t *testing.T) {
+		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, deploy.CSIController, metav1.GetOptions{})
+		require.NoError(t, err)
+		pod := ds.Spec.Template.Spec
+		assert.True(t, pod.HostNetwork, "the metadata service names its caller by the node's address")
+		assert.Equal(t, corev1.DNSClusterFirstWithHostNet, pod.DNSPolicy)
+		assert.Equal(t, deploy.CSIController, pod.ServiceAccountName)
+		assert.False(t, *pod.AutomountServiceAccountToken)
+		assert.Equal(t, map[string]string{"node-role.kubernetes.io/control-plane": ""}, pod.NodeSelector)
+		assert.Contains(t, pod.Tolerations, corev1.Toleration{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+		for _, v := range pod.Volumes {
+			assert.Nil(t, v.HostPath, "no host path: %s", v.Name)
+		}
+		var names []string
+		for _, ctr := range pod.Containers {
+			names = append(names, ctr.Name)
+			assert.Equal(t, image, ctr.Image)
+			assert.Equal(t, corev1.PullNever, ctr.ImagePullPolicy)
+			assert.Equal(t, deploy.BinDir+"/"+ctr.Name, ctr.Command[0])
+			sc := ctr.SecurityContext
+			assert.False(t, *sc.AllowPrivilegeEscalation, ctr.Name)
+			assert.True(t, *sc.ReadOnlyRootFilesystem, ctr.Name)
+			assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop, ctr.Name)
+			assert.Empty(t, sc.Capabilities.Add, ctr.Name)
+			assert.Nil(t, sc.Privileged, ctr.Name)
+			assert.True(t, *sc.RunAsNonRoot, ctr.Name)
+			mounts := map[string]string{}
+			for _, m := range ctr.VolumeMounts {
+				mounts[m.MountPath] = m.Name
+			}
+			assert.Equal(t, "socket-dir", mounts["/csi"], ctr.Name)
+			if ctr.Name == "csidriver" {
+				assert.Equal(t, []string{"controller", "--endpoint=unix:///csi/csi.sock", "--metadata-url=http://10.42.0.1:8080", "--log-level=info"}, ctr.Args)
+				assert.NotContains(t, mounts, "/var/run/secrets/kubernetes.io/serviceaccount", "the driver talks to the platform and holds no cluster credential")
+				continue
+			}
+			assert.Equal(t, "kube-api-access", mounts["/var/run/secrets/kubernetes.io/serviceaccount"], ctr.Name)
+			assert.Subset(t, ctr.Args, []string{"--csi-address=/csi/csi.sock", "--leader-election", "--leader-election-namespace=kube-system"}, ctr.Name)
+		}
+		assert.Equal(t, []string{"csidriver", "csi-provisioner", "csi-attacher", "csi-resizer"}, names)
+		assert.Subset(t, pod.Containers[1].Args, []string{"--feature-gates=Topology=false", "--extra-create-metadata=false"})
+		assert.Contains(t, pod.Containers[3].Args, "--handle-volume-inuse-error=false")
 	})
 
 	t.Run("attestation ConfigMap", func(t *testing.T) {
@@ -644,6 +742,7 @@ func TestWait(t *testing.T) {
 	setStatus(deploy.KeyService, 1, 1)
 	setStatus(deploy.JoinService, 1, 0)
 	setStatus(deploy.VerificationService, 0, 0)
+	setStatus(deploy.CSIController, 1, 1)
 	err = short()
 	assert.NotContains(t, err.Error(), deploy.KeyService+":")
 	assert.ErrorContains(t, err, "DaemonSet kube-system/constellation-join-service: 1 of 1 pods up to date, 0 available")
@@ -719,6 +818,14 @@ func TestRender(t *testing.T) {
 		"ClusterRole//local-path-provisioner", "ClusterRoleBinding//local-path-provisioner",
 		"ConfigMap/local-path-storage/local-path-config", "Deployment/local-path-storage/local-path-provisioner",
 		"StorageClass//local-path",
+		"ServiceAccount/kube-system/constellation-csi-controller",
+		"ClusterRole//constellation-csi-provisioner", "ClusterRoleBinding//constellation-csi-provisioner",
+		"ClusterRole//constellation-csi-attacher", "ClusterRoleBinding//constellation-csi-attacher",
+		"ClusterRole//constellation-csi-resizer", "ClusterRoleBinding//constellation-csi-resizer",
+		"Role/kube-system/constellation-csi-controller", "RoleBinding/kube-system/constellation-csi-controller",
+		"CSIDriver//" + csidriver.Name,
+		"DaemonSet/kube-system/constellation-csi-controller",
+		"StorageClass//encrypted",
 	}, kinds)
 	assert.Contains(t, string(out), "image: "+image)
 	assert.Contains(t, string(out), "imagePullPolicy: Never")
@@ -803,12 +910,14 @@ func TestRollServices(t *testing.T) {
 	var steps []string
 	changed, err := deploy.RollServices(rctx, c, image, func(s string) { steps = append(steps, s) })
 	require.NoError(t, err)
-	want := []string{deploy.KeyService, deploy.JoinService, deploy.VerificationService}
+	want := []string{deploy.KeyService, deploy.JoinService, deploy.VerificationService, deploy.CSIController}
 	assert.Equal(t, want, changed)
 	for _, name := range deploy.DaemonSets {
 		ds, err := c.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
 		require.NoError(t, err)
-		assert.Equal(t, image, ds.Spec.Template.Spec.Containers[0].Image, name)
+		for _, ctr := range ds.Spec.Template.Spec.Containers {
+			assert.Equal(t, image, ctr.Image, name+" "+ctr.Name)
+		}
 	}
 	stopController()
 	assert.Equal(t, want, order, "one DaemonSet at a time, in order")
@@ -817,4 +926,27 @@ func TestRollServices(t *testing.T) {
 	changed, err = deploy.RollServices(rctx, c, image, func(string) {})
 	require.NoError(t, err)
 	assert.Empty(t, changed, "a rerun changes nothing")
+
+	// A cluster deployed before the volume driver has no CSI controller: the services roll
+	// all the same.
+	require.NoError(t, c.AppsV1().DaemonSets(ns).Delete(ctx, deploy.CSIController, metav1.DeleteOptions{}))
+	steps = nil
+	changed, err = deploy.RollServices(rctx, c, image, func(s string) { steps = append(steps, s) })
+	require.NoError(t, err)
+	assert.Empty(t, changed)
+	assert.Contains(t, steps, deploy.CSIController+": not deployed in this cluster, nothing to roll")
+}
+
+// defaultClasses are the StorageClasses marked default, as "name by provisioner".
+func defaultClasses(t *testing.T, c kubernetes.Interface) []string {
+	t.Helper()
+	classes, err := c.StorageV1().StorageClasses().List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var defaults []string
+	for _, sc := range classes.Items {
+		if sc.Annotations[deploy.DefaultClassAnnotation] == "true" {
+			defaults = append(defaults, sc.Name+" by "+sc.Provisioner)
+		}
+	}
+	return defaults
 }

@@ -27,7 +27,7 @@ const (
 )
 
 // DaemonSets lists the DaemonSets Apply creates, in the order Wait checks them.
-var DaemonSets = []string{KeyService, JoinService, VerificationService}
+var DaemonSets = []string{KeyService, JoinService, VerificationService, CSIController}
 
 // Ports and paths of the local-provider contract (docs/local-provider.md). The services run
 // with the node's network (hostNetwork), so these are node ports.

@@ -21,10 +21,12 @@ import (
 	"github.com/openconstellation/constellation/internal/volumes"
 )
 
-// The default StorageClass (docs/local-provider.md "Volumes"): local-path-provisioner, built
-// from its Go module into the services image, makes each volume a directory of its node's
-// state storage (volumes.Dir), so a volume reaches the disk only encrypted with that node's
-// state key. The names are upstream's, so its documentation applies as written.
+// The node-local StorageClass (docs/local-provider.md "Volumes"), an explicit choice since the
+// encrypted volumes that move with their pods are the default (csi.go):
+// local-path-provisioner, built from its Go module into the services image, makes each volume
+// a directory of its node's state storage (volumes.Dir), so a volume reaches the disk only
+// encrypted with that node's state key, and is lost with the node. The names are upstream's,
+// so its documentation applies as written.
 const (
 	StorageNamespace   = "local-path-storage"
 	StorageProvisioner = "local-path-provisioner"
@@ -37,7 +39,7 @@ const (
 // volumeHelper is the command of the provisioner's helper pods (cmd/volumehelper).
 var volumeHelper = path.Join(BinDir, "volumehelper")
 
-// storageObjects are the default StorageClass's objects: the provisioner's namespace, identity
+// storageObjects are the node-local StorageClass's objects: the provisioner's namespace, identity
 // and permissions (upstream's), its configuration, its Deployment and the StorageClass.
 func storageObjects(p params) ([]object, error) {
 	cfg, err := storageConfigMap(p)
@@ -190,11 +192,12 @@ func storageDeployment(p params) *appsv1ac.DeploymentApplyConfiguration {
 			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(StorageProvisioner)).WithSpec(pod)))
 }
 
-// storageClass is the cluster's default StorageClass: a volume is made on the node its first
-// pod is scheduled to, and removed with its claim.
+// storageClass is the node-local StorageClass, asked for by name: a volume is made on the
+// node its first pod is scheduled to, and removed with its claim. It carries no
+// DefaultClassAnnotation: applied with the same field manager, that removes the annotation
+// from a cluster where it was the default.
 func storageClass() *storagev1ac.StorageClassApplyConfiguration {
 	return storagev1ac.StorageClass(StorageClass).WithLabels(labels(StorageProvisioner)).
-		WithAnnotations(map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}).
 		WithProvisioner(StorageProvisionerName).
 		WithVolumeBindingMode(storagev1.VolumeBindingWaitForFirstConsumer).
 		WithReclaimPolicy(corev1.PersistentVolumeReclaimDelete)

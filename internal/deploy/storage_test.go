@@ -14,7 +14,7 @@ import (
 
 // TestStorageConfig: the provisioner keeps every node's volumes in volumes.Dir, its helper pods
 // run volumehelper from the services image (never pulled), as root with only the capabilities
-// that remove another user's files, and the StorageClass is the default one.
+// that remove another user's files, and the StorageClass is not the default one.
 func TestStorageConfig(t *testing.T) {
 	const image = "localhost/constellation/services:abc"
 	cm, err := storageConfigMap(params{image: image})
@@ -37,7 +37,7 @@ func TestStorageConfig(t *testing.T) {
 	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 
 	sc := storageClass()
-	assert.Equal(t, "true", sc.Annotations["storageclass.kubernetes.io/is-default-class"])
+	assert.NotContains(t, sc.Annotations, DefaultClassAnnotation, "an explicit node-local class, not the default")
 	assert.Equal(t, StorageProvisionerName, *sc.Provisioner)
 
 	d := storageDeployment(params{image: image})

@@ -167,9 +167,9 @@ func Pause(binary string, r kubeversion.Release) Image {
 	}}
 }
 
-// Services returns the image of our in-cluster services (join, key and verification service):
-// every given binary in /usr/local/bin under its own name, no entrypoint (each pod names its
-// command). The tag is the content hash, so a changed binary gives a new ref.
+// Services returns the image of our in-cluster services (join, key and verification service,
+// and the programs of the StorageClasses): every given binary in /usr/local/bin under its own
+// name, no entrypoint (each pod names its command). The tag is the content hash, so a changed binary gives a new ref.
 func Services(binaries ...string) (Image, error) {
 	if len(binaries) == 0 {
 		return Image{}, errors.New("services image: no binaries")
@@ -181,10 +181,12 @@ func Services(binaries ...string) (Image, error) {
 	return contentTagged("services", ServicesRepo, Spec{Files: files})
 }
 
-// ServiceBinaries are the binaries of the services image, by name: cmd/<name>, and
-// local-path-provisioner (tools/local-path-provisioner), the default StorageClass's
-// provisioner, whose helper pods run volumehelper.
-var ServiceBinaries = []string{"joinservice", "keyservice", "verificationservice", "volumehelper", "local-path-provisioner"}
+// ServiceBinaries are the binaries of the services image, by name: cmd/<name>;
+// local-path-provisioner (tools/local-path-provisioner), the node-local StorageClass's
+// provisioner, whose helper pods run volumehelper; and the Kubernetes CSI sidecars
+// (tools/<name>) that run beside csidriver's controller half (docs/volumes.md "Deployment").
+var ServiceBinaries = []string{"joinservice", "keyservice", "verificationservice", "volumehelper", "csidriver",
+	"local-path-provisioner", "csi-provisioner", "csi-attacher", "csi-resizer"}
 
 // ReleaseEnv is the variable of a release's services image that names the release.
 const ReleaseEnv = "CONSTELLATION_RELEASE"
