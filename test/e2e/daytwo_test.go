@@ -216,9 +216,9 @@ func TestDayTwo(t *testing.T) {
 	t.Logf("image load:\n%s", out)
 	assert.Contains(t, string(out), "stored "+userImageRef)
 	assert.Contains(t, string(out), "OK    worker-0: 1 image(s) imported")
-	// It runs as a StatefulSet of a user that is not root, with a volume of the default
-	// StorageClass (in worker-0's encrypted state storage) that must keep its data across
-	// the reboot.
+	// It runs as a StatefulSet of a user that is not root, with a volume of the node-local
+	// StorageClass local-path (in worker-0's encrypted state storage) that must keep its data
+	// across the reboot.
 	loadedStatefulSet(t, d.kubeconfig, "loaded-on-worker-0", "worker-0")
 	// kubectl port-forward with the admin kubeconfig reaches it from the host, and so do a
 	// LoadBalancer Service's address and its node port on the host's loopback.
@@ -229,6 +229,16 @@ func TestDayTwo(t *testing.T) {
 	pv := kubectl(t, d.kubeconfig, "get", "pvc", "data-loaded-on-worker-0-0", "-o", "jsonpath={.spec.volumeName}")
 	assert.Contains(t, kubectl(t, d.kubeconfig, "get", "pv", pv, "-o", "jsonpath={.spec.hostPath.path}"), volumes.Dir+"/",
 		"the volume is a directory of the node's state storage")
+
+	// The README's application with a volume of the default StorageClass (encrypted, movable),
+	// on worker-1: the scale-down below removes worker-1, and the pod must start on
+	// worker-0 with its data.
+	app := deployVolumeApp(t, d.kubeconfig, images, "app", "", "worker-1")
+	const appData = "kept by a volume that moves with its pod"
+	app.put(appData)
+	appNode := app.node()
+	t.Logf("the application runs on %s", appNode)
+	requireMovableVolume(t, d.kubeconfig, ws, "app-data", appNode, appData)
 
 	t.Run("reboot a worker", func(t *testing.T) {
 		d := d.on(t)
@@ -291,11 +301,36 @@ spec:
 `, helloRef(t, images)))
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/evictee", "--timeout=120s")
 
+		// A volume of the node-local class on worker-2: removing worker-2 destroys it, so
+		// apply refuses until the user accepts that by name, and changes nothing before.
+		applyManifest(t, d.kubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: local-data, namespace: default}
+spec: {storageClassName: local-path, accessModes: [ReadWriteOnce], resources: {requests: {storage: 10Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: local-data, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: worker-2}
+  terminationGracePeriodSeconds: 1
+  containers: [{name: hello, image: %s, imagePullPolicy: Never, volumeMounts: [{name: data, mountPath: /data}]}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: local-data}}]
+`, helloRef(t, images)))
+		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/local-data", "--timeout=120s")
+
 		// Root on worker-1 keeps its kubelet's credential: once apply has removed the node,
 		// that credential can write nothing, at once.
 		stolen := kubeletCredential(t, ws, "worker-1")
 		d.setCounts(1, 1)
-		out = d.run("apply")
+		refused, err := exec.Command(d.bin, "apply", "-C", d.ws).CombinedOutput()
+		t.Logf("%s", refused)
+		require.Error(t, err, "apply must refuse to destroy a node-local volume unasked")
+		assert.Contains(t, string(refused), "default/local-data")
+		assert.Contains(t, string(refused), "--delete-node-local-volumes")
+		assert.NotContains(t, string(refused), "app-data", "the movable volume is not named: it moves")
+		assert.Contains(t, kubectl(t, d.kubeconfig, "get", "nodes"), "worker-2", "a refused apply removes nothing")
+		out = d.run("apply", "--delete-node-local-volumes")
 		t.Logf("%s", out)
 		assert.Contains(t, out, "- worker-2")
 		assert.Contains(t, out, "- worker-1")
@@ -314,6 +349,11 @@ spec:
 		_, err = os.Stat(filepath.Join(ws, "mini", "nodes", "worker-1"))
 		assert.True(t, os.IsNotExist(err), "the removed node's disk is gone")
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=60s")
+
+		// The movable volume went with its pod to worker-0, data and all.
+		app.requireData(appData)
+		assert.Equal(t, "worker-0", app.node(), "the application's pod moved to the remaining worker")
+		requireMovableVolume(t, d.kubeconfig, ws, "app-data", "worker-0", appData)
 	})
 
 	t.Run("a removed node cannot come back", func(t *testing.T) {
@@ -533,7 +573,7 @@ spec:
 }
 
 // loadedStatefulSet runs the loaded image on node as a StatefulSet of one replica (pod
-// <name>-0) as user 1000, with a volume "data" of the default StorageClass at /data where the
+// <name>-0) as user 1000, with a volume "data" of the node-local StorageClass at /data where the
 // server keeps what is PUT to /data, and waits until it serves.
 func loadedStatefulSet(t *testing.T, kubeconfig, name, node string) {
 	t.Helper()
@@ -561,6 +601,7 @@ spec:
   volumeClaimTemplates:
   - metadata: {name: data}
     spec:
+      storageClassName: local-path
       accessModes: [ReadWriteOnce]
       resources: {requests: {storage: 10Mi}}
 `, name, node, userImageRef))

@@ -1,17 +1,23 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/csidriver"
 )
 
 // volumeApp is the README's application ("Run your application"): a Deployment of one
@@ -26,12 +32,16 @@ type volumeApp struct {
 }
 
 // deployVolumeApp deploys the application named name (its claim is <name>-data, of class
-// class; "" for the default class) and waits until it serves through its load balancer.
-func deployVolumeApp(t testing.TB, kubeconfig, images, name, class string) *volumeApp {
+// class; "" for the default class), preferring node prefer ("" for any), and waits until it
+// serves through its load balancer.
+func deployVolumeApp(t testing.TB, kubeconfig, images, name, class, prefer string) *volumeApp {
 	t.Helper()
-	classLine := ""
+	classLine, affinity := "", ""
 	if class != "" {
 		classLine = "storageClassName: " + class + ", "
+	}
+	if prefer != "" {
+		affinity = `affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, preference: {matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [` + prefer + `]}]}}]}}`
 	}
 	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolumeClaim
@@ -48,6 +58,7 @@ spec:
     metadata: {labels: {app: %[1]s}}
     spec:
       terminationGracePeriodSeconds: 5
+      %[4]s
       containers:
       - name: app
         image: %[2]s
@@ -65,7 +76,7 @@ spec:
   type: LoadBalancer
   selector: {app: %[1]s}
   ports: [{port: 80, targetPort: 8080}]
-`, name, helloRef(t, images), classLine))
+`, name, helloRef(t, images), classLine, affinity))
 	a := &volumeApp{t: t, kubeconfig: kubeconfig, name: name, client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
 	a.waitReady(4 * time.Minute)
 	bin := kubectlPath(t)
@@ -141,4 +152,31 @@ func (a *volumeApp) requireData(want string) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	require.Zero(a.t, failed, "failed reads of the volume's data once the pod is Ready")
+}
+
+// requireMovableVolume checks claim's volume as the platform keeps it: a volume of the
+// encrypted driver, its file in the provider's store (outside every node's state storage)
+// attached to node, holding no plaintext of secret.
+func requireMovableVolume(t testing.TB, kubeconfig, ws, claim, node, secret string) {
+	t.Helper()
+	pv := kubectl(t, kubeconfig, "get", "pvc", claim, "-o", "jsonpath={.spec.volumeName}")
+	require.Equal(t, csidriver.Name, kubectl(t, kubeconfig, "get", "pv", pv, "-o", "jsonpath={.spec.csi.driver}"),
+		"claim %s has a volume of the encrypted driver (the default StorageClass)", claim)
+	id := kubectl(t, kubeconfig, "get", "pv", pv, "-o", "jsonpath={.spec.csi.volumeHandle}")
+	require.True(t, csidriver.ValidID(id), "volume handle %q", id)
+	store := filepath.Join(ws, "mini", "volumes")
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		record, err := os.ReadFile(filepath.Join(store, id+".json"))
+		if !assert.NoError(c, err) {
+			return
+		}
+		var v struct {
+			AttachedTo string `json:"attachedTo"`
+		}
+		assert.NoError(c, json.Unmarshal(record, &v))
+		assert.Equal(c, node, v.AttachedTo, "the provider attached volume %s to %s", id, node)
+	}, time.Minute, time.Second)
+	image, err := os.ReadFile(filepath.Join(store, id+".img"))
+	require.NoError(t, err)
+	assert.False(t, bytes.Contains(image, []byte(secret)), "the host sees no plaintext in the volume's file")
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,6 +118,15 @@ func (g *Gocryptfs) Stage(ctx context.Context, device string, key []byte, target
 		}
 		return fmt.Errorf("volume on %s: %w", device, err)
 	}
+	if !created {
+		// Every user may write a new volume's root, as local-path-provisioner makes its
+		// directories: the workload's user is not known (a pod's fsGroup, when it sets one,
+		// is applied by the kubelet: fsGroupPolicy File). Only a new volume: a mode its user
+		// set later is kept.
+		if err := os.Chmod(target, 0o777); err != nil {
+			return fmt.Errorf("volume on %s: making its root writable: %w", device, err)
+		}
+	}
 	return nil
 }
 
@@ -145,6 +155,11 @@ func (g *Gocryptfs) mountBacking(ctx context.Context, device, backing string) er
 			return fmt.Errorf("formatting the new volume %s: %w", device, err)
 		}
 	}
+	if !fresh && isFile {
+		if err := growOffline(ctx, device, st.Size()); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(backing, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", backing, err)
 	}
@@ -165,6 +180,55 @@ func (g *Gocryptfs) mountBacking(ctx context.Context, device, backing string) er
 	}
 	if err := unix.Mount(source, backing, "ext4", mountFlags, ""); err != nil {
 		return fmt.Errorf("mounting the volume's ext4 file system (%s on %s): %w", device, source, err)
+	}
+	return nil
+}
+
+// growOffline grows the ext4 file system in the volume file device to the file's size when the
+// platform grew the file (ControllerExpandVolume) since the file system was last sized: before
+// it is mounted, so that an expansion needs no online resize (which the kernel allows only
+// with CAP_SYS_RESOURCE, a capability the local provider's nodes may lack). e2fsck first, as
+// resize2fs asks for an unmounted file system; its exit codes 0 and 1 mean clean or fixed.
+func growOffline(ctx context.Context, device string, size int64) error {
+	out, err := run(ctx, "dumpe2fs", "-h", device)
+	if err != nil {
+		// Not an ext4 file system dumpe2fs can read: nothing to grow; the mount that follows
+		// refuses it and names it.
+		return nil
+	}
+	var blocks, blockSize int64
+	for _, line := range strings.Split(string(out), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "Block count":
+			blocks, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		case "Block size":
+			blockSize, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+		if err != nil {
+			return fmt.Errorf("reading the volume's file system size: %q: %w", line, err)
+		}
+	}
+	if blocks <= 0 || blockSize <= 0 {
+		return fmt.Errorf("reading the volume's file system size: dumpe2fs named no block count and size")
+	}
+	if blocks*blockSize+blockSize > size {
+		return nil // sized already (within a block)
+	}
+	ctxCheck, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	check := exec.CommandContext(ctxCheck, "e2fsck", "-f", "-p", device)
+	if out, err := check.CombinedOutput(); err != nil {
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() > 1 {
+			return fmt.Errorf("checking the volume's file system before growing it: %w: %s", err, bytes.TrimSpace(out))
+		}
+	}
+	if _, err := run(ctx, "resize2fs", device); err != nil {
+		return fmt.Errorf("growing the volume's file system to %d bytes: %w", size, err)
 	}
 	return nil
 }

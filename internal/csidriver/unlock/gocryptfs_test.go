@@ -75,6 +75,9 @@ func TestGocryptfsVolume(t *testing.T) {
 	// Stage a new volume: formatted, then unlocked; staging twice is nothing to do.
 	require.NoError(t, g.Stage(ctx, file, key, staging))
 	require.NoError(t, g.Stage(ctx, file, key, staging))
+	root, err := os.Stat(staging)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o777), root.Mode().Perm(), "every user may write a new volume's root")
 	require.NoError(t, os.WriteFile(plain, secret, 0o600))
 	st, err := g.Stats(ctx, staging)
 	require.NoError(t, err)
@@ -121,6 +124,15 @@ func TestGocryptfsVolume(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, secret, got)
 	}
+	// Whatever the capability: the next staging grows the file system before it mounts it.
+	require.NoError(t, g.Unstage(ctx, staging))
+	require.NoError(t, g.Stage(ctx, file, key, staging))
+	grown, err := g.Stats(ctx, staging)
+	require.NoError(t, err)
+	assert.Greater(t, grown.TotalBytes, st.TotalBytes+28*mib, "staging after an expansion grows the visible capacity")
+	got, err = os.ReadFile(plain)
+	require.NoError(t, err)
+	assert.Equal(t, secret, got, "growing keeps the data")
 
 	// The size is enforced: writing past it fails with ENOSPC, and the host's disk is untouched.
 	err = fill(filepath.Join(staging, "big"), 80*mib)
