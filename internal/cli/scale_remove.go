@@ -33,6 +33,8 @@ const etcdStepBound = time.Minute
 //  2. the node is drained: cordoned, its pods evicted through the Eviction API (so
 //     PodDisruptionBudgets hold), bounded by the drain timeout; a drain that times out names
 //     the pods and budgets that blocked it, and the node stays (cordoned) in the cluster;
+//     Then removal waits until Kubernetes detached the volumes of the evicted pods
+//     (waitDetached), so that a pod whose volume moves with it starts on another node at once;
 //  3. a control plane is shut down gracefully when etcd keeps its quorum without it
 //     (shutdownFirst): its API server leaves the platform's load balancer and finishes its
 //     requests while its etcd still runs, so no client of the API sees an error;
@@ -61,6 +63,7 @@ func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 	if err := r.drainForRemoval(ctx, n); err != nil {
 		return err
 	}
+	r.waitDetached(ctx, n.Name)
 	if etcd != nil {
 		if err := r.shutdownFirst(ctx, n, etcd); err != nil {
 			return err
@@ -101,6 +104,39 @@ func (r *reconciler) removeNode(ctx context.Context, n state.Node) error {
 	r.waitRevoked(ctx, n.Name)
 	r.t.phase("removed", n.Name+": deleted from Kubernetes and the platform, refused from now on")
 	return nil
+}
+
+// detachBound bounds the wait until a drained node's volumes are detached; detachPoll is the
+// pause between its rounds.
+const (
+	detachBound = 2 * time.Minute
+	detachPoll  = time.Second
+)
+
+// waitDetached waits, within detachBound, until no volume is attached to the drained node
+// (drain.AttachedVolumes), naming every 5 s the volumes it waits for. Why: the node's kubelet
+// unmounts its evicted pods' volumes after they are gone and reports it; Kubernetes then
+// detaches them at once. A Node deleted before that keeps them attached six more minutes, and
+// the pods that moved wait for them. A node whose kubelet no longer answers never reports:
+// past the bound, removal goes on and says so; Kubernetes detaches the volumes six minutes
+// after the Node object is gone, and no data is lost (the volumes' storage outlives the node).
+func (r *reconciler) waitDetached(ctx context.Context, node string) {
+	var attached []string
+	err := r.doWith(ctx, pollEvery(detachPoll), node, "waiting until its volumes are detached (their pods start elsewhere)", detachBound, func(ctx context.Context) error {
+		var err error
+		if attached, err = drain.AttachedVolumes(ctx, r.client, node); err != nil {
+			return err
+		}
+		if len(attached) > 0 {
+			return retry.NotYet(fmt.Errorf("%d volume(s) still attached to %s: %s", len(attached), node, strings.Join(attached, ", ")))
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(r.out, "note: %s's volumes are not detached (%v); Kubernetes detaches them 6 minutes after its Node object is gone, and their pods start elsewhere then; their data is kept\n", node, err)
+		return
+	}
+	r.t.phase("detached", node+": no volume is attached to it")
 }
 
 // unbindBound bounds the wait until no pod is bound to a removed node; unbindPoll is the

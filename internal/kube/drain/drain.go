@@ -554,3 +554,29 @@ func (d *drainer) stopped(ctx context.Context, report Report) error {
 func sortRefs(refs []PodRef) {
 	sort.Slice(refs, func(i, j int) bool { return refs[i].String() < refs[j].String() })
 }
+
+// AttachedVolumes lists the volumes attached to node (VolumeAttachment objects naming it, of
+// every driver that attaches): what Kubernetes has not detached yet. A drained node's
+// kubelet unmounts its evicted pods' volumes and reports it; only then does Kubernetes'
+// attach-detach controller detach them at once. A node deleted before that keeps its volumes
+// attached for six minutes (the controller's wait for an unmount it can no longer see), and a
+// pod that moved to another node cannot start until then.
+func AttachedVolumes(ctx context.Context, client kubernetes.Interface, node string) ([]string, error) {
+	list, err := client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing volume attachments: %w", err)
+	}
+	var attached []string
+	for _, va := range list.Items {
+		if va.Spec.NodeName != node {
+			continue
+		}
+		name := va.Name
+		if pv := va.Spec.Source.PersistentVolumeName; pv != nil {
+			name = *pv
+		}
+		attached = append(attached, name)
+	}
+	sort.Strings(attached)
+	return attached, nil
+}
