@@ -38,6 +38,11 @@ func TestPowerCut(t *testing.T) {
 	d.requireHealthy(nodes...)
 	helloPod(t, d.kubeconfig, images, "worker-0")
 	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
+	// The README's application, its data on an encrypted volume of the default StorageClass:
+	// after every power cut the node gets the volume's key again and the data is there.
+	app := deployVolumeApp(t, d.kubeconfig, images, "app", "", "")
+	const appData = "written before the power cuts"
+	app.put(appData)
 
 	t.Run("a worker's power cut: it comes back by itself", func(t *testing.T) {
 		d := d.on(t)
@@ -93,6 +98,7 @@ func TestPowerCut(t *testing.T) {
 		w.requireKept(acked, attempted)
 		assert.Equal(t, "before", kubectl(t, d.kubeconfig, "get", "configmap", "survivor", "-o", "jsonpath={.data.written}"))
 		kubectl(t, d.kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+		app.requireData(appData)
 	}
 
 	t.Run("the whole cluster's power cut: start and recover bring it back", func(t *testing.T) {

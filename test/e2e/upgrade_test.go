@@ -217,6 +217,11 @@ func TestUpgrade(t *testing.T) {
 	const kubeNext = "v1.35.4"
 	require.NotEqual(t, config.DefaultKubernetesVersion, kubeNext)
 	kubectl(t, d.kubeconfig, "create", "configmap", "survivor", "--from-literal=written=before")
+	// The README's application with its data on an encrypted volume of the default
+	// StorageClass: every roll replaces the node it runs on, and the volume moves with it.
+	app := deployVolumeApp(t, d.kubeconfig, filepath.Join(repoOutput(t), "images"), "app", "", "")
+	const appData = "written before the upgrades"
+	app.put(appData)
 
 	r := newReleases(t)
 	base, baseNext := filepath.Join(ws, "mini", "image"), layOutImage(t, bin, kubeNext)
@@ -300,6 +305,9 @@ func TestUpgrade(t *testing.T) {
 		inCluster, inConfig := d.clusterSets()
 		assert.Equal(t, []string{"v0.1.0"}, inCluster)
 		assert.Equal(t, []string{"v0.1.0"}, inConfig)
+		app.requireData(appData)
+		assert.Equal(t, "worker-1", app.node(), "the application moved to the replacement worker")
+		requireMovableVolume(t, d.kubeconfig, ws, "app-data", "worker-1", appData)
 	})
 
 	t.Run("v0.1.0 to v0.2.0 with no failed request", func(t *testing.T) {
@@ -322,6 +330,8 @@ func TestUpgrade(t *testing.T) {
 		assert.Equal(t, []string{"v0.2.0"}, inConfig)
 		out = d.run("apply")
 		assert.Contains(t, out, "nothing to apply", "applying again changes nothing")
+		app.requireData(appData)
+		assert.Equal(t, "worker-2", app.node(), "the application moved to the replacement worker")
 	})
 
 	t.Run("a downgrade is refused", func(t *testing.T) {
