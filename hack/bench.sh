@@ -34,6 +34,9 @@ raw=_output/bench/$(date -u +%Y%m%dT%H%M%SZ).txt
   (cd pkg && go test -run '^$' -bench 'BenchmarkCheck$|BenchmarkValidate|BenchmarkValidator|BenchmarkVerifyQuote|BenchmarkReplay' -benchtime "$benchtime" -count "$count" \
     ./attestation/snp/ ./attestation/awssnp/ ./attestation/gcpsnp/ ./attestation/azuresnp/ \
     ./attestation/tdx/ ./attestation/eventlog/ 2>/dev/null) || true
+  # Encrypted volumes: staging (the node's share of a moved pod's start), and writes to a
+  # volume against writes to the node's state storage (root: loop devices, gocryptfs).
+  go test -run '^$' -bench . -benchtime 10x -count "$count" ./internal/csidriver/unlock/ 2>/dev/null || true
   go test -run '^$' -bench 'BenchmarkJoin$' -benchtime "${joins}x" ./internal/joinservice/ 2>/dev/null || true
   # 1,000 nodes asking for a join ticket at the same moment (one burst).
   go test -run '^$' -bench 'BenchmarkJoinBurst$' -benchtime 1x ./internal/joinservice/ 2>/dev/null || true

@@ -26,7 +26,7 @@ const mib = 1 << 20
 
 // volumeFile makes a sparse volume file of zeros, as the provider creates one, and a cleanup
 // that unmounts whatever the test left and detaches its loop devices, even after a failure.
-func volumeFile(t *testing.T, bytes int64) (dir, file string) {
+func volumeFile(t testing.TB, bytes int64) (dir, file string) {
 	t.Helper()
 	dir = t.TempDir()
 	file = filepath.Join(dir, "vol.img")
@@ -49,7 +49,7 @@ func volumeFile(t *testing.T, bytes int64) (dir, file string) {
 	return dir, file
 }
 
-func newKey(t *testing.T) []byte {
+func newKey(t testing.TB) []byte {
 	k, err := statedisk.NewRandomKey()
 	require.NoError(t, err)
 	return k
