@@ -53,13 +53,22 @@ mkdir -p "$results"
 results=$(realpath "$results")
 focus=${CONFORMANCE_FOCUS:-'\[Conformance\]'}
 skip=$(cat "$dir/skip.regex")
+storage=()
+if [ "${CONFORMANCE_STORAGE:-0}" = 1 ]; then
+  # The storage test suites against the encrypted volume driver (hack/storage-testdriver.yaml):
+  # those its capabilities select, but the disruptive and serial ones (they restart kubelets
+  # and the like, which the sandbox does through the provider, not the way the suite does).
+  storage=(--storage.testdriver="$PWD/hack/storage-testdriver.yaml")
+  focus=${CONFORMANCE_FOCUS:-'External.Storage \[Driver: volumes.constellation.openconstellation.dev\]'}
+  skip='\[Disruptive\]|\[Serial\]|\[Feature:'"${skip:+|$skip}"
+fi
 echo "conformance: running the suite (focus: $focus); results in $results"
 set +e
 KUBE_TEST_REPO_LIST=$PWD/$dir/repo-list.yaml "$dir/ginkgo" --nodes="${CONFORMANCE_NODES:-4}" \
   --focus="$focus" ${skip:+--skip="$skip"} --timeout="${CONFORMANCE_TIMEOUT:-3h}" \
   --junit-report=junit.xml --output-dir="$results" --no-color --poll-progress-after=60s \
   "$dir/e2e.test" -- --kubeconfig="$kubeconfig" --provider=skeleton --kubectl-path="$PWD/$kubectl" \
-  --report-dir="$results" 2>&1 | tee "$results/e2e.log"
+  --report-dir="$results" "${storage[@]}" 2>&1 | tee "$results/e2e.log"
 rc=${PIPESTATUS[0]}
 set -e
 go run ./hack/conformance summary -junit "$results/junit.xml" -out "$results/summary.txt"
