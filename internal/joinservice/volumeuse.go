@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/pager"
 
@@ -47,8 +48,12 @@ const listPage = 500
 // errStopList ends a list once the item looked for is found.
 var errStopList = errors.New("found")
 
-// claimRef names a PersistentVolumeClaim.
-type claimRef struct{ namespace, name string }
+// claimRef names a PersistentVolumeClaim; owner, when set, is the UID of the pod that must
+// control it (a generic ephemeral volume's claim).
+type claimRef struct {
+	namespace, name string
+	owner           types.UID
+}
 
 // PersistentVolume implements VolumeUse. A PersistentVolume's name is not derivable from its
 // volume handle (the handle is a hash of the name: csidriver.IDFor), and the API server has
@@ -121,10 +126,18 @@ func (k KubeVolumes) UsedOn(ctx context.Context, pv, node string) (bool, error) 
 			return nil
 		}
 		for _, v := range pod.Spec.Volumes {
-			if v.PersistentVolumeClaim == nil {
+			var c claimRef
+			switch {
+			case v.PersistentVolumeClaim != nil:
+				c = claimRef{namespace: pod.Namespace, name: v.PersistentVolumeClaim.ClaimName}
+			case v.Ephemeral != nil:
+				// A generic ephemeral volume: the claim Kubernetes made for this pod, named
+				// <pod>-<volume> and controlled by the pod; the kubelet uses it only then, and so
+				// does this check (a claim of that name the pod does not own is not its volume).
+				c = claimRef{namespace: pod.Namespace, name: pod.Name + "-" + v.Name, owner: pod.UID}
+			default:
 				continue
 			}
-			c := claimRef{namespace: pod.Namespace, name: v.PersistentVolumeClaim.ClaimName}
 			if !seen[c] {
 				seen[c] = true
 				claims = append(claims, c)
@@ -142,6 +155,11 @@ func (k KubeVolumes) UsedOn(ctx context.Context, pv, node string) (bool, error) 
 		}
 		if err != nil {
 			return false, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", c.namespace, c.name, err)
+		}
+		if c.owner != "" {
+			if ref := metav1.GetControllerOf(pvc); ref == nil || ref.UID != c.owner {
+				continue
+			}
 		}
 		if pvc.Spec.VolumeName == pv {
 			return true, nil

@@ -10,6 +10,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/openconstellation/constellation/internal/csidriver"
@@ -40,6 +41,22 @@ func TestKubeVolumes(t *testing.T) {
 	}
 	pvc := func(ns, name, volume string) runtime.Object {
 		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume}}
+	}
+
+	// A pod with a generic ephemeral volume "scratch": its claim is <pod>-scratch, controlled
+	// by the pod (owner UID), as Kubernetes' ephemeral volume controller makes it.
+	ephemeralPod := func(name, node string) runtime.Object {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: name, UID: types.UID("uid-" + name)}, Spec: corev1.PodSpec{NodeName: node, Volumes: []corev1.Volume{
+			{Name: "scratch", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{}}},
+		}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	ephemeralClaim := func(pod, owner, volume string) runtime.Object {
+		c := pvc("app", pod+"-scratch", volume).(*corev1.PersistentVolumeClaim)
+		if owner != "" {
+			controller := true
+			c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: owner, UID: types.UID("uid-" + owner), Controller: &controller}}
+		}
+		return c
 	}
 
 	testCases := map[string]struct {
@@ -77,6 +94,21 @@ func TestKubeVolumes(t *testing.T) {
 		"the claim of that name in another namespace": {
 			objects: []runtime.Object{pv(pvName, csidriver.Name, id), va("a", csidriver.Name, pvName, "n1", true),
 				pod("app", "p", "n1", "c", corev1.PodRunning), pvc("app", "c", "pv-other"), pvc("victim", "c", pvName)},
+			wantPV: pvName, wantAttached: true,
+		},
+		"generic ephemeral volume of a pod of the node": {
+			objects: []runtime.Object{pv(pvName, csidriver.Name, id), va("a", csidriver.Name, pvName, "n1", true),
+				ephemeralPod("p", "n1"), ephemeralClaim("p", "p", pvName)},
+			wantPV: pvName, wantAttached: true, wantUsed: true,
+		},
+		"an ephemeral volume's claim the pod does not control": {
+			objects: []runtime.Object{pv(pvName, csidriver.Name, id), va("a", csidriver.Name, pvName, "n1", true),
+				ephemeralPod("p", "n1"), ephemeralClaim("p", "", pvName)},
+			wantPV: pvName, wantAttached: true,
+		},
+		"an ephemeral volume's claim another pod controls": {
+			objects: []runtime.Object{pv(pvName, csidriver.Name, id), va("a", csidriver.Name, pvName, "n1", true),
+				ephemeralPod("p", "n1"), ephemeralClaim("p", "other", pvName)},
 			wantPV: pvName, wantAttached: true,
 		},
 		"claim missing": {
