@@ -60,7 +60,9 @@ if [ "${CONFORMANCE_STORAGE:-0}" = 1 ]; then
   # and the like, which the sandbox does through the provider, not the way the suite does).
   storage=(--storage.testdriver="$PWD/hack/storage-testdriver.yaml")
   focus=${CONFORMANCE_FOCUS:-'External.Storage \[Driver: volumes.constellation.openconstellation.dev\]'}
-  skip='\[Disruptive\]|\[Serial\]|\[Feature:'"${skip:+|$skip}"
+  # "should not mount / map unused volumes" looks into the node through nsenter into PID 1's
+  # mount namespace: PID 1 of a sandbox node's PID namespace is the machine's, not the node's.
+  skip='\[Disruptive\]|\[Serial\]|\[Feature:|should not mount / map unused volumes in a pod'"${skip:+|$skip}"
 fi
 echo "conformance: running the suite (focus: $focus); results in $results"
 set +e
