@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: swtpm for the software TPMs of the tests and the local nodes, tpm2-tools for
 # debugging them, protoc for `make proto`, gcc + libssl-dev for the go-tpm-tools simulator (cgo),
-# cryptsetup (LUKS2) + e2fsprogs (mkfs.ext4) and gocryptfs + fuse3 for the node state storage;
+# cryptsetup (LUKS2) + e2fsprogs (mkfs.ext4, e2fsck, resize2fs) + mount (losetup) and gocryptfs +
+# fuse3 for the node state storage and the encrypted volumes;
 # containerd + runc, the CNI plugins (bridge, host-local, loopback) and util-linux's
 # nsenter/unshare for the local provider's sandbox nodes, slirp4netns for their NAT (the
 # uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT;
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 # (internal/conformance): make, bzip2 and libc6-dev to build busybox from source, curl to fetch
 # it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images.
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
-  cryptsetup-bin e2fsprogs gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
+  cryptsetup-bin e2fsprogs mount gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
   iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd)
 
 debs() {
