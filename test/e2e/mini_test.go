@@ -112,7 +112,7 @@ func TestMiniUp(t *testing.T) {
 	id := cluster.NetworkID(filepath.Join(ws, "mini"))
 	assert.Contains(t, string(out), "over attested TLS")
 	assert.Contains(t, string(out), "kubeadm init done")
-	assert.Contains(t, string(out), "join, key and verification services ready")
+	assert.Contains(t, string(out), "join, key and verification services and the volume driver's controller ready")
 
 	// The workspace has the cluster's files: configuration (generated, with the image's
 	// reference values), state with the cluster ID, master secret, admin kubeconfig.
