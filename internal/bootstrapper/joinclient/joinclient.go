@@ -164,22 +164,28 @@ func New(cfg Config) (*Client, error) {
 		slices.Sort(missing)
 		return nil, fmt.Errorf("join client: missing %s", strings.Join(missing, ", "))
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = PollInterval
-	}
-	if cfg.Backoff == nil {
-		cfg.Backoff = NewBackoff
-	}
-	if cfg.AttemptTimeout <= 0 {
-		cfg.AttemptTimeout = DefaultAttemptTimeout
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
+	scheduleDefaults(&cfg.Clock, &cfg.PollInterval, &cfg.Backoff, &cfg.AttemptTimeout, &cfg.Log)
 	return &Client{cfg: cfg}, nil
+}
+
+// scheduleDefaults fills the unset parts of a client's schedule (the join client's and the
+// volume keys'): real clock, PollInterval, NewBackoff, DefaultAttemptTimeout, no log.
+func scheduleDefaults(c *clock.Clock, poll *time.Duration, backoff *func() wait.Backoff, attempt *time.Duration, log **slog.Logger) {
+	if *c == nil {
+		*c = clock.RealClock{}
+	}
+	if *poll <= 0 {
+		*poll = PollInterval
+	}
+	if *backoff == nil {
+		*backoff = NewBackoff
+	}
+	if *attempt <= 0 {
+		*attempt = DefaultAttemptTimeout
+	}
+	if *log == nil {
+		*log = slog.New(slog.DiscardHandler)
+	}
 }
 
 // Join gets a join ticket, commits the node to the ticket's cluster (node lock and PCR 15,

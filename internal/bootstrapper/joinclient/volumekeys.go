@@ -56,21 +56,7 @@ func NewVolumeKeys(cfg VolumeKeysConfig) (*VolumeKeys, error) {
 	case len(cfg.ClusterID) == 0:
 		return nil, errors.New("volume keys: the node's cluster ID is required (the service is checked against it)")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = PollInterval
-	}
-	if cfg.Backoff == nil {
-		cfg.Backoff = NewBackoff
-	}
-	if cfg.AttemptTimeout <= 0 {
-		cfg.AttemptTimeout = DefaultAttemptTimeout
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
+	scheduleDefaults(&cfg.Clock, &cfg.PollInterval, &cfg.Backoff, &cfg.AttemptTimeout, &cfg.Log)
 	return &VolumeKeys{cfg: cfg}, nil
 }
 

@@ -150,6 +150,12 @@ func Run(ctx context.Context, o Options) error {
 	// bootstrapper exits, so the platform's watchdog reboots the node (the reboot path then
 	// brings it back with a rejoin ticket).
 	kubelet.ExitIsFatal()
+	return supervise(ctx, meta, log, kubelet, authzFailed, volumesFailed)
+}
+
+// supervise waits until ctx ends or one of the node's lasting parts (the kubelet, the
+// removed-node authorizer, the volumes' node plugin) stops, and names which.
+func supervise(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, kubelet *nodeos.Supervisor, authzFailed, volumesFailed <-chan error) error {
 	select {
 	case <-ctx.Done():
 		return nil
