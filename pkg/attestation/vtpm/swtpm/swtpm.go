@@ -30,6 +30,11 @@ type Options struct {
 	LogFile string
 	// Binary defaults to "swtpm" on PATH.
 	Binary string
+	// Machine makes the TPM of a virtual machine (QEMU's tpm emulator backend): swtpm serves
+	// only its control socket, through which QEMU initializes it and hands it the data
+	// channel, and the machine's firmware sends TPM2_Startup. Open is not available then:
+	// the TPM is the machine's alone.
+	Machine bool
 }
 
 // Process is a running swtpm.
@@ -84,13 +89,15 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 			return nil, fmt.Errorf("swtpm: removing stale socket: %w", err)
 		}
 	}
-	p.cmd = exec.Command(opts.Binary, "socket", "--tpm2",
-		"--tpmstate", "dir="+opts.StateDir,
-		"--server", "type=unixio,path="+p.sock,
-		"--ctrl", "type=unixio,path="+p.ctrl,
-		"--flags", "not-need-init,startup-clear",
-		"--log", "file="+opts.LogFile+",level=1",
-	)
+	args := []string{"socket", "--tpm2", "--tpmstate", "dir=" + opts.StateDir, "--ctrl", "type=unixio,path=" + p.ctrl}
+	probe := p.sock
+	if opts.Machine {
+		probe = p.ctrl
+	} else {
+		args = append(args, "--server", "type=unixio,path="+p.sock, "--flags", "not-need-init,startup-clear")
+	}
+	args = append(args, "--log", "file="+opts.LogFile+",level=1")
+	p.cmd = exec.Command(opts.Binary, args...)
 	// Die with the process that started us: a crashed test or CLI must not leave TPMs behind.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -107,7 +114,7 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 		// Probe the command socket itself: its file appears at bind(), before swtpm listens,
 		// so the file existing does not mean a connection would be accepted. swtpm serves one
 		// connection at a time and accepts the next once the probe closes.
-		if conn, err := net.Dial("unix", p.sock); err == nil {
+		if conn, err := net.Dial("unix", probe); err == nil {
 			conn.Close()
 			return p, nil
 		}
@@ -125,6 +132,10 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 
 // Addr is the address for vtpm.Open.
 func (p *Process) Addr() string { return "unix:" + p.sock }
+
+// CtrlPath is the control socket's path: a virtual machine's TPM backend connects to it
+// (Options.Machine).
+func (p *Process) CtrlPath() string { return p.ctrl }
 
 // Pid is the process ID of swtpm.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
