@@ -126,7 +126,7 @@ var shutdownSteps = []shutdownStep{
 // has no shutdown of its own, and every other process of the node is killed right after by
 // the power-off anyway. A step that runs out of time is logged, and the power-off kills what
 // is left. Workers have none of these but the kubelet.
-func (p *Provider) shutdownGracefully(n *node) { p.stopSteps(n, shutdownSteps) }
+func (p *Provider) shutdownGracefully(n *node) { p.machines.Shutdown(n.spec.Name) }
 
 // stopAPIServer stops n's API server gracefully and leaves etcd running (the first steps of
 // shutdownGracefully: the kubelet frozen, the API server stopped), with n draining in the load
@@ -143,37 +143,7 @@ func (p *Provider) stopAPIServer(n *node) error {
 	}
 	p.mu.Unlock()
 	if running {
-		p.stopSteps(n, shutdownSteps[:2])
+		return p.machines.StopAPIServer(n.spec.Name)
 	}
 	return nil
-}
-
-// stopSteps stops n's processes by steps, in order.
-func (p *Provider) stopSteps(n *node, steps []shutdownStep) {
-	cg := p.cgroup.Child(n.spec.Name)
-	start := time.Now()
-	for _, s := range steps {
-		pids, err := cg.SignalCommand(s.comm, s.sig)
-		if err != nil {
-			p.log.Warn("graceful shutdown", "node", n.spec.Name, "step", s.comm, "err", err)
-			return
-		}
-		if len(pids) == 0 || s.bound == 0 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(p.ctx, s.bound)
-		err = sandbox.WaitGone(ctx, pids)
-		cancel()
-		if err != nil {
-			// Killed before the next step: etcd must not wait for a client that is leaving.
-			p.log.Info("graceful shutdown: killing what is left of the step", "node", n.spec.Name, "step", s.comm, "after", s.bound.String())
-			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-			wctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
-			_ = sandbox.WaitGone(wctx, pids)
-			cancel()
-		}
-	}
-	p.log.Info("graceful stop done", "node", n.spec.Name, "steps", len(steps), "took", time.Since(start).Round(time.Millisecond).String())
 }

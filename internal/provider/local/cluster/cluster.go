@@ -35,7 +35,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -55,7 +54,6 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/provider/local/volumestore"
 	"github.com/openconstellation/constellation/internal/reaper"
-	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
 
@@ -204,9 +202,11 @@ type Provider struct {
 	log    *slog.Logger
 	net    sandbox.Network
 	cgroup sandbox.Cgroup
-	ca     *akca.CA
-	meta   *metaserver.Server
-	lb     *apilb.Balancer
+	// machines are the nodes' hardware: sandboxes or virtual machines.
+	machines Machines
+	ca       *akca.CA
+	meta     *metaserver.Server
+	lb       *apilb.Balancer
 	// volumes are the movable volumes, served by the metadata service's volume API.
 	volumes *volumestore.Store
 	// ctx is the provider's lifetime; stop ends it keeping the nodes' folders.
@@ -215,6 +215,8 @@ type Provider struct {
 	status Status
 	// reapWarn warns once that orphans cannot be reaped.
 	reapWarn sync.Once
+	// newMachines makes machines once the cluster's network and AK CA exist.
+	newMachines NewMachines
 
 	mu     sync.Mutex // guards spec, nodes, uplink and the status file
 	spec   Spec
@@ -229,14 +231,14 @@ type node struct {
 	ops sync.Mutex
 
 	// guarded by Provider.mu:
-	tpm      *swtpm.Process
-	exited   chan struct{} // closed when this boot's bootstrapper exited
+	power    Power         // this boot's machine; nil while off
+	exited   chan struct{} // closed when this boot's machine (the sandbox's bootstrapper) exited
 	ending   bool          // the provider is ending this boot (reboot, delete, stop)
 	off      bool          // this boot ended: the node's processes are gone
 	state    provider.NodeState
 	detail   string
 	boots    int
-	pid      int // this boot's bootstrapper: a process in the node's namespaces
+	pid      int // this boot's main process (Power.PID)
 	bootedAt time.Time
 	crashes  int // failures within crashWindow of boot, in a row
 	events   []provider.Event
@@ -245,7 +247,12 @@ type node struct {
 // Serve creates the cluster's network and boots its nodes (new ones, or the nodes of a stopped
 // cluster with their kept state), and serves it until ctx ends or Stop is asked for; then it
 // turns everything off. Node folders are kept: `mini down` (Remove) deletes them.
-func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
+func Serve(ctx context.Context, spec Spec, log *slog.Logger) error {
+	return ServeMachines(ctx, spec, log, Sandboxes)
+}
+
+// ServeMachines is Serve with the nodes on the machines newMachines makes.
+func ServeMachines(ctx context.Context, spec Spec, log *slog.Logger, newMachines NewMachines) (retErr error) {
 	id := NetworkID(spec.Dir)
 	cg, err := sandbox.NewCgroup("cmini-" + id)
 	if err != nil {
@@ -260,6 +267,7 @@ func Serve(ctx context.Context, spec Spec, log *slog.Logger) (retErr error) {
 	defer stop()
 	p := &Provider{spec: spec, log: log, net: sandbox.Network{ID: id}, cgroup: cg, nodes: map[string]*node{}, ctx: ctx, stop: stop}
 	p.status = Status{PID: os.Getpid(), NetworkID: id, Cgroup: string(cg)}
+	p.newMachines = newMachines
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -297,6 +305,9 @@ func (p *Provider) create(ctx context.Context) error {
 		return err
 	}
 	p.ca = ca
+	if p.machines, err = p.newMachines(MachineEnv{Net: p.net, Cgroup: p.cgroup, CA: ca, Dir: p.spec.Dir, Log: p.log}); err != nil {
+		return err
+	}
 	p.meta = metaserver.New(nil, nil, []byte(p.spec.InitSecretHash))
 	p.meta.SetAPIEndpoint(APIEndpoint())
 	if err := p.openVolumes(); err != nil {
@@ -422,16 +433,17 @@ func (p *Provider) publish() {
 	var st []NodeStatus
 	for _, n := range p.sortedLocked() {
 		ip := sandbox.NodeAddr(n.spec.Index)
+		cgroupRoot, netns := p.machines.Describe(n.spec.Name)
 		metaNodes = append(metaNodes, metaserver.Node{
 			Name: n.spec.Name, Role: string(n.spec.Role), IPs: []netip.Addr{ip}, PodCIDR: sandbox.NodePodCIDR(n.spec.Index),
-			CgroupRoot: string(p.cgroup.Child(n.spec.Name).Child("pods")),
+			CgroupRoot: cgroupRoot,
 		})
 		if n.spec.Role == metadata.ControlPlane {
 			joinEndpoints = append(joinEndpoints, net.JoinHostPort(ip.String(), fmt.Sprint(JoinPort)))
 		}
 		st = append(st, NodeStatus{
 			Name: n.spec.Name, Role: string(n.spec.Role), ImageDir: n.spec.Image, Unexpected: n.spec.Unexpected,
-			IP: ip.String(), NetNS: sandbox.NSPath(p.net.NodeNS(n.spec.Name)), Cgroup: string(p.cgroup.Child(n.spec.Name)),
+			IP: ip.String(), NetNS: netns, Cgroup: string(p.cgroup.Child(n.spec.Name)),
 			LogFile: filepath.Join(p.nodeDir(n.spec.Name), "logs", "bootstrapper.log"),
 		})
 	}
@@ -499,45 +511,40 @@ func (p *Provider) bootLocked(n *node, why string) (retErr error) {
 			p.event(n, "boot failed: "+retErr.Error())
 		}
 	}()
-	if err := p.prepareNode(ctx, n); err != nil {
-		return err
-	}
-	tpmProc, err := p.startTPM(ctx, n)
+	m, err := p.prepareNode(n)
 	if err != nil {
 		return err
 	}
-	cmd, err := p.startBootstrapper(n)
+	p.meta.ClearReport(n.spec.Name)
+	power, err := p.machines.Boot(ctx, m)
 	if err != nil {
 		return err
 	}
 	exited := make(chan struct{})
 	p.mu.Lock()
+	n.power = power
 	n.exited, n.ending, n.off = exited, false, false
 	n.boots++
-	n.pid = cmd.Process.Pid
+	n.pid = power.PID()
 	n.bootedAt = time.Now().UTC()
 	n.state, n.detail = provider.Running, ""
 	boot := n.boots
 	p.updateLBLocked()
 	p.mu.Unlock()
 	p.event(n, "booted ("+why+")")
-	go p.watch(n, cmd, exited, boot)
-	go p.watchTPM(n, tpmProc, boot)
-	p.log.Info("node started", "node", n.spec.Name, "pid", cmd.Process.Pid, "ip", sandbox.NodeAddr(n.spec.Index))
+	go p.watch(n, power, exited, boot)
+	go p.watchTPM(n, power, boot)
+	p.log.Info("node started", "node", n.spec.Name, "pid", power.PID(), "ip", sandbox.NodeAddr(n.spec.Index))
 	return nil
 }
 
-// prepareNode makes n's directories and a new network namespace, linked to every node.
-func (p *Provider) prepareNode(ctx context.Context, n *node) error {
-	i, name := n.spec.Index, n.spec.Name
-	dir := p.nodeDir(name)
+// prepareNode makes n's directories and returns what its machine needs to boot.
+func (p *Provider) prepareNode(n *node) (Machine, error) {
+	dir := p.nodeDir(n.spec.Name)
 	for _, d := range []string{"tpm", "logs", "state"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
-			return err
+			return Machine{}, err
 		}
-	}
-	if err := p.net.DeleteNode(ctx, name, i); err != nil {
-		return err
 	}
 	p.mu.Lock()
 	var peers []int
@@ -545,92 +552,11 @@ func (p *Provider) prepareNode(ctx context.Context, n *node) error {
 		peers = append(peers, o.spec.Index)
 	}
 	p.mu.Unlock()
-	if err := p.net.AddNode(ctx, name, i, peers); err != nil {
-		return fmt.Errorf("network of %s: %w", name, err)
-	}
-	return nil
-}
-
-// startTPM starts n's swtpm (a power cycle: PCRs reset) and plays firmware: measures the
-// image with its event log, certifies the AK, locks the platform hierarchy.
-func (p *Provider) startTPM(ctx context.Context, n *node) (*swtpm.Process, error) {
-	dir := p.nodeDir(n.spec.Name)
-	tpmProc, err := swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(dir, "tpm")})
-	if err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	n.tpm = tpmProc
-	p.mu.Unlock()
-	image, err := local.ImageComponents(n.spec.Image)
-	if err != nil {
-		return nil, err
-	}
-	tpm, err := tpmProc.Open(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// The firmware's event log of this boot replaces the last boot's (the power cycle reset
-	// the PCRs); it is written before the node starts, which reads it (nodeos).
-	bootLog, err := local.MeasureLogged(tpm, image)
-	if err == nil {
-		err = local.WriteEventLog(filepath.Join(dir, "tpm", local.EventLogFile), bootLog)
-	}
-	if err == nil {
-		err = local.CertifyAK(tpm, p.ca, n.spec.Name, n.spec.Role, time.Now())
-	}
-	if err == nil {
-		err = local.LockPlatform(tpm)
-	}
-	tpm.Close()
-	if err != nil {
-		return nil, err
-	}
-	return tpmProc, nil
-}
-
-// startBootstrapper creates n's cgroup and starts the bootstrapper in it and in the node's
-// namespaces, logging to the node's bootstrapper.log.
-func (p *Provider) startBootstrapper(n *node) (*exec.Cmd, error) {
-	name := n.spec.Name
-	dir := p.nodeDir(name)
 	images, err := p.nodeImages(n.spec.NodeSpec)
 	if err != nil {
-		return nil, err
+		return Machine{}, err
 	}
-	cg := p.cgroup.Child(name)
-	if err := cg.Create(); err != nil {
-		return nil, err
-	}
-	if err := cg.Child("pods").Create(); err != nil {
-		return nil, err
-	}
-	procs, err := cg.Procs()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{"--node-dir", dir, "--image-dir", n.spec.Image}
-	for _, img := range images {
-		args = append(args, "--image", img)
-	}
-	args = append(args, loadedImagesArgs(filepath.Join(n.spec.Image, "bootstrapper"), p.loadedImagesDir())...)
-	// The launcher puts itself into the node's cgroup before it execs into the node's
-	// namespaces, so nothing the node starts escapes the cgroup.
-	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`
-	cmdArgs := append([]string{"-c", script, "launch", "nsenter", "--net=" + sandbox.NSPath(p.net.NodeNS(name)), "--",
-		"unshare", "--mount", "--uts", "--propagation", "private", "--", filepath.Join(n.spec.Image, "bootstrapper")}, args...)
-	logf, err := os.OpenFile(filepath.Join(dir, "logs", "bootstrapper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	cmd := exec.Command("sh", cmdArgs...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	p.meta.ClearReport(name)
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	return cmd, nil
+	return Machine{NodeSpec: n.spec, Dir: dir, Peers: peers, Images: images, LoadedImagesDir: p.loadedImagesDir()}, nil
 }
 
 // nodeImages returns the container image archives node imports: those of its node
@@ -676,8 +602,9 @@ func NodeImages(imagesDir, imageDir string, role metadata.Role, further ...strin
 
 // watch waits for a boot's bootstrapper to exit. An exit the provider did not cause is a
 // node failure: the node is rebooted, unless it keeps failing right after booting.
-func (p *Provider) watch(n *node, cmd *exec.Cmd, exited chan struct{}, boot int) {
-	err := cmd.Wait()
+func (p *Provider) watch(n *node, power Power, exited chan struct{}, boot int) {
+	<-power.Exited()
+	err := power.ExitErr()
 	p.mu.Lock()
 	close(exited)
 	failed := p.claimFailureLocked(n, boot)
@@ -698,9 +625,9 @@ func (p *Provider) watch(n *node, cmd *exec.Cmd, exited chan struct{}, boot int)
 // as a bootstrapper's exit is. A real machine's watchdog (or its operator) would
 // power-cycle it; here the power cycle starts a new swtpm on the TPM's kept state, as a reset
 // brings a TPM back, and the node rejoins.
-func (p *Provider) watchTPM(n *node, tpm *swtpm.Process, boot int) {
+func (p *Provider) watchTPM(n *node, power Power, boot int) {
 	select {
-	case <-tpm.Exited():
+	case <-power.TPMExited():
 	case <-p.ctx.Done():
 		return
 	}
@@ -711,7 +638,7 @@ func (p *Provider) watchTPM(n *node, tpm *swtpm.Process, boot int) {
 		return
 	}
 	why := "TPM failed (swtpm exited"
-	if err := tpm.ExitErr(); err != nil {
+	if err := power.TPMExitErr(); err != nil {
 		why += ": " + err.Error()
 	}
 	p.failed(n, why+")")
@@ -818,8 +745,8 @@ func (p *Provider) powerOff(n *node) error { return p.powerOffHow(n, reset) }
 func (p *Provider) powerOffHow(n *node, how powerOffMode) error {
 	p.mu.Lock()
 	n.ending = true
-	exited, tpm := n.exited, n.tpm
-	n.tpm = nil
+	exited, power := n.exited, n.power
+	n.power = nil
 	running := exited != nil && !n.off
 	p.updateLBLocked()
 	p.mu.Unlock()
@@ -830,8 +757,8 @@ func (p *Provider) powerOffHow(n *node, how powerOffMode) error {
 	defer cancel()
 	var errs []error
 	var whileFrozen func()
-	if how == cut && tpm != nil {
-		whileFrozen = func() { _ = tpm.Kill() }
+	if how == cut && power != nil {
+		whileFrozen = func() { _ = power.KillTPM() }
 	}
 	if err := p.cgroup.Child(n.spec.Name).KillFrozen(ctx, whileFrozen); err != nil {
 		errs = append(errs, err)
@@ -843,12 +770,12 @@ func (p *Provider) powerOffHow(n *node, how powerOffMode) error {
 			errs = append(errs, fmt.Errorf("the bootstrapper of %s did not exit", n.spec.Name))
 		}
 	}
-	if tpm != nil {
-		if err := tpm.Stop(); err != nil {
+	if power != nil {
+		if err := power.StopTPM(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := p.net.DeleteNode(ctx, n.spec.Name, n.spec.Index); err != nil {
+	if err := p.machines.Detach(ctx, n.spec.Name, n.spec.Index); err != nil {
 		errs = append(errs, err)
 	}
 	p.meta.ClearReport(n.spec.Name)
@@ -937,7 +864,7 @@ func (p *Provider) routeToAll(i int, add bool) error {
 	p.mu.Unlock()
 	var errs []error
 	for _, o := range others {
-		if err := p.net.Route(p.ctx, o.Name, i, add); err != nil {
+		if err := p.machines.Route(p.ctx, o.Name, i, add); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -1065,12 +992,12 @@ func (p *Provider) teardown(ctx context.Context) error {
 	}
 	for _, n := range nodes {
 		p.mu.Lock()
-		tpm := n.tpm
-		n.tpm = nil
+		power := n.power
+		n.power = nil
 		n.state = provider.Stopped
 		p.mu.Unlock()
-		if tpm != nil {
-			if err := tpm.Stop(); err != nil {
+		if power != nil {
+			if err := power.StopTPM(); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -1081,6 +1008,9 @@ func (p *Provider) teardown(ctx context.Context) error {
 	p.mu.Unlock()
 	if uplink != nil {
 		uplink.Stop()
+	}
+	if p.machines != nil {
+		p.machines.Close()
 	}
 	if err := p.net.Delete(ctx, names); err != nil {
 		errs = append(errs, err)

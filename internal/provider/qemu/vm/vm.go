@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 )
 
@@ -88,6 +89,9 @@ type Spec struct {
 	// NetNS, when set, is the network namespace (a path, /run/netns/NAME) QEMU runs in: the
 	// one that holds the NIC's tap device.
 	NetNS string
+	// Launcher, when set, is the command QEMU's command line is appended to (it must exec
+	// it): the provider's launcher that puts QEMU into the node's cgroup.
+	Launcher []string
 	// QEMU and Swtpm are the binaries; defaults from PATH.
 	QEMU, Swtpm string
 }
@@ -251,11 +255,13 @@ func Start(ctx context.Context, s Spec) (*Machine, error) {
 		return nil, err
 	}
 	defer log.Close()
-	cmd := exec.Command(s.qemu(), s.Args(tpm.CtrlPath())...)
+	command := append([]string{s.qemu()}, s.Args(tpm.CtrlPath())...)
 	if s.NetNS != "" {
 		// nsenter execs QEMU in place: the process (and its parent-death signal) is QEMU's.
-		cmd = exec.Command("nsenter", append([]string{"--net=" + s.NetNS, "--", s.qemu()}, s.Args(tpm.CtrlPath())...)...)
+		command = append([]string{"nsenter", "--net=" + s.NetNS, "--"}, command...)
 	}
+	command = append(append([]string(nil), s.Launcher...), command...)
+	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// A machine dies with the process that runs it, as swtpm does.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -266,16 +272,22 @@ func Start(ctx context.Context, s Spec) (*Machine, error) {
 	m := &Machine{spec: s, tpm: tpm, cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		m.err = cmd.Wait()
-		_ = tpm.Stop()
 		close(m.exited)
 	}()
 	return m, nil
 }
 
+// TPM is the machine's swtpm: it runs until StopTPM, KillTPM or Kill, also after QEMU
+// exited (the machine's power-off stops it).
+func (m *Machine) TPM() *swtpm.Process { return m.tpm }
+
+// QMPSocket is the path of QEMU's monitor socket (QMP).
+func (m *Machine) QMPSocket() string { return m.spec.path(QMPSocket) }
+
 // Pid is QEMU's process ID.
 func (m *Machine) Pid() int { return m.cmd.Process.Pid }
 
-// Exited is closed once QEMU exited (and its swtpm was stopped).
+// Exited is closed once QEMU exited.
 func (m *Machine) Exited() <-chan struct{} { return m.exited }
 
 // ExitErr says how QEMU ended, with the last lines of its own log; valid after Exited.
@@ -383,4 +395,26 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return os.Rename(dst+".tmp", dst)
+}
+
+// ProvisionTPM runs provision against the machine's TPM while the machine is off, as a
+// platform vendor provisions a TPM before the machine ships: the provider certifies the
+// machine's attestation key into a platform NV index there (internal/provider/local's
+// CertifyAK). The TPM is powered on for it and off again; the machine's next Start is a
+// fresh power cycle, with the firmware's TPM2_Startup. The NV index outlives both.
+func ProvisionTPM(ctx context.Context, s Spec, provision func(*vtpm.TPM) error) error {
+	tpm, err := swtpm.Start(ctx, swtpm.Options{StateDir: filepath.Join(s.Dir, TPMDir), Binary: s.Swtpm})
+	if err != nil {
+		return fmt.Errorf("machine %s: provisioning its TPM: %w", s.Name, err)
+	}
+	defer tpm.Stop()
+	t, err := tpm.Open(ctx)
+	if err != nil {
+		return fmt.Errorf("machine %s: provisioning its TPM: %w", s.Name, err)
+	}
+	defer t.Close()
+	if err := provision(t); err != nil {
+		return fmt.Errorf("machine %s: provisioning its TPM: %w", s.Name, err)
+	}
+	return nil
 }
