@@ -18,10 +18,13 @@ cd "$(dirname "$0")/.."
 # uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT;
 # iptables for the CNI portmap plugin (hostPort); for the conformance suite's test images
 # (internal/conformance): make, bzip2 and libc6-dev to build busybox from source, curl to fetch
-# it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images.
+# it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images;
+# for the measured-boot prediction's tests (internal/measuredboot): systemd-boot-efi (systemd-stub),
+# binutils (objcopy builds a UKI), systemd (systemd-measure), pesign and osslsigncode (Authenticode).
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
   cryptsetup-bin e2fsprogs mount gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
-  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd)
+  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd
+  systemd-boot-efi binutils systemd pesign osslsigncode)
 
 debs() {
   local missing=() p

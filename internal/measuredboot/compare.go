@@ -122,7 +122,7 @@ func describeData(typ tcg.EventType, data []byte) string {
 	switch typ {
 	case tcg.EFIBootServicesApplication, tcg.EFIBootServicesDriver, tcg.EFIRuntimeServicesDriver:
 		// UEFI_IMAGE_LOAD_EVENT: location, length, link-time address, device-path length.
-		if len(data) >= 16 {
+		if len(data) >= 32 {
 			return fmt.Sprintf("EFI image of %d bytes", binary.LittleEndian.Uint64(data[8:16]))
 		}
 	case tcg.Ipl, tcg.EventTag, tcg.EFIAction:
