@@ -212,5 +212,3 @@ func utf16LE(s string) []byte {
 	}
 	return out
 }
-
-func sha256Sum(b []byte) [sha256.Size]byte { return sha256.Sum256(b) }

@@ -2,6 +2,7 @@ package measuredboot
 
 import (
 	"crypto/ecdsa"
+	"crypto/sha256"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
@@ -106,7 +107,7 @@ func TestPCR11AgainstSystemdMeasure(t *testing.T) {
 	require.NoError(t, err)
 	base := p.Value(PCRKernelImage)
 	assert.Equal(t, systemdMeasure(t, u, ""), base[:], "PCR 11 before any phase")
-	enter := extend(base, sha256Sum([]byte("enter-initrd")))
+	enter := extend(base, sha256.Sum256([]byte("enter-initrd")))
 	assert.Equal(t, systemdMeasure(t, u, "enter-initrd"), enter[:], "PCR 11 at enter-initrd")
 }
 
