@@ -2,9 +2,9 @@ package measuredboot
 
 import (
 	"crypto/ecdsa"
-	"crypto/sha256"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
