@@ -131,11 +131,11 @@ func Predict(rawUKI []byte) (*Prediction, error) {
 func PredictPCR4(uki *UKI) ([]Event, error) {
 	ukiDigest, err := AuthenticodeSHA256(uki.Raw)
 	if err != nil {
-		return nil, fmt.Errorf("Authenticode digest of the UKI: %w", err)
+		return nil, fmt.Errorf("the UKI's Authenticode digest: %w", err)
 	}
 	kernelDigest, err := AuthenticodeSHA256(uki.Sections[".linux"])
 	if err != nil {
-		return nil, fmt.Errorf("Authenticode digest of the UKI's .linux section: %w", err)
+		return nil, fmt.Errorf("the Authenticode digest of the UKI's .linux section: %w", err)
 	}
 	return []Event{
 		{PCR: PCRBootManagerCode, Type: tcg.EFIAction, Digest: sha256.Sum256([]byte(callingBootOption)), Description: callingBootOption},
