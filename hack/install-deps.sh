@@ -20,10 +20,13 @@ cd "$(dirname "$0")/.."
 # (internal/conformance): make, bzip2 and libc6-dev to build busybox from source, curl to fetch
 # it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images; for the
 # QEMU provider's machines (internal/provider/qemu): qemu-system-x86, its firmware ovmf, and
-# dnsmasq-base (the machines' DHCP server).
+# dnsmasq-base (the machines' DHCP server); for the measured-boot prediction's tests
+# (internal/measuredboot): systemd-boot-efi (systemd-stub), binutils (objcopy builds a UKI),
+# systemd (systemd-measure), pesign and osslsigncode (Authenticode).
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
   cryptsetup-bin e2fsprogs mount gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
-  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd qemu-system-x86 ovmf dnsmasq-base)
+  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd qemu-system-x86 ovmf dnsmasq-base
+  systemd-boot-efi binutils systemd pesign osslsigncode)
 
 debs() {
   local missing=() p
