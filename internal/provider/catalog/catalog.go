@@ -17,11 +17,13 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider"
 	localplatform "github.com/openconstellation/constellation/internal/provider/local/platform"
+	"github.com/openconstellation/constellation/internal/provider/qemu"
 )
 
 // builtins are the providers of this CLI: one line each.
 var builtins = []provider.Platform{
 	localplatform.Platform{},
+	qemu.Platform{},
 }
 
 var (

@@ -18,8 +18,13 @@ func TestBuiltins(t *testing.T) {
 	assert.Equal(t, state.ProviderLocal, p.Name(), "the state file names providers as the configuration does")
 	assert.Contains(t, config.RegisteredProviders(), "local", "its configuration rules are registered with it")
 
+	q, err := Lookup("qemu")
+	require.NoError(t, err)
+	assert.Equal(t, "qemu", q.Name())
+	assert.Contains(t, config.RegisteredProviders(), "qemu")
+
 	_, err = Lookup("gcp")
-	assert.ErrorContains(t, err, `provider "gcp" is not supported by this CLI (supported: local)`)
+	assert.ErrorContains(t, err, `provider "gcp" is not supported by this CLI (supported: local, qemu)`)
 }
 
 // TestRegister: one call makes a provider known to the catalog, the configuration and the
@@ -34,5 +39,5 @@ func TestRegister(t *testing.T) {
 	for _, p := range All() {
 		names = append(names, p.Name())
 	}
-	assert.Equal(t, []string{fake.Name, "local"}, names)
+	assert.Equal(t, []string{fake.Name, "local", "qemu"}, names)
 }

@@ -58,7 +58,7 @@ type machines struct {
 
 func (m *machines) spec(node cluster.Machine) vm.Spec {
 	return vm.Spec{
-		Name: node.Name, Dir: node.Dir, Image: node.Image, StateDiskBytes: m.shape.StateDiskBytes,
+		Name: node.Name, Dir: node.Dir, Image: filepath.Join(node.Image, DiskFile), StateDiskBytes: m.shape.StateDiskBytes,
 		MemoryMiB: m.shape.MemoryMiB, CPUs: m.shape.CPUs, Firmware: m.shape.Firmware, Accel: m.shape.Accel,
 		NIC:   &vm.NIC{Tap: vmnet.Tap(node.Index), MAC: vmnet.MAC(node.Index)},
 		NetNS: sandbox.NSPath(m.env.Net.BridgeNS()),

@@ -100,6 +100,10 @@ type Spec struct {
 	// namespace's uplink (sandbox.Uplink), which forwards and masquerades. Nil: the nodes
 	// reach nothing outside the cluster (network.outbound none, or a spec written before NAT).
 	NAT *NATSpec `json:"nat,omitempty"`
+	// Machines is the kind of the nodes' machines ("" for sandboxes), one registered with
+	// RegisterMachines; MachineShape is its configuration, the kind's own JSON.
+	Machines     string          `json:"machines,omitempty"`
+	MachineShape json.RawMessage `json:"machineShape,omitempty"`
 }
 
 // NATSpec configures a cluster's NAT.
@@ -248,7 +252,11 @@ type node struct {
 // cluster with their kept state), and serves it until ctx ends or Stop is asked for; then it
 // turns everything off. Node folders are kept: `mini down` (Remove) deletes them.
 func Serve(ctx context.Context, spec Spec, log *slog.Logger) error {
-	return ServeMachines(ctx, spec, log, Sandboxes)
+	newMachines, err := machinesOf(spec)
+	if err != nil {
+		return err
+	}
+	return ServeMachines(ctx, spec, log, newMachines)
 }
 
 // ServeMachines is Serve with the nodes on the machines newMachines makes.

@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -92,6 +94,37 @@ type MachineEnv struct {
 
 // NewMachines makes the machines of a cluster from the provider's environment.
 type NewMachines func(env MachineEnv) (Machines, error)
+
+// MachineKind makes the machines of a kind from a cluster spec's MachineShape.
+type MachineKind func(shape json.RawMessage) (NewMachines, error)
+
+var (
+	kindsMu sync.RWMutex
+	kinds   = map[string]MachineKind{}
+)
+
+// RegisterMachines registers a kind of machines (a provider's package does, when the
+// provider catalog links it in), so that the provider process of a cluster whose spec names
+// the kind runs its nodes on them.
+func RegisterMachines(kind string, k MachineKind) {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	kinds[kind] = k
+}
+
+// machinesOf returns the machines spec names: sandboxes unless it names a registered kind.
+func machinesOf(spec Spec) (NewMachines, error) {
+	if spec.Machines == "" {
+		return Sandboxes, nil
+	}
+	kindsMu.RLock()
+	k, ok := kinds[spec.Machines]
+	kindsMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("the cluster's machines are %q, which this program does not run", spec.Machines)
+	}
+	return k(spec.MachineShape)
+}
 
 // Sandboxes are the local provider's machines: a node is a set of namespaces on the host, its
 // boot a swtpm power cycle with the provider playing firmware, then the bootstrapper.

@@ -135,21 +135,46 @@ func (p Platform) Remove(ctx context.Context, workspace string) (int, error) {
 // Create implements provider.Platform: the cluster's AK CA and init secret in the cluster's
 // folder, then its provider process, which boots every node.
 func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provider.Provider, error) {
-	if err := checkCreate(req.Config); err != nil {
+	return CreateOn(ctx, req, Machines{Provider: Name, Images: checkImages})
+}
+
+// Machines are the machines a provider built on this one (its provider process, network and
+// services: internal/provider/qemu) creates its cluster's nodes on.
+type Machines struct {
+	// Provider is the provider's name (its configuration block).
+	Provider string
+	// Kind and Shape are the machines' kind and configuration (cluster.RegisterMachines);
+	// an empty Kind is sandboxes.
+	Kind  string
+	Shape any
+	// Images checks the request's node images and returns the folder of the container images
+	// the nodes import ("" when the node images carry them).
+	Images func(provider.CreateRequest) (string, error)
+}
+
+// CreateOn creates a cluster in the workspace's folder on machines m: its AK CA and init
+// secret, then its provider process, which boots every node.
+func CreateOn(ctx context.Context, req provider.CreateRequest, m Machines) (provider.Provider, error) {
+	if err := checkCreate(req.Config, m.Provider); err != nil {
 		return nil, err
 	}
-	dir := p.Folder(req.Workspace)
+	dir := Platform{}.Folder(req.Workspace)
 	if _, err := cluster.ReadSpec(dir); err == nil {
 		return nil, fmt.Errorf("%s has a local cluster: remove it with 'constellation terminate' or 'constellation mini down'", dir)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	imagesDir, err := checkImages(req)
+	imagesDir, err := m.Images(req)
 	if err != nil {
 		return nil, err
 	}
-	spec := cluster.Spec{Dir: dir, ImagesDir: imagesDir}
+	spec := cluster.Spec{Dir: dir, ImagesDir: imagesDir, Machines: m.Kind}
+	if m.Kind != "" {
+		if spec.MachineShape, err = json.Marshal(m.Shape); err != nil {
+			return nil, err
+		}
+	}
 	if req.Config.Network.NAT() {
 		spec.NAT = &cluster.NATSpec{HostLoopback: req.Config.Network.HostLoopback}
 	}
@@ -210,16 +235,19 @@ func checkImages(req provider.CreateRequest) (string, error) {
 // checkCreate checks what the local provider requires of a configuration beyond its rules:
 // its block, its nodes' variant, and the sandbox network's fixed ranges
 // (docs/local-provider.md).
-func checkCreate(conf *config.Config) error {
-	if conf.Provider.Name() != Name {
-		return fmt.Errorf("%s: provider.local: the only provider is local", config.FileName)
+func checkCreate(conf *config.Config, name string) error {
+	if got := conf.Provider.Name(); got != name {
+		if got == "" {
+			return fmt.Errorf("%s: provider.%s: missing", config.FileName, name)
+		}
+		return fmt.Errorf("%s: provider: the configuration is for provider %s, not %s", config.FileName, got, name)
 	}
 	if v := conf.Attestation.Variant(); v != local.Variant {
-		return fmt.Errorf("%s: attestation: the local provider's nodes attest with %s (attestation.%s)", config.FileName, local.Variant, local.Variant.ConfigKey())
+		return fmt.Errorf("%s: attestation: the %s provider's nodes attest with %s (attestation.%s)", config.FileName, name, local.Variant, local.Variant.ConfigKey())
 	}
 	if conf.Network.PodCIDR != sandbox.PodCIDR.String() || conf.Network.ServiceCIDR != sandbox.ServiceCIDR.String() {
-		return fmt.Errorf("%s: network: the local provider uses podCIDR %s and serviceCIDR %s (got %s and %s)",
-			config.FileName, sandbox.PodCIDR, sandbox.ServiceCIDR, conf.Network.PodCIDR, conf.Network.ServiceCIDR)
+		return fmt.Errorf("%s: network: the %s provider uses podCIDR %s and serviceCIDR %s (got %s and %s)",
+			config.FileName, name, sandbox.PodCIDR, sandbox.ServiceCIDR, conf.Network.PodCIDR, conf.Network.ServiceCIDR)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ func TestCheckCreate(t *testing.T) {
 		wantErr string
 	}{
 		"valid":       {edit: func(*config.Config) {}},
-		"no provider": {edit: func(c *config.Config) { c.Provider = nil }, wantErr: "provider.local: the only provider is local"},
+		"no provider": {edit: func(c *config.Config) { c.Provider = nil }, wantErr: "provider.local: missing"},
 		"other variant": {
 			edit:    func(c *config.Config) { c.Attestation = config.AttestationFor(variant.QEMUTDX, config.VariantConfig{}) },
 			wantErr: "attestation: the local provider's nodes attest with qemu-vtpm (attestation.qemuVTPM)",
@@ -36,7 +36,7 @@ func TestCheckCreate(t *testing.T) {
 			c.Provider = config.ProviderFor(Name, config.ProviderBlock{ControlPlanes: 1, Image: "image"})
 			c.Attestation = config.AttestationFor(variant.QEMUVTPM, config.VariantConfig{})
 			tc.edit(c)
-			err := checkCreate(c)
+			err := checkCreate(c, Name)
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
 				return

@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/measuredboot"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 )
@@ -196,6 +197,32 @@ func (s Spec) Args(tpmCtrl string) []string {
 			"-device", "virtio-net-pci,netdev=net0,romfile=,mac="+s.NIC.MAC)
 	}
 	return args
+}
+
+// MeasuredShape is the machine as its firmware measures it besides the firmware itself
+// (measuredboot.VMShape): machine type, CPU, memory and the devices in command-line order,
+// each with the properties that change what the firmware sees (boot order, option ROM).
+func (s Spec) MeasuredShape() measuredboot.VMShape {
+	shape := measuredboot.VMShape{CPUs: s.CPUs, MemoryMiB: s.MemoryMiB}
+	args := s.Args("")
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "-machine":
+			shape.Machine = args[i+1]
+		case "-cpu":
+			shape.CPU = args[i+1]
+		case "-device":
+			props := strings.Split(args[i+1], ",")
+			dev := props[0]
+			for _, p := range props[1:] {
+				if strings.HasPrefix(p, "bootindex=") || strings.HasPrefix(p, "romfile=") {
+					dev += " " + p
+				}
+			}
+			shape.Devices = append(shape.Devices, dev)
+		}
+	}
+	return shape
 }
 
 // Prepare creates the machine's folder and the files that do not exist yet: the state disk

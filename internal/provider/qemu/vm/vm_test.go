@@ -115,3 +115,13 @@ func TestHardwareVirtFlags(t *testing.T) {
 	assert.True(t, hardwareVirt.MatchString("flags\t\t: fpu svm\n"))
 	assert.False(t, hardwareVirt.MatchString("flags\t\t: fpu vme sse hypervisor\n"))
 }
+
+// The firmware records are keyed by this shape: it must follow the arguments.
+func TestMeasuredShape(t *testing.T) {
+	shape := testSpec("/m/cp-0").MeasuredShape()
+	assert.Equal(t, "q35,smm=on", shape.Machine)
+	assert.Equal(t, "max", shape.CPU)
+	assert.Equal(t, 2, shape.CPUs)
+	assert.Equal(t, 2560, shape.MemoryMiB)
+	assert.Equal(t, []string{"tpm-crb", "virtio-blk-pci bootindex=1", "virtio-blk-pci", "virtio-rng-pci", "virtio-net-pci romfile="}, shape.Devices)
+}
