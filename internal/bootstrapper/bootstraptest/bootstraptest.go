@@ -144,18 +144,18 @@ func (n *Node) Restart(t testing.TB) {
 
 func (n *Node) open(t testing.TB) {
 	var err error
-	n.Lock, err = nodelock.New(n.TPM)
+	n.Lock, err = nodelock.New(n.TPM, local.Variant)
 	require.NoError(t, err)
 	n.Node, err = node.Open(context.Background(), n.Lock, n.Storage)
 	require.NoError(t, err)
 }
 
-// PCR15 reads the node's PCR 15.
-func (n *Node) PCR15(t testing.TB) []byte {
+// ClusterIDRegister reads the node's cluster-ID register (its variant's; PCR 15).
+func (n *Node) ClusterIDRegister(t testing.TB) []byte {
 	t.Helper()
-	pcrs, err := n.TPM.ReadPCRs(nodelock.Register)
+	pcrs, err := n.TPM.ReadPCRs(int(clusterIDRegister))
 	require.NoError(t, err)
-	return pcrs[nodelock.Register]
+	return pcrs[clusterIDRegister]
 }
 
 // Issuer returns the node's evidence issuer (qemu-vtpm, certified RSA AK), sending the event
