@@ -74,6 +74,17 @@ func NewNode(t testing.TB, name string, role metadata.Role, ca *akca.CA) *Node {
 // NewNodeWith is NewNode with the platform described by opts.
 func NewNodeWith(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node {
 	t.Helper()
+	n := bootNode(t, name, ca, opts)
+	n.Storage = &statedisk.Gocryptfs{Dir: filepath.Join(t.TempDir(), "storage"), MountPoint: n.StateDir}
+	t.Cleanup(func() { assert.NoError(t, n.Storage.Lock(context.Background())) })
+	n.open(t)
+	return n
+}
+
+// bootNode boots a node from opts.Image on a fresh swtpm as the local provider does (measure,
+// certify, lock the platform hierarchy), with its TPM open. It is torn down when t ends.
+func bootNode(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node {
+	t.Helper()
 	if opts.Role == "" {
 		opts.Role = metadata.ControlPlane
 	}
@@ -94,9 +105,6 @@ func NewNodeWith(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node
 			require.NoError(t, local.CertifyAK(n.TPM, ca, name, opts.Role, time.Now()))
 		}
 	})
-	n.Storage = &statedisk.Gocryptfs{Dir: filepath.Join(dir, "storage"), MountPoint: n.StateDir}
-	t.Cleanup(func() { assert.NoError(t, n.Storage.Lock(context.Background())) })
-	n.open(t)
 	return n
 }
 
