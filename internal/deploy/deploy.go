@@ -75,9 +75,9 @@ type Config struct {
 type params struct {
 	image, logLevel, variant string
 	platform                 PlatformFacts
-	apiServerEndpoint                     string
-	attestation                           map[string]string
-	registryMirrors                       string // encoded (registries.Mirrors.Encode)
+	apiServerEndpoint        string
+	attestation              map[string]string
+	registryMirrors          string // encoded (registries.Mirrors.Encode)
 }
 
 func (c Config) params() (params, error) {
