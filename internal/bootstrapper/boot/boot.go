@@ -25,7 +25,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -489,11 +488,4 @@ func waitSelf(ctx context.Context, meta metadata.Provider, log *slog.Logger) (me
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-}
-
-func firstIP(i metadata.Instance) netip.Addr {
-	if len(i.IPs) == 0 {
-		return netip.Addr{}
-	}
-	return i.IPs[0]
 }
