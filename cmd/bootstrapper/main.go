@@ -1,6 +1,8 @@
-// Command bootstrapper is the first process of a local sandbox node (internal/provider/local/
-// nodeboot): it boots the node OS and brings the node into its cluster by init or join, or,
-// after a reboot, by rejoin or recovery.
+// Command bootstrapper is the first process of a node: the node program
+// (internal/bootstrapper/boot) on the node platform --platform names (the provider catalog's
+// node side, internal/provider/catalog/nodes; default the local provider's sandbox). It boots
+// the node OS and brings the node into its cluster by init or join, or, after a reboot, by
+// rejoin or recovery.
 package main
 
 import (
@@ -13,7 +15,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
+	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
+	"github.com/openconstellation/constellation/internal/provider/catalog/nodes"
 )
 
 type list []string
@@ -22,25 +25,34 @@ func (l *list) String() string     { return strings.Join(*l, ",") }
 func (l *list) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
-	var o nodeboot.Options
+	var o boot.Options
+	var pc boot.PlatformConfig
 	var images, stores list
-	flag.StringVar(&o.NodeDir, "node-dir", "", "the node's folder in the workspace")
-	flag.StringVar(&o.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml, node-config.json)")
+	platform := flag.String("platform", nodes.Default, "the node platform ("+strings.Join(nodes.Names(), ", ")+")")
+	flag.StringVar(&pc.NodeDir, "node-dir", "", "the node's folder in the workspace (local)")
+	flag.StringVar(&pc.ImageDir, "image-dir", "", "the node image (kubeadm, kubelet, containerd.toml, node-config.json)")
 	flag.Var(&images, "image", "container image tarball to import (repeatable)")
 	flag.Var(&stores, "images-from", "folder of further image tarballs (*.tar) to import, listed when containerd is up (repeatable)")
-	flag.StringVar(&o.MetadataURL, "metadata", "http://10.42.0.1:8080", "metadata service")
+	flag.StringVar(&pc.MetadataURL, "metadata", "", "the platform's metadata service (default: the platform's)")
 	flag.StringVar(&o.InitAddr, "init-addr", ":9000", "listen address of the init server (fresh control planes)")
 	flag.StringVar(&o.RecoverAddr, "recover-addr", ":9999", "listen address of the recovery server (rebooted control planes)")
 	flag.Parse()
-	o.Images, o.ImageStores = images, stores
+	pc.Images, pc.ImageStores = images, stores
 	o.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if o.NodeDir == "" || o.ImageDir == "" {
-		fmt.Fprintln(os.Stderr, "bootstrapper: --node-dir and --image-dir are required")
+	pc.Log = o.Log
+	newPlatform, err := nodes.Lookup(*platform)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bootstrapper:", err)
+		os.Exit(2)
+	}
+	p, err := newPlatform(pc)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bootstrapper:", err)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := nodeboot.Run(ctx, o); err != nil {
+	if err := boot.Run(ctx, p, o); err != nil {
 		o.Log.Error("bootstrapper failed", "err", err)
 		os.Exit(1)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/clusterrecord"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
@@ -50,7 +49,7 @@ func writeRecord(t *testing.T, att choose.Reference, drop bool) string {
 	clusterID := bytes.Repeat([]byte{7}, 32)
 	record, err := json.Marshal(clusterrecord.Cluster{
 		Name: "demo", ClusterID: hex.EncodeToString(clusterID), MeasurementSalt: base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x42}, 32)),
-		KubernetesVersion: "v1.34.4", InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(clusterID)),
+		KubernetesVersion: "v1.34.4", ClusterIDMarker: hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(clusterID)),
 	})
 	require.NoError(t, err)
 	data, err := clusterrecord.AttestationData(att)

@@ -15,7 +15,7 @@
 //     node's own API server) or --kubeconfig; the service also writes its recent refusals
 //     there, under --node-name (internal/joinservice/refusals);
 //   - --platform, --metadata-url: the platform's instance list, naming nodes by their certified
-//     AK (internal/metadata/platforms).
+//     AK (internal/provider/catalog/instances).
 //
 // Every flag can also be set by the environment variable CONSTELLATION_<FLAG> (upper case,
 // '-' as '_'); the command line wins.
@@ -50,7 +50,7 @@ import (
 	"github.com/openconstellation/constellation/internal/joinservice/refusals"
 	"github.com/openconstellation/constellation/internal/kms/keyservice"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/metadata/platforms"
+	"github.com/openconstellation/constellation/internal/provider/catalog/instances"
 	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -150,9 +150,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (fl
 	fs.StringVar(&f.listen, "listen", ":30090", "listen address (mutual aTLS gRPC)")
 	fs.StringVar(&f.configDir, "config-dir", "/etc/constellation/config", "directory of cluster.json, variant, reference-sets.json and ak-roots.pem")
 	fs.StringVar(&f.pkiDir, "pki-dir", deploy.PKIDir, "the control plane's PKI directory (kubeadm layout)")
-	fs.StringVar(&f.tpm, "tpm", "unix:"+deploy.TPMSocket, "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per use")
+	fs.StringVar(&f.tpm, "tpm", "unix:/run/constellation/tpm.sock", "TPM: unix:PATH, tcp:HOST:PORT or a device; opened per use")
 	fs.StringVar(&f.eventLog, "event-log", "", "the node's TCG event log, sent with every evidence (empty: none)")
-	fs.StringVar(&f.platform, "platform", platforms.Default, "the platform the cluster runs on (internal/metadata/platforms)")
+	fs.StringVar(&f.platform, "platform", instances.Default, "the platform the cluster runs on (internal/provider/catalog/instances)")
 	fs.StringVar(&f.metadataURL, "metadata-url", "", "the platform's metadata service (empty: the platform's default)")
 	fs.StringVar(&f.keyService, "key-service", fmt.Sprintf("127.0.0.1:%d", deploy.KeyServicePort), "key service address")
 	fs.StringVar(&f.keyServiceTLSDir, "key-service-tls-dir", "/etc/constellation/keyservice-tls", "directory of ca.crt, joinservice.crt and joinservice.key")
@@ -233,7 +233,7 @@ func connect(f flags) (dependencies, error) {
 	if err != nil {
 		return dependencies{}, err
 	}
-	meta, err := platforms.Open(f.platform, f.metadataURL)
+	meta, err := instances.Open(f.platform, f.metadataURL)
 	if err != nil {
 		return dependencies{}, err
 	}

@@ -104,7 +104,7 @@ func TestRun(t *testing.T) {
 	}
 	record, err := json.Marshal(clusterrecord.Cluster{
 		Name: "demo", ClusterID: hex.EncodeToString(clusterID), MeasurementSalt: base64.StdEncoding.EncodeToString(salt),
-		KubernetesVersion: "v1.34.4", InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(clusterID)),
+		KubernetesVersion: "v1.34.4", ClusterIDMarker: hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(clusterID)),
 	})
 	require.NoError(t, err)
 	att, err := clusterrecord.AttestationData(choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{

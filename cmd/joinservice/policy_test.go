@@ -15,7 +15,6 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -33,7 +32,7 @@ func TestRunRefusesLooseReferenceSets(t *testing.T) {
 	clusterID := bytes.Repeat([]byte{7}, 32)
 	record, err := json.Marshal(clusterrecord.Cluster{
 		Name: "demo", ClusterID: hex.EncodeToString(clusterID), MeasurementSalt: base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x42}, 32)),
-		KubernetesVersion: "v1.34.4", InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(clusterID)),
+		KubernetesVersion: "v1.34.4", ClusterIDMarker: hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(clusterID)),
 	})
 	require.NoError(t, err)
 	full := local.ExpectedPCRs(image)

@@ -176,12 +176,12 @@ func TestInitAndJoinRace(t *testing.T) {
 			case bootstrapper.ByInit:
 				require.NoError(t, cli.Err)
 				assert.NotNil(t, cli.Success)
-				assert.Equal(t, kms.InitializedPCR15(initID), e.node.PCR15(t))
+				assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(initID), e.node.ClusterIDRegister(t))
 			case bootstrapper.ByJoin:
 				// The CLI's init is refused (lock taken) or finds the server gone.
 				require.Error(t, cli.Err)
 				assert.Contains(t, []codes.Code{codes.FailedPrecondition, codes.Unavailable}, status.Code(cli.Err), "%v", cli.Err)
-				assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+				assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 			default:
 				t.Fatalf("unexpected outcome %q", res.by)
 			}
@@ -203,7 +203,7 @@ func TestInitWins(t *testing.T) {
 	res := <-done
 	require.NoError(t, res.err)
 	assert.Equal(t, bootstrapper.ByInit, res.by)
-	assert.Equal(t, kms.InitializedPCR15(initID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(initID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
 }
 
@@ -216,7 +216,7 @@ func TestJoinWins(t *testing.T) {
 	req, _ := e.initRequest()
 	cli := bootstraptest.CallInit(t, e.cfg.InitListener.Addr().String(), bootstraptest.Validator(t, e.ca), req)
 	require.Error(t, cli.Err)
-	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
 
 	// After a reboot the bootstrapper takes the rejoin path: no init server, no kubeadm.
@@ -225,7 +225,7 @@ func TestJoinWins(t *testing.T) {
 	res = <-e.run()
 	require.NoError(t, res.err)
 	assert.Equal(t, bootstrapper.ByRejoin, res.by)
-	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, 1, e.kubelet.Restarts())
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
 }

@@ -28,7 +28,6 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/recovery"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -171,7 +170,7 @@ func TestRecoveryWithoutJoinService(t *testing.T) {
 
 	r.progress.waitFor(t, metadata.PhaseWaitingForRecovery)
 	assert.Contains(t, r.logs.String(), "no join service answers: waiting for rejoin or for `constellation recover`")
-	assert.Equal(t, make([]byte, 32), r.node.PCR15(t), "waiting: PCR 15 zero")
+	assert.Equal(t, make([]byte, 32), r.node.ClusterIDRegister(t), "waiting: PCR 15 zero")
 	assert.False(t, r.node.Unlocked(t))
 
 	require.NoError(t, r.recover())
@@ -179,7 +178,7 @@ func TestRecoveryWithoutJoinService(t *testing.T) {
 	require.NoError(t, res.err)
 	assert.Equal(t, bootstrapper.ByRecover, res.by)
 	assert.Equal(t, []string{metadata.PhaseWaitingForRecovery, metadata.PhaseRecovered}, r.progress.list())
-	assert.Equal(t, kms.InitializedPCR15(r.keys.ClusterID), r.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(r.keys.ClusterID), r.node.ClusterIDRegister(t))
 	assert.True(t, r.node.Unlocked(t))
 	assert.Equal(t, 1, r.kubelet.Restarts(), "restarted once: by the recovery, not again by the rejoin")
 	assert.Equal(t, node.HolderRecover, r.node.Node.LockHolder())
@@ -209,7 +208,7 @@ func TestRebootedWorkerWaitsForJoinService(t *testing.T) {
 	res := <-done
 	assert.ErrorIs(t, res.err, context.Canceled)
 	assert.Equal(t, []string{metadata.PhaseWaitingForJoinService}, r.progress.list())
-	assert.Equal(t, make([]byte, 32), r.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), r.node.ClusterIDRegister(t))
 	assert.False(t, r.node.Unlocked(t))
 }
 
@@ -229,7 +228,7 @@ func TestRecoveryAfterBootstrapperRestart(t *testing.T) {
 	res := <-done
 	require.NoError(t, res.err)
 	assert.Equal(t, bootstrapper.ByRecover, res.by)
-	assert.Equal(t, kms.InitializedPCR15(r.keys.ClusterID), r.node.PCR15(t), "no second extend")
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(r.keys.ClusterID), r.node.ClusterIDRegister(t), "no second extend")
 	assert.True(t, r.node.Unlocked(t))
 	assert.Equal(t, node.HolderRecover+" (resumed)", r.node.Node.LockHolder())
 }
@@ -301,7 +300,7 @@ func TestRejoinAndRecoveryRace(t *testing.T) {
 			default:
 				t.Fatalf("unexpected outcome %q", res.by)
 			}
-			assert.Equal(t, kms.InitializedPCR15(r.keys.ClusterID), r.node.PCR15(t), "one extend")
+			assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(r.keys.ClusterID), r.node.ClusterIDRegister(t), "one extend")
 			assert.True(t, r.node.Unlocked(t))
 			assert.Equal(t, 1, r.kubelet.Restarts())
 		})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"net"
 	"net/netip"
 	"os"
@@ -18,7 +19,6 @@ import (
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/recovery"
@@ -193,12 +193,12 @@ func TestRecoverSendsEachNodeOnlyItsRecordedDisk(t *testing.T) {
 	assert.ErrorContains(t, err, fmt.Sprintf(`node "control-plane-1" names disk %s, but its recorded disk is %s`, victim.DiskUUID(t), st.Nodes[1].Disk))
 	assert.ErrorContains(t, err, state.FileName+" records "+victim.DiskUUID(t)+" as control-plane-0's disk")
 	assert.Equal(t, []string{recoverpb.RecoverService_Hello_FullMethodName}, servers["control-plane-1"].Calls.Methods(), "asked for its disk, sent no key")
-	assert.Equal(t, make([]byte, 32), attacker.PCR15(t))
+	assert.Equal(t, make([]byte, 32), attacker.ClusterIDRegister(t))
 	assert.False(t, attacker.Unlocked(t))
 
 	// The genuine control plane, recovered first (state order), got its own disk's key.
 	assert.Contains(t, out.String(), "control-plane-0 got its keys over attested TLS")
-	assert.Equal(t, kms.InitializedPCR15(keys.ClusterID), victim.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(keys.ClusterID), victim.ClusterIDRegister(t))
 	assert.True(t, victim.Unlocked(t))
 }
 

@@ -229,6 +229,9 @@ func deployAsInit(t *testing.T, admin kubernetes.Interface) {
 	require.NoError(t, err)
 	require.NoError(t, deploy.Apply(ctx, admin, deploy.Config{
 		Image: "localhost/constellation/services:3f2a9c0d1e",
+		Platform: deploy.PlatformFacts{
+			Name: "local", MetadataURL: "http://10.42.0.1:8080", TPM: "/run/constellation/tpm.sock", TPMKind: deploy.TPMSocket,
+		},
 		Attestation: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{
 			Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, nil)}},
 			AKRoots:      string(pki.EncodeCert(ca.Certificate())),

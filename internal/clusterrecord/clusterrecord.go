@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"regexp"
 
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -84,7 +83,10 @@ type Cluster struct {
 	MeasurementSalt      string      `json:"measurementSalt"` // base64
 	KubernetesVersion    string      `json:"kubernetesVersion"`
 	KubernetesComponents []Component `json:"kubernetesComponents,omitempty"`
-	InitializedPCR15     string      `json:"initializedPCR15"` // hex, what every node's PCR 15 reads
+	// ClusterIDMarker is what every node's cluster-ID register reads (hex): the marker of the
+	// cluster's variant (variant.Variant.ClusterIDMarker; PCR 15 of the TPM variants, whence
+	// the JSON name, kept for the records of existing clusters).
+	ClusterIDMarker string `json:"initializedPCR15"`
 }
 
 // Component is one Kubernetes artifact nodes install.
@@ -134,8 +136,8 @@ func ParseCluster(data []byte) (Cluster, error) {
 		}
 	}
 	if len(id) == 32 {
-		if want := hex.EncodeToString(kms.InitializedPCR15(id)); c.InitializedPCR15 != want {
-			bad("initialized PCR 15 %q does not follow from the cluster ID (want %s)", c.InitializedPCR15, want)
+		if !markerOf(id, c.ClusterIDMarker) {
+			bad("cluster-ID marker %q does not follow from the cluster ID in any variant's register", c.ClusterIDMarker)
 		}
 	}
 	if len(problems) > 0 {
@@ -249,4 +251,16 @@ func parseHardware(data []byte) (choose.HardwareValues, error) {
 		return none, fmt.Errorf("%s: %w", HardwareKey, err)
 	}
 	return h, nil
+}
+
+// markerOf reports whether marker (hex) is the cluster-ID marker of id in the register of
+// some variant: the record does not name its variant (the attestation ConfigMap does), and a
+// register's length decides its marker (variant.ClusterIDMarkerOf).
+func markerOf(id []byte, marker string) bool {
+	for _, v := range variant.All() {
+		if _, ok := v.ClusterIDRegister(); ok && hex.EncodeToString(v.ClusterIDMarker(id)) == marker {
+			return true
+		}
+	}
+	return false
 }

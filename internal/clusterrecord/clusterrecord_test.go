@@ -14,7 +14,6 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -33,7 +32,7 @@ func record() clusterrecord.Cluster {
 		KubernetesComponents: []clusterrecord.Component{
 			{Name: "kubelet", URL: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
 		},
-		InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(id)),
+		ClusterIDMarker: hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(id)),
 	}
 }
 
@@ -51,7 +50,7 @@ func TestParseCluster(t *testing.T) {
 		"salt not base64":  {mutate: func(c *clusterrecord.Cluster) { c.MeasurementSalt = "!!" }, want: []string{"measurement salt"}},
 		"marker of another cluster": {
 			mutate: func(c *clusterrecord.Cluster) {
-				c.InitializedPCR15 = hex.EncodeToString(kms.InitializedPCR15(make([]byte, 32)))
+				c.ClusterIDMarker = hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(make([]byte, 32)))
 			},
 			want: []string{"does not follow from the cluster ID"},
 		},

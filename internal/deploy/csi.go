@@ -270,7 +270,7 @@ func csiControllerDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 	socketMount := corev1ac.VolumeMount().WithName("socket-dir").WithMountPath(csiSocketDir)
 	containers := []*corev1ac.ContainerApplyConfiguration{
 		container("csidriver", p.image, "csidriver",
-			"controller", "--endpoint=unix://"+csiSocket, "--metadata-url="+p.metadataURL, "--log-level="+p.logLevel,
+			"controller", "--endpoint=unix://"+csiSocket, "--metadata-url="+p.platform.MetadataURL, "--log-level="+p.logLevel,
 		).WithSecurityContext(restricted(nonRootUser)).WithVolumeMounts(socketMount),
 	}
 	for _, s := range csiSidecars() {

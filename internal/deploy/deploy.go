@@ -33,7 +33,6 @@ import (
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/joinservice/refusals"
-	"github.com/openconstellation/constellation/internal/metadata/platforms"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -48,9 +47,9 @@ type Config struct {
 	// Attestation is what the join service admits nodes by: written to ConfigMap
 	// constellation-attestation.
 	Attestation choose.Reference
-	// MetadataURL is the platform's metadata service, where the join service looks nodes up
-	// (default: the DefaultURL of the services' platform, internal/metadata/platforms).
-	MetadataURL string
+	// Platform are the facts of the node platform the services run on (required): its name
+	// and metadata service, its nodes' TPM and event log.
+	Platform PlatformFacts
 	// APIServerEndpoint is host:port of the API server the join service names in its tickets,
 	// where joining nodes reach the cluster (kubelet.conf and kubeadm's discovery): the
 	// cluster's controlPlaneEndpoint. Default: the address of the node the join service runs
@@ -74,10 +73,11 @@ type Config struct {
 
 // params are the checked values the manifests are rendered with.
 type params struct {
-	image, metadataURL, logLevel, variant string
-	apiServerEndpoint                     string
-	attestation                           map[string]string
-	registryMirrors                       string // encoded (registries.Mirrors.Encode)
+	image, logLevel, variant string
+	platform                 PlatformFacts
+	apiServerEndpoint        string
+	attestation              map[string]string
+	registryMirrors          string // encoded (registries.Mirrors.Encode)
 }
 
 func (c Config) params() (params, error) {
@@ -89,7 +89,7 @@ func (c Config) params() (params, error) {
 	if err != nil {
 		problems = append(problems, err)
 	}
-	p := params{image: c.Image, metadataURL: c.MetadataURL, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data,
+	p := params{image: c.Image, platform: c.Platform, logLevel: c.LogLevel, variant: c.Attestation.Variant.String(), attestation: data,
 		apiServerEndpoint: c.APIServerEndpoint}
 	if mirrors, err := c.RegistryMirrors.Encode(); err != nil {
 		problems = append(problems, fmt.Errorf("registry mirrors: %w", err))
@@ -101,15 +101,8 @@ func (c Config) params() (params, error) {
 	} else if _, err := netip.ParseAddrPort(p.apiServerEndpoint); err != nil {
 		problems = append(problems, fmt.Errorf("API server endpoint %q: want IP:port", p.apiServerEndpoint))
 	}
-	if platform, err := platforms.Lookup(platforms.Default); err != nil {
+	if err := c.Platform.Validate(); err != nil {
 		problems = append(problems, err)
-	} else {
-		if p.metadataURL == "" {
-			p.metadataURL = platform.DefaultURL
-		}
-		if _, err := platform.Open(p.metadataURL); err != nil {
-			problems = append(problems, err)
-		}
 	}
 	switch p.logLevel {
 	case "":

@@ -59,8 +59,15 @@ func config(t *testing.T) deploy.Config {
 	require.NoError(t, err)
 	return deploy.Config{
 		Image:       image,
+		Platform:    sandboxFacts,
 		Attestation: choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: measurementstest.Image(variant.QEMUVTPM, map[uint32][]byte{11: bytes.Repeat([]byte{1}, 32)})}}, AKRoots: string(pki.EncodeCert(ca.Certificate()))}},
 	}
+}
+
+// sandboxFacts are the local provider's node platform facts (its nodeboot states them).
+var sandboxFacts = deploy.PlatformFacts{
+	Name: "local", MetadataURL: "http://10.42.0.1:8080",
+	TPM: "/run/constellation/tpm.sock", TPMKind: deploy.TPMSocket, EventLog: "/run/constellation/eventlog",
 }
 
 // cluster is the shared API server, emptied of everything a test deployed when it ends.
@@ -465,7 +472,7 @@ func TestApply(t *testing.T) {
 		deploy.JoinService: {
 			controlPlanes: true,
 			args: []string{"--listen=:30090", "--tpm=unix:/run/constellation/tpm.sock", "--event-log=/run/constellation/eventlog", "--pki-dir=/etc/kubernetes/pki", "--key-service=127.0.0.1:9001",
-				"--metadata-url=http://10.42.0.1:8080", "--api-server-endpoint=$(HOST_IP):6443", "--config-dir=/etc/constellation/config"},
+				"--platform=local", "--metadata-url=http://10.42.0.1:8080", "--api-server-endpoint=$(HOST_IP):6443", "--config-dir=/etc/constellation/config"},
 			env:       map[string]string{"KUBERNETES_SERVICE_HOST": "<status.hostIP>", "KUBERNETES_SERVICE_PORT": "6443", "HOST_IP": "<status.hostIP>", "NODE_NAME": "<spec.nodeName>"},
 			hostPaths: map[string]corev1.HostPathType{"/etc/kubernetes/pki": corev1.HostPathDirectory, "/run/constellation/tpm.sock": corev1.HostPathSocket, "/run/constellation/eventlog": corev1.HostPathFile},
 			secrets:   []string{clusterrecord.KeyServiceTLSSecretName},
@@ -648,7 +655,7 @@ func TestApplyRefused(t *testing.T) {
 		cfg.Attestation.Measurements = nil
 		cfg.Attestation.AKRoots = ""
 		cfg.LogLevel = "trace"
-		cfg.MetadataURL = "ftp://10.42.0.1"
+		cfg.Platform.MetadataURL = "ftp://10.42.0.1"
 		err := deploy.Apply(ctx, nil, cfg, nil) // no client: nothing may be sent
 		for _, want := range []string{`image "constellation/services"`, "at least one reference-value set is required", "akRoots: no certificate", `log level "trace"`, "ftp://10.42.0.1"} {
 			assert.ErrorContains(t, err, want)
@@ -949,4 +956,62 @@ func defaultClasses(t *testing.T, c kubernetes.Interface) []string {
 		}
 	}
 	return defaults
+}
+
+// The services take their node platform's facts: the platform's name and metadata service,
+// and the TPM and event log they mount, a swtpm's socket or a VM's TPM device alike; facts
+// that do not hold are refused before anything is rendered.
+func TestRenderPlatformFacts(t *testing.T) {
+	vm := deploy.PlatformFacts{
+		Name: "qemu", MetadataURL: "http://10.42.0.1:8080",
+		TPM: "/dev/tpmrm0", TPMKind: deploy.TPMDevice, EventLog: "/sys/kernel/security/tpm0/binary_bios_measurements",
+	}
+	testCases := map[string]struct {
+		facts   deploy.PlatformFacts
+		want    []string
+		notWant []string
+		wantErr []string
+	}{
+		"sandbox: swtpm socket": {
+			facts: sandboxFacts,
+			want:  []string{"--platform=local", "--tpm=unix:/run/constellation/tpm.sock", "--event-log=/run/constellation/eventlog", "type: Socket"},
+		},
+		"VM: TPM device": {
+			facts:   vm,
+			want:    []string{"--platform=qemu", "--tpm=/dev/tpmrm0", "--event-log=/sys/kernel/security/tpm0/binary_bios_measurements", "type: CharDevice"},
+			notWant: []string{"tpm.sock", "type: Socket"},
+		},
+		"no event log": {
+			facts:   func() deploy.PlatformFacts { f := sandboxFacts; f.EventLog = ""; return f }(),
+			want:    []string{"--tpm=unix:/run/constellation/tpm.sock"},
+			notWant: []string{"--event-log", "eventlog"},
+		},
+		"none": {
+			wantErr: []string{`platform name ""`, `platform metadata URL ""`, `platform TPM path ""`, `platform TPM kind ""`},
+		},
+		"unusable": {
+			facts:   deploy.PlatformFacts{Name: "Local", MetadataURL: "10.42.0.1:8080", TPM: "dev/tpmrm0", TPMKind: "pipe", EventLog: "/run/../eventlog"},
+			wantErr: []string{`platform name "Local"`, `platform metadata URL "10.42.0.1:8080"`, `platform TPM path "dev/tpmrm0"`, `platform TPM kind "pipe"`, `platform event log path "/run/../eventlog"`},
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			cfg := config(t)
+			cfg.Platform = tc.facts
+			out, err := deploy.Render(cfg)
+			if tc.wantErr != nil {
+				for _, want := range tc.wantErr {
+					assert.ErrorContains(t, err, want)
+				}
+				return
+			}
+			require.NoError(t, err)
+			for _, want := range tc.want {
+				assert.Contains(t, string(out), want)
+			}
+			for _, notWant := range tc.notWant {
+				assert.NotContains(t, string(out), notWant)
+			}
+		})
+	}
 }

@@ -3,6 +3,7 @@ package deploy
 import (
 	"fmt"
 	"path"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -37,11 +38,7 @@ const (
 	VerificationGRPCPort = 30081
 	VerificationHTTPPort = 30080
 	APIServerPort        = 6443
-	TPMSocket            = "/run/constellation/tpm.sock"
-	// EventLog is the TCG event log of the node's measured boot, which the services send
-	// with their evidence (verifiers replay it against the quoted PCRs).
-	EventLog = "/run/constellation/eventlog"
-	PKIDir   = "/etc/kubernetes/pki"
+	PKIDir               = "/etc/kubernetes/pki"
 )
 
 // BinDir is where the services image holds the three binaries (joinservice, keyservice,
@@ -203,22 +200,6 @@ func tcpProbe(host string, port int32) *corev1ac.ProbeApplyConfiguration {
 	return corev1ac.Probe().WithTCPSocket(a).WithPeriodSeconds(1).WithFailureThreshold(3)
 }
 
-func tpmVolume() *corev1ac.VolumeApplyConfiguration {
-	return corev1ac.Volume().WithName("tpm").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(TPMSocket).WithType(corev1.HostPathSocket))
-}
-
-func tpmMount() *corev1ac.VolumeMountApplyConfiguration {
-	return corev1ac.VolumeMount().WithName("tpm").WithMountPath(TPMSocket)
-}
-
-func eventLogVolume() *corev1ac.VolumeApplyConfiguration {
-	return corev1ac.Volume().WithName("eventlog").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(EventLog).WithType(corev1.HostPathFile))
-}
-
-func eventLogMount() *corev1ac.VolumeMountApplyConfiguration {
-	return corev1ac.VolumeMount().WithName("eventlog").WithMountPath(EventLog).WithReadOnly(true)
-}
-
 func keyServiceTLSVolume(cert, key string) *corev1ac.VolumeApplyConfiguration {
 	return corev1ac.Volume().WithName("keyservice-tls").WithSecret(corev1ac.SecretVolumeSource().
 		WithSecretName(clusterrecord.KeyServiceTLSSecretName).WithDefaultMode(0o440).
@@ -265,16 +246,18 @@ func keyServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 // from the node's PKI directory, and attests with the node's TPM (ECC AK, opened per use).
 func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 	c := container("joinservice", p.image, "joinservice",
-		fmt.Sprintf("--listen=:%d", JoinServicePort),
-		"--config-dir="+configDir,
-		"--pki-dir="+PKIDir,
-		"--tpm=unix:"+TPMSocket,
-		"--event-log="+EventLog,
-		"--metadata-url="+p.metadataURL,
-		fmt.Sprintf("--key-service=127.0.0.1:%d", KeyServicePort),
-		"--key-service-tls-dir="+keyServiceTLSDir,
-		"--api-server-endpoint="+p.apiServerEndpoint,
-		"--log-level="+p.logLevel,
+		slices.Concat([]string{
+			fmt.Sprintf("--listen=:%d", JoinServicePort),
+			"--config-dir=" + configDir,
+			"--pki-dir=" + PKIDir,
+		}, p.platform.attestationFlags(), []string{
+			"--platform=" + p.platform.Name,
+			"--metadata-url=" + p.platform.MetadataURL,
+			fmt.Sprintf("--key-service=127.0.0.1:%d", KeyServicePort),
+			"--key-service-tls-dir=" + keyServiceTLSDir,
+			"--api-server-endpoint=" + p.apiServerEndpoint,
+			"--log-level=" + p.logLevel,
+		})...,
 	).WithEnv(
 		corev1ac.EnvVar().WithName("HOST_IP").WithValueFrom(fieldRef("status.hostIP")),
 		corev1ac.EnvVar().WithName("KUBERNETES_SERVICE_HOST").WithValueFrom(fieldRef("status.hostIP")),
@@ -287,9 +270,8 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 			corev1ac.VolumeMount().WithName("config").WithMountPath(configDir).WithReadOnly(true),
 			corev1ac.VolumeMount().WithName("keyservice-tls").WithMountPath(keyServiceTLSDir).WithReadOnly(true),
 			corev1ac.VolumeMount().WithName("pki").WithMountPath(PKIDir).WithReadOnly(true),
-			tpmMount(),
-			eventLogMount(),
-		)
+		).
+		WithVolumeMounts(p.platform.attestationMounts()...)
 	pod := onControlPlanes(corev1ac.PodSpec()).
 		WithAutomountServiceAccountToken(true).
 		WithContainers(c).
@@ -311,9 +293,8 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 			)),
 			keyServiceTLSVolume(clusterrecord.JoinServiceCertKey, clusterrecord.JoinServiceKeyKey),
 			corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(PKIDir).WithType(corev1.HostPathDirectory)),
-			tpmVolume(),
-			eventLogVolume(),
-		)
+		).
+		WithVolumes(p.platform.attestationVolumes()...)
 	return daemonSet(JoinService, pod)
 }
 
@@ -321,19 +302,20 @@ func joinServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 // the node's evidence (RSA AK, the node's own; TPM opened per request).
 func verificationServiceDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 	c := container("verificationservice", p.image, "verificationservice",
-		fmt.Sprintf("--grpc-listen=:%d", VerificationGRPCPort),
-		fmt.Sprintf("--http-listen=:%d", VerificationHTTPPort),
-		"--tpm=unix:"+TPMSocket,
-		"--event-log="+EventLog,
-		"--variant="+p.variant,
-		"--log-level="+p.logLevel,
+		slices.Concat([]string{
+			fmt.Sprintf("--grpc-listen=:%d", VerificationGRPCPort),
+			fmt.Sprintf("--http-listen=:%d", VerificationHTTPPort),
+		}, p.platform.attestationFlags(), []string{
+			"--variant=" + p.variant,
+			"--log-level=" + p.logLevel,
+		})...,
 	).WithSecurityContext(restricted(0)).
 		WithReadinessProbe(tcpProbe("", VerificationGRPCPort)).
-		WithVolumeMounts(tpmMount(), eventLogMount())
+		WithVolumeMounts(p.platform.attestationMounts()...)
 	pod := corev1ac.PodSpec().
 		WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
 		WithAutomountServiceAccountToken(false).
 		WithContainers(c).
-		WithVolumes(tpmVolume(), eventLogVolume())
+		WithVolumes(p.platform.attestationVolumes()...)
 	return daemonSet(VerificationService, pod)
 }

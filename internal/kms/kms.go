@@ -16,7 +16,6 @@ import (
 	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/statedisk"
-	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/strictjson"
 	"github.com/openconstellation/constellation/pkg/untrusted"
 )
@@ -127,12 +126,6 @@ func ClusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
 	}
 	return derive(measurementSecret, measurementSalt, clusterIDInfo, 32)
 }
-
-// InitializedPCR15 is the SHA-256 PCR 15 value of a node that extended the cluster ID once
-// into a reset PCR: SHA256(0^32 || SHA256(clusterID)), what the cluster record states for
-// the local provider's nodes. Which register carries a variant's marker, and its value, is
-// the variant's (variant.Variant.ClusterIDRegister, ClusterIDMarker).
-func InitializedPCR15(clusterID []byte) []byte { return attestation.ClusterIDMarker(clusterID) }
 
 func derive(ikm, salt []byte, info string, length int) ([]byte, error) {
 	if length <= 0 || length > MaxDerivedSize {

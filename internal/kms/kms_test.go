@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"os"
 	"path/filepath"
 	"testing"
@@ -91,9 +92,9 @@ func TestDeriveKey(t *testing.T) {
 	assert.ErrorContains(t, err, "key has 1 bytes")
 }
 
-// TestInitializedPCR15 compares the verifier's computation with what a real TPM shows after
-// a node extends the cluster ID.
-func TestInitializedPCR15(t *testing.T) {
+// TestClusterIDMarker compares the verifier's computation (the variant's marker) with what a
+// real TPM shows after a node extends the cluster ID into its variant's register.
+func TestClusterIDMarker(t *testing.T) {
 	m := MasterSecret{Key: bytes.Repeat([]byte{3}, 32), Salt: bytes.Repeat([]byte{4}, 32)}
 	ms, err := m.MeasurementSecret()
 	require.NoError(t, err)
@@ -103,10 +104,12 @@ func TestInitializedPCR15(t *testing.T) {
 
 	tpm := vtpmtest.Simulator(t)
 	digest := sha256.Sum256(id)
-	require.NoError(t, tpm.ExtendPCR(15, digest[:]))
-	pcrs, err := tpm.ReadPCRs(15)
+	reg, ok := variant.QEMUVTPM.ClusterIDRegister()
+	require.True(t, ok)
+	require.NoError(t, tpm.ExtendPCR(int(reg), digest[:]))
+	pcrs, err := tpm.ReadPCRs(int(reg))
 	require.NoError(t, err)
-	assert.Equal(t, pcrs[15], InitializedPCR15(id))
+	assert.Equal(t, pcrs[reg], variant.QEMUVTPM.ClusterIDMarker(id))
 
 	_, err = ClusterID(nil, []byte{1})
 	assert.Error(t, err)

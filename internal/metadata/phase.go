@@ -1,5 +1,7 @@
 package metadata
 
+import "context"
+
 // Phases a node's bootstrapper reports to its platform as it goes (the local provider's
 // PUT /v1/self/report, a cloud's guest attributes), shown to the operator by `constellation
 // status` and waited on by `reboot` and `recover`. They are diagnosis: nothing trusts them
@@ -35,4 +37,11 @@ func InCluster(phase string) bool {
 		return true
 	}
 	return false
+}
+
+// Reporter tells the platform a node's phase (one of the Phase constants) and, for some, why
+// (detail; "" for none). Beside Provider: what the node says about itself, where Provider is
+// what the platform says about the node.
+type Reporter interface {
+	ReportDetail(ctx context.Context, phase, detail string) error
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/recovery"
@@ -75,7 +74,7 @@ func TestRecoverSendsOnlyDerivedKeys(t *testing.T) {
 	id, err := run(config(t, ca, keys, srv.Addr, "control-plane-0", n.DiskUUID(t)))
 	require.NoError(t, err)
 	assert.Equal(t, keys.ClusterID, id)
-	assert.Equal(t, kms.InitializedPCR15(keys.ClusterID), n.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(keys.ClusterID), n.ClusterIDRegister(t))
 	assert.True(t, n.Unlocked(t))
 	assert.Equal(t, 1, srv.Kubelet.Restarts())
 
@@ -185,7 +184,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 				opts.Issuer = tc.issuer(t)
 			}
 			srv := bootstraptest.StartRecoveryServer(t, n, opts)
-			pcr15 := n.PCR15(t)
+			pcr15 := n.ClusterIDRegister(t)
 
 			expected := tc.expected
 			if expected == "" {
@@ -204,7 +203,7 @@ func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 			assert.ErrorContains(t, err, "nothing was sent")
 			assert.False(t, recovery.Retryable(err), "a security failure is final")
 			assert.Empty(t, srv.Calls.List(), "the node got no call, let alone a key")
-			assert.Equal(t, pcr15, n.PCR15(t), "PCR 15 unchanged")
+			assert.Equal(t, pcr15, n.ClusterIDRegister(t), "PCR 15 unchanged")
 			assert.False(t, n.Unlocked(t))
 			assert.Zero(t, srv.Kubelet.Restarts())
 		})
@@ -246,7 +245,7 @@ func TestRecoverRefusesAnotherNodesDisk(t *testing.T) {
 			assert.ErrorContains(t, err, "no key was derived, nothing was sent")
 			assert.False(t, recovery.Retryable(err), "a security failure is final")
 			assert.Equal(t, []string{recoverpb.RecoverService_Hello_FullMethodName}, srv.Calls.Methods(), "asked for its disk, sent no key")
-			assert.Equal(t, make([]byte, 32), attacker.PCR15(t), "PCR 15 zero: the node still waits")
+			assert.Equal(t, make([]byte, 32), attacker.ClusterIDRegister(t), "PCR 15 zero: the node still waits")
 			assert.False(t, attacker.Unlocked(t))
 			assert.Zero(t, srv.Kubelet.Restarts())
 
@@ -273,7 +272,7 @@ func TestRecoverRefusesNodeWithoutRecordedDisk(t *testing.T) {
 	require.ErrorContains(t, err, `no disk recorded for node "control-plane-0"`)
 	assert.False(t, recovery.Retryable(err))
 	assert.Empty(t, srv.Calls.List(), "no call, let alone a key")
-	assert.Equal(t, make([]byte, 32), n.PCR15(t))
+	assert.Equal(t, make([]byte, 32), n.ClusterIDRegister(t))
 	assert.False(t, n.Unlocked(t))
 }
 

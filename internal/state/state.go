@@ -24,10 +24,10 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/fileutil"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/internal/strictyaml"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // FileName is the name of the state file in a workspace.
@@ -217,14 +217,17 @@ func Write(path string, s *State) error {
 	return nil
 }
 
-// InitializedPCR15 is the PCR 15 value every node of this initialized cluster shows
-// (docs/design.md "2.4 The initialized marker (PCR 15)"): what `constellation verify`
-// compares a node's evidence with.
-func (s *State) InitializedPCR15() ([]byte, error) {
+// ClusterIDMarker is the value of the cluster-ID register of variant v that every node of
+// this initialized cluster shows (docs/design.md "2.4 The initialized marker (PCR 15)"): what
+// `constellation verify` compares a node's evidence with.
+func (s *State) ClusterIDMarker(v variant.Variant) ([]byte, error) {
 	if s.Phase != Initialized || len(s.ClusterID) != ClusterIDSize {
 		return nil, fmt.Errorf("cluster %q is not initialized", s.Name)
 	}
-	return kms.InitializedPCR15(s.ClusterID), nil
+	if _, ok := v.ClusterIDRegister(); !ok {
+		return nil, fmt.Errorf("variant %q has no cluster-ID register", v)
+	}
+	return v.ClusterIDMarker(s.ClusterID), nil
 }
 
 // ControlPlanes returns the control-plane nodes, in order.

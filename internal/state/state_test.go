@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/strictyaml"
 )
@@ -219,12 +219,12 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestInitializedPCR15(t *testing.T) {
+func TestClusterIDMarker(t *testing.T) {
 	s := initializedState()
-	got, err := s.InitializedPCR15()
+	got, err := s.ClusterIDMarker(variant.QEMUVTPM)
 	require.NoError(t, err)
-	assert.Equal(t, kms.InitializedPCR15(s.ClusterID), got)
-	_, err = createdState().InitializedPCR15()
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(s.ClusterID), got)
+	_, err = createdState().ClusterIDMarker(variant.QEMUVTPM)
 	assert.ErrorContains(t, err, "not initialized")
 }
 

@@ -26,7 +26,6 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/cmdutil"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/verifyservice"
@@ -237,7 +236,7 @@ func TestVerify(t *testing.T) {
 		},
 		"PCR 15 rewritten in transit to this cluster's marker": {
 			node:    &nodeOptions{marker: otherClusterID},
-			proxy:   editEvidence(func(e *vtpmpb.Evidence) { e.Pcrs[markerRegister] = kms.InitializedPCR15(clusterID) }),
+			proxy:   editEvidence(func(e *vtpmpb.Evidence) { e.Pcrs[markerRegister] = variant.QEMUVTPM.ClusterIDMarker(clusterID) }),
 			wantErr: attestation.ErrBadSignature,
 		},
 		"evidence for another nonce (replayed)": {
@@ -273,7 +272,7 @@ func TestVerify(t *testing.T) {
 		"node of another cluster": {
 			node:       &nodeOptions{marker: otherClusterID},
 			wantErr:    verify.ErrClusterIDMismatch,
-			wantMsg:    []string{"belongs to another cluster", hex.EncodeToString(kms.InitializedPCR15(otherClusterID))},
+			wantMsg:    []string{"belongs to another cluster", hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(otherClusterID))},
 			wantResult: true,
 		},
 		"expecting another cluster": {
@@ -335,7 +334,7 @@ func TestVerify(t *testing.T) {
 			assert.Equal(t, verify.Signer{ID: res.Signer.ID, Certified: true, Name: signer}, res.Signer)
 			assert.Len(t, res.Signer.ID, 64)
 			assert.Equal(t, hex.EncodeToString(id), res.ClusterID.ClusterID)
-			assert.Equal(t, hex.EncodeToString(kms.InitializedPCR15(id)), res.ClusterID.Expected)
+			assert.Equal(t, hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(id)), res.ClusterID.Expected)
 			assert.Equal(t, "PCR 15", res.ClusterID.Register)
 			assert.Equal(t, tc.wantErr == nil || tc.wantErr == verify.ErrWrongNode, res.ClusterID.Match)
 
@@ -428,7 +427,7 @@ func TestHTTP(t *testing.T) {
 		require.NoError(t, err)
 		verified, err := validator(t, ca).Validate(context.Background(), ev, attestation.PurposeVerify, nonce)
 		require.NoError(t, err)
-		assert.Equal(t, kms.InitializedPCR15(clusterID), verified.Registers[markerRegister])
+		assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(clusterID), verified.Registers[markerRegister])
 	})
 
 	for name, tc := range map[string]struct {

@@ -74,6 +74,17 @@ func NewNode(t testing.TB, name string, role metadata.Role, ca *akca.CA) *Node {
 // NewNodeWith is NewNode with the platform described by opts.
 func NewNodeWith(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node {
 	t.Helper()
+	n := bootNode(t, name, ca, opts)
+	n.Storage = &statedisk.Gocryptfs{Dir: filepath.Join(t.TempDir(), "storage"), MountPoint: n.StateDir}
+	t.Cleanup(func() { assert.NoError(t, n.Storage.Lock(context.Background())) })
+	n.open(t)
+	return n
+}
+
+// bootNode boots a node from opts.Image on a fresh swtpm as the local provider does (measure,
+// certify, lock the platform hierarchy), with its TPM open. It is torn down when t ends.
+func bootNode(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node {
+	t.Helper()
 	if opts.Role == "" {
 		opts.Role = metadata.ControlPlane
 	}
@@ -94,9 +105,6 @@ func NewNodeWith(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node
 			require.NoError(t, local.CertifyAK(n.TPM, ca, name, opts.Role, time.Now()))
 		}
 	})
-	n.Storage = &statedisk.Gocryptfs{Dir: filepath.Join(dir, "storage"), MountPoint: n.StateDir}
-	t.Cleanup(func() { assert.NoError(t, n.Storage.Lock(context.Background())) })
-	n.open(t)
 	return n
 }
 
@@ -144,18 +152,18 @@ func (n *Node) Restart(t testing.TB) {
 
 func (n *Node) open(t testing.TB) {
 	var err error
-	n.Lock, err = nodelock.New(n.TPM)
+	n.Lock, err = nodelock.New(n.TPM, local.Variant)
 	require.NoError(t, err)
 	n.Node, err = node.Open(context.Background(), n.Lock, n.Storage)
 	require.NoError(t, err)
 }
 
-// PCR15 reads the node's PCR 15.
-func (n *Node) PCR15(t testing.TB) []byte {
+// ClusterIDRegister reads the node's cluster-ID register (its variant's; PCR 15).
+func (n *Node) ClusterIDRegister(t testing.TB) []byte {
 	t.Helper()
-	pcrs, err := n.TPM.ReadPCRs(nodelock.Register)
+	pcrs, err := n.TPM.ReadPCRs(int(clusterIDRegister))
 	require.NoError(t, err)
-	return pcrs[nodelock.Register]
+	return pcrs[clusterIDRegister]
 }
 
 // Issuer returns the node's evidence issuer (qemu-vtpm, certified RSA AK), sending the event

@@ -36,6 +36,9 @@ func TestInitDeploysServices(t *testing.T) {
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
 			Image:       "localhost/constellation/services:0123456789ab",
 			Attestation: d.Attestation,
+			Platform: deploy.PlatformFacts{
+				Name: "local", MetadataURL: "http://10.42.0.1:8080", TPM: "/run/constellation/tpm.sock", TPMKind: deploy.TPMSocket,
+			},
 		}, d.Progress)
 	})
 	t.Cleanup(forgetDeployment)

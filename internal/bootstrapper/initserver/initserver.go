@@ -83,6 +83,7 @@ import (
 	"github.com/openconstellation/constellation/pkg/atls"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // Names of what init records in the cluster (internal/clusterrecord).
@@ -468,7 +469,7 @@ func (s *Server) initialize(ctx context.Context, r *request, self metadata.Insta
 	if kubeconfig, err = os.ReadFile(s.cfg.AdminKubeconfig); err != nil {
 		return nil, nil, fmt.Errorf("reading the admin kubeconfig kubeadm wrote: %w", err)
 	}
-	record, err := recordCluster(ctx, kubeconfig, r, clusterID, diskUUID, self.Name)
+	record, err := recordCluster(ctx, kubeconfig, r, s.cfg.Issuer.Variant(), clusterID, diskUUID, self.Name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -550,7 +551,7 @@ type ComponentRecord = clusterrecord.Component
 // recordCluster records the cluster, and that this node's state disk is this node's: the
 // init node never asks the join service for a join ticket, so without this record its
 // rebooted self would get no rejoin ticket (internal/diskowner).
-func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID []byte, diskUUID, nodeName string) (ClusterRecord, error) {
+func recordCluster(ctx context.Context, kubeconfig []byte, r *request, v variant.Variant, clusterID []byte, diskUUID, nodeName string) (ClusterRecord, error) {
 	restCfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
 		return ClusterRecord{}, fmt.Errorf("admin kubeconfig: %w", err)
@@ -564,7 +565,7 @@ func recordCluster(ctx context.Context, kubeconfig []byte, r *request, clusterID
 		Name: r.clusterName, ClusterID: hex.EncodeToString(clusterID),
 		MeasurementSalt:   base64.StdEncoding.EncodeToString(r.measurementSalt),
 		KubernetesVersion: r.version,
-		InitializedPCR15:  hex.EncodeToString(kms.InitializedPCR15(clusterID)),
+		ClusterIDMarker:   hex.EncodeToString(v.ClusterIDMarker(clusterID)),
 	}
 	for _, c := range r.components {
 		rec.KubernetesComponents = append(rec.KubernetesComponents, ComponentRecord{Name: c.GetName(), URL: c.GetUrl(), Hash: c.GetHash(), InstallPath: c.GetInstallPath()})

@@ -253,7 +253,7 @@ func TestInit(t *testing.T) {
 	wantID, err := kms.ClusterID(ms, req.MeasurementSalt)
 	require.NoError(t, err)
 	assert.Equal(t, wantID, res.Success.ClusterId)
-	assert.Equal(t, kms.InitializedPCR15(wantID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(wantID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, "init", e.node.Node.LockHolder())
 
 	// The admin kubeconfig kubeadm wrote is returned, and it works against the API server.
@@ -285,7 +285,7 @@ func TestInit(t *testing.T) {
 		KubernetesComponents: []initserver.ComponentRecord{
 			{Name: "kubelet", URL: "file:///opt/kube/kubelet", Hash: "sha256:" + strings.Repeat("ab", 32), InstallPath: "/usr/bin/kubelet"},
 		},
-		InitializedPCR15: hex.EncodeToString(kms.InitializedPCR15(wantID)),
+		ClusterIDMarker: hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(wantID)),
 	}, rec)
 
 	// This node's state disk is recorded as its own: it never gets a join ticket, and the
@@ -384,7 +384,7 @@ func TestInit(t *testing.T) {
 	res2 := e.call(again)
 	assert.Equal(t, codes.FailedPrecondition, status.Code(res2.Err))
 	assert.ErrorContains(t, res2.Err, "already part of a cluster (node lock taken by init)")
-	assert.Equal(t, kms.InitializedPCR15(wantID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(wantID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
 	assert.Empty(t, res2.Progress)
 }
@@ -490,7 +490,7 @@ func TestRefusedWithoutSideEffects(t *testing.T) {
 		})
 	}
 	// Nothing happened: PCR 15 zero, lock free, storage still the fresh node's, kubeadm idle.
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 	assert.Empty(t, e.node.Node.LockHolder())
 	initialized, err := e.node.Storage.Initialized()
 	require.NoError(t, err)
@@ -510,7 +510,7 @@ func TestWorkerRefusesInit(t *testing.T) {
 	res := e.call(req)
 	assert.Equal(t, codes.FailedPrecondition, status.Code(res.Err))
 	assert.ErrorContains(t, res.Err, "is a worker node: only control-plane nodes initialize clusters")
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 }
 
 // Once a join won the node lock, init fails clearly and changes nothing.
@@ -525,7 +525,7 @@ func TestInitAfterJoin(t *testing.T) {
 	res := e.call(req)
 	assert.Equal(t, codes.FailedPrecondition, status.Code(res.Err))
 	assert.ErrorContains(t, res.Err, "already part of a cluster (node lock taken by join)")
-	assert.Equal(t, kms.InitializedPCR15(joinedID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(joinedID), e.node.ClusterIDRegister(t))
 	assert.Empty(t, e.kubeadm.CallList())
 }
 
@@ -546,7 +546,7 @@ func TestInitFailureStreamsLogs(t *testing.T) {
 	assert.Contains(t, log, "init failed: kubeadm init: exit status 1")
 	assert.Contains(t, log, "kubelet: node log line")
 	// The node is marked: the lock is the point of no return.
-	assert.NotEqual(t, make([]byte, 32), e.node.PCR15(t))
+	assert.NotEqual(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 }
 
 // The CLI refuses a node that does not run the expected image: the handshake fails and the
@@ -564,7 +564,7 @@ func TestCLIRefusesUnexpectedNode(t *testing.T) {
 	require.Error(t, res.Err)
 	assert.Contains(t, res.Err.Error(), fmt.Sprintf("PCR %d", local.PCRBootstrapper))
 	assert.Empty(t, e.kubeadm.CallList())
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 }
 
 // Two concurrent inits: exactly one succeeds, PCR 15 is extended once.
@@ -595,6 +595,6 @@ func TestConcurrentInits(t *testing.T) {
 		}
 	}
 	require.Len(t, won, 1)
-	assert.Equal(t, kms.InitializedPCR15(ids[won[0]]), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(ids[won[0]]), e.node.ClusterIDRegister(t))
 	assert.Equal(t, []string{"init"}, e.kubeadm.CallList())
 }

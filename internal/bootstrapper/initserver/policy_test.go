@@ -47,7 +47,7 @@ func TestInitRefusesLooseReferenceSets(t *testing.T) {
 		})
 	}
 	// Nothing happened: PCR 15 zero, lock free, storage fresh, kubeadm idle.
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 	assert.Empty(t, e.node.Node.LockHolder())
 	initialized, err := e.node.Storage.Initialized()
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package joinclient_test
 
 import (
 	"context"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"os"
 	"strings"
 	"testing"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 )
@@ -128,7 +128,7 @@ func TestJoinAcceptsGenuineService(t *testing.T) {
 	}
 	e := newEnv(t, metadata.Worker, bootstraptest.ClusterOptions{})
 	require.NoError(t, e.join())
-	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, []string{"join"}, e.kubeadm.CallList())
 }
 
@@ -152,7 +152,7 @@ func (e *env) refuses(t *testing.T, call func(context.Context) error, wantReason
 	case <-time.After(time.Minute):
 		t.Fatal("the join client did not stop after its context ended")
 	}
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t), "PCR 15 extended")
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t), "PCR 15 extended")
 	assert.Equal(t, kubeadmCalls, e.kubeadm.CallList(), "kubeadm ran")
 	assert.NotContains(t, e.logs.String(), "node lock taken", "the node committed")
 }

@@ -31,7 +31,6 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/joinservice"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/kube/kubeletcsr"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
@@ -162,7 +161,7 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	require.NoError(t, e.join())
 
 	// PCR 15 carries the ticket's cluster (extended once), the lock is join's.
-	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, "join", e.node.Node.LockHolder())
 
 	// The storage is keyed with the disk key of its UUID and marked.
@@ -230,13 +229,13 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	// ticket: PCR 15 extended again with the same cluster ID, storage unlocked with the
 	// same key, the kubelet restarted; kubeadm is not run again.
 	e.node.Reboot(t)
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 	e.newClient()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.ErrorContains(t, e.client.Join(ctx), "not fresh")
 	require.NoError(t, e.client.Rejoin(ctx))
-	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, "rejoin", e.node.Node.LockHolder())
 	assert.Equal(t, 1, e.kubelet.Restarts())
 	// The rejoin ticket renewed the kubelet's client certificate in its store, where the
@@ -260,7 +259,7 @@ func TestJoinWorkerThenReboot(t *testing.T) {
 	e.newClient()
 	require.NoError(t, e.client.Rejoin(ctx))
 	assert.Equal(t, "rejoin (resumed)", e.node.Node.LockHolder())
-	assert.Equal(t, kms.InitializedPCR15(e.cluster.ClusterID), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(e.cluster.ClusterID), e.node.ClusterIDRegister(t))
 	assert.Equal(t, 2, e.kubelet.Restarts())
 }
 
@@ -292,7 +291,7 @@ func TestJoinRefusesServiceOfOtherCluster(t *testing.T) {
 	defer cancel()
 	err := e.client.Join(ctx)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Equal(t, make([]byte, 32), e.node.PCR15(t))
+	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 	assert.Empty(t, e.kubeadm.CallList())
 	_, err = os.Stat(e.kpkiDir)
 	assert.ErrorIs(t, err, os.ErrNotExist)
@@ -433,7 +432,7 @@ func TestJoinStopsWhenInitWins(t *testing.T) {
 		t.Fatal("join client did not stop after init won")
 	}
 	assert.Empty(t, e.kubeadm.CallList())
-	assert.Equal(t, kms.InitializedPCR15([]byte("init's cluster")), e.node.PCR15(t))
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker([]byte("init's cluster")), e.node.ClusterIDRegister(t))
 }
 
 func TestKubeadmJoinFailure(t *testing.T) {

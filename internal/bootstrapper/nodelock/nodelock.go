@@ -5,6 +5,10 @@
 // "2.4 The initialized marker (PCR 15)"). From then on the node's evidence names its cluster,
 // and it can never attest as a fresh node again in this boot.
 //
+// The register is the node's attestation variant's cluster-ID register
+// (variant.Variant.ClusterIDRegister: PCR 15 for the TPM variants), and its marker the
+// variant's (ClusterIDMarker); this package names no register itself.
+//
 // The lock lives in the TPM as well as in memory: PCR 15 starts at zero on every boot and
 // cannot be reset, so a non-zero PCR 15 means the lock was taken earlier in this boot (by a
 // bootstrapper that then crashed and restarted). Such a node refuses both init and join:
@@ -17,10 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-)
 
-// Register is the PCR that carries the initialized marker.
-const Register = 15
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
 
 // ErrLocked is returned when the lock was taken before: by the other of init and join, or
 // earlier in this boot.
@@ -35,6 +38,9 @@ type TPM interface {
 // Lock is a node's one-shot lock.
 type Lock struct {
 	tpm TPM
+	// register is the variant's cluster-ID register; marker computes its value for a cluster.
+	register int
+	marker   func(clusterID []byte) []byte
 
 	mu     sync.Mutex
 	holder string // who took it: "init" or "join"; "earlier in this boot" if found taken
@@ -43,19 +49,27 @@ type Lock struct {
 	atBoot bool
 }
 
-// New returns the lock of the node whose TPM is tpm. It reads PCR 15 to find out whether
-// the lock was taken earlier in this boot.
-func New(tpm TPM) (*Lock, error) {
-	pcrs, err := tpm.ReadPCRs(Register)
-	if err != nil {
-		return nil, fmt.Errorf("node lock: reading PCR %d: %w", Register, err)
-	}
-	v, ok := pcrs[Register]
+// New returns the lock of the node whose TPM is tpm and whose attestation variant is v. It
+// reads v's cluster-ID register to find out whether the lock was taken earlier in this boot.
+// v's register must be a SHA-256 TPM PCR: the lock extends it through the TPM.
+func New(tpm TPM, v variant.Variant) (*Lock, error) {
+	reg, ok := v.ClusterIDRegister()
 	if !ok {
-		return nil, fmt.Errorf("node lock: TPM did not return PCR %d", Register)
+		return nil, fmt.Errorf("node lock: variant %q has no cluster-ID register", v)
 	}
-	l := &Lock{tpm: tpm}
-	if !bytes.Equal(v, make([]byte, len(v))) {
+	if v.RegisterLen() != sha256.Size {
+		return nil, fmt.Errorf("node lock: variant %q's cluster-ID register %s is not a SHA-256 TPM PCR", v, v.RegisterName(reg))
+	}
+	pcrs, err := tpm.ReadPCRs(int(reg))
+	if err != nil {
+		return nil, fmt.Errorf("node lock: reading PCR %d: %w", reg, err)
+	}
+	value, ok := pcrs[reg]
+	if !ok {
+		return nil, fmt.Errorf("node lock: TPM did not return PCR %d", reg)
+	}
+	l := &Lock{tpm: tpm, register: int(reg), marker: v.ClusterIDMarker}
+	if !bytes.Equal(value, make([]byte, len(value))) {
 		l.holder, l.atBoot = "earlier in this boot", true
 	}
 	return l, nil
@@ -75,20 +89,20 @@ func (l *Lock) TryLock(holder string, clusterID []byte) error {
 		return fmt.Errorf("%w (taken by %s)", ErrLocked, l.holder)
 	}
 	digest := sha256.Sum256(clusterID)
-	if err := l.tpm.ExtendPCR(Register, digest[:]); err != nil {
+	if err := l.tpm.ExtendPCR(l.register, digest[:]); err != nil {
 		// The extend may have reached the TPM before the error (a lost response): then
 		// the node is marked, and a later attempt must not extend a second time.
-		if pcrs, readErr := l.tpm.ReadPCRs(Register); readErr != nil || !bytes.Equal(pcrs[Register], make([]byte, sha256.Size)) {
-			l.holder = holder + " (extend of PCR 15 reported an error)"
+		if pcrs, readErr := l.tpm.ReadPCRs(l.register); readErr != nil || !bytes.Equal(pcrs[uint32(l.register)], make([]byte, sha256.Size)) {
+			l.holder = fmt.Sprintf("%s (extend of PCR %d reported an error)", holder, l.register)
 		}
-		return fmt.Errorf("node lock: extending PCR %d: %w", Register, err)
+		return fmt.Errorf("node lock: extending PCR %d: %w", l.register, err)
 	}
 	l.holder = holder
 	return nil
 }
 
-// ErrOtherCluster is returned by Resume when PCR 15 carries another cluster's marker.
-var ErrOtherCluster = errors.New("PCR 15 carries another cluster's marker")
+// ErrOtherCluster is returned by Resume when the cluster-ID register carries another cluster's marker.
+var ErrOtherCluster = errors.New("the cluster-ID register carries another cluster's marker")
 
 // Resume re-enters a lock taken earlier in this boot (a bootstrapper restarted after the
 // node was committed) for holder, if PCR 15 reads exactly the marker of clusterID: a single
@@ -106,15 +120,13 @@ func (l *Lock) Resume(holder string, clusterID []byte) error {
 	if !l.atBoot {
 		return fmt.Errorf("%w (taken by %s)", ErrLocked, l.holder)
 	}
-	pcrs, err := l.tpm.ReadPCRs(Register)
+	pcrs, err := l.tpm.ReadPCRs(l.register)
 	if err != nil {
-		return fmt.Errorf("node lock: reading PCR %d: %w", Register, err)
+		return fmt.Errorf("node lock: reading PCR %d: %w", l.register, err)
 	}
-	zero := make([]byte, sha256.Size)
-	id := sha256.Sum256(clusterID)
-	want := sha256.Sum256(append(zero, id[:]...))
-	if !bytes.Equal(pcrs[Register], want[:]) {
-		return fmt.Errorf("%w (taken by %s): PCR %d is %x, this cluster's marker is %x", ErrOtherCluster, l.holder, Register, pcrs[Register], want)
+	want := l.marker(clusterID)
+	if got := pcrs[uint32(l.register)]; !bytes.Equal(got, want) {
+		return fmt.Errorf("%w (taken by %s): PCR %d is %x, this cluster's marker is %x", ErrOtherCluster, l.holder, l.register, got, want)
 	}
 	l.holder, l.atBoot = holder+" (resumed)", false
 	return nil

@@ -2,6 +2,7 @@ package nodelock_test
 
 import (
 	"errors"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"sync"
 	"testing"
 
@@ -9,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
@@ -18,7 +18,7 @@ import (
 func TestInitAndJoinRace(t *testing.T) {
 	for round := range 20 {
 		tpm, _ := vtpmtest.Swtpm(t)
-		lock, err := nodelock.New(tpm)
+		lock, err := nodelock.New(tpm, variant.QEMUVTPM)
 		require.NoError(t, err)
 		ids := map[string][]byte{"init": []byte("cluster-of-init"), "join": []byte("cluster-of-join")}
 		results := map[string]error{}
@@ -48,26 +48,26 @@ func TestInitAndJoinRace(t *testing.T) {
 		}
 		require.NotEmpty(t, winner, "round %d: nobody won", round)
 		assert.Equal(t, winner, lock.Holder())
-		pcrs, err := tpm.ReadPCRs(nodelock.Register)
+		pcrs, err := tpm.ReadPCRs(int(markerRegister))
 		require.NoError(t, err)
-		assert.Equal(t, kms.InitializedPCR15(ids[winner]), pcrs[nodelock.Register], "round %d: PCR 15 extended once, by %s", round, winner)
+		assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(ids[winner]), pcrs[markerRegister], "round %d: PCR 15 extended once, by %s", round, winner)
 	}
 }
 
 func TestSecondAttempt(t *testing.T) {
 	tpm, _ := vtpmtest.Swtpm(t)
-	lock, err := nodelock.New(tpm)
+	lock, err := nodelock.New(tpm, variant.QEMUVTPM)
 	require.NoError(t, err)
 	require.NoError(t, lock.TryLock("init", []byte("cluster-a")))
 	err = lock.TryLock("init", []byte("cluster-a"))
 	assert.ErrorIs(t, err, nodelock.ErrLocked)
 	assert.ErrorContains(t, err, "taken by init")
-	pcrs, err := tpm.ReadPCRs(nodelock.Register)
+	pcrs, err := tpm.ReadPCRs(int(markerRegister))
 	require.NoError(t, err)
-	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register], "no second extend")
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker([]byte("cluster-a")), pcrs[markerRegister], "no second extend")
 
 	// The bootstrapper restarts in the same boot: the TPM remembers.
-	again, err := nodelock.New(tpm)
+	again, err := nodelock.New(tpm, variant.QEMUVTPM)
 	require.NoError(t, err)
 	err = again.TryLock("join", []byte("cluster-b"))
 	assert.ErrorContains(t, err, "taken by earlier in this boot")
@@ -78,9 +78,9 @@ func TestSecondAttempt(t *testing.T) {
 	assert.ErrorIs(t, again.Resume("rejoin", []byte("cluster-b")), nodelock.ErrOtherCluster)
 	require.NoError(t, again.Resume("rejoin", []byte("cluster-a")))
 	assert.Equal(t, "rejoin (resumed)", again.Holder())
-	pcrs, err = tpm.ReadPCRs(nodelock.Register)
+	pcrs, err = tpm.ReadPCRs(int(markerRegister))
 	require.NoError(t, err)
-	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register], "no second extend")
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker([]byte("cluster-a")), pcrs[markerRegister], "no second extend")
 	// Resumed once: the lock has its winner.
 	err = again.Resume("recover", []byte("cluster-a"))
 	assert.ErrorIs(t, err, nodelock.ErrLocked)
@@ -99,11 +99,11 @@ func TestResumeRace(t *testing.T) {
 			for round := range 10 {
 				tpm, _ := vtpmtest.Swtpm(t)
 				if restarted {
-					first, err := nodelock.New(tpm)
+					first, err := nodelock.New(tpm, variant.QEMUVTPM)
 					require.NoError(t, err)
 					require.NoError(t, first.TryLock("rejoin", id))
 				}
-				lock, err := nodelock.New(tpm)
+				lock, err := nodelock.New(tpm, variant.QEMUVTPM)
 				require.NoError(t, err)
 				results := map[string]error{}
 				var mu sync.Mutex
@@ -130,9 +130,9 @@ func TestResumeRace(t *testing.T) {
 				}
 				require.Len(t, winners, 1, "round %d: %v", round, results)
 				assert.Contains(t, lock.Holder(), winners[0])
-				pcrs, err := tpm.ReadPCRs(nodelock.Register)
+				pcrs, err := tpm.ReadPCRs(int(markerRegister))
 				require.NoError(t, err)
-				assert.Equal(t, kms.InitializedPCR15(id), pcrs[nodelock.Register], "round %d: one extend", round)
+				assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker(id), pcrs[markerRegister], "round %d: one extend", round)
 			}
 		})
 	}
@@ -141,13 +141,13 @@ func TestResumeRace(t *testing.T) {
 // Resume on a free lock takes it like TryLock.
 func TestResumeFreeLock(t *testing.T) {
 	tpm, _ := vtpmtest.Swtpm(t)
-	lock, err := nodelock.New(tpm)
+	lock, err := nodelock.New(tpm, variant.QEMUVTPM)
 	require.NoError(t, err)
 	require.NoError(t, lock.Resume("rejoin", []byte("cluster-a")))
 	assert.Equal(t, "rejoin", lock.Holder())
-	pcrs, err := tpm.ReadPCRs(nodelock.Register)
+	pcrs, err := tpm.ReadPCRs(int(markerRegister))
 	require.NoError(t, err)
-	assert.Equal(t, kms.InitializedPCR15([]byte("cluster-a")), pcrs[nodelock.Register])
+	assert.Equal(t, variant.QEMUVTPM.ClusterIDMarker([]byte("cluster-a")), pcrs[markerRegister])
 }
 
 type failingTPM struct {
@@ -168,7 +168,7 @@ func TestExtendFails(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tpm, _ := vtpmtest.Swtpm(t)
 			f := &failingTPM{TPM: tpm, extendErr: errors.New("TPM gone"), applied: applied}
-			lock, err := nodelock.New(f)
+			lock, err := nodelock.New(f, variant.QEMUVTPM)
 			require.NoError(t, err)
 			assert.ErrorContains(t, lock.TryLock("join", []byte("c")), "TPM gone")
 			f.extendErr = nil
@@ -181,3 +181,6 @@ func TestExtendFails(t *testing.T) {
 		})
 	}
 }
+
+// markerRegister is the cluster-ID register of the variant the tests lock with.
+var markerRegister, _ = variant.QEMUVTPM.ClusterIDRegister()

@@ -3,6 +3,7 @@ package recoveryserver_test
 import (
 	"bytes"
 	"context"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"net"
 	"sync"
 	"testing"
@@ -22,7 +23,6 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
-	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/recovery"
 	"github.com/openconstellation/constellation/internal/retry"
@@ -82,7 +82,7 @@ func (e *env) attacker() recoverpb.RecoverServiceClient {
 // kubelet not restarted, nobody holding the node lock.
 func (e *env) assertWaiting(msg string) {
 	e.t.Helper()
-	assert.Equal(e.t, make([]byte, 32), e.node.PCR15(e.t), "%s: PCR 15 still zero", msg)
+	assert.Equal(e.t, make([]byte, 32), e.node.ClusterIDRegister(e.t), "%s: PCR 15 still zero", msg)
 	assert.False(e.t, e.node.Unlocked(e.t), "%s: storage still locked", msg)
 	assert.Zero(e.t, e.srv.Kubelet.Restarts(), "%s: kubelet not restarted", msg)
 	assert.Empty(e.t, e.node.Node.LockHolder(), "%s: node lock free", msg)
@@ -96,7 +96,7 @@ func (e *env) assertWaiting(msg string) {
 // assertRecovered asserts the node is back in its cluster by recovery.
 func (e *env) assertRecovered() {
 	e.t.Helper()
-	assert.Equal(e.t, kms.InitializedPCR15(e.keys.ClusterID), e.node.PCR15(e.t), "PCR 15 carries the cluster's marker")
+	assert.Equal(e.t, variant.QEMUVTPM.ClusterIDMarker(e.keys.ClusterID), e.node.ClusterIDRegister(e.t), "PCR 15 carries the cluster's marker")
 	assert.True(e.t, e.node.Unlocked(e.t), "storage unlocked: the state written before the shutdown is readable")
 	assert.Equal(e.t, 1, e.srv.Kubelet.Restarts())
 	renewals, stale := e.srv.Kubelet.Renewals()

@@ -578,13 +578,16 @@ func validateHostPort(hostport string) error {
 	return nil
 }
 
-// NodeSettings are what a node image fixes for kubeadm, the same on every node: the container
-// runtime's socket, where control-plane images come from, and whether the node is a local
-// sandbox. The bootstrapper combines them with the init request or join ticket.
+// NodeSettings are what a node platform's OS fixes for kubeadm (boot.OS.NodeSettings), the
+// same on every node of the platform: the container runtime's socket, where control-plane
+// images come from, and whether the node is a local sandbox. The bootstrapper combines them
+// with the init request or join ticket, and the Kubernetes version keeper with an upgrade.
 type NodeSettings struct {
 	CRISocket       string
 	ImageRepository string
-	Sandbox         bool
+	// Sandbox is set by the local provider's node platform only (see the package
+	// documentation); a VM or cloud node runs kubeadm's preflight checks and pull policy.
+	Sandbox bool
 }
 
 // controllerManagerQPS and controllerManagerBurst are the controller manager's client rate

@@ -1,21 +1,23 @@
-// Package nodeboot is the bootstrapper of a local sandbox node: it boots the node OS
-// (nodeos), reads the node's metadata from the provider, opens the node's vTPM and state
-// storage, and runs the platform-independent bootstrapper (init server and join client on a
-// fresh node; rejoin client and, on control planes, recovery server on a rebooted one).
+// Package boot is the node program: it boots the node's OS through its platform, opens the
+// node's TPM and state storage, and runs the platform-independent bootstrapper (init server
+// and join client on a fresh node; rejoin client and, on control planes, recovery server on a
+// rebooted one). What differs between platforms (metadata, TPM and event log, state storage,
+// the OS, the volumes' devices) comes from its Platform, the node half of a provider
+// (docs/providers.md); the node program is the same on every platform.
 //
 // The node trusts a join service that runs the same image as itself: the join service's
-// evidence must show the node's own PCRs 0..14 (read at boot, after the provider measured
-// the image). This needs no reference values baked into the image, which could not contain
-// its own measurements. The service's AK must be certified as a control plane's by the
-// platform's CA, which the provider wrote into a platform NV index of the node's TPM that the
+// evidence must show the node's own image registers (read at boot, after the platform
+// measured the image). This needs no reference values baked into the image, which could not
+// contain its own measurements. The service's AK must be certified as a control plane's by the
+// platform's CA, which the platform wrote into a platform NV index of the node's TPM that the
 // node's software cannot rewrite, and the service must be initialized
 // (joinservice.ServiceCheck, docs/joinservice.md).
 //
-// The node's TPM (a swtpm, which serves one connection at a time) is opened per use, by the
-// bootstrapper as by the in-cluster services of the node: nobody holds it between uses.
-// Before the node offers anything that attests, its TPM must have quoted once (tpmcheck);
-// until it does, the node reports tpm-cannot-quote and why.
-package nodeboot
+// The node's TPM is opened per use, by the bootstrapper as by the in-cluster services of the
+// node: nobody holds it between uses (a swtpm serves one connection at a time). Before the
+// node offers anything that attests, its TPM must have quoted once (tpmcheck); until it does,
+// the node reports tpm-cannot-quote and why.
+package boot
 
 import (
 	"context"
@@ -23,9 +25,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -40,7 +39,6 @@ import (
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/bootstrapper/tpmcheck"
 	"github.com/openconstellation/constellation/internal/csidriver"
-	"github.com/openconstellation/constellation/internal/csidriver/unlock"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kube/kubeadm"
@@ -49,28 +47,17 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeupgrade"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeauthz"
-	"github.com/openconstellation/constellation/internal/provider/local"
-	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
-	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
-	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
-	"github.com/openconstellation/constellation/internal/provider/local/volumeclient"
 	"github.com/openconstellation/constellation/internal/registries"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
 
-// Options are the bootstrapper's flags.
+// Options are the node program's settings that do not depend on its platform.
 type Options struct {
-	NodeDir  string   // the node's workspace folder
-	ImageDir string   // the node image: kubeadm, kubelet, containerd.toml
-	Images   []string // container images to import
-	// ImageStores are folders of further archives to import (nodeos.Config.ImageStores).
-	ImageStores []string
-	MetadataURL string
-	InitAddr    string // listen address of the init server (fresh control planes)
+	InitAddr string // listen address of the init server (fresh control planes)
 	// RecoverAddr is the listen address of the recovery server (rebooted control planes).
 	RecoverAddr string
 	// DeployWaitTimeout bounds the init's wait for the in-cluster services to be ready
@@ -81,11 +68,11 @@ type Options struct {
 
 // Run boots the node and brings it into its cluster, then keeps supervising the kubelet
 // until ctx ends.
-func Run(ctx context.Context, o Options) error {
+func Run(ctx context.Context, p Platform, o Options) error {
 	log := o.Log
-	meta, err := metadataclient.New(o.MetadataURL, nil)
+	meta, err := p.Metadata(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("the platform's metadata: %w", err)
 	}
 	self, err := waitSelf(ctx, meta, log)
 	if err != nil {
@@ -93,39 +80,25 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log = log.With("node", self.Name)
 	report(ctx, meta, log, metadata.PhaseBooting)
-	nodeConfigData, err := os.ReadFile(filepath.Join(o.ImageDir, local.NodeConfigFile))
+	nodeConfig, err := p.NodeConfig()
 	if err != nil {
-		return fmt.Errorf("reading the image's node configuration: %w", err)
-	}
-	nodeConfig, err := local.ParseNodeConfig(nodeConfigData)
-	if err != nil {
-		return fmt.Errorf("the image's %s: %w", local.NodeConfigFile, err)
-	}
-	containerdConfig, err := os.ReadFile(filepath.Join(o.ImageDir, "containerd.toml"))
-	if err != nil {
-		return fmt.Errorf("reading the image's containerd configuration: %w", err)
+		return err
 	}
 	start := time.Now()
-	osys, err := nodeos.Boot(ctx, nodeos.Config{
-		NodeDir: o.NodeDir, ContainerdConfig: containerdConfig, Images: o.Images, ImageStores: o.ImageStores,
-		Kubelet: filepath.Join(o.ImageDir, "kubelet"), Log: log,
-	}, self.Name)
+	osys, err := p.OS(ctx, self)
 	if err != nil {
 		return fmt.Errorf("booting the node OS: %w", err)
 	}
 	log.Info("node OS booted", "seconds", time.Since(start).Seconds())
-	if err := nodeos.SetUpPodNetwork(ctx, self.PodCIDR); err != nil {
-		return fmt.Errorf("setting up the pod network: %w", err)
-	}
-	kubelet := osys.Kubelet("--cgroup-root=" + self.CgroupRoot)
+	kubelet := osys.Kubelet()
 
 	authz := &authorizer{ctx: ctx, log: log, node: self.Name}
-	in, err := bringIn(ctx, o, log, meta, self, nodeConfig, osys, kubelet, authz)
+	in, err := bringIn(ctx, p, o, log, meta, self, nodeConfig, osys, kubelet, authz)
 	if err != nil {
 		return err
 	}
 	log.Info("node is in its cluster", "by", in.by)
-	volumesFailed, err := serveVolumes(ctx, o, log, meta, self.Name, in)
+	volumesFailed, err := serveVolumes(ctx, p, log, meta, self.Name, in)
 	if err != nil {
 		return fmt.Errorf("node failed: %w", err)
 	}
@@ -136,13 +109,13 @@ func Run(ctx context.Context, o Options) error {
 	// A control plane's API server asks the removed-node authorizer about every request of a
 	// node identity: from now on it must answer (nodeauthz).
 	var authzFailed <-chan error
-	if self.Instance().Role == metadata.ControlPlane {
+	if self.Role == metadata.ControlPlane {
 		srv, err := authz.start()
 		if err != nil {
 			return fmt.Errorf("node failed: %w", err)
 		}
 		authzFailed = srv.Err()
-		if err := keepKubernetesVersion(ctx, o, nodeConfig, log); err != nil {
+		if err := keepKubernetesVersion(ctx, osys, nodeConfig, log); err != nil {
 			return fmt.Errorf("node failed: %w", err)
 		}
 	}
@@ -155,7 +128,7 @@ func Run(ctx context.Context, o Options) error {
 
 // supervise waits until ctx ends or one of the node's lasting parts (the kubelet, the
 // removed-node authorizer, the volumes' node plugin) stops, and names which.
-func supervise(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, kubelet *nodeos.Supervisor, authzFailed, volumesFailed <-chan error) error {
+func supervise(ctx context.Context, meta metadata.Reporter, log *slog.Logger, kubelet Kubelet, authzFailed, volumesFailed <-chan error) error {
 	select {
 	case <-ctx.Done():
 		return nil
@@ -175,30 +148,28 @@ func supervise(ctx context.Context, meta *metadataclient.Client, log *slog.Logge
 	}
 }
 
-// Where the node half of the encrypted volume driver lives on a node: the kubelet's plugin
-// and registration directories (volatile, as the rest of the kubelet's root directory), and
-// the unlocker's private mounts on the node's tmpfs.
+// Where the kubelet finds the node half of the encrypted volume driver: the kubelet's plugin
+// and registration directories (volatile, as the rest of the kubelet's root directory).
 const (
 	kubeletPluginDir       = "/var/lib/kubelet/plugins"
 	kubeletRegistrationDir = "/var/lib/kubelet/plugins_registry"
-	volumeWorkDir          = nodeos.RunDir + "/volumes"
 )
 
 // serveVolumes starts the node half of the encrypted volume driver (internal/csidriver,
 // docs/volumes.md): the kubelet finds it by its registration socket, stages a volume attached
 // to this node with the key the join service releases to this node alone, and mounts it into
 // its pods. It runs for the bootstrapper's lifetime; the channel carries why it stopped.
-func serveVolumes(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, name string, in inCluster) (<-chan error, error) {
+func serveVolumes(ctx context.Context, p Platform, log *slog.Logger, meta metadata.Provider, name string, in inCluster) (<-chan error, error) {
 	keys, err := joinclient.NewVolumeKeys(joinclient.VolumeKeysConfig{Metadata: meta, Dial: in.dial, ClusterID: in.node.ClusterID()})
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(volumeWorkDir, 0o700); err != nil {
-		return nil, fmt.Errorf("the encrypted volumes' work directory: %w", err)
+	devices, unlocker, err := p.Volumes()
+	if err != nil {
+		return nil, fmt.Errorf("the encrypted volumes' node plugin: %w", err)
 	}
 	plugin := csidriver.NewNode(csidriver.NodeConfig{
-		NodeName: name, KeySource: keys, Devices: volumeclient.New(o.MetadataURL),
-		Unlocker: &unlock.Gocryptfs{WorkDir: volumeWorkDir}, Logger: log.With("component", "csi-node"),
+		NodeName: name, KeySource: keys, Devices: devices, Unlocker: unlocker, Logger: log.With("component", "csi-node"),
 	})
 	failed := make(chan error, 1)
 	go func() { failed <- csidriver.ServeNode(ctx, kubeletPluginDir, kubeletRegistrationDir, plugin) }()
@@ -216,7 +187,7 @@ type inCluster struct {
 // keepKubernetesVersion starts the control plane's Kubernetes version keeper: when this
 // node's image runs a newer Kubernetes version than its cluster, its own kubeadm upgrades the
 // control plane, and later the add-ons (internal/kube/kubeupgrade).
-func keepKubernetesVersion(ctx context.Context, o Options, nodeConfig local.NodeConfig, log *slog.Logger) error {
+func keepKubernetesVersion(ctx context.Context, osys OS, nodeConfig NodeConfig, log *slog.Logger) error {
 	restCfg, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
 	if err != nil {
 		return fmt.Errorf("the Kubernetes version keeper: %w", err)
@@ -226,14 +197,14 @@ func keepKubernetesVersion(ctx context.Context, o Options, nodeConfig local.Node
 	if err != nil {
 		return fmt.Errorf("the Kubernetes version keeper: %w", err)
 	}
-	config, err := kubeadmconfig.Upgrade(kubeadmconfig.UpgradeParams{KubernetesVersion: nodeConfig.KubernetesVersion, Sandbox: true})
+	config, err := kubeadmconfig.Upgrade(kubeadmconfig.UpgradeParams{KubernetesVersion: nodeConfig.KubernetesVersion, Sandbox: osys.NodeSettings().Sandbox})
 	if err != nil {
 		return fmt.Errorf("the Kubernetes version keeper: %w", err)
 	}
 	log = log.With("component", "kubeupgrade")
 	k := &kubeupgrade.Keeper{
 		Version: nodeConfig.KubernetesVersion, Kube: kube, Config: config, Log: log, Output: kubeadm.LogOutput(log),
-		Kubeadm: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")},
+		Kubeadm: kubeadm.Runner{Binary: osys.Kubeadm()},
 	}
 	go k.Run(ctx)
 	return nil
@@ -245,21 +216,22 @@ const adminKubeconfig = "/etc/kubernetes/admin.conf"
 // asyncReporter reports phases (and their details) to the platform in order, without
 // blocking the caller (the bootstrapper's flow): a phase that finds the queue full is dropped
 // and logged.
-func asyncReporter(ctx context.Context, meta *metadataclient.Client, log *slog.Logger) func(phase, detail string) {
-	queue := make(chan metaserver.Report, 16)
+func asyncReporter(ctx context.Context, meta metadata.Reporter, log *slog.Logger) func(phase, detail string) {
+	type phaseReport struct{ phase, detail string }
+	queue := make(chan phaseReport, 16)
 	go func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case r := <-queue:
-				reportDetail(ctx, meta, log, r.Phase, r.Detail)
+				reportDetail(ctx, meta, log, r.phase, r.detail)
 			}
 		}
 	}()
 	return func(phase, detail string) {
 		select {
-		case queue <- metaserver.Report{Phase: phase, Detail: detail}:
+		case queue <- phaseReport{phase, detail}:
 		default:
 			log.Warn("phase report dropped: the platform's metadata service is slow", "phase", phase)
 		}
@@ -268,11 +240,11 @@ func asyncReporter(ctx context.Context, meta *metadataclient.Client, log *slog.L
 
 // report tells the platform the bootstrapper's phase (diagnosis for the operator, shown by
 // `constellation status`); failures are logged, never fatal.
-func report(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, phase string) {
+func report(ctx context.Context, meta metadata.Reporter, log *slog.Logger, phase string) {
 	reportDetail(ctx, meta, log, phase, "")
 }
 
-func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Logger, phase, detail string) {
+func reportDetail(ctx context.Context, meta metadata.Reporter, log *slog.Logger, phase, detail string) {
 	if err := meta.ReportDetail(ctx, phase, detail); err != nil {
 		log.Warn("reporting the node's phase to the platform", "phase", phase, "err", err)
 	}
@@ -285,21 +257,21 @@ func reportDetail(ctx context.Context, meta *metadataclient.Client, log *slog.Lo
 //  3. the join client;
 //  4. on a control plane, the recovery server (rebooted) or the init server (fresh);
 //  5. the bootstrapper, which picks init, join, rejoin or recovery.
-func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadataclient.Client, self metaserver.Node, nodeConfig local.NodeConfig, osys *nodeos.OS, kubelet *nodeos.Supervisor, authz *authorizer) (inCluster, error) {
-	tpm := vtpm.PerUseTPM{Open: vtpm.OpenAddr("unix:" + nodeos.TPMSocket)}
+func bringIn(ctx context.Context, p Platform, o Options, log *slog.Logger, meta Metadata, inst metadata.Instance, nodeConfig NodeConfig, osys OS, kubelet Kubelet, authz *authorizer) (inCluster, error) {
+	v, env := p.Attestation()
+	tpm := vtpm.PerUseTPM{Open: env.TPM}
 	progress := asyncReporter(ctx, meta, log)
-	issuer, serviceValidator, err := nodeAttestation(ctx, tpm, nodeConfig.JoinServiceSets, progress, log)
+	issuer, serviceValidator, err := nodeAttestation(ctx, v, env, tpm, nodeConfig, progress, log)
 	if err != nil {
 		return inCluster{}, err
 	}
-	inst := self.Instance()
-	n, err := openNode(ctx, o, tpm, self, osys)
+	n, err := openNode(ctx, p, v, tpm, osys)
 	if err != nil {
 		return inCluster{}, err
 	}
 	log.Info("node opened", "state", n.State().String())
-	settings := kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true}
-	runner := &kubeletFirst{Runner: kubeadm.Runner{Binary: filepath.Join(o.ImageDir, "kubeadm")}, kubelet: kubelet, images: osys.WaitImages, ctx: ctx}
+	settings := osys.NodeSettings()
+	runner := &kubeletFirst{Runner: kubeadm.Runner{Binary: osys.Kubeadm()}, kubelet: kubelet, images: osys.WaitImages, ctx: ctx}
 	dial, err := joinclient.AttestedDialer(issuer, serviceValidator)
 	if err != nil {
 		return inCluster{}, err
@@ -325,7 +297,7 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
 			AdminKubeconfig: adminKubeconfig, KubeletKubeconfig: kubeletcred.KubeconfigFile, APIServerConfigDir: nodeauthz.ConfigDir, RegistryHostsDir: registries.HostsDir,
 			PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir, NodeLogs: osys.Logs, Log: log,
-			Deploy: deployServices(nodeConfig.ServicesImage, o.MetadataURL, o.DeployWaitTimeout, authz),
+			Deploy: deployServices(nodeConfig.ServicesImage, p.Services(), o.DeployWaitTimeout, authz),
 		})
 		if err != nil {
 			return inCluster{}, err
@@ -343,12 +315,12 @@ func bringIn(ctx context.Context, o Options, log *slog.Logger, meta *metadatacli
 
 // nodeAttestation waits until the node's TPM quotes and returns the node's issuer, and the
 // node's check of the join service.
-func nodeAttestation(ctx context.Context, tpm vtpm.PerUseTPM, joinServiceSets measurements.ReferenceSets, progress func(phase, detail string), log *slog.Logger) (attestation.Issuer, attestation.Validator, error) {
+func nodeAttestation(ctx context.Context, v variant.Variant, env choose.IssuerEnv, tpm vtpm.PerUseTPM, nodeConfig NodeConfig, progress func(phase, detail string), log *slog.Logger) (attestation.Issuer, attestation.Validator, error) {
 	// Everything the node offers starts with a quote: make sure there is one, and say why
 	// not while there is none, instead of failing every handshake silently.
 	issuer, err := tpmcheck.Wait(ctx, tpmcheck.Config{
 		NewIssuer: func(ctx context.Context) (attestation.Issuer, error) {
-			return choose.NewIssuer(ctx, local.Variant, choose.IssuerEnv{TPM: tpm.Open, AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(nodeos.EventLog)})
+			return choose.NewIssuer(ctx, v, env)
 		},
 		DA: tpm, Report: progress, Log: log,
 	})
@@ -359,32 +331,29 @@ func nodeAttestation(ctx context.Context, tpm vtpm.PerUseTPM, joinServiceSets me
 	// plane of this node's image, or of an image its measured node configuration accepts
 	// (the releases it upgrades from), initialized; the AK root comes from the node's own TPM
 	// (joinservice.ServiceCheck).
-	serviceValidator, err := joinservice.ServiceCheck{Variant: local.Variant, ReferenceSets: joinServiceSets, Log: log}.Validator(tpm)
+	serviceValidator, err := joinservice.ServiceCheck{Variant: v, ReferenceSets: nodeConfig.JoinServiceSets, Log: log}.Validator(tpm)
 	if err != nil {
 		return nil, nil, err
 	}
 	return issuer, serviceValidator, nil
 }
 
-// openNode opens the node: its lock (PCR 15) and its gocryptfs state storage, mounted where
-// the node keeps its state once unlocked.
-func openNode(ctx context.Context, o Options, tpm vtpm.PerUseTPM, self metaserver.Node, osys *nodeos.OS) (*node.Node, error) {
-	lock, err := nodelock.New(tpm)
+// openNode opens the node: its lock (its variant's cluster-ID register) and its state
+// storage, whose unlock mounts the node's state.
+func openNode(ctx context.Context, p Platform, v variant.Variant, tpm vtpm.PerUseTPM, osys OS) (*node.Node, error) {
+	lock, err := nodelock.New(tpm, v)
 	if err != nil {
 		return nil, err
 	}
-	inst := self.Instance()
-	storage := &stateStorage{
-		Storage: &statedisk.Gocryptfs{Dir: filepath.Join(o.NodeDir, "state"), MountPoint: nodeos.StateMount},
-		mount: func() error {
-			return osys.MountState(nodeos.StateMount, self.Name, firstIP(inst))
-		},
+	storage, err := p.Storage()
+	if err != nil {
+		return nil, fmt.Errorf("the node's state storage: %w", err)
 	}
-	return node.Open(ctx, lock, storage)
+	return node.Open(ctx, lock, &stateStorage{Storage: storage, mount: osys.MountState})
 }
 
 // recoveryServer is the recovery server of a rebooted control plane, with its listener.
-func recoveryServer(ctx context.Context, o Options, n *node.Node, issuer attestation.Issuer, inst metadata.Instance, kubelet *nodeos.Supervisor, log *slog.Logger) (*recoveryserver.Server, net.Listener, error) {
+func recoveryServer(ctx context.Context, o Options, n *node.Node, issuer attestation.Issuer, inst metadata.Instance, kubelet Kubelet, log *slog.Logger) (*recoveryserver.Server, net.Listener, error) {
 	rs, err := recoveryserver.New(recoveryserver.Config{
 		Node: n, Issuer: issuer, Kubelet: lifetimeKubelet{kubelet, ctx}, Log: log,
 		RenewKubeletCredential: func() error {
@@ -408,7 +377,7 @@ const DefaultDeployWaitTimeout = 3 * time.Minute
 // deployServices deploys the join, key and verification services from the image the node
 // configuration names (measured with the node) and waits until they run: when init returns,
 // the cluster can admit workers.
-func deployServices(image, metadataURL string, wait time.Duration, authz *authorizer) initserver.DeployFunc {
+func deployServices(image string, facts deploy.PlatformFacts, wait time.Duration, authz *authorizer) initserver.DeployFunc {
 	if wait <= 0 {
 		wait = DefaultDeployWaitTimeout
 	}
@@ -419,7 +388,7 @@ func deployServices(image, metadataURL string, wait time.Duration, authz *author
 			return err
 		}
 		return deploy.Run(ctx, d.Kubeconfig, deploy.Config{
-			Image: image, Attestation: d.Attestation, RegistryMirrors: d.RegistryMirrors, MetadataURL: metadataURL, WaitTimeout: wait,
+			Image: image, Attestation: d.Attestation, RegistryMirrors: d.RegistryMirrors, Platform: facts, WaitTimeout: wait,
 			APIServerEndpoint: d.APIEndpoint,
 		}, d.Progress)
 	}
@@ -470,18 +439,18 @@ func (s *stateStorage) Unlock(ctx context.Context, key []byte) error {
 // recovery server call Restart with the context of their request, which ends long before the
 // kubelet should.
 type lifetimeKubelet struct {
-	*nodeos.Supervisor
+	Kubelet
 	ctx context.Context
 }
 
-func (k lifetimeKubelet) Restart(context.Context) error { return k.Supervisor.Restart(k.ctx) }
+func (k lifetimeKubelet) Restart(context.Context) error { return k.Kubelet.Restart(k.ctx) }
 
 // kubeletFirst starts the kubelet supervisor before kubeadm runs: kubeadm writes the
 // kubelet's configuration and then waits for it to become healthy, as with systemd. kubeadm
 // runs once the node's images are imported: its preflight would pull missing ones.
 type kubeletFirst struct {
 	kubeadm.Runner
-	kubelet *nodeos.Supervisor
+	kubelet Kubelet
 	images  func(context.Context) error
 	// ctx is the bootstrapper's lifetime: the kubelet outlives the kubeadm call that starts it.
 	ctx  context.Context
@@ -506,9 +475,9 @@ func (k *kubeletFirst) Join(ctx context.Context, config []byte, out io.Writer) e
 	return k.Runner.Join(ctx, config, out)
 }
 
-func waitSelf(ctx context.Context, meta *metadataclient.Client, log *slog.Logger) (metaserver.Node, error) {
+func waitSelf(ctx context.Context, meta metadata.Provider, log *slog.Logger) (metadata.Instance, error) {
 	for {
-		n, err := meta.Node(ctx)
+		n, err := meta.Self(ctx)
 		if err == nil {
 			return n, nil
 		}
@@ -519,11 +488,4 @@ func waitSelf(ctx context.Context, meta *metadataclient.Client, log *slog.Logger
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-}
-
-func firstIP(i metadata.Instance) netip.Addr {
-	if len(i.IPs) == 0 {
-		return netip.Addr{}
-	}
-	return i.IPs[0]
 }

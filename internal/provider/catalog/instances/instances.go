@@ -1,10 +1,12 @@
-// Package platforms is the node side of the provider catalog: how the cluster's services
-// (the join service) reach their platform's metadata (internal/metadata), by the platform's
-// name. Services depend on metadata.Lister only; this file is the one place that names each
-// platform's client.
+// Package instances is the services' side of the provider catalog: how the cluster's
+// services (the join service) list their platform's instances (internal/metadata), by the
+// node platform's name (their --platform). Services depend on metadata.Lister only; this file
+// is the one place that names each platform's client. It is a package of its own so the
+// services link no more of a provider than its metadata client (catalog links the CLI's
+// host halves, nodes the node program).
 //
-// A new provider adds one line to builtins (docs/providers.md).
-package platforms
+// A new provider adds one line to builtins here and one to nodes (docs/providers.md).
+package instances
 
 import (
 	"fmt"

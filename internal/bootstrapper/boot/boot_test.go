@@ -1,0 +1,91 @@
+package boot_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
+	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
+	"github.com/openconstellation/constellation/internal/metadata"
+)
+
+// TestRunOnTestPlatform boots the real node program on a second node platform, the
+// in-process one of bootstraptest (a measured, certified swtpm, gocryptfs storage, static
+// metadata, a stand-in OS): a fresh control plane with no join service yet must get as far
+// as offering init. Its TPM quoted (tpmcheck), its check of the join service was built from
+// its TPM, its lock and storage were opened; and it committed to nothing: its cluster-ID
+// register is still zero and its state storage was not mounted.
+func TestRunOnTestPlatform(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a swtpm")
+	}
+	if _, err := exec.LookPath("swtpm"); err != nil {
+		t.Skip("swtpm not installed")
+	}
+	ca, err := akca.New("local AK CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	meta := &metadata.Static{
+		Instance: metadata.Instance{Name: "control-plane-1", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}},
+		Hash:     bootstraptest.InitSecretHash,
+	}
+	p := bootstraptest.NewPlatform(t, meta, ca, bootstraptest.NodeOptions{Role: metadata.ControlPlane})
+	initAddr := freeAddr(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- boot.Run(ctx, p, boot.Options{InitAddr: initAddr, RecoverAddr: freeAddr(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("boot.Run did not return when its context ended")
+		}
+	})
+
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-done:
+			require.NoError(t, err, "boot.Run returned before offering init")
+		default:
+		}
+		c, err := net.Dial("tcp", initAddr)
+		if err != nil {
+			return false
+		}
+		_ = c.Close()
+		return true
+	}, 60*time.Second, 100*time.Millisecond, "the node never offered init")
+
+	assert.Equal(t, []string{"control-plane-1"}, p.NodeOS.Booted())
+	assert.Contains(t, p.Reports(), metadata.PhaseBooting)
+	assert.Equal(t, make([]byte, 32), p.ClusterIDRegister(t), "no lock taken before init or join")
+	assert.Zero(t, p.NodeOS.StateMounts(), "state mounted before the storage was unlocked")
+	assert.Equal(t, bootstraptest.PlatformName, p.Services().Name)
+}
+
+// freeAddr returns a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+// testWriter logs the node program's log lines into the test's.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
