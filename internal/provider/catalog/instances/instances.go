@@ -32,6 +32,8 @@ type Platform struct {
 // builtins are the platforms services can run on: one line each.
 var builtins = map[string]Platform{
 	"local": {DefaultURL: metadataclient.DefaultURL, Open: func(url string) (metadata.Lister, error) { return metadataclient.New(url, nil) }},
+	// The QEMU provider's machines read the same metadata service, on the same network.
+	"qemu": {DefaultURL: metadataclient.DefaultURL, Open: func(url string) (metadata.Lister, error) { return metadataclient.New(url, nil) }},
 }
 
 // Lookup returns the platform named name ("" is Default).

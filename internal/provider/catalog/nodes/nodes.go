@@ -14,6 +14,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
+	"github.com/openconstellation/constellation/internal/provider/qemu/vmnode"
 )
 
 // Default is the node platform the bootstrapper runs on when none is named: the local
@@ -26,6 +27,7 @@ type New func(boot.PlatformConfig) (boot.Platform, error)
 // builtins are the node platforms: one line each.
 var builtins = map[string]New{
 	nodeboot.Name: nodeboot.New,
+	vmnode.Name:   vmnode.New,
 }
 
 // Lookup returns the node platform named name ("" is Default).

@@ -71,8 +71,12 @@ func (p *Platform) Attestation() (variant.Variant, choose.IssuerEnv) {
 }
 
 // NodeConfig implements boot.Platform: the image's node-config.json.
-func (p *Platform) NodeConfig() (boot.NodeConfig, error) {
-	data, err := os.ReadFile(filepath.Join(p.cfg.ImageDir, local.NodeConfigFile))
+func (p *Platform) NodeConfig() (boot.NodeConfig, error) { return ReadNodeConfig(p.cfg.ImageDir) }
+
+// ReadNodeConfig reads the node-config.json of the node image directory imageDir (measured
+// with the image: by the provider on a sandbox, by dm-verity on a machine's root).
+func ReadNodeConfig(imageDir string) (boot.NodeConfig, error) {
+	data, err := os.ReadFile(filepath.Join(imageDir, local.NodeConfigFile))
 	if err != nil {
 		return boot.NodeConfig{}, fmt.Errorf("reading the image's node configuration: %w", err)
 	}
@@ -101,21 +105,33 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	if err != nil {
 		return nil, fmt.Errorf("reading the image's containerd configuration: %w", err)
 	}
-	osys, err := nodeos.Boot(ctx, nodeos.Config{
+	return BootOS(ctx, nodeos.Config{
 		NodeDir: p.cfg.NodeDir, ContainerdConfig: containerdConfig, Images: p.cfg.Images, ImageStores: p.cfg.ImageStores,
 		Kubelet: filepath.Join(p.cfg.ImageDir, "kubelet"), Log: p.cfg.Log,
-	}, self.Name)
+	}, self, n.PodCIDR, n.CgroupRoot, p.cfg.ImageDir)
+}
+
+// BootOS boots nodeos with cfg for node self, sets up its pod network on podCIDR, and returns
+// it as the node program drives it: the kubelet's pods under cgroupRoot ("" for the
+// kubelet's default), kubeadm from imageDir. A machine of the QEMU provider runs the same
+// node OS (cfg.Machine).
+func BootOS(ctx context.Context, cfg nodeos.Config, self metadata.Instance, podCIDR netip.Prefix, cgroupRoot, imageDir string) (boot.OS, error) {
+	osys, err := nodeos.Boot(ctx, cfg, self.Name)
 	if err != nil {
 		return nil, err
 	}
-	if err := nodeos.SetUpPodNetwork(ctx, n.PodCIDR); err != nil {
+	if err := nodeos.SetUpPodNetwork(ctx, podCIDR); err != nil {
 		return nil, fmt.Errorf("setting up the pod network: %w", err)
 	}
 	var ip netip.Addr
 	if len(self.IPs) > 0 {
 		ip = self.IPs[0]
 	}
-	return &sandboxOS{OS: osys, kubelet: osys.Kubelet("--cgroup-root=" + n.CgroupRoot), name: self.Name, ip: ip, imageDir: p.cfg.ImageDir}, nil
+	var kubeletArgs []string
+	if cgroupRoot != "" {
+		kubeletArgs = append(kubeletArgs, "--cgroup-root="+cgroupRoot)
+	}
+	return &sandboxOS{OS: osys, kubelet: osys.Kubelet(kubeletArgs...), name: self.Name, ip: ip, imageDir: imageDir}, nil
 }
 
 // Volumes implements boot.Platform: the provider names the devices it attached through its
@@ -146,7 +162,8 @@ type sandboxOS struct {
 }
 
 // NodeSettings are containerd's socket and the sandbox's kubeadm settings (no preflight, no
-// pulls: kubeadmconfig's package documentation).
+// pulls: kubeadmconfig's package documentation). A QEMU machine runs the same node OS
+// (nodeos: containerd with cgroupfs, images imported, no registry), so the same settings.
 func (o *sandboxOS) NodeSettings() kubeadmconfig.NodeSettings {
 	return kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true}
 }

@@ -65,6 +65,9 @@ type Config struct {
 	// Kubelet is the kubelet binary of the node image.
 	Kubelet string
 	Log     *slog.Logger
+	// Machine says the node is a machine of its own (a VM of the QEMU provider): its TPM and
+	// its boot's event log are its kernel's devices, not the provider's files in NodeDir.
+	Machine bool
 }
 
 // OS is a booted node OS.
@@ -108,11 +111,13 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 			return nil, err
 		}
 	}
-	if err := bindFile(filepath.Join(cfg.NodeDir, "tpm", "tpm.sock"), TPMSocket); err != nil {
-		return nil, fmt.Errorf("attaching the vTPM: %w", err)
-	}
-	if err := bindFileReadOnly(filepath.Join(cfg.NodeDir, "tpm", local.EventLogFile), EventLog); err != nil {
-		return nil, fmt.Errorf("attaching the boot's event log: %w", err)
+	if !cfg.Machine {
+		if err := bindFile(filepath.Join(cfg.NodeDir, "tpm", "tpm.sock"), TPMSocket); err != nil {
+			return nil, fmt.Errorf("attaching the vTPM: %w", err)
+		}
+		if err := bindFileReadOnly(filepath.Join(cfg.NodeDir, "tpm", local.EventLogFile), EventLog); err != nil {
+			return nil, fmt.Errorf("attaching the boot's event log: %w", err)
+		}
 	}
 	if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log"), true); err != nil {
 		return nil, err

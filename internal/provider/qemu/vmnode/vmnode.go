@@ -1,0 +1,157 @@
+// Package vmnode is the node half of the QEMU provider: the platform (boot.Platform) of a
+// machine that booted the node OS image (docs/vm-image.md) under the node program
+// (internal/bootstrapper/boot). Unlike a sandbox node, a machine has its own kernel: its TPM
+// is the kernel's resource manager on the machine's swtpm, its event log the firmware's (from
+// securityfs), its state storage the LUKS2 volume with dm-integrity on its state disk, and its
+// root the image's, verified by dm-verity. Its metadata, phase reports and volume lookups are
+// the provider's metadata service on the cluster network, as a sandbox node's.
+//
+// Its operating-system side is the sandbox's node OS (nodeos, run in the bootstrapper's own
+// mount namespace: the image's unit starts it under unshare), so containerd, the kubelet's
+// supervision and the image import are the same code on both.
+package vmnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
+	"github.com/openconstellation/constellation/internal/csidriver"
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
+	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
+	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
+	"github.com/openconstellation/constellation/internal/provider/local/volumeclient"
+	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
+)
+
+// Name is the QEMU provider's name, as a node platform and in the provider catalog.
+const Name = "qemu"
+
+// Paths on a machine of the node OS image (docs/vm-image.md).
+const (
+	// ImageDir is the node image directory in the verified root: bootstrapper, kubelet,
+	// kubeadm, containerd.toml, node-config.json.
+	ImageDir = "/usr/lib/constellation/image"
+	// ImagesDir holds the container image archives the image carries.
+	ImagesDir = "/usr/lib/constellation/images"
+	// NodeDir is the node's work folder (logs), on the machine's volatile /var.
+	NodeDir = "/var/lib/constellation/node"
+	// TPMDevice is the kernel's TPM resource manager.
+	TPMDevice = "/dev/tpmrm0"
+	// EventLogFile is the firmware's TCG event log, as the kernel exports it.
+	EventLogFile = "/sys/kernel/security/tpm0/binary_bios_measurements"
+	// StateDisk is the machine's state disk: the second virtio disk, whose serial the
+	// provider sets to "state" (internal/provider/qemu/vm).
+	StateDisk = "/dev/disk/by-id/virtio-state"
+	// stateMapping is the device-mapper name of the opened state disk.
+	stateMapping = "state"
+)
+
+// Platform is a machine's platform.
+type Platform struct {
+	cfg  boot.PlatformConfig
+	meta *metadataclient.Client
+}
+
+// New returns the platform of a machine booted from the node OS image; cfg's folders default
+// to the image's.
+func New(cfg boot.PlatformConfig) (boot.Platform, error) {
+	if cfg.NodeDir == "" {
+		cfg.NodeDir = NodeDir
+	}
+	if cfg.ImageDir == "" {
+		cfg.ImageDir = ImageDir
+	}
+	if len(cfg.ImageStores) == 0 && len(cfg.Images) == 0 {
+		cfg.ImageStores = []string{ImagesDir}
+	}
+	if cfg.MetadataURL == "" {
+		cfg.MetadataURL = metadataclient.DefaultURL
+	}
+	meta, err := metadataclient.New(cfg.MetadataURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Platform{cfg: cfg, meta: meta}, nil
+}
+
+// Name implements boot.Platform.
+func (p *Platform) Name() string { return Name }
+
+// Metadata implements boot.Platform: the provider's metadata service.
+func (p *Platform) Metadata(context.Context) (boot.Metadata, error) { return p.meta, nil }
+
+// Attestation implements boot.Platform: the machine's TPM through the kernel's resource
+// manager, the RSA AK the provider certified before the boot, and the firmware's event log.
+func (p *Platform) Attestation() (variant.Variant, choose.IssuerEnv) {
+	return local.Variant, choose.IssuerEnv{
+		TPM: vtpm.OpenAddr(TPMDevice), AK: vtpm.AKRSA, EventLog: vtpm.ReadEventLog(EventLogFile),
+	}
+}
+
+// NodeConfig implements boot.Platform: the image's node-config.json, in the verified root.
+func (p *Platform) NodeConfig() (boot.NodeConfig, error) {
+	return nodeboot.ReadNodeConfig(p.cfg.ImageDir)
+}
+
+// Storage implements boot.Platform: LUKS2 with dm-integrity on the state disk, mounted where
+// the node OS keeps its state once unlocked.
+func (p *Platform) Storage() (statedisk.Storage, error) {
+	return &statedisk.LUKS2{Device: StateDisk, Name: stateMapping, MountPoint: nodeos.StateMount}, nil
+}
+
+// OS implements boot.Platform: the node OS on the machine (nodeos in machine mode), with the
+// pod range the provider's metadata gives the node; the kubelet's cgroups are the machine's.
+func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, error) {
+	n, err := p.meta.Node(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the node's settings: %w", err)
+	}
+	if err := os.MkdirAll(p.cfg.NodeDir, 0o755); err != nil {
+		return nil, err
+	}
+	containerdConfig, err := os.ReadFile(filepath.Join(p.cfg.ImageDir, "containerd.toml"))
+	if err != nil {
+		return nil, fmt.Errorf("reading the image's containerd configuration: %w", err)
+	}
+	return nodeboot.BootOS(ctx, nodeos.Config{
+		NodeDir: p.cfg.NodeDir, ContainerdConfig: containerdConfig, Images: p.cfg.Images, ImageStores: p.cfg.ImageStores,
+		Kubelet: filepath.Join(p.cfg.ImageDir, "kubelet"), Log: p.cfg.Log, Machine: true,
+	}, self, n.PodCIDR, "", p.cfg.ImageDir)
+}
+
+// errNoVolumeBacking: the provider attaches no disks for volumes to machines yet.
+var errNoVolumeBacking = errors.New("the QEMU provider has no backing for encrypted volumes yet (docs/qemu-provider.md)")
+
+// Volumes implements boot.Platform: the provider's volume API finds volumes, but no
+// unlocker opens one on a machine yet: staging fails, naming why.
+func (p *Platform) Volumes() (csidriver.Devices, csidriver.Unlocker, error) {
+	return volumeclient.New(p.cfg.MetadataURL), noVolumes{}, nil
+}
+
+type noVolumes struct{}
+
+func (noVolumes) Stage(context.Context, string, []byte, string) error { return errNoVolumeBacking }
+func (noVolumes) Unstage(context.Context, string) error               { return nil }
+func (noVolumes) Expand(context.Context, string) error                { return errNoVolumeBacking }
+func (noVolumes) Stats(context.Context, string) (csidriver.Stats, error) {
+	return csidriver.Stats{}, errNoVolumeBacking
+}
+
+// Services implements boot.Platform: the services open the machine's TPM device and read the
+// firmware's event log.
+func (p *Platform) Services() deploy.PlatformFacts {
+	return deploy.PlatformFacts{
+		Name: Name, MetadataURL: p.cfg.MetadataURL,
+		TPM: TPMDevice, TPMKind: deploy.TPMDevice, EventLog: EventLogFile,
+	}
+}
