@@ -103,9 +103,10 @@ check_mirror() {
   local stale missing
   stale=$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mmin -1440 | head -1)
   [ -n "$stale" ] || apt-get update -q >/dev/null || true
-  missing=$(lock_entries | while IFS== read -r p v; do
-    apt-cache show "$p=$v" >/dev/null 2>&1 || echo "  $p $v"
-  done)
+  # One apt-cache call: it prints the stanza of each pinned version it has.
+  missing=$(comm -23 <(grep -v '^#' "$lock" | LC_ALL=C sort -u) \
+    <(apt-cache show $(lock_entries) 2>/dev/null | awk '/^Package:/ {p = $2} /^Version:/ {print p, $2}' | LC_ALL=C sort -u) |
+    sed 's/^/  /')
   if [ -n "$missing" ]; then
     die "the mirror no longer has these pinned versions (a Debian point or security release replaced them):
 $missing
@@ -149,8 +150,11 @@ in_chroot() {
     exec chroot "$d" "$@"' sh "$dir" "$@"
 }
 
+# normalize_mtimes DIR: every file, link and directory dated SOURCE_DATE_EPOCH (mkfs.erofs -T
+# dates only what it creates; what a step of this build touched would otherwise differ between
+# a cold and a warm build).
 normalize_mtimes() {
-  find "$1" -xdev -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+  find "$1" -xdev -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 }
 
 cmd_build() {
@@ -181,7 +185,7 @@ cmd_build() {
   if [ ! -f "$initrd" ]; then
     say "building the initrd (mkinitramfs, MODULES=list)"
     rm -f "$cache"/initrd-*.img
-    in_chroot "$work" mkinitramfs -o /initrd.img "$kver" >&2
+    in_chroot "$work" env TMPDIR=/tmp mkinitramfs -o /initrd.img "$kver" >&2
     mv "$work/initrd.img" "$initrd"
   fi
 
@@ -280,7 +284,9 @@ make_uki() {
     args+=(--add-section "$sec=$file" --change-section-vma "$sec=$(printf '0x%x' "$vma")")
     vma=$(( (vma + $(stat -L -c %s "$file") + 0xfff) & ~0xfff ))
   done
-  objcopy "${args[@]}" "$stub" "$out"
+  # -p keeps the stub's PE timestamp (zero): objcopy would otherwise stamp the build time.
+  objcopy -p "${args[@]}" "$stub" "$out"
+  touch -d "@$SOURCE_DATE_EPOCH" "$out"
   rm -rf "$dir"
 }
 
