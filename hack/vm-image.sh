@@ -209,10 +209,6 @@ cmd_build() {
   say "laying out the node image (Kubernetes $version)"
   go run ./hack/vm-image/layout -out "$work/usr/lib/constellation" -bootstrapper "$bootstrapper" \
     -kubernetes "$version" -kube-dir "$kube" -images-dir "$images"
-  # Copies, not the hard links the layout may make: an inode's link count must not depend on
-  # the build host.
-  local img=$work/usr/lib/constellation/image f
-  for f in "$img"/*; do cp --remove-destination "$(readlink -f "$f")" "$f.tmp" && mv "$f.tmp" "$f"; done
 
   # What must not differ between builds or leak from the build host.
   rm -rf "$work"/boot/* "$work"/var/cache/* "$work"/var/log/* "$work"/var/lib/dpkg/*-old \

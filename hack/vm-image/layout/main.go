@@ -41,8 +41,34 @@ func main() {
 }
 
 func run(out, bootstrapper, version, kubeDir, imagesDir string) error {
-	if err := platform.LayOutImage(filepath.Join(out, "image"), bootstrapper, version, kubeDir, imagesDir); err != nil {
+	image := filepath.Join(out, "image")
+	if err := platform.LayOutImage(image, bootstrapper, version, kubeDir, imagesDir); err != nil {
 		return err
+	}
+	// The layout hard-links where it can; the root filesystem gets copies, so that no inode's
+	// link count (stored in the filesystem) depends on what else links to the build's files.
+	files, err := os.ReadDir(image)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		p := filepath.Join(image, f.Name())
+		if err := os.Rename(p, p+".linked"); err != nil {
+			return err
+		}
+		if err := copyFile(p+".linked", p); err != nil {
+			return err
+		}
+		info, err := os.Stat(p + ".linked")
+		if err != nil {
+			return err
+		}
+		if err := os.Chmod(p, info.Mode().Perm()); err != nil {
+			return err
+		}
+		if err := os.Remove(p + ".linked"); err != nil {
+			return err
+		}
 	}
 	index, err := nodeimage.ReadIndex(imagesDir)
 	if err != nil {
