@@ -84,10 +84,18 @@ cmd_lock() {
   say "resolving $here/packages.list against the mirror (mmdebstrap, about a minute)"
   mapfile -t pkgs < <(packages)
   mmdebstrap_into "$tmp" "${pkgs[@]}"
+  # The epoch moves only when the packages do: a lock refresh that changes nothing keeps the
+  # image's bytes and so its measurements.
+  local epoch
+  epoch=$(date +%s)
+  if [ -f "$lock" ] && diff -q <(grep -v '^#' "$lock") <(installed "$tmp") >/dev/null; then
+    epoch=$(sed -n 's/^# source-date-epoch: //p' "$lock")
+    say "no package changed; keeping source-date-epoch $epoch"
+  fi
   {
     echo "# Exact versions of every package of the node OS image (hack/vm-image.sh lock wrote it"
     echo "# from hack/vm-image/packages.list; docs/vm-image.md \"Refreshing the lock\")."
-    echo "# source-date-epoch: $(date +%s)"
+    echo "# source-date-epoch: $epoch"
     installed "$tmp"
   } >"$lock"
   rm -rf "$tmp"
