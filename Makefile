@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 FUZZTIME ?= 8s
 PROTOS := $(shell find api pkg/api -name '*.proto')
 
-.PHONY: help deps debs devtools kube image-bins images build release-key release test unit integration e2e conformance fuzz lint consumer proto proto-check bench up down clean
+.PHONY: help deps debs devtools kube image-bins images vm-image build release-key release test unit integration e2e conformance fuzz lint consumer proto proto-check bench up down clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -26,6 +26,13 @@ kube: debs ## build every supported Kubernetes version (v1.34.4, v1.35.4; KUBE_V
 
 images: debs kube ## build the node images (Kubernetes, etcd, pause, CoreDNS, ours) into _output/images
 	@./hack/build-images.sh
+
+# Not part of `make test`. Root (mmdebstrap, chroot); the Debian tree and the initrd are cached
+# in _output/vm-image-cache. VM_IMAGE_DEBUG=1 builds the debug image into _output/vm-image-debug.
+# The image runs one Kubernetes version (KUBERNETES, or the default): only it is built.
+vm-image: export KUBE_VERSIONS = $(or $(KUBERNETES),default)
+vm-image: debs build images ## build the node OS image (UKI, dm-verity erofs root, GPT disk) from the Debian packages pinned in hack/vm-image/packages.lock into _output/vm-image (docs/vm-image.md)
+	@./hack/vm-image.sh
 
 # After build: both compile our packages with the same flags, one after the other, so only once.
 image-bins: debs build ## build the images' binaries that are not Kubernetes' (CoreDNS, local-path-provisioner, the CSI sidecars, ours)

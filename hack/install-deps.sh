@@ -18,15 +18,19 @@ cd "$(dirname "$0")/.."
 # uplink); nftables (nft) and netbase (/etc/protocols) for the kube-proxy image and the NAT;
 # iptables for the CNI portmap plugin (hostPort); for the conformance suite's test images
 # (internal/conformance): make, bzip2 and libc6-dev to build busybox from source, curl to fetch
-# it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images; for the
-# QEMU provider's machines (internal/provider/qemu): qemu-system-x86, its firmware ovmf, and
-# dnsmasq-base (the machines' DHCP server); for the measured-boot prediction's tests
-# (internal/measuredboot): systemd-boot-efi (systemd-stub), binutils (objcopy builds a UKI),
-# systemd (systemd-measure), pesign and osslsigncode (Authenticode).
+# it, and bash, curl, bind9-dnsutils (dig) and netcat-openbsd, which go into the images.
+# The VM image (make vm-image, docs/vm-image.md): mmdebstrap for the Debian tree, erofs-utils
+# for its root filesystem (cryptsetup-bin's veritysetup makes the hash tree), systemd-boot-efi
+# for the UKI's stub and binutils (objcopy) to assemble it, dosfstools + mtools for the ESP
+# (no vfat in the host kernel), systemd (systemd-repart, systemd-measure) and fdisk (sfdisk)
+# for the GPT disk. The QEMU provider's machines (internal/provider/qemu): qemu-system-x86,
+# its firmware ovmf, and dnsmasq-base (the machines' DHCP server). The measured-boot
+# prediction's tests (internal/measuredboot): pesign and osslsigncode (Authenticode).
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
   cryptsetup-bin e2fsprogs mount gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
-  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd qemu-system-x86 ovmf dnsmasq-base
-  systemd-boot-efi binutils systemd pesign osslsigncode)
+  iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd
+  mmdebstrap erofs-utils systemd-boot-efi binutils dosfstools mtools systemd fdisk qemu-system-x86 ovmf dnsmasq-base
+  pesign osslsigncode)
 
 debs() {
   local missing=() p

@@ -29,6 +29,12 @@ func (Platform) LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir st
 	if err != nil {
 		return err
 	}
+	return LayOutImage(dir, filepath.Join(filepath.Dir(exe), "bootstrapper"), kubernetesVersion, kubeDir, imagesDir)
+}
+
+// LayOutImage is LayOutDefaultImage with the bootstrapper binary named: the VM image build
+// (hack/vm-image) lays out the same node image directory inside the VM's root filesystem.
+func LayOutImage(dir, bootstrapper, kubernetesVersion, kubeDir, imagesDir string) error {
 	if _, err := kubeversion.Lookup(kubernetesVersion); err != nil {
 		return err
 	}
@@ -45,7 +51,7 @@ func (Platform) LayOutDefaultImage(dir, kubernetesVersion, kubeDir, imagesDir st
 	}
 	nodeConfig := local.NodeConfig{KubernetesVersion: kubernetesVersion, Provider: Name, ServicesImage: services.Ref}
 	kubeBin := filepath.Join(kubeDir, kubernetesVersion, "bin")
-	return buildNodeImage(dir, filepath.Join(filepath.Dir(exe), "bootstrapper"), kubeBin, nodeConfig)
+	return buildNodeImage(dir, bootstrapper, kubeBin, nodeConfig)
 }
 
 // buildNodeImage lays out a node image directory: the bootstrapper, the Kubernetes node
