@@ -261,7 +261,8 @@ func decodeNode(body []byte) (metaserver.Node, error) {
 	if !n.PodCIDR.IsValid() {
 		problems = append(problems, errors.New("no pod range (podCIDR)"))
 	}
-	if n.CgroupRoot == "" || !path.IsAbs(n.CgroupRoot) || path.Clean(n.CgroupRoot) != n.CgroupRoot {
+	// Empty: the node is a machine with a cgroup tree of its own (a QEMU machine).
+	if n.CgroupRoot != "" && (!path.IsAbs(n.CgroupRoot) || path.Clean(n.CgroupRoot) != n.CgroupRoot) {
 		problems = append(problems, fmt.Errorf("cgroupRoot %q: want a clean absolute path", n.CgroupRoot))
 	}
 	if len(problems) > 0 {

@@ -8,6 +8,7 @@ package nodeboot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -100,6 +101,10 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	n, err := p.meta.Node(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox's settings: %w", err)
+	}
+	// A sandbox's pods must stay in the cluster's cgroup: the host's tree is shared.
+	if n.CgroupRoot == "" {
+		return nil, errors.New("the sandbox's settings name no cgroup root for its pods")
 	}
 	containerdConfig, err := os.ReadFile(filepath.Join(p.cfg.ImageDir, "containerd.toml"))
 	if err != nil {
