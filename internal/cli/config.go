@@ -12,6 +12,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 )
 
@@ -24,7 +25,7 @@ func newConfigCmd() *cobra.Command {
 		Use:   "generate",
 		Short: "Write a configuration for a provider into the workspace",
 	}
-	generate.AddCommand(newConfigGenerateLocalCmd())
+	generate.AddCommand(newConfigGenerateLocalCmd(), newConfigGenerateQEMUCmd())
 	cmd.AddCommand(generate)
 	return cmd
 }
@@ -94,6 +95,13 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 		}
 		fmt.Fprintf(out, "Laid out the default node image in %s.\n", o.image)
 	}
+	return writeGenerated(out, workspace, localPlatform(), o)
+}
+
+// writeGenerated writes the configuration for platform with the reference values it predicts
+// for the node image o.image.
+func writeGenerated(out io.Writer, workspace string, platform provider.Platform, o generateLocalOptions) error {
+	path := filepath.Join(workspace, config.FileName)
 	imageDir, err := filepath.Abs(o.image)
 	if err != nil {
 		return fmt.Errorf("node image directory: %w", err)
@@ -103,13 +111,12 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	} else if !info.IsDir() {
 		return fmt.Errorf("node image %s is not a directory", imageDir)
 	}
-	platform := localPlatform()
 	reference, err := platform.ReferenceValues(imageDir)
 	if err != nil {
 		return fmt.Errorf("measuring the node image %s: %w", imageDir, err)
 	}
 	expected := reference.Measurements
-	setName := config.ReferenceSetName("local-", expected)
+	setName := config.ReferenceSetName(platform.Name()+"-", expected)
 
 	c := config.Default()
 	c.Name = o.name
@@ -148,6 +155,47 @@ func generateLocal(out io.Writer, workspace string, o generateLocalOptions) erro
 	}
 	fmt.Fprintf(out, "  PCRs 0-14 not listed must read zero.\n")
 	return nil
+}
+
+func newConfigGenerateQEMUCmd() *cobra.Command {
+	var o generateLocalOptions
+	cmd := &cobra.Command{
+		Use:   "qemu",
+		Short: "Write a configuration for a cluster of QEMU machines, with reference values predicted from the node OS image",
+		Long: `Write ` + config.FileName + ` for the QEMU provider into the workspace.
+
+The nodes are QEMU virtual machines booting the node OS image given by --image (a folder
+that make vm-image writes: disk.raw, uki.efi, manifest.json) with OVMF firmware measuring the
+boot into each machine's TPM. The reference values (attestation.qemuVTPM.measurements) are
+predicted from the image's UKI (PCRs 4, 9, 11 and the registers that must read zero) and
+taken from the recorded observation of the firmware the provider boots (PCRs 0-3, 5-7):
+docs/measured-boot.md. An existing configuration is kept unless --force is given.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, err := cmd.Flags().GetString("workspace")
+			if err != nil {
+				return err
+			}
+			if !o.force {
+				if _, err := os.Lstat(filepath.Join(ws, config.FileName)); err == nil {
+					return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", filepath.Join(ws, config.FileName), os.ErrExist)
+				}
+			}
+			p, err := catalog.Lookup("qemu")
+			if err != nil {
+				return err
+			}
+			return writeGenerated(cmd.OutOrStdout(), ws, p, o)
+		},
+	}
+	cmd.Flags().StringVar(&o.name, "name", "constellation", "cluster name (a DNS label)")
+	cmd.Flags().StringVar(&o.image, "image", "", "node OS image folder (make vm-image writes _output/vm-image)")
+	_ = cmd.MarkFlagRequired("image")
+	cmd.Flags().StringVar(&o.kubernetesVersion, "kubernetes-version", config.DefaultKubernetesVersion, "Kubernetes version of the cluster (the image's)")
+	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane machines")
+	cmd.Flags().IntVar(&o.workers, "workers", 0, "number of worker machines")
+	cmd.Flags().BoolVar(&o.force, "force", false, "replace an existing configuration")
+	return cmd
 }
 
 // imageFiles names the files of a local node image, for the help text.

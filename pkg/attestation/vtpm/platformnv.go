@@ -85,6 +85,12 @@ const cmdHierarchyControl tpmutil.Command = 0x00000121
 // this boot and every later one (the next boot's firmware disables it again).
 func (t *TPM) DisablePlatformHierarchy() error {
 	err := t.With(func(rw io.ReadWriter) error {
+		// Disabled already in this boot (only a TPM reset enables it again): done.
+		if enabled, err := platformHierarchyEnabled(rw); err != nil {
+			return err
+		} else if !enabled {
+			return nil
+		}
 		auth, err := tpmutil.Pack(tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth})
 		if err != nil {
 			return err
@@ -117,6 +123,22 @@ var ErrUntrustedNV = errors.New("NV index is not a write-locked platform index")
 // phEnable is TPMA_STARTUP_CLEAR's platform hierarchy bit.
 const phEnable = 1
 
+// platformHierarchyEnabled reads phEnable of TPMA_STARTUP_CLEAR.
+func platformHierarchyEnabled(rw io.ReadWriter) (bool, error) {
+	props, _, err := tpm2.GetCapability(rw, tpm2.CapabilityTPMProperties, 1, uint32(tpm2.TPMAStartupClear))
+	if err != nil {
+		return false, fmt.Errorf("reading the hierarchy state: %w", err)
+	}
+	if len(props) != 1 {
+		return false, errors.New("TPM did not report its hierarchy state")
+	}
+	prop, ok := props[0].(tpm2.TaggedProperty)
+	if !ok || prop.Tag != tpm2.TPMAStartupClear {
+		return false, errors.New("TPM did not report its hierarchy state")
+	}
+	return prop.Value&phEnable != 0, nil
+}
+
 // ReadPlatformNV reads an index WritePlatformNV wrote, and only such an index: it must be
 // platform-created, written and write-locked, with no other way to write it, and the
 // platform hierarchy must be disabled. Otherwise the node's own software (or a workload that
@@ -124,18 +146,11 @@ const phEnable = 1
 func (t *TPM) ReadPlatformNV(index uint32) ([]byte, error) {
 	var data []byte
 	err := t.With(func(rw io.ReadWriter) error {
-		props, _, err := tpm2.GetCapability(rw, tpm2.CapabilityTPMProperties, 1, uint32(tpm2.TPMAStartupClear))
+		enabled, err := platformHierarchyEnabled(rw)
 		if err != nil {
-			return fmt.Errorf("reading the hierarchy state: %w", err)
+			return err
 		}
-		if len(props) != 1 {
-			return errors.New("TPM did not report its hierarchy state")
-		}
-		prop, ok := props[0].(tpm2.TaggedProperty)
-		if !ok || prop.Tag != tpm2.TPMAStartupClear {
-			return errors.New("TPM did not report its hierarchy state")
-		}
-		if prop.Value&phEnable != 0 {
+		if enabled {
 			return fmt.Errorf("%w: the platform hierarchy is enabled, so software on this node can still rewrite platform indices (firmware must disable it)", ErrUntrustedNV)
 		}
 		h := tpmutil.Handle(index)

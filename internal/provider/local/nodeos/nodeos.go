@@ -119,8 +119,13 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 			return nil, fmt.Errorf("attaching the boot's event log: %w", err)
 		}
 	}
-	if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log"), true); err != nil {
-		return nil, err
+	// A sandbox's /var/log is the host's: its node's logs go to an overlay whose upper layer
+	// is in the workspace. A machine's /var is its own (volatile; its journal goes to its
+	// console).
+	if !cfg.Machine {
+		if err := overlay("/var/log", filepath.Join(cfg.NodeDir, "log"), true); err != nil {
+			return nil, err
+		}
 	}
 	// Before anything of the node runs: from here on, nothing the node writes to /etc or
 	// /var/lib reaches the host's directories or a disk.

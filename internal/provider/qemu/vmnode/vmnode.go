@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
 	"github.com/openconstellation/constellation/internal/csidriver"
@@ -81,7 +82,32 @@ func New(cfg boot.PlatformConfig) (boot.Platform, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := lockPlatformHierarchy(); err != nil {
+		return nil, err
+	}
 	return &Platform{cfg: cfg, meta: meta}, nil
+}
+
+// lockPlatformHierarchy disables the TPM's platform hierarchy for this boot, before anything
+// of the node's that is not the measured image runs (the bootstrapper is the image's first
+// program after the OS's own services, and no pod exists yet). The provider certified the
+// machine's AK into a platform NV index before the boot; a hierarchy left enabled would let
+// software on the node rewrite that root of trust, and the node's check of the join service
+// refuses to trust it then. OVMF leaves the hierarchy enabled (docs/qemu-provider.md), so the
+// image does it, as the sandbox's provider does for its nodes. A second call in one boot (the
+// bootstrapper restarted) finds it disabled: a TPM reset is the only way to enable it again.
+func lockPlatformHierarchy() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tpm, err := vtpm.Open(ctx, TPMDevice)
+	if err != nil {
+		return fmt.Errorf("opening the TPM to disable its platform hierarchy: %w", err)
+	}
+	defer tpm.Close()
+	if err := tpm.DisablePlatformHierarchy(); err != nil {
+		return fmt.Errorf("disabling the TPM's platform hierarchy: %w", err)
+	}
+	return nil
 }
 
 // Name implements boot.Platform.
