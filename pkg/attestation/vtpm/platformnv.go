@@ -85,11 +85,10 @@ const cmdHierarchyControl tpmutil.Command = 0x00000121
 // this boot and every later one (the next boot's firmware disables it again).
 func (t *TPM) DisablePlatformHierarchy() error {
 	err := t.With(func(rw io.ReadWriter) error {
-		// Disabled already in this boot (only a TPM reset enables it again): done.
-		if enabled, err := platformHierarchyEnabled(rw); err != nil {
+		// Disabled already in this boot (only a TPM reset enables it again), or held by the
+		// firmware under an authorization nobody after it knows: done.
+		if locked, err := platformHierarchyLocked(rw); err != nil || locked {
 			return err
-		} else if !enabled {
-			return nil
 		}
 		auth, err := tpmutil.Pack(tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth})
 		if err != nil {
@@ -139,6 +138,41 @@ func platformHierarchyEnabled(rw io.ReadWriter) (bool, error) {
 	return prop.Value&phEnable != 0, nil
 }
 
+// platformHierarchyLocked reports whether nothing on the node can use the platform hierarchy
+// any more in this boot: it is disabled (TPM2_HierarchyControl; a sandbox's provider and a
+// machine's image do it), or its authorization is not the empty one it has after every TPM
+// reset, so the firmware set it to a value it kept to itself (OVMF's Tcg2PlatformDxe sets a
+// random platformAuth at the end of boot and leaves the hierarchy enabled). Code that runs
+// after the firmware finds the authorization empty or not, and cannot set it without knowing
+// it: a node whose software sets it first is one whose firmware left it empty, and such a
+// node's image disables the hierarchy before its first untrusted program runs.
+//
+// The authorization is probed without side effects: TPM2_PolicySecret with the platform
+// hierarchy as the authorizing entity and the empty password, on a trial policy session
+// that is flushed at once. TPM_RC_BAD_AUTH means the authorization is not empty.
+func platformHierarchyLocked(rw io.ReadWriter) (bool, error) {
+	enabled, err := platformHierarchyEnabled(rw)
+	if err != nil || !enabled {
+		return !enabled, err
+	}
+	session, _, err := tpm2.StartAuthSession(rw, tpm2.HandleNull, tpm2.HandleNull, make([]byte, 16), nil, tpm2.SessionTrial, tpm2.AlgNull, tpm2.AlgSHA256)
+	if err != nil {
+		return false, fmt.Errorf("probing the platform authorization: starting a trial session: %w", err)
+	}
+	defer func() { _ = tpm2.FlushContext(rw, session) }()
+	_, _, err = tpm2.PolicySecret(rw, tpm2.HandlePlatform, tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth},
+		session, nil, nil, nil, 0)
+	var serr tpm2.SessionError
+	switch {
+	case err == nil:
+		return false, nil // the empty authorization works: anyone on the node can use the hierarchy
+	case errors.As(err, &serr) && serr.Code == tpm2.RCBadAuth:
+		return true, nil
+	default:
+		return false, fmt.Errorf("probing the platform authorization: %w", err)
+	}
+}
+
 // ReadPlatformNV reads an index WritePlatformNV wrote, and only such an index: it must be
 // platform-created, written and write-locked, with no other way to write it, and the
 // platform hierarchy must be disabled. Otherwise the node's own software (or a workload that
@@ -146,12 +180,12 @@ func platformHierarchyEnabled(rw io.ReadWriter) (bool, error) {
 func (t *TPM) ReadPlatformNV(index uint32) ([]byte, error) {
 	var data []byte
 	err := t.With(func(rw io.ReadWriter) error {
-		enabled, err := platformHierarchyEnabled(rw)
+		locked, err := platformHierarchyLocked(rw)
 		if err != nil {
 			return err
 		}
-		if enabled {
-			return fmt.Errorf("%w: the platform hierarchy is enabled, so software on this node can still rewrite platform indices (firmware must disable it)", ErrUntrustedNV)
+		if !locked {
+			return fmt.Errorf("%w: the platform hierarchy is enabled with an empty authorization, so software on this node can still rewrite platform indices (firmware must disable it or set its authorization)", ErrUntrustedNV)
 		}
 		h := tpmutil.Handle(index)
 		pub, err := tpm2.NVReadPublic(rw, h)

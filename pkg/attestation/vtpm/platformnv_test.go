@@ -1,7 +1,10 @@
 package vtpm_test
 
 import (
+	"io"
 	"testing"
+
+	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,5 +54,32 @@ func TestPlatformNVRefusesNodeDefinedIndex(t *testing.T) {
 
 		_, err = tpm.ReadPlatformNV(vtpm.AKRootsNVIndex + 1)
 		assert.ErrorIs(t, err, vtpm.ErrNVNotDefined)
+	})
+}
+
+// TestPlatformNVUnderFirmwareAuth: firmware that keeps the platform hierarchy enabled but sets
+// its authorization to a value only it knew (OVMF) locks the AK root as well as disabling the
+// hierarchy does: the node reads the root, its software cannot rewrite it, and disabling the
+// hierarchy is nothing to do.
+func TestPlatformNVUnderFirmwareAuth(t *testing.T) {
+	backends(t, func(t *testing.T, tpm *vtpm.TPM) {
+		root := []byte("the platform's AK CA certificate")
+		require.NoError(t, tpm.WritePlatformNV(vtpm.AKRootsNVIndex, root))
+		// The firmware's last step: a random platform authorization, then forgotten.
+		require.NoError(t, tpm.With(func(rw io.ReadWriter) error {
+			return tpm2.HierarchyChangeAuth(rw, tpm2.HandlePlatform,
+				tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession, Auth: tpm2.EmptyAuth},
+				"a random value the firmware forgot")
+		}))
+
+		got, err := tpm.ReadPlatformNV(vtpm.AKRootsNVIndex)
+		require.NoError(t, err)
+		assert.Equal(t, root, got)
+		assert.Error(t, tpm.WritePlatformNV(vtpm.AKRootsNVIndex, []byte("an attacker's root")), "platform-authorized replace")
+		assert.Error(t, tpm.WriteNV(vtpm.AKRootsNVIndex, []byte("an attacker's root")), "owner-authorized replace")
+		require.NoError(t, tpm.DisablePlatformHierarchy(), "locked already: nothing to do")
+		got, err = tpm.ReadPlatformNV(vtpm.AKRootsNVIndex)
+		require.NoError(t, err)
+		assert.Equal(t, root, got, "the root is unchanged")
 	})
 }
