@@ -1,0 +1,65 @@
+package qemu
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/measuredboot"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+)
+
+func TestCheckImages(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644))
+	}
+	req := provider.CreateRequest{
+		Config: &config.Config{KubernetesVersion: "v1.34.4"},
+		Nodes:  []provider.NodeSpec{{Name: "cp-0", Role: metadata.ControlPlane, Image: dir}},
+	}
+	assert.ErrorContains(t, checkImages(req), "node OS image of cp-0 (make vm-image)")
+	write(DiskFile, "disk")
+	write(UKIFile, "uki")
+	assert.ErrorContains(t, checkImages(req), ManifestFile)
+	write(ManifestFile, `{"kubernetesVersion":"v1.35.4","roothash":"00"}`)
+	assert.ErrorContains(t, checkImages(req), "runs Kubernetes v1.35.4, but constellation-conf.yaml says kubernetesVersion v1.34.4")
+	write(ManifestFile, `{"kubernetesVersion":"v1.34.4","roothash":"00"}`)
+	assert.NoError(t, checkImages(req))
+}
+
+// Without an observed record of the firmware and shape the provider boots, there are no
+// reference values: the registers the firmware makes are never guessed.
+func TestReferenceValuesNeedAFirmwareRecord(t *testing.T) {
+	if _, err := os.Stat(DefaultShape.Firmware.Code); err != nil {
+		t.Skip("Debian's ovmf is not installed (make deps)")
+	}
+	records, err := measuredboot.FirmwareRecords()
+	require.NoError(t, err)
+	if _, err := firmwareRecord(DefaultShape); err == nil {
+		t.Skip("a firmware record for this host's OVMF exists")
+	}
+	require.Empty(t, records, "a record exists, but not for this host's OVMF")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, UKIFile), []byte("not a UKI"), 0o644))
+	_, err = Platform{}.ReferenceValues(dir)
+	assert.True(t, errors.Is(err, measuredboot.ErrNoFirmwareRecord), err)
+}
+
+// The machines' shape travels in the cluster spec as JSON: what the provider process boots
+// is what Create decided.
+func TestShapeRoundTrip(t *testing.T) {
+	data, err := json.Marshal(DefaultShape)
+	require.NoError(t, err)
+	var got Shape
+	require.NoError(t, json.Unmarshal(data, &got))
+	assert.Equal(t, DefaultShape, got)
+	assert.Equal(t, "q35,smm=on", DefaultShape.measured().Machine)
+}
