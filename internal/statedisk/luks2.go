@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,14 +95,21 @@ var realLUKS2System = luks2System{
 // The KDF and key arguments every command that writes a keyslot gets: the header policy's
 // minimum argon2id cost (the keys are random) and an explicit keyslot cipher, so a
 // cryptsetup default never decides what the policy then refuses.
-var luks2KeyslotArgs = []string{
+var luks2KeyslotArgs = slices.Concat(luks2KDFArgs, []string{
+	"--keyslot-cipher", LUKS2Cipher,
+	"--keyslot-key-size", strconv.Itoa(luks2AreaKeySize * 8),
+})
+
+// luks2KDFArgs are luks2KeyslotArgs without the keyslot cipher: what luksFormat gets.
+// cryptsetup 2.6.1 refuses --keyslot-cipher together with --integrity at format ("wrong or
+// missing parameters", after it wrote the header; seen in a QEMU machine), and its default
+// keyslot cipher is LUKS2Cipher with a luks2AreaKeySize key anyway; the header check pins it.
+var luks2KDFArgs = []string{
 	"--hash", "sha256",
 	"--pbkdf", "argon2id",
 	"--pbkdf-force-iterations", strconv.Itoa(luks2MinArgonTime),
 	"--pbkdf-memory", strconv.Itoa(luks2MinArgonMemory),
 	"--pbkdf-parallel", "1",
-	"--keyslot-cipher", LUKS2Cipher,
-	"--keyslot-key-size", strconv.Itoa(luks2AreaKeySize * 8),
 }
 
 // The key on stdin, exactly KeySize bytes (no newline handling: the key is binary).
@@ -197,7 +205,7 @@ func (l *LUKS2) Create(ctx context.Context, key []byte) error {
 		"--cipher", LUKS2Cipher, "--key-size", strconv.Itoa(luks2CipherKeyBits),
 		"--integrity", luks2IntegrityOption,
 		"--sector-size", strconv.Itoa(luks2SectorSize)}
-	args = append(args, luks2KeyslotArgs...)
+	args = append(args, luks2KDFArgs...)
 	args = append(args, luks2KeyOnStdin...)
 	args = append(args, l.Device)
 	// No timeout of our own: the integrity wipe takes time proportional to the device.
