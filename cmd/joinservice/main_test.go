@@ -18,6 +18,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,8 +213,10 @@ func TestRun(t *testing.T) {
 		defer conn.Close()
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		defer ccancel()
+		// Until the service reloaded the file, the request passes admission and is refused
+		// for what it lacks (a kubelet certificate request): wait for the admission refusal.
 		_, refused = joinpb.NewJoinServiceClient(conn).IssueRejoinTicket(cctx, &joinpb.IssueRejoinTicketRequest{DiskUuid: uuid})
-		return refused != nil
+		return refused != nil && strings.Contains(refused.Error(), "measurements do not match")
 	}, 60*time.Second, 200*time.Millisecond)
 	assert.ErrorContains(t, refused, "measurements do not match any reference set")
 	assert.ErrorContains(t, refused, "image-v2")
