@@ -208,6 +208,12 @@ func (c *Client) do(ctx context.Context, method, id, path string, body []byte, w
 	}
 	what := method + " " + path
 	backoff := c.firstBackoff
+	// last is the latest transient failure: when the deadline ends the retries (while
+	// waiting, or in the middle of a request), it is what the caller needs to know.
+	var last error
+	gaveUp := func(attempts int) error {
+		return fmt.Errorf("volume API %s: gave up after %d attempts: %w (last: %w)", what, attempts, ctx.Err(), last)
+	}
 	for attempt := 1; ; attempt++ {
 		status, ans, err := c.once(ctx, method, path, body)
 		switch {
@@ -218,12 +224,15 @@ func (c *Client) do(ctx context.Context, method, id, path string, body []byte, w
 			if !transientStatus(status) {
 				return nil, fmt.Errorf("volume API %s: %w", what, err)
 			}
+		case ctx.Err() != nil && last != nil:
+			return nil, gaveUp(attempt - 1)
 		case ctx.Err() != nil || !transientError(err):
 			return nil, fmt.Errorf("volume API %s: %w", what, err)
 		}
+		last = err
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("volume API %s: gave up after %d attempts: %w (last: %w)", what, attempt, ctx.Err(), err)
+			return nil, gaveUp(attempt)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, c.maxBackoff)
