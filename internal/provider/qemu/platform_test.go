@@ -35,22 +35,22 @@ func TestCheckImages(t *testing.T) {
 	assert.NoError(t, checkImages(req))
 }
 
-// Without an observed record of the firmware and shape the provider boots, there are no
-// reference values: the registers the firmware makes are never guessed.
-func TestReferenceValuesNeedAFirmwareRecord(t *testing.T) {
+// The firmware registers come from the record of the firmware and shape the provider boots,
+// never guessed: the default shape on Debian's OVMF has one; another shape has none, and the
+// error says how to record one.
+func TestFirmwareRecordOfTheShape(t *testing.T) {
 	if _, err := os.Stat(DefaultShape.Firmware.Code); err != nil {
-		t.Skip("Debian's ovmf is not installed (make deps)")
+		t.Skip("Debian's ovmf is not installed (make deps installs it)")
 	}
-	records, err := measuredboot.FirmwareRecords()
-	require.NoError(t, err)
-	if _, err := firmwareRecord(DefaultShape); err == nil {
-		t.Skip("a firmware record for this host's OVMF exists")
-	}
-	require.Empty(t, records, "a record exists, but not for this host's OVMF")
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, UKIFile), []byte("not a UKI"), 0o644))
-	_, err = Platform{}.ReferenceValues(dir)
+	rec, err := firmwareRecord(DefaultShape)
+	require.NoError(t, err, "the repository records the firmware of the default shape")
+	assert.Equal(t, DefaultShape.measured(), rec.Shape)
+
+	other := DefaultShape
+	other.MemoryMiB = 4096
+	_, err = firmwareRecord(other)
 	assert.True(t, errors.Is(err, measuredboot.ErrNoFirmwareRecord), err)
+	assert.ErrorContains(t, err, "Recording the firmware registers")
 }
 
 // The machines' shape travels in the cluster spec as JSON: what the provider process boots
