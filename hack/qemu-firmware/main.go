@@ -140,46 +140,10 @@ func record(ctx context.Context, imageDir, work string) (measuredboot.FirmwareRe
 }
 
 // bootAndQuote boots one control-plane machine with the provider's code and returns the
-// registers of its verified attestation, taken from the init server's handshake: the
-// reference set is all zeros, so the validator reports every register that is not, after it
-// verified the quote's signature, the AK's certificate and the event log.
+// registers of its verified attestation, taken from the init server's handshake.
 func bootAndQuote(ctx context.Context, imageDir, work string, shape qemu.Shape) (map[uint32][]byte, error) {
-	if err := os.RemoveAll(work); err != nil {
-		return nil, err
-	}
-	dir, err := filepath.Abs(filepath.Join(work, "mini"))
+	spec, caCert, err := writeSpec(imageDir, work, shape)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	ca, err := akca.New("qemu-firmware AK CA", time.Now(), 24*time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	caCert, caKey, err := ca.PEM()
-	if err != nil {
-		return nil, err
-	}
-	spec := cluster.Spec{Dir: dir, NextIndex: 1, Machines: qemu.Name,
-		AKCACert: filepath.Join(dir, "ak-ca.pem"), AKCAKey: filepath.Join(dir, "ak-ca-key.pem"),
-		Nodes: []cluster.NodeSpec{{NodeSpec: provider.NodeSpec{Name: "cp-0", Role: metadata.ControlPlane, Image: imageDir}}},
-	}
-	if err := os.WriteFile(spec.AKCACert, caCert, 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(spec.AKCAKey, caKey, 0o600); err != nil {
-		return nil, err
-	}
-	secret := make([]byte, 32)
-	_, _ = rand.Read(secret)
-	hash, err := bcrypt.GenerateFromPassword(secret, bcrypt.MinCost)
-	if err != nil {
-		return nil, err
-	}
-	spec.InitSecretHash = string(hash)
-	if spec.MachineShape, err = json.Marshal(shape); err != nil {
 		return nil, err
 	}
 	logf, err := os.Create(filepath.Join(work, "provider.log"))
@@ -194,20 +158,76 @@ func bootAndQuote(ctx context.Context, imageDir, work string, shape qemu.Shape) 
 		stop()
 		<-served
 	}()
+	v, err := zeroValidator(caCert)
+	if err != nil {
+		return nil, err
+	}
+	return waitForQuote(ctx, spec.Dir, v, served)
+}
 
+// writeSpec makes a fresh work folder with a cluster spec of one control-plane machine of
+// shape, its AK CA and init secret hash, and returns the spec and the CA's certificate.
+func writeSpec(imageDir, work string, shape qemu.Shape) (cluster.Spec, []byte, error) {
+	if err := os.RemoveAll(work); err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	dir, err := filepath.Abs(filepath.Join(work, "mini"))
+	if err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	ca, err := akca.New("qemu-firmware AK CA", time.Now(), 24*time.Hour)
+	if err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	caCert, caKey, err := ca.PEM()
+	if err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	spec := cluster.Spec{Dir: dir, NextIndex: 1, Machines: qemu.Name,
+		AKCACert: filepath.Join(dir, "ak-ca.pem"), AKCAKey: filepath.Join(dir, "ak-ca-key.pem"),
+		Nodes: []cluster.NodeSpec{{NodeSpec: provider.NodeSpec{Name: "cp-0", Role: metadata.ControlPlane, Image: imageDir}}},
+	}
+	if err := os.WriteFile(spec.AKCACert, caCert, 0o644); err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	if err := os.WriteFile(spec.AKCAKey, caKey, 0o600); err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	hash, err := bcrypt.GenerateFromPassword(secret, bcrypt.MinCost)
+	if err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	spec.InitSecretHash = string(hash)
+	if spec.MachineShape, err = json.Marshal(shape); err != nil {
+		return cluster.Spec{}, nil, err
+	}
+	return spec, caCert, nil
+}
+
+// zeroValidator checks qemu-vtpm evidence against an all-zero reference set: it verifies the
+// quote's signature, the AK's certificate by caCert and the event log, then reports every
+// register that is not zero as a mismatch (measurements.MismatchError) with its value.
+func zeroValidator(caCert []byte) (attestation.Validator, error) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caCert)
 	zero := measurements.M{}
 	for _, r := range qemuvariant.Variant.ImageRegisters() {
 		zero[r] = measurements.Measurement{Expected: make([]byte, 32)}
 	}
-	v, err := qemuvariant.NewValidator(qemuvariant.ValidatorConfig{
+	return qemuvariant.NewValidator(qemuvariant.ValidatorConfig{
 		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "zero", Measurements: zero}}},
 		AKRoots:         roots,
 	})
-	if err != nil {
-		return nil, err
-	}
+}
+
+// waitForQuote dials the machine's init server every 5 s, printing its console's last line,
+// until a handshake's evidence verified, and returns its registers.
+func waitForQuote(ctx context.Context, dir string, v attestation.Validator, served <-chan error) (map[uint32][]byte, error) {
 	creds, err := atls.NewCredentials(atls.Config{Validators: []attestation.Validator{v}})
 	if err != nil {
 		return nil, err
@@ -222,26 +242,18 @@ func bootAndQuote(ctx context.Context, imageDir, work string, shape qemu.Shape) 
 			return nil, fmt.Errorf("the provider stopped: %w", err)
 		default:
 		}
-		raw, err := sandbox.DialContext(ctx, bridge, "tcp", addr)
-		if err == nil {
+		if raw, err := sandbox.DialContext(ctx, bridge, "tcp", addr); err == nil {
 			_, herr := creds.Client(ctx, raw)
 			raw.Close()
-			var mismatch *measurements.MismatchError
-			if errors.As(herr, &mismatch) {
-				regs := map[uint32][]byte{}
-				for _, r := range qemuvariant.Variant.ImageRegisters() {
-					regs[r] = make([]byte, 32)
-				}
-				for _, m := range mismatch.Mismatches {
-					regs[m.Index] = m.Actual
-				}
-				log.Printf("qemu-firmware: quote verified after %s", time.Since(start).Round(time.Second))
-				return regs, nil
-			}
 			if herr == nil {
 				return nil, errors.New("the machine's registers are all zero: nothing measured its boot")
 			}
-			return nil, fmt.Errorf("the machine's attestation did not verify: %w", herr)
+			var mismatch *measurements.MismatchError
+			if !errors.As(herr, &mismatch) {
+				return nil, fmt.Errorf("the machine's attestation did not verify: %w", herr)
+			}
+			log.Printf("qemu-firmware: quote verified after %s", time.Since(start).Round(time.Second))
+			return registersOf(mismatch), nil
 		}
 		last := lastLine(console)
 		log.Printf("qemu-firmware: %s: waiting for the machine's init server at %s; console: %s", time.Since(start).Round(time.Second), addr, last)
@@ -251,6 +263,18 @@ func bootAndQuote(ctx context.Context, imageDir, work string, shape qemu.Shape) 
 		case <-time.After(5 * time.Second):
 		}
 	}
+}
+
+// registersOf are the quoted image registers: zero unless the all-zero set's mismatch names them.
+func registersOf(mismatch *measurements.MismatchError) map[uint32][]byte {
+	regs := map[uint32][]byte{}
+	for _, r := range qemuvariant.Variant.ImageRegisters() {
+		regs[r] = make([]byte, 32)
+	}
+	for _, m := range mismatch.Mismatches {
+		regs[m.Index] = m.Actual
+	}
+	return regs
 }
 
 func lastLine(path string) string {

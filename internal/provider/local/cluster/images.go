@@ -137,6 +137,11 @@ func (p *Provider) loadImages(ctx context.Context, archives []string) []provider
 		if !t.running {
 			continue
 		}
+		if t.pid == 0 {
+			// A machine's file system is its own (Power.PID): its images come with its image.
+			out[i].Error = "this node's machine imports container images only from its node OS image"
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

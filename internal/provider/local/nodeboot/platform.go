@@ -106,22 +106,23 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	if n.CgroupRoot == "" {
 		return nil, errors.New("the sandbox's settings name no cgroup root for its pods")
 	}
-	containerdConfig, err := os.ReadFile(filepath.Join(p.cfg.ImageDir, "containerd.toml"))
+	return BootOS(ctx, p.cfg, false, self, n.PodCIDR, n.CgroupRoot)
+}
+
+// BootOS boots nodeos for node self from the node image in cfg.ImageDir (its containerd
+// configuration, kubelet and kubeadm) with cfg's container images, sets up its pod network on
+// podCIDR, and returns it as the node program drives it, the kubelet's pods under cgroupRoot
+// ("" for the kubelet's default). A machine of the QEMU provider runs the same node OS
+// (machine: nodeos.Config.Machine).
+func BootOS(ctx context.Context, cfg boot.PlatformConfig, machine bool, self metadata.Instance, podCIDR netip.Prefix, cgroupRoot string) (boot.OS, error) {
+	containerdConfig, err := os.ReadFile(filepath.Join(cfg.ImageDir, "containerd.toml"))
 	if err != nil {
 		return nil, fmt.Errorf("reading the image's containerd configuration: %w", err)
 	}
-	return BootOS(ctx, nodeos.Config{
-		NodeDir: p.cfg.NodeDir, ContainerdConfig: containerdConfig, Images: p.cfg.Images, ImageStores: p.cfg.ImageStores,
-		Kubelet: filepath.Join(p.cfg.ImageDir, "kubelet"), Log: p.cfg.Log,
-	}, self, n.PodCIDR, n.CgroupRoot, p.cfg.ImageDir)
-}
-
-// BootOS boots nodeos with cfg for node self, sets up its pod network on podCIDR, and returns
-// it as the node program drives it: the kubelet's pods under cgroupRoot ("" for the
-// kubelet's default), kubeadm from imageDir. A machine of the QEMU provider runs the same
-// node OS (cfg.Machine).
-func BootOS(ctx context.Context, cfg nodeos.Config, self metadata.Instance, podCIDR netip.Prefix, cgroupRoot, imageDir string) (boot.OS, error) {
-	osys, err := nodeos.Boot(ctx, cfg, self.Name)
+	osys, err := nodeos.Boot(ctx, nodeos.Config{
+		NodeDir: cfg.NodeDir, ContainerdConfig: containerdConfig, Images: cfg.Images, ImageStores: cfg.ImageStores,
+		Kubelet: filepath.Join(cfg.ImageDir, "kubelet"), Log: cfg.Log, Machine: machine,
+	}, self.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +137,7 @@ func BootOS(ctx context.Context, cfg nodeos.Config, self metadata.Instance, podC
 	if cgroupRoot != "" {
 		kubeletArgs = append(kubeletArgs, "--cgroup-root="+cgroupRoot)
 	}
-	return &sandboxOS{OS: osys, kubelet: osys.Kubelet(kubeletArgs...), name: self.Name, ip: ip, imageDir: imageDir}, nil
+	return &sandboxOS{OS: osys, kubelet: osys.Kubelet(kubeletArgs...), name: self.Name, ip: ip, imageDir: cfg.ImageDir}, nil
 }
 
 // Volumes implements boot.Platform: the provider names the devices it attached through its

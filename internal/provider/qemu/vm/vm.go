@@ -26,7 +26,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/measuredboot"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
@@ -244,7 +244,11 @@ func Prepare(ctx context.Context, s Spec) error {
 		}
 	}
 	if !exists(s.path(VarsFile)) {
-		if err := copyFile(s.Firmware.VarsTemplate, s.path(VarsFile)); err != nil {
+		vars, err := os.ReadFile(s.Firmware.VarsTemplate)
+		if err == nil {
+			err = fileutil.CreateAtomic(s.path(VarsFile), vars, 0o600)
+		}
+		if err != nil {
 			return fmt.Errorf("machine %s: copying the firmware's variable store: %w", s.Name, err)
 		}
 	}
@@ -310,9 +314,6 @@ func (m *Machine) TPM() *swtpm.Process { return m.tpm }
 
 // QMPSocket is the path of QEMU's monitor socket (QMP).
 func (m *Machine) QMPSocket() string { return m.spec.path(QMPSocket) }
-
-// Pid is QEMU's process ID.
-func (m *Machine) Pid() int { return m.cmd.Process.Pid }
 
 // Exited is closed once QEMU exited.
 func (m *Machine) Exited() <-chan struct{} { return m.exited }
@@ -402,26 +403,6 @@ func createSparse(path string, size int64) error {
 		return err
 	}
 	return os.Rename(path+".tmp", path)
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst+".tmp", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	return os.Rename(dst+".tmp", dst)
 }
 
 // ProvisionTPM runs provision against the machine's TPM while the machine is off, as a

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
@@ -145,14 +144,7 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	if err := os.MkdirAll(p.cfg.NodeDir, 0o755); err != nil {
 		return nil, err
 	}
-	containerdConfig, err := os.ReadFile(filepath.Join(p.cfg.ImageDir, "containerd.toml"))
-	if err != nil {
-		return nil, fmt.Errorf("reading the image's containerd configuration: %w", err)
-	}
-	return nodeboot.BootOS(ctx, nodeos.Config{
-		NodeDir: p.cfg.NodeDir, ContainerdConfig: containerdConfig, Images: p.cfg.Images, ImageStores: p.cfg.ImageStores,
-		Kubelet: filepath.Join(p.cfg.ImageDir, "kubelet"), Log: p.cfg.Log, Machine: true,
-	}, self, n.PodCIDR, "", p.cfg.ImageDir)
+	return nodeboot.BootOS(ctx, p.cfg, true, self, n.PodCIDR, "")
 }
 
 // errNoVolumeBacking: the provider attaches no disks for volumes to machines yet.
