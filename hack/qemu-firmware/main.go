@@ -86,6 +86,14 @@ func record(ctx context.Context, imageDir, work string) (measuredboot.FirmwareRe
 	if err != nil {
 		return measuredboot.FirmwareRecord{}, err
 	}
+	disk, err := os.Open(filepath.Join(imageDir, qemu.DiskFile))
+	if err != nil {
+		return measuredboot.FirmwareRecord{}, err
+	}
+	defer disk.Close()
+	if prediction.Events[measuredboot.PCRGPT], err = measuredboot.PredictPCR5(disk); err != nil {
+		return measuredboot.FirmwareRecord{}, err
+	}
 	shape := qemu.DefaultShape
 	var why string
 	shape.Accel, why = vm.DetectAccel()
@@ -130,7 +138,7 @@ func record(ctx context.Context, imageDir, work string) (measuredboot.FirmwareRe
 		Firmware: build,
 		Shape:    vm.Spec{MemoryMiB: shape.MemoryMiB, CPUs: shape.CPUs, Accel: shape.Accel, NIC: &vm.NIC{}}.MeasuredShape(),
 		Observed: measurements.M{},
-		Source: fmt.Sprintf("hack/qemu-firmware, %s: one boot of node OS image %s (UKI sha256 %x) under %s; quote by an AK the provider certified, event log replayed; PCRs 4, 9, 11 equal to their prediction",
+		Source: fmt.Sprintf("hack/qemu-firmware, %s: one boot of node OS image %s (UKI sha256 %x) under %s; quote by an AK the provider certified, event log replayed; PCRs 4, 5, 9, 11 equal to their prediction",
 			time.Now().UTC().Format("2006-01-02"), filepath.Base(imageDir), sha256.Sum256(uki), shape.Accel),
 	}
 	for _, r := range measuredboot.FirmwareRegisters {

@@ -167,8 +167,9 @@ func newConfigGenerateQEMUCmd() *cobra.Command {
 The nodes are QEMU virtual machines booting the node OS image given by --image (a folder
 that make vm-image writes: disk.raw, uki.efi, manifest.json) with OVMF firmware measuring the
 boot into each machine's TPM. The reference values (attestation.qemuVTPM.measurements) are
-predicted from the image's UKI (PCRs 4, 9, 11 and the registers that must read zero) and
-taken from the recorded observation of the firmware the provider boots (PCRs 0-3, 5-7):
+predicted from the image's UKI (PCRs 4, 9, 11 and the registers that must read zero) and its
+partition table (PCR 5), and taken from the recorded observation of the firmware the
+provider boots (PCRs 0-3, 6, 7):
 docs/measured-boot.md. An existing configuration is kept unless --force is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -184,17 +185,21 @@ func FindFirmware(records []FirmwareRecord, build FirmwareBuild, shape VMShape) 
 // provider boots it: the registers of v's images (variant.ImageRegisters), all enforced,
 // as measurements.M.Validate requires:
 //   - 4, 9, 11 predicted from the UKI, and 8, 12, 13, 14 zero (Predict);
-//   - 0..3, 5..7 from the firmware record;
+//   - 5 predicted from the boot disk's partition table (PredictPCR5);
+//   - 0..3, 6, 7 from the firmware record;
 //   - 10 derived from 0..9 (PredictIMA).
 //
 // The cluster-ID register is left out: it is zero at boot and set at init/join, checked
 // against the cluster ID, never part of a reference set.
-func ReferenceMeasurements(v variant.Variant, rawUKI []byte, fw FirmwareRecord) (measurements.M, *Prediction, error) {
+func ReferenceMeasurements(v variant.Variant, rawUKI []byte, disk io.ReaderAt, fw FirmwareRecord) (measurements.M, *Prediction, error) {
 	if err := fw.Validate(); err != nil {
 		return nil, nil, err
 	}
 	p, err := Predict(rawUKI)
 	if err != nil {
+		return nil, nil, err
+	}
+	if p.Events[PCRGPT], err = PredictPCR5(disk); err != nil {
 		return nil, nil, err
 	}
 	values := map[uint32][sha256.Size]byte{}

@@ -1,6 +1,7 @@
 package measuredboot
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,8 +38,11 @@ func TestParseFirmwareRecord(t *testing.T) {
 			return strings.Replace(s, `"0": `, `"4": "a400000000000000000000000000000000000000000000000000000000000000", "0": `, 1)
 		}, wantErr: "observed PCR 4 is not a firmware register"},
 		"firmware register absent": {edit: func(s string) string {
-			return strings.Replace(s, `"5": "a500000000000000000000000000000000000000000000000000000000000000",`, ``, 1)
-		}, wantErr: "observed PCR 5 is missing"},
+			return strings.Replace(s, `"6": "a600000000000000000000000000000000000000000000000000000000000000",`, ``, 1)
+		}, wantErr: "observed PCR 6 is missing"},
+		"image's partition table observed": {edit: func(s string) string {
+			return strings.Replace(s, `"0": `, `"5": "a500000000000000000000000000000000000000000000000000000000000000", "0": `, 1)
+		}, wantErr: "observed PCR 5 is not a firmware register"},
 		"warn-only register": {edit: func(s string) string { return strings.Replace(s, `"warnOnly": false`, `"warnOnly": true`, 1) }, wantErr: "observed PCR 7 is warn-only"},
 		"short digest": {edit: func(s string) string {
 			return strings.Replace(s, `"a000000000000000000000000000000000000000000000000000000000000000"`, `"a0"`, 1)
@@ -107,7 +111,7 @@ func TestHashFirmware(t *testing.T) {
 func TestReferenceMeasurements(t *testing.T) {
 	rec := placeholderRecord(t)
 	image := testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
-	m, p, err := ReferenceMeasurements(variant.QEMUVTPM, image, rec)
+	m, p, err := ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(testGPT(0, 1)), rec)
 	require.NoError(t, err)
 	require.NoError(t, m.Validate(variant.QEMUVTPM), "a set the configuration accepts")
 
@@ -119,7 +123,9 @@ func TestReferenceMeasurements(t *testing.T) {
 	for _, r := range FirmwareRegisters {
 		assert.Equal(t, rec.Observed[r].Expected, m[r].Expected, "PCR %d observed", r)
 	}
-	for _, r := range []uint32{4, 9, 11} {
+	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(make([]byte, 4096)), rec)
+	assert.ErrorContains(t, err, "partition table")
+	for _, r := range []uint32{4, 5, 9, 11} {
 		v := p.Value(r)
 		assert.Equal(t, v[:], m[r].Expected, "PCR %d predicted", r)
 	}
@@ -133,10 +139,10 @@ func TestReferenceMeasurements(t *testing.T) {
 	ima := extend([32]byte{}, PredictIMA(first10).Digest)
 	assert.Equal(t, ima[:], m[10].Expected)
 
-	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, []byte("not a UKI"), rec)
+	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, []byte("not a UKI"), bytes.NewReader(testGPT(0)), rec)
 	assert.ErrorIs(t, err, ErrMalformedUKI)
 	bad := rec
 	bad.Source = ""
-	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, image, bad)
+	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(testGPT(0)), bad)
 	assert.ErrorContains(t, err, "source")
 }

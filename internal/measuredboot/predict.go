@@ -34,8 +34,9 @@ const (
 
 // FirmwareRegisters are the registers the firmware alone fills from its own code,
 // configuration and the VM's hardware: observed once per firmware build and VM shape
-// (FirmwareRecord), never predicted.
-var FirmwareRegisters = []uint32{0, 1, 2, 3, 5, 6, 7}
+// (FirmwareRecord), never predicted. PCR 5 is the firmware's too, but what it measures
+// there is the image's partition table: it is predicted from the disk (PredictPCR5).
+var FirmwareRegisters = []uint32{0, 1, 2, 3, 6, 7}
 
 // ZeroRegisters are the registers nothing extends in the pinned boot: 8 (no GRUB), 12 and
 // 13 (systemd-stub: no credentials, no system extensions, no command line from the boot

@@ -100,11 +100,16 @@ func (Platform) ReferenceValues(image string) (provider.ReferenceValues, error) 
 	if err != nil {
 		return provider.ReferenceValues{}, fmt.Errorf("node OS image: %w", err)
 	}
+	disk, err := os.Open(filepath.Join(image, DiskFile))
+	if err != nil {
+		return provider.ReferenceValues{}, fmt.Errorf("node OS image: %w", err)
+	}
+	defer disk.Close()
 	fw, err := firmwareRecord(DefaultShape)
 	if err != nil {
 		return provider.ReferenceValues{}, err
 	}
-	m, prediction, err := measuredboot.ReferenceMeasurements(local.Variant, uki, fw)
+	m, prediction, err := measuredboot.ReferenceMeasurements(local.Variant, uki, disk, fw)
 	if err != nil {
 		return provider.ReferenceValues{}, fmt.Errorf("predicting the measurements of %s: %w", image, err)
 	}
