@@ -33,13 +33,15 @@ const (
 )
 
 // DefaultShape is every machine's hardware (docs/qemu-provider.md): what a control plane
-// needs under TCG (kube-apiserver, etcd, controller manager, scheduler, kubelet and
-// containerd take about 0.7 GiB; image import and page cache the rest).
+// needs under TCG. kube-apiserver, etcd, controller manager, scheduler, kubelet and
+// containerd take about 0.7 GiB; containerd's root is in memory as on a sandbox node (the
+// node OS's /run), and the image's container images take about 1.6 GiB there once
+// imported (the archives' layers plus their unpacked snapshots).
 //
 // The state disk is 2 GiB: a fresh disk's first format writes all of it through
 // dm-integrity (LUKS2 with integrity, docs/qemu-provider.md), about 13 MB/s under TCG.
 var DefaultShape = Shape{
-	MemoryMiB: 3072, CPUs: 2, StateDiskBytes: 2 << 30,
+	MemoryMiB: 4096, CPUs: 2, StateDiskBytes: 2 << 30,
 	Firmware: vm.DebianOVMF, Accel: vm.TCG,
 }
 

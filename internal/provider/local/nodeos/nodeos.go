@@ -103,7 +103,14 @@ func Boot(ctx context.Context, cfg Config, hostname string) (*OS, error) {
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("making mounts private: %w", err)
 	}
-	if err := syscall.Mount("tmpfs", "/run", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=755"); err != nil {
+	// containerd's root is below /run (the image's containerd.toml): on a machine, whose
+	// memory is its own, /run may take three quarters of it (tmpfs only uses what is
+	// written); a sandbox's tmpfs keeps the kernel's default, half the host's memory.
+	runOptions := "mode=755"
+	if cfg.Machine {
+		runOptions += ",size=75%"
+	}
+	if err := syscall.Mount("tmpfs", "/run", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, runOptions); err != nil {
 		return nil, fmt.Errorf("mounting /run: %w", err)
 	}
 	for _, d := range []string{RunDir, CNIConfDir, "/run/containerd", "/run/netns"} {
