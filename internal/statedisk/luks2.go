@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,18 +91,14 @@ var realLUKS2System = luks2System{
 	checkHeader: ParseLUKS2Header,
 }
 
-// The KDF and key arguments every command that writes a keyslot gets: the header policy's
-// minimum argon2id cost (the keys are random) and an explicit keyslot cipher, so a
-// cryptsetup default never decides what the policy then refuses.
-var luks2KeyslotArgs = slices.Concat(luks2KDFArgs, []string{
-	"--keyslot-cipher", LUKS2Cipher,
-	"--keyslot-key-size", strconv.Itoa(luks2AreaKeySize * 8),
-})
-
-// luks2KDFArgs are luks2KeyslotArgs without the keyslot cipher: what luksFormat gets.
-// cryptsetup 2.6.1 refuses --keyslot-cipher together with --integrity at format ("wrong or
-// missing parameters", after it wrote the header; seen in a QEMU machine), and its default
-// keyslot cipher is LUKS2Cipher with a luks2AreaKeySize key anyway; the header check pins it.
+// luks2KDFArgs are the KDF arguments every command that writes a keyslot gets (luksFormat,
+// luksChangeKey): the header policy's minimum argon2id cost (the keys are random). No
+// keyslot cipher is given: with authenticated encryption (--integrity), cryptsetup 2.6.1
+// refuses every explicit keyslot cipher ("keyslot is already authenticated",
+// LUKS2_keyslot_cipher_incompatible returns -EINVAL with no message, exit code 1; seen at
+// format and at luksChangeKey in a QEMU machine) and uses its default, LUKS2Cipher with a
+// luks2AreaKeySize key. The header check pins that, so a cryptsetup whose default differs
+// is refused rather than trusted.
 var luks2KDFArgs = []string{
 	"--hash", "sha256",
 	"--pbkdf", "argon2id",
@@ -305,7 +300,7 @@ func (l *LUKS2) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 	}
 	defer done()
 	args := []string{"luksChangeKey", "--type", "luks2"}
-	args = append(args, luks2KeyslotArgs...)
+	args = append(args, luks2KDFArgs...)
 	args = append(args, luks2KeyOnStdin...)
 	args = append(args, "--new-keyfile-size", strconv.Itoa(KeySize), header, "/dev/fd/3")
 	if _, err := l.cryptsetup(ctx, commandTimeout, oldKey, newKey, args...); err != nil {

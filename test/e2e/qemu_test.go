@@ -2,18 +2,28 @@ package e2e
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
+	"github.com/openconstellation/constellation/internal/provider/qemu"
 	"github.com/openconstellation/constellation/internal/provider/qemu/vm"
+	"github.com/openconstellation/constellation/internal/provider/qemu/vmnet"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -129,4 +139,110 @@ func dumpConsoles(t *testing.T, ws string) {
 		}
 		t.Logf("%s (last lines):\n%s", c, strings.Join(lines, "\n"))
 	}
+}
+
+// TestQEMUTamperedRoot boots a copy of the node OS image in which one byte of the node
+// program (the bootstrapper, compressed in the erofs root) is changed on the disk, as a host
+// that owns the disk could: dm-verity, whose root hash is on the measured command line,
+// refuses the block, the program cannot start, and the node never serves attestation.
+func TestQEMUTamperedRoot(t *testing.T) {
+	buildBinaries(t)
+	image := vmImage(t)
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "disk.raw")
+	offset := bootstrapperByte(t, image, dir)
+	copyFile(t, filepath.Join(image, "disk.raw"), disk)
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
+	require.NoError(t, err)
+	b := make([]byte, 1)
+	_, err = f.ReadAt(b, offset)
+	require.NoError(t, err)
+	b[0] ^= 0x01
+	_, err = f.WriteAt(b, offset)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	n := sandbox.Network{ID: fmt.Sprintf("vr%d", os.Getpid()%10000)}
+	require.NoError(t, n.CreateBridge(ctx))
+	t.Cleanup(func() { _ = n.Delete(context.Background(), nil) })
+	const i = 0
+	require.NoError(t, vmnet.AddTap(ctx, n, i))
+	d, err := vmnet.StartDHCP(ctx, n, filepath.Join(dir, "dhcp"), []vmnet.Lease{{Index: i, Name: "control-plane-0"}})
+	require.NoError(t, err)
+	t.Cleanup(d.Stop)
+	spec := vm.Spec{
+		Name: "control-plane-0", Dir: filepath.Join(dir, "m"), Image: disk, StateDiskBytes: 64 << 20,
+		MemoryMiB: qemu.DefaultShape.MemoryMiB, CPUs: qemu.DefaultShape.CPUs, Firmware: vm.DebianOVMF, Accel: vm.TCG,
+		NIC: &vm.NIC{Tap: vmnet.Tap(i), MAC: vmnet.MAC(i)}, NetNS: sandbox.NSPath(n.BridgeNS()),
+	}
+	require.NoError(t, vm.Prepare(ctx, spec))
+	m, err := vm.Start(ctx, spec)
+	require.NoError(t, err)
+	t.Cleanup(m.Kill)
+	progress := func(last string) { t.Logf("tampered machine: %s", last) }
+	require.NoError(t, m.WaitConsole(ctx, "is corrupted", progress), "dm-verity refuses the changed block")
+	require.NoError(t, m.WaitConsole(ctx, "constellation-bootstrapper.service: Failed", progress), "the node program cannot start")
+	console, err := m.Console()
+	require.NoError(t, err)
+	assert.Regexp(t, `device-mapper: verity: [0-9:]+: data block [0-9]+ is corrupted`, string(console))
+	assert.NotContains(t, string(console), "serving init", "the node never serves attestation")
+}
+
+// bootstrapperByte returns the offset, in the image's disk, of a byte inside the first
+// compressed block of the bootstrapper binary: the root partition's start (GPT) plus the
+// block's physical offset in the erofs root (dump.erofs).
+func bootstrapperByte(t *testing.T, image, dir string) int64 {
+	t.Helper()
+	out, err := exec.Command("sfdisk", "--json", filepath.Join(image, "disk.raw")).Output()
+	require.NoError(t, err)
+	var table struct {
+		PartitionTable struct {
+			SectorSize int `json:"sectorsize"`
+			Partitions []struct {
+				Start int64  `json:"start"`
+				Size  int64  `json:"size"`
+				Name  string `json:"name"`
+			} `json:"partitions"`
+		} `json:"partitiontable"`
+	}
+	require.NoError(t, json.Unmarshal(out, &table))
+	var start, size int64
+	for _, p := range table.PartitionTable.Partitions {
+		if p.Name == "root" {
+			start, size = p.Start*int64(table.PartitionTable.SectorSize), p.Size*int64(table.PartitionTable.SectorSize)
+		}
+	}
+	require.NotZero(t, start, "no root partition in %s", out)
+	src, err := os.Open(filepath.Join(image, "disk.raw"))
+	require.NoError(t, err)
+	defer src.Close()
+	root := filepath.Join(dir, "root.erofs")
+	dst, err := os.Create(root)
+	require.NoError(t, err)
+	_, err = io.Copy(dst, io.NewSectionReader(src, start, size))
+	require.NoError(t, err)
+	require.NoError(t, dst.Close())
+	t.Cleanup(func() { os.Remove(root) })
+	out, err = exec.Command("dump.erofs", "--path=/usr/lib/constellation/image/bootstrapper", "-e", root).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	// "   0:        0..    9236 |    9236 :   95481856..  95485952 |    4096"
+	match := regexp.MustCompile(`(?m)^\s*0:\s+\d+\.\.\s*\d+\s*\|\s*\d+\s*:\s*(\d+)\.\.`).FindSubmatch(out)
+	require.NotNil(t, match, "no first extent in %s", out)
+	phys, err := strconv.ParseInt(string(match[1]), 10, 64)
+	require.NoError(t, err)
+	return start + phys + 100
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	src, err := os.Open(from)
+	require.NoError(t, err)
+	defer src.Close()
+	dst, err := os.Create(to)
+	require.NoError(t, err)
+	_, err = io.Copy(dst, src)
+	require.NoError(t, err)
+	require.NoError(t, dst.Close())
 }
