@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -21,8 +22,9 @@ var (
 	UplinkGateway = netip.MustParseAddr("10.0.2.2")
 )
 
-// uplinkDevice is the uplink's interface in the bridge namespace.
-const uplinkDevice = "tap0"
+// UplinkDevice is the uplink's interface in the bridge namespace: slirp4netns' tap device in the bridge namespace: nothing else there may
+// take its name.
+const UplinkDevice = "tap0"
 
 // natTable masquerades what leaves through the uplink: nodes and pods reach the host's networks
 // with the uplink's address. The rule lives in the bridge namespace, as does the forwarding
@@ -30,7 +32,7 @@ const uplinkDevice = "tap0"
 const natTable = `table ip constellation-nat {
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
-		oifname "` + uplinkDevice + `" masquerade
+		oifname "` + UplinkDevice + `" masquerade
 	}
 }
 `
@@ -69,10 +71,12 @@ func (n Network) StartUplink(ctx context.Context, hostLoopback bool) (*Uplink, e
 	if !hostLoopback {
 		args = append(args, "--disable-host-loopback")
 	}
-	args = append(args, NSPath(n.BridgeNS()), uplinkDevice)
+	args = append(args, NSPath(n.BridgeNS()), UplinkDevice)
 	cmd := exec.Command("slirp4netns", args...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	// Only the end of what slirp4netns prints is kept for the error: it can print a line per
+	// failed read in a loop.
+	out := &tailWriter{max: 4 << 10}
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{exitR, readyW}
 	err = cmd.Start()
 	exitR.Close()
@@ -103,7 +107,7 @@ func (n Network) StartUplink(ctx context.Context, hostLoopback bool) (*Uplink, e
 	case <-u.done:
 		err = u.err
 	case <-ctx.Done():
-		err = fmt.Errorf("waiting for slirp4netns to configure %s: %w", uplinkDevice, ctx.Err())
+		err = fmt.Errorf("waiting for slirp4netns to configure %s: %w", UplinkDevice, ctx.Err())
 	}
 	if err == nil {
 		err = n.natInBridge(ctx)
@@ -156,4 +160,27 @@ func (u *Uplink) Stop() {
 	}
 	_ = u.cmd.Process.Kill()
 	<-u.done
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if over := len(w.buf) - w.max; over > 0 {
+		w.buf = append(w.buf[:0], w.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.buf)
 }

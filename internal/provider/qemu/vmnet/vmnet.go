@@ -27,8 +27,11 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 )
 
-// Tap is the tap device of node index i, in the bridge namespace.
-func Tap(i int) string { return fmt.Sprintf("tap%d", i) }
+// Tap is the tap device of node index i, in the bridge namespace. Not "tapN": the uplink's
+// slirp4netns owns a tap device there too (sandbox.UplinkDevice, "tap0"); replacing it
+// under slirp4netns made it print a read error in a busy loop, which filled the provider's
+// memory within minutes.
+func Tap(i int) string { return fmt.Sprintf("mtap%d", i) }
 
 // MAC is the network card address of node index i: QEMU's locally administered prefix
 // 52:54:00, then the node's IPv4 address's last three bytes.

@@ -18,7 +18,10 @@ import (
 func TestMAC(t *testing.T) {
 	assert.Equal(t, "52:54:00:2a:00:0a", MAC(0))
 	assert.Equal(t, "52:54:00:2a:00:d1", MAC(sandbox.MaxNodes-1))
-	assert.Equal(t, "tap3", Tap(3))
+	assert.Equal(t, "mtap3", Tap(3))
+	for i := range sandbox.MaxNodes {
+		assert.NotEqual(t, sandbox.UplinkDevice, Tap(i), "node %d's tap device is the uplink's", i)
+	}
 }
 
 // A machine's network card attaches to its tap device on the cluster's bridge (QEMU runs in
