@@ -247,6 +247,11 @@ cmd_build() {
   go run ./hack/vm-image/layout -out "$work/usr/lib/constellation" -bootstrapper "$bootstrapper" \
     -kubernetes "$version" -kube-dir "$kube" -images-dir "$images"
 
+  # Directories the kubelet would create on a writable root: the controller manager's
+  # static pod mounts the flex-volume plugin directory (hostPath DirectoryOrCreate), which on
+  # the read-only root must exist, empty, in the image.
+  mkdir -p "$work/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
+
   # What must not differ between builds or leak from the build host.
   rm -rf "$work"/boot/* "$work"/var/cache/* "$work"/var/log/* "$work"/var/lib/dpkg/*-old \
     "$work"/var/cache/ldconfig/aux-cache "$work"/etc/ssh/ssh_host_* "$work"/tmp/*

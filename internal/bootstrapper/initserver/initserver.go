@@ -157,7 +157,7 @@ func KubeadmConfig(s kubeadmconfig.NodeSettings) KubeadmConfigFunc {
 			NodeName: p.Self.Name, NodeIP: nodeIP, ClusterName: p.ClusterName,
 			KubernetesVersion: p.KubernetesVersion, APIServerCertSANs: p.APIServerCertSANs,
 			ServiceCIDR: service, PodCIDR: p.PodCIDR, ControlPlaneEndpoint: p.ControlPlaneEndpoint,
-			CRISocket: s.CRISocket, ImageRepository: s.ImageRepository, Sandbox: s.Sandbox,
+			CRISocket: s.CRISocket, ImageRepository: s.ImageRepository, Sandbox: s.Sandbox, ComponentWait: s.ComponentWait,
 			KubeletServingCert: true,
 		})
 	}

@@ -104,7 +104,7 @@ func KubeadmConfig(s kubeadmconfig.NodeSettings) func(JoinParams) ([]byte, error
 		}
 		return kubeadmconfig.Join(kubeadmconfig.JoinParams{
 			NodeName: p.Self.Name, NodeIP: nodeIP, CRISocket: s.CRISocket,
-			DiscoveryFile: p.DiscoveryFile, ControlPlane: p.ControlPlane, Sandbox: s.Sandbox,
+			DiscoveryFile: p.DiscoveryFile, ControlPlane: p.ControlPlane, Sandbox: s.Sandbox, ComponentWait: s.ComponentWait,
 		})
 	}
 }

@@ -123,8 +123,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -190,6 +192,8 @@ type InitParams struct {
 	ImageRepository string
 	// Sandbox configures a local-provider node (see the package documentation).
 	Sandbox bool
+	// ComponentWait as in NodeSettings.
+	ComponentWait time.Duration
 	// KubeletServingCert makes every kubelet serve KubeletCertFile/KubeletKeyFile (signed by
 	// the cluster CA) and the API server verify them (see the package documentation).
 	KubeletServingCert bool
@@ -211,6 +215,8 @@ type JoinParams struct {
 	ControlPlane bool
 	// Sandbox configures a local-provider node (see the package documentation).
 	Sandbox bool
+	// ComponentWait as in NodeSettings.
+	ComponentWait time.Duration
 }
 
 // Init returns the configuration file for `kubeadm init`: InitConfiguration,
@@ -229,6 +235,7 @@ func Init(p InitParams) ([]byte, error) {
 		NodeRegistration: nodeRegistration(p.NodeName, nodeIP, p.CRISocket, p.Sandbox, true),
 		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: nodeIP.String(), BindPort: APIServerPort},
 		SkipPhases:       SkippedInitPhases,
+		Timeouts:         timeouts(p.ComponentWait),
 	}
 	return encode(initCfg, clusterConfiguration(p, nodeIP), initKubeletConfiguration(p), kubeProxyConfiguration(p))
 }
@@ -337,6 +344,7 @@ func Join(p JoinParams) ([]byte, error) {
 		// system:node:<name> with the ticket's client certificate, so its request for a
 		// certificate of its own is the only one kube-controller-manager approves.
 		Discovery: kubeadmv1beta4.Discovery{File: &kubeadmv1beta4.FileDiscovery{KubeConfigPath: p.DiscoveryFile}},
+		Timeouts:  timeouts(p.ComponentWait),
 	}
 	if p.ControlPlane {
 		joinCfg.ControlPlane = &kubeadmv1beta4.JoinControlPlane{
@@ -588,6 +596,20 @@ type NodeSettings struct {
 	// Sandbox is set by the local provider's node platform only (see the package
 	// documentation); a VM or cloud node runs kubeadm's preflight checks and pull policy.
 	Sandbox bool
+	// ComponentWait, if set, is how long kubeadm waits for the kubelet and the control-plane
+	// components to become healthy (timeouts.kubeletHealthCheck and
+	// controlPlaneComponentHealthCheck; kubeadm's default is 4 minutes each): a machine
+	// under emulation starts them several times slower.
+	ComponentWait time.Duration
+}
+
+// timeouts is kubeadm's timeouts block for wait (nil: kubeadm's defaults).
+func timeouts(wait time.Duration) *kubeadmv1beta4.Timeouts {
+	if wait <= 0 {
+		return nil
+	}
+	d := &metav1.Duration{Duration: wait}
+	return &kubeadmv1beta4.Timeouts{ControlPlaneComponentHealthCheck: d, KubeletHealthCheck: d}
 }
 
 // controllerManagerQPS and controllerManagerBurst are the controller manager's client rate

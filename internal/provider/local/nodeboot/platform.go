@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
 	"github.com/openconstellation/constellation/internal/csidriver"
@@ -137,7 +138,11 @@ func BootOS(ctx context.Context, cfg boot.PlatformConfig, machine bool, self met
 	if cgroupRoot != "" {
 		kubeletArgs = append(kubeletArgs, "--cgroup-root="+cgroupRoot)
 	}
-	return &sandboxOS{OS: osys, kubelet: osys.Kubelet(kubeletArgs...), name: self.Name, ip: ip, imageDir: cfg.ImageDir}, nil
+	o := &sandboxOS{OS: osys, kubelet: osys.Kubelet(kubeletArgs...), name: self.Name, ip: ip, imageDir: cfg.ImageDir}
+	if machine {
+		o.componentWait = machineComponentWait
+	}
+	return o, nil
 }
 
 // Volumes implements boot.Platform: the provider names the devices it attached through its
@@ -165,13 +170,22 @@ type sandboxOS struct {
 	name     string
 	ip       netip.Addr
 	imageDir string
+	// componentWait is kubeadm's wait for the kubelet and the control plane (0: its
+	// default).
+	componentWait time.Duration
 }
+
+// machineComponentWait is kubeadm's wait on a QEMU machine: under emulation (TCG) the
+// control-plane components take minutes to become healthy (kube-apiserver 55 s, the
+// controller manager longer, on one machine of these build hosts), beyond kubeadm's 4.
+const machineComponentWait = 15 * time.Minute
 
 // NodeSettings are containerd's socket and the sandbox's kubeadm settings (no preflight, no
 // pulls: kubeadmconfig's package documentation). A QEMU machine runs the same node OS
-// (nodeos: containerd with cgroupfs, images imported, no registry), so the same settings.
+// (nodeos: containerd with cgroupfs, images imported, no registry), so the same settings,
+// with a longer wait for the components.
 func (o *sandboxOS) NodeSettings() kubeadmconfig.NodeSettings {
-	return kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true}
+	return kubeadmconfig.NodeSettings{CRISocket: nodeos.CRISocket, Sandbox: true, ComponentWait: o.componentWait}
 }
 
 func (o *sandboxOS) Kubeadm() string       { return filepath.Join(o.imageDir, "kubeadm") }
