@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -543,4 +544,29 @@ func TestUpgrade(t *testing.T) {
 			assert.Equal(t, tc.want, objs[0])
 		})
 	}
+}
+
+// A machine's longer wait for the components reaches kubeadm's timeouts, at init and join;
+// without it kubeadm keeps its defaults.
+func TestComponentWait(t *testing.T) {
+	init := sandboxInit()
+	init.ComponentWait = 15 * time.Minute
+	data, err := kubeadmconfig.Init(init)
+	require.NoError(t, err)
+	initCfg := decode(t, data)[0].(*kubeadmv1beta4.InitConfiguration)
+	require.NotNil(t, initCfg.Timeouts)
+	assert.Equal(t, 15*time.Minute, initCfg.Timeouts.ControlPlaneComponentHealthCheck.Duration)
+	assert.Equal(t, 15*time.Minute, initCfg.Timeouts.KubeletHealthCheck.Duration)
+
+	join := sandboxJoin(true)
+	join.ComponentWait = 15 * time.Minute
+	data, err = kubeadmconfig.Join(join)
+	require.NoError(t, err)
+	joinCfg := decode(t, data)[0].(*kubeadmv1beta4.JoinConfiguration)
+	require.NotNil(t, joinCfg.Timeouts)
+	assert.Equal(t, 15*time.Minute, joinCfg.Timeouts.ControlPlaneComponentHealthCheck.Duration)
+
+	data, err = kubeadmconfig.Init(sandboxInit())
+	require.NoError(t, err)
+	assert.Nil(t, decode(t, data)[0].(*kubeadmv1beta4.InitConfiguration).Timeouts, "kubeadm's defaults")
 }
