@@ -977,9 +977,11 @@ func TestRenderPlatformFacts(t *testing.T) {
 			want:  []string{"--platform=local", "--tpm=unix:/run/constellation/tpm.sock", "--event-log=/run/constellation/eventlog", "type: Socket"},
 		},
 		"VM: TPM device": {
-			facts:   vm,
-			want:    []string{"--platform=qemu", "--tpm=/dev/tpmrm0", "--event-log=/sys/kernel/security/tpm0/binary_bios_measurements", "type: CharDevice"},
-			notWant: []string{"tpm.sock", "type: Socket"},
+			facts: vm,
+			// The event log is mounted where a container can have a mount point, not in sysfs.
+			want: []string{"--platform=qemu", "--tpm=/dev/tpmrm0", "--event-log=/run/constellation/eventlog", "type: CharDevice",
+				"path: /sys/kernel/security/tpm0/binary_bios_measurements", "mountPath: /run/constellation/eventlog"},
+			notWant: []string{"tpm.sock", "type: Socket", "mountPath: /sys/"},
 		},
 		"no event log": {
 			facts:   func() deploy.PlatformFacts { f := sandboxFacts; f.EventLog = ""; return f }(),

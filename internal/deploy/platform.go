@@ -75,17 +75,22 @@ func (f PlatformFacts) tpmFlag() string {
 	return f.TPM
 }
 
+// containerEventLog is where a service's container sees the node's event log. Not the
+// node's own path: a machine's is in sysfs (/sys/kernel/security/...), below which the
+// container runtime cannot create a mount point.
+const containerEventLog = "/run/constellation/eventlog"
+
 // attestationFlags are the TPM and event-log flags of a service that attests.
 func (f PlatformFacts) attestationFlags() []string {
 	flags := []string{"--tpm=" + f.tpmFlag()}
 	if f.EventLog != "" {
-		flags = append(flags, "--event-log="+f.EventLog)
+		flags = append(flags, "--event-log="+containerEventLog)
 	}
 	return flags
 }
 
 // attestationVolumes are the host paths of the node's TPM and event log, mounted at the
-// same paths in the container.
+// TPM's path and at containerEventLog in the container.
 func (f PlatformFacts) attestationVolumes() []*corev1ac.VolumeApplyConfiguration {
 	tpmType := corev1.HostPathSocket
 	if f.TPMKind == TPMDevice {
@@ -103,7 +108,7 @@ func (f PlatformFacts) attestationVolumes() []*corev1ac.VolumeApplyConfiguration
 func (f PlatformFacts) attestationMounts() []*corev1ac.VolumeMountApplyConfiguration {
 	m := []*corev1ac.VolumeMountApplyConfiguration{corev1ac.VolumeMount().WithName("tpm").WithMountPath(f.TPM)}
 	if f.EventLog != "" {
-		m = append(m, corev1ac.VolumeMount().WithName("eventlog").WithMountPath(f.EventLog).WithReadOnly(true))
+		m = append(m, corev1ac.VolumeMount().WithName("eventlog").WithMountPath(containerEventLog).WithReadOnly(true))
 	}
 	return m
 }

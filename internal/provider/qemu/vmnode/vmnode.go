@@ -15,6 +15,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"time"
 
@@ -28,6 +30,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/local/nodeos"
 	"github.com/openconstellation/constellation/internal/provider/local/volumeclient"
 	"github.com/openconstellation/constellation/internal/statedisk"
+	"github.com/openconstellation/constellation/internal/tpmsocket"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
@@ -144,7 +147,22 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	if err := os.MkdirAll(p.cfg.NodeDir, 0o755); err != nil {
 		return nil, err
 	}
-	return nodeboot.BootOS(ctx, p.cfg, true, self, n.PodCIDR, "")
+	osys, err := nodeboot.BootOS(ctx, p.cfg, true, self, n.PodCIDR, "")
+	if err != nil {
+		return nil, err
+	}
+	// The node OS's /run is its own (a tmpfs nodeos mounts): the socket goes there, after it.
+	l, err := tpmsocket.Listen(nodeos.TPMSocket)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		open := func() (io.ReadWriteCloser, error) { return os.OpenFile(TPMDevice, os.O_RDWR, 0) }
+		if err := tpmsocket.Serve(context.Background(), l, open, slog.Default()); err != nil {
+			slog.Error("the TPM socket for the in-cluster services stopped", "err", err)
+		}
+	}()
+	return osys, nil
 }
 
 // errNoVolumeBacking: the provider attaches no disks for volumes to machines yet.
@@ -165,11 +183,12 @@ func (noVolumes) Stats(context.Context, string) (csidriver.Stats, error) {
 	return csidriver.Stats{}, errNoVolumeBacking
 }
 
-// Services implements boot.Platform: the services open the machine's TPM device and read the
+// Services implements boot.Platform: the services reach the machine's TPM through the
+// socket OS serves (tpmsocket: their containers get no device access) and read the
 // firmware's event log.
 func (p *Platform) Services() deploy.PlatformFacts {
 	return deploy.PlatformFacts{
 		Name: Name, MetadataURL: p.cfg.MetadataURL,
-		TPM: TPMDevice, TPMKind: deploy.TPMDevice, EventLog: EventLogFile,
+		TPM: nodeos.TPMSocket, TPMKind: deploy.TPMSocket, EventLog: EventLogFile,
 	}
 }
