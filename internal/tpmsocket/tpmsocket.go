@@ -19,6 +19,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -121,4 +123,17 @@ func readCommand(r io.Reader, buf []byte) (int, error) {
 		return 0, fmt.Errorf("reading a command of %d bytes: %w", size, err)
 	}
 	return int(size), nil
+}
+
+// OpenDevice opens a TPM character device in blocking mode. The kernel's TPM driver
+// transmits a command synchronously within write(2) only on a blocking file; on a
+// non-blocking one (what os.OpenFile makes of a pollable device) write returns at once and
+// a read before the TPM has answered returns 0 bytes, which reads as the end of the stream.
+// A file from os.NewFile on a blocking descriptor stays blocking.
+func OpenDevice(path string) (io.ReadWriteCloser, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm"
 )
@@ -84,4 +86,24 @@ func FuzzReadCommand(f *testing.F) {
 			t.Fatalf("accepted a command of %d bytes", n)
 		}
 	})
+}
+
+// The device is opened in blocking mode, where the kernel's TPM driver answers within
+// write(2) (a non-blocking read before the answer returns 0 bytes: an early end of stream).
+func TestOpenDeviceBlocks(t *testing.T) {
+	// A FIFO is pollable like the TPM device: os.OpenFile would make it non-blocking.
+	path := filepath.Join(t.TempDir(), "dev")
+	require.NoError(t, unix.Mkfifo(path, 0o600))
+	f, err := OpenDevice(path)
+	require.NoError(t, err)
+	defer f.Close()
+	// SyscallConn, not Fd: Fd itself would switch the file to blocking mode.
+	raw, err := f.(*os.File).SyscallConn()
+	require.NoError(t, err)
+	var flags int
+	require.NoError(t, raw.Control(func(fd uintptr) { flags, err = unix.FcntlInt(fd, unix.F_GETFL, 0) }))
+	require.NoError(t, err)
+	assert.Zero(t, flags&unix.O_NONBLOCK)
+	_, err = OpenDevice(filepath.Join(t.TempDir(), "missing"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }

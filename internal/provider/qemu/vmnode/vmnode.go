@@ -157,7 +157,7 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 		return nil, err
 	}
 	go func() {
-		open := func() (io.ReadWriteCloser, error) { return os.OpenFile(TPMDevice, os.O_RDWR, 0) }
+		open := func() (io.ReadWriteCloser, error) { return tpmsocket.OpenDevice(TPMDevice) }
 		if err := tpmsocket.Serve(context.Background(), l, open, slog.Default()); err != nil {
 			slog.Error("the TPM socket for the in-cluster services stopped", "err", err)
 		}
