@@ -159,6 +159,7 @@ func writeGenerated(out io.Writer, workspace string, platform provider.Platform,
 
 func newConfigGenerateQEMUCmd() *cobra.Command {
 	var o generateLocalOptions
+	var firmwareRecord string
 	cmd := &cobra.Command{
 		Use:   "qemu",
 		Short: "Write a configuration for a cluster of QEMU machines, with reference values predicted from the node OS image",
@@ -169,8 +170,10 @@ that make vm-image writes: disk.raw, uki.efi, manifest.json) with OVMF firmware 
 boot into each machine's TPM. The reference values (attestation.qemuVTPM.measurements) are
 predicted from the image's UKI (PCRs 4, 9, 11 and the registers that must read zero) and its
 partition table (PCR 5), and taken from the recorded observation of the firmware the
-provider boots (PCRs 0-3, 6, 7):
-docs/measured-boot.md. An existing configuration is kept unless --force is given.`,
+provider boots (PCRs 0-3, 6, 7): docs/measured-boot.md. For a firmware build or machine
+shape the built-in records do not cover, record one on this host (go run ./hack/qemu-firmware)
+and pass it with --firmware-record. An existing configuration is kept unless --force is
+given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ws, err := cmd.Flags().GetString("workspace")
@@ -186,6 +189,11 @@ docs/measured-boot.md. An existing configuration is kept unless --force is given
 			if err != nil {
 				return err
 			}
+			if firmwareRecord != "" {
+				if p, err = withFirmwareRecord(p, firmwareRecord); err != nil {
+					return err
+				}
+			}
 			return writeGenerated(cmd.OutOrStdout(), ws, p, o)
 		},
 	}
@@ -196,7 +204,25 @@ docs/measured-boot.md. An existing configuration is kept unless --force is given
 	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane machines")
 	cmd.Flags().IntVar(&o.workers, "workers", 0, "number of worker machines")
 	cmd.Flags().BoolVar(&o.force, "force", false, "replace an existing configuration")
+	cmd.Flags().StringVar(&firmwareRecord, "firmware-record", "", "a firmware record observed on this host (hack/qemu-firmware) for a firmware build or machine shape without a built-in one")
 	return cmd
+}
+
+// withFirmwareRecord returns p that also knows the firmware record in file.
+func withFirmwareRecord(p provider.Platform, file string) (provider.Platform, error) {
+	fr, ok := p.(provider.FirmwareRecorded)
+	if !ok {
+		return nil, fmt.Errorf("provider %s takes no firmware record", p.Name())
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("firmware record: %w", err)
+	}
+	p, err = fr.WithFirmwareRecord(raw)
+	if err != nil {
+		return nil, fmt.Errorf("firmware record %s: %w", file, err)
+	}
+	return p, nil
 }
 
 // imageFiles names the files of a local node image, for the help text.

@@ -164,3 +164,22 @@ func TestImagePathFor(t *testing.T) {
 }
 
 func itoa(i uint32) string { return strconv.FormatUint(uint64(i), 10) }
+
+// config generate qemu --firmware-record reads and validates the record before anything
+// else, naming the file.
+func TestConfigGenerateQEMUFirmwareRecordRefused(t *testing.T) {
+	ws := t.TempDir()
+	image := t.TempDir()
+	missing := filepath.Join(ws, "missing.json")
+	_, err := run(t, "config", "generate", "qemu", "-C", ws, "--image", image, "--firmware-record", missing)
+	assert.ErrorContains(t, err, "firmware record")
+	assert.ErrorIs(t, err, os.ErrNotExist)
+
+	bad := filepath.Join(ws, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"firmware": {"package": "ovmf"}, "observed": {"4": "00"}}`), 0o600))
+	_, err = run(t, "config", "generate", "qemu", "-C", ws, "--image", image, "--firmware-record", bad)
+	assert.ErrorContains(t, err, "firmware record "+bad)
+	assert.ErrorContains(t, err, "observed PCR 4 is not a firmware register")
+	_, err = os.Stat(filepath.Join(ws, config.FileName))
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing written")
+}

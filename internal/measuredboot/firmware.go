@@ -177,7 +177,7 @@ func FindFirmware(records []FirmwareRecord, build FirmwareBuild, shape VMShape) 
 			return r, nil
 		}
 	}
-	return FirmwareRecord{}, fmt.Errorf("%w for firmware %s %s (code %s, vars %s) and VM shape %+v: boot a VM of this shape once and record its firmware registers (docs/measured-boot.md \"Recording the firmware registers\")",
+	return FirmwareRecord{}, fmt.Errorf("%w for firmware %s %s (code %s, vars %s) and VM shape %+v: boot a VM of this shape once and record its firmware registers (docs/measured-boot.md \"Recording the firmware registers\"; config generate qemu --firmware-record takes the record)",
 		ErrNoFirmwareRecord, build.Package, build.Version, build.CodeSHA256, build.VarsSHA256, shape)
 }
 

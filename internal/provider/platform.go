@@ -73,6 +73,15 @@ type ReferenceValues struct {
 	Components map[uint32][]string
 }
 
+// FirmwareRecorded is implemented by a Platform whose reference values include firmware
+// registers observed once per firmware build (the QEMU provider: internal/measuredboot):
+// WithFirmwareRecord returns the platform that also knows raw, a record the user made on
+// their host for a firmware build or machine shape the built-in records do not cover
+// (`config generate qemu --firmware-record`).
+type FirmwareRecorded interface {
+	WithFirmwareRecord(raw []byte) (Platform, error)
+}
+
 // NodeImages is implemented by a Platform whose node images the CLI lays out itself (the
 // local provider: a directory of files): `config generate` and `mini up` build the default
 // image with it.

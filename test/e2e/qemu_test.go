@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/measuredboot"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/provider/qemu"
@@ -70,7 +73,7 @@ func TestQEMUMachine(t *testing.T) {
 		}
 	})
 
-	out, err := cli("config", "generate", "qemu", "--name", "vm", "--image", image)
+	out, err := cli(append([]string{"config", "generate", "qemu", "--name", "vm", "--image", image}, firmwareRecordArgs(t, image)...)...)
 	require.NoError(t, err, out)
 	conf, err := config.Load(filepath.Join(ws, config.FileName))
 	require.NoError(t, err)
@@ -117,6 +120,27 @@ func TestQEMUMachine(t *testing.T) {
 	for _, plain := range []string{"kube-apiserver", "BEGIN CERTIFICATE", "/registry/"} {
 		assert.False(t, bytes.Contains(raw, []byte(plain)), "%q in the clear on the state disk", plain)
 	}
+}
+
+// firmwareRecordArgs are the config generate qemu flags for this host's firmware: none when
+// the repository records it; otherwise (a Debian update of ovmf since) the test records it
+// first, by one boot of the image (go run ./hack/qemu-firmware), and passes the record, as
+// docs/measured-boot.md tells a user to.
+func firmwareRecordArgs(t *testing.T, image string) []string {
+	t.Helper()
+	_, err := qemu.Platform{}.ReferenceValues(image)
+	if !errors.Is(err, measuredboot.ErrNoFirmwareRecord) {
+		return nil // recorded, or a failure config generate names
+	}
+	t.Logf("%v: recording one", err)
+	dir := t.TempDir()
+	record := filepath.Join(dir, "firmware.json")
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "run", "./hack/qemu-firmware", "-image", image, "-work", filepath.Join(dir, "work"), "-out", record)
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "recording the firmware registers:\n%s", out)
+	return []string{"--firmware-record", record}
 }
 
 // stateDiskOf is a machine's state disk file in the workspace.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -64,9 +65,27 @@ func init() {
 
 // Platform is the QEMU provider as the CLI meets it. Its clusters live where the local
 // provider's do (workspace/mini) and are run by the same provider process, on QEMU machines.
-type Platform struct{}
+type Platform struct {
+	// records are firmware records besides the built-in ones (WithFirmwareRecord).
+	records []measuredboot.FirmwareRecord
+}
 
-var _ provider.Platform = Platform{}
+var (
+	_ provider.Platform         = Platform{}
+	_ provider.FirmwareRecorded = Platform{}
+)
+
+// WithFirmwareRecord implements provider.FirmwareRecorded: raw is parsed and validated as
+// the built-in records are (measuredboot.ParseFirmwareRecord); it counts only for the
+// firmware hashes and machine shape it names.
+func (p Platform) WithFirmwareRecord(raw []byte) (provider.Platform, error) {
+	rec, err := measuredboot.ParseFirmwareRecord(raw)
+	if err != nil {
+		return nil, err
+	}
+	p.records = append(slices.Clone(p.records), rec)
+	return p, nil
+}
 
 // Name implements provider.Platform.
 func (Platform) Name() string { return Name }
@@ -97,7 +116,7 @@ func (Platform) Remove(ctx context.Context, workspace string) (int, error) {
 // registers its UKI determines are predicted from its bytes, the firmware's are the
 // observed record of the firmware and machine shape the provider boots
 // (internal/measuredboot).
-func (Platform) ReferenceValues(image string) (provider.ReferenceValues, error) {
+func (p Platform) ReferenceValues(image string) (provider.ReferenceValues, error) {
 	uki, err := os.ReadFile(filepath.Join(image, UKIFile))
 	if err != nil {
 		return provider.ReferenceValues{}, fmt.Errorf("node OS image: %w", err)
@@ -107,7 +126,7 @@ func (Platform) ReferenceValues(image string) (provider.ReferenceValues, error) 
 		return provider.ReferenceValues{}, fmt.Errorf("node OS image: %w", err)
 	}
 	defer disk.Close()
-	fw, err := firmwareRecord(DefaultShape)
+	fw, err := firmwareRecord(DefaultShape, p.records)
 	if err != nil {
 		return provider.ReferenceValues{}, err
 	}
@@ -131,8 +150,9 @@ func (Platform) ReferenceValues(image string) (provider.ReferenceValues, error) 
 	return rv, nil
 }
 
-// firmwareRecord returns the observed firmware registers of the firmware and shape.
-func firmwareRecord(shape Shape) (measuredboot.FirmwareRecord, error) {
+// firmwareRecord returns the observed firmware registers of the firmware and shape, from the
+// built-in records and extra.
+func firmwareRecord(shape Shape, extra []measuredboot.FirmwareRecord) (measuredboot.FirmwareRecord, error) {
 	build, err := measuredboot.HashFirmware(ovmfPackage, ovmfVersion, shape.Firmware.Code, shape.Firmware.VarsTemplate)
 	if err != nil {
 		return measuredboot.FirmwareRecord{}, err
@@ -141,7 +161,7 @@ func firmwareRecord(shape Shape) (measuredboot.FirmwareRecord, error) {
 	if err != nil {
 		return measuredboot.FirmwareRecord{}, err
 	}
-	return measuredboot.FindFirmware(records, build, shape.measured())
+	return measuredboot.FindFirmware(append(records, extra...), build, shape.measured())
 }
 
 // measured is the shape as the firmware measures it: the machine and devices of vm.Spec.

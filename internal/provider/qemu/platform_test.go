@@ -44,15 +44,34 @@ func TestFirmwareRecordOfTheShape(t *testing.T) {
 	}
 	_, err := os.Stat(DefaultShape.Firmware.Code)
 	require.NoError(t, err, "Debian's ovmf is not installed: make deps installs it")
-	rec, err := firmwareRecord(DefaultShape)
+	rec, err := firmwareRecord(DefaultShape, nil)
 	require.NoError(t, err, "the repository records the firmware of the default shape")
 	assert.Equal(t, DefaultShape.measured(), rec.Shape)
 
 	other := DefaultShape
-	other.MemoryMiB = 4096
-	_, err = firmwareRecord(other)
+	other.MemoryMiB = 8192
+	_, err = firmwareRecord(other, nil)
 	assert.True(t, errors.Is(err, measuredboot.ErrNoFirmwareRecord), err)
 	assert.ErrorContains(t, err, "Recording the firmware registers")
+	assert.ErrorContains(t, err, "--firmware-record")
+
+	// A record the user made on their host for that shape (config generate qemu
+	// --firmware-record) is found for it, and only for it.
+	mine := rec
+	mine.Shape = other.measured()
+	raw, err := json.Marshal(mine)
+	require.NoError(t, err)
+	p, err := Platform{}.WithFirmwareRecord(raw)
+	require.NoError(t, err)
+	got, err := firmwareRecord(other, p.(Platform).records)
+	require.NoError(t, err)
+	assert.Equal(t, other.measured(), got.Shape)
+	got, err = firmwareRecord(DefaultShape, p.(Platform).records)
+	require.NoError(t, err)
+	assert.Equal(t, DefaultShape.measured(), got.Shape)
+
+	_, err = Platform{}.WithFirmwareRecord([]byte(`{"firmware": {}}`))
+	assert.Error(t, err, "a record is validated as the built-in ones are")
 }
 
 // The machines' shape travels in the cluster spec as JSON: what the provider process boots
