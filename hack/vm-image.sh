@@ -122,7 +122,11 @@ refresh the lock: hack/vm-image.sh lock, then make vm-image, review the diff of 
 missing_pins() {
   local fresh
   fresh=$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mmin -1440 | head -1)
-  [ -n "$fresh" ] || apt-get update -q >/dev/null || true
+  # The tiers that resolve a stale lock ask the mirror as it is now: a day-old list misses a
+  # security update published since, which mmdebstrap's own fresh lists then lack the pin of.
+  if [ "${VM_IMAGE_STALE_LOCK:-}" = resolve ] || [ -z "$fresh" ]; then
+    apt-get update -q >/dev/null || true
+  fi
   comm -23 <(grep -v '^#' "$lock" | LC_ALL=C sort -u) \
     <(apt-cache show $(lock_entries) 2>/dev/null | awk '/^Package:/ {p = $2} /^Version:/ {print p, $2}' | LC_ALL=C sort -u) |
     sed 's/^/  /'
@@ -138,15 +142,22 @@ resolve_stale_lock() {
   local missing
   missing=$(missing_pins)
   [ -n "$missing" ] || return 0
-  say "WARNING: the mirror no longer has these pinned versions:
-$missing
-building from packages resolved now ($cache/packages.lock), NOT from $lock: this image is not
-the pinned one. Refresh the lock: hack/vm-image.sh lock, then make vm-image, and commit it."
+  use_resolved_lock "the mirror no longer has these pinned versions:
+$missing"
+}
+
+# use_resolved_lock WHY: switch this build to a lock resolved now into the cache (kept while
+# the mirror still serves it), saying loudly why and that the image is not the pinned one.
+use_resolved_lock() {
+  say "WARNING: $1
+building from packages resolved now ($cache/packages.lock), NOT from $here/packages.lock:
+this image is not the pinned one. Refresh the lock: hack/vm-image.sh lock, then make
+vm-image, and commit it."
   local resolved=$cache/packages.lock
   lock=$resolved
   if [ ! -f "$resolved" ] || [ -n "$(missing_pins)" ]; then
     rm -f "$resolved"
-    cmd_lock
+    cmd_lock >&2
   fi
 }
 
@@ -163,12 +174,18 @@ base_tree() {
   say "building the Debian tree (mmdebstrap; cold: about a minute, then cached as $dir)"
   rm -rf "$dir" "$cache"/base-*
   mapfile -t pins < <(lock_entries)
-  mmdebstrap_into "$dir" "${pins[@]}" >&2
   # The tree must hold exactly the locked packages: a dependency that changed on the mirror
   # would otherwise slip in unpinned.
-  if ! diff <(grep -v '^#' "$lock") <(installed "$dir") >"$cache/lock.diff"; then
+  if ! mmdebstrap_into "$dir" "${pins[@]}" >&2 ||
+    ! diff <(grep -v '^#' "$lock") <(installed "$dir") >"$cache/lock.diff"; then
+    # The mirror moved between the check and mmdebstrap's own lists: resolve once, if allowed.
+    if [ "${VM_IMAGE_STALE_LOCK:-}" = resolve ] && [ "$lock" != "$cache/packages.lock" ]; then
+      use_resolved_lock "mmdebstrap could not install the pinned versions"
+      base_tree
+      return
+    fi
     die "the tree differs from $lock (< lock, > tree):
-$(cat "$cache/lock.diff")
+$(cat "$cache/lock.diff" 2>/dev/null)
 refresh the lock: hack/vm-image.sh lock"
   fi
   touch "$dir.done"
