@@ -505,6 +505,13 @@ func readyEtcdPod(t testing.TB, kubeconfig string) string {
 // helloPod runs the hello server on node (restarted by its kubelet after a reboot).
 func helloPod(t *testing.T, kubeconfig, images, node string) {
 	t.Helper()
+	helloPodWithin(t, kubeconfig, images, node, 2*time.Minute)
+}
+
+// helloPodWithin is helloPod waiting up to wait for the server to be Ready; on a timeout it
+// fails with the pod's description.
+func helloPodWithin(t *testing.T, kubeconfig, images, node string, wait time.Duration) {
+	t.Helper()
 	ref := helloRef(t, images)
 	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
 kind: Pod
@@ -519,7 +526,10 @@ spec:
     ports: [{containerPort: 8080}]
     readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 1}
 `, node, ref))
-	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=120s")
+	if out, err := exec.Command(kubectlPath(t), "--kubeconfig", kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout="+wait.String()).CombinedOutput(); err != nil {
+		describe, _ := exec.Command(kubectlPath(t), "--kubeconfig", kubeconfig, "describe", "pod", "hello-server").CombinedOutput()
+		t.Fatalf("the hello server on %s is not Ready: %s\n%s", node, out, describe)
+	}
 }
 
 // userImageRef names the image userImage builds: no node image has it.

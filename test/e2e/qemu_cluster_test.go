@@ -63,23 +63,7 @@ func TestQEMUCluster(t *testing.T) {
 	images := filepath.Join(repoOutput(t), "images")
 	// The worker has just joined: under TCG its first pod (CNI, sandbox, probe) takes
 	// minutes, not the sandbox tests' two.
-	applyManifest(t, kubeconfig, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: hello-server, namespace: default, labels: {app: hello}}
-spec:
-  nodeName: worker-0
-  containers:
-  - name: hello
-    image: %s
-    imagePullPolicy: Never
-    env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
-    ports: [{containerPort: 8080}]
-    readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 2}
-`, helloRef(t, images)))
-	if out, err := exec.Command(kubectlPath(t), "--kubeconfig", kubeconfig, "wait", "--for=condition=Ready", "pod/hello-server", "--timeout=10m").CombinedOutput(); err != nil {
-		describe, _ := exec.Command(kubectlPath(t), "--kubeconfig", kubeconfig, "describe", "pod", "hello-server").CombinedOutput()
-		t.Fatalf("the hello server on worker-0 is not Ready: %s\n%s", out, describe)
-	}
+	helloPodWithin(t, kubeconfig, images, "worker-0", 10*time.Minute)
 	applyManifest(t, kubeconfig, `apiVersion: v1
 kind: Service
 metadata: {name: hello, namespace: default}
