@@ -241,9 +241,12 @@ func waitBack(ctx context.Context, t *phaseTimer, prog *progress, platform provi
 			if !slices.Contains(names, n.Name) || back[n.Name] {
 				continue
 			}
-			if n.BootedAt.After(bootedAfter.Add(-time.Second)) && metadata.InCluster(n.Reported) {
+			thisBoot := n.BootedAt.After(bootedAfter.Add(-time.Second))
+			if thisBoot && metadata.InCluster(n.Reported) {
 				back[n.Name], bootedAt[n.Name] = true, n.BootedAt
 				t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
+			} else if thisBoot && n.Reported == metadata.PhaseStateDiskRefused {
+				return stateDiskRefused(n.Name, n.ReportedDetail)
 			} else {
 				reported := n.Reported
 				if reported == "" {

@@ -224,8 +224,8 @@ func (l *recoveryLoop) allDone() bool { return len(l.done) >= len(l.controlPlane
 
 // reports asks the platform what each node's bootstrapper reports. A platform that does not
 // answer is each waiting node's failure; a stopped node ends the command.
-func (l *recoveryLoop) reports(ctx context.Context) (map[string]string, error) {
-	reported := map[string]string{}
+func (l *recoveryLoop) reports(ctx context.Context) (map[string]provider.Node, error) {
+	reported := map[string]provider.Node{}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	nodes, err := l.platform.Nodes(pctx)
 	cancel()
@@ -237,7 +237,7 @@ func (l *recoveryLoop) reports(ctx context.Context) (map[string]string, error) {
 		}
 	}
 	for _, n := range nodes {
-		reported[n.Name] = n.Reported
+		reported[n.Name] = n
 		if n.State == provider.Stopped {
 			return nil, fmt.Errorf("%s is stopped: start the cluster first ('constellation start')", n.Name)
 		}
@@ -245,8 +245,9 @@ func (l *recoveryLoop) reports(ctx context.Context) (map[string]string, error) {
 	return reported, nil
 }
 
-// step moves control plane n on by what it reports.
-func (l *recoveryLoop) step(ctx context.Context, n state.Node, reported string) error {
+// step moves control plane n on by what it reports; a refused state disk ends the command.
+func (l *recoveryLoop) step(ctx context.Context, n state.Node, platformNode provider.Node) error {
+	reported := platformNode.Reported
 	switch {
 	case l.done[n.Name]:
 		return nil
@@ -255,6 +256,8 @@ func (l *recoveryLoop) step(ctx context.Context, n state.Node, reported string) 
 		l.prog.done(n.Name)
 		l.t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported))
 		return nil
+	case reported == metadata.PhaseStateDiskRefused:
+		return stateDiskRefused(n.Name, platformNode.ReportedDetail)
 	case reported != metadata.PhaseWaitingForRecovery:
 		what := reported
 		if what == "" {
@@ -313,6 +316,12 @@ func (l *recoveryLoop) attempt(ctx context.Context, n state.Node, a *nodeAttempt
 		return err
 	}
 	return nil
+}
+
+// stateDiskRefused is the error of a node that reports its state disk refused: it will use
+// nothing of that disk, so no key sent to it would bring it back.
+func stateDiskRefused(node, detail string) error {
+	return fmt.Errorf("%s refuses its state disk, and uses and writes nothing of it: %s. The disk was changed outside the node (replaced, forged or damaged): restore the disk the node made (the node looks again every 30 s), or remove the node", node, detail)
 }
 
 // wrongDiskHint explains a recovery.DiskError: whose disk the node named, and what to do.

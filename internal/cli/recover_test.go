@@ -240,3 +240,30 @@ func TestRecoverWithDiskOverride(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, n.DiskUUID(t), loaded.Nodes[0].Disk)
 }
+
+// A control plane that reports its state disk refused (its header replaced while it was off)
+// ends recover at once, naming the node's reason, and gets no key: no key would bring it back.
+func TestRecoverEndsOnARefusedStateDisk(t *testing.T) {
+	keys := bootstraptest.NewClusterKeys(t)
+	st := recoveryState(keys, [2]string{"control-plane-0", someDisk})
+	const why = "state storage on /dev/vdb: LUKS2 header refused: segment 0 has no integrity protection, want hmac(sha256)"
+	platform := recoveringPlatform{nodes: []provider.Node{{
+		NodeSpec: provider.NodeSpec{Name: "control-plane-0", Role: metadata.ControlPlane}, State: provider.Running,
+		Reported: metadata.PhaseStateDiskRefused, ReportedDetail: why,
+	}}}
+	disks, _, err := recoveryDisks(st, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rec := controlPlaneRecovery{platform: platform, master: keys.Master, st: st, disks: disks,
+		recover: func(context.Context, recovery.Config) ([]byte, error) {
+			t.Error("a key was sent to a node that refuses its state disk")
+			return nil, nil
+		}}
+	t0 := newPhaseTimer(&out)
+	_, err = rec.run(ctx, t0, newProgress(t0))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "control-plane-0 refuses its state disk")
+	assert.ErrorContains(t, err, why)
+}

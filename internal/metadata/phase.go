@@ -28,6 +28,11 @@ const (
 	// dictionary-attack lockout, when it clears). The bootstrapper checks again until it
 	// quotes, then goes on.
 	PhaseTPMCannotQuote = "tpm-cannot-quote"
+	// PhaseStateDiskRefused: the node's state disk is not one it will use (its header is not
+	// the one the node makes: replaced, forged or damaged); the report's detail names what
+	// differs. The node uses nothing of the disk and writes nothing to it; it looks again
+	// until the disk is one it will use, then goes on.
+	PhaseStateDiskRefused = "state-disk-refused"
 )
 
 // InCluster reports whether phase says the node's bootstrapper brought it into its cluster.

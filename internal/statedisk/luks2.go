@@ -375,6 +375,11 @@ func (l *LUKS2) Unlock(ctx context.Context, key []byte) error {
 		return fmt.Errorf("unlocking state storage: %w", err)
 	}
 	if err := l.system().mount(mapped, l.MountPoint); err != nil {
+		if errors.Is(err, unix.EIO) {
+			// dm-crypt checks each sector's tag and answers EIO for one that does not
+			// match; the kernel log names the sector ("INTEGRITY AEAD ERROR").
+			err = fmt.Errorf("%w (%w)", ErrSectorRefused, err)
+		}
 		err = fmt.Errorf("mounting %s at %s: %w", mapped, l.MountPoint, err)
 		return errors.Join(err, l.closeMapping(ctx))
 	}
@@ -436,7 +441,13 @@ func (l *LUKS2) checkedHeader(ctx context.Context) (path string, h *LUKS2Header,
 	path = filepath.Join(dir, "header")
 	if _, err := l.cryptsetup(ctx, commandTimeout, nil, nil, "luksHeaderBackup", "--type", "luks2", "--header-backup-file", path, l.Device); err != nil {
 		done()
-		return "", nil, nil, fmt.Errorf("copying the LUKS2 header of %s: %w", l.Device, err)
+		err = fmt.Errorf("copying the LUKS2 header of %s: %w", l.Device, err)
+		if exitCode(err) > 0 {
+			// cryptsetup ran and cannot read what carries a LUKS magic (both copies
+			// damaged or forged): storage this node will not use either.
+			err = headerRefused{err}
+		}
+		return "", nil, nil, err
 	}
 	// cryptsetup makes the backup read-only; Rekey changes it.
 	if err := os.Chmod(path, 0o600); err != nil {
@@ -445,7 +456,7 @@ func (l *LUKS2) checkedHeader(ctx context.Context) (path string, h *LUKS2Header,
 	}
 	if h, err = l.checkFile(path); err != nil {
 		done()
-		return "", nil, nil, fmt.Errorf("state storage on %s: %w", l.Device, err)
+		return "", nil, nil, fmt.Errorf("state storage on %s: %w", l.Device, headerRefused{err})
 	}
 	return path, h, done, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/openconstellation/constellation/internal/statedisk"
 )
@@ -534,6 +535,8 @@ func TestLUKS2TamperedHeader(t *testing.T) {
 
 			_, err = l.UUID()
 			assert.ErrorContains(t, err, tc.want, "UUID")
+			assert.ErrorIs(t, err, statedisk.ErrHeaderRefused)
+			assert.ErrorIs(t, l.CheckKey(ctx, k), statedisk.ErrHeaderRefused)
 			_, err = l.Initialized()
 			assert.ErrorContains(t, err, tc.want, "Initialized")
 			assert.ErrorContains(t, l.MarkInitialized(), tc.want, "MarkInitialized")
@@ -634,6 +637,21 @@ func TestLUKS2MountFailureCloses(t *testing.T) {
 	assert.False(t, dm.mapped())
 	dm.mountErr = nil
 	require.NoError(t, l.Unlock(ctx, k))
+}
+
+// A mount that reads a sector whose tag does not match (EIO from dm-crypt) says what that
+// means on an authenticated volume, and leaves nothing open.
+func TestLUKS2SectorRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, dm := newLUKS2(t)
+	k := key(t)
+	require.NoError(t, l.Create(ctx, k))
+	dm.mountErr = unix.EIO
+	err := l.Unlock(ctx, k)
+	require.ErrorIs(t, err, statedisk.ErrSectorRefused)
+	assert.ErrorIs(t, err, unix.EIO, "the kernel's error is kept")
+	assert.False(t, dm.mapped())
 }
 
 func TestLUKS2Exists(t *testing.T) {

@@ -69,6 +69,10 @@ type LUKS2Header struct {
 	Initialized bool
 	// Keyslots is the number of keyslots in use.
 	Keyslots int
+	// DataOffset is where the encrypted data segment starts on the device, in bytes (for
+	// this header's integrity layout: the dm-integrity superblock, its journal, then tags
+	// and data).
+	DataOffset uint64
 }
 
 // luks2Metadata is the JSON area. Decoding is strict (unknown fields are refused): a field
@@ -183,6 +187,9 @@ func ParseLUKS2Header(r io.ReaderAt) (*LUKS2Header, error) {
 		return nil, err
 	}
 	h := &LUKS2Header{UUID: primary.uuid, SeqID: primary.seqID, Keyslots: len(md.Keyslots)}
+	for _, s := range md.Segments { // exactly one, and its offset a number (check)
+		h.DataOffset, _ = strconv.ParseUint(s.Offset, 10, 64)
+	}
 	for _, t := range md.Tokens {
 		if t.Type == MarkerTokenType {
 			h.Initialized = true
@@ -312,6 +319,9 @@ func (md *luks2Metadata) checkSegments(fail func(string, ...any)) {
 		}
 		if len(s.Flags) > 0 {
 			fail("segment %s flags %q: none allowed", id, s.Flags)
+		}
+		if off, err := strconv.ParseUint(s.Offset, 10, 64); err != nil || off%luks2SectorSize != 0 {
+			fail("segment %s offset %q, want a multiple of %d", id, s.Offset, luks2SectorSize)
 		}
 	}
 }

@@ -74,10 +74,12 @@ func resum(copyBytes []byte) {
 	copy(copyBytes[448:], sum[:])
 }
 
-// wellFormed turns cryptsetup's header into the one Create makes on a kernel with
-// dm-integrity: a 96-byte volume key and HMAC-SHA256 integrity on the segment.
+// wellFormed turns cryptsetup's detached header into the one Create makes on a device of a
+// kernel with dm-integrity: a 96-byte volume key, HMAC-SHA256 integrity on the segment, the
+// data after the header.
 func wellFormed(md map[string]any) {
 	obj(md, "keyslots", "0")["key_size"] = 96
+	obj(md, "segments", "0")["offset"] = "16777216" // on the device, after cryptsetup's default 16 MiB of header and keyslots
 	obj(md, "segments", "0")["integrity"] = map[string]any{"type": "hmac(sha256)", "journal_encryption": "none", "journal_integrity": "none"}
 }
 
@@ -101,6 +103,7 @@ func TestLUKS2HeaderAccepted(t *testing.T) {
 	assert.True(t, statedisk.ValidUUID(h.UUID), h.UUID)
 	assert.Equal(t, 1, h.Keyslots)
 	assert.False(t, h.Initialized)
+	assert.Equal(t, uint64(16<<20), h.DataOffset)
 
 	// cryptsetup reads the header we accept the way we do.
 	path := filepath.Join(t.TempDir(), "hdr.img")
@@ -110,6 +113,7 @@ func TestLUKS2HeaderAccepted(t *testing.T) {
 	assert.Contains(t, string(dump), "integrity: hmac(sha256)")
 	assert.Contains(t, string(dump), "cipher: aes-xts-plain64")
 	assert.Contains(t, string(dump), h.UUID)
+	assert.Contains(t, string(dump), "offset: 16777216 [bytes]")
 
 	t.Run("marker token", func(t *testing.T) {
 		marked := rewrite(t, img, func(md map[string]any) {
@@ -159,6 +163,14 @@ func TestLUKS2HeaderRefused(t *testing.T) {
 		"unknown top-level field": {
 			mutate: func(md map[string]any) { md["backdoor"] = map[string]any{} },
 			want:   `unknown field "backdoor"`,
+		},
+		"data offset not a number": {
+			mutate: func(md map[string]any) { obj(md, "segments", "0")["offset"] = "0x1000000" },
+			want:   `segment 0 offset "0x1000000", want a multiple of 4096`,
+		},
+		"data offset inside a sector": {
+			mutate: func(md map[string]any) { obj(md, "segments", "0")["offset"] = "16777217" },
+			want:   `segment 0 offset "16777217", want a multiple of 4096`,
 		},
 		"other integrity": {
 			mutate: func(md map[string]any) { obj(md, "segments", "0", "integrity")["type"] = "crc32c" },

@@ -39,6 +39,24 @@ var ErrWrongKey = errors.New("the key does not unlock the state storage")
 // ErrNotCreated is returned by operations on storage that does not exist yet.
 var ErrNotCreated = errors.New("state storage not created")
 
+// ErrHeaderRefused marks state storage whose header the node will not use: not the
+// header this package makes (a LUKS2 header that fails ParseLUKS2Header's checks). The
+// storage exists, so it is never replaced either; no key has met it.
+var ErrHeaderRefused = errors.New("the state disk's header is refused")
+
+// headerRefused is an error of ErrHeaderRefused whose message is its cause's: the cause
+// names what differs.
+type headerRefused struct{ cause error }
+
+func (e headerRefused) Error() string   { return e.cause.Error() }
+func (e headerRefused) Unwrap() []error { return []error{ErrHeaderRefused, e.cause} }
+
+// ErrSectorRefused is returned when the storage's authenticated encryption refused what the
+// node read from it: on a volume where every sector carries a tag under the volume key, an
+// I/O error is what a sector modified, moved or replaced outside the node reads as (a
+// failing disk reads the same). Nothing of what was refused reached the node.
+var ErrSectorRefused = errors.New("the state disk's authenticated encryption refused what was read from it: sectors modified, moved or replaced outside the node, or a failing disk")
+
 var (
 	_ Storage = (*Gocryptfs)(nil)
 	_ Storage = (*LUKS2)(nil)

@@ -105,15 +105,64 @@ spec:
 	cli("recover", "--timeout", "30m")
 	out = cli("verify")
 	assert.Contains(t, out, "2 of 2 nodes verified")
+
+	// While the machines are off, the host replaces the control plane's LUKS2 header with
+	// one of its own making: the same UUID, marked initialized, without integrity, under a
+	// key it knows. The node refuses it, naming what differs, and says so; recover ends at
+	// once. The header restored, the node (which looks again every 30 s) recovers with the
+	// same disk: nothing of it was used or lost.
+	cli("stop", "--timeout", "10m")
+	cpDisk := stateDiskOf(t, ws, "control-plane-0")
+	restore := replaceHeaderOffline(t, cpDisk)
+	cli("start", "--timeout", "15m")
+	start := time.Now()
+	refused, err := exec.Command(bin, "-C", ws, "recover", "--timeout", "20m").CombinedOutput()
+	t.Logf("constellation recover (header replaced): %s", time.Since(start).Round(time.Second))
+	require.Error(t, err, "recover of a control plane whose header was replaced:\n%s", refused)
+	assert.Contains(t, string(refused), "control-plane-0 refuses its state disk")
+	assert.Contains(t, string(refused), "segment 0 has no integrity protection")
+	restore()
+	cli("recover", "--timeout", "20m")
+	out = cli("verify")
+	assert.Contains(t, out, "2 of 2 nodes verified")
 }
 
-// luksUUID is the UUID of the LUKS2 volume on a machine's state disk.
-func luksUUID(t *testing.T, disk string) string {
+// replaceHeaderOffline is a host's attack on a stopped machine's state disk: its LUKS2
+// header area (up to the data segment) replaced by a header the host made with cryptsetup,
+// with the disk's UUID and the initialized marker, no integrity and a key of its own.
+// restore puts the original back.
+func replaceHeaderOffline(t *testing.T, disk string) (restore func()) {
 	t.Helper()
-	f, err := os.Open(disk)
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
 	require.NoError(t, err)
-	defer f.Close()
-	h, err := statedisk.ParseLUKS2Header(f)
+	t.Cleanup(func() { f.Close() })
+	hdr, err := statedisk.ParseLUKS2Header(f)
 	require.NoError(t, err)
-	return h.UUID
+	original := make([]byte, hdr.DataOffset)
+	_, err = f.ReadAt(original, 0)
+	require.NoError(t, err)
+
+	dir := t.TempDir()
+	forged, keyFile := filepath.Join(dir, "forged.img"), filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("the host's own key"), 0o600))
+	require.NoError(t, os.WriteFile(forged, nil, 0o600))
+	require.NoError(t, os.Truncate(forged, int64(hdr.DataOffset)+4<<20))
+	run := func(stdin string, args ...string) {
+		cmd := exec.Command("cryptsetup", args...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "cryptsetup %s: %s", strings.Join(args, " "), out)
+	}
+	run("", "luksFormat", "--type", "luks2", "--batch-mode", "--uuid", hdr.UUID, "--sector-size", "4096",
+		"--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--key-file", keyFile, forged)
+	run(fmt.Sprintf(`{"type":%q,"keyslots":[]}`, statedisk.MarkerTokenType), "token", "import", "--json-file", "-", forged)
+	replacement, err := os.ReadFile(forged)
+	require.NoError(t, err)
+	write := func(b []byte) {
+		_, err := f.WriteAt(b, 0)
+		require.NoError(t, err)
+		require.NoError(t, f.Sync())
+	}
+	write(replacement[:hdr.DataOffset])
+	return func() { write(original) }
 }

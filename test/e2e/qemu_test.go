@@ -53,7 +53,8 @@ func vmImage(t *testing.T) string {
 // (config generate qemu), receives the cluster's secret over attested TLS, formats and opens
 // its state disk as LUKS2 with dm-integrity under the key derived from it, runs kubeadm init,
 // and answers verify. The state disk seen from the host is a LUKS2 container with the
-// pinned header.
+// pinned header. Then the host modifies sectors of that disk while the machine is off, and
+// the machine refuses them at recover.
 func TestQEMUMachine(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	image := vmImage(t)
@@ -120,6 +121,43 @@ func TestQEMUMachine(t *testing.T) {
 	for _, plain := range []string{"kube-apiserver", "BEGIN CERTIFICATE", "/registry/"} {
 		assert.False(t, bytes.Contains(raw, []byte(plain)), "%q in the clear on the state disk", plain)
 	}
+	raw = nil
+
+	// The host changes sectors of the encrypted data while the machine is off. dm-crypt
+	// checks each sector's tag as it reads it: the node's mount reads nothing, recover fails
+	// naming why, and the node formats nothing.
+	out, err = cli("stop", "--timeout", "10m")
+	require.NoError(t, err, out)
+	modifySectorsOffline(t, disk, hdr.DataOffset)
+	out, err = cli("start", "--timeout", "15m")
+	require.NoError(t, err, out)
+	out, err = cli("recover", "--timeout", "20m")
+	require.Error(t, err, "recover of a machine whose state disk was modified offline:\n%s", out)
+	assert.Contains(t, out, statedisk.ErrSectorRefused.Error())
+	assert.Contains(t, out, "input/output error")
+	assert.Equal(t, hdr.UUID, luksUUID(t, disk), "the node kept its state disk")
+}
+
+// modifySectorsOffline is a host's attack on a stopped machine's state disk: one byte
+// changed in every 4 KiB block of the first 64 MiB of the encrypted data segment at
+// dataOffset. That range holds the dm-integrity journal (a sixteenth of it on a 2 GiB disk:
+// the kernel's default is 1/128 of the device), the first area's tags and the filesystem's
+// first blocks, its superblock among them. The dm-integrity superblock, the segment's first
+// block, is kept: the volume still opens, and what is refused is the data.
+func modifySectorsOffline(t *testing.T, disk string, dataOffset uint64) {
+	t.Helper()
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	b := make([]byte, 1)
+	for off := int64(dataOffset) + 4096; off < int64(dataOffset)+64<<20; off += 4096 {
+		_, err := f.ReadAt(b, off+100)
+		require.NoError(t, err)
+		b[0] ^= 0x5a
+		_, err = f.WriteAt(b, off+100)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Sync())
 }
 
 // firmwareRecordArgs are the config generate qemu flags for this host's firmware: none when
@@ -147,6 +185,17 @@ func firmwareRecordArgs(t *testing.T, image string) []string {
 func stateDiskOf(t *testing.T, ws, node string) string {
 	t.Helper()
 	return filepath.Join(ws, "mini", "nodes", node, vm.StateDiskFile)
+}
+
+// luksUUID is the UUID of the LUKS2 volume on a machine's state disk.
+func luksUUID(t *testing.T, disk string) string {
+	t.Helper()
+	f, err := os.Open(disk)
+	require.NoError(t, err)
+	defer f.Close()
+	h, err := statedisk.ParseLUKS2Header(f)
+	require.NoError(t, err)
+	return h.UUID
 }
 
 // dumpConsoles logs the tail of every machine's serial console when the test failed.

@@ -21,6 +21,7 @@ package boot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -265,7 +266,7 @@ func bringIn(ctx context.Context, p Platform, o Options, log *slog.Logger, meta 
 	if err != nil {
 		return inCluster{}, err
 	}
-	n, err := openNode(ctx, p, v, tpm, osys)
+	n, err := openNodeOnceAccepted(ctx, p, v, tpm, osys, progress, log)
 	if err != nil {
 		return inCluster{}, err
 	}
@@ -340,6 +341,30 @@ func nodeAttestation(ctx context.Context, v variant.Variant, env choose.IssuerEn
 
 // openNode opens the node: its lock (its variant's cluster-ID register) and its state
 // storage, whose unlock mounts the node's state.
+// stateDiskRecheck is how often a node whose state disk it refused looks at the disk again
+// (a variable for the tests).
+var stateDiskRecheck = 30 * time.Second
+
+// openNodeOnceAccepted opens the node; while its state disk is refused
+// (statedisk.ErrHeaderRefused) it reports metadata.PhaseStateDiskRefused with the reason and
+// looks again every stateDiskRecheck. The node uses nothing of that disk and writes nothing
+// to it, and an operator who restores the disk need not restart the machine.
+func openNodeOnceAccepted(ctx context.Context, p Platform, v variant.Variant, tpm vtpm.PerUseTPM, osys OS, progress func(phase, detail string), log *slog.Logger) (*node.Node, error) {
+	for {
+		n, err := openNode(ctx, p, v, tpm, osys)
+		if !errors.Is(err, statedisk.ErrHeaderRefused) {
+			return n, err
+		}
+		log.Error("state disk refused; looking again", "err", err, "in", stateDiskRecheck)
+		progress(metadata.PhaseStateDiskRefused, err.Error())
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("state disk refused: %w", err)
+		case <-time.After(stateDiskRecheck):
+		}
+	}
+}
+
 func openNode(ctx context.Context, p Platform, v variant.Variant, tpm vtpm.PerUseTPM, osys OS) (*node.Node, error) {
 	lock, err := nodelock.New(tpm, v)
 	if err != nil {
