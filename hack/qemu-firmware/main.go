@@ -82,16 +82,13 @@ func record(ctx context.Context, imageDir, work string) (measuredboot.FirmwareRe
 	if err != nil {
 		return measuredboot.FirmwareRecord{}, err
 	}
-	prediction, err := measuredboot.Predict(uki)
-	if err != nil {
-		return measuredboot.FirmwareRecord{}, err
-	}
 	disk, err := os.Open(filepath.Join(imageDir, qemu.DiskFile))
 	if err != nil {
 		return measuredboot.FirmwareRecord{}, err
 	}
 	defer disk.Close()
-	if prediction.Events[measuredboot.PCRGPT], err = measuredboot.PredictPCR5(disk); err != nil {
+	prediction, err := measuredboot.PredictImage(uki, disk)
+	if err != nil {
 		return measuredboot.FirmwareRecord{}, err
 	}
 	shape := qemu.DefaultShape

@@ -51,11 +51,11 @@ func predictedEvents(p *Prediction) []Event {
 // refused with the register and the first differing event named.
 func TestCheckEventLog(t *testing.T) {
 	image := testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
-	p, err := Predict(image)
+	p, err := PredictUKI(image)
 	require.NoError(t, err)
 
 	other := func(osrel, cmdline, kernel, initrd []byte) []Event {
-		q, err := Predict(testUKI(osrel, cmdline, kernel, initrd))
+		q, err := PredictUKI(testUKI(osrel, cmdline, kernel, initrd))
 		require.NoError(t, err)
 		return predictedEvents(q)
 	}

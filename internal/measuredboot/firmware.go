@@ -184,8 +184,8 @@ func FindFirmware(records []FirmwareRecord, build FirmwareBuild, shape VMShape) 
 // ReferenceMeasurements builds the reference values of a node image booted as the QEMU
 // provider boots it: the registers of v's images (variant.ImageRegisters), all enforced,
 // as measurements.M.Validate requires:
-//   - 4, 9, 11 predicted from the UKI, and 8, 12, 13, 14 zero (Predict);
-//   - 5 predicted from the boot disk's partition table (PredictPCR5);
+//   - 4, 9, 11 predicted from the UKI, 8, 12, 13, 14 zero, and 5 predicted from the boot
+//     disk's partition table (PredictImage);
 //   - 0..3, 6, 7 from the firmware record;
 //   - 10 derived from 0..9 (PredictIMA).
 //
@@ -195,11 +195,8 @@ func ReferenceMeasurements(v variant.Variant, rawUKI []byte, disk io.ReaderAt, f
 	if err := fw.Validate(); err != nil {
 		return nil, nil, err
 	}
-	p, err := Predict(rawUKI)
+	p, err := PredictImage(rawUKI, disk)
 	if err != nil {
-		return nil, nil, err
-	}
-	if p.Events[PCRGPT], err = PredictPCR5(disk); err != nil {
 		return nil, nil, err
 	}
 	values := map[uint32][sha256.Size]byte{}

@@ -19,14 +19,14 @@ func FuzzPredict(f *testing.F) {
 		if u.Sections[".linux"] == nil || u.Sections[".initrd"] == nil {
 			t.Fatal("parsed UKI without .linux or .initrd")
 		}
-		_, _ = Predict(raw)
+		_, _ = PredictUKI(raw)
 	})
 }
 
 // FuzzCheckEventLog feeds arbitrary bytes as a node's event log: the check must never
 // panic, and must refuse any log that does not replay to the prediction.
 func FuzzCheckEventLog(f *testing.F) {
-	p, err := Predict(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
+	p, err := PredictUKI(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
 	if err != nil {
 		f.Fatal(err)
 	}

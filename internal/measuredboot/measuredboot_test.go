@@ -214,7 +214,7 @@ func TestPredictPCR9(t *testing.T) {
 		assert.Equal(t, tcg.EventTag, e.Type)
 		assert.EqualValues(t, 9, e.PCR)
 	}
-	p, err := Predict(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
+	p, err := PredictUKI(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
 	require.NoError(t, err)
 	want := extend(extend([32]byte{}, sha256.Sum256(wide)), sha256.Sum256(testInitrd))
 	assert.Equal(t, want, p.Value(9))

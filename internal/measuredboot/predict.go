@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"slices"
 	"unicode/utf16"
 
@@ -95,9 +96,24 @@ func extend(v, digest [sha256.Size]byte) [sha256.Size]byte {
 	return sha256.Sum256(append(v[:], digest[:]...))
 }
 
-// Predict parses a UKI and predicts every register its boot sets: 4, 9 and 11 from its
+// PredictImage predicts every register a node image's boot sets, firmware apart: the UKI's
+// (PredictUKI) and PCR 5 from the boot disk's partition table (PredictPCR5). It is the one
+// prediction of an image: the reference values (ReferenceMeasurements) and the firmware
+// recording (hack/qemu-firmware) both start from it.
+func PredictImage(rawUKI []byte, disk io.ReaderAt) (*Prediction, error) {
+	p, err := PredictUKI(rawUKI)
+	if err != nil {
+		return nil, err
+	}
+	if p.Events[PCRGPT], err = PredictPCR5(disk); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// PredictUKI parses a UKI and predicts every register its boot sets: 4, 9 and 11 from its
 // bytes, and ZeroRegisters as zero.
-func Predict(rawUKI []byte) (*Prediction, error) {
+func PredictUKI(rawUKI []byte) (*Prediction, error) {
 	uki, err := ParseUKI(rawUKI)
 	if err != nil {
 		return nil, err

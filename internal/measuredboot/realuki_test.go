@@ -103,7 +103,7 @@ func systemdMeasure(t *testing.T, u realUKI, phase string) []byte {
 func TestPCR11AgainstSystemdMeasure(t *testing.T) {
 	needTools(t)
 	u := buildRealUKI(t)
-	p, err := Predict(u.rawUKI)
+	p, err := PredictUKI(u.rawUKI)
 	require.NoError(t, err)
 	base := p.Value(PCRKernelImage)
 	assert.Equal(t, systemdMeasure(t, u, ""), base[:], "PCR 11 before any phase")
@@ -146,7 +146,7 @@ func TestAuthenticodeAgainstPesign(t *testing.T) {
 
 	// PCR 4's kernel event is the digest of the .linux section as systemd-stub hands it
 	// to LoadImage.
-	p, err := Predict(u.rawUKI)
+	p, err := PredictUKI(u.rawUKI)
 	require.NoError(t, err)
 	assert.Equal(t, pesignDigest(t, bootPEPath), hex.EncodeToString(p.Events[PCRBootManagerCode][3].Digest[:]))
 	assert.Equal(t, pesignDigest(t, u.path), hex.EncodeToString(p.Events[PCRBootManagerCode][2].Digest[:]))
