@@ -51,7 +51,7 @@ func TestQEMUCluster(t *testing.T) {
 	id = status.NetworkID
 	t.Cleanup(func() { dumpConsoles(t, ws) })
 
-	out := cli("apply")
+	out := cli("apply", "--timeout", "30m")
 	assert.Contains(t, out, "over attested TLS")
 	out = cli("verify")
 	assert.Contains(t, out, "2 of 2 nodes verified: cluster vms")

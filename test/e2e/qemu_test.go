@@ -94,7 +94,7 @@ func TestQEMUMachine(t *testing.T) {
 	id = status.NetworkID
 	t.Cleanup(func() { dumpConsoles(t, ws) })
 
-	out, err = cli("apply")
+	out, err = cli("apply", "--timeout", "20m")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "over attested TLS")
 	st, err := state.Load(filepath.Join(ws, state.FileName))
