@@ -20,9 +20,10 @@ import (
 
 // TestQEMUCluster is the slower tier (make vm-e2e, docs/qemu-provider.md "Tests"): a cluster
 // of QEMU machines, one control plane and one worker. The worker joins through the join
-// service; verify passes for both; a pod on the worker reaches the API server through the
-// cluster's Service network; the worker reboots and rejoins with its own state disk (the
-// same LUKS2 volume); the cluster stops, starts and recovers.
+// service; verify passes for both; a pod on the control plane reaches a pod on the worker by
+// address and by Service name; the worker reboots and rejoins with its own state disk (the
+// same LUKS2 volume); the cluster stops, starts and recovers; a header the host forged on the
+// control plane's disk is refused, and the original recovers.
 func TestQEMUCluster(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	image := vmImage(t)
@@ -56,10 +57,33 @@ func TestQEMUCluster(t *testing.T) {
 	out = cli("verify")
 	assert.Contains(t, out, "2 of 2 nodes verified: cluster vms")
 
-	// A pod on the control plane reaches a pod on the worker, by its address and through
-	// its Service's DNS name: the bridge routes each machine's pod range to it, CoreDNS
-	// answers.
-	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
+	assertPodsReachAcrossMachines(t, filepath.Join(ws, "constellation-admin.conf"))
+
+	// The worker reboots: its TPM resets, it attests again, gets a rejoin ticket with its own
+	// disk key and unlocks the same LUKS2 volume.
+	disk := stateDiskOf(t, ws, "worker-0")
+	before := luksUUID(t, disk)
+	cli("reboot", "worker-0", "--timeout", "20m")
+	assert.Equal(t, before, luksUUID(t, disk), "the worker's state disk is the same volume")
+	out = cli("verify")
+	assert.Contains(t, out, "2 of 2 nodes verified")
+
+	// Every machine off, on again; the control plane gets its key from recover, the worker
+	// rejoins by itself.
+	cli("stop", "--timeout", "10m")
+	cli("start", "--timeout", "15m")
+	cli("recover", "--timeout", "30m")
+	out = cli("verify")
+	assert.Contains(t, out, "2 of 2 nodes verified")
+
+	assertForgedHeaderRefused(t, bin, ws, cli)
+}
+
+// assertPodsReachAcrossMachines: a pod on the control plane reaches a pod on the worker, by
+// its address and through its Service's DNS name: the bridge routes each machine's pod range
+// to it, CoreDNS answers.
+func assertPodsReachAcrossMachines(t *testing.T, kubeconfig string) {
+	t.Helper()
 	images := filepath.Join(repoOutput(t), "images")
 	// The worker has just joined: under TCG its first pod (CNI, sandbox, probe) takes
 	// minutes, not the sandbox tests' two.
@@ -88,32 +112,17 @@ spec:
 	waitPodSucceeded(t, kubeconfig, "hello-client", 5*time.Minute)
 	logs := kubectl(t, kubeconfig, "logs", "hello-client")
 	assert.Contains(t, logs, "hello.default.svc.cluster.local:8080/: hello from hello-server")
+}
 
-	// The worker reboots: its TPM resets, it attests again, gets a rejoin ticket with its own
-	// disk key and unlocks the same LUKS2 volume.
-	disk := stateDiskOf(t, ws, "worker-0")
-	before := luksUUID(t, disk)
-	cli("reboot", "worker-0", "--timeout", "20m")
-	assert.Equal(t, before, luksUUID(t, disk), "the worker's state disk is the same volume")
-	out = cli("verify")
-	assert.Contains(t, out, "2 of 2 nodes verified")
-
-	// Every machine off, on again; the control plane gets its key from recover, the worker
-	// rejoins by itself.
+// assertForgedHeaderRefused: while the machines are off, the host replaces the control
+// plane's LUKS2 header with one of its own making: the same UUID, marked initialized, without
+// integrity, under a key it knows. The node refuses it, naming what differs, and says so;
+// recover ends at once. The header restored, the node (which looks again every 30 s)
+// recovers with the same disk: nothing of it was used or lost.
+func assertForgedHeaderRefused(t *testing.T, bin, ws string, cli func(args ...string) string) {
+	t.Helper()
 	cli("stop", "--timeout", "10m")
-	cli("start", "--timeout", "15m")
-	cli("recover", "--timeout", "30m")
-	out = cli("verify")
-	assert.Contains(t, out, "2 of 2 nodes verified")
-
-	// While the machines are off, the host replaces the control plane's LUKS2 header with
-	// one of its own making: the same UUID, marked initialized, without integrity, under a
-	// key it knows. The node refuses it, naming what differs, and says so; recover ends at
-	// once. The header restored, the node (which looks again every 30 s) recovers with the
-	// same disk: nothing of it was used or lost.
-	cli("stop", "--timeout", "10m")
-	cpDisk := stateDiskOf(t, ws, "control-plane-0")
-	restore := replaceHeaderOffline(t, cpDisk)
+	restore := replaceHeaderOffline(t, stateDiskOf(t, ws, "control-plane-0"))
 	cli("start", "--timeout", "15m")
 	start := time.Now()
 	refused, err := exec.Command(bin, "-C", ws, "recover", "--timeout", "20m").CombinedOutput()
@@ -123,7 +132,7 @@ spec:
 	assert.Contains(t, string(refused), "segment 0 has no integrity protection")
 	restore()
 	cli("recover", "--timeout", "20m")
-	out = cli("verify")
+	out := cli("verify")
 	assert.Contains(t, out, "2 of 2 nodes verified")
 }
 

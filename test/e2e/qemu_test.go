@@ -123,10 +123,15 @@ func TestQEMUMachine(t *testing.T) {
 	}
 	raw = nil
 
-	// The host changes sectors of the encrypted data while the machine is off. dm-crypt
-	// checks each sector's tag as it reads it: the node's mount reads nothing, recover fails
-	// naming why, and the node formats nothing.
-	out, err = cli("stop", "--timeout", "10m")
+	assertModifiedSectorsRefused(t, cli, disk, hdr)
+}
+
+// assertModifiedSectorsRefused: the host changes sectors of the encrypted data while the
+// machine is off. dm-crypt checks each sector's tag as it reads it: the node's mount reads
+// nothing, recover fails naming why, and the node formats nothing.
+func assertModifiedSectorsRefused(t *testing.T, cli func(args ...string) (string, error), disk string, hdr *statedisk.LUKS2Header) {
+	t.Helper()
+	out, err := cli("stop", "--timeout", "10m")
 	require.NoError(t, err, out)
 	modifySectorsOffline(t, disk, hdr.DataOffset)
 	out, err = cli("start", "--timeout", "15m")
