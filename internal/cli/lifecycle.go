@@ -367,8 +367,10 @@ func newStopCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stop",
 		Short: "Turn every node of the cluster off, keeping its encrypted state",
-		Long: `Turn every node off through the platform, as shutting down every machine of the
-cluster. Each node's encrypted state, TPM and logs are kept. 'constellation start' turns the
+		Long: `Shut every node down through the platform, all at once, as shutting down every
+machine of the cluster: each node's OS stops its services in order (on the local provider the
+API servers, then etcd) before its power goes. Each node's encrypted state, TPM and logs are
+kept. 'constellation start' turns the
 nodes on again; since no join service runs while every control plane waits for its key,
 'constellation recover' then gives each control plane its key.`,
 		Args: cobra.NoArgs,
@@ -379,7 +381,16 @@ nodes on again; since no join service runs while every control plane waits for i
 			}
 			// The last chance to record the disks recover will need.
 			refreshDisksBeforeShutdown(ctx, out, ws, st, platform)
-			if err := platform.Stop(ctx); err != nil {
+			// Each node shuts down in order (a machine's OS takes a while): say so, per
+			// node, every few seconds.
+			prog := newProgress(newPhaseTimer(out))
+			for _, n := range st.Nodes {
+				prog.waiting(n.Name, "the platform to shut it down")
+			}
+			stop := prog.start(ctx)
+			err = platform.Stop(ctx)
+			stop()
+			if err != nil {
 				return fmt.Errorf("stopping the cluster: %w", err)
 			}
 			fmt.Fprintf(out, "stopped every node; their state is kept. Start again with: %s start -C %s\n", toolPath("constellation"), ws)

@@ -123,16 +123,20 @@ func TestQEMUMachine(t *testing.T) {
 	}
 	raw = nil
 
-	assertModifiedSectorsRefused(t, cli, disk, hdr)
+	assertModifiedSectorsRefused(t, cli, ws, disk, hdr)
 }
 
 // assertModifiedSectorsRefused: the host changes sectors of the encrypted data while the
 // machine is off. dm-crypt checks each sector's tag as it reads it: the node's mount reads
 // nothing, recover fails naming why, and the node formats nothing.
-func assertModifiedSectorsRefused(t *testing.T, cli func(args ...string) (string, error), disk string, hdr *statedisk.LUKS2Header) {
+func assertModifiedSectorsRefused(t *testing.T, cli func(args ...string) (string, error), ws, disk string, hdr *statedisk.LUKS2Header) {
 	t.Helper()
 	out, err := cli("stop", "--timeout", "10m")
 	require.NoError(t, err, out)
+	// stop is a shutdown, not a power cut: the machine's OS powered itself off.
+	console, err := os.ReadFile(filepath.Join(ws, "mini", "nodes", "control-plane-0", vm.ConsoleFile))
+	require.NoError(t, err)
+	assert.Contains(t, string(console), "reboot: Power down", "the machine shut down by itself")
 	modifySectorsOffline(t, disk, hdr.DataOffset)
 	out, err = cli("start", "--timeout", "15m")
 	require.NoError(t, err, out)

@@ -26,7 +26,7 @@ import (
 //	DELETE /v1/nodes/{name}
 //	POST   /v1/images              {"archives": [names in loaded-images/]} → []provider.ImageLoad (imported into every running node)
 //	GET    /v1/endpoints           provider.Endpoints
-//	POST   /v1/stop                turns every node off and ends the provider (folders kept)
+//	POST   /v1/stop                shuts every node down gracefully, at once, and ends the provider (folders kept)
 //
 // serveAPI listens on the socket, serves the API until ctx ends, and returns once it listens.
 func (p *Provider) serveAPI(ctx context.Context) error {
@@ -81,7 +81,8 @@ func (p *Provider) apiHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /v1/stop", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
-		p.log.Info("stop requested: turning every node off, keeping their disks")
+		p.log.Info("stop requested: shutting every node down, keeping their disks")
+		p.shutdownAll()
 		p.stop()
 	})
 	return mux

@@ -807,6 +807,27 @@ func (p *Provider) shutdown(n *node) error {
 	return nil
 }
 
+// shutdownAll shuts every node down gracefully (shutdown), all at once, as a cluster's
+// operator stops its machines: a machine's OS unmounts its state disk, a sandbox's API
+// servers and etcd stop in order. What a node's shutdown leaves running, the teardown after
+// it kills.
+func (p *Provider) shutdownAll() {
+	p.mu.Lock()
+	nodes := p.sortedLocked()
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.shutdown(n); err != nil {
+				p.log.Warn("graceful stop", "node", n.spec.Name, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // addNodes creates and boots new nodes.
 func (p *Provider) addNodes(specs []provider.NodeSpec) ([]NodeSpec, error) {
 	p.mu.Lock()
