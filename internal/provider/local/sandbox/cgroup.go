@@ -186,6 +186,16 @@ func (c Cgroup) Kill(ctx context.Context) error { return c.KillFrozen(ctx, nil) 
 func (c Cgroup) KillFrozen(ctx context.Context, whileFrozen func()) error {
 	freezer := filepath.Join(CgroupFS, "freezer", string(c), "freezer.state")
 	frozen := os.WriteFile(freezer, []byte("FROZEN"), 0o644) == nil
+	thaw := func() {
+		if frozen {
+			_ = os.WriteFile(freezer, []byte("THAWED"), 0o644)
+			frozen = false
+		}
+	}
+	// Never left frozen, also when it was empty (a machine that powered itself off): the
+	// node's next boot starts its processes in the same cgroup, where they would freeze at
+	// once.
+	defer thaw()
 	if whileFrozen != nil {
 		whileFrozen()
 	}
@@ -200,10 +210,7 @@ func (c Cgroup) KillFrozen(ctx context.Context, whileFrozen func()) error {
 		for _, p := range pids {
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}
-		if frozen {
-			_ = os.WriteFile(freezer, []byte("THAWED"), 0o644)
-			frozen = false
-		}
+		thaw()
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("processes %v of cgroup %s did not exit: %w", pids, c, ctx.Err())

@@ -140,4 +140,19 @@ func TestKillFrozen(t *testing.T) {
 	left, err := node.Pids()
 	require.NoError(t, err)
 	assert.Empty(t, left)
+	assertThawed(t, node)
+
+	// An empty cgroup (a machine that powered itself off) is thawed too: the node's next
+	// boot starts its processes in it.
+	require.NoError(t, node.KillFrozen(ctx, func() {}))
+	assertThawed(t, node)
+}
+
+func assertThawed(t *testing.T, c Cgroup) {
+	t.Helper()
+	state, err := os.ReadFile(filepath.Join(CgroupFS, "freezer", string(c), "freezer.state"))
+	if err != nil {
+		return // no freezer
+	}
+	assert.Equal(t, "THAWED\n", string(state))
 }
