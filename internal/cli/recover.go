@@ -201,6 +201,9 @@ type recoveryLoop struct {
 	done          map[string]bool
 	recovered     map[string]bool
 	attempts      map[string]*nodeAttempts
+	// refusedSince is when each control plane was first seen reporting its state disk
+	// refused, in an unbroken run of such reports.
+	refusedSince map[string]time.Time
 }
 
 func (r controlPlaneRecovery) newRecoveryLoop(t *phaseTimer, prog *progress) *recoveryLoop {
@@ -210,7 +213,7 @@ func (r controlPlaneRecovery) newRecoveryLoop(t *phaseTimer, prog *progress) *re
 	if r.clock == nil {
 		r.clock = cliClock
 	}
-	l := &recoveryLoop{controlPlaneRecovery: r, t: t, prog: prog, done: map[string]bool{}, recovered: map[string]bool{}, attempts: map[string]*nodeAttempts{}}
+	l := &recoveryLoop{controlPlaneRecovery: r, t: t, prog: prog, done: map[string]bool{}, recovered: map[string]bool{}, attempts: map[string]*nodeAttempts{}, refusedSince: map[string]time.Time{}}
 	for _, n := range r.st.Nodes {
 		if n.Role == metadata.ControlPlane {
 			l.controlPlanes = append(l.controlPlanes, n)
@@ -245,9 +248,13 @@ func (l *recoveryLoop) reports(ctx context.Context) (map[string]provider.Node, e
 	return reported, nil
 }
 
-// step moves control plane n on by what it reports; a refused state disk ends the command.
+// step moves control plane n on by what it reports; a state disk it keeps refusing ends the
+// command.
 func (l *recoveryLoop) step(ctx context.Context, n state.Node, platformNode provider.Node) error {
 	reported := platformNode.Reported
+	if reported != metadata.PhaseStateDiskRefused {
+		delete(l.refusedSince, n.Name)
+	}
 	switch {
 	case l.done[n.Name]:
 		return nil
@@ -257,7 +264,7 @@ func (l *recoveryLoop) step(ctx context.Context, n state.Node, platformNode prov
 		l.t.phase("back", fmt.Sprintf("%s is back in its cluster (%s)", n.Name, reported))
 		return nil
 	case reported == metadata.PhaseStateDiskRefused:
-		return stateDiskRefused(n.Name, platformNode.ReportedDetail)
+		return l.refused(n.Name, platformNode.ReportedDetail)
 	case reported != metadata.PhaseWaitingForRecovery:
 		what := reported
 		if what == "" {
@@ -315,6 +322,26 @@ func (l *recoveryLoop) attempt(ctx context.Context, n state.Node, a *nodeAttempt
 		}
 		return err
 	}
+	return nil
+}
+
+// refusalGrace is how long recover waits on a control plane that reports its state disk
+// refused before it gives up: longer than the node takes to look again, so a report made
+// before the operator restored the disk does not end the command.
+const refusalGrace = metadata.StateDiskRecheck + 15*time.Second
+
+// refused waits on a control plane that reports its state disk refused, for refusalGrace
+// from the first such report, then ends the command naming the node's reason.
+func (l *recoveryLoop) refused(node, detail string) error {
+	now := l.clock.Now()
+	since, ok := l.refusedSince[node]
+	if !ok {
+		since, l.refusedSince[node] = now, now
+	}
+	if now.Sub(since) >= refusalGrace {
+		return stateDiskRefused(node, detail)
+	}
+	l.prog.waiting(node, fmt.Sprintf("its state disk, which it refuses (%s); it looks again every %s", detail, metadata.StateDiskRecheck))
 	return nil
 }
 

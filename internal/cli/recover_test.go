@@ -4,17 +4,18 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
@@ -23,6 +24,7 @@ import (
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/recovery"
 	"github.com/openconstellation/constellation/internal/state"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 const (
@@ -242,28 +244,76 @@ func TestRecoverWithDiskOverride(t *testing.T) {
 }
 
 // A control plane that reports its state disk refused (its header replaced while it was off)
-// ends recover at once, naming the node's reason, and gets no key: no key would bring it back.
-func TestRecoverEndsOnARefusedStateDisk(t *testing.T) {
-	keys := bootstraptest.NewClusterKeys(t)
-	st := recoveryState(keys, [2]string{"control-plane-0", someDisk})
+// gets no key. Refused for longer than the node takes to look again, it ends recover, naming
+// the node's reason; a refusal that clears within that (the operator restored the disk right
+// before) is waited out, and the node recovers.
+func TestRecoverOnARefusedStateDisk(t *testing.T) {
 	const why = "state storage on /dev/vdb: LUKS2 header refused: segment 0 has no integrity protection, want hmac(sha256)"
-	platform := recoveringPlatform{nodes: []provider.Node{{
-		NodeSpec: provider.NodeSpec{Name: "control-plane-0", Role: metadata.ControlPlane}, State: provider.Running,
-		Reported: metadata.PhaseStateDiskRefused, ReportedDetail: why,
-	}}}
-	disks, _, err := recoveryDisks(st, nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	rec := controlPlaneRecovery{platform: platform, master: keys.Master, st: st, disks: disks,
-		recover: func(context.Context, recovery.Config) ([]byte, error) {
-			t.Error("a key was sent to a node that refuses its state disk")
-			return nil, nil
-		}}
-	t0 := newPhaseTimer(&out)
-	_, err = rec.run(ctx, t0, newProgress(t0))
-	require.Error(t, err)
-	assert.ErrorContains(t, err, "control-plane-0 refuses its state disk")
-	assert.ErrorContains(t, err, why)
+	for name, tc := range map[string]struct {
+		clearsAfter time.Duration // 0: never
+		wantErr     bool
+	}{
+		"kept refused":           {wantErr: true},
+		"restored while waiting": {clearsAfter: metadata.StateDiskRecheck},
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys := bootstraptest.NewClusterKeys(t)
+			st := recoveryState(keys, [2]string{"control-plane-0", someDisk})
+			fake := testingclock.NewFakeClock(time.Now())
+			start := fake.Now()
+			platform := &reportingPlatform{report: func() provider.Node {
+				n := provider.Node{NodeSpec: provider.NodeSpec{Name: "control-plane-0", Role: metadata.ControlPlane}, State: provider.Running,
+					Reported: metadata.PhaseStateDiskRefused, ReportedDetail: why}
+				if tc.clearsAfter > 0 && fake.Since(start) >= tc.clearsAfter {
+					n.Reported, n.ReportedDetail = metadata.PhaseWaitingForRecovery, ""
+				}
+				return n
+			}}
+			var sent atomic.Int32
+			rec := controlPlaneRecovery{platform: platform, master: keys.Master, st: st, disks: map[string]string{"control-plane-0": someDisk}, clock: fake,
+				recover: func(_ context.Context, cfg recovery.Config) ([]byte, error) {
+					assert.GreaterOrEqual(t, fake.Since(start), tc.clearsAfter, "a key sent while the node refused its disk")
+					sent.Add(1)
+					return nil, nil
+				}}
+			out := &lockedBuffer{}
+			t0 := newPhaseTimer(out)
+			done := make(chan error, 1)
+			go func() { _, err := rec.run(context.Background(), t0, newProgress(t0)); done <- err }()
+			var err error
+			require.Eventually(t, func() bool {
+				select {
+				case err = <-done:
+					return true
+				default:
+				}
+				if fake.HasWaiters() {
+					fake.Step(time.Second)
+				}
+				return false
+			}, 30*time.Second, time.Millisecond)
+			if !tc.wantErr {
+				require.NoError(t, err)
+				assert.EqualValues(t, 1, sent.Load())
+				return
+			}
+			require.Error(t, err)
+			assert.ErrorContains(t, err, "control-plane-0 refuses its state disk")
+			assert.ErrorContains(t, err, why)
+			assert.GreaterOrEqual(t, fake.Since(start), refusalGrace, "ended before the node looked again")
+			assert.Zero(t, sent.Load())
+		})
+	}
 }
+
+// reportingPlatform is a platform whose one node reports what report says at each look.
+type reportingPlatform struct {
+	provider.Provider
+	report func() provider.Node
+}
+
+func (p *reportingPlatform) Nodes(context.Context) ([]provider.Node, error) {
+	return []provider.Node{p.report()}, nil
+}
+
+func (p *reportingPlatform) Dialer() func(context.Context, string) (net.Conn, error) { return nil }

@@ -1,6 +1,9 @@
 package metadata
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Phases a node's bootstrapper reports to its platform as it goes (the local provider's
 // PUT /v1/self/report, a cloud's guest attributes), shown to the operator by `constellation
@@ -34,6 +37,10 @@ const (
 	// until the disk is one it will use, then goes on.
 	PhaseStateDiskRefused = "state-disk-refused"
 )
+
+// StateDiskRecheck is how often a node that reports PhaseStateDiskRefused looks at its disk
+// again (and reports again).
+const StateDiskRecheck = 30 * time.Second
 
 // InCluster reports whether phase says the node's bootstrapper brought it into its cluster.
 func InCluster(phase string) bool {

@@ -162,8 +162,10 @@ func replaceHeaderOffline(t *testing.T, disk string) (restore func()) {
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "cryptsetup %s: %s", strings.Join(args, " "), out)
 	}
+	// The node's KDF settings, so the header parses and what is refused is its policy.
 	run("", "luksFormat", "--type", "luks2", "--batch-mode", "--uuid", hdr.UUID, "--sector-size", "4096",
-		"--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--key-file", keyFile, forged)
+		"--pbkdf", "argon2id", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4", "--pbkdf-parallel", "1",
+		"--key-file", keyFile, forged)
 	run(fmt.Sprintf(`{"type":%q,"keyslots":[]}`, statedisk.MarkerTokenType), "token", "import", "--json-file", "-", forged)
 	replacement, err := os.ReadFile(forged)
 	require.NoError(t, err)

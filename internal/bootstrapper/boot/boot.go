@@ -343,7 +343,7 @@ func nodeAttestation(ctx context.Context, v variant.Variant, env choose.IssuerEn
 // storage, whose unlock mounts the node's state.
 // stateDiskRecheck is how often a node whose state disk it refused looks at the disk again
 // (a variable for the tests).
-var stateDiskRecheck = 30 * time.Second
+var stateDiskRecheck = metadata.StateDiskRecheck
 
 // openNodeOnceAccepted opens the node; while its state disk is refused
 // (statedisk.ErrHeaderRefused) it reports metadata.PhaseStateDiskRefused with the reason and
