@@ -381,16 +381,8 @@ nodes on again; since no join service runs while every control plane waits for i
 			}
 			// The last chance to record the disks recover will need.
 			refreshDisksBeforeShutdown(ctx, out, ws, st, platform)
-			// Each node shuts down in order (a machine's OS takes a while): say so, per
-			// node, every few seconds.
-			prog := newProgress(newPhaseTimer(out))
-			for _, n := range st.Nodes {
-				prog.waiting(n.Name, "the platform to shut it down")
-			}
-			stop := prog.start(ctx)
-			err = platform.Stop(ctx)
-			stop()
-			if err != nil {
+			// Each node shuts down in order (a machine's OS takes a while).
+			if err := whileEachNode(ctx, out, st.Nodes, "the platform to shut it down", platform.Stop); err != nil {
 				return fmt.Errorf("stopping the cluster: %w", err)
 			}
 			fmt.Fprintf(out, "stopped every node; their state is kept. Start again with: %s start -C %s\n", toolPath("constellation"), ws)
@@ -399,6 +391,18 @@ nodes on again; since no join service runs while every control plane waits for i
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "give up after this long")
 	return cmd
+}
+
+// whileEachNode runs op on the whole cluster and says, per node, every few seconds what it
+// waits for meanwhile.
+func whileEachNode(ctx context.Context, out io.Writer, nodes []state.Node, waitingFor string, op func(context.Context) error) error {
+	prog := newProgress(newPhaseTimer(out))
+	for _, n := range nodes {
+		prog.waiting(n.Name, waitingFor)
+	}
+	stop := prog.start(ctx)
+	defer stop()
+	return op(ctx)
 }
 
 func newStartCmd() *cobra.Command {
@@ -416,15 +420,8 @@ with 'constellation recover'; the other nodes then rejoin by themselves.`,
 			if err != nil {
 				return err
 			}
-			// Starting takes a while (every node boots): say so, per node, every few seconds.
-			prog := newProgress(newPhaseTimer(out))
-			for _, n := range st.Nodes {
-				prog.waiting(n.Name, "the platform to boot it")
-			}
-			stop := prog.start(ctx)
-			err = platform.Start(ctx)
-			stop()
-			if err != nil {
+			// Starting takes a while (every node boots).
+			if err := whileEachNode(ctx, out, st.Nodes, "the platform to boot it", platform.Start); err != nil {
 				return fmt.Errorf("starting the cluster: %w", err)
 			}
 			if err := retry.Do(ctx, retry.Default, nil, func(ctx context.Context) error {

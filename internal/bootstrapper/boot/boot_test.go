@@ -42,33 +42,7 @@ func TestRunOnTestPlatform(t *testing.T) {
 	p := bootstraptest.NewPlatform(t, meta, ca, bootstraptest.NodeOptions{Role: metadata.ControlPlane})
 	initAddr := freeAddr(t)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- boot.Run(ctx, p, boot.Options{InitAddr: initAddr, RecoverAddr: freeAddr(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("boot.Run did not return when its context ended")
-		}
-	})
-
-	require.Eventually(t, func() bool {
-		select {
-		case err := <-done:
-			require.NoError(t, err, "boot.Run returned before offering init")
-		default:
-		}
-		c, err := net.Dial("tcp", initAddr)
-		if err != nil {
-			return false
-		}
-		_ = c.Close()
-		return true
-	}, 60*time.Second, 100*time.Millisecond, "the node never offered init")
+	runUntilInitOffered(t, p, initAddr)
 
 	assert.Equal(t, []string{"control-plane-1"}, p.NodeOS.Booted())
 	assert.Contains(t, p.Reports(), metadata.PhaseBooting)
@@ -96,33 +70,7 @@ func TestRunWaitsOnARefusedStateDisk(t *testing.T) {
 	p.refusals.Store(3)
 	initAddr := freeAddr(t)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- boot.Run(ctx, p, boot.Options{InitAddr: initAddr, RecoverAddr: freeAddr(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("boot.Run did not return when its context ended")
-		}
-	})
-
-	require.Eventually(t, func() bool {
-		select {
-		case err := <-done:
-			require.NoError(t, err, "boot.Run returned before offering init")
-		default:
-		}
-		c, err := net.Dial("tcp", initAddr)
-		if err != nil {
-			return false
-		}
-		_ = c.Close()
-		return true
-	}, 60*time.Second, 100*time.Millisecond, "the node never offered init")
+	runUntilInitOffered(t, p, initAddr)
 
 	assert.Contains(t, p.Reports(), metadata.PhaseStateDiskRefused)
 	assert.Zero(t, p.refusals.Load(), "the node looked at its disk until it was accepted")
@@ -152,6 +100,39 @@ func (s refusingStorage) Exists() (bool, error) {
 	}
 	s.refusals.Store(0)
 	return s.Storage.Exists()
+}
+
+// runUntilInitOffered runs the node program on p until it offers init at initAddr; it is
+// stopped when t ends.
+func runUntilInitOffered(t *testing.T, p boot.Platform, initAddr string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- boot.Run(ctx, p, boot.Options{InitAddr: initAddr, RecoverAddr: freeAddr(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("boot.Run did not return when its context ended")
+		}
+	})
+
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-done:
+			require.NoError(t, err, "boot.Run returned before offering init")
+		default:
+		}
+		c, err := net.Dial("tcp", initAddr)
+		if err != nil {
+			return false
+		}
+		_ = c.Close()
+		return true
+	}, 60*time.Second, 100*time.Millisecond, "the node never offered init")
 }
 
 // freeAddr returns a loopback address no one listens on now.
