@@ -23,7 +23,7 @@ func SetLUKS2System(l *LUKS2, s LUKS2System) {
 		sys.run = s.Run
 	}
 	if s.Mount != nil {
-		sys.mount = s.Mount
+		sys.mount = func(source, target string, _ uintptr) error { return s.Mount(source, target) }
 	}
 	if s.Unmount != nil {
 		sys.unmount = s.Unmount

@@ -57,6 +57,9 @@ type LUKS2 struct {
 	Name string
 	// MountPoint is where Unlock mounts the filesystem.
 	MountPoint string
+	// MountFlags are the mount's flags (unix.MS_*), e.g. nosuid and nodev for storage whose
+	// files a workload writes.
+	MountFlags uintptr
 	// Binary is the cryptsetup executable; default "cryptsetup" from PATH.
 	Binary string
 	// Mkfs is the ext4 mkfs executable; default "mkfs.ext4" from PATH.
@@ -75,7 +78,7 @@ type LUKS2 struct {
 // (export_test.go).
 type luks2System struct {
 	run         func(cmd *exec.Cmd) error
-	mount       func(source, target string) error
+	mount       func(source, target string, flags uintptr) error
 	unmount     func(target string) error
 	mounted     func(path string) (bool, error)
 	mapperDir   string
@@ -84,7 +87,7 @@ type luks2System struct {
 
 var realLUKS2System = luks2System{
 	run:         (*exec.Cmd).Run,
-	mount:       func(source, target string) error { return unix.Mount(source, target, luks2Filesystem, 0, "") },
+	mount:       func(source, target string, flags uintptr) error { return unix.Mount(source, target, luks2Filesystem, flags, "") },
 	unmount:     func(target string) error { return unix.Unmount(target, 0) },
 	mounted:     isMountPoint,
 	mapperDir:   "/dev/mapper",
@@ -374,7 +377,7 @@ func (l *LUKS2) Unlock(ctx context.Context, key []byte) error {
 	if err := l.open(ctx, header, key); err != nil {
 		return fmt.Errorf("unlocking state storage: %w", err)
 	}
-	if err := l.system().mount(mapped, l.MountPoint); err != nil {
+	if err := l.system().mount(mapped, l.MountPoint, l.MountFlags); err != nil {
 		if errors.Is(err, unix.EIO) {
 			// dm-crypt checks each sector's tag and answers EIO for one that does not
 			// match; the kernel log names the sector ("INTEGRITY AEAD ERROR").

@@ -123,6 +123,7 @@ func TestQEMUMachine(t *testing.T) {
 	}
 	raw = nil
 
+	assertVolumeOnMachine(t, ws)
 	assertModifiedSectorsRefused(t, cli, ws, disk, hdr)
 }
 

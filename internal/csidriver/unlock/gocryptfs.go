@@ -354,19 +354,7 @@ func (g *Gocryptfs) backingOf(target string) (string, error) {
 
 // Stats reports the file system's use at target: gocryptfs reports its ext4 file system's.
 func (g *Gocryptfs) Stats(_ context.Context, target string) (csidriver.Stats, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(target, &st); err != nil {
-		return csidriver.Stats{}, fmt.Errorf("statfs %s: %w", target, err)
-	}
-	bsize := st.Bsize
-	return csidriver.Stats{
-		TotalBytes:     int64(st.Blocks) * bsize,
-		AvailableBytes: int64(st.Bavail) * bsize,
-		UsedBytes:      int64(st.Blocks-st.Bfree) * bsize,
-		TotalInodes:    int64(st.Files),
-		FreeInodes:     int64(st.Ffree),
-		UsedInodes:     int64(st.Files - st.Ffree),
-	}, nil
+	return statsOf(target)
 }
 
 // mounted reports whether path is a mount point; a path that does not exist is not.

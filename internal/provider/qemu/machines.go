@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/digitalocean/go-qemu/qmp"
-
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
@@ -119,7 +117,10 @@ func (m *machines) Shutdown(name string) {
 		return
 	}
 	start := time.Now()
-	if err := pressPowerButton(machine.QMPSocket()); err != nil {
+	pressCtx, cancelPress := context.WithTimeout(context.Background(), 10*time.Second)
+	err := machine.PowerButton(pressCtx)
+	cancelPress()
+	if err != nil {
 		m.env.Log.Warn("graceful shutdown", "node", name, "err", err)
 		return
 	}
@@ -130,6 +131,46 @@ func (m *machines) Shutdown(name string) {
 		return
 	}
 	m.env.Log.Info("graceful stop done", "node", name, "took", time.Since(start).Round(time.Millisecond).String())
+}
+
+// PlugVolume implements cluster.VolumeDisks: the volume's file becomes a disk of the
+// node's running machine, named by the volume's id (its SCSI serial number).
+func (m *machines) PlugVolume(ctx context.Context, node, id, file string) error {
+	machine, err := m.machine(node)
+	if err != nil {
+		return err
+	}
+	return machine.Plug(ctx, id, file)
+}
+
+// UnplugVolume implements cluster.VolumeDisks. A machine that is off has nothing plugged.
+func (m *machines) UnplugVolume(ctx context.Context, node, id string) error {
+	machine, err := m.machine(node)
+	if errors.Is(err, errMachineOff) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return machine.Unplug(ctx, id)
+}
+
+// errMachineOff: the node's machine is not running.
+var errMachineOff = errors.New("the machine is off")
+
+func (m *machines) machine(node string) (*vm.Machine, error) {
+	m.mu.Lock()
+	machine := m.running[node]
+	m.mu.Unlock()
+	if machine == nil {
+		return nil, fmt.Errorf("node %s: %w", node, errMachineOff)
+	}
+	select {
+	case <-machine.Exited():
+		return nil, fmt.Errorf("node %s: %w", node, errMachineOff)
+	default:
+		return machine, nil
+	}
 }
 
 // errNoReachIn: the provider cannot reach into a virtual machine's processes.
@@ -144,21 +185,6 @@ func (m *machines) Route(context.Context, string, int, bool) error { return nil 
 func (m *machines) Describe(string) (string, string) { return "", sandbox.NSPath(m.env.Net.BridgeNS()) }
 
 func (m *machines) Close() { m.dhcp.Stop() }
-
-func pressPowerButton(socket string) error {
-	mon, err := qmp.NewSocketMonitor("unix", socket, 5*time.Second)
-	if err != nil {
-		return fmt.Errorf("QEMU's monitor: %w", err)
-	}
-	if err := mon.Connect(); err != nil {
-		return fmt.Errorf("QEMU's monitor: %w", err)
-	}
-	defer mon.Disconnect()
-	if _, err := mon.Run([]byte(`{"execute":"system_powerdown"}`)); err != nil {
-		return fmt.Errorf("QEMU's monitor: system_powerdown: %w", err)
-	}
-	return nil
-}
 
 // power is one boot of a machine.
 type power struct{ m *vm.Machine }

@@ -964,7 +964,11 @@ func (p *Provider) openVolumes() error {
 		return fmt.Errorf("releasing the volumes of deleted nodes: %w", err)
 	}
 	p.volumes = store
-	p.meta.SetVolumes(store)
+	if disks, ok := p.machines.(VolumeDisks); ok {
+		p.meta.SetVolumes(&pluggedVolumes{Store: store, disks: disks})
+	} else {
+		p.meta.SetVolumes(store)
+	}
 	return nil
 }
 

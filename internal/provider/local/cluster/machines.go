@@ -52,6 +52,20 @@ type Machines interface {
 	Close()
 }
 
+// VolumeDisks is implemented by machines on which a volume is a disk of the running machine
+// (the QEMU provider's), not a file the node opens from the host: the provider plugs the
+// volume's file into the machine when its node looks the volume up (after the machine's
+// firmware is done, so volumes never change a measured register), and unplugs it before the
+// volume is detached.
+type VolumeDisks interface {
+	// PlugVolume makes the volume's backing file a disk of node's running machine. Plugged
+	// already: nothing to do. A machine that is off is an error.
+	PlugVolume(ctx context.Context, node, id, file string) error
+	// UnplugVolume removes the volume's disk from node's machine once its file is released.
+	// Not plugged, or the machine off: nothing to do.
+	UnplugVolume(ctx context.Context, node, id string) error
+}
+
 // Power is one boot of a node's machine.
 type Power interface {
 	// PID is the machine's main process (the sandbox's bootstrapper) for importing images

@@ -2,56 +2,71 @@ package cluster
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
-	"net/netip"
-	"path/filepath"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/csidriver"
-	"github.com/openconstellation/constellation/internal/provider"
-	"github.com/openconstellation/constellation/internal/provider/local/metaserver"
 	"github.com/openconstellation/constellation/internal/provider/local/volumestore"
 )
 
-// TestOpenVolumes: the provider keeps volumes in Dir/volumes, serves them through the
-// metadata service, and at its start releases the attachments of nodes its spec no longer has
-// (a provider killed between deleting a node and releasing its volumes).
-func TestOpenVolumes(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	held, gone := csidriver.IDFor("pvc-held"), csidriver.IDFor("pvc-gone")
-	before, err := volumestore.Open(filepath.Join(dir, VolumesDir))
-	require.NoError(t, err)
-	for id, node := range map[string]string{held: "worker-0", gone: "worker-1"} {
-		_, err := before.Create(ctx, id, 1<<20)
-		require.NoError(t, err)
-		require.NoError(t, before.Attach(ctx, id, node))
+// fakeDisks records what is plugged where.
+type fakeDisks struct {
+	plugged   map[string]string // id -> node
+	unplugErr error
+}
+
+func (f *fakeDisks) PlugVolume(_ context.Context, node, id, _ string) error {
+	f.plugged[id] = node
+	return nil
+}
+
+func (f *fakeDisks) UnplugVolume(_ context.Context, node, id string) error {
+	if f.unplugErr != nil {
+		return f.unplugErr
 	}
+	if f.plugged[id] == node {
+		delete(f.plugged, id)
+	}
+	return nil
+}
 
-	p := &Provider{spec: Spec{Dir: dir, Nodes: []NodeSpec{
-		{NodeSpec: provider.NodeSpec{Name: "control-plane-0", Role: "control-plane"}, Index: 0},
-		{NodeSpec: provider.NodeSpec{Name: "worker-0", Role: "worker"}, Index: 2},
-	}}}
-	p.meta = metaserver.New([]metaserver.Node{
-		{Name: "control-plane-0", Role: "control-plane", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}},
-	}, nil, nil)
-	require.NoError(t, p.openVolumes())
+// The disk follows the store's record: plugged only into the node that holds the volume,
+// when it looks it up; unplugged before the attachment is released, which stays when the
+// unplug fails.
+func TestPluggedVolumes(t *testing.T) {
+	ctx := context.Background()
+	store, err := volumestore.Open(t.TempDir())
+	require.NoError(t, err)
+	disks := &fakeDisks{plugged: map[string]string{}}
+	v := &pluggedVolumes{Store: store, disks: disks}
+	id := csidriver.IDFor("pvc-a")
+	_, err = v.Create(ctx, id, 64<<20)
+	require.NoError(t, err)
+	require.NoError(t, v.Attach(ctx, id, "worker-0"))
+	assert.Empty(t, disks.plugged, "attaching records; the disk is plugged when the node looks")
 
-	v, err := p.volumes.Get(ctx, held)
+	_, err = v.Path(ctx, id, "worker-1")
+	assert.ErrorIs(t, err, csidriver.ErrNotAttached)
+	assert.Empty(t, disks.plugged, "another node's lookup plugs nothing")
+	file, err := v.Path(ctx, id, "worker-0")
 	require.NoError(t, err)
-	assert.Equal(t, "worker-0", v.AttachedTo, "a node the cluster has keeps its volume")
-	v, err = p.volumes.Get(ctx, gone)
-	require.NoError(t, err)
-	assert.Empty(t, v.AttachedTo, "a deleted node's volume is released")
+	assert.Equal(t, id+".img", file[len(file)-len(id)-4:])
+	assert.Equal(t, map[string]string{id: "worker-0"}, disks.plugged)
 
-	ts := httptest.NewServer(p.meta.Handler())
-	t.Cleanup(ts.Close)
-	resp, err := http.Get(ts.URL + "/v1/volumes/" + gone)
+	disks.unplugErr = errors.New("QEMU's monitor: busy")
+	assert.ErrorContains(t, v.Detach(ctx, id, "worker-0"), "busy")
+	vol, err := v.Get(ctx, id)
 	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusOK, resp.StatusCode, "the metadata service serves the store")
+	assert.Equal(t, "worker-0", vol.AttachedTo, "a disk still plugged keeps its volume attached")
+
+	disks.unplugErr = nil
+	require.NoError(t, v.Detach(ctx, id, "worker-0"))
+	assert.Empty(t, disks.plugged)
+	vol, err = v.Get(ctx, id)
+	require.NoError(t, err)
+	assert.Empty(t, vol.AttachedTo)
+	require.NoError(t, v.Attach(ctx, id, "worker-1"), "released: another node may take it")
 }

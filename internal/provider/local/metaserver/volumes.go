@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,7 +25,7 @@ type Volumes interface {
 	csidriver.Backing
 	// Path returns the backing file of a volume attached to node; any other volume is an
 	// error wrapping csidriver.ErrNotAttached.
-	Path(id, node string) (string, error)
+	Path(ctx context.Context, id, node string) (string, error)
 }
 
 // SetVolumes gives the server the provider's volume storage, which enables the volume API.
@@ -197,7 +198,7 @@ func (s *Server) selfVolume(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := v.Path(id, n.Name)
+	p, err := v.Path(r.Context(), id, n.Name)
 	if err != nil {
 		writeBackingError(w, err)
 		return

@@ -284,7 +284,7 @@ func (s *Store) Expand(_ context.Context, id string, bytes int64) (int64, error)
 // Path returns the backing file of the volume if it is attached to node; any other volume
 // (attached elsewhere, detached, or none of that id) is an error wrapping
 // csidriver.ErrNotAttached, so a node learns nothing of volumes that are not its own.
-func (s *Store) Path(id, node string) (string, error) {
+func (s *Store) Path(_ context.Context, id, node string) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", err
 	}

@@ -135,21 +135,21 @@ func TestOperations(t *testing.T) {
 		},
 		"path: attached to the node": {
 			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) {
-				p, err := s.Path(idA, "worker-0")
+				p, err := s.Path(context.Background(), idA, "worker-0")
 				return filepath.Base(p), err
 			},
 			want: idA + ".img", after: csidriver.Volume{ID: idA, Bytes: mib, AttachedTo: "worker-0"},
 		},
 		"path: attached to another node": {
-			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) { return s.Path(idA, "worker-1") },
+			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) { return s.Path(context.Background(), idA, "worker-1") },
 			wantErr: csidriver.ErrNotAttached, after: csidriver.Volume{ID: idA, Bytes: mib, AttachedTo: "worker-0"},
 		},
 		"path: detached": {
-			setup: created, op: func(s *volumestore.Store) (any, error) { return s.Path(idA, "worker-0") },
+			setup: created, op: func(s *volumestore.Store) (any, error) { return s.Path(context.Background(), idA, "worker-0") },
 			wantErr: csidriver.ErrNotAttached, after: csidriver.Volume{ID: idA, Bytes: mib},
 		},
 		"path: none (not told apart from another node's)": {
-			op: func(s *volumestore.Store) (any, error) { return s.Path(idA, "worker-0") }, wantErr: csidriver.ErrNotAttached, gone: true,
+			op: func(s *volumestore.Store) (any, error) { return s.Path(context.Background(), idA, "worker-0") }, wantErr: csidriver.ErrNotAttached, gone: true,
 		},
 		"detach node": {
 			setup: attachedTo("worker-0"), op: func(s *volumestore.Store) (any, error) { return nil, s.DetachNode("worker-0") },
@@ -230,7 +230,7 @@ func TestFilesOnDisk(t *testing.T) {
 	assert.JSONEq(t, `{"id":"`+idA+`","bytes":67108864,"attachedTo":"worker-0"}`, string(data))
 
 	// Path: absolute, in the store's directory.
-	p, err := s.Path(idA, "worker-0")
+	p, err := s.Path(context.Background(), idA, "worker-0")
 	require.NoError(t, err)
 	assert.Equal(t, filepath.Join(dir, idA+".img"), p)
 

@@ -14,6 +14,8 @@
 //     UKI's launch (docs/measured-boot.md);
 //   - the network card carries no option ROM (romfile=""): an iPXE ROM would be measured into
 //     PCR 2 and would change with QEMU's package;
+//   - a virtio-scsi controller for the volumes' disks is always there, and disks are plugged
+//     only into a running machine (disks.go), so volumes never change what the firmware sees;
 //   - every machine gets a fresh copy of the firmware's variable store template, so boot
 //     options and variables start from the firmware build's defaults.
 //
@@ -31,6 +33,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -184,6 +187,8 @@ func (s Spec) Args(tpmCtrl string) []string {
 		"-device", "virtio-blk-pci,drive=boot,bootindex=1",
 		"-drive", "if=none,id=state,format=raw,cache=none,aio=threads,file=" + s.path(StateDiskFile),
 		"-device", "virtio-blk-pci,drive=state,serial=state",
+		// The controller of the volumes' disks (Plug), present whether or not any is plugged.
+		"-device", "virtio-scsi-pci,id=volumes",
 		"-serial", "file:" + s.path(ConsoleFile),
 		"-qmp", "unix:" + s.path(QMPSocket) + ",server=on,wait=off",
 		"-device", "virtio-rng-pci",
@@ -262,6 +267,9 @@ type Machine struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	err    error
+
+	// qmpMu: QEMU's monitor serves one client at a time.
+	qmpMu sync.Mutex
 }
 
 // Start powers the machine on: its swtpm (a power cycle: PCRs reset, NV kept), then QEMU.

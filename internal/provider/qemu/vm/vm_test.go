@@ -123,5 +123,5 @@ func TestMeasuredShape(t *testing.T) {
 	assert.Equal(t, "max", shape.CPU)
 	assert.Equal(t, 2, shape.CPUs)
 	assert.Equal(t, 2560, shape.MemoryMiB)
-	assert.Equal(t, []string{"tpm-crb", "virtio-blk-pci bootindex=1", "virtio-blk-pci", "virtio-rng-pci", "virtio-net-pci romfile="}, shape.Devices)
+	assert.Equal(t, []string{"tpm-crb", "virtio-blk-pci bootindex=1", "virtio-blk-pci", "virtio-scsi-pci", "virtio-rng-pci", "virtio-net-pci romfile="}, shape.Devices)
 }

@@ -13,7 +13,6 @@ package vmnode
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
 	"github.com/openconstellation/constellation/internal/csidriver"
+	"github.com/openconstellation/constellation/internal/csidriver/unlock"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -55,6 +55,10 @@ const (
 	// StateDisk is the machine's state disk: the second virtio disk, whose serial the
 	// provider sets to "state" (internal/provider/qemu/vm).
 	StateDisk = "/dev/disk/by-id/virtio-state"
+	// VolumeWorkDir holds the checked header copies of the volumes' disks (root only).
+	VolumeWorkDir = "/run/constellation/volumes"
+	// diskWait bounds how long a volume's disk may take to appear once plugged.
+	diskWait = time.Minute
 	// stateMapping is the device-mapper name of the opened state disk.
 	stateMapping = "state"
 )
@@ -165,22 +169,16 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	return osys, nil
 }
 
-// errNoVolumeBacking: the provider attaches no disks for volumes to machines yet.
-var errNoVolumeBacking = errors.New("the QEMU provider has no backing for encrypted volumes yet (docs/qemu-provider.md)")
-
-// Volumes implements boot.Platform: the provider's volume API finds volumes, but no
-// unlocker opens one on a machine yet: staging fails, naming why.
+// Volumes implements boot.Platform: a volume attached to this node is a disk the provider
+// plugs into the machine (found by its serial number, machineDisks), opened as LUKS2 with
+// integrity (unlock.LUKS2), the state disk's format.
 func (p *Platform) Volumes() (csidriver.Devices, csidriver.Unlocker, error) {
-	return volumeclient.New(p.cfg.MetadataURL), noVolumes{}, nil
-}
-
-type noVolumes struct{}
-
-func (noVolumes) Stage(context.Context, string, []byte, string) error { return errNoVolumeBacking }
-func (noVolumes) Unstage(context.Context, string) error               { return nil }
-func (noVolumes) Expand(context.Context, string) error                { return errNoVolumeBacking }
-func (noVolumes) Stats(context.Context, string) (csidriver.Stats, error) {
-	return csidriver.Stats{}, errNoVolumeBacking
+	log := p.cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	devices := &machineDisks{provider: volumeclient.New(p.cfg.MetadataURL), sysBlock: "/sys/block", wait: diskWait, log: log}
+	return devices, &unlock.LUKS2{WorkDir: VolumeWorkDir}, nil
 }
 
 // Services implements boot.Platform: the services reach the machine's TPM through the
