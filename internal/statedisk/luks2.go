@@ -86,8 +86,10 @@ type luks2System struct {
 }
 
 var realLUKS2System = luks2System{
-	run:         (*exec.Cmd).Run,
-	mount:       func(source, target string, flags uintptr) error { return unix.Mount(source, target, luks2Filesystem, flags, "") },
+	run: (*exec.Cmd).Run,
+	mount: func(source, target string, flags uintptr) error {
+		return unix.Mount(source, target, luks2Filesystem, flags, "")
+	},
 	unmount:     func(target string) error { return unix.Unmount(target, 0) },
 	mounted:     isMountPoint,
 	mapperDir:   "/dev/mapper",
