@@ -43,6 +43,10 @@ var _ csidriver.Unlocker = (*LUKS2)(nil)
 // ErrExpandUnsupported: cryptsetup 2.6 cannot grow a volume with integrity protection.
 var ErrExpandUnsupported = errors.New("growing a volume with integrity protection is not supported on this platform (cryptsetup cannot resize dm-integrity); the volume keeps its size and data")
 
+// plaintextMountFlags: the volume's file system is the pod's plaintext view; programs may run
+// from it (as from any volume), set-user-ID bits and device files do not work on it.
+const plaintextMountFlags = unix.MS_NOSUID | unix.MS_NODEV
+
 // mappingName is the device-mapper name of the volume staged at target: a function of the
 // staging path, so that Unstage finds what Stage opened without any record.
 func mappingName(target string) string {
@@ -52,7 +56,7 @@ func mappingName(target string) string {
 
 func (l *LUKS2) volume(device, target string) *statedisk.LUKS2 {
 	return &statedisk.LUKS2{
-		Device: device, Name: mappingName(target), MountPoint: target, MountFlags: mountFlags,
+		Device: device, Name: mappingName(target), MountPoint: target, MountFlags: plaintextMountFlags,
 		Binary: l.Cryptsetup, Mkfs: l.Mkfs, HeaderDir: l.WorkDir,
 	}
 }
