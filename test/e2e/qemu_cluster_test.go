@@ -58,6 +58,9 @@ func TestQEMUCluster(t *testing.T) {
 	assert.Contains(t, out, "2 of 2 nodes verified: cluster vms")
 
 	assertPodsReachAcrossMachines(t, filepath.Join(ws, "constellation-admin.conf"))
+	// A volume moves with its pod from one machine to the other: unplugged from the control
+	// plane, plugged into the worker, opened there with the same key.
+	assertVolumeOnMachine(t, ws, "control-plane-0", "worker-0")
 
 	// The worker reboots: its TPM resets, it attests again, gets a rejoin ticket with its own
 	// disk key and unlocks the same LUKS2 volume.

@@ -123,7 +123,7 @@ func TestQEMUMachine(t *testing.T) {
 	}
 	raw = nil
 
-	assertVolumeOnMachine(t, ws)
+	assertVolumeOnMachine(t, ws, "control-plane-0", "control-plane-0")
 	assertModifiedSectorsRefused(t, cli, ws, disk, hdr)
 }
 

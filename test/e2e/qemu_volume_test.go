@@ -21,8 +21,9 @@ import (
 // volume's file into the machine as a disk; the node formats it as LUKS2 with integrity
 // under the volume's key and mounts it; what the pod stores reaches the host only as
 // ciphertext under the pinned header. The pod deleted, the disk is unplugged and the
-// attachment released; a new pod on the same claim reads what the first one stored.
-func assertVolumeOnMachine(t *testing.T, ws string) {
+// attachment released; a new pod on the same claim, on node second, reads what the first one
+// stored (on another machine: the volume moved with its pod).
+func assertVolumeOnMachine(t *testing.T, ws, first, second string) {
 	t.Helper()
 	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
 	images := filepath.Join(repoOutput(t), "images")
@@ -31,11 +32,14 @@ kind: PersistentVolumeClaim
 metadata: {name: machine-data, namespace: default}
 spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 64Mi}}}
 `)
-	pod := fmt.Sprintf(`apiVersion: v1
+	// A node selector, not nodeName: the claim's class binds at the first consumer's
+	// scheduling, which nodeName skips.
+	pod := func(node string) string {
+		return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: volume-server, namespace: default}
 spec:
-  nodeName: control-plane-0
+  nodeSelector: {kubernetes.io/hostname: %s}
   terminationGracePeriodSeconds: 5
   tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
   containers:
@@ -47,14 +51,15 @@ spec:
     readinessProbe: {httpGet: {port: 8080, path: /}, periodSeconds: 2}
     volumeMounts: [{name: data, mountPath: /data}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: machine-data}}]
-`, helloRef(t, images))
+`, node, helloRef(t, images))
+	}
 	// The API server's proxy reaches the pod from the machine; what goes through it is the
 	// same HTTP the application serves.
 	const dataPath = "/api/v1/namespaces/default/pods/volume-server:8080/proxy/data"
 	secret := fmt.Sprintf("kept on an encrypted volume at %d", time.Now().UnixNano())
 
 	start := time.Now()
-	applyManifest(t, kubeconfig, pod)
+	applyManifest(t, kubeconfig, pod(first))
 	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/volume-server", "--timeout=10m")
 	t.Logf("a pod with a new volume is Ready after %s (attach, plug, LUKS2 format with integrity, mount)", time.Since(start).Round(time.Second))
 	body := filepath.Join(t.TempDir(), "body")
@@ -82,9 +87,9 @@ spec:
 	assert.False(t, bytes.Contains(raw, []byte("kept on an encrypted volume")), "the pod's data in the clear in the volume's file")
 
 	start = time.Now()
-	applyManifest(t, kubeconfig, pod)
+	applyManifest(t, kubeconfig, pod(second))
 	kubectl(t, kubeconfig, "wait", "--for=condition=Ready", "pod/volume-server", "--timeout=10m")
-	t.Logf("a new pod on the same claim is Ready after %s", time.Since(start).Round(time.Second))
+	t.Logf("a new pod on the same claim, on %s, is Ready after %s", second, time.Since(start).Round(time.Second))
 	assert.Equal(t, secret, kubectl(t, kubeconfig, "get", "--raw", dataPath), "the volume kept what the first pod stored")
 	kubectl(t, kubeconfig, "delete", "pod", "volume-server", "--wait", "--timeout=5m")
 	waitNoVolumeAttachment(t, kubeconfig, 5*time.Minute)
