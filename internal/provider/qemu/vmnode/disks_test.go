@@ -81,15 +81,19 @@ func sysDisk(t *testing.T, sys, name, serial string) {
 func TestMachineDisks(t *testing.T) {
 	ctx := context.Background()
 	newDisks := func(sys string, p csidriver.Devices) *machineDisks {
-		return &machineDisks{provider: p, sysBlock: sys, wait: 2 * time.Second, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		return &machineDisks{provider: p, sysBlock: sys, wait: 5 * time.Second, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	}
 
 	sys := t.TempDir()
 	sysDisk(t, sys, "vda", "")
 	sysDisk(t, sys, "sda", "vol-ffffffffffffffffffffffffffffffff")
 	go func() {
+		// Not sysDisk: require must not stop the test from another goroutine.
 		time.Sleep(300 * time.Millisecond)
-		sysDisk(t, sys, "sdb", volID)
+		dir := filepath.Join(sys, "sdb", "device")
+		if os.MkdirAll(dir, 0o755) == nil {
+			_ = os.WriteFile(filepath.Join(dir, "vpd_pg80"), vpd(volID), 0o644)
+		}
 	}()
 	dev, err := newDisks(sys, fakeProvider{}).Device(ctx, volID)
 	require.NoError(t, err)
@@ -98,7 +102,9 @@ func TestMachineDisks(t *testing.T) {
 	_, err = newDisks(sys, fakeProvider{err: csidriver.ErrNotAttached}).Device(ctx, volID)
 	assert.ErrorIs(t, err, csidriver.ErrNotAttached, "the provider's refusal is the answer")
 
-	_, err = newDisks(t.TempDir(), fakeProvider{}).Device(ctx, volID)
+	none := newDisks(t.TempDir(), fakeProvider{})
+	none.wait = 300 * time.Millisecond
+	_, err = none.Device(ctx, volID)
 	assert.ErrorContains(t, err, "no disk with its serial number appeared")
 
 	sysDisk(t, sys, "sdc", volID)
