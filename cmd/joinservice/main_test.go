@@ -29,6 +29,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/joinclient"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/cmdutil"
@@ -51,9 +52,9 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/vtpmtest"
 )
 
-var image = []local.Component{
-	local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
-	local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config v1")),
+var image = []softfirmware.Component{
+	softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
+	softfirmware.BytesComponent("node config", local.PCRNodeConfig, []byte("node config v1")),
 }
 
 // node boots a swtpm from image and certifies its AKs; marker, if set, is extended into PCR
@@ -65,12 +66,12 @@ func node(t *testing.T, ca *akca.CA, name string, role metadata.Role, marker []b
 	tpm, err := proc.Open(context.Background())
 	require.NoError(t, err)
 	defer tpm.Close()
-	bootLog, err := local.MeasureLogged(tpm, image)
+	bootLog, err := softfirmware.MeasureLogged(tpm, image)
 	require.NoError(t, err)
 	logPath := filepath.Join(t.TempDir(), local.EventLogFile)
 	require.NoError(t, local.WriteEventLog(logPath, bootLog))
-	require.NoError(t, local.CertifyAK(tpm, ca, name, role, time.Now()))
-	require.NoError(t, local.LockPlatform(tpm))
+	require.NoError(t, softfirmware.CertifyAK(tpm, ca, name, role, time.Now()))
+	require.NoError(t, softfirmware.LockPlatform(tpm))
 	if marker != nil {
 		d := sha256.Sum256(marker)
 		require.NoError(t, tpm.ExtendPCR(int(markerRegister), d[:]))
@@ -109,7 +110,7 @@ func TestRun(t *testing.T) {
 	})
 	require.NoError(t, err)
 	att, err := clusterrecord.AttestationData(choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{
-		Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}},
+		Measurements: measurements.ReferenceSets{{Name: "image-v1", Measurements: softfirmware.ExpectedPCRs(image)}},
 		AKRoots:      string(pki.EncodeCert(ca.Certificate())),
 	}})
 	require.NoError(t, err)
@@ -199,8 +200,8 @@ func TestRun(t *testing.T) {
 
 	// An upgrade that retired image-v1: the mounted file changes, the service reloads it, and
 	// the worker is refused.
-	retired, err := json.Marshal(measurements.ReferenceSets{{Name: "image-v2", Measurements: local.ExpectedPCRs([]local.Component{
-		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v2")),
+	retired, err := json.Marshal(measurements.ReferenceSets{{Name: "image-v2", Measurements: softfirmware.ExpectedPCRs([]softfirmware.Component{
+		softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v2")),
 	})}})
 	require.NoError(t, err)
 	writeFile(t, configDir, clusterrecord.ReferenceSetsKey, retired)

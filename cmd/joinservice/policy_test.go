@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -35,7 +35,7 @@ func TestRunRefusesLooseReferenceSets(t *testing.T) {
 		KubernetesVersion: "v1.34.4", ClusterIDMarker: hex.EncodeToString(variant.QEMUVTPM.ClusterIDMarker(clusterID)),
 	})
 	require.NoError(t, err)
-	full := local.ExpectedPCRs(image)
+	full := softfirmware.ExpectedPCRs(image)
 	for name, tc := range measurementstest.LooseSets(full) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/testnet"
@@ -34,10 +35,10 @@ func TestRun(t *testing.T) {
 	proc := vtpmtest.SwtpmProcess(t)
 	// The node's measured boot, as the provider plays it: PCRs and the event log the
 	// service sends (qemu-vtpm validators require it).
-	image := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1"))}
+	image := []softfirmware.Component{softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1"))}
 	tpm, err := proc.Open(context.Background())
 	require.NoError(t, err)
-	bootLog, err := local.MeasureLogged(tpm, image)
+	bootLog, err := softfirmware.MeasureLogged(tpm, image)
 	require.NoError(t, err)
 	require.NoError(t, tpm.Close())
 	logPath := filepath.Join(t.TempDir(), "eventlog")
@@ -61,7 +62,7 @@ func TestRun(t *testing.T) {
 	})
 
 	// This TPM's AK is not certified: the validator accepts that, so the evidence verifies.
-	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: local.ExpectedPCRs(image)}}}, AcceptUnauthenticatedAK: true})
+	val, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "fresh TPM", Measurements: softfirmware.ExpectedPCRs(image)}}}, AcceptUnauthenticatedAK: true})
 	require.NoError(t, err)
 	nonce := bytes.Repeat([]byte{7}, 16)
 	var body verifyservice.HTTPResponse

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -58,7 +59,7 @@ func TestConfigGenerateLocal(t *testing.T) {
 	// The reference values are exactly what a node booting this image shows.
 	components, err := local.ImageComponents(image)
 	require.NoError(t, err)
-	want := local.ExpectedPCRs(components)
+	want := softfirmware.ExpectedPCRs(components)
 	require.Len(t, c.Attestation.Of(variant.QEMUVTPM).Measurements, 1)
 	set := c.Attestation.Of(variant.QEMUVTPM).Measurements[0]
 	assert.Equal(t, want, set.Measurements)
@@ -84,7 +85,7 @@ func TestConfigGenerateLocal(t *testing.T) {
 	require.NoError(t, err)
 	components, err = local.ImageComponents(image)
 	require.NoError(t, err)
-	assert.Equal(t, local.ExpectedPCRs(components), replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements)
+	assert.Equal(t, softfirmware.ExpectedPCRs(components), replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Measurements)
 	assert.NotEqual(t, set.Name, replaced.Attestation.Of(variant.QEMUVTPM).Measurements[0].Name, "a new image gets a new set name")
 	assert.Equal(t, &config.ProviderBlock{ControlPlanes: 1, Workers: 1, Image: "image"}, replaced.Provider.Block(), "flag defaults")
 

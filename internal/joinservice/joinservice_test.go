@@ -41,6 +41,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
@@ -102,10 +103,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func image(bootstrapper string) []local.Component {
-	return []local.Component{
-		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte(bootstrapper)),
-		local.BytesComponent("node config", local.PCRNodeConfig, []byte("image config v1")),
+func image(bootstrapper string) []softfirmware.Component {
+	return []softfirmware.Component{
+		softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte(bootstrapper)),
+		softfirmware.BytesComponent("node config", local.PCRNodeConfig, []byte("image config v1")),
 	}
 }
 
@@ -137,7 +138,7 @@ type env struct {
 type envOptions struct {
 	rateLimit   rate.Limit
 	rateBurst   int
-	serviceImg  []local.Component
+	serviceImg  []softfirmware.Component
 	noClusterID bool
 	// perPeer, concurrent and waiting bound handshakes (0: the service's defaults).
 	perPeer, concurrent, waiting int
@@ -170,9 +171,9 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	// The service's node: booted from the image, AK certified, initialized (PCR 15).
 	serviceTPM, serviceSwtpm := vtpmtest.Swtpm(t)
 	e.serviceSwtpm = serviceSwtpm.Pid()
-	serviceLog, err := local.MeasureLogged(serviceTPM, opts.serviceImg)
+	serviceLog, err := softfirmware.MeasureLogged(serviceTPM, opts.serviceImg)
 	require.NoError(t, err)
-	require.NoError(t, local.CertifyAK(serviceTPM, e.akCA, "control-plane-0", metadata.ControlPlane, time.Now()))
+	require.NoError(t, softfirmware.CertifyAK(serviceTPM, e.akCA, "control-plane-0", metadata.ControlPlane, time.Now()))
 	if !opts.noClusterID {
 		ms, err := e.secret.MeasurementSecret()
 		require.NoError(t, err)
@@ -193,7 +194,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	measure(t, e.nodeTPM, imageV1)
 	provisionRoot(t, e.nodeTPM, e.akCA)
 
-	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}})
+	e.active, err = measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "image-v1", Measurements: softfirmware.ExpectedPCRs(imageV1)}})
 	require.NoError(t, err)
 	validator, err := qemu.NewValidator(qemu.ValidatorConfig{ValidatorCommon: attestation.ValidatorCommon{Active: e.active}, AKRoots: e.akCA.Pool()})
 	require.NoError(t, err)
@@ -357,11 +358,11 @@ func (e *env) serviceValidator(j *joiner) attestation.Validator {
 }
 
 // provisionRoot does what the provider does for a node's TPM: it provisions ca as the AK
-// root and locks the platform hierarchy (local.CertifyAK, local.LockPlatform).
+// root and locks the platform hierarchy (softfirmware.CertifyAK, softfirmware.LockPlatform).
 func provisionRoot(t testing.TB, tpm *vtpm.TPM, ca *akca.CA) {
 	t.Helper()
 	require.NoError(t, tpm.WritePlatformNV(vtpm.AKRootsNVIndex, ca.Certificate().Raw))
-	require.NoError(t, local.LockPlatform(tpm))
+	require.NoError(t, softfirmware.LockPlatform(tpm))
 }
 
 func (e *env) conn(j *joiner) *grpc.ClientConn {
@@ -386,9 +387,9 @@ var bootLogs sync.Map
 
 // measure boots tpm with image as the provider does, and keeps the event log for the
 // issuers on tpm (bootLog): qemu-vtpm evidence carries it.
-func measure(t testing.TB, tpm *vtpm.TPM, image []local.Component) {
+func measure(t testing.TB, tpm *vtpm.TPM, image []softfirmware.Component) {
 	t.Helper()
-	log, err := local.MeasureLogged(tpm, image)
+	log, err := softfirmware.MeasureLogged(tpm, image)
 	require.NoError(t, err)
 	bootLogs.Store(tpm, log)
 }
@@ -795,9 +796,9 @@ func TestReferenceSetSwap(t *testing.T) {
 	imageV2 := image("bootstrapper v2")
 	measure(t, v2TPM, imageV2)
 	provisionRoot(t, v2TPM, e.akCA)
-	setV1 := measurements.ReferenceSet{Name: "image-v1", Measurements: local.ExpectedPCRs(imageV1)}
-	setV1b := measurements.ReferenceSet{Name: "image-v1-rebuilt", Measurements: local.ExpectedPCRs(imageV1)}
-	setV2 := measurements.ReferenceSet{Name: "image-v2", Measurements: local.ExpectedPCRs(imageV2)}
+	setV1 := measurements.ReferenceSet{Name: "image-v1", Measurements: softfirmware.ExpectedPCRs(imageV1)}
+	setV1b := measurements.ReferenceSet{Name: "image-v1-rebuilt", Measurements: softfirmware.ExpectedPCRs(imageV1)}
+	setV2 := measurements.ReferenceSet{Name: "image-v2", Measurements: softfirmware.ExpectedPCRs(imageV2)}
 	require.NoError(t, e.active.Store(measurements.ReferenceSets{setV1, setV2}))
 
 	var retired atomic.Bool
@@ -868,7 +869,7 @@ func TestSetRetiredDuringJoin(t *testing.T) {
 	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
 		require.True(t, conn.WaitForStateChange(ctx, s), "connection not ready")
 	}
-	other := measurements.ReferenceSet{Name: "image-v9", Measurements: local.ExpectedPCRs(image("v9"))}
+	other := measurements.ReferenceSet{Name: "image-v9", Measurements: softfirmware.ExpectedPCRs(image("v9"))}
 	require.NoError(t, e.active.Store(measurements.ReferenceSets{other}))
 	keysBefore := e.keys.calls.Load()
 	_, err := joinpb.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinpb.IssueJoinTicketRequest{DiskUuid: j.diskUUID, CertificateRequest: j.csr(j.key), ClientCertificateRequest: j.clientCSR(j.clientKey)})

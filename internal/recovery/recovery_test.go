@@ -20,6 +20,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/recover/recoverpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/recoveryserver"
 	"github.com/openconstellation/constellation/internal/handshakelimit/floodtest"
@@ -107,17 +108,17 @@ func TestRecoverSendsOnlyDerivedKeys(t *testing.T) {
 func TestRecoverRefusesBeforeSendingKeys(t *testing.T) {
 	skipShort(t)
 	ca := newCA(t)
-	otherImage := []local.Component{
-		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("a bootstrapper the operator never released")),
-		local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
+	otherImage := []softfirmware.Component{
+		softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("a bootstrapper the operator never released")),
+		softfirmware.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
 	}
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}}},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: softfirmware.ExpectedPCRs(bootstraptest.Image)}}},
 		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)
 	imagePCRs := map[uint32][]byte{}
-	for i, m := range local.ExpectedPCRs(bootstraptest.Image) {
+	for i, m := range softfirmware.ExpectedPCRs(bootstraptest.Image) {
 		imagePCRs[i] = m.Expected
 	}
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/verifyservice"
@@ -70,12 +71,12 @@ func startThirdPartyNode() *thirdPartyNode {
 	sim, err := simulator.Get()
 	must(err)
 	tpm := vtpm.New(sim, "simulator")
-	image := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1"))}
-	bootLog, err := local.MeasureLogged(tpm, image)
+	image := []softfirmware.Component{softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1"))}
+	bootLog, err := softfirmware.MeasureLogged(tpm, image)
 	must(err)
 	ca, err := akca.New("example platform AK CA", time.Now(), time.Hour)
 	must(err)
-	must(local.CertifyAK(tpm, ca, "worker-0", metadata.Worker, time.Now()))
+	must(softfirmware.CertifyAK(tpm, ca, "worker-0", metadata.Worker, time.Now()))
 	clusterID := []byte("example cluster id, 32 bytes....")
 	digest := sha256.Sum256(clusterID)
 	must(tpm.ExtendPCR(15, digest[:]))
@@ -90,7 +91,7 @@ func startThirdPartyNode() *thirdPartyNode {
 	caPEM, _, err := ca.PEM()
 	must(err)
 	return &thirdPartyNode{
-		endpoint: ln.Addr().String(), akRoots: string(caPEM), image: local.ExpectedPCRs(image), clusterID: clusterID,
+		endpoint: ln.Addr().String(), akRoots: string(caPEM), image: softfirmware.ExpectedPCRs(image), clusterID: clusterID,
 		stop: func() { g.Stop(); _ = tpm.Close() },
 	}
 }

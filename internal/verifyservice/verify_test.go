@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -41,9 +42,9 @@ import (
 )
 
 // image is what the test nodes boot.
-var image = []local.Component{
-	local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
-	local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config v1")),
+var image = []softfirmware.Component{
+	softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
+	softfirmware.BytesComponent("node config", local.PCRNodeConfig, []byte("node config v1")),
 }
 
 var (
@@ -55,7 +56,7 @@ var (
 type nodeOptions struct {
 	marker []byte // cluster ID extended into PCR 15; nil: not initialized
 	// loaded is an extra component measured after boot, e.g. an unexpected bootstrapper.
-	loaded *local.Component
+	loaded *softfirmware.Component
 	// name is the node name the provider certifies the AK for ("worker-0" when empty).
 	name string
 }
@@ -78,13 +79,13 @@ func startNode(t *testing.T, ca *akca.CA, opts nodeOptions) *node {
 	if opts.loaded != nil {
 		boot = append(slices.Clone(image), *opts.loaded)
 	}
-	bootLog, err := local.MeasureLogged(tpm, boot)
+	bootLog, err := softfirmware.MeasureLogged(tpm, boot)
 	require.NoError(t, err)
 	name := opts.name
 	if name == "" {
 		name = "worker-0"
 	}
-	require.NoError(t, local.CertifyAK(tpm, ca, name, metadata.Worker, time.Now()))
+	require.NoError(t, softfirmware.CertifyAK(tpm, ca, name, metadata.Worker, time.Now()))
 	if opts.marker != nil {
 		digest := sha256.Sum256(opts.marker)
 		require.NoError(t, tpm.ExtendPCR(int(markerRegister), digest[:]))
@@ -146,7 +147,7 @@ func servePlainGRPC(t *testing.T, register func(*grpc.Server)) string {
 func validator(t *testing.T, ca *akca.CA) attestation.Validator {
 	t.Helper()
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}}},
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: softfirmware.ExpectedPCRs(image)}}},
 		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
@@ -211,7 +212,7 @@ func TestVerify(t *testing.T) {
 	ca := newCA(t, "local AK CA")
 	otherCA := newCA(t, "another provider's AK CA")
 	genuine := startNode(t, ca, nodeOptions{marker: clusterID})
-	unexpected := local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("a debug bootstrapper"))
+	unexpected := softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("a debug bootstrapper"))
 
 	testCases := map[string]struct {
 		node      *nodeOptions // nil: the genuine node
@@ -354,7 +355,7 @@ func TestVerifyUncertifiedSigner(t *testing.T) {
 	ca := newCA(t, "local AK CA")
 	n := startNode(t, ca, nodeOptions{marker: clusterID})
 	noRoots, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: local.ExpectedPCRs(image)}}, Log: slog.New(slog.DiscardHandler)},
+		ValidatorCommon:         attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image-v1", Measurements: softfirmware.ExpectedPCRs(image)}}, Log: slog.New(slog.DiscardHandler)},
 		AcceptUnauthenticatedAK: true,
 	})
 	require.NoError(t, err)

@@ -31,6 +31,7 @@ import (
 
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
@@ -207,11 +208,11 @@ func TestAttacks(t *testing.T) {
 		require.NoError(t, err)
 		image, err := local.ImageComponents(worker.ImageDir)
 		require.NoError(t, err)
-		bootLog, err := local.MeasureLogged(tpm, image)
+		bootLog, err := softfirmware.MeasureLogged(tpm, image)
 		require.NoError(t, err)
 		otherCA, err := akca.New("another cluster's AK CA", time.Now(), time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, local.CertifyAK(tpm, otherCA, worker.Name, metadata.Worker, time.Now()))
+		require.NoError(t, softfirmware.CertifyAK(tpm, otherCA, worker.Name, metadata.Worker, time.Now()))
 		iss, err := vtpm.NewIssuer(tpm, vtpm.IssuerConfig{Variant: variant.QEMUVTPM, EventLog: func() ([]byte, error) { return bootLog, nil }})
 		require.NoError(t, err)
 		_, err = outside.joinTicket(t, joinService, iss, &joinpb.IssueJoinTicketRequest{

@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/node"
 	"github.com/openconstellation/constellation/internal/bootstrapper/nodelock"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -30,10 +30,17 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
 )
 
+// The registers the harness's image is measured into (softfirmware), as the sandbox's image
+// measures its bootstrapper and node configuration.
+const (
+	PCRBootstrapper = 11
+	PCRNodeConfig   = 12
+)
+
 // Image is the node image the test nodes boot.
-var Image = []local.Component{
-	local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper under test")),
-	local.BytesComponent("node config", local.PCRNodeConfig, []byte("node config under test")),
+var Image = []softfirmware.Component{
+	softfirmware.BytesComponent("bootstrapper", PCRBootstrapper, []byte("bootstrapper under test")),
+	softfirmware.BytesComponent("node config", PCRNodeConfig, []byte("node config under test")),
 }
 
 // Node is one test node: real TPM and storage.
@@ -48,7 +55,7 @@ type Node struct {
 	Node    *node.Node
 	// StateDir is where the unlocked storage is visible.
 	StateDir string
-	// EventLog is the event log of the node's current boot (local.MeasureLogged), which its
+	// EventLog is the event log of the node's current boot (softfirmware.MeasureLogged), which its
 	// issuers send as the node's do.
 	EventLog []byte
 }
@@ -58,7 +65,7 @@ type NodeOptions struct {
 	// Role is what the provider certifies the node's AKs for (default control plane).
 	Role metadata.Role
 	// Image is what the node boots (default Image).
-	Image []local.Component
+	Image []softfirmware.Component
 	// Uncertified: the provider certifies no AK (and provisions no AK root).
 	Uncertified bool
 }
@@ -102,7 +109,7 @@ func bootNode(t testing.TB, name string, ca *akca.CA, opts NodeOptions) *Node {
 	})
 	n.powerOn(t, func() {
 		if !opts.Uncertified {
-			require.NoError(t, local.CertifyAK(n.TPM, ca, name, opts.Role, time.Now()))
+			require.NoError(t, softfirmware.CertifyAK(n.TPM, ca, name, opts.Role, time.Now()))
 		}
 	})
 	return n
@@ -117,10 +124,10 @@ func (n *Node) powerOn(t testing.TB, certify func()) {
 	require.NoError(t, err)
 	n.TPM, err = n.swtpm.Open(context.Background())
 	require.NoError(t, err)
-	n.EventLog, err = local.MeasureLogged(n.TPM, n.opts.Image)
+	n.EventLog, err = softfirmware.MeasureLogged(n.TPM, n.opts.Image)
 	require.NoError(t, err)
 	certify()
-	require.NoError(t, local.LockPlatform(n.TPM))
+	require.NoError(t, softfirmware.LockPlatform(n.TPM))
 }
 
 func (n *Node) powerOff() {
@@ -152,7 +159,7 @@ func (n *Node) Restart(t testing.TB) {
 
 func (n *Node) open(t testing.TB) {
 	var err error
-	n.Lock, err = nodelock.New(n.TPM, local.Variant)
+	n.Lock, err = nodelock.New(n.TPM, softfirmware.Variant)
 	require.NoError(t, err)
 	n.Node, err = node.Open(context.Background(), n.Lock, n.Storage)
 	require.NoError(t, err)
@@ -183,7 +190,7 @@ func (n *Node) ReadEventLog() ([]byte, error) { return n.EventLog, nil }
 func Validator(t testing.TB, ca *akca.CA) *vtpm.Validator {
 	t.Helper()
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}}},
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "test-image", Measurements: softfirmware.ExpectedPCRs(Image)}}},
 		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)

@@ -12,12 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/diskowner"
 	"github.com/openconstellation/constellation/internal/handshakelimit"
 	"github.com/openconstellation/constellation/internal/joinservice"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -86,12 +86,12 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 	var issuer attestation.Issuer
 	if opts.SoftwareAK {
 		pcrs := map[uint32][]byte{}
-		for i, m := range local.ExpectedPCRs(Image) {
+		for i, m := range softfirmware.ExpectedPCRs(Image) {
 			pcrs[i] = m.Expected
 		}
-		pcrs[clusterIDRegister] = local.Variant.ClusterIDMarker(c.ClusterID)
+		pcrs[clusterIDRegister] = softfirmware.Variant.ClusterIDMarker(c.ClusterID)
 		soft := NewSoftwareIssuer(t, pcrs)
-		soft.EventLog, err = local.ImageEventLog(Image)
+		soft.EventLog, err = softfirmware.ImageEventLog(Image)
 		require.NoError(t, err)
 		issuer = soft
 	} else {
@@ -100,7 +100,7 @@ func StartJoinService(t testing.TB, ca *akca.CA, kube *kubetest.Cluster, opts Cl
 		t.Cleanup(func() { tpmIssuer.Close() })
 		issuer = tpmIssuer
 	}
-	active, err := measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "test-image", Measurements: local.ExpectedPCRs(Image)}})
+	active, err := measurements.NewActive(qemu.Variant, measurements.ReferenceSets{{Name: "test-image", Measurements: softfirmware.ExpectedPCRs(Image)}})
 	require.NoError(t, err)
 	// Built as cmd/joinservice builds it: through the variant registry.
 	caPEM, _, err := ca.PEM()
@@ -141,4 +141,4 @@ func (k masterKeys) DataKey(_ context.Context, id string, length int) ([]byte, e
 
 // clusterIDRegister is the register of the local provider's variant that carries the
 // cluster-ID marker.
-var clusterIDRegister, _ = local.Variant.ClusterIDRegister()
+var clusterIDRegister, _ = softfirmware.Variant.ClusterIDRegister()

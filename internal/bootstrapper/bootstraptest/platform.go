@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
 	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -68,7 +68,7 @@ func (p *Platform) Metadata(context.Context) (boot.Metadata, error) {
 
 // Attestation implements boot.Platform: the node's swtpm, and the event log of its boot.
 func (p *Platform) Attestation() (variant.Variant, choose.IssuerEnv) {
-	return local.Variant, choose.IssuerEnv{TPM: vtpm.OpenAddr(p.Node.swtpm.Addr()), AK: vtpm.AKRSA, EventLog: p.Node.ReadEventLog}
+	return softfirmware.Variant, choose.IssuerEnv{TPM: vtpm.OpenAddr(p.Node.swtpm.Addr()), AK: vtpm.AKRSA, EventLog: p.Node.ReadEventLog}
 }
 
 // NodeConfig implements boot.Platform.

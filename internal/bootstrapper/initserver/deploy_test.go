@@ -14,13 +14,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/openconstellation/constellation/api/init/initpb"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/clusterrecord"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/kms"
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/snp"
@@ -106,7 +106,7 @@ func TestInitDeployNeedsAttestation(t *testing.T) {
 // provider's CA) to req and returns it as the node should parse it.
 func withAttestation(t *testing.T, e *env, req *initpb.InitRequest) choose.Reference {
 	ref := choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{
-		Measurements: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)}},
+		Measurements: measurements.ReferenceSets{{Name: "image", Measurements: softfirmware.ExpectedPCRs(bootstraptest.Image)}},
 		AKRoots:      string(pki.EncodeCert(e.ca.Certificate())),
 	}}
 	setReference(t, req, ref)

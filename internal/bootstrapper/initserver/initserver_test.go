@@ -30,6 +30,7 @@ import (
 	"github.com/openconstellation/constellation/api/init/initpb"
 	"github.com/openconstellation/constellation/api/join/joinpb"
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/bootstrapper/initserver"
 	"github.com/openconstellation/constellation/internal/diskowner"
@@ -40,7 +41,6 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubetest"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/statedisk"
 	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
@@ -553,16 +553,16 @@ func TestInitFailureStreamsLogs(t *testing.T) {
 // request (with the master secret) is never sent.
 func TestCLIRefusesUnexpectedNode(t *testing.T) {
 	e := newEnv(t)
-	other := []local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("another bootstrapper"))}
+	other := []softfirmware.Component{softfirmware.BytesComponent("bootstrapper", bootstraptest.PCRBootstrapper, []byte("another bootstrapper"))}
 	v, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: local.ExpectedPCRs(other)}}},
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "other", Measurements: softfirmware.ExpectedPCRs(other)}}},
 		AKRoots:         e.ca.Pool(),
 	})
 	require.NoError(t, err)
 	req, _ := request(t)
 	res := e.callWith(v, req)
 	require.Error(t, res.Err)
-	assert.Contains(t, res.Err.Error(), fmt.Sprintf("PCR %d", local.PCRBootstrapper))
+	assert.Contains(t, res.Err.Error(), fmt.Sprintf("PCR %d", bootstraptest.PCRBootstrapper))
 	assert.Empty(t, e.kubeadm.CallList())
 	assert.Equal(t, make([]byte, 32), e.node.ClusterIDRegister(t))
 }

@@ -8,9 +8,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/pki"
-	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
@@ -21,7 +21,7 @@ import (
 // refusal must name: what a CLI that holds the init secret (buggy, or an attacker's) could
 // send so that the join service would later admit nodes that run something else.
 func looseReferenceSets() map[string]measurementstest.Loose {
-	return measurementstest.LooseSets(local.ExpectedPCRs(bootstraptest.Image))
+	return measurementstest.LooseSets(softfirmware.ExpectedPCRs(bootstraptest.Image))
 }
 
 // TestInitRefusesLooseReferenceSets: the node checks the attestation configuration of the
@@ -34,7 +34,7 @@ func TestInitRefusesLooseReferenceSets(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			req, _ := request(t)
 			sets := measurements.ReferenceSets{
-				{Name: "image", Measurements: local.ExpectedPCRs(bootstraptest.Image)},
+				{Name: "image", Measurements: softfirmware.ExpectedPCRs(bootstraptest.Image)},
 				{Name: "loose", Measurements: tc.M},
 			}
 			setReference(t, req, choose.Reference{Variant: variant.QEMUVTPM, Values: choose.Values{Measurements: sets, AKRoots: string(pki.EncodeCert(e.ca.Certificate()))}})

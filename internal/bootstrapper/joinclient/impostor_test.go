@@ -2,7 +2,6 @@ package joinclient_test
 
 import (
 	"context"
-	"github.com/openconstellation/constellation/pkg/attestation/variant"
 	"os"
 	"strings"
 	"testing"
@@ -12,9 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/bootstrapper/bootstraptest"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // impostor is a join service an attacker controls in one way, and what the node logs when
@@ -29,8 +29,8 @@ type impostor struct {
 func impostors(t *testing.T) map[string]impostor {
 	otherCA, err := akca.New("another platform's AK CA", time.Now(), time.Hour)
 	require.NoError(t, err)
-	otherImage := []local.Component{
-		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper with a backdoor")),
+	otherImage := []softfirmware.Component{
+		softfirmware.BytesComponent("bootstrapper", bootstraptest.PCRBootstrapper, []byte("bootstrapper with a backdoor")),
 		bootstraptest.Image[1],
 	}
 	return map[string]impostor{

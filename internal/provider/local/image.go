@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 )
 
@@ -41,13 +42,13 @@ func ImageFiles() []string {
 }
 
 // ImageComponents measures the files of a node image directory: what the provider extends
-// into a node's vTPM before the node's software starts, and what ExpectedPCRs turns into
+// into a node's vTPM before the node's software starts, and what softfirmware.ExpectedPCRs turns into
 // reference values offline. A directory that lacks files is refused, naming each missing one.
-func ImageComponents(dir string) ([]Component, error) {
-	var out []Component
+func ImageComponents(dir string) ([]softfirmware.Component, error) {
+	var out []softfirmware.Component
 	var problems []error
 	for _, f := range imageFiles {
-		c, err := FileComponent(f.name, f.pcr, filepath.Join(dir, f.name))
+		c, err := softfirmware.FileComponent(f.name, f.pcr, filepath.Join(dir, f.name))
 		if err != nil {
 			problems = append(problems, err)
 			continue

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/kubeversion"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -22,7 +23,7 @@ func TestImageComponents(t *testing.T) {
 	}
 	got, err := local.ImageComponents(dir)
 	require.NoError(t, err)
-	want := []local.Component{
+	want := []softfirmware.Component{
 		{Name: "bootstrapper", PCR: local.PCRBootstrapper, Digest: sha256.Sum256([]byte("content of bootstrapper"))},
 		{Name: "kubelet", PCR: local.PCRKubernetes, Digest: sha256.Sum256([]byte("content of kubelet"))},
 		{Name: "kubeadm", PCR: local.PCRKubernetes, Digest: sha256.Sum256([]byte("content of kubeadm"))},
@@ -32,8 +33,8 @@ func TestImageComponents(t *testing.T) {
 	assert.Equal(t, want, got)
 
 	// Order within a PCR is part of the measurement: kubelet before kubeadm.
-	swapped := []local.Component{want[0], want[2], want[1], want[3], want[4]}
-	assert.NotEqual(t, local.ExpectedPCRs(want)[local.PCRKubernetes], local.ExpectedPCRs(swapped)[local.PCRKubernetes])
+	swapped := []softfirmware.Component{want[0], want[2], want[1], want[3], want[4]}
+	assert.NotEqual(t, softfirmware.ExpectedPCRs(want)[local.PCRKubernetes], softfirmware.ExpectedPCRs(swapped)[local.PCRKubernetes])
 
 	// Every missing file is named.
 	require.NoError(t, os.Remove(filepath.Join(dir, "kubeadm")))

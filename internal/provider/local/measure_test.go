@@ -2,7 +2,6 @@ package local_test
 
 import (
 	"context"
-	"github.com/openconstellation/constellation/pkg/attestation"
 	"testing"
 	"time"
 
@@ -10,8 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/pkg/attestation"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/qemu"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -22,19 +23,19 @@ import (
 // TestOfflineMeasurementsMatchBoot: the reference values computed offline are exactly what a
 // node that booted the image quotes, and a node with a different binary is told apart by PCR.
 func TestOfflineMeasurementsMatchBoot(t *testing.T) {
-	image := []local.Component{
-		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
-		local.BytesComponent("node-config", local.PCRNodeConfig, []byte(`{"k8s":"v1.34.4"}`)),
+	image := []softfirmware.Component{
+		softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
+		softfirmware.BytesComponent("node-config", local.PCRNodeConfig, []byte(`{"k8s":"v1.34.4"}`)),
 	}
 	tpm, _ := vtpmtest.Swtpm(t)
-	bootLog, err := local.MeasureLogged(tpm, image)
+	bootLog, err := softfirmware.MeasureLogged(tpm, image)
 	require.NoError(t, err)
 	ca, err := akca.New("provider", time.Now(), time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", metadata.Worker, time.Now()))
+	require.NoError(t, softfirmware.CertifyAK(tpm, ca, "node-0", metadata.Worker, time.Now()))
 
 	val, err := qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}}},
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "image", Measurements: softfirmware.ExpectedPCRs(image)}}},
 		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
@@ -58,9 +59,9 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 	require.NotEqual(t, evidence[vtpm.AKRSA], evidence[vtpm.AKECC])
 	ev := evidence[vtpm.AKRSA]
 
-	modified := append([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1 + backdoor"))}, image[1:]...)
+	modified := append([]softfirmware.Component{softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1 + backdoor"))}, image[1:]...)
 	val, err = qemu.NewValidator(qemu.ValidatorConfig{
-		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: local.ExpectedPCRs(modified)}}},
+		ValidatorCommon: attestation.ValidatorCommon{ReferenceSets: measurements.ReferenceSets{{Name: "modified", Measurements: softfirmware.ExpectedPCRs(modified)}}},
 		AKRoots:         ca.Pool(),
 	})
 	require.NoError(t, err)
@@ -69,10 +70,10 @@ func TestOfflineMeasurementsMatchBoot(t *testing.T) {
 }
 
 // The local PCR map and the qemu-vtpm register map the policy rule checks against are one
-// map: local.ExpectedPCRs covers exactly the image registers, the cluster-ID register is PCR 15
+// map: softfirmware.ExpectedPCRs covers exactly the image registers, the cluster-ID register is PCR 15
 // (where init/join extend the marker), and generated reference values pass the rule.
 func TestPCRMapIsTheVariantRegisterMap(t *testing.T) {
-	m := local.ExpectedPCRs([]local.Component{local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("b")), local.BytesComponent("config", local.PCRNodeConfig, []byte("c"))})
+	m := softfirmware.ExpectedPCRs([]softfirmware.Component{softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("b")), softfirmware.BytesComponent("config", local.PCRNodeConfig, []byte("c"))})
 	assert.Equal(t, variant.QEMUVTPM.ImageRegisters(), m.Indices())
 	assert.Contains(t, m.Indices(), uint32(local.PCRBootstrapper))
 	assert.Contains(t, m.Indices(), uint32(local.PCRNodeConfig))

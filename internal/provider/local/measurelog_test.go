@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/pkg/attestation"
@@ -25,18 +26,18 @@ import (
 )
 
 // logImage is a node image with two components in one PCR (order matters) and one in another.
-func logImage() []local.Component {
-	return []local.Component{
-		local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
-		local.BytesComponent("kubelet", local.PCRBootstrapper, []byte("kubelet v1.34.4")),
-		local.BytesComponent("node-config", local.PCRNodeConfig, []byte(`{"k8s":"v1.34.4"}`)),
+func logImage() []softfirmware.Component {
+	return []softfirmware.Component{
+		softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v1")),
+		softfirmware.BytesComponent("kubelet", local.PCRBootstrapper, []byte("kubelet v1.34.4")),
+		softfirmware.BytesComponent("node-config", local.PCRNodeConfig, []byte(`{"k8s":"v1.34.4"}`)),
 	}
 }
 
 // buildLog writes the log MeasureLogged would write for image, without a TPM: the forger's
 // tool.
-func buildLog(t *testing.T, image []local.Component) []byte {
-	log, err := local.ImageEventLog(image)
+func buildLog(t *testing.T, image []softfirmware.Component) []byte {
+	log, err := softfirmware.ImageEventLog(image)
 	require.NoError(t, err)
 	return log
 }
@@ -48,7 +49,7 @@ func buildLog(t *testing.T, image []local.Component) []byte {
 func TestMeasuredBootLogReplays(t *testing.T) {
 	image := logImage()
 	tpm := vtpmtest.Simulator(t)
-	raw, err := local.MeasureLogged(tpm, image)
+	raw, err := softfirmware.MeasureLogged(tpm, image)
 	require.NoError(t, err)
 	marker := sha256.Sum256([]byte("cluster id"))
 	require.NoError(t, tpm.ExtendPCR(local.PCRClusterID, marker[:]))
@@ -72,7 +73,7 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 		out[at] ^= 1
 		return out
 	}
-	with := func(change func(image []local.Component) []local.Component) []byte {
+	with := func(change func(image []softfirmware.Component) []softfirmware.Component) []byte {
 		return buildLog(t, change(logImage()))
 	}
 	testCases := map[string]struct {
@@ -82,17 +83,17 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 		"the log as written":                 {log: raw},
 		"a byte of the first digest flipped": {log: flipDigest(0), wantMsg: "PCR 11"},
 		"a byte of the last digest flipped":  {log: flipDigest(2), wantMsg: "PCR 12"},
-		"another bootstrapper claimed": {log: with(func(im []local.Component) []local.Component {
-			im[0] = local.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v2"))
+		"another bootstrapper claimed": {log: with(func(im []softfirmware.Component) []softfirmware.Component {
+			im[0] = softfirmware.BytesComponent("bootstrapper", local.PCRBootstrapper, []byte("bootstrapper v2"))
 			return im
 		}), wantMsg: "PCR 11"},
-		"a component left out": {log: with(func(im []local.Component) []local.Component {
+		"a component left out": {log: with(func(im []softfirmware.Component) []softfirmware.Component {
 			return append(im[:1:1], im[2:]...)
 		}), wantMsg: "PCR 11"},
-		"a component added": {log: with(func(im []local.Component) []local.Component {
-			return append(im, local.BytesComponent("debug shell", local.PCRNodeConfig, []byte("sh")))
+		"a component added": {log: with(func(im []softfirmware.Component) []softfirmware.Component {
+			return append(im, softfirmware.BytesComponent("debug shell", local.PCRNodeConfig, []byte("sh")))
 		}), wantMsg: "PCR 12"},
-		"two components swapped": {log: with(func(im []local.Component) []local.Component {
+		"two components swapped": {log: with(func(im []softfirmware.Component) []softfirmware.Component {
 			im[0], im[1] = im[1], im[0]
 			return im
 		}), wantMsg: "PCR 11"},
@@ -101,13 +102,13 @@ func TestMeasuredBootLogReplays(t *testing.T) {
 			b.AddDigest(24, tcg.Ipl, image[0].Digest, []byte("out of range"))
 			return b.Bytes()
 		}(), wantMsg: "PCR 24"},
-		"a component moved to another PCR": {log: with(func(im []local.Component) []local.Component {
+		"a component moved to another PCR": {log: with(func(im []softfirmware.Component) []softfirmware.Component {
 			im[2].PCR = 13
 			return im
 		}), wantMsg: "PCR"},
 		// EV_IPL data is a description, not what was hashed: a renamed component still
 		// replays, and verifiers must not trust the name (eventlog.Replay's dataBoundTypes).
-		"a component renamed": {log: with(func(im []local.Component) []local.Component {
+		"a component renamed": {log: with(func(im []softfirmware.Component) []softfirmware.Component {
 			im[0].Name = "anything"
 			return im
 		})},
@@ -137,12 +138,12 @@ func TestMeasuredBootLogInEvidence(t *testing.T) {
 	proc := vtpmtest.SwtpmProcess(t)
 	tpm, err := proc.Open(context.Background())
 	require.NoError(t, err)
-	raw, err := local.MeasureLogged(tpm, image)
+	raw, err := softfirmware.MeasureLogged(tpm, image)
 	require.NoError(t, err)
 	ca, err := akca.New("provider", time.Now(), time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, local.CertifyAK(tpm, ca, "node-0", metadata.ControlPlane, time.Now()))
-	require.NoError(t, local.LockPlatform(tpm))
+	require.NoError(t, softfirmware.CertifyAK(tpm, ca, "node-0", metadata.ControlPlane, time.Now()))
+	require.NoError(t, softfirmware.LockPlatform(tpm))
 	require.NoError(t, tpm.Close())
 	path := filepath.Join(t.TempDir(), local.EventLogFile)
 	require.NoError(t, local.WriteEventLog(path, raw))
@@ -150,7 +151,7 @@ func TestMeasuredBootLogInEvidence(t *testing.T) {
 	caPEM, _, err := ca.PEM()
 	require.NoError(t, err)
 	val, err := choose.NewValidator(choose.Reference{Variant: local.Variant, Values: choose.Values{
-		Measurements: measurements.ReferenceSets{{Name: "image", Measurements: local.ExpectedPCRs(image)}},
+		Measurements: measurements.ReferenceSets{{Name: "image", Measurements: softfirmware.ExpectedPCRs(image)}},
 		AKRoots:      string(caPEM),
 	}}, choose.Options{})
 	require.NoError(t, err)
@@ -210,7 +211,7 @@ func TestWriteEventLog(t *testing.T) {
 // anything is measured.
 func TestImageEventLogRange(t *testing.T) {
 	for _, pcr := range []int{-1, eventlog.NumPCRs} {
-		_, err := local.ImageEventLog([]local.Component{{Name: "x", PCR: pcr}})
+		_, err := softfirmware.ImageEventLog([]softfirmware.Component{{Name: "x", PCR: pcr}})
 		assert.ErrorContains(t, err, "out of range")
 	}
 }

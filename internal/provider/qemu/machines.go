@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/openconstellation/constellation/internal/provider/local"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/provider/qemu/vm"
@@ -77,7 +77,7 @@ func (m *machines) Boot(ctx context.Context, node cluster.Machine) (cluster.Powe
 		return nil, err
 	}
 	if err := vm.ProvisionTPM(ctx, spec, func(tpm *vtpm.TPM) error {
-		return local.CertifyAK(tpm, m.env.CA, node.Name, node.Role, time.Now())
+		return softfirmware.CertifyAK(tpm, m.env.CA, node.Name, node.Role, time.Now())
 	}); err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/pkg/attestation/vtpm/swtpm"
@@ -213,7 +214,7 @@ func (s *sandboxes) startTPM(ctx context.Context, m Machine) (*swtpm.Process, er
 	return tpmProc, nil
 }
 
-func (s *sandboxes) playFirmware(ctx context.Context, tpmProc *swtpm.Process, m Machine, image []local.Component) error {
+func (s *sandboxes) playFirmware(ctx context.Context, tpmProc *swtpm.Process, m Machine, image []softfirmware.Component) error {
 	tpm, err := tpmProc.Open(ctx)
 	if err != nil {
 		return err
@@ -221,15 +222,15 @@ func (s *sandboxes) playFirmware(ctx context.Context, tpmProc *swtpm.Process, m 
 	defer tpm.Close()
 	// The firmware's event log of this boot replaces the last boot's (the power cycle reset
 	// the PCRs); it is written before the node starts, which reads it (nodeos).
-	bootLog, err := local.MeasureLogged(tpm, image)
+	bootLog, err := softfirmware.MeasureLogged(tpm, image)
 	if err == nil {
 		err = local.WriteEventLog(filepath.Join(m.Dir, "tpm", local.EventLogFile), bootLog)
 	}
 	if err == nil {
-		err = local.CertifyAK(tpm, s.env.CA, m.Name, m.Role, time.Now())
+		err = softfirmware.CertifyAK(tpm, s.env.CA, m.Name, m.Role, time.Now())
 	}
 	if err == nil {
-		err = local.LockPlatform(tpm)
+		err = softfirmware.LockPlatform(tpm)
 	}
 	return err
 }

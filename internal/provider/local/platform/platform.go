@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/openconstellation/constellation/internal/attestation/akca"
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/fileutil"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -89,7 +90,7 @@ func (Platform) ReferenceValues(image string) (provider.ReferenceValues, error) 
 	if err != nil {
 		return provider.ReferenceValues{}, err
 	}
-	rv := provider.ReferenceValues{Measurements: local.ExpectedPCRs(components), Components: map[uint32][]string{}}
+	rv := provider.ReferenceValues{Measurements: softfirmware.ExpectedPCRs(components), Components: map[uint32][]string{}}
 	for _, c := range components {
 		rv.Components[uint32(c.PCR)] = append(rv.Components[uint32(c.PCR)], c.Name)
 	}

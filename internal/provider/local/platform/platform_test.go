@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/attestation/softfirmware"
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/local"
@@ -57,7 +58,7 @@ func TestReferenceValues(t *testing.T) {
 	require.NoError(t, err)
 	components, err := local.ImageComponents(dir)
 	require.NoError(t, err)
-	assert.Equal(t, local.ExpectedPCRs(components), rv.Measurements)
+	assert.Equal(t, softfirmware.ExpectedPCRs(components), rv.Measurements)
 	assert.Equal(t, []string{"kubelet", "kubeadm"}, rv.Components[local.PCRKubernetes])
 }
 
