@@ -125,7 +125,7 @@ flag is given.`,
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			ctx, cancel := context.WithTimeout(cmd.Context(), pacedTimeout(cmd, ws, timeout))
 			defer cancel()
 			out := newSyncWriter(cmd.OutOrStdout())
 			return apply(ctx, out, newPhaseTimer(out), ws, o)

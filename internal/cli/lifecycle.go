@@ -33,7 +33,7 @@ func inWorkspace(timeout *time.Duration, run func(ctx context.Context, out io.Wr
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(cmd.Context(), *timeout)
+		ctx, cancel := context.WithTimeout(cmd.Context(), pacedTimeout(cmd, ws, *timeout))
 		defer cancel()
 		return run(ctx, newSyncWriter(cmd.OutOrStdout()), ws, args)
 	}

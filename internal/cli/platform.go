@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/catalog"
@@ -61,4 +64,32 @@ func recordNodes(st *state.State, nodes []provider.Node) {
 // nodeEndpoint is host:port of a node's service port.
 func nodeEndpoint(n state.Node, port int) string {
 	return net.JoinHostPort(n.IPs[0].String(), fmt.Sprint(port))
+}
+
+// pacedTimeout is a command's bound: its --timeout when given, else its default times the
+// pace of the workspace's platform (provider.Paced: machines under emulation), said once on
+// standard error so that the user knows how long it may wait.
+func pacedTimeout(cmd *cobra.Command, workspace string, timeout time.Duration) time.Duration {
+	if cmd.Flags().Changed("timeout") {
+		return timeout
+	}
+	st, err := state.Load(filepath.Join(workspace, state.FileName))
+	if err != nil {
+		return timeout
+	}
+	p, err := providerOf(st)
+	if err != nil {
+		return timeout
+	}
+	paced, ok := p.(provider.Paced)
+	if !ok {
+		return timeout
+	}
+	f := paced.TimeoutFactor(workspace)
+	if f <= 1 {
+		return timeout
+	}
+	scaled := timeout * time.Duration(f)
+	fmt.Fprintf(cmd.ErrOrStderr(), "the %s platform's machines are emulated: waiting up to %s, %d times the default (--timeout sets another bound)\n", p.Name(), scaled, f)
+	return scaled
 }

@@ -174,6 +174,13 @@ type APIServerStopper interface {
 	StopAPIServer(ctx context.Context, name string) error
 }
 
+// Paced is implemented by a Platform whose nodes can be much slower than the commands'
+// default timeouts assume (machines under emulation): a command given no --timeout waits its
+// default times TimeoutFactor of the workspace's cluster (1 or less: the default).
+type Paced interface {
+	TimeoutFactor(workspace string) int
+}
+
 // ImageLoader is implemented by a Platform whose nodes cannot get the user's images by
 // themselves (the local provider: images the user built have no registry): `constellation
 // image load` stores archives in the cluster's LoadedImagesDir, which every node imports at

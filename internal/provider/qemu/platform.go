@@ -169,6 +169,25 @@ func (s Shape) measured() measuredboot.VMShape {
 	return vm.Spec{MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Accel: s.Accel, NIC: &vm.NIC{}}.MeasuredShape()
 }
 
+// tcgTimeoutFactor is how much longer than on a sandbox the commands wait for machines under
+// TCG: apply of a 1+1 cluster took 9 minutes where a sandbox cluster takes 2
+// (docs/benchmarks.md).
+const tcgTimeoutFactor = 4
+
+// TimeoutFactor implements provider.Paced: machines under TCG get tcgTimeoutFactor times the
+// commands' default timeouts; under KVM, the defaults.
+func (Platform) TimeoutFactor(workspace string) int {
+	spec, err := cluster.ReadSpec(localplatform.Platform{}.Folder(workspace))
+	if err != nil {
+		return 1
+	}
+	var shape Shape
+	if err := json.Unmarshal(spec.MachineShape, &shape); err != nil || shape.Accel != vm.TCG {
+		return 1
+	}
+	return tcgTimeoutFactor
+}
+
 // Create implements provider.Platform: the local provider's cluster, on QEMU machines, after
 // checking that the host can run them.
 func (Platform) Create(ctx context.Context, req provider.CreateRequest) (provider.Provider, error) {

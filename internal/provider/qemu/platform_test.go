@@ -84,3 +84,26 @@ func TestShapeRoundTrip(t *testing.T) {
 	assert.Equal(t, DefaultShape, got)
 	assert.Equal(t, "q35,smm=on", DefaultShape.measured().Machine)
 }
+
+// Machines under TCG get longer default timeouts; under KVM, and when the cluster's spec
+// cannot be read, the defaults.
+func TestTimeoutFactor(t *testing.T) {
+	for name, tc := range map[string]struct {
+		spec string
+		want int
+	}{
+		"tcg":     {spec: `{"machines": "qemu", "machineShape": {"accel": "tcg"}}`, want: tcgTimeoutFactor},
+		"kvm":     {spec: `{"machines": "qemu", "machineShape": {"accel": "kvm"}}`, want: 1},
+		"no spec": {want: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ws := t.TempDir()
+			if tc.spec != "" {
+				dir := Platform{}.Folder(ws)
+				require.NoError(t, os.MkdirAll(dir, 0o700))
+				require.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"), []byte(tc.spec), 0o600))
+			}
+			assert.Equal(t, tc.want, Platform{}.TimeoutFactor(ws))
+		})
+	}
+}
