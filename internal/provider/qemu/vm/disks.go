@@ -46,9 +46,6 @@ func (m *Machine) Plug(ctx context.Context, name, file string) error {
 	if !diskNamePattern.MatchString(name) {
 		return fmt.Errorf("machine %s: disk name %q: want a lower-case letter, then up to 35 letters, digits or '-'", m.spec.Name, name)
 	}
-	if strings.Contains(file, ",") {
-		return fmt.Errorf("machine %s: disk file %q contains a comma", m.spec.Name, file)
-	}
 	return m.monitor(ctx, func(run runFunc) error {
 		if plugged, err := hasDevice(run, name); err != nil || plugged {
 			return err
