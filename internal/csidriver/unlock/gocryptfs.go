@@ -62,8 +62,15 @@ const (
 
 // backingDir is where the ext4 file system of the volume staged at target is mounted.
 func (g *Gocryptfs) backingDir(target string) string {
+	return filepath.Join(g.WorkDir, stagingID(target))
+}
+
+// stagingID names what an unlocker keeps for the volume staged at target (a work folder, a
+// device-mapper name): a function of the staging path, so that Unstage finds what Stage made
+// without any record.
+func stagingID(target string) string {
 	sum := sha256.Sum256([]byte(filepath.Clean(target)))
-	return filepath.Join(g.WorkDir, hex.EncodeToString(sum[:16]))
+	return hex.EncodeToString(sum[:16])
 }
 
 func (g *Gocryptfs) tree(backing, target string) *statedisk.Gocryptfs {

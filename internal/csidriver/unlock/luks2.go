@@ -2,8 +2,6 @@ package unlock
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -47,12 +45,8 @@ var ErrExpandUnsupported = errors.New("growing a volume with integrity protectio
 // from it (as from any volume), set-user-ID bits and device files do not work on it.
 const plaintextMountFlags = unix.MS_NOSUID | unix.MS_NODEV
 
-// mappingName is the device-mapper name of the volume staged at target: a function of the
-// staging path, so that Unstage finds what Stage opened without any record.
-func mappingName(target string) string {
-	sum := sha256.Sum256([]byte(filepath.Clean(target)))
-	return "cvol-" + hex.EncodeToString(sum[:16])
-}
+// mappingName is the device-mapper name of the volume staged at target (stagingID).
+func mappingName(target string) string { return "cvol-" + stagingID(target) }
 
 func (l *LUKS2) volume(device, target string) *statedisk.LUKS2 {
 	return &statedisk.LUKS2{

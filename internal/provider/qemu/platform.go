@@ -55,12 +55,21 @@ const (
 
 func init() {
 	cluster.RegisterMachines(Name, func(raw json.RawMessage) (cluster.NewMachines, error) {
-		var s Shape
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("the QEMU machines' shape: %w", err)
+		s, err := parseShape(raw)
+		if err != nil {
+			return nil, err
 		}
 		return Machines(s), nil
 	})
+}
+
+// parseShape reads the machines' shape a cluster's spec keeps (cluster.Spec.MachineShape).
+func parseShape(raw json.RawMessage) (Shape, error) {
+	var s Shape
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return Shape{}, fmt.Errorf("the QEMU machines' shape: %w", err)
+	}
+	return s, nil
 }
 
 // Platform is the QEMU provider as the CLI meets it. Its clusters live where the local
@@ -181,8 +190,7 @@ func (Platform) TimeoutFactor(workspace string) int {
 	if err != nil {
 		return 1
 	}
-	var shape Shape
-	if err := json.Unmarshal(spec.MachineShape, &shape); err != nil || shape.Accel != vm.TCG {
+	if shape, err := parseShape(spec.MachineShape); err != nil || shape.Accel != vm.TCG {
 		return 1
 	}
 	return tcgTimeoutFactor
