@@ -1,0 +1,217 @@
+package azure
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuresim"
+	"github.com/openconstellation/constellation/internal/retry"
+)
+
+const testSub = "00000000-0000-0000-0000-000000000001"
+
+var testLayout = layout{Subscription: testSub, ResourceGroup: "mini-rg", Location: "westeurope", Cluster: "mini", UID: "0123abcd"}
+
+func testNodes() []nodeRequest {
+	image := "/subscriptions/" + testSub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0"
+	n := func(name string, role metadata.Role, slot int) nodeRequest {
+		return nodeRequest{Name: name, Role: role, Slot: slot, Image: image, VMSize: "Standard_DC4as_v5",
+			Encryption: armcompute.SecurityEncryptionTypesVMGuestStateOnly, StateDiskGiB: 10, InitSecretHash: "c2VjcmV0"}
+	}
+	return []nodeRequest{n("control-plane-0", metadata.ControlPlane, 0), n("worker-0", metadata.Worker, 1)}
+}
+
+// simClients are the provider's clients on a simulated subscription, polling fast.
+func simClients(t *testing.T, hooks azuresim.Hooks) (*clients, *azuresim.Cloud) {
+	t.Helper()
+	cloud := azuresim.New(testSub, hooks)
+	opts := ClientOptions(cloud.Transport())
+	opts.Retry.RetryDelay, opts.Retry.MaxRetryDelay = time.Millisecond, 10*time.Millisecond
+	c, err := newClients(testSub, azuresim.Credential, opts)
+	require.NoError(t, err)
+	c.pollEvery = time.Millisecond
+	c.retry = retry.Policy{Initial: time.Millisecond, Max: 10 * time.Millisecond, Factor: 2}
+	return c, cloud
+}
+
+// progressLog collects the provider's progress lines.
+type progressLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (p *progressLog) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.buf.Write(b)
+}
+
+func (p *progressLog) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.buf.String()
+}
+
+func createAll(ctx context.Context, c *clients, l layout, nodes []nodeRequest) error {
+	if err := c.ensureGroup(ctx, l); err != nil {
+		return err
+	}
+	if err := c.ensureIdentity(ctx, l); err != nil {
+		return err
+	}
+	if err := c.ensureNetwork(ctx, l); err != nil {
+		return err
+	}
+	if err := c.ensureLoadBalancer(ctx, l, nodes); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if err := c.ensureNode(ctx, l, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func removeAll(ctx context.Context, c *clients, l layout, nodes []nodeRequest) error {
+	for _, n := range nodes {
+		if err := c.removeNode(ctx, l, n.Name); err != nil {
+			return err
+		}
+	}
+	return c.removeCluster(ctx, l)
+}
+
+func TestCreateRerunRemove(t *testing.T) {
+	var mu sync.Mutex
+	var started []string
+	c, cloud := simClients(t, azuresim.Hooks{Started: func(_, vm string) { mu.Lock(); started = append(started, vm); mu.Unlock() }})
+	var log progressLog
+	ctx := provider.WithProgress(t.Context(), &log)
+	nodes := testNodes()
+
+	require.NoError(t, createAll(ctx, c, testLayout, nodes))
+	assert.Contains(t, log.String(), "Azure: creating confidential VM control-plane-0 (Standard_DC4as_v5)")
+	vm, ok := cloud.VM("mini-rg", "control-plane-0")
+	require.True(t, ok)
+	require.NoError(t, checkConfidential(vm))
+	assert.Equal(t, "running", cloud.Power("mini-rg", "worker-0"))
+	assert.ElementsMatch(t, []string{"control-plane-0", "worker-0"}, started)
+	assert.Equal(t, 1, cloud.RoleAssignments())
+
+	// A rerun adopts everything: no VM or disk is created again, no VM restarted.
+	require.NoError(t, createAll(ctx, c, testLayout, nodes))
+	assert.Equal(t, 2, cloud.Count("VirtualMachinesClient.BeginCreateOrUpdate"))
+	assert.Equal(t, 2, cloud.Count("DisksClient.BeginCreateOrUpdate"))
+	assert.Len(t, started, 2)
+
+	require.NoError(t, removeAll(ctx, c, testLayout, nodes))
+	assert.Empty(t, cloud.Groups(), "the group the provider created is deleted once empty")
+	assert.Zero(t, cloud.RoleAssignments())
+	// And removing again is no error.
+	require.NoError(t, removeAll(ctx, c, testLayout, nodes))
+}
+
+func TestRemoveKeepsTheUsersGroup(t *testing.T) {
+	c, cloud := simClients(t, azuresim.Hooks{})
+	cloud.CreateGroup("mini-rg", "westeurope", nil)
+	ctx := t.Context()
+	nodes := testNodes()
+	require.NoError(t, createAll(ctx, c, testLayout, nodes))
+	require.NoError(t, removeAll(ctx, c, testLayout, nodes))
+	assert.Equal(t, []string{"mini-rg"}, cloud.Groups())
+	assert.Empty(t, cloud.Resources("mini-rg"))
+}
+
+func TestNeverAdoptsAnotherClustersResources(t *testing.T) {
+	c, cloud := simClients(t, azuresim.Hooks{})
+	ctx := t.Context()
+	nodes := testNodes()
+	other := testLayout
+	other.UID = "ffff0000"
+	require.NoError(t, createAll(ctx, c, other, nodes))
+
+	err := createAll(ctx, c, testLayout, nodes)
+	require.ErrorIs(t, err, ErrConflict)
+	assert.Contains(t, err.Error(), `tag constellation-uid="ffff0000"`)
+	err = removeAll(ctx, c, testLayout, nodes)
+	require.ErrorIs(t, err, ErrConflict)
+	_, ok := cloud.VM("mini-rg", "worker-0")
+	assert.True(t, ok, "another cluster's VM is never deleted")
+}
+
+func TestFaults(t *testing.T) {
+	testCases := map[string]struct {
+		fault    azuresim.Fault
+		wantKind error
+		// wantCalls is how often the VM's creation is asked for.
+		wantCalls int
+		wantLog   string
+	}{
+		"throttled with Retry-After beyond the SDK's own retries": {
+			fault:     azuresim.Fault{API: "VirtualMachinesClient.BeginCreateOrUpdate", Status: http.StatusTooManyRequests, Code: "TooManyRequests", RetryAfter: time.Second, Times: 2},
+			wantCalls: 4, wantLog: "retrying in 1s after: Azure: create VM control-plane-0: TooManyRequests",
+		},
+		"an operation that fails halfway on Azure's side is retried": {
+			fault:     azuresim.Fault{API: "VirtualMachinesClient.BeginCreateOrUpdate", Status: http.StatusInternalServerError, Code: "InternalServerError", Halfway: true},
+			wantCalls: 3,
+		},
+		"capacity": {
+			fault:    azuresim.Fault{API: "VirtualMachinesClient.BeginCreateOrUpdate", Status: http.StatusConflict, Code: "AllocationFailed", Halfway: true},
+			wantKind: ErrCapacity, wantCalls: 3, wantLog: "VM control-plane-0 failed to provision before; asking again",
+		},
+		"quota": {
+			fault:    azuresim.Fault{API: "VirtualMachinesClient.BeginCreateOrUpdate", Status: http.StatusConflict, Code: "QuotaExceeded"},
+			wantKind: ErrQuota, wantCalls: 3,
+		},
+		"unsupported size": {
+			fault:    azuresim.Fault{API: "VirtualMachinesClient.BeginCreateOrUpdate", Status: http.StatusConflict, Code: "SkuNotAvailable"},
+			wantKind: ErrUnsupported, wantCalls: 3,
+		},
+		"authorization": {
+			fault:    azuresim.Fault{API: "ResourceGroupsClient.Get", Status: http.StatusForbidden, Code: "AuthorizationFailed"},
+			wantKind: ErrAuth, wantCalls: 2,
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			c, cloud := simClients(t, azuresim.Hooks{})
+			var log progressLog
+			ctx := provider.WithProgress(t.Context(), &log)
+			cloud.Inject(tc.fault)
+			err := createAll(ctx, c, testLayout, testNodes())
+			if tc.wantKind != nil {
+				require.ErrorIs(t, err, tc.wantKind)
+				assert.Contains(t, err.Error(), tc.fault.Code)
+				assert.Contains(t, err.Error(), hints[tc.wantKind])
+				// The rerun finishes what the first run began.
+				require.NoError(t, createAll(ctx, c, testLayout, testNodes()))
+			} else {
+				require.NoError(t, err)
+			}
+			// Requests to create a VM, every retry included.
+			assert.Equal(t, tc.wantCalls, cloud.Count("VirtualMachinesClient.BeginCreateOrUpdate"))
+			assert.Contains(t, log.String(), tc.wantLog)
+			vm, ok := cloud.VM("mini-rg", "worker-0")
+			require.True(t, ok)
+			assert.Equal(t, "Succeeded", *vm.Properties.ProvisioningState)
+		})
+	}
+}
+
+func TestErrorText(t *testing.T) {
+	err := explain("create VM worker-0", errors.New("dial tcp: lookup management.azure.com: no such host"))
+	assert.True(t, strings.HasPrefix(err.Error(), "Azure: create VM worker-0: dial tcp"), err.Error())
+}

@@ -1,0 +1,314 @@
+package azure
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/authorization/armauthorization/v2"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/msi/armmsi"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v7"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resources/armresources/v3"
+
+	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+)
+
+// The request builders below are what the provider asks Azure to create: pure functions of
+// the cluster's layout and its nodes, pinned by golden files (testdata/requests). Every
+// confidential field of a VM is set here and nowhere else.
+
+// TagInitSecretHash is the tag of a control plane's VM that holds the hash of the cluster's
+// init secret: public (anyone who can read the VM may read it), and what the node compares
+// the init request's secret with. The secret itself never reaches Azure.
+const TagInitSecretHash = "constellation-init-secret-hash"
+
+// dialPorts are the node ports the CLI dials (provider.Provider.Dialer), each reachable on
+// every node through an inbound NAT rule of the load balancer: the node's slot picks its
+// frontend ports (natFrontendPort).
+var dialPorts = []int32{provider.InitPort, provider.RecoverPort, provider.VerificationPort, provider.JoinPort}
+
+// natPortBase is the first frontend port of the NAT rules; a node in slot s has frontend port
+// natPortBase + s*len(dialPorts) + k for dialPorts[k].
+const natPortBase = 40000
+
+// maxSlots is how many nodes the NAT rules' frontend ports can hold.
+const maxSlots = (65535 - natPortBase) / 4
+
+// natFrontendPort is the load balancer's port that reaches port of the node in slot.
+func natFrontendPort(slot int, port int32) (int32, error) {
+	for k, p := range dialPorts {
+		if p == port {
+			return int32(natPortBase + slot*len(dialPorts) + k), nil
+		}
+	}
+	return 0, fmt.Errorf("port %d of a node is not reachable through the load balancer (reachable: %v)", port, dialPorts)
+}
+
+func natRuleName(node string, port int32) string { return node + "-" + strconv.Itoa(int(port)) }
+
+func resourceGroupRequest(l layout) armresources.ResourceGroup {
+	return armresources.ResourceGroup{Location: ptr(l.Location), Tags: l.tags(TagOwnedGroup, "true")}
+}
+
+func identityRequest(l layout) armmsi.Identity {
+	return armmsi.Identity{Location: ptr(l.Location), Tags: l.tags()}
+}
+
+// nodeRoleActions are all a node's identity may do: read the cluster's VMs and network
+// interfaces (the join service lists the nodes, a node finds its peers), the load balancer
+// and its public address (a node finds the API endpoint). Nothing writes.
+var nodeRoleActions = []string{
+	"Microsoft.Compute/virtualMachines/read",
+	"Microsoft.Network/networkInterfaces/read",
+	"Microsoft.Network/loadBalancers/read",
+	"Microsoft.Network/publicIPAddresses/read",
+}
+
+// roleDefinitionRequest is the nodes' custom role, assignable only in the cluster's group.
+func roleDefinitionRequest(l layout) armauthorization.RoleDefinition {
+	actions := make([]*string, len(nodeRoleActions))
+	for i, a := range nodeRoleActions {
+		actions[i] = ptr(a)
+	}
+	return armauthorization.RoleDefinition{Properties: &armauthorization.RoleDefinitionProperties{
+		RoleName:         ptr("Constellation node " + l.Cluster + " " + l.UID),
+		Description:      ptr("Read the VMs and network of Constellation cluster " + l.Cluster + " (" + l.UID + ")"),
+		RoleType:         ptr("CustomRole"),
+		AssignableScopes: []*string{ptr(l.groupID())},
+		Permissions:      []*armauthorization.Permission{{Actions: actions}},
+	}}
+}
+
+// roleAssignmentRequest gives the nodes' identity (principal) the nodes' role on the group.
+func roleAssignmentRequest(l layout, principal string) armauthorization.RoleAssignmentCreateParameters {
+	return armauthorization.RoleAssignmentCreateParameters{Properties: &armauthorization.RoleAssignmentProperties{
+		RoleDefinitionID: ptr(l.roleDefinitionID()),
+		PrincipalID:      ptr(principal),
+		PrincipalType:    ptr(armauthorization.PrincipalTypeServicePrincipal),
+	}}
+}
+
+// securityGroupRequest lets the Internet reach the API and the ports the CLI dials through
+// the load balancer; Azure's default rules allow the virtual network and the load balancer's
+// probes, and deny everything else inbound.
+func securityGroupRequest(l layout) armnetwork.SecurityGroup {
+	ports := []*string{ptr(strconv.Itoa(kubeadmconfig.APIServerPort))}
+	for _, p := range dialPorts {
+		ports = append(ports, ptr(strconv.Itoa(int(p))))
+	}
+	return armnetwork.SecurityGroup{
+		Location: ptr(l.Location), Tags: l.tags(),
+		Properties: &armnetwork.SecurityGroupPropertiesFormat{SecurityRules: []*armnetwork.SecurityRule{{
+			Name: ptr("cli-and-api"),
+			Properties: &armnetwork.SecurityRulePropertiesFormat{
+				Description:              ptr("the Kubernetes API and the node ports the CLI dials"),
+				Priority:                 ptr[int32](100),
+				Direction:                ptr(armnetwork.SecurityRuleDirectionInbound),
+				Access:                   ptr(armnetwork.SecurityRuleAccessAllow),
+				Protocol:                 ptr(armnetwork.SecurityRuleProtocolTCP),
+				SourceAddressPrefix:      ptr("Internet"),
+				SourcePortRange:          ptr("*"),
+				DestinationAddressPrefix: ptr("VirtualNetwork"),
+				DestinationPortRanges:    ports,
+			},
+		}}},
+	}
+}
+
+func virtualNetworkRequest(l layout) armnetwork.VirtualNetwork {
+	return armnetwork.VirtualNetwork{
+		Location: ptr(l.Location), Tags: l.tags(),
+		Properties: &armnetwork.VirtualNetworkPropertiesFormat{
+			AddressSpace: &armnetwork.AddressSpace{AddressPrefixes: []*string{ptr(NodeNetwork.String())}},
+			Subnets: []*armnetwork.Subnet{{
+				Name: ptr(l.subnet()),
+				Properties: &armnetwork.SubnetPropertiesFormat{
+					AddressPrefix:         ptr(NodeNetwork.String()),
+					NetworkSecurityGroup:  &armnetwork.SecurityGroup{ID: ptr(l.id("Microsoft.Network/networkSecurityGroups", l.nsg()))},
+					DefaultOutboundAccess: ptr(false),
+				},
+			}},
+		},
+	}
+}
+
+func publicIPRequest(l layout) armnetwork.PublicIPAddress {
+	return armnetwork.PublicIPAddress{
+		Location: ptr(l.Location), Tags: l.tags(),
+		SKU: &armnetwork.PublicIPAddressSKU{Name: ptr(armnetwork.PublicIPAddressSKUNameStandard), Tier: ptr(armnetwork.PublicIPAddressSKUTierRegional)},
+		Properties: &armnetwork.PublicIPAddressPropertiesFormat{
+			PublicIPAllocationMethod: ptr(armnetwork.IPAllocationMethodStatic),
+			PublicIPAddressVersion:   ptr(armnetwork.IPVersionIPv4),
+		},
+	}
+}
+
+// loadBalancerRequest is the cluster's standard load balancer: its public address is the
+// stable API endpoint (a rule to every control plane whose API server answers the probe), the
+// nodes' outbound address (an outbound rule: the subnet has no default outbound access), and,
+// through one NAT rule per node and dialed port, how the CLI reaches each node.
+func loadBalancerRequest(l layout, nodes []nodeRequest) armnetwork.LoadBalancer {
+	frontend := &armnetwork.SubResource{ID: ptr(l.lbPart("frontendIPConfigurations", lbFrontend))}
+	var nat []*armnetwork.InboundNatRule
+	for _, n := range nodes {
+		for _, port := range dialPorts {
+			fp, _ := natFrontendPort(n.Slot, port) // every dial port has one
+			nat = append(nat, &armnetwork.InboundNatRule{Name: ptr(natRuleName(n.Name, port)), Properties: &armnetwork.InboundNatRulePropertiesFormat{
+				FrontendIPConfiguration: frontend, Protocol: ptr(armnetwork.TransportProtocolTCP),
+				FrontendPort: ptr(fp), BackendPort: ptr(port), EnableTCPReset: ptr(true), IdleTimeoutInMinutes: ptr[int32](30),
+			}})
+		}
+	}
+	return armnetwork.LoadBalancer{
+		Location: ptr(l.Location), Tags: l.tags(),
+		SKU: &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard), Tier: ptr(armnetwork.LoadBalancerSKUTierRegional)},
+		Properties: &armnetwork.LoadBalancerPropertiesFormat{
+			FrontendIPConfigurations: []*armnetwork.FrontendIPConfiguration{{Name: ptr(lbFrontend), Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{
+				PublicIPAddress: &armnetwork.PublicIPAddress{ID: ptr(l.id("Microsoft.Network/publicIPAddresses", l.publicIP()))},
+			}}},
+			BackendAddressPools: []*armnetwork.BackendAddressPool{{Name: ptr(lbPoolControlPlanes)}, {Name: ptr(lbPoolNodes)}},
+			Probes: []*armnetwork.Probe{{Name: ptr(lbProbeAPI), Properties: &armnetwork.ProbePropertiesFormat{
+				Protocol: ptr(armnetwork.ProbeProtocolHTTPS), Port: ptr[int32](kubeadmconfig.APIServerPort), RequestPath: ptr("/readyz"),
+				IntervalInSeconds: ptr[int32](5), ProbeThreshold: ptr[int32](2),
+			}}},
+			LoadBalancingRules: []*armnetwork.LoadBalancingRule{{Name: ptr("kube-apiserver"), Properties: &armnetwork.LoadBalancingRulePropertiesFormat{
+				FrontendIPConfiguration: frontend,
+				BackendAddressPool:      &armnetwork.SubResource{ID: ptr(l.lbPart("backendAddressPools", lbPoolControlPlanes))},
+				Probe:                   &armnetwork.SubResource{ID: ptr(l.lbPart("probes", lbProbeAPI))},
+				Protocol:                ptr(armnetwork.TransportProtocolTCP), FrontendPort: ptr[int32](kubeadmconfig.APIServerPort), BackendPort: ptr[int32](kubeadmconfig.APIServerPort),
+				EnableTCPReset: ptr(true), IdleTimeoutInMinutes: ptr[int32](30), DisableOutboundSnat: ptr(true),
+			}}},
+			OutboundRules: []*armnetwork.OutboundRule{{Name: ptr("egress"), Properties: &armnetwork.OutboundRulePropertiesFormat{
+				FrontendIPConfigurations: []*armnetwork.SubResource{frontend},
+				BackendAddressPool:       &armnetwork.SubResource{ID: ptr(l.lbPart("backendAddressPools", lbPoolNodes))},
+				Protocol:                 ptr(armnetwork.LoadBalancerOutboundRuleProtocolAll),
+				EnableTCPReset:           ptr(true), IdleTimeoutInMinutes: ptr[int32](15),
+			}}},
+			InboundNatRules: nat,
+		},
+	}
+}
+
+// nodeRequest is one node's VM as the provider creates it.
+type nodeRequest struct {
+	Name string
+	Role metadata.Role
+	// Slot picks the node's NAT frontend ports (natFrontendPort): the smallest slot no other
+	// node of the cluster holds when it is created.
+	Slot int
+	// Image is the resource ID of the gallery image version the node boots.
+	Image  string
+	VMSize string
+	// Encryption is the OS disk's confidential encryption (VMGuestStateOnly or
+	// DiskWithVMGuestState).
+	Encryption armcompute.SecurityEncryptionTypes
+	// SecureBoot turns UEFI Secure Boot on: only for an image whose boot chain Azure's
+	// firmware trusts (docs/azure.md).
+	SecureBoot   bool
+	StateDiskGiB int32
+	// InitSecretHash is set on control planes (TagInitSecretHash).
+	InitSecretHash string
+}
+
+func (n nodeRequest) tags(l layout) map[string]*string {
+	t := l.tags(TagRole, string(n.Role), TagNode, n.Name, tagSlot, strconv.Itoa(n.Slot))
+	if n.Role == metadata.ControlPlane && n.InitSecretHash != "" {
+		t[TagInitSecretHash] = ptr(n.InitSecretHash)
+	}
+	return t
+}
+
+// tagSlot records a node's slot on its VM and NIC, so a rerun and later scaling know it.
+const tagSlot = "constellation-slot"
+
+// stateDiskRequest is a node's empty state disk: LUN 0 of its VM, which the node formats as
+// LUKS2 with a key only an attested node gets.
+func stateDiskRequest(l layout, n nodeRequest) armcompute.Disk {
+	return armcompute.Disk{
+		Location: ptr(l.Location), Tags: n.tags(l),
+		SKU: &armcompute.DiskSKU{Name: ptr(armcompute.DiskStorageAccountTypesPremiumLRS)},
+		Properties: &armcompute.DiskProperties{
+			CreationData: &armcompute.CreationData{CreateOption: ptr(armcompute.DiskCreateOptionEmpty)},
+			DiskSizeGB:   ptr(n.StateDiskGiB),
+		},
+	}
+}
+
+// interfaceRequest is a node's network interface: an address in the subnet, the load
+// balancer's pools (every node for outbound traffic; control planes for the API) and its NAT
+// rules.
+func interfaceRequest(l layout, n nodeRequest) armnetwork.Interface {
+	pools := []*armnetwork.BackendAddressPool{{ID: ptr(l.lbPart("backendAddressPools", lbPoolNodes))}}
+	if n.Role == metadata.ControlPlane {
+		pools = append(pools, &armnetwork.BackendAddressPool{ID: ptr(l.lbPart("backendAddressPools", lbPoolControlPlanes))})
+	}
+	var nat []*armnetwork.InboundNatRule
+	for _, port := range dialPorts {
+		nat = append(nat, &armnetwork.InboundNatRule{ID: ptr(l.lbPart("inboundNatRules", natRuleName(n.Name, port)))})
+	}
+	return armnetwork.Interface{
+		Location: ptr(l.Location), Tags: n.tags(l),
+		Properties: &armnetwork.InterfacePropertiesFormat{IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
+			Name: ptr("primary"),
+			Properties: &armnetwork.InterfaceIPConfigurationPropertiesFormat{
+				Primary:                         ptr(true),
+				Subnet:                          &armnetwork.Subnet{ID: ptr(l.subnetID())},
+				PrivateIPAllocationMethod:       ptr(armnetwork.IPAllocationMethodDynamic),
+				PrivateIPAddressVersion:         ptr(armnetwork.IPVersionIPv4),
+				LoadBalancerBackendAddressPools: pools,
+				LoadBalancerInboundNatRules:     nat,
+			},
+		}}},
+	}
+}
+
+// vmRequest is a node's confidential VM. The image is specialized (it has no provisioning
+// agent and takes no OS profile: nothing of the node's configuration travels in Azure's
+// custom or user data, which the host sees and nothing measures). The VM runs with the
+// nodes' identity, boots with a vTPM, and its state disk is LUN 0.
+func vmRequest(l layout, n nodeRequest) armcompute.VirtualMachine {
+	return armcompute.VirtualMachine{
+		Location: ptr(l.Location), Tags: n.tags(l),
+		Identity: &armcompute.VirtualMachineIdentity{
+			Type: ptr(armcompute.ResourceIdentityTypeUserAssigned),
+			UserAssignedIdentities: map[string]*armcompute.UserAssignedIdentitiesValue{
+				l.id("Microsoft.ManagedIdentity/userAssignedIdentities", l.identity()): {},
+			},
+		},
+		Properties: &armcompute.VirtualMachineProperties{
+			HardwareProfile: &armcompute.HardwareProfile{VMSize: ptr(armcompute.VirtualMachineSizeTypes(n.VMSize))},
+			SecurityProfile: &armcompute.SecurityProfile{
+				SecurityType: ptr(armcompute.SecurityTypesConfidentialVM),
+				UefiSettings: &armcompute.UefiSettings{SecureBootEnabled: ptr(n.SecureBoot), VTpmEnabled: ptr(true)},
+			},
+			StorageProfile: &armcompute.StorageProfile{
+				ImageReference: &armcompute.ImageReference{ID: ptr(n.Image)},
+				OSDisk: &armcompute.OSDisk{
+					Name:         ptr(l.osDisk(n.Name)),
+					OSType:       ptr(armcompute.OperatingSystemTypesLinux),
+					CreateOption: ptr(armcompute.DiskCreateOptionTypesFromImage),
+					Caching:      ptr(armcompute.CachingTypesReadOnly),
+					DeleteOption: ptr(armcompute.DiskDeleteOptionTypesDelete),
+					ManagedDisk: &armcompute.ManagedDiskParameters{
+						StorageAccountType: ptr(armcompute.StorageAccountTypesPremiumLRS),
+						SecurityProfile:    &armcompute.VMDiskSecurityProfile{SecurityEncryptionType: ptr(n.Encryption)},
+					},
+				},
+				DataDisks: []*armcompute.DataDisk{{
+					Lun:          ptr[int32](0),
+					CreateOption: ptr(armcompute.DiskCreateOptionTypesAttach),
+					Caching:      ptr(armcompute.CachingTypesNone),
+					DeleteOption: ptr(armcompute.DiskDeleteOptionTypesDetach),
+					ManagedDisk:  &armcompute.ManagedDiskParameters{ID: ptr(l.id("Microsoft.Compute/disks", l.stateDisk(n.Name)))},
+				}},
+			},
+			NetworkProfile: &armcompute.NetworkProfile{NetworkInterfaces: []*armcompute.NetworkInterfaceReference{{
+				ID:         ptr(l.id("Microsoft.Network/networkInterfaces", l.nic(n.Name))),
+				Properties: &armcompute.NetworkInterfaceReferenceProperties{Primary: ptr(true), DeleteOption: ptr(armcompute.DeleteOptionsDelete)},
+			}}},
+			DiagnosticsProfile: &armcompute.DiagnosticsProfile{BootDiagnostics: &armcompute.BootDiagnostics{Enabled: ptr(true)}},
+		},
+	}
+}
