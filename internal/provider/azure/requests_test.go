@@ -1,0 +1,149 @@
+package azure
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of testdata/requests")
+
+// TestRequestsGolden pins every request the provider sends to create a cluster: a change of
+// any field, a confidential one above all, shows in the golden file's diff (go test -run
+// TestRequestsGolden -update rewrites them).
+func TestRequestsGolden(t *testing.T) {
+	nodes := testNodes()
+	requests := map[string]any{
+		"resource-group":          resourceGroupRequest(testLayout),
+		"identity":                identityRequest(testLayout),
+		"role-definition":         roleDefinitionRequest(testLayout),
+		"role-assignment":         roleAssignmentRequest(testLayout, "11111111-2222-3333-4444-555555555555"),
+		"network-security-group":  securityGroupRequest(testLayout),
+		"virtual-network":         virtualNetworkRequest(testLayout),
+		"public-ip":               publicIPRequest(testLayout),
+		"load-balancer":           loadBalancerRequest(testLayout, nodes),
+		"state-disk":              stateDiskRequest(testLayout, nodes[0]),
+		"interface-control-plane": interfaceRequest(testLayout, nodes[0]),
+		"interface-worker":        interfaceRequest(testLayout, nodes[1]),
+		"vm-control-plane":        vmRequest(testLayout, nodes[0]),
+		"vm-worker":               vmRequest(testLayout, nodes[1]),
+	}
+	for name, req := range requests {
+		t.Run(name, func(t *testing.T) {
+			got := marshal(t, req)
+			path := filepath.Join("testdata", "requests", name+".json")
+			if *update {
+				require.NoError(t, os.WriteFile(path, got, 0o644))
+			}
+			want, err := os.ReadFile(path)
+			require.NoError(t, err, "no golden file: run go test -run TestRequestsGolden -update")
+			assert.Equal(t, string(want), string(got))
+		})
+	}
+}
+
+func marshal(t *testing.T, v any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.NoError(t, json.Indent(&out, raw, "", "  "))
+	out.WriteByte('\n')
+	return out.Bytes()
+}
+
+// TestVMRequestIsConfidential pins the confidential fields apart from the golden files: a
+// VM request without them must fail here even if the golden files were rewritten.
+func TestVMRequestIsConfidential(t *testing.T) {
+	for _, enc := range []armcompute.SecurityEncryptionTypes{armcompute.SecurityEncryptionTypesVMGuestStateOnly, armcompute.SecurityEncryptionTypesDiskWithVMGuestState} {
+		for _, n := range testNodes() {
+			n.Encryption = enc
+			vm := vmRequest(testLayout, n)
+			require.NoError(t, checkConfidential(vm))
+			sp := vm.Properties.SecurityProfile
+			assert.Equal(t, armcompute.SecurityTypesConfidentialVM, *sp.SecurityType)
+			assert.True(t, *sp.UefiSettings.VTpmEnabled)
+			assert.Equal(t, enc, *vm.Properties.StorageProfile.OSDisk.ManagedDisk.SecurityProfile.SecurityEncryptionType)
+			assert.Nil(t, vm.Properties.OSProfile, "no OS profile: nothing travels in custom data")
+			assert.Nil(t, vm.Properties.UserData)
+			assert.Equal(t, int32(0), *vm.Properties.StorageProfile.DataDisks[0].Lun, "the state disk is LUN 0")
+		}
+	}
+	// And checkConfidential refuses each missing piece.
+	for name, edit := range map[string]func(*armcompute.VirtualMachine){
+		"trusted launch": func(vm *armcompute.VirtualMachine) {
+			vm.Properties.SecurityProfile.SecurityType = ptr(armcompute.SecurityTypesTrustedLaunch)
+		},
+		"no security profile": func(vm *armcompute.VirtualMachine) { vm.Properties.SecurityProfile = nil },
+		"no vTPM":             func(vm *armcompute.VirtualMachine) { vm.Properties.SecurityProfile.UefiSettings.VTpmEnabled = ptr(false) },
+		"no OS disk encryption type": func(vm *armcompute.VirtualMachine) {
+			vm.Properties.StorageProfile.OSDisk.ManagedDisk.SecurityProfile = nil
+		},
+	} {
+		vm := vmRequest(testLayout, testNodes()[0])
+		edit(&vm)
+		assert.Error(t, checkConfidential(vm), name)
+	}
+}
+
+// TestVMRequestMatchesAzureExample cross-checks the confidential fields against Azure's
+// published REST example of a confidential VM: every field of the example's confidential
+// part is in our request at the same place, and securityType and vTpmEnabled are equal.
+func TestVMRequestMatchesAzureExample(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "confidential-vm-example.json"))
+	require.NoError(t, err)
+	var example struct {
+		Parameters map[string]any `json:"parameters"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &example))
+	var ours map[string]any
+	require.NoError(t, json.Unmarshal(marshal(t, vmRequest(testLayout, testNodes()[0])), &ours))
+
+	examplePaths, ourPaths := leaves(example.Parameters, ""), leaves(ours, "")
+	for _, p := range sortedKeys(examplePaths) {
+		if !strings.Contains(p, "security") && !strings.Contains(p, "uefi") {
+			continue
+		}
+		assert.Contains(t, ourPaths, p, "the example sets %s", p)
+	}
+	for _, p := range []string{"properties.securityProfile.securityType", "properties.securityProfile.uefiSettings.vTpmEnabled"} {
+		assert.Equal(t, examplePaths[p], ourPaths[p], p)
+	}
+}
+
+// leaves flattens a JSON object into its leaf paths and values.
+func leaves(v any, prefix string) map[string]any {
+	out := map[string]any{}
+	if m, ok := v.(map[string]any); ok {
+		for k, child := range m {
+			p := k
+			if prefix != "" {
+				p = prefix + "." + k
+			}
+			for lp, lv := range leaves(child, p) {
+				out[lp] = lv
+			}
+		}
+		return out
+	}
+	out[prefix] = v
+	return out
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
