@@ -128,8 +128,8 @@ func writeGenerated(out io.Writer, workspace string, platform provider.Platform,
 		Workers:       o.workers,
 		Image:         imagePathFor(workspace, imageDir),
 	})
-	// The block of the variant the provider's nodes attest with: the one its rules accept.
-	c.Attestation = config.AttestationFor(platform.ConfigRules().Variant(), config.VariantConfig{
+	// The block of the variant the provider's nodes attest with: its default.
+	c.Attestation = config.AttestationFor(platform.ConfigRules().Variants()[0], config.VariantConfig{
 		Measurements: measurements.ReferenceSets{{Name: setName, Measurements: expected}},
 	})
 	if err := c.Validate(); err != nil {

@@ -139,6 +139,10 @@ type ProviderBlock struct {
 	// A relative path is relative to the directory of the configuration file (the
 	// workspace). Required.
 	Image string `json:"image"`
+	// Settings are what the provider takes besides (a cloud's subscription, location and
+	// machine size): its rules check them (ProviderRules.CheckSettings). Empty for the
+	// local and QEMU providers.
+	Settings map[string]any `json:"settings,omitempty"`
 }
 
 // AttestationConfig maps the configuration key of a variant (variant.Variant.ConfigKey:
@@ -432,7 +436,7 @@ func (c *Config) Validate() error {
 	case rules == nil:
 		v.bad("provider."+name, "this program has no rules for provider %q (registered: %s), so it cannot check the configuration", name, registeredList())
 	default:
-		validateProviderBlock(v, "provider."+name, c.Provider[name], rules)
+		validateProviderBlock(v, "provider."+name, c.Provider[name], rules, c.Attestation.Variant())
 	}
 
 	c.validateAttestation(v, name, rules)
@@ -467,7 +471,7 @@ func (c *Config) Validate() error {
 
 // validateProviderBlock checks the block at path by the rules every provider shares, then by
 // the provider's own.
-func validateProviderBlock(v *validator, path string, b *ProviderBlock, rules ProviderRules) {
+func validateProviderBlock(v *validator, path string, b *ProviderBlock, rules ProviderRules, vt variant.Variant) {
 	if b.ControlPlanes < 1 {
 		v.bad(path+".controlPlanes", "must be at least 1, got %d", b.ControlPlanes)
 	}
@@ -479,6 +483,9 @@ func validateProviderBlock(v *validator, path string, b *ProviderBlock, rules Pr
 	}
 	if b.Image == "" {
 		v.bad(path+".image", "missing (the node image directory, holding %s)", "bootstrapper, kubelet, kubeadm, containerd.toml, node-config.json")
+	}
+	for _, fe := range rules.CheckSettings(b.Settings, vt) {
+		v.add(path+".settings."+fe.Path, fe.Err)
 	}
 }
 
@@ -500,16 +507,15 @@ func (c *Config) validateAttestation(v *validator, provider string, rules Provid
 	case len(set) == 0 && rules == nil:
 		v.bad("attestation", "no attestation variant configured")
 	case len(set) == 0:
-		v.bad("attestation", "no attestation variant configured (the %s provider's nodes attest with %s)", provider, rules.Variant().ConfigKey())
+		v.bad("attestation", "no attestation variant configured (the %s provider's nodes attest with %s)", provider, variantKeys(rules.Variants()))
 	case len(set) > 1:
 		keys := make([]string, len(set))
 		for i, b := range set {
 			keys[i] = b.key
 		}
 		v.bad("attestation", "%s are configured: configure exactly one variant", strings.Join(keys, " and "))
-	case rules != nil && len(known) == 1 && known[0].variant != rules.Variant():
-		want := rules.Variant()
-		v.bad("attestation."+known[0].key, "variant %s does not match the provider's nodes, which attest with %s (attestation.%s)", known[0].variant, want, want.ConfigKey())
+	case rules != nil && len(known) == 1 && !slices.Contains(rules.Variants(), known[0].variant):
+		v.bad("attestation."+known[0].key, "variant %s does not match the provider's nodes, which attest with %s", known[0].variant, variantKeys(rules.Variants()))
 	}
 	for _, b := range known {
 		path := "attestation." + b.key
@@ -518,6 +524,15 @@ func (c *Config) validateAttestation(v *validator, provider string, rules Provid
 			v.add(path+"."+fe.Field, fe.Err)
 		}
 	}
+}
+
+// variantKeys names variants for messages: "attestation.qemuVTPM", or a list of them.
+func variantKeys(vs []variant.Variant) string {
+	keys := make([]string, len(vs))
+	for i, v := range vs {
+		keys[i] = fmt.Sprintf("%s (attestation.%s)", v, v.ConfigKey())
+	}
+	return strings.Join(keys, " or ")
 }
 
 func validateReferenceSets(v *validator, path string, sets measurements.ReferenceSets, vt variant.Variant) {

@@ -146,7 +146,7 @@ func TestParseRejects(t *testing.T) {
 		},
 		"typo in provider field": {
 			edit:     func(s string) string { return strings.Replace(s, "workers:", "wokers:", 1) },
-			wantPath: "provider.local.wokers", wantMsg: "unknown field (known: controlPlanes, image, workers)",
+			wantPath: "provider.local.wokers", wantMsg: "unknown field (known: controlPlanes, image, settings, workers)",
 		},
 		"miscased field": {
 			edit:     func(s string) string { return strings.Replace(s, "controlPlanes:", "controlplanes:", 1) },
@@ -280,9 +280,13 @@ func TestValidate(t *testing.T) {
 			},
 			want: map[string]string{"attestation.azureTrustedLaunch": "variant azure-trustedlaunch does not match the provider's nodes, which attest with qemu-vtpm (attestation.qemuVTPM)"},
 		},
+		"a setting the provider does not take": {
+			edit: func(c *Config) { c.Provider.Block().Settings = map[string]any{"location": "westeurope"} },
+			want: map[string]string{"provider.local.settings.location": "unknown setting: the local and QEMU providers take no settings"},
+		},
 		"null variant block": {
 			edit: func(c *Config) { c.Attestation[variant.QEMUVTPM.ConfigKey()] = nil },
-			want: map[string]string{"attestation": "no attestation variant configured (the local provider's nodes attest with qemuVTPM)"},
+			want: map[string]string{"attestation": "no attestation variant configured (the local provider's nodes attest with qemu-vtpm (attestation.qemuVTPM))"},
 		},
 		// Parse refuses such keys (TestParseRejects); a configuration built in Go is checked
 		// alike.

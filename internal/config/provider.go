@@ -10,15 +10,16 @@ import (
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
-// ProviderRules are the checks of a configuration that depend on its provider: the variant
-// its nodes attest with, how many nodes it can run, and which networks it reserves or how it
-// cuts them. Each provider implements them in its own package (the local provider:
+// ProviderRules are the checks of a configuration that depend on its provider: the variants
+// its nodes attest with, how many nodes it can run, which networks it reserves or how it
+// cuts them, and its own settings. Each provider implements them in its own package (the local provider:
 // internal/provider/local.ConfigRules), and the provider catalog registers them
 // (internal/provider/catalog): this package names no provider's code.
 type ProviderRules interface {
-	// Variant is the attestation variant the provider's nodes attest with: the one variant
-	// the configuration may hold.
-	Variant() variant.Variant
+	// Variants are the attestation variants the provider's nodes can attest with (a cloud
+	// offers SEV-SNP and TDX machines, say); the first is the default. The configuration
+	// holds one of them.
+	Variants() []variant.Variant
 	// CheckNodes says what is wrong with the node counts as a whole (reported at
 	// provider.<name>), or nil. Each count alone was checked already.
 	CheckNodes(controlPlanes, workers int) error
@@ -26,6 +27,10 @@ type ProviderRules interface {
 	// nodes nodes, as errors naming network.podCIDR or network.serviceCIDR. A network that
 	// did not parse is the zero Prefix.
 	CheckNetworks(pod, svc netip.Prefix, nodes int) []*strictyaml.FieldError
+	// CheckSettings reports what is wrong with the provider block's settings
+	// (ProviderBlock.Settings), as errors naming their field below it ("location"); a
+	// provider that takes none refuses any. v is the configured variant (zero if none is).
+	CheckSettings(settings map[string]any, v variant.Variant) []*strictyaml.FieldError
 }
 
 var (

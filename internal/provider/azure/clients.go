@@ -65,23 +65,23 @@ func newClients(subscription string, cred azcore.TokenCredential, opts *arm.Clie
 	}
 	resources, err := armresources.NewClientFactory(subscription, cred, opts)
 	if err != nil {
-		return nil, fmt.Errorf("Azure resource clients: %w", err)
+		return nil, fmt.Errorf("creating the Azure resource clients: %w", err)
 	}
 	compute, err := armcompute.NewClientFactory(subscription, cred, opts)
 	if err != nil {
-		return nil, fmt.Errorf("Azure compute clients: %w", err)
+		return nil, fmt.Errorf("creating the Azure compute clients: %w", err)
 	}
 	network, err := armnetwork.NewClientFactory(subscription, cred, opts)
 	if err != nil {
-		return nil, fmt.Errorf("Azure network clients: %w", err)
+		return nil, fmt.Errorf("creating the Azure network clients: %w", err)
 	}
 	msi, err := armmsi.NewClientFactory(subscription, cred, opts)
 	if err != nil {
-		return nil, fmt.Errorf("Azure identity clients: %w", err)
+		return nil, fmt.Errorf("creating the Azure identity clients: %w", err)
 	}
 	authz, err := armauthorization.NewClientFactory(subscription, cred, opts)
 	if err != nil {
-		return nil, fmt.Errorf("Azure authorization clients: %w", err)
+		return nil, fmt.Errorf("creating the Azure authorization clients: %w", err)
 	}
 	return &clients{
 		groups: resources.NewResourceGroupsClient(), resources: resources.NewClient(),

@@ -17,11 +17,11 @@ import (
 // Kinds of Azure failures the provider names to the user, each with what to do about it.
 var (
 	// ErrAuth: no credential, or Azure refused it, or the identity lacks a permission.
-	ErrAuth = errors.New("Azure refused the credentials or their permissions")
+	ErrAuth = errors.New("the credentials, or their permissions, were refused")
 	// ErrQuota: the subscription's quota (cores of the VM family, public addresses) is used up.
 	ErrQuota = errors.New("an Azure quota is exhausted")
 	// ErrCapacity: Azure has no capacity for the VM size in the location now.
-	ErrCapacity = errors.New("Azure has no capacity for the VM size in the location")
+	ErrCapacity = errors.New("no capacity for the VM size in the location now")
 	// ErrUnsupported: the VM size, or confidential VMs, are not offered in the location or
 	// subscription.
 	ErrUnsupported = errors.New("the VM size or confidential VMs are not offered here")

@@ -65,7 +65,7 @@ func (c *clients) ensureIdentity(ctx context.Context, l layout) error {
 		return err
 	}
 	if principal == "" {
-		return &Error{What: what, Err: errors.New("Azure returned no principal for the identity")}
+		return &Error{What: what, Err: errors.New("the identity has no principal")}
 	}
 	if err := c.call(ctx, "create the nodes' role", func(ctx context.Context) error {
 		_, err := c.roleDefinitions.CreateOrUpdate(ctx, l.groupID(), l.roleDefinitionName(), roleDefinitionRequest(l), nil)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -214,4 +215,33 @@ func TestFaults(t *testing.T) {
 func TestErrorText(t *testing.T) {
 	err := explain("create VM worker-0", errors.New("dial tcp: lookup management.azure.com: no such host"))
 	assert.True(t, strings.HasPrefix(err.Error(), "Azure: create VM worker-0: dial tcp"), err.Error())
+}
+
+// TestRefusesANonConfidentialImpostor: someone with write access to the group replaces a
+// node's VM with a VM of the same name and tags that is not confidential (its memory and
+// vTPM open to the host). A rerun of create must refuse it, not adopt it as the node.
+func TestRefusesANonConfidentialImpostor(t *testing.T) {
+	c, cloud := simClients(t, azuresim.Hooks{})
+	ctx := t.Context()
+	nodes := testNodes()
+	require.NoError(t, createAll(ctx, c, testLayout, nodes))
+
+	require.NoError(t, c.removeVM(ctx, testLayout, "worker-0"))
+	require.NoError(t, c.ensureLoadBalancer(ctx, testLayout, nodes))
+	impostor := vmRequest(testLayout, nodes[1])
+	impostor.Properties.SecurityProfile = &armcompute.SecurityProfile{SecurityType: ptr(armcompute.SecurityTypesTrustedLaunch),
+		UefiSettings: &armcompute.UefiSettings{VTpmEnabled: ptr(true)}}
+	_, err := put(ctx, c, "the impostor", func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientCreateOrUpdateResponse], error) {
+		if _, err := c.interfaces.BeginCreateOrUpdate(ctx, testLayout.ResourceGroup, testLayout.nic("worker-0"), interfaceRequest(testLayout, nodes[1]), nil); err != nil {
+			return nil, err
+		}
+		return c.vms.BeginCreateOrUpdate(ctx, testLayout.ResourceGroup, "worker-0", impostor, nil)
+	})
+	require.NoError(t, err)
+
+	err = createAll(ctx, c, testLayout, nodes)
+	require.ErrorIs(t, err, ErrConflict)
+	assert.ErrorContains(t, err, "create VM worker-0: an Azure resource is in the way: the VM is not a confidential VM")
+	vm, _ := cloud.VM("mini-rg", "worker-0")
+	assert.Equal(t, armcompute.SecurityTypesTrustedLaunch, *vm.Properties.SecurityProfile.SecurityType, "left for the user to look at")
 }

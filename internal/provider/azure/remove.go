@@ -11,10 +11,18 @@ import (
 	"github.com/openconstellation/constellation/internal/provider"
 )
 
-// removeNode deletes a node's VM (its OS disk and network interface with it), then its
-// network interface and state disk if they outlived it (an interrupted creation or removal).
-// Resources of the name that are not the cluster's are left alone (ErrConflict).
+// removeNode deletes a node's VM, network interface and state disk.
 func (c *clients) removeNode(ctx context.Context, l layout, name string) error {
+	if err := c.removeVM(ctx, l, name); err != nil {
+		return err
+	}
+	return c.removeDisk(ctx, l, name)
+}
+
+// removeVM deletes a node's VM (its OS disk and network interface with it), then its network
+// interface if it outlived it (an interrupted creation or removal). Resources of the name
+// that are not the cluster's are left alone (ErrConflict).
+func (c *clients) removeVM(ctx context.Context, l layout, name string) error {
 	vm := "delete VM " + name
 	if err := c.owned(ctx, l, vm, func(ctx context.Context) (map[string]*string, error) {
 		r, err := c.vms.Get(ctx, l.ResourceGroup, name, nil)
@@ -35,11 +43,13 @@ func (c *clients) removeNode(ctx context.Context, l layout, name string) error {
 	}); err != nil {
 		return err
 	}
-	if err := remove(ctx, c, nic, func(ctx context.Context) (*runtime.Poller[armnetwork.InterfacesClientDeleteResponse], error) {
+	return remove(ctx, c, nic, func(ctx context.Context) (*runtime.Poller[armnetwork.InterfacesClientDeleteResponse], error) {
 		return c.interfaces.BeginDelete(ctx, l.ResourceGroup, l.nic(name), nil)
-	}); err != nil {
-		return err
-	}
+	})
+}
+
+// removeDisk deletes a node's state disk: the node's encrypted state, gone with the node.
+func (c *clients) removeDisk(ctx context.Context, l layout, name string) error {
 	disk := "delete disk " + l.stateDisk(name)
 	if err := c.owned(ctx, l, disk, func(ctx context.Context) (map[string]*string, error) {
 		r, err := c.disks.Get(ctx, l.ResourceGroup, l.stateDisk(name), nil)

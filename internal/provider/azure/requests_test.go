@@ -84,7 +84,9 @@ func TestVMRequestIsConfidential(t *testing.T) {
 			vm.Properties.SecurityProfile.SecurityType = ptr(armcompute.SecurityTypesTrustedLaunch)
 		},
 		"no security profile": func(vm *armcompute.VirtualMachine) { vm.Properties.SecurityProfile = nil },
-		"no vTPM":             func(vm *armcompute.VirtualMachine) { vm.Properties.SecurityProfile.UefiSettings.VTpmEnabled = ptr(false) },
+		"no vTPM": func(vm *armcompute.VirtualMachine) {
+			vm.Properties.SecurityProfile.UefiSettings.VTpmEnabled = ptr(false)
+		},
 		"no OS disk encryption type": func(vm *armcompute.VirtualMachine) {
 			vm.Properties.StorageProfile.OSDisk.ManagedDisk.SecurityProfile = nil
 		},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure"
 	localplatform "github.com/openconstellation/constellation/internal/provider/local/platform"
 	"github.com/openconstellation/constellation/internal/provider/qemu"
 )
@@ -24,6 +25,7 @@ import (
 var builtins = []provider.Platform{
 	localplatform.Platform{},
 	qemu.Platform{},
+	azure.Platform{},
 }
 
 var (

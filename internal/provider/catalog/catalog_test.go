@@ -24,7 +24,7 @@ func TestBuiltins(t *testing.T) {
 	assert.Contains(t, config.RegisteredProviders(), "qemu")
 
 	_, err = Lookup("gcp")
-	assert.ErrorContains(t, err, `provider "gcp" is not supported by this CLI (supported: local, qemu)`)
+	assert.ErrorContains(t, err, `provider "gcp" is not supported by this CLI (supported: azure, local, qemu)`)
 }
 
 // TestRegister: one call makes a provider known to the catalog, the configuration and the
@@ -39,5 +39,5 @@ func TestRegister(t *testing.T) {
 	for _, p := range All() {
 		names = append(names, p.Name())
 	}
-	assert.Equal(t, []string{fake.Name, "local", "qemu"}, names)
+	assert.Equal(t, []string{"azure", fake.Name, "local", "qemu"}, names)
 }

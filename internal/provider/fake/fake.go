@@ -242,6 +242,7 @@ func (c *Cluster) Attestation(context.Context) (provider.Attestation, error) {
 // rules are the fake's configuration rules: only its variant.
 type rules struct{}
 
-func (rules) Variant() variant.Variant                                               { return Variant }
+func (rules) Variants() []variant.Variant                                            { return []variant.Variant{Variant} }
+func (rules) CheckSettings(map[string]any, variant.Variant) []*strictyaml.FieldError { return nil }
 func (rules) CheckNodes(int, int) error                                              { return nil }
 func (rules) CheckNetworks(netip.Prefix, netip.Prefix, int) []*strictyaml.FieldError { return nil }

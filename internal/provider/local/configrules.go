@@ -2,7 +2,9 @@ package local
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/openconstellation/constellation/internal/provider/local/sandbox"
 	"github.com/openconstellation/constellation/internal/strictyaml"
@@ -24,8 +26,22 @@ const (
 // configuration (internal/provider/catalog).
 type ConfigRules struct{}
 
-// Variant implements config.ProviderRules.
-func (ConfigRules) Variant() variant.Variant { return Variant }
+// Variants implements config.ProviderRules: the local nodes' one variant.
+func (ConfigRules) Variants() []variant.Variant { return []variant.Variant{Variant} }
+
+// CheckSettings implements config.ProviderRules: the local provider takes no settings.
+func (ConfigRules) CheckSettings(settings map[string]any, _ variant.Variant) []*strictyaml.FieldError {
+	return NoSettings(settings, "local and QEMU")
+}
+
+// NoSettings refuses every setting of a provider (named for the message) that takes none.
+func NoSettings(settings map[string]any, provider string) []*strictyaml.FieldError {
+	var problems []*strictyaml.FieldError
+	for _, k := range slices.Sorted(maps.Keys(settings)) {
+		problems = append(problems, &strictyaml.FieldError{Path: k, Err: fmt.Errorf("unknown setting: the %s providers take no settings", provider)})
+	}
+	return problems
+}
 
 // CheckNodes implements config.ProviderRules: the node network has an address for each node.
 func (ConfigRules) CheckNodes(controlPlanes, workers int) error {

@@ -87,12 +87,13 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("measuring the node image: %w", err)
 	}
+	// The platforms that lay out release images (provider.NodeImages) have one variant.
 	m := release.Manifest{
 		Version:           o.Version,
 		KubernetesVersion: facts.KubernetesVersion,
 		ServicesImage:     release.Image{Ref: services.Ref, Digest: "sha256:" + services.SHA256},
 		References: []choose.Reference{{
-			Variant: o.Platform.ConfigRules().Variant(),
+			Variant: o.Platform.ConfigRules().Variants()[0],
 			Values:  choose.Values{Measurements: measurements.ReferenceSets{{Name: o.Version, Measurements: values.Measurements}}},
 		}},
 	}
@@ -161,7 +162,7 @@ func buildServices(o Options, dir string) (nodeimage.Result, error) {
 // and named as `config generate` names it; and the node images of the releases among them
 // (verified), whose services the release's nodes must be able to run.
 func fromSets(ctx context.Context, o Options, images provider.NodeImages) (measurements.ReferenceSets, []string, error) {
-	v := o.Platform.ConfigRules().Variant()
+	v := o.Platform.ConfigRules().Variants()[0]
 	var sets measurements.ReferenceSets
 	var releaseImages []string
 	for _, dir := range o.From {

@@ -1,0 +1,174 @@
+package azure
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuresim"
+	"github.com/openconstellation/constellation/internal/retry"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+const testImage = "/subscriptions/" + testSub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0"
+
+func testConfig(v variant.Variant) *config.Config {
+	c := config.Default()
+	c.Name = "mini"
+	c.Provider = config.ProviderFor(Name, config.ProviderBlock{ControlPlanes: 1, Workers: 1, Image: testImage, Settings: map[string]any{
+		"subscriptionID": testSub, "resourceGroup": "mini-rg", "location": "westeurope",
+	}})
+	c.Attestation = config.AttestationFor(v, config.VariantConfig{Measurements: measurements.ReferenceSets{{
+		Name: "test", Measurements: measurementstest.Image(v, map[uint32][]byte{4: make([]byte, 32)}),
+	}}})
+	return c
+}
+
+// simPlatform is the platform as the catalog registers it, on a simulated subscription.
+func simPlatform(cloud *azuresim.Cloud) Platform {
+	return Platform{Credential: azuresim.Credential, Transport: cloud.Transport(), tune: func(c *clients) {
+		c.pollEvery = time.Millisecond
+		c.retry = retry.Policy{Initial: time.Millisecond, Max: 10 * time.Millisecond, Factor: 2}
+	}}
+}
+
+// TestLifecycle runs a cluster's life on the simulated subscription through the platform:
+// create, list, reboot, scale up and down, stop, start, the endpoints and the dial path, a
+// rerun of create after a killed run, and removal.
+func TestLifecycle(t *testing.T) {
+	var mu sync.Mutex
+	boots := map[string]int{}
+	cloud := azuresim.New(testSub, azuresim.Hooks{Started: func(_, vm string) { mu.Lock(); boots[vm]++; mu.Unlock() }})
+	p := simPlatform(cloud)
+	ws := t.TempDir()
+	ctx := t.Context()
+	nodes := []provider.NodeSpec{{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker}}
+
+	_, err := p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: nodes})
+	require.NoError(t, err)
+	secret, err := p.InitSecret(ws)
+	require.NoError(t, err)
+	assert.Len(t, secret, 32)
+	info, err := os.Stat(filepath.Join(ws, Folder, initSecretFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	// The control plane carries the hash of the init secret, never the secret.
+	vm, ok := cloud.VM("mini-rg", "control-plane-0")
+	require.True(t, ok)
+	assert.NotContains(t, string(marshal(t, vm)), string(secret))
+	assert.Contains(t, vm.Tags, TagInitSecretHash)
+	workerVM, _ := cloud.VM("mini-rg", "worker-0")
+	assert.NotContains(t, workerVM.Tags, TagInitSecretHash)
+
+	// A rerun after a killed create adopts the cluster: same record, nothing created twice.
+	_, err = p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: nodes})
+	require.NoError(t, err)
+	assert.Equal(t, 2, cloud.Count("VirtualMachinesClient.BeginCreateOrUpdate"))
+
+	prov, err := p.Open(ws)
+	require.NoError(t, err)
+	list, err := prov.Nodes(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	assert.Equal(t, provider.Running, list[0].State)
+	require.Len(t, list[0].IPs, 1)
+	assert.True(t, NodeNetwork.Contains(list[0].IPs[0]))
+
+	ep, err := prov.Endpoints(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "203.0.113.1:6443", ep.APIServer)
+	c := prov.(*Cluster)
+	for i, n := range list {
+		got, err := c.natAddress(ctx, net.JoinHostPort(n.IPs[0].String(), strconv.Itoa(provider.VerificationPort)))
+		require.NoError(t, err)
+		assert.Equal(t, "203.0.113.1:"+strconv.Itoa(natPortBase+i*len(dialPorts)+2), got, n.Name)
+	}
+	_, err = c.natAddress(ctx, net.JoinHostPort(list[0].IPs[0].String(), "22"))
+	assert.ErrorContains(t, err, "not reachable through the load balancer")
+
+	require.NoError(t, prov.RebootNode(ctx, "worker-0"))
+	assert.Equal(t, 2, boots["worker-0"])
+	assert.ErrorIs(t, prov.RebootNode(ctx, "worker-9"), provider.ErrNoNode)
+
+	// Scale up: the new node takes the free slot after the others'.
+	added, err := prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-1", Role: metadata.Worker}})
+	require.NoError(t, err)
+	require.Len(t, added, 1)
+	assert.Equal(t, "2", *mustVM(t, cloud, "worker-1").Tags[tagSlot])
+	require.NoError(t, prov.DeleteNode(ctx, "worker-0"))
+	_, ok = cloud.VM("mini-rg", "worker-0")
+	assert.False(t, ok)
+	assert.NotContains(t, cloud.Resources("mini-rg"), testLayout.id("Microsoft.Compute/disks", "worker-0-state"))
+	// The freed slot is taken again.
+	_, err = prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-2", Role: metadata.Worker}})
+	require.NoError(t, err)
+	assert.Equal(t, "1", *mustVM(t, cloud, "worker-2").Tags[tagSlot])
+
+	require.NoError(t, prov.Stop(ctx))
+	list, err = prov.Nodes(ctx)
+	require.NoError(t, err)
+	for _, n := range list {
+		assert.Equal(t, provider.Stopped, n.State, n.Name)
+	}
+	require.NoError(t, prov.RebootNode(ctx, "worker-1"), "a stopped node is started")
+	assert.Equal(t, "running", cloud.Power("mini-rg", "worker-1"))
+	require.NoError(t, prov.Start(ctx))
+	assert.Equal(t, "running", cloud.Power("mini-rg", "control-plane-0"))
+
+	n, err := p.Remove(ctx, ws)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	assert.Empty(t, cloud.Groups())
+	assert.NoDirExists(t, filepath.Join(ws, Folder))
+	n, err = p.Remove(ctx, ws)
+	require.NoError(t, err, "removing nothing is no error")
+	assert.Zero(t, n)
+}
+
+func mustVM(t *testing.T, cloud *azuresim.Cloud, name string) armcompute.VirtualMachine {
+	t.Helper()
+	vm, ok := cloud.VM("mini-rg", name)
+	require.True(t, ok, name)
+	return vm
+}
+
+func TestCreateRefuses(t *testing.T) {
+	cloud := azuresim.New(testSub, azuresim.Hooks{})
+	p := simPlatform(cloud)
+	testCases := map[string]struct {
+		edit    func(*config.Config)
+		wantErr string
+	}{
+		"not a gallery image": {
+			edit:    func(c *config.Config) { c.Provider.Block().Image = "/tmp/vm-image" },
+			wantErr: `provider.azure.image: "/tmp/vm-image" is not a gallery image version's resource ID`,
+		},
+		"a misspelled setting": {
+			edit:    func(c *config.Config) { c.Provider.Block().Settings["locaton"] = "x" },
+			wantErr: "provider.azure.settings: locaton: unknown field",
+		},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			conf := testConfig(variant.AzureSEVSNP)
+			tc.edit(conf)
+			_, err := p.Create(t.Context(), provider.CreateRequest{Workspace: t.TempDir(), Config: conf})
+			assert.ErrorContains(t, err, tc.wantErr)
+			assert.Empty(t, cloud.Calls(), "nothing asked of Azure")
+		})
+	}
+}
