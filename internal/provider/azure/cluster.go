@@ -17,6 +17,7 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
 // Cluster is a running Azure cluster (provider.Provider): its nodes are the VMs of its
@@ -59,7 +60,7 @@ func (c *Cluster) vms(ctx context.Context) ([]vmNode, error) {
 				return err
 			}
 			for _, vm := range page.Value {
-				if vm == nil || tag(vm.Tags, TagUID) != l.UID {
+				if vm == nil || tag(vm.Tags, azuremeta.TagUID) != l.UID {
 					continue
 				}
 				out = append(out, vmNode{vm: *vm, spec: c.requestFromTags(vm.Tags)})
@@ -77,7 +78,7 @@ func (c *Cluster) vms(ctx context.Context) ([]vmNode, error) {
 // requestFromTags is the request of an existing node, from its VM's tags and the record.
 func (c *Cluster) requestFromTags(tags map[string]*string) nodeRequest {
 	slot, _ := strconv.Atoi(tag(tags, tagSlot))
-	return c.request(provider.NodeSpec{Name: tag(tags, TagNode), Role: metadata.Role(tag(tags, TagRole))}, slot)
+	return c.request(provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}, slot)
 }
 
 // request is the VM request of node spec in slot.

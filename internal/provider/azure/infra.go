@@ -14,6 +14,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resources/armresources/v3"
 
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
 // The order of the calls that create and remove a cluster's resources. Every step is
@@ -137,8 +138,8 @@ func (c *clients) owned(ctx context.Context, l layout, what string, read func(co
 	if err != nil || !found {
 		return err
 	}
-	if got := tag(tags, TagUID); got != l.UID {
-		return &Error{What: what, Kind: ErrConflict, Err: fmt.Errorf("a resource of that name exists that is not cluster %s's (tag %s=%q)", l.UID, TagUID, got)}
+	if got := tag(tags, azuremeta.TagUID); got != l.UID {
+		return &Error{What: what, Kind: ErrConflict, Err: fmt.Errorf("a resource of that name exists that is not cluster %s's (tag %s=%q)", l.UID, azuremeta.TagUID, got)}
 	}
 	return nil
 }
@@ -187,8 +188,8 @@ func (c *clients) ensureNode(ctx context.Context, l layout, n nodeRequest) error
 	if err != nil {
 		return err
 	}
-	if found && tag(disk.Tags, TagUID) != l.UID {
-		return &Error{What: "create disk " + l.stateDisk(n.Name), Kind: ErrConflict, Err: fmt.Errorf("a disk of that name exists that is not cluster %s's (tag %s=%q)", l.UID, TagUID, tag(disk.Tags, TagUID))}
+	if found && tag(disk.Tags, azuremeta.TagUID) != l.UID {
+		return &Error{What: "create disk " + l.stateDisk(n.Name), Kind: ErrConflict, Err: fmt.Errorf("a disk of that name exists that is not cluster %s's (tag %s=%q)", l.UID, azuremeta.TagUID, tag(disk.Tags, azuremeta.TagUID))}
 	}
 	// A disk of the cluster's is the node's state from an interrupted run: kept, never
 	// recreated.
@@ -216,8 +217,8 @@ func (c *clients) ensureNode(ctx context.Context, l layout, n nodeRequest) error
 // adoptVM checks that an existing VM is the cluster's node name, and confidential.
 func adoptVM(l layout, name string, vm armcompute.VirtualMachine) error {
 	what := "create VM " + name
-	if got := tag(vm.Tags, TagUID); got != l.UID {
-		return &Error{What: what, Kind: ErrConflict, Err: fmt.Errorf("a VM of that name exists that is not cluster %s's (tag %s=%q)", l.UID, TagUID, got)}
+	if got := tag(vm.Tags, azuremeta.TagUID); got != l.UID {
+		return &Error{What: what, Kind: ErrConflict, Err: fmt.Errorf("a VM of that name exists that is not cluster %s's (tag %s=%q)", l.UID, azuremeta.TagUID, got)}
 	}
 	if err := checkConfidential(vm); err != nil {
 		return &Error{What: what, Kind: ErrConflict, Err: err}

@@ -5,14 +5,12 @@ import (
 	"net/netip"
 
 	"github.com/google/uuid"
+
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
-// Tags the provider sets on every resource it creates. A resource tagged with another
-// cluster's UID is never adopted or deleted.
+// Tags the provider sets besides azuremeta's.
 const (
-	TagUID  = "constellation-uid"
-	TagRole = "constellation-role"
-	TagNode = "constellation-node"
 	// TagOwnedGroup marks a resource group the provider created (and so may delete once it
 	// is empty); a group the user created is kept.
 	TagOwnedGroup = "constellation-owned-group"
@@ -90,7 +88,7 @@ func (l layout) roleDefinitionID() string {
 
 // tags are the tags of every resource of the cluster.
 func (l layout) tags(extra ...string) map[string]*string {
-	t := map[string]*string{TagUID: ptr(l.UID)}
+	t := map[string]*string{azuremeta.TagUID: ptr(l.UID)}
 	for i := 0; i+1 < len(extra); i += 2 {
 		t[extra[i]] = ptr(extra[i+1])
 	}

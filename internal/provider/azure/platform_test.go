@@ -16,6 +16,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuresim"
 	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
@@ -70,9 +71,9 @@ func TestLifecycle(t *testing.T) {
 	vm, ok := cloud.VM("mini-rg", "control-plane-0")
 	require.True(t, ok)
 	assert.NotContains(t, string(marshal(t, vm)), string(secret))
-	assert.Contains(t, vm.Tags, TagInitSecretHash)
+	assert.Contains(t, vm.Tags, azuremeta.TagInitSecretHash)
 	workerVM, _ := cloud.VM("mini-rg", "worker-0")
-	assert.NotContains(t, workerVM.Tags, TagInitSecretHash)
+	assert.NotContains(t, workerVM.Tags, azuremeta.TagInitSecretHash)
 
 	// A rerun after a killed create adopts the cluster: same record, nothing created twice.
 	_, err = p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: nodes})
@@ -171,4 +172,42 @@ func TestCreateRefuses(t *testing.T) {
 			assert.Empty(t, cloud.Calls(), "nothing asked of Azure")
 		})
 	}
+}
+
+// TestListerSeesTheNodes: the join service's lister (azuremeta, with the nodes' identity)
+// lists the nodes the host half created, with their roles and addresses, and nothing of
+// another cluster in the same group.
+func TestListerSeesTheNodes(t *testing.T) {
+	cloud := azuresim.New(testSub, azuresim.Hooks{})
+	p := simPlatform(cloud)
+	ctx := t.Context()
+	ws, other := t.TempDir(), t.TempDir()
+	nodes := []provider.NodeSpec{{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker}}
+	_, err := p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: nodes})
+	require.NoError(t, err)
+	otherConf := testConfig(variant.AzureSEVSNP)
+	otherConf.Name = "other"
+	_, err = p.Create(ctx, provider.CreateRequest{Workspace: other, Config: otherConf, Nodes: []provider.NodeSpec{{Name: "other-0", Role: metadata.ControlPlane}}})
+	require.NoError(t, err)
+
+	r, err := p.readRecord(ws)
+	require.NoError(t, err)
+	l, err := azuremeta.NewLister(testSub, "mini-rg", r.Layout.UID, azuresim.Credential, ClientOptions(cloud.Transport()))
+	require.NoError(t, err)
+	got, err := l.Instances(ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	assert.Equal(t, "control-plane-0", got[0].Name)
+	assert.Equal(t, metadata.ControlPlane, got[0].Role)
+	assert.Equal(t, metadata.Worker, got[1].Role)
+	list, err := mustOpen(t, p, ws).Nodes(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, list[1].IPs, got[1].IPs, "the addresses the CLI sees")
+}
+
+func mustOpen(t *testing.T, p Platform, ws string) provider.Provider {
+	t.Helper()
+	prov, err := p.Open(ws)
+	require.NoError(t, err)
+	return prov
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resources/armresources/v3"
 
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
 // removeNode deletes a node's VM, network interface and state disk.
@@ -163,7 +164,7 @@ func (c *clients) removeGroup(ctx context.Context, l layout) error {
 	g, found, err := get(ctx, c, "read resource group "+l.ResourceGroup, func(ctx context.Context) (armresources.ResourceGroupsClientGetResponse, error) {
 		return c.groups.Get(ctx, l.ResourceGroup, nil)
 	})
-	if err != nil || !found || tag(g.Tags, TagOwnedGroup) != "true" || tag(g.Tags, TagUID) != l.UID {
+	if err != nil || !found || tag(g.Tags, TagOwnedGroup) != "true" || tag(g.Tags, azuremeta.TagUID) != l.UID {
 		return err
 	}
 	var left []string

@@ -13,16 +13,12 @@ import (
 	"github.com/openconstellation/constellation/internal/kube/kubeadmconfig"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
 // The request builders below are what the provider asks Azure to create: pure functions of
 // the cluster's layout and its nodes, pinned by golden files (testdata/requests). Every
 // confidential field of a VM is set here and nowhere else.
-
-// TagInitSecretHash is the tag of a control plane's VM that holds the hash of the cluster's
-// init secret: public (anyone who can read the VM may read it), and what the node compares
-// the init request's secret with. The secret itself never reaches Azure.
-const TagInitSecretHash = "constellation-init-secret-hash"
 
 // dialPorts are the node ports the CLI dials (provider.Provider.Dialer), each reachable on
 // every node through an inbound NAT rule of the load balancer: the node's slot picks its
@@ -208,14 +204,14 @@ type nodeRequest struct {
 	// firmware trusts (docs/azure.md).
 	SecureBoot   bool
 	StateDiskGiB int32
-	// InitSecretHash is set on control planes (TagInitSecretHash).
+	// InitSecretHash is set on control planes (azuremeta.TagInitSecretHash).
 	InitSecretHash string
 }
 
 func (n nodeRequest) tags(l layout) map[string]*string {
-	t := l.tags(TagRole, string(n.Role), TagNode, n.Name, tagSlot, strconv.Itoa(n.Slot))
+	t := l.tags(azuremeta.TagRole, string(n.Role), azuremeta.TagNode, n.Name, tagSlot, strconv.Itoa(n.Slot))
 	if n.Role == metadata.ControlPlane && n.InitSecretHash != "" {
-		t[TagInitSecretHash] = ptr(n.InitSecretHash)
+		t[azuremeta.TagInitSecretHash] = ptr(n.InitSecretHash)
 	}
 	return t
 }

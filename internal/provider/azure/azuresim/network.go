@@ -3,6 +3,7 @@ package azuresim
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 
 	azfake "github.com/Azure/azure-sdk-for-go/sdk/azcore/fake"
@@ -221,6 +222,24 @@ func (c *Cloud) serveInterfaces() {
 		defer c.mu.Unlock()
 		v, err := find(c, rg, name, tbl)
 		return respond(armnetwork.InterfacesClientGetResponse{Interface: deref(v)}, err)
+	}
+	s.NewListPager = func(rg string, _ *armnetwork.InterfacesClientListOptions) (resp azfake.PagerResponder[armnetwork.InterfacesClientListResponse]) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		g, err := c.groupOf(rg)
+		if err != nil {
+			resp.AddResponseError(err.status, err.code)
+			return
+		}
+		// Two pages, as Azure splits long lists: the pager must follow the link.
+		var list []*armnetwork.Interface
+		for _, n := range g.nics {
+			list = append(list, clone(n))
+		}
+		half := len(list) / 2
+		resp.AddPage(http.StatusOK, armnetwork.InterfacesClientListResponse{InterfaceListResult: armnetwork.InterfaceListResult{Value: list[:half]}}, nil)
+		resp.AddPage(http.StatusOK, armnetwork.InterfacesClientListResponse{InterfaceListResult: armnetwork.InterfaceListResult{Value: list[half:]}}, nil)
+		return
 	}
 	s.BeginCreateOrUpdate = func(_ context.Context, rg, name string, v armnetwork.Interface, _ *armnetwork.InterfacesClientBeginCreateOrUpdateOptions) (azfake.PollerResponder[armnetwork.InterfacesClientCreateOrUpdateResponse], azfake.ErrorResponder) {
 		c.mu.Lock()

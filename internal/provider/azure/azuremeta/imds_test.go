@@ -1,0 +1,89 @@
+package azuremeta
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/metadata"
+)
+
+func TestIMDSInstance(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("testdata", "instance.json"))
+	require.NoError(t, err)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// What IMDS requires of a request: the header, and no proxy in between.
+		if r.Header.Get("Metadata") != "true" || r.URL.Path != "/metadata/instance" || r.URL.Query().Get("api-version") != imdsAPIVersion {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		_, _ = w.Write(doc)
+	}))
+	t.Cleanup(srv.Close)
+
+	inst, err := IMDS{BaseURL: srv.URL}.Instance(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, "0123abcd", inst.UID())
+	assert.Equal(t, "mini-rg", inst.ResourceGroup)
+	assert.Equal(t, []byte("$2a$10$abc"), inst.InitSecretHash())
+	self, err := inst.Self()
+	require.NoError(t, err)
+	assert.Equal(t, metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.9.0.4")}}, self)
+
+	_, err = IMDS{BaseURL: srv.URL + "/nowhere"}.Instance(t.Context())
+	assert.ErrorContains(t, err, "IMDS answered 400 Bad Request")
+}
+
+func TestParseInstanceRefuses(t *testing.T) {
+	testCases := map[string]struct {
+		body    string
+		wantErr string
+	}{
+		"not JSON":      {body: "<html>", wantErr: "IMDS's answer"},
+		"no name":       {body: `{"compute":{}}`, wantErr: "names no VM"},
+		"a bad address": {body: `{"compute":{"name":"a"},"network":{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.9.0.300"}]}}]}}`, wantErr: `private address "10.9.0.300"`},
+		"too large":     {body: `{"compute":{"name":"` + strings.Repeat("a", maxIMDSAnswer) + `"}}`, wantErr: "more than"},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseInstance([]byte(tc.body))
+			assert.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+	// A VM of no cluster: IMDS parses, the node refuses to be it.
+	inst, err := ParseInstance([]byte(`{"compute":{"name":"someone-else"},"network":{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.0.4"}]}}]}}`))
+	require.NoError(t, err)
+	_, err = inst.Self()
+	assert.ErrorContains(t, err, `IMDS describes VM someone-else as no node of a cluster: instance metadata "someone-else": role "", want control-plane or worker`)
+}
+
+func FuzzParseInstance(f *testing.F) {
+	doc, err := os.ReadFile(filepath.Join("testdata", "instance.json"))
+	require.NoError(f, err)
+	f.Add(doc)
+	f.Add([]byte(`{"compute":{"name":"a","tagsList":[{"name":"constellation-role","value":"worker"}]}}`))
+	f.Add([]byte(`{"network":{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"::1"}]}}]}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		inst, err := ParseInstance(body)
+		if err != nil {
+			return
+		}
+		// What parsed is usable: a name, valid addresses; Self never panics.
+		if inst.Name == "" {
+			t.Fatal("parsed an instance without a name")
+		}
+		for _, ip := range inst.IPs {
+			if !ip.IsValid() {
+				t.Fatalf("parsed an invalid address from %q", body)
+			}
+		}
+		_, _ = inst.Self()
+	})
+}
