@@ -4,10 +4,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"runtime"
 	"runtime/debug"
+	"slices"
 
 	"github.com/spf13/cobra"
+
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
 )
 
 // versionInfo is what `constellation version` prints.
@@ -21,6 +26,9 @@ type versionInfo struct {
 	// Commit and Modified come from the VCS stamp, when the build has one.
 	Commit   string `json:"commit,omitempty"`
 	Modified bool   `json:"modified,omitempty"`
+	// Providers says, for each provider that was never run against what it drives, how it
+	// was verified (provider.Maturity).
+	Providers map[string]string `json:"providers,omitempty"`
 }
 
 // buildInfo reads the binary's build information; a variable so tests can replace it.
@@ -28,6 +36,14 @@ var buildInfo = debug.ReadBuildInfo
 
 func currentVersion() versionInfo {
 	v := versionInfo{Version: "(devel)", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	for _, p := range catalog.All() {
+		if m, ok := p.(provider.Maturity); ok {
+			if v.Providers == nil {
+				v.Providers = map[string]string{}
+			}
+			v.Providers[p.Name()] = m.Maturity()
+		}
+	}
 	info, ok := buildInfo()
 	if !ok {
 		return v
@@ -75,6 +91,9 @@ func printVersion(out io.Writer, format string, v versionInfo) error {
 				dirty = " (modified)"
 			}
 			fmt.Fprintf(out, "  commit:   %s%s\n", v.Commit, dirty)
+		}
+		for _, name := range slices.Sorted(maps.Keys(v.Providers)) {
+			fmt.Fprintf(out, "  provider %s: %s\n", name, v.Providers[name])
 		}
 		return nil
 	case "json":

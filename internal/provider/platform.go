@@ -215,3 +215,10 @@ type ServiceLoadBalancer interface {
 type Daemon interface {
 	Serve(ctx context.Context, args []string) error
 }
+
+// Maturity is implemented by a Platform that was not run against the real thing it drives
+// (a cloud no account was available for): Maturity says how it was verified, and
+// `constellation version` prints it with the provider's name.
+type Maturity interface {
+	Maturity() string
+}

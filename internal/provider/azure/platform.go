@@ -47,7 +47,16 @@ type Platform struct {
 	tune func(*clients)
 }
 
-var _ provider.Platform = Platform{}
+var (
+	_ provider.Platform = Platform{}
+	_ provider.Maturity = Platform{}
+)
+
+// Maturity implements provider.Maturity, until a live run is recorded (docs/azure.md
+// "Status").
+func (Platform) Maturity() string {
+	return "verified against the SDK's fakes and a simulated cloud; never run against Azure by this project"
+}
 
 // Name implements provider.Platform.
 func (Platform) Name() string { return Name }
