@@ -4,7 +4,7 @@
 //
 // Neither is trusted for security: IMDS is served by the host, and Resource Manager says
 // what the cluster's VMs are, not what they run. What a node runs is proven by its
-// attestation (docs/azure.md "What the host sees").
+// attestation (docs/azure.md "What the host sees, and what it cannot").
 package azuremeta
 
 import (
