@@ -25,12 +25,13 @@ cd "$(dirname "$0")/.."
 # (no vfat in the host kernel), systemd (systemd-repart, systemd-measure) and fdisk (sfdisk)
 # for the GPT disk. The QEMU provider's machines (internal/provider/qemu): qemu-system-x86,
 # its firmware ovmf, and dnsmasq-base (the machines' DHCP server). The measured-boot
-# prediction's tests (internal/measuredboot): pesign and osslsigncode (Authenticode).
+# prediction's tests (internal/measuredboot): pesign and osslsigncode (Authenticode). The fixed
+# VHD footer's test (internal/vhd): qemu-utils (qemu-img writes the reference).
 packages=(swtpm swtpm-tools tpm2-tools protobuf-compiler gcc libssl-dev iproute2 ca-certificates
   cryptsetup-bin e2fsprogs mount gocryptfs fuse3 containerd runc containernetworking-plugins util-linux nftables netbase slirp4netns
   iptables make bzip2 libc6-dev bash curl bind9-dnsutils netcat-openbsd
   mmdebstrap erofs-utils systemd-boot-efi binutils dosfstools mtools systemd fdisk qemu-system-x86 ovmf dnsmasq-base
-  pesign osslsigncode)
+  pesign osslsigncode qemu-utils)
 
 debs() {
   local missing=() p
