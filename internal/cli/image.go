@@ -19,9 +19,9 @@ import (
 func newImageCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image",
-		Short: "Container images of the cluster's nodes",
+		Short: "Container images of the cluster's nodes; node OS images in a cloud",
 	}
-	cmd.AddCommand(newImageLoadCmd())
+	cmd.AddCommand(newImageLoadCmd(), newImageUploadCmd())
 	return cmd
 }
 

@@ -222,3 +222,23 @@ type Daemon interface {
 type Maturity interface {
 	Maturity() string
 }
+
+// ImageUploader is implemented by a Platform whose nodes boot a node OS image stored in the
+// platform (a cloud's image gallery): `constellation image upload <provider>` stores one
+// there and prints the reference a configuration's image takes.
+type ImageUploader interface {
+	// UploadImage stores the node OS image of req, idempotently: a rerun finds the image it
+	// stored; another image under the same version is refused.
+	UploadImage(ctx context.Context, req ImageUploadRequest) (ref string, err error)
+}
+
+// ImageUploadRequest is a node OS image to store in a platform.
+type ImageUploadRequest struct {
+	// Image is the node OS image folder (make vm-image).
+	Image string
+	// Version names the stored image ("1.2.3").
+	Version string
+	// Settings say where to store it: the platform's own keys (Azure: subscriptionID,
+	// resourceGroup, location, gallery, definition), each refused unless known.
+	Settings map[string]string
+}

@@ -22,6 +22,9 @@ type clients struct {
 	resources       *armresources.Client
 	vms             *armcompute.VirtualMachinesClient
 	disks           *armcompute.DisksClient
+	galleries       *armcompute.GalleriesClient
+	images          *armcompute.GalleryImagesClient
+	versions        *armcompute.GalleryImageVersionsClient
 	vnets           *armnetwork.VirtualNetworksClient
 	securityGroups  *armnetwork.SecurityGroupsClient
 	publicIPs       *armnetwork.PublicIPAddressesClient
@@ -86,6 +89,7 @@ func newClients(subscription string, cred azcore.TokenCredential, opts *arm.Clie
 	return &clients{
 		groups: resources.NewResourceGroupsClient(), resources: resources.NewClient(),
 		vms: compute.NewVirtualMachinesClient(), disks: compute.NewDisksClient(),
+		galleries: compute.NewGalleriesClient(), images: compute.NewGalleryImagesClient(), versions: compute.NewGalleryImageVersionsClient(),
 		vnets: network.NewVirtualNetworksClient(), securityGroups: network.NewSecurityGroupsClient(),
 		publicIPs: network.NewPublicIPAddressesClient(), loadBalancers: network.NewLoadBalancersClient(),
 		interfaces:      network.NewInterfacesClient(),

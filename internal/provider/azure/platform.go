@@ -48,8 +48,9 @@ type Platform struct {
 }
 
 var (
-	_ provider.Platform = Platform{}
-	_ provider.Maturity = Platform{}
+	_ provider.Platform      = Platform{}
+	_ provider.Maturity      = Platform{}
+	_ provider.ImageUploader = Platform{}
 )
 
 // Maturity implements provider.Maturity, until a live run is recorded (docs/azure.md

@@ -29,16 +29,24 @@ func (c *Cloud) serveDisks() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		d.ID, d.Name = ptr(c.id(rg, typ, name)), ptr(name)
-		if d.Properties == nil || d.Properties.CreationData == nil || d.Properties.DiskSizeGB == nil || *d.Properties.DiskSizeGB <= 0 {
+		upload := d.Properties != nil && d.Properties.CreationData != nil && d.Properties.CreationData.CreateOption != nil &&
+			*d.Properties.CreationData.CreateOption == armcompute.DiskCreateOptionUpload
+		if d.Properties == nil || d.Properties.CreationData == nil || (!upload && (d.Properties.DiskSizeGB == nil || *d.Properties.DiskSizeGB <= 0)) {
 			return lro(c, "DisksClient.BeginCreateOrUpdate", armcompute.DisksClientCreateOrUpdateResponse{}, badRequest("InvalidParameter"), nil)
 		}
-		if old, err := find(c, rg, name, tbl); err == nil {
+		if old, err := find(c, rg, name, tbl); err == nil && !upload {
 			if *old.Properties.DiskSizeGB > *d.Properties.DiskSizeGB {
 				return lro(c, "DisksClient.BeginCreateOrUpdate", armcompute.DisksClientCreateOrUpdateResponse{}, badRequest("DiskSizeDecreaseNotAllowed"), nil)
 			}
 			d.ManagedBy = old.ManagedBy
 		}
 		d.Properties.DiskState = ptr(armcompute.DiskStateUnattached)
+		if co := d.Properties.CreationData.CreateOption; co != nil && *co == armcompute.DiskCreateOptionUpload {
+			if d.Properties.CreationData.UploadSizeBytes == nil || (*d.Properties.CreationData.UploadSizeBytes-512)%(1<<20) != 0 {
+				return lro(c, "DisksClient.BeginCreateOrUpdate", armcompute.DisksClientCreateOrUpdateResponse{}, badRequest("InvalidUploadSize"), nil)
+			}
+			d.Properties.DiskState = ptr(armcompute.DiskStateReadyToUpload)
+		}
 		if d.ManagedBy != nil {
 			d.Properties.DiskState = ptr(armcompute.DiskStateAttached)
 		}
@@ -51,6 +59,9 @@ func (c *Cloud) serveDisks() {
 		d, err := find(c, rg, name, tbl)
 		if err == nil && d.ManagedBy != nil {
 			err = conflict("OperationNotAllowed") // "Disk is attached to VM"
+		}
+		if err == nil && d.Properties.DiskState != nil && *d.Properties.DiskState == armcompute.DiskStateActiveUpload {
+			err = conflict("OperationNotAllowed") // write access must be revoked first
 		}
 		if err == nil {
 			err = drop(c, rg, name, tbl)

@@ -49,6 +49,11 @@ type Cloud struct {
 	calls                 []string
 	nextIP, nextPublic    int
 	hooks                 Hooks
+	// blobURL is the upload endpoint (ServeBlobs); blobs the page blobs of disks being
+	// uploaded, by disk ID; versionBytes an image version's disk, by version ID.
+	blobURL      string
+	blobs        map[string]*pageBlob
+	versionBytes map[string][]byte
 	// pending are hook calls to make once the lock is released.
 	pending []func()
 
@@ -73,11 +78,14 @@ func New(subscription string, hooks Hooks) *Cloud {
 	c := &Cloud{
 		Subscription: subscription, groups: map[string]*group{},
 		roleDefs: map[string]bool{}, roleAssigns: map[string]bool{}, hooks: hooks,
+		blobs: map[string]*pageBlob{}, versionBytes: map[string][]byte{},
 	}
 	c.serveResources()
 	c.serveCompute()
 	c.serveNetwork()
 	c.serveIdentity()
+	c.serveGalleries()
+	c.serveDiskAccess()
 	c.transports = map[string]policy.Transporter{}
 	return c
 }
@@ -181,7 +189,7 @@ func (c *Cloud) transportFor(client string, req *http.Request) (policy.Transport
 	switch client {
 	case "ResourceGroupsClient", "Client":
 		module, mk = "resources", func() policy.Transporter { return resourcesfake.NewServerFactoryTransport(&c.resources) }
-	case "VirtualMachinesClient", "DisksClient":
+	case "VirtualMachinesClient", "DisksClient", "GalleriesClient", "GalleryImagesClient", "GalleryImageVersionsClient":
 		module, mk = "compute", func() policy.Transporter { return computefake.NewServerFactoryTransport(&c.compute) }
 	case "VirtualNetworksClient", "SecurityGroupsClient", "PublicIPAddressesClient", "LoadBalancersClient", "InterfacesClient":
 		module, mk = "network", func() policy.Transporter { return networkfake.NewServerFactoryTransport(&c.network) }

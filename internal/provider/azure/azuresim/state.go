@@ -23,6 +23,7 @@ type group struct {
 	disks      map[string]*armcompute.Disk
 	vms        map[string]*vm
 	identities map[string]*armmsi.Identity
+	galleries  map[string]*gallery
 }
 
 // vm is a VM and its power state ("running", "stopped", "deallocated").
@@ -38,7 +39,7 @@ func newGroup(name string, rg armresources.ResourceGroup) *group {
 		vnets: map[string]*armnetwork.VirtualNetwork{}, nsgs: map[string]*armnetwork.SecurityGroup{},
 		publicIPs: map[string]*armnetwork.PublicIPAddress{}, lbs: map[string]*armnetwork.LoadBalancer{},
 		nics: map[string]*armnetwork.Interface{}, disks: map[string]*armcompute.Disk{}, vms: map[string]*vm{},
-		identities: map[string]*armmsi.Identity{},
+		identities: map[string]*armmsi.Identity{}, galleries: map[string]*gallery{},
 	}
 }
 
@@ -58,6 +59,7 @@ func (g *group) resources(prefix string) []*armresources.GenericResourceExpanded
 	add("Microsoft.Compute/disks", keys(g.disks))
 	add("Microsoft.Compute/virtualMachines", keys(g.vms))
 	add("Microsoft.ManagedIdentity/userAssignedIdentities", keys(g.identities))
+	add("Microsoft.Compute/galleries", keys(g.galleries))
 	return out
 }
 
