@@ -30,6 +30,7 @@ type clients struct {
 	publicIPs       *armnetwork.PublicIPAddressesClient
 	loadBalancers   *armnetwork.LoadBalancersClient
 	interfaces      *armnetwork.InterfacesClient
+	routeTables     *armnetwork.RouteTablesClient
 	identities      *armmsi.UserAssignedIdentitiesClient
 	roleDefinitions *armauthorization.RoleDefinitionsClient
 	roleAssignments *armauthorization.RoleAssignmentsClient
@@ -92,7 +93,7 @@ func newClients(subscription string, cred azcore.TokenCredential, opts *arm.Clie
 		galleries: compute.NewGalleriesClient(), images: compute.NewGalleryImagesClient(), versions: compute.NewGalleryImageVersionsClient(),
 		vnets: network.NewVirtualNetworksClient(), securityGroups: network.NewSecurityGroupsClient(),
 		publicIPs: network.NewPublicIPAddressesClient(), loadBalancers: network.NewLoadBalancersClient(),
-		interfaces:      network.NewInterfacesClient(),
+		interfaces: network.NewInterfacesClient(), routeTables: network.NewRouteTablesClient(),
 		identities:      msi.NewUserAssignedIdentitiesClient(),
 		roleDefinitions: authz.NewRoleDefinitionsClient(), roleAssignments: authz.NewRoleAssignmentsClient(),
 		pollEvery: defaultPollEvery, retry: retryPolicy,

@@ -78,10 +78,14 @@ func (c *Cluster) vms(ctx context.Context) ([]vmNode, error) {
 // requestFromTags is the request of an existing node, from its VM's tags and the record.
 func (c *Cluster) requestFromTags(tags map[string]*string) nodeRequest {
 	slot, _ := strconv.Atoi(tag(tags, tagSlot))
-	return c.request(provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}, slot)
+	n := c.request(provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}, slot)
+	n.PodNetwork, _ = netip.ParsePrefix(tag(tags, azuremeta.TagPodNetwork))
+	n.APIEndpoint = tag(tags, azuremeta.TagAPIEndpoint)
+	return n
 }
 
-// request is the VM request of node spec in slot.
+// request is the VM request of node spec in slot; its pod network and the API endpoint are
+// the caller's to fill in.
 func (c *Cluster) request(spec provider.NodeSpec, slot int) nodeRequest {
 	s := c.rec.Settings
 	return nodeRequest{
@@ -107,6 +111,10 @@ func (c *Cluster) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([
 		used[n.spec.Slot] = true
 		have[n.spec.Name] = true
 	}
+	endpoints, err := c.Endpoints(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var fresh []nodeRequest
 	for _, spec := range specs {
 		if have[spec.Name] {
@@ -124,6 +132,10 @@ func (c *Cluster) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([
 		}
 		used[slot] = true
 		n := c.request(spec, slot)
+		if n.PodNetwork, err = podNetwork(c.rec.PodNetwork, slot); err != nil {
+			return nil, fmt.Errorf("node %s: %w", spec.Name, err)
+		}
+		n.APIEndpoint = endpoints.ClusterAPIServer
 		all, fresh = append(all, n), append(fresh, n)
 	}
 	if err := c.clients.ensureLoadBalancer(ctx, c.rec.Layout, all); err != nil {
@@ -138,6 +150,9 @@ func (c *Cluster) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([
 	if err != nil {
 		return nil, err
 	}
+	if err := c.ensureRoutes(ctx, all, nodes); err != nil {
+		return nil, err
+	}
 	var out []provider.Node
 	for _, n := range nodes {
 		if slices.ContainsFunc(specs, func(s provider.NodeSpec) bool { return s.Name == n.Name }) {
@@ -145,6 +160,25 @@ func (c *Cluster) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([
 		}
 	}
 	return out, nil
+}
+
+// ensureRoutes puts the route table with the pod network of every node in reqs that has an
+// address (nodes: the listed nodes).
+func (c *Cluster) ensureRoutes(ctx context.Context, reqs []nodeRequest, nodes []provider.Node) error {
+	addr := map[string]netip.Addr{}
+	for _, n := range nodes {
+		if len(n.IPs) > 0 {
+			addr[n.Name] = n.IPs[0]
+		}
+	}
+	var routed []nodeRequest
+	for _, r := range reqs {
+		if a, ok := addr[r.Name]; ok {
+			r.Address = a
+			routed = append(routed, r)
+		}
+	}
+	return c.clients.ensureRoutes(ctx, c.rec.Layout, routed)
 }
 
 // Nodes implements provider.Provider: the cluster's VMs, their power state and address.
@@ -276,6 +310,13 @@ func (c *Cluster) DeleteNode(ctx context.Context, name string) error {
 		keep = append(keep, v.spec)
 	}
 	if err := c.clients.ensureLoadBalancer(ctx, l, keep); err != nil {
+		return err
+	}
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.ensureRoutes(ctx, keep, nodes); err != nil {
 		return err
 	}
 	return c.clients.removeDisk(ctx, l, name)

@@ -104,6 +104,23 @@ func (c *clients) ensureNetwork(ctx context.Context, l layout) error {
 	}); err != nil {
 		return err
 	}
+	routes := "create route table " + l.routes()
+	if _, found, err := get(ctx, c, routes, func(ctx context.Context) (armnetwork.RouteTablesClientGetResponse, error) {
+		return c.routeTables.Get(ctx, l.ResourceGroup, l.routes(), nil)
+	}); err != nil {
+		return err
+	} else if !found {
+		// Created empty once: its routes are the nodes' (ensureRoutes), which a rerun keeps.
+		provider.Progressf(ctx, "Azure: %s", routes)
+		if err := c.putRoutes(ctx, l, nil); err != nil {
+			return err
+		}
+	} else if err := c.owned(ctx, l, routes, func(ctx context.Context) (map[string]*string, error) {
+		r, err := c.routeTables.Get(ctx, l.ResourceGroup, l.routes(), nil)
+		return r.Tags, err
+	}); err != nil {
+		return err
+	}
 	vnet := "create virtual network " + l.vnet()
 	if err := c.owned(ctx, l, vnet, func(ctx context.Context) (map[string]*string, error) {
 		r, err := c.vnets.Get(ctx, l.ResourceGroup, l.vnet(), nil)
@@ -127,6 +144,25 @@ func (c *clients) ensureNetwork(ctx context.Context, l layout) error {
 	provider.Progressf(ctx, "Azure: %s", ip)
 	_, err := put(ctx, c, ip, func(ctx context.Context) (*runtime.Poller[armnetwork.PublicIPAddressesClientCreateOrUpdateResponse], error) {
 		return c.publicIPs.BeginCreateOrUpdate(ctx, l.ResourceGroup, l.publicIP(), publicIPRequest(l), nil)
+	})
+	return err
+}
+
+// ensureRoutes puts the route table with the pod networks of nodes (every node of the
+// cluster with an address: a PUT replaces the routes).
+func (c *clients) ensureRoutes(ctx context.Context, l layout, nodes []nodeRequest) error {
+	if err := c.owned(ctx, l, "update route table "+l.routes(), func(ctx context.Context) (map[string]*string, error) {
+		r, err := c.routeTables.Get(ctx, l.ResourceGroup, l.routes(), nil)
+		return r.Tags, err
+	}); err != nil {
+		return err
+	}
+	return c.putRoutes(ctx, l, nodes)
+}
+
+func (c *clients) putRoutes(ctx context.Context, l layout, nodes []nodeRequest) error {
+	_, err := put(ctx, c, "update route table "+l.routes(), func(ctx context.Context) (*runtime.Poller[armnetwork.RouteTablesClientCreateOrUpdateResponse], error) {
+		return c.routeTables.BeginCreateOrUpdate(ctx, l.ResourceGroup, l.routes(), routeTableRequest(l, nodes), nil)
 	})
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -28,8 +29,10 @@ var testLayout = layout{Subscription: testSub, ResourceGroup: "mini-rg", Locatio
 func testNodes() []nodeRequest {
 	image := "/subscriptions/" + testSub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0"
 	n := func(name string, role metadata.Role, slot int) nodeRequest {
+		pods, _ := podNetwork(netip.MustParsePrefix("10.244.0.0/16"), slot)
 		return nodeRequest{Name: name, Role: role, Slot: slot, Image: image, VMSize: "Standard_DC4as_v5",
-			Encryption: armcompute.SecurityEncryptionTypesVMGuestStateOnly, StateDiskGiB: 10, InitSecretHash: "c2VjcmV0"}
+			Encryption: armcompute.SecurityEncryptionTypesVMGuestStateOnly, StateDiskGiB: 10, InitSecretHash: "c2VjcmV0",
+			PodNetwork: pods, APIEndpoint: "203.0.113.1:6443"}
 	}
 	return []nodeRequest{n("control-plane-0", metadata.ControlPlane, 0), n("worker-0", metadata.Worker, 1)}
 }

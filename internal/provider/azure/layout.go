@@ -16,6 +16,24 @@ const (
 	TagOwnedGroup = "constellation-owned-group"
 )
 
+// nodePodBits is the size of a node's pod network: node slot s gets the s-th of the pod
+// network's /24s (podNetwork), routed to it by the cluster's route table.
+const nodePodBits = 24
+
+// podNetwork is the pod network of the node in slot: the slot-th /nodePodBits of pods.
+func podNetwork(pods netip.Prefix, slot int) (netip.Prefix, error) {
+	if !pods.IsValid() || !pods.Addr().Is4() || pods.Bits() > nodePodBits {
+		return netip.Prefix{}, fmt.Errorf("pod network %s: want an IPv4 prefix of at most /%d", pods, nodePodBits)
+	}
+	if room := 1 << min(nodePodBits-pods.Bits(), 20); slot < 0 || slot >= room {
+		return netip.Prefix{}, fmt.Errorf("pod network %s holds %d node networks (/%d), not one for slot %d", pods, room, nodePodBits, slot)
+	}
+	a := pods.Masked().Addr().As4()
+	base := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	base += uint32(slot) << (32 - nodePodBits)
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(base >> 24), byte(base >> 16), byte(base >> 8), byte(base)}), nodePodBits), nil
+}
+
 // NodeNetwork is the address range of the cluster's virtual network and its one subnet: the
 // nodes' addresses. The configuration's pod and service networks must stay off it
 // (ConfigRules.CheckNetworks).
@@ -49,6 +67,7 @@ func (l layout) nsg() string      { return l.Cluster + "-nsg" }
 func (l layout) publicIP() string { return l.Cluster + "-ip" }
 func (l layout) lb() string       { return l.Cluster + "-lb" }
 func (l layout) identity() string { return l.Cluster + "-nodes" }
+func (l layout) routes() string   { return l.Cluster + "-routes" }
 
 // Per-node resources are named after the node: names are never reused within a cluster.
 func (l layout) nic(node string) string       { return node + "-nic" }

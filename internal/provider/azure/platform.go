@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -77,6 +78,8 @@ type record struct {
 	Image string `json:"image"`
 	// InitSecretHash is the bcrypt hash of the init secret that control planes carry.
 	InitSecretHash string `json:"initSecretHash"`
+	// PodNetwork is the cluster's pod network, a /24 of it per node (podNetwork).
+	PodNetwork netip.Prefix `json:"podNetwork"`
 }
 
 func (p Platform) readRecord(workspace string) (record, error) {
@@ -199,13 +202,17 @@ func (p Platform) ensureRecord(workspace string, conf *config.Config, s Settings
 	if err != nil {
 		return record{}, err
 	}
+	pods, err := netip.ParsePrefix(conf.Network.PodCIDR)
+	if err != nil {
+		return record{}, fmt.Errorf("network.podCIDR: %w", err)
+	}
 	r := record{
 		Layout: layout{
 			Subscription: s.SubscriptionID, ResourceGroup: s.ResourceGroup, Location: s.Location,
 			Cluster: conf.Name, UID: uuid.NewString()[:8],
 		},
 		Settings: s, Variant: conf.Attestation.Variant(), Image: conf.Provider.Block().Image,
-		InitSecretHash: string(hash),
+		InitSecretHash: string(hash), PodNetwork: pods,
 	}
 	raw, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {

@@ -110,7 +110,20 @@ func TestLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, added, 1)
 	assert.Equal(t, "2", *mustVM(t, cloud, "worker-1").Tags[tagSlot])
+	routes, ok := cloud.RouteTable("mini-rg", "mini-routes")
+	require.True(t, ok)
+	got := map[string]string{}
+	for _, r := range routes.Properties.Routes {
+		got[*r.Name] = *r.Properties.AddressPrefix + " via " + *r.Properties.NextHopIPAddress
+	}
+	assert.Len(t, got, 3, "a route per node")
+	assert.Equal(t, "10.244.2.0/24 via "+mustNode(t, prov, "worker-1").IPs[0].String(), got["worker-1"])
+	assert.Equal(t, "10.244.2.0/24", *mustVM(t, cloud, "worker-1").Tags[azuremeta.TagPodNetwork])
+	assert.Equal(t, "203.0.113.1:6443", *mustVM(t, cloud, "worker-1").Tags[azuremeta.TagAPIEndpoint])
+
 	require.NoError(t, prov.DeleteNode(ctx, "worker-0"))
+	routes, _ = cloud.RouteTable("mini-rg", "mini-routes")
+	assert.Len(t, routes.Properties.Routes, 2, "the deleted node's route is gone")
 	_, ok = cloud.VM("mini-rg", "worker-0")
 	assert.False(t, ok)
 	assert.NotContains(t, cloud.Resources("mini-rg"), testLayout.id("Microsoft.Compute/disks", "worker-0-state"))
@@ -203,6 +216,19 @@ func TestListerSeesTheNodes(t *testing.T) {
 	list, err := mustOpen(t, p, ws).Nodes(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, list[1].IPs, got[1].IPs, "the addresses the CLI sees")
+}
+
+func mustNode(t *testing.T, prov provider.Provider, name string) provider.Node {
+	t.Helper()
+	nodes, err := prov.Nodes(t.Context())
+	require.NoError(t, err)
+	for _, n := range nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	t.Fatalf("no node %s", name)
+	return provider.Node{}
 }
 
 func mustOpen(t *testing.T, p Platform, ws string) provider.Provider {

@@ -97,6 +97,14 @@ func (c *clients) removeCluster(ctx context.Context, l layout) error {
 				return c.vnets.BeginDelete(ctx, l.ResourceGroup, l.vnet(), nil)
 			})
 		}},
+		{"delete route table " + l.routes(), func(ctx context.Context) (map[string]*string, error) {
+			r, err := c.routeTables.Get(ctx, l.ResourceGroup, l.routes(), nil)
+			return r.Tags, err
+		}, func(ctx context.Context) error {
+			return remove(ctx, c, "delete route table "+l.routes(), func(ctx context.Context) (*runtime.Poller[armnetwork.RouteTablesClientDeleteResponse], error) {
+				return c.routeTables.BeginDelete(ctx, l.ResourceGroup, l.routes(), nil)
+			})
+		}},
 		{"delete network security group " + l.nsg(), func(ctx context.Context) (map[string]*string, error) {
 			r, err := c.securityGroups.Get(ctx, l.ResourceGroup, l.nsg(), nil)
 			return r.Tags, err

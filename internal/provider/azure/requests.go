@@ -2,6 +2,7 @@ package azure
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/authorization/armauthorization/v2"
@@ -123,10 +124,31 @@ func virtualNetworkRequest(l layout) armnetwork.VirtualNetwork {
 				Properties: &armnetwork.SubnetPropertiesFormat{
 					AddressPrefix:         ptr(NodeNetwork.String()),
 					NetworkSecurityGroup:  &armnetwork.SecurityGroup{ID: ptr(l.id("Microsoft.Network/networkSecurityGroups", l.nsg()))},
+					RouteTable:            &armnetwork.RouteTable{ID: ptr(l.id("Microsoft.Network/routeTables", l.routes()))},
 					DefaultOutboundAccess: ptr(false),
 				},
 			}},
 		},
+	}
+}
+
+// routeTableRequest is the subnet's route table: each node's pod network to the node (whose
+// interface forwards what is not its own address), so pods reach each other across nodes
+// without an overlay.
+func routeTableRequest(l layout, nodes []nodeRequest) armnetwork.RouteTable {
+	routes := []*armnetwork.Route{}
+	for _, n := range nodes {
+		if !n.PodNetwork.IsValid() || !n.Address.IsValid() {
+			continue
+		}
+		routes = append(routes, &armnetwork.Route{Name: ptr(n.Name), Properties: &armnetwork.RoutePropertiesFormat{
+			AddressPrefix: ptr(n.PodNetwork.String()), NextHopType: ptr(armnetwork.RouteNextHopTypeVirtualAppliance),
+			NextHopIPAddress: ptr(n.Address.String()),
+		}})
+	}
+	return armnetwork.RouteTable{
+		Location: ptr(l.Location), Tags: l.tags(),
+		Properties: &armnetwork.RouteTablePropertiesFormat{DisableBgpRoutePropagation: ptr(true), Routes: routes},
 	}
 }
 
@@ -206,10 +228,17 @@ type nodeRequest struct {
 	StateDiskGiB int32
 	// InitSecretHash is set on control planes (azuremeta.TagInitSecretHash).
 	InitSecretHash string
+	// PodNetwork is the node's pod network (podNetwork of its slot); APIEndpoint the
+	// cluster's API endpoint (host:port). Both reach the node as tags.
+	PodNetwork  netip.Prefix
+	APIEndpoint string
+	// Address is the node's private address, once its interface has one (routes).
+	Address netip.Addr
 }
 
 func (n nodeRequest) tags(l layout) map[string]*string {
-	t := l.tags(azuremeta.TagRole, string(n.Role), azuremeta.TagNode, n.Name, tagSlot, strconv.Itoa(n.Slot))
+	t := l.tags(azuremeta.TagRole, string(n.Role), azuremeta.TagNode, n.Name, tagSlot, strconv.Itoa(n.Slot),
+		azuremeta.TagPodNetwork, n.PodNetwork.String(), azuremeta.TagAPIEndpoint, n.APIEndpoint)
 	if n.Role == metadata.ControlPlane && n.InitSecretHash != "" {
 		t[azuremeta.TagInitSecretHash] = ptr(n.InitSecretHash)
 	}
@@ -234,7 +263,7 @@ func stateDiskRequest(l layout, n nodeRequest) armcompute.Disk {
 
 // interfaceRequest is a node's network interface: an address in the subnet, the load
 // balancer's pools (every node for outbound traffic; control planes for the API) and its NAT
-// rules.
+// rules; it forwards packets not addressed to it (its pods').
 func interfaceRequest(l layout, n nodeRequest) armnetwork.Interface {
 	pools := []*armnetwork.BackendAddressPool{{ID: ptr(l.lbPart("backendAddressPools", lbPoolNodes))}}
 	if n.Role == metadata.ControlPlane {
@@ -246,7 +275,7 @@ func interfaceRequest(l layout, n nodeRequest) armnetwork.Interface {
 	}
 	return armnetwork.Interface{
 		Location: ptr(l.Location), Tags: n.tags(l),
-		Properties: &armnetwork.InterfacePropertiesFormat{IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
+		Properties: &armnetwork.InterfacePropertiesFormat{EnableIPForwarding: ptr(true), IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
 			Name: ptr("primary"),
 			Properties: &armnetwork.InterfaceIPConfigurationPropertiesFormat{
 				Primary:                         ptr(true),

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"net/netip"
+	"slices"
 	"os"
 	"path/filepath"
 	"sort"
@@ -36,6 +38,7 @@ func TestRequestsGolden(t *testing.T) {
 		"interface-worker":        interfaceRequest(testLayout, nodes[1]),
 		"vm-control-plane":        vmRequest(testLayout, nodes[0]),
 		"vm-worker":               vmRequest(testLayout, nodes[1]),
+		"route-table":             routeTableRequest(testLayout, routed(nodes)),
 	}
 	for name, req := range requests {
 		t.Run(name, func(t *testing.T) {
@@ -148,4 +151,29 @@ func sortedKeys(m map[string]any) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// routed are nodes with the addresses their interfaces got.
+func routed(nodes []nodeRequest) []nodeRequest {
+	out := slices.Clone(nodes)
+	for i := range out {
+		out[i].Address = netip.AddrFrom4([4]byte{10, 9, 0, byte(4 + i)})
+	}
+	return out
+}
+
+func TestPodNetwork(t *testing.T) {
+	pods := netip.MustParsePrefix("10.244.0.0/16")
+	for slot, want := range map[int]string{0: "10.244.0.0/24", 1: "10.244.1.0/24", 255: "10.244.255.0/24"} {
+		got, err := podNetwork(pods, slot)
+		require.NoError(t, err)
+		assert.Equal(t, want, got.String())
+	}
+	_, err := podNetwork(pods, 256)
+	assert.ErrorContains(t, err, "pod network 10.244.0.0/16 holds 256 node networks (/24), not one for slot 256")
+	_, err = podNetwork(netip.MustParsePrefix("10.244.0.0/25"), 0)
+	assert.ErrorContains(t, err, "want an IPv4 prefix of at most /24")
+	got, err := podNetwork(netip.MustParsePrefix("10.0.0.0/8"), 4369)
+	require.NoError(t, err)
+	assert.Equal(t, "10.17.17.0/24", got.String())
 }

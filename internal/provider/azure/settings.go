@@ -151,8 +151,8 @@ func (ConfigRules) CheckNodes(controlPlanes, workers int) error {
 }
 
 // CheckNetworks implements config.ProviderRules: the pod and service networks stay off the
-// nodes' virtual network.
-func (ConfigRules) CheckNetworks(pod, svc netip.Prefix, _ int) []*strictyaml.FieldError {
+// nodes' virtual network, and the pod network holds a /24 for each node (podNetwork).
+func (ConfigRules) CheckNetworks(pod, svc netip.Prefix, nodes int) []*strictyaml.FieldError {
 	var problems []*strictyaml.FieldError
 	for _, n := range []struct {
 		field string
@@ -160,6 +160,11 @@ func (ConfigRules) CheckNetworks(pod, svc netip.Prefix, _ int) []*strictyaml.Fie
 	}{{"network.podCIDR", pod}, {"network.serviceCIDR", svc}} {
 		if n.p.IsValid() && n.p.Overlaps(NodeNetwork) {
 			problems = append(problems, &strictyaml.FieldError{Path: n.field, Err: fmt.Errorf("%s overlaps the Azure provider's node network %s", n.p, NodeNetwork)})
+		}
+	}
+	if pod.IsValid() && nodes > 0 {
+		if _, err := podNetwork(pod, nodes-1); err != nil {
+			problems = append(problems, &strictyaml.FieldError{Path: "network.podCIDR", Err: fmt.Errorf("%w: the cluster has %d nodes", err, nodes)})
 		}
 	}
 	return problems

@@ -100,6 +100,10 @@ func TestConfigValidate(t *testing.T) {
 	assert.Equal(t, map[string]string{"provider.azure.settings.vmSize": `"Standard_DC4as_v5" is not a confidential VM size of azure-tdx (for example Standard_DC4es_v5)`}, problems(c))
 
 	c = testConfig(variant.AzureSEVSNP)
+	c.Network.PodCIDR = "10.244.0.0/24"
+	assert.Equal(t, map[string]string{"network.podCIDR": "pod network 10.244.0.0/24 holds 1 node networks (/24), not one for slot 1: the cluster has 2 nodes"}, problems(c))
+
+	c = testConfig(variant.AzureSEVSNP)
 	c.Network.PodCIDR = "10.9.128.0/17"
 	assert.Contains(t, problems(c)["network.podCIDR"], "overlaps the Azure provider's node network 10.9.0.0/16")
 }

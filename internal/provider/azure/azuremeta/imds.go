@@ -42,6 +42,11 @@ const (
 	// cluster's init secret: public (anyone who can read the VM may read it), and what the
 	// node compares the init request's secret with. The secret itself never reaches Azure.
 	TagInitSecretHash = "constellation-init-secret-hash"
+	// TagPodNetwork is a node's pod network (a /24 of the cluster's), routed to the node.
+	TagPodNetwork = "constellation-pod-network"
+	// TagAPIEndpoint is the cluster's API endpoint (the load balancer's public address and
+	// port): only where to connect; clients verify the API server's certificate.
+	TagAPIEndpoint = "constellation-api-endpoint"
 )
 
 // IMDS is a client of the Instance Metadata Service.

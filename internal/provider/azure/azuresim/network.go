@@ -11,6 +11,7 @@ import (
 )
 
 func (c *Cloud) serveNetwork() {
+	c.serveRouteTables()
 	c.serveVirtualNetworks()
 	c.serveSecurityGroups()
 	c.servePublicIPs()
@@ -41,6 +42,11 @@ func (c *Cloud) serveVirtualNetworks() {
 						return lro(c, "VirtualNetworksClient.BeginCreateOrUpdate", armnetwork.VirtualNetworksClientCreateOrUpdateResponse{}, badRequest("InvalidResourceReference"), nil)
 					}
 				}
+				if sn.Properties != nil && sn.Properties.RouteTable != nil {
+					if _, err := c.lookup(*sn.Properties.RouteTable.ID); err != nil {
+						return lro(c, "VirtualNetworksClient.BeginCreateOrUpdate", armnetwork.VirtualNetworksClientCreateOrUpdateResponse{}, badRequest("InvalidResourceReference"), nil)
+					}
+				}
 			}
 		}
 		stored, err := store(c, rg, name, &v, func(g *group) map[string]*armnetwork.VirtualNetwork { return g.vnets })
@@ -55,6 +61,55 @@ func (c *Cloud) serveVirtualNetworks() {
 		}
 		return lro(c, "VirtualNetworksClient.BeginDelete", armnetwork.VirtualNetworksClientDeleteResponse{}, err, nil)
 	}
+}
+
+func (c *Cloud) serveRouteTables() {
+	s := &c.network.RouteTablesServer
+	const typ = "Microsoft.Network/routeTables"
+	tbl := func(g *group) map[string]*armnetwork.RouteTable { return g.routeTables }
+	s.Get = func(_ context.Context, rg, name string, _ *armnetwork.RouteTablesClientGetOptions) (azfake.Responder[armnetwork.RouteTablesClientGetResponse], azfake.ErrorResponder) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		v, err := find(c, rg, name, tbl)
+		return respond(armnetwork.RouteTablesClientGetResponse{RouteTable: deref(v)}, err)
+	}
+	s.BeginCreateOrUpdate = func(_ context.Context, rg, name string, v armnetwork.RouteTable, _ *armnetwork.RouteTablesClientBeginCreateOrUpdateOptions) (azfake.PollerResponder[armnetwork.RouteTablesClientCreateOrUpdateResponse], azfake.ErrorResponder) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		v.ID, v.Name = ptr(c.id(rg, typ, name)), ptr(name)
+		if v.Properties != nil {
+			seen := map[string]bool{}
+			for _, r := range v.Properties.Routes {
+				if r.Name == nil || r.Properties == nil || r.Properties.AddressPrefix == nil || seen[*r.Properties.AddressPrefix] {
+					return lro(c, "RouteTablesClient.BeginCreateOrUpdate", armnetwork.RouteTablesClientCreateOrUpdateResponse{}, badRequest("InvalidRoute"), nil)
+				}
+				seen[*r.Properties.AddressPrefix] = true
+				r.ID = ptr(*v.ID + "/routes/" + *r.Name)
+			}
+		}
+		stored, err := store(c, rg, name, &v, tbl)
+		return lro(c, "RouteTablesClient.BeginCreateOrUpdate", armnetwork.RouteTablesClientCreateOrUpdateResponse{RouteTable: deref(stored)}, err, nil)
+	}
+	s.BeginDelete = func(_ context.Context, rg, name string, _ *armnetwork.RouteTablesClientBeginDeleteOptions) (azfake.PollerResponder[armnetwork.RouteTablesClientDeleteResponse], azfake.ErrorResponder) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		err := c.inUse(rg, c.id(rg, typ, name))
+		if err == nil {
+			err = drop(c, rg, name, tbl)
+		}
+		return lro(c, "RouteTablesClient.BeginDelete", armnetwork.RouteTablesClientDeleteResponse{}, err, nil)
+	}
+}
+
+// RouteTable returns a route table as Azure stores it.
+func (c *Cloud) RouteTable(rg, name string) (armnetwork.RouteTable, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, err := find(c, rg, name, func(g *group) map[string]*armnetwork.RouteTable { return g.routeTables })
+	if err != nil {
+		return armnetwork.RouteTable{}, false
+	}
+	return *v, true
 }
 
 func (c *Cloud) serveSecurityGroups() {

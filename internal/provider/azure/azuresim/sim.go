@@ -191,7 +191,7 @@ func (c *Cloud) transportFor(client string, req *http.Request) (policy.Transport
 		module, mk = "resources", func() policy.Transporter { return resourcesfake.NewServerFactoryTransport(&c.resources) }
 	case "VirtualMachinesClient", "DisksClient", "GalleriesClient", "GalleryImagesClient", "GalleryImageVersionsClient":
 		module, mk = "compute", func() policy.Transporter { return computefake.NewServerFactoryTransport(&c.compute) }
-	case "VirtualNetworksClient", "SecurityGroupsClient", "PublicIPAddressesClient", "LoadBalancersClient", "InterfacesClient":
+	case "VirtualNetworksClient", "SecurityGroupsClient", "PublicIPAddressesClient", "LoadBalancersClient", "InterfacesClient", "RouteTablesClient":
 		module, mk = "network", func() policy.Transporter { return networkfake.NewServerFactoryTransport(&c.network) }
 	case "UserAssignedIdentitiesClient":
 		module, mk = "msi", func() policy.Transporter { return msifake.NewServerFactoryTransport(&c.msi) }

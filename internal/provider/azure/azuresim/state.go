@@ -14,16 +14,17 @@ import (
 
 // group is a resource group and what is in it, by lower-case name.
 type group struct {
-	rg         armresources.ResourceGroup
-	vnets      map[string]*armnetwork.VirtualNetwork
-	nsgs       map[string]*armnetwork.SecurityGroup
-	publicIPs  map[string]*armnetwork.PublicIPAddress
-	lbs        map[string]*armnetwork.LoadBalancer
-	nics       map[string]*armnetwork.Interface
-	disks      map[string]*armcompute.Disk
-	vms        map[string]*vm
-	identities map[string]*armmsi.Identity
-	galleries  map[string]*gallery
+	rg          armresources.ResourceGroup
+	vnets       map[string]*armnetwork.VirtualNetwork
+	nsgs        map[string]*armnetwork.SecurityGroup
+	publicIPs   map[string]*armnetwork.PublicIPAddress
+	lbs         map[string]*armnetwork.LoadBalancer
+	nics        map[string]*armnetwork.Interface
+	disks       map[string]*armcompute.Disk
+	vms         map[string]*vm
+	identities  map[string]*armmsi.Identity
+	galleries   map[string]*gallery
+	routeTables map[string]*armnetwork.RouteTable
 }
 
 // vm is a VM and its power state ("running", "stopped", "deallocated").
@@ -40,6 +41,7 @@ func newGroup(name string, rg armresources.ResourceGroup) *group {
 		publicIPs: map[string]*armnetwork.PublicIPAddress{}, lbs: map[string]*armnetwork.LoadBalancer{},
 		nics: map[string]*armnetwork.Interface{}, disks: map[string]*armcompute.Disk{}, vms: map[string]*vm{},
 		identities: map[string]*armmsi.Identity{}, galleries: map[string]*gallery{},
+		routeTables: map[string]*armnetwork.RouteTable{},
 	}
 }
 
@@ -60,6 +62,7 @@ func (g *group) resources(prefix string) []*armresources.GenericResourceExpanded
 	add("Microsoft.Compute/virtualMachines", keys(g.vms))
 	add("Microsoft.ManagedIdentity/userAssignedIdentities", keys(g.identities))
 	add("Microsoft.Compute/galleries", keys(g.galleries))
+	add("Microsoft.Network/routeTables", keys(g.routeTables))
 	return out
 }
 

@@ -91,6 +91,8 @@ func (c *Cloud) lookup(id string) (any, *apiError) {
 		v, found = g.disks[key(name)]
 	case "microsoft.compute/virtualmachines":
 		v, found = g.vms[key(name)]
+	case "microsoft.network/routetables":
+		v, found = g.routeTables[key(name)]
 	case "microsoft.managedidentity/userassignedidentities":
 		v, found = g.identities[key(name)]
 	}
