@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
 )
 
@@ -34,6 +35,8 @@ var builtins = map[string]Platform{
 	"local": {DefaultURL: metadataclient.DefaultURL, Open: func(url string) (metadata.Lister, error) { return metadataclient.New(url, nil) }},
 	// The QEMU provider's machines read the same metadata service, on the same network.
 	"qemu": {DefaultURL: metadataclient.DefaultURL, Open: func(url string) (metadata.Lister, error) { return metadataclient.New(url, nil) }},
+	// Azure: the VM's IMDS names its cluster; Resource Manager lists it (the nodes' identity).
+	"azure": {DefaultURL: azuremeta.IMDSURL, Open: func(url string) (metadata.Lister, error) { return azuremeta.NewClusterLister(url), nil }},
 }
 
 // Lookup returns the platform named name ("" is Default).

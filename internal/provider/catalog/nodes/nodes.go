@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
+	"github.com/openconstellation/constellation/internal/provider/azure/azurenode"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
 	"github.com/openconstellation/constellation/internal/provider/qemu/vmnode"
 )
@@ -26,8 +27,9 @@ type New func(boot.PlatformConfig) (boot.Platform, error)
 
 // builtins are the node platforms: one line each.
 var builtins = map[string]New{
-	nodeboot.Name: nodeboot.New,
-	vmnode.Name:   vmnode.New,
+	nodeboot.Name:  nodeboot.New,
+	vmnode.Name:    vmnode.New,
+	azurenode.Name: azurenode.New,
 }
 
 // Lookup returns the node platform named name ("" is Default).

@@ -31,7 +31,7 @@ func TestLookup(t *testing.T) {
 	}{
 		"default": {name: ""},
 		"local":   {name: "local"},
-		"unknown": {name: "qemu-nope", wantErr: `node platform "qemu-nope" is not supported (supported: local, qemu)`},
+		"unknown": {name: "qemu-nope", wantErr: `node platform "qemu-nope" is not supported (supported: azure, local, qemu)`},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {

@@ -1,0 +1,99 @@
+package azurenode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
+)
+
+// nodeMetadata is what a node learns from Azure (boot.Metadata): itself, the init secret's
+// hash and the API endpoint from its VM's tags through IMDS, the join endpoints from the
+// cluster's instances (Resource Manager, the nodes' identity). Phase reports go to the
+// VM's serial console, which Azure's boot diagnostics keep.
+type nodeMetadata struct {
+	imds    azuremeta.IMDS
+	lister  metadata.Lister
+	console io.Writer
+
+	mu   sync.Mutex
+	inst *azuremeta.Instance
+}
+
+// instance asks IMDS once per boot: the VM's tags do not change under a running node.
+func (m *nodeMetadata) instance(ctx context.Context) (azuremeta.Instance, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.inst != nil {
+		return *m.inst, nil
+	}
+	inst, err := m.imds.Instance(ctx)
+	if err != nil {
+		return azuremeta.Instance{}, err
+	}
+	m.inst = &inst
+	return inst, nil
+}
+
+// Self implements metadata.Provider.
+func (m *nodeMetadata) Self(ctx context.Context) (metadata.Instance, error) {
+	inst, err := m.instance(ctx)
+	if err != nil {
+		return metadata.Instance{}, err
+	}
+	return inst.Self()
+}
+
+// JoinEndpoints implements metadata.Provider: every control plane's join service.
+func (m *nodeMetadata) JoinEndpoints(ctx context.Context) ([]string, error) {
+	instances, err := m.lister.Instances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, i := range instances {
+		if i.Role == metadata.ControlPlane && len(i.IPs) > 0 {
+			out = append(out, net.JoinHostPort(i.IPs[0].String(), strconv.Itoa(deploy.JoinServicePort)))
+		}
+	}
+	return out, nil
+}
+
+// InitSecretHash implements metadata.Provider: a control plane's tag.
+func (m *nodeMetadata) InitSecretHash(ctx context.Context) ([]byte, error) {
+	inst, err := m.instance(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if h := inst.InitSecretHash(); h != nil {
+		return h, nil
+	}
+	return nil, errors.New("the VM carries no init secret hash: only control planes are initialized")
+}
+
+// APIEndpoint implements metadata.Provider: the load balancer's public address, from a tag
+// (only where to connect: the API server's certificate is checked).
+func (m *nodeMetadata) APIEndpoint(ctx context.Context) (string, error) {
+	inst, err := m.instance(ctx)
+	if err != nil {
+		return "", err
+	}
+	ep := inst.Tags[azuremeta.TagAPIEndpoint]
+	if _, _, err := net.SplitHostPort(ep); err != nil {
+		return "", fmt.Errorf("the VM's %s tag %q: %w", azuremeta.TagAPIEndpoint, ep, err)
+	}
+	return ep, nil
+}
+
+// ReportDetail implements metadata.Reporter: one line on the serial console.
+func (m *nodeMetadata) ReportDetail(_ context.Context, phase, detail string) error {
+	_, err := fmt.Fprintf(m.console, "constellation: phase %s: %s\n", phase, strconv.Quote(detail))
+	return err
+}
