@@ -105,9 +105,12 @@ func (l layout) roleDefinitionID() string {
 	return l.groupID() + "/providers/Microsoft.Authorization/roleDefinitions/" + l.roleDefinitionName()
 }
 
-// tags are the tags of every resource of the cluster.
+// tags are the tags of every resource of the cluster (of none: an image upload's group).
 func (l layout) tags(extra ...string) map[string]*string {
-	t := map[string]*string{azuremeta.TagUID: ptr(l.UID)}
+	t := map[string]*string{}
+	if l.UID != "" {
+		t[azuremeta.TagUID] = ptr(l.UID)
+	}
 	for i := 0; i+1 < len(extra); i += 2 {
 		t[extra[i]] = ptr(extra[i+1])
 	}
