@@ -1,14 +1,19 @@
 package azure
 
 import (
+	"context"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -236,4 +241,49 @@ func mustOpen(t *testing.T, p Platform, ws string) provider.Provider {
 	prov, err := p.Open(ws)
 	require.NoError(t, err)
 	return prov
+}
+
+// TestKilledCreateIsFinishedByItsRerun: the CLI is killed in the middle of create (its
+// context ends while the worker's VM is being asked for); the rerun adopts what the first run
+// made and finishes, creating nothing twice.
+func TestKilledCreateIsFinishedByItsRerun(t *testing.T) {
+	cloud := azuresim.New(testSub, azuresim.Hooks{})
+	ctx, kill := context.WithCancel(t.Context())
+	p := simPlatform(cloud)
+	p.Transport = &killAt{Transporter: cloud.Transport(), api: "VirtualMachinesClient.BeginCreateOrUpdate", nth: 2, kill: kill}
+	ws := t.TempDir()
+	nodes := []provider.NodeSpec{{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker}}
+
+	_, err := p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: nodes})
+	require.ErrorIs(t, err, context.Canceled)
+	_, ok := cloud.VM("mini-rg", "worker-0")
+	require.False(t, ok, "killed before the worker's VM")
+
+	p = simPlatform(cloud)
+	prov, err := p.Create(t.Context(), provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: nodes})
+	require.NoError(t, err)
+	list, err := prov.Nodes(t.Context())
+	require.NoError(t, err)
+	assert.Len(t, list, 2)
+	assert.Equal(t, 2, cloud.Count("DisksClient.BeginCreateOrUpdate"), "no disk made twice")
+	assert.Equal(t, 2, cloud.Count("VirtualMachinesClient.BeginCreateOrUpdate"), "the control plane's VM is adopted: two VMs asked for, the killed call never reached Azure")
+}
+
+// killAt cancels the run when api is called the nth time, before the call reaches Azure.
+type killAt struct {
+	policy.Transporter
+	api  string
+	nth  int
+	kill context.CancelFunc
+}
+
+func (k *killAt) Do(req *http.Request) (*http.Response, error) {
+	if api, _ := req.Context().Value(runtime.CtxAPINameKey{}).(string); api == k.api && !strings.HasSuffix(req.URL.Path, "/get/fake/status") {
+		k.nth--
+		if k.nth == 0 {
+			k.kill()
+			return nil, req.Context().Err()
+		}
+	}
+	return k.Transporter.Do(req)
 }
