@@ -129,9 +129,7 @@ func (p Platform) Upload(ctx context.Context, u ImageUpload) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if p.tune != nil {
-		p.tune(c)
-	}
+	p.adjust(c)
 	up := &uploader{clients: c, u: u, digest: digest, size: size}
 	return up.run(ctx)
 }

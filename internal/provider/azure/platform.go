@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
@@ -43,6 +44,9 @@ type Platform struct {
 	// workload identity, managed identity, Azure CLI) over HTTPS.
 	Credential azcore.TokenCredential
 	Transport  policy.Transporter
+	// PollEvery is how often long-running operations are polled; zero: every 3 s (Azure's
+	// Retry-After, when longer, wins). Tests on the simulated cloud poll at once.
+	PollEvery time.Duration
 
 	// tune, if set, adjusts the clients (tests: poll and retry without waiting).
 	tune func(*clients)
@@ -112,10 +116,21 @@ func (p Platform) clients(r record) (*clients, error) {
 		return nil, err
 	}
 	c, err := newClients(r.Layout.Subscription, cred, ClientOptions(p.Transport))
-	if err == nil && p.tune != nil {
+	if err != nil {
+		return nil, err
+	}
+	p.adjust(c)
+	return c, nil
+}
+
+// adjust applies the platform's polling and the tests' tuning to c.
+func (p Platform) adjust(c *clients) {
+	if p.PollEvery > 0 {
+		c.pollEvery = p.PollEvery
+	}
+	if p.tune != nil {
 		p.tune(c)
 	}
-	return c, err
 }
 
 // Open implements provider.Platform.
