@@ -248,3 +248,22 @@ func TestRefusesANonConfidentialImpostor(t *testing.T) {
 	vm, _ := cloud.VM("mini-rg", "worker-0")
 	assert.Equal(t, armcompute.SecurityTypesTrustedLaunch, *vm.Properties.SecurityProfile.SecurityType, "left for the user to look at")
 }
+
+// TestRemoveWhenAResourceGoesMeanwhile: a resource deleted by someone else while the
+// provider's delete runs (the operation ends in 404), or before it begins, is removed: the
+// removal goes on.
+func TestRemoveWhenAResourceGoesMeanwhile(t *testing.T) {
+	c, cloud := simClients(t, azuresim.Hooks{})
+	ctx := t.Context()
+	nodes := testNodes()
+	require.NoError(t, createAll(ctx, c, testLayout, nodes))
+	// Someone deletes the control plane before the provider gets to it, and the worker while
+	// the provider's delete runs.
+	_, err := put(ctx, c, "the other's delete", func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientDeleteResponse], error) {
+		return c.vms.BeginDelete(ctx, testLayout.ResourceGroup, "control-plane-0", nil)
+	})
+	require.NoError(t, err)
+	cloud.Inject(azuresim.Fault{API: "VirtualMachinesClient.BeginDelete", Status: http.StatusNotFound, Code: "ResourceNotFound", Halfway: true})
+	require.NoError(t, removeAll(ctx, c, testLayout, nodes))
+	assert.Empty(t, cloud.Groups())
+}
