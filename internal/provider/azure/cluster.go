@@ -181,9 +181,15 @@ func (c *Cluster) ensureRoutes(ctx context.Context, reqs []nodeRequest, nodes []
 	return c.clients.ensureRoutes(ctx, c.rec.Layout, routed)
 }
 
-// Nodes implements provider.Provider: the cluster's VMs, their power state and address.
+// Nodes implements provider.Provider: the cluster's VMs, their power state and address. It
+// costs two listings and one state read per node: Resource Manager's read limits are per
+// subscription, and the CLI asks while it waits.
 func (c *Cluster) Nodes(ctx context.Context) ([]provider.Node, error) {
 	vms, err := c.vms(ctx)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := c.addresses(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -193,14 +199,48 @@ func (c *Cluster) Nodes(ctx context.Context) ([]provider.Node, error) {
 		if n.State, n.Detail, err = c.state(ctx, v); err != nil {
 			return nil, err
 		}
-		if ip, err := c.address(ctx, v.spec.Name); err != nil {
-			return nil, err
-		} else if ip.IsValid() {
+		if ip, ok := addrs[v.spec.Name]; ok {
 			n.IPs = []netip.Addr{ip}
 		}
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// addresses are the private addresses of the cluster's nodes, by node, from one listing of
+// the group's network interfaces.
+func (c *Cluster) addresses(ctx context.Context) (map[string]netip.Addr, error) {
+	l := c.rec.Layout
+	out := map[string]netip.Addr{}
+	err := c.clients.call(ctx, "list the network interfaces of "+l.ResourceGroup, func(ctx context.Context) error {
+		clear(out)
+		pager := c.clients.interfaces.NewListPager(l.ResourceGroup, nil)
+		for pager.More() {
+			page, err := pager.NextPage(ctx)
+			if err != nil {
+				return err
+			}
+			for _, nic := range page.Value {
+				if nic == nil || nic.Properties == nil || tag(nic.Tags, azuremeta.TagUID) != l.UID {
+					continue
+				}
+				for _, ipc := range nic.Properties.IPConfigurations {
+					if ipc == nil || ipc.Properties == nil || ipc.Properties.PrivateIPAddress == nil {
+						continue
+					}
+					if ip, err := netip.ParseAddr(*ipc.Properties.PrivateIPAddress); err == nil {
+						out[tag(nic.Tags, azuremeta.TagNode)] = ip
+						break
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if isNotFound(err) {
+		return out, nil
+	}
+	return out, err
 }
 
 // state is a VM's state from its provisioning and power state.
@@ -231,22 +271,6 @@ func (c *Cluster) state(ctx context.Context, v vmNode) (provider.NodeState, stri
 		}
 	}
 	return provider.Booting, "", nil
-}
-
-// address is a node's private address, from its network interface.
-func (c *Cluster) address(ctx context.Context, node string) (netip.Addr, error) {
-	nic, found, err := get(ctx, c.clients, "read network interface "+c.rec.Layout.nic(node), func(ctx context.Context) (armnetwork.InterfacesClientGetResponse, error) {
-		return c.clients.interfaces.Get(ctx, c.rec.Layout.ResourceGroup, c.rec.Layout.nic(node), nil)
-	})
-	if err != nil || !found || nic.Properties == nil {
-		return netip.Addr{}, err
-	}
-	for _, ipc := range nic.Properties.IPConfigurations {
-		if ipc != nil && ipc.Properties != nil && ipc.Properties.PrivateIPAddress != nil {
-			return netip.ParseAddr(*ipc.Properties.PrivateIPAddress)
-		}
-	}
-	return netip.Addr{}, nil
 }
 
 // RebootNode implements provider.Provider: Azure restarts a running VM (its vTPM resets:
@@ -407,12 +431,12 @@ func (c *Cluster) natAddress(ctx context.Context, addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	addrs, err := c.addresses(ctx)
+	if err != nil {
+		return "", err
+	}
 	for _, v := range vms {
-		ip, err := c.address(ctx, v.spec.Name)
-		if err != nil {
-			return "", err
-		}
-		if ip.String() != host {
+		if ip, ok := addrs[v.spec.Name]; !ok || ip.String() != host {
 			continue
 		}
 		front, err := natFrontendPort(v.spec.Slot, int32(port))

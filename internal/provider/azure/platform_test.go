@@ -87,9 +87,13 @@ func TestLifecycle(t *testing.T) {
 
 	prov, err := p.Open(ws)
 	require.NoError(t, err)
+	before := len(cloud.Calls())
 	list, err := prov.Nodes(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
+	// Two listings (VMs; interfaces, in two pages) and a state read per node: what the CLI's
+	// waits cost against Resource Manager's read limits.
+	assert.Len(t, cloud.Calls()[before:], 1+2+len(list), "%v", cloud.Calls()[before:])
 	assert.Equal(t, provider.Running, list[0].State)
 	require.Len(t, list[0].IPs, 1)
 	assert.True(t, NodeNetwork.Contains(list[0].IPs[0]))
