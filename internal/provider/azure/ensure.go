@@ -40,15 +40,20 @@ func (c *clients) call(ctx context.Context, what string, op func(context.Context
 		if d, ok := retry.After(err); ok && d > delay {
 			delay = d
 		}
+		var said time.Time
 		if err := c.sleep(ctx, delay, func(left time.Duration) {
-			provider.Progressf(ctx, "Azure: %s: retrying in %s after: %v", what, left.Round(time.Second), err)
+			if said.IsZero() || due(said) {
+				provider.Progressf(ctx, "Azure: %s: retrying in %s after: %v", what, left.Round(time.Second), err)
+				said = time.Now()
+			}
 		}); err != nil {
 			return h.Err(err)
 		}
 	}
 }
 
-// sleep waits d, calling report first and every progressEvery.
+// sleep waits d, calling report at its start and every second after (report decides whether
+// a line is due).
 func (c *clients) sleep(ctx context.Context, d time.Duration, report func(left time.Duration)) error {
 	end := time.Now().Add(d)
 	for {
@@ -59,7 +64,7 @@ func (c *clients) sleep(ctx context.Context, d time.Duration, report func(left t
 		if report != nil {
 			report(left)
 		}
-		t := time.NewTimer(min(left, progressEvery))
+		t := time.NewTimer(min(left, time.Second))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -69,36 +74,39 @@ func (c *clients) sleep(ctx context.Context, d time.Duration, report func(left t
 	}
 }
 
-// wait polls a long-running operation to its end, saying every progressEvery what it waits
-// for, and returns its result.
+// wait polls a long-running operation to its end, as often as Azure asks (Retry-After) or
+// pollEvery, saying at least every progressEvery what it waits for, and returns its result.
 func wait[T any](ctx context.Context, c *clients, what string, p *runtime.Poller[T]) (T, error) {
+	var zero T
 	start, reported := time.Now(), time.Now()
+	report := func(time.Duration) {
+		if due(reported) {
+			provider.Progressf(ctx, "Azure: waiting to %s (%s)", what, time.Since(start).Round(time.Second))
+			reported = time.Now()
+		}
+	}
 	for !p.Done() {
-		delay := c.pollEvery
 		resp, err := p.Poll(ctx)
 		if err != nil {
-			var zero T
 			return zero, err
-		}
-		if resp != nil {
-			if d := retryAfter(resp.Header); d > delay {
-				delay = min(d, progressEvery)
-			}
 		}
 		if p.Done() {
 			break
 		}
-		if time.Since(reported) >= progressEvery {
-			provider.Progressf(ctx, "Azure: waiting to %s (%s)", what, time.Since(start).Round(time.Second))
-			reported = time.Now()
+		delay := c.pollEvery
+		if resp != nil {
+			delay = max(delay, retryAfter(resp.Header))
 		}
-		if err := c.sleep(ctx, delay, nil); err != nil {
-			var zero T
+		if err := c.sleep(ctx, delay, report); err != nil {
 			return zero, err
 		}
 	}
 	return p.Result(ctx)
 }
+
+// due says whether a progress line is due, the last one said at last: every progressEvery,
+// give or take the second sleep wakes up at.
+func due(last time.Time) bool { return time.Since(last) >= progressEvery-time.Second/2 }
 
 // put creates or updates a resource through a long-running operation and returns it:
 // Resource Manager's PUT is idempotent, so a rerun converges on the same resource. A

@@ -267,3 +267,24 @@ func TestRemoveWhenAResourceGoesMeanwhile(t *testing.T) {
 	require.NoError(t, removeAll(ctx, c, testLayout, nodes))
 	assert.Empty(t, cloud.Groups())
 }
+
+// TestSlowOperationsSayWhatTheyWaitFor: an operation that takes its time is reported at
+// least every 5 s.
+func TestSlowOperationsSayWhatTheyWaitFor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 7 s of real time")
+	}
+	c, cloud := simClients(t, azuresim.Hooks{})
+	c.pollEvery = time.Second
+	var log progressLog
+	ctx := provider.WithProgress(t.Context(), &log)
+	cloud.Inject(azuresim.Fault{API: "VirtualMachinesClient.BeginCreateOrUpdate", Polls: 6})
+	start := time.Now()
+	require.NoError(t, createAll(ctx, c, testLayout, testNodes()))
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, 6*time.Second)
+	assert.Contains(t, log.String(), "Azure: waiting to create VM control-plane-0 (5s)")
+	lines := strings.Count(log.String(), "Azure: waiting to create VM control-plane-0")
+	assert.GreaterOrEqual(t, lines, 1)
+	assert.LessOrEqual(t, lines, int(took/(4*time.Second)), "a line per 5 s, not per poll (%s)", took)
+}

@@ -101,6 +101,9 @@ type Fault struct {
 	// Halfway fails the long-running operation after it was accepted and polled once,
 	// instead of refusing the request.
 	Halfway bool
+	// Polls, instead of a failure, makes the long-running operation answer "still running"
+	// to that many more polls: a slow operation.
+	Polls int
 	Times   int
 }
 
@@ -117,12 +120,24 @@ func (c *Cloud) Inject(f Fault) {
 // takeFault returns and consumes a fault of api (halfway or not).
 func (c *Cloud) takeFault(api string, halfway bool) *Fault {
 	for _, f := range c.faults {
-		if f.API == api && f.Halfway == halfway && f.Times > 0 {
+		if f.API == api && f.Halfway == halfway && f.Polls == 0 && f.Times > 0 {
 			f.Times--
 			return f
 		}
 	}
 	return nil
+}
+
+// takeSlow returns and consumes how many more polls an operation of api answers "still
+// running" to.
+func (c *Cloud) takeSlow(api string) int {
+	for _, f := range c.faults {
+		if f.API == api && f.Polls > 0 && f.Times > 0 {
+			f.Times--
+			return f.Polls
+		}
+	}
+	return 0
 }
 
 // Calls returns the APIs called so far, in order; a poll of a long-running operation is

@@ -151,6 +151,9 @@ func lro[T any](c *Cloud, api string, out T, err *apiError, failed func()) (resp
 		accepted = http.StatusCreated
 	}
 	resp.AddNonTerminalResponse(accepted, nil)
+	for range c.takeSlow(api) {
+		resp.AddNonTerminalResponse(accepted, nil)
+	}
 	if f := c.takeFault(api, true); f != nil {
 		resp.SetTerminalError(f.Status, f.Code)
 		if failed != nil {
