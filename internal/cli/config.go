@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -25,7 +26,7 @@ func newConfigCmd() *cobra.Command {
 		Use:   "generate",
 		Short: "Write a configuration for a provider into the workspace",
 	}
-	generate.AddCommand(newConfigGenerateLocalCmd(), newConfigGenerateQEMUCmd())
+	generate.AddCommand(newConfigGenerateLocalCmd(), newConfigGenerateQEMUCmd(), newConfigGenerateAzureCmd())
 	cmd.AddCommand(generate)
 	return cmd
 }
@@ -40,6 +41,10 @@ type generateLocalOptions struct {
 	// kubernetesVersion is the configuration's; kubeDir and imagesDir build the default node
 	// image of it when image is empty.
 	kubernetesVersion, kubeDir, imagesDir string
+	// imageRef, if set, is what the provider block's image names instead of the image folder
+	// (a cloud's stored copy of it: image upload); settings are the block's settings.
+	imageRef string
+	settings map[string]any
 }
 
 // defaultImageDir is where `config generate local` lays out the default node image.
@@ -123,14 +128,25 @@ func writeGenerated(out io.Writer, workspace string, platform provider.Platform,
 	if o.kubernetesVersion != "" {
 		c.KubernetesVersion = o.kubernetesVersion
 	}
+	image := imagePathFor(workspace, imageDir)
+	if o.imageRef != "" {
+		image = o.imageRef
+	}
 	c.Provider = config.ProviderFor(platform.Name(), config.ProviderBlock{
 		ControlPlanes: o.controlPlanes,
 		Workers:       o.workers,
-		Image:         imagePathFor(workspace, imageDir),
+		Image:         image,
+		Settings:      o.settings,
 	})
-	// The block of the variant the provider's nodes attest with: its default.
-	c.Attestation = config.AttestationFor(platform.ConfigRules().Variants()[0], config.VariantConfig{
-		Measurements: measurements.ReferenceSets{{Name: setName, Measurements: expected}},
+	// The block of the variant the provider's nodes attest with: the one its records name,
+	// else its default.
+	v := reference.Variant
+	if v.IsZero() {
+		v = platform.ConfigRules().Variants()[0]
+	}
+	c.Attestation = config.AttestationFor(v, config.VariantConfig{
+		Measurements:   measurements.ReferenceSets{{Name: setName, Measurements: expected}},
+		HardwareValues: reference.Hardware,
 	})
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("the flags give an invalid configuration:\n%w", err)
@@ -245,4 +261,80 @@ func imagePathFor(workspace, imageDir string) string {
 		return imageDir
 	}
 	return rel
+}
+
+func newConfigGenerateAzureCmd() *cobra.Command {
+	var o generateLocalOptions
+	var firmwareRecord string
+	var settings []string
+	cmd := &cobra.Command{
+		Use:   "azure",
+		Short: "Write a configuration for a cluster of Azure confidential VMs, with reference values predicted from the node OS image",
+		Long: `Write ` + config.FileName + ` for the Azure provider into the workspace (docs/azure.md).
+
+The nodes boot the gallery image version --image-ref names (constellation image upload azure
+prints it), stored from the node OS image folder --image. The reference values are predicted
+from that folder's UKI and disk (PCRs 4, 5, 9, 11 and the registers that must read zero) and
+taken from --firmware-record for the registers Azure's firmware measures (PCRs 0-3, 6, 7): a
+record of values observed on a node of the variant on Azure, with the hardware reference its
+report met (docs/azure.md "Reference values"); the record's variant is the configuration's.
+--set gives the provider's settings (subscriptionID, resourceGroup, location, vmSize,
+diskEncryption, stateDiskGiB). An existing configuration is kept unless --force is given.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ws, err := cmd.Flags().GetString("workspace")
+			if err != nil {
+				return err
+			}
+			if !o.force {
+				if _, err := os.Lstat(filepath.Join(ws, config.FileName)); err == nil {
+					return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", filepath.Join(ws, config.FileName), os.ErrExist)
+				}
+			}
+			pairs, err := parseSettings(settings)
+			if err != nil {
+				return err
+			}
+			o.settings = map[string]any{}
+			for k, v := range pairs {
+				o.settings[k] = settingValue(v)
+			}
+			p, err := catalog.Lookup("azure")
+			if err != nil {
+				return err
+			}
+			if p, err = withFirmwareRecord(p, firmwareRecord); err != nil {
+				return err
+			}
+			return writeGenerated(cmd.OutOrStdout(), ws, p, o)
+		},
+	}
+	cmd.Flags().StringVar(&o.name, "name", "constellation", "cluster name (a DNS label)")
+	cmd.Flags().StringVar(&o.image, "image", "", "node OS image folder the reference values are predicted from (make vm-image writes _output/vm-image)")
+	cmd.Flags().StringVar(&o.imageRef, "image-ref", "", "the gallery image version the nodes boot (constellation image upload azure prints it)")
+	cmd.Flags().StringVar(&firmwareRecord, "firmware-record", "", "the values Azure's firmware measured on a node, observed by you (docs/azure.md \"Reference values\")")
+	cmd.Flags().StringArrayVar(&settings, "set", nil, "a provider setting, KEY=VALUE (repeatable): subscriptionID, resourceGroup, location, vmSize, ...")
+	cmd.Flags().StringVar(&o.kubernetesVersion, "kubernetes-version", config.DefaultKubernetesVersion, "Kubernetes version of the cluster (the image's)")
+	cmd.Flags().IntVar(&o.controlPlanes, "control-planes", 1, "number of control-plane VMs")
+	cmd.Flags().IntVar(&o.workers, "workers", 0, "number of worker VMs")
+	cmd.Flags().BoolVar(&o.force, "force", false, "replace an existing configuration")
+	for _, f := range []string{"image", "image-ref", "firmware-record"} {
+		_ = cmd.MarkFlagRequired(f)
+	}
+	return cmd
+}
+
+// settingValue reads a --set value as the configuration would: a number or a boolean as
+// such, anything else as a string.
+func settingValue(v string) any {
+	if n, err := strconv.Atoi(v); err == nil {
+		return n
+	}
+	switch v {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	return v
 }

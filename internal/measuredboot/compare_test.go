@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/measuredboot/measuredboottest"
 	"github.com/openconstellation/constellation/pkg/attestation/eventlog"
 )
 
@@ -50,12 +51,12 @@ func predictedEvents(p *Prediction) []Event {
 // TestCheckEventLog plays attacks on the boot chain against a prediction: each must be
 // refused with the register and the first differing event named.
 func TestCheckEventLog(t *testing.T) {
-	image := testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
+	image := measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
 	p, err := PredictUKI(image)
 	require.NoError(t, err)
 
 	other := func(osrel, cmdline, kernel, initrd []byte) []Event {
-		q, err := PredictUKI(testUKI(osrel, cmdline, kernel, initrd))
+		q, err := PredictUKI(measuredboottest.UKI(osrel, cmdline, kernel, initrd))
 		require.NoError(t, err)
 		return predictedEvents(q)
 	}

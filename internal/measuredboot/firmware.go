@@ -112,13 +112,26 @@ func (r FirmwareRecord) Validate() error {
 	if r.Source == "" {
 		errs = append(errs, errors.New("source must say how the values were observed"))
 	}
-	for _, i := range r.Observed.Indices() {
+	if err := ValidateObserved(r.Observed); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("firmware record: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// ValidateObserved checks firmware registers observed on a platform: an enforced SHA-256
+// value for each of FirmwareRegisters and for no other register.
+func ValidateObserved(observed measurements.M) error {
+	var errs []error
+	for _, i := range observed.Indices() {
 		if !slices.Contains(FirmwareRegisters, i) {
 			errs = append(errs, fmt.Errorf("observed PCR %d is not a firmware register (%v): the image's registers are predicted, not observed", i, FirmwareRegisters))
 		}
 	}
 	for _, i := range FirmwareRegisters {
-		switch m, ok := r.Observed[i]; {
+		switch m, ok := observed[i]; {
 		case !ok:
 			errs = append(errs, fmt.Errorf("observed PCR %d is missing", i))
 		case len(m.Expected) != sha256.Size:
@@ -127,10 +140,7 @@ func (r FirmwareRecord) Validate() error {
 			errs = append(errs, fmt.Errorf("observed PCR %d is warn-only: firmware registers are enforced", i))
 		}
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("firmware record: %w", errors.Join(errs...))
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // recordsFS holds the recorded firmware observations: firmware/*.json.
@@ -195,6 +205,16 @@ func ReferenceMeasurements(v variant.Variant, rawUKI []byte, disk io.ReaderAt, f
 	if err := fw.Validate(); err != nil {
 		return nil, nil, err
 	}
+	return ReferenceFromObserved(v, rawUKI, disk, fw.Observed)
+}
+
+// ReferenceFromObserved is ReferenceMeasurements with the firmware registers observed on a
+// platform that has no firmware record of this package's kind (a cloud's firmware, named by
+// the platform's own record): observed must pass ValidateObserved.
+func ReferenceFromObserved(v variant.Variant, rawUKI []byte, disk io.ReaderAt, observed measurements.M) (measurements.M, *Prediction, error) {
+	if err := ValidateObserved(observed); err != nil {
+		return nil, nil, err
+	}
 	p, err := PredictImage(rawUKI, disk)
 	if err != nil {
 		return nil, nil, err
@@ -204,7 +224,7 @@ func ReferenceMeasurements(v variant.Variant, rawUKI []byte, disk io.ReaderAt, f
 		values[r] = p.Value(r)
 	}
 	for _, r := range FirmwareRegisters {
-		values[r] = [sha256.Size]byte(fw.Observed[r].Expected)
+		values[r] = [sha256.Size]byte(observed[r].Expected)
 	}
 	var first10 [10][sha256.Size]byte
 	for i := range first10 {

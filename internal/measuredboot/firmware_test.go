@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/openconstellation/constellation/internal/measuredboot/measuredboottest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -110,8 +111,8 @@ func TestHashFirmware(t *testing.T) {
 
 func TestReferenceMeasurements(t *testing.T) {
 	rec := placeholderRecord(t)
-	image := testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
-	m, p, err := ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(testGPT(0, 1)), rec)
+	image := measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
+	m, p, err := ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(measuredboottest.GPT(0, 1)), rec)
 	require.NoError(t, err)
 	require.NoError(t, m.Validate(variant.QEMUVTPM), "a set the configuration accepts")
 
@@ -139,10 +140,10 @@ func TestReferenceMeasurements(t *testing.T) {
 	ima := extend([32]byte{}, PredictIMA(first10).Digest)
 	assert.Equal(t, ima[:], m[10].Expected)
 
-	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, []byte("not a UKI"), bytes.NewReader(testGPT(0)), rec)
+	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, []byte("not a UKI"), bytes.NewReader(measuredboottest.GPT(0)), rec)
 	assert.ErrorIs(t, err, ErrMalformedUKI)
 	bad := rec
 	bad.Source = ""
-	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(testGPT(0)), bad)
+	_, _, err = ReferenceMeasurements(variant.QEMUVTPM, image, bytes.NewReader(measuredboottest.GPT(0)), bad)
 	assert.ErrorContains(t, err, "source")
 }

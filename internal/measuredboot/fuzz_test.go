@@ -2,12 +2,14 @@ package measuredboot
 
 import (
 	"testing"
+
+	"github.com/openconstellation/constellation/internal/measuredboot/measuredboottest"
 )
 
 // FuzzPredict feeds arbitrary bytes as a UKI: parsing, the Authenticode digest and the
 // prediction must never panic, and a UKI that parses has the sections PCR 9 needs.
 func FuzzPredict(f *testing.F) {
-	f.Add(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
+	f.Add(measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
 	f.Add(testKernel)
 	f.Add([]byte("MZ"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -26,7 +28,7 @@ func FuzzPredict(f *testing.F) {
 // FuzzCheckEventLog feeds arbitrary bytes as a node's event log: the check must never
 // panic, and must refuse any log that does not replay to the prediction.
 func FuzzCheckEventLog(f *testing.F) {
-	p, err := PredictUKI(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
+	p, err := PredictUKI(measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
-	"hash/crc32"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/measuredboot/measuredboottest"
 )
 
 // vmImageGPT is the first 34 sectors of a node OS image (make vm-image) whose boot was
@@ -37,38 +38,8 @@ func valueOf(events []Event) []byte {
 	return v[:]
 }
 
-// testGPT builds a 512-byte-sector disk with a protective MBR slot, a primary header at
-// LBA 1 and 128 entries of 128 bytes at LBA 2; used[i] fills entry i with a type GUID.
-func testGPT(used ...int) []byte {
-	disk := make([]byte, 34*512)
-	entries := disk[2*512 : 34*512]
-	for _, i := range used {
-		e := entries[i*128 : (i+1)*128]
-		copy(e, bytes.Repeat([]byte{byte(i + 1)}, 16)) // type GUID
-		copy(e[16:], bytes.Repeat([]byte{0xee}, 16))   // partition GUID
-		binary.LittleEndian.PutUint64(e[32:], uint64(2048*(i+1)))
-	}
-	h := disk[512:1024]
-	copy(h, gptSignature)
-	binary.LittleEndian.PutUint32(h[8:], 0x00010000)
-	binary.LittleEndian.PutUint32(h[12:], 92)
-	binary.LittleEndian.PutUint64(h[24:], 1)
-	binary.LittleEndian.PutUint64(h[72:], 2)
-	binary.LittleEndian.PutUint32(h[80:], 128)
-	binary.LittleEndian.PutUint32(h[84:], 128)
-	fixCRCs(disk)
-	return disk
-}
-
-func fixCRCs(disk []byte) {
-	h := disk[512:1024]
-	binary.LittleEndian.PutUint32(h[88:], crc32.ChecksumIEEE(disk[2*512:34*512]))
-	binary.LittleEndian.PutUint32(h[16:], 0)
-	binary.LittleEndian.PutUint32(h[16:], crc32.ChecksumIEEE(h[:binary.LittleEndian.Uint32(h[12:])]))
-}
-
 func TestGPTEventData(t *testing.T) {
-	data, err := GPTEventData(bytes.NewReader(testGPT(0, 1, 5)))
+	data, err := GPTEventData(bytes.NewReader(measuredboottest.GPT(0, 1, 5)))
 	require.NoError(t, err)
 	require.Len(t, data, 92+8+3*128, "header, count, the used entries only")
 	assert.Equal(t, uint64(3), binary.LittleEndian.Uint64(data[92:]))
@@ -76,17 +47,17 @@ func TestGPTEventData(t *testing.T) {
 
 	// Two disks that differ only in an unused entry's bytes beyond the type GUID measure
 	// the same; a used entry's change measures differently.
-	a, b := testGPT(0), testGPT(0)
+	a, b := measuredboottest.GPT(0), measuredboottest.GPT(0)
 	b[2*512+128+40] = 1 // entry 1 unused: its type GUID is zero
-	fixCRCs(b)
+	measuredboottest.FixCRCs(b)
 	da, err := GPTEventData(bytes.NewReader(a))
 	require.NoError(t, err)
 	db, err := GPTEventData(bytes.NewReader(b))
 	require.NoError(t, err)
 	assert.Equal(t, da[92:], db[92:])
-	c := testGPT(0)
+	c := measuredboottest.GPT(0)
 	c[2*512+40] = 1 // entry 0's first LBA
-	fixCRCs(c)
+	measuredboottest.FixCRCs(c)
 	dc, err := GPTEventData(bytes.NewReader(c))
 	require.NoError(t, err)
 	assert.NotEqual(t, da[92:], dc[92:])
@@ -100,14 +71,14 @@ func TestGPTEventDataRefuses(t *testing.T) {
 		"no signature":          {func(d []byte) { d[512] = 'X' }, "signature"},
 		"header CRC":            {func(d []byte) { d[512+24] = 9 }, "header CRC32"},
 		"entry array CRC":       {func(d []byte) { d[2*512+100] = 9 }, "entry array CRC32"},
-		"header size too small": {func(d []byte) { binary.LittleEndian.PutUint32(d[512+12:], 40); fixCRCs(d) }, "header size"},
-		"no entries":            {func(d []byte) { binary.LittleEndian.PutUint32(d[512+80:], 0); fixCRCs(d) }, "partition entries"},
-		"huge entry count":      {func(d []byte) { binary.LittleEndian.PutUint32(d[512+80:], 1<<30); fixCRCs(d) }, "partition entries"},
-		"odd entry size":        {func(d []byte) { binary.LittleEndian.PutUint32(d[512+84:], 100); fixCRCs(d) }, "entry size"},
-		"entries past the end":  {func(d []byte) { binary.LittleEndian.PutUint64(d[512+72:], 1000); fixCRCs(d) }, "reading 128 GPT partition entries"},
+		"header size too small": {func(d []byte) { binary.LittleEndian.PutUint32(d[512+12:], 40); measuredboottest.FixCRCs(d) }, "header size"},
+		"no entries":            {func(d []byte) { binary.LittleEndian.PutUint32(d[512+80:], 0); measuredboottest.FixCRCs(d) }, "partition entries"},
+		"huge entry count":      {func(d []byte) { binary.LittleEndian.PutUint32(d[512+80:], 1<<30); measuredboottest.FixCRCs(d) }, "partition entries"},
+		"odd entry size":        {func(d []byte) { binary.LittleEndian.PutUint32(d[512+84:], 100); measuredboottest.FixCRCs(d) }, "entry size"},
+		"entries past the end":  {func(d []byte) { binary.LittleEndian.PutUint64(d[512+72:], 1000); measuredboottest.FixCRCs(d) }, "reading 128 GPT partition entries"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			d := testGPT(0, 1)
+			d := measuredboottest.GPT(0, 1)
 			tc.mutate(d)
 			_, err := GPTEventData(bytes.NewReader(d))
 			assert.ErrorContains(t, err, tc.want)
@@ -146,7 +117,7 @@ func TestGPTEventDataOfSfdisk(t *testing.T) {
 }
 
 func FuzzGPTEventData(f *testing.F) {
-	f.Add(testGPT(0, 1, 2))
+	f.Add(measuredboottest.GPT(0, 1, 2))
 	if raw, err := os.ReadFile(vmImageGPT); err == nil {
 		f.Add(raw)
 	}

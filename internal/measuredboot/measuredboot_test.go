@@ -9,6 +9,8 @@ import (
 	"github.com/google/go-eventlog/tcg"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/measuredboot/measuredboottest"
 )
 
 // linearAuthenticode is the textbook form of the digest, written independently of
@@ -35,27 +37,16 @@ func linearAuthenticode(t *testing.T, img []byte) [32]byte {
 	return sha256.Sum256(b.Bytes())
 }
 
-func testUKI(osrel, cmdline, kernel, initrd []byte) []byte {
-	stubText := bytes.Repeat([]byte{0xcc}, 700)
-	return buildTestPE([]testSection{
-		{name: ".text", data: stubText},
-		{name: ".osrel", data: osrel},
-		{name: ".cmdline", data: cmdline},
-		{name: ".linux", data: kernel},
-		{name: ".initrd", data: initrd},
-	}, nil)
-}
-
 var (
-	testKernel  = buildTestPE([]testSection{{name: ".text", data: bytes.Repeat([]byte{0x90}, 1000)}}, []byte("certificate table of the kernel!"))
+	testKernel  = measuredboottest.PE([]measuredboottest.Section{{Name: ".text", Data: bytes.Repeat([]byte{0x90}, 1000)}}, []byte("certificate table of the kernel!"))
 	testCmdline = "console=ttyS0 root=/dev/mapper/root ro roothash=00ff panic=5"
 	testOsrel   = []byte("ID=debian\nVERSION_ID=12\n")
 	testInitrd  = bytes.Repeat([]byte("initrd"), 300)
 )
 
 func TestAuthenticodeSHA256(t *testing.T) {
-	plain := buildTestPE([]testSection{{name: ".text", data: []byte("code")}, {name: ".data", data: bytes.Repeat([]byte{1}, 900)}}, nil)
-	signed := buildTestPE([]testSection{{name: ".text", data: []byte("code")}, {name: ".data", data: bytes.Repeat([]byte{1}, 900)}}, bytes.Repeat([]byte{0xab}, 64))
+	plain := measuredboottest.PE([]measuredboottest.Section{{Name: ".text", Data: []byte("code")}, {Name: ".data", Data: bytes.Repeat([]byte{1}, 900)}}, nil)
+	signed := measuredboottest.PE([]measuredboottest.Section{{Name: ".text", Data: []byte("code")}, {Name: ".data", Data: bytes.Repeat([]byte{1}, 900)}}, bytes.Repeat([]byte{0xab}, 64))
 	withTrailer := append(bytes.Clone(plain), []byte("trailing data after the last section")...)
 
 	tests := map[string]struct {
@@ -65,7 +56,7 @@ func TestAuthenticodeSHA256(t *testing.T) {
 		"unsigned image":                  {img: plain},
 		"signed image":                    {img: signed},
 		"trailing data, no certificate":   {img: withTrailer},
-		"UKI of synthetic sections":       {img: testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)},
+		"UKI of synthetic sections":       {img: measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)},
 		"empty":                           {img: nil, wantErr: true},
 		"no MZ":                           {img: append([]byte("ZM"), plain[2:]...), wantErr: true},
 		"truncated in the headers":        {img: plain[:200], wantErr: true},
@@ -120,32 +111,32 @@ func TestAuthenticodeSHA256(t *testing.T) {
 }
 
 func TestParseUKI(t *testing.T) {
-	good := []testSection{
-		{name: ".text", data: []byte("stub")},
-		{name: ".osrel", data: testOsrel},
-		{name: ".cmdline", data: []byte(testCmdline)},
-		{name: ".linux", data: testKernel},
-		{name: ".initrd", data: testInitrd},
+	good := []measuredboottest.Section{
+		{Name: ".text", Data: []byte("stub")},
+		{Name: ".osrel", Data: testOsrel},
+		{Name: ".cmdline", Data: []byte(testCmdline)},
+		{Name: ".linux", Data: testKernel},
+		{Name: ".initrd", Data: testInitrd},
 	}
-	with := func(change func([]testSection) []testSection) []byte {
-		s := append([]testSection(nil), good...)
-		return buildTestPE(change(s), nil)
+	with := func(change func([]measuredboottest.Section) []measuredboottest.Section) []byte {
+		s := append([]measuredboottest.Section(nil), good...)
+		return measuredboottest.PE(change(s), nil)
 	}
 	tests := map[string]struct {
 		raw     []byte
 		wantErr string
 	}{
-		"UKI":      {raw: with(func(s []testSection) []testSection { return s })},
+		"UKI":      {raw: with(func(s []measuredboottest.Section) []measuredboottest.Section { return s })},
 		"not a PE": {raw: []byte("not a PE file at all"), wantErr: "malformed UKI"},
-		"section name systemd-stub reads as .linux": {raw: with(func(s []testSection) []testSection {
-			return append(s, testSection{name: ".linuxAB", data: []byte("x")})
+		"section name systemd-stub reads as .linux": {raw: with(func(s []measuredboottest.Section) []measuredboottest.Section {
+			return append(s, measuredboottest.Section{Name: ".linuxAB", Data: []byte("x")})
 		}), wantErr: `section ".linuxAB" would be read by systemd-stub as .linux`},
-		"section given twice": {raw: with(func(s []testSection) []testSection {
-			return append(s, testSection{name: ".initrd", data: []byte("second initrd")})
+		"section given twice": {raw: with(func(s []measuredboottest.Section) []measuredboottest.Section {
+			return append(s, measuredboottest.Section{Name: ".initrd", Data: []byte("second initrd")})
 		}), wantErr: "section .initrd given twice"},
-		"no initrd": {raw: with(func(s []testSection) []testSection { return s[:4] }), wantErr: "no .initrd section"},
-		"VirtualSize beyond raw data": {raw: with(func(s []testSection) []testSection {
-			s[1] = testSection{name: ".osrel", data: testOsrel, virtualSize: 0x10000}
+		"no initrd": {raw: with(func(s []measuredboottest.Section) []measuredboottest.Section { return s[:4] }), wantErr: "no .initrd section"},
+		"VirtualSize beyond raw data": {raw: with(func(s []measuredboottest.Section) []measuredboottest.Section {
+			s[1] = measuredboottest.Section{Name: ".osrel", Data: testOsrel, VirtualSize: 0x10000}
 			return s
 		}), wantErr: "VirtualSize 65536 beyond"},
 	}
@@ -197,7 +188,7 @@ func TestCmdline(t *testing.T) {
 // TestPredictPCR9 checks the command-line and initrd digests against values computed here
 // independently: UTF-16LE of an ASCII string is each byte followed by a zero byte.
 func TestPredictPCR9(t *testing.T) {
-	u, err := ParseUKI(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
+	u, err := ParseUKI(measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
 	require.NoError(t, err)
 	events, err := PredictPCR9(u)
 	require.NoError(t, err)
@@ -214,14 +205,14 @@ func TestPredictPCR9(t *testing.T) {
 		assert.Equal(t, tcg.EventTag, e.Type)
 		assert.EqualValues(t, 9, e.PCR)
 	}
-	p, err := PredictUKI(testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
+	p, err := PredictUKI(measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd))
 	require.NoError(t, err)
 	want := extend(extend([32]byte{}, sha256.Sum256(wide)), sha256.Sum256(testInitrd))
 	assert.Equal(t, want, p.Value(9))
 }
 
 func TestPredictPCR4(t *testing.T) {
-	raw := testUKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
+	raw := measuredboottest.UKI(testOsrel, []byte(testCmdline), testKernel, testInitrd)
 	u, err := ParseUKI(raw)
 	require.NoError(t, err)
 	events, err := PredictPCR4(u)
@@ -236,14 +227,14 @@ func TestPredictPCR4(t *testing.T) {
 }
 
 func TestPredictPCR11(t *testing.T) {
-	raw := buildTestPE([]testSection{
-		{name: ".text", data: []byte("stub")},
+	raw := measuredboottest.PE([]measuredboottest.Section{
+		{Name: ".text", Data: []byte("stub")},
 		// File order differs from systemd-stub's measuring order on purpose.
-		{name: ".initrd", data: testInitrd},
-		{name: ".pcrsig", data: []byte(`{"sha256":[]}`)},
-		{name: ".cmdline", data: []byte(testCmdline)},
-		{name: ".linux", data: testKernel},
-		{name: ".osrel", data: testOsrel},
+		{Name: ".initrd", Data: testInitrd},
+		{Name: ".pcrsig", Data: []byte(`{"sha256":[]}`)},
+		{Name: ".cmdline", Data: []byte(testCmdline)},
+		{Name: ".linux", Data: testKernel},
+		{Name: ".osrel", Data: testOsrel},
 	}, nil)
 	u, err := ParseUKI(raw)
 	require.NoError(t, err)

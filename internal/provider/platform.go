@@ -5,7 +5,9 @@ import (
 	"io/fs"
 
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/pkg/attestation/choose"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 // Platform is a kind of platform (local sandboxes; a cloud) as the CLI meets it before a
@@ -71,6 +73,11 @@ type ReferenceValues struct {
 	Measurements measurements.M
 	// Components name what each register measures, for messages: register -> names.
 	Components map[uint32][]string
+	// Variant is the variant the values are for, when the platform's records say (a cloud's
+	// firmware record); zero: the platform's default (its rules' first variant).
+	Variant variant.Variant
+	// Hardware is the variant's hardware reference the platform's records give, if any.
+	Hardware choose.HardwareValues
 }
 
 // FirmwareRecorded is implemented by a Platform whose reference values include firmware

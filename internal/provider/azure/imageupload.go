@@ -23,6 +23,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/pageblob"
 
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/qemu"
 	"github.com/openconstellation/constellation/internal/vhd"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
@@ -79,7 +80,7 @@ func (u ImageUpload) Check() error {
 // resourceGroup, location (required), gallery (default "constellation") and definition
 // (default "node"); the image folder's disk.raw is uploaded (Upload).
 func (p Platform) UploadImage(ctx context.Context, req provider.ImageUploadRequest) (string, error) {
-	u := ImageUpload{Disk: filepath.Join(req.Image, diskFile), Version: req.Version, Gallery: "constellation", Definition: "node"}
+	u := ImageUpload{Disk: filepath.Join(req.Image, qemu.DiskFile), Version: req.Version, Gallery: "constellation", Definition: "node"}
 	var unknown []string
 	for k, v := range req.Settings {
 		switch k {
@@ -103,9 +104,6 @@ func (p Platform) UploadImage(ctx context.Context, req provider.ImageUploadReque
 	}
 	return p.Upload(ctx, u)
 }
-
-// diskFile is the node OS image folder's disk (make vm-image).
-const diskFile = "disk.raw"
 
 // Upload makes a gallery image version of the node OS image's disk: the disk as a fixed
 // VHD into a temporary managed disk, the gallery and image definition (a specialized Linux

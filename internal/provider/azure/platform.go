@@ -48,14 +48,17 @@ type Platform struct {
 	// Retry-After, when longer, wins). Tests on the simulated cloud poll at once.
 	PollEvery time.Duration
 
+	// firmware is the firmware record ReferenceValues uses (WithFirmwareRecord).
+	firmware *FirmwareRecord
 	// tune, if set, adjusts the clients (tests: poll and retry without waiting).
 	tune func(*clients)
 }
 
 var (
-	_ provider.Platform      = Platform{}
-	_ provider.Maturity      = Platform{}
-	_ provider.ImageUploader = Platform{}
+	_ provider.Platform         = Platform{}
+	_ provider.Maturity         = Platform{}
+	_ provider.ImageUploader    = Platform{}
+	_ provider.FirmwareRecorded = Platform{}
 )
 
 // Maturity implements provider.Maturity, until a live run is recorded (docs/azure.md
@@ -257,9 +260,4 @@ func (p Platform) Remove(ctx context.Context, workspace string) (int, error) {
 		return 0, err
 	}
 	return len(nodes), os.RemoveAll(p.Folder(workspace))
-}
-
-// ReferenceValues implements provider.Platform: not yet for Azure (docs/azure.md "Status").
-func (Platform) ReferenceValues(string) (provider.ReferenceValues, error) {
-	return provider.ReferenceValues{}, errors.New("the Azure provider does not predict reference values yet: configure the measurements a node of the image shows (docs/azure.md \"Reference values\")")
 }

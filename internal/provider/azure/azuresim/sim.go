@@ -104,7 +104,7 @@ type Fault struct {
 	// Polls, instead of a failure, makes the long-running operation answer "still running"
 	// to that many more polls: a slow operation.
 	Polls int
-	Times   int
+	Times int
 }
 
 // Inject adds a fault.
