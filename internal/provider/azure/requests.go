@@ -23,15 +23,16 @@ import (
 
 // dialPorts are the node ports the CLI dials (provider.Provider.Dialer), each reachable on
 // every node through an inbound NAT rule of the load balancer: the node's slot picks its
-// frontend ports (natFrontendPort).
-var dialPorts = []int32{provider.InitPort, provider.RecoverPort, provider.VerificationPort, provider.JoinPort}
+// frontend ports (natFrontendPort). The join service is not among them: nodes join from
+// inside the virtual network, and nothing outside it has a reason to reach it.
+var dialPorts = []int32{provider.InitPort, provider.RecoverPort, provider.VerificationPort}
 
 // natPortBase is the first frontend port of the NAT rules; a node in slot s has frontend port
 // natPortBase + s*len(dialPorts) + k for dialPorts[k].
 const natPortBase = 40000
 
 // maxSlots is how many nodes the NAT rules' frontend ports can hold.
-const maxSlots = (65535 - natPortBase) / 4
+var maxSlots = (65535 - natPortBase) / len(dialPorts)
 
 // natFrontendPort is the load balancer's port that reaches port of the node in slot.
 func natFrontendPort(slot int, port int32) (int32, error) {

@@ -177,3 +177,19 @@ func TestPodNetwork(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "10.17.17.0/24", got.String())
 }
+
+// TestOnlyTheCLIsPortsAreExposed: the security group and the load balancer open the API and
+// the ports the CLI dials, nothing else; the join service stays inside the virtual network.
+func TestOnlyTheCLIsPortsAreExposed(t *testing.T) {
+	var ports []string
+	for _, p := range securityGroupRequest(testLayout).Properties.SecurityRules[0].Properties.DestinationPortRanges {
+		ports = append(ports, *p)
+	}
+	assert.Equal(t, []string{"6443", "9000", "9999", "30081"}, ports)
+	lb := loadBalancerRequest(testLayout, testNodes())
+	for _, r := range lb.Properties.InboundNatRules {
+		assert.NotEqual(t, int32(30090), *r.Properties.BackendPort, *r.Name)
+	}
+	_, err := natFrontendPort(0, 30090)
+	assert.ErrorContains(t, err, "port 30090 of a node is not reachable through the load balancer")
+}
