@@ -88,10 +88,8 @@ configuration is kept unless --force is given.`,
 
 func generateLocal(out io.Writer, workspace string, o generateLocalOptions) error {
 	path := filepath.Join(workspace, config.FileName)
-	if !o.force {
-		if _, err := os.Lstat(path); err == nil {
-			return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, os.ErrExist)
-		}
+	if err := refuseOverwrite(path, o.force); err != nil {
+		return err
 	}
 	if o.image == "" {
 		o.image = filepath.Join(workspace, defaultImageDir)
@@ -196,10 +194,8 @@ given.`,
 			if err != nil {
 				return err
 			}
-			if !o.force {
-				if _, err := os.Lstat(filepath.Join(ws, config.FileName)); err == nil {
-					return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", filepath.Join(ws, config.FileName), os.ErrExist)
-				}
+			if err := refuseOverwrite(filepath.Join(ws, config.FileName), o.force); err != nil {
+				return err
 			}
 			p, err := catalog.Lookup("qemu")
 			if err != nil {
@@ -286,10 +282,8 @@ diskEncryption, stateDiskGiB). An existing configuration is kept unless --force 
 			if err != nil {
 				return err
 			}
-			if !o.force {
-				if _, err := os.Lstat(filepath.Join(ws, config.FileName)); err == nil {
-					return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", filepath.Join(ws, config.FileName), os.ErrExist)
-				}
+			if err := refuseOverwrite(filepath.Join(ws, config.FileName), o.force); err != nil {
+				return err
 			}
 			pairs, err := parseSettings(settings)
 			if err != nil {
@@ -337,4 +331,12 @@ func settingValue(v string) any {
 		return false
 	}
 	return v
+}
+
+// refuseOverwrite refuses an existing configuration at path unless force.
+func refuseOverwrite(path string, force bool) error {
+	if _, err := os.Lstat(path); err == nil && !force {
+		return fmt.Errorf("refusing to overwrite %s (use --force to replace it): %w", path, os.ErrExist)
+	}
+	return nil
 }

@@ -105,21 +105,20 @@ func (c *clients) ensureNetwork(ctx context.Context, l layout) error {
 		return err
 	}
 	routes := "create route table " + l.routes()
-	if _, found, err := get(ctx, c, routes, func(ctx context.Context) (armnetwork.RouteTablesClientGetResponse, error) {
+	table, found, err := get(ctx, c, routes, func(ctx context.Context) (armnetwork.RouteTablesClientGetResponse, error) {
 		return c.routeTables.Get(ctx, l.ResourceGroup, l.routes(), nil)
-	}); err != nil {
+	})
+	switch {
+	case err != nil:
 		return err
-	} else if !found {
+	case found && tag(table.Tags, azuremeta.TagUID) != l.UID:
+		return &Error{What: routes, Kind: ErrConflict, Err: fmt.Errorf("a resource of that name exists that is not cluster %s's (tag %s=%q)", l.UID, azuremeta.TagUID, tag(table.Tags, azuremeta.TagUID))}
+	case !found:
 		// Created empty once: its routes are the nodes' (ensureRoutes), which a rerun keeps.
 		provider.Progressf(ctx, "Azure: %s", routes)
 		if err := c.putRoutes(ctx, l, nil); err != nil {
 			return err
 		}
-	} else if err := c.owned(ctx, l, routes, func(ctx context.Context) (map[string]*string, error) {
-		r, err := c.routeTables.Get(ctx, l.ResourceGroup, l.routes(), nil)
-		return r.Tags, err
-	}); err != nil {
-		return err
 	}
 	vnet := "create virtual network " + l.vnet()
 	if err := c.owned(ctx, l, vnet, func(ctx context.Context) (map[string]*string, error) {
@@ -142,7 +141,7 @@ func (c *clients) ensureNetwork(ctx context.Context, l layout) error {
 		return err
 	}
 	provider.Progressf(ctx, "Azure: %s", ip)
-	_, err := put(ctx, c, ip, func(ctx context.Context) (*runtime.Poller[armnetwork.PublicIPAddressesClientCreateOrUpdateResponse], error) {
+	_, err = put(ctx, c, ip, func(ctx context.Context) (*runtime.Poller[armnetwork.PublicIPAddressesClientCreateOrUpdateResponse], error) {
 		return c.publicIPs.BeginCreateOrUpdate(ctx, l.ResourceGroup, l.publicIP(), publicIPRequest(l), nil)
 	})
 	return err
