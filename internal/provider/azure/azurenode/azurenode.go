@@ -22,6 +22,7 @@ import (
 	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/csidriver/unlock"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/dmi"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
@@ -52,6 +53,14 @@ const (
 	// stateMapping is the device-mapper name of the opened state disk.
 	stateMapping = "state"
 )
+
+// azureAssetTag is the chassis asset tag of every Azure VM (Hyper-V elsewhere has none): the
+// tag cloud-init's and Talos' platform detection go by too.
+const azureAssetTag = "7783-7084-3265-9085-8269-3286-77"
+
+// Detect tells whether the machine whose firmware identity info is, is an Azure VM. It says
+// nothing of whether it is a confidential one: New reads that from the vTPM.
+func Detect(info dmi.Info) bool { return info.ChassisAssetTag == azureAssetTag }
 
 // Platform is an Azure confidential VM's platform.
 type Platform struct {

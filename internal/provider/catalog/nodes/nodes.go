@@ -4,7 +4,8 @@
 // its own, apart from the CLI's catalog, so the CLI does not link the node program and the
 // node does not link the CLI's host halves.
 //
-// A new provider adds one line to builtins (docs/providers.md).
+// A new provider adds one line to builtins (docs/providers.md), and one to detectors if the
+// node OS image boots on its machines.
 package nodes
 
 import (
@@ -13,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
+	"github.com/openconstellation/constellation/internal/dmi"
 	"github.com/openconstellation/constellation/internal/provider/azure/azurenode"
 	"github.com/openconstellation/constellation/internal/provider/local/nodeboot"
 	"github.com/openconstellation/constellation/internal/provider/qemu/vmnode"
@@ -22,6 +24,10 @@ import (
 // provider's sandbox, whose nodes start the bootstrapper without --platform.
 const Default = nodeboot.Name
 
+// Auto is the --platform of the node OS image (docs/vm-image.md "Units"): one image boots on
+// every provider's machines, and tells which one it is on by the firmware's identity (Detect).
+const Auto = "auto"
+
 // New returns a node platform for the bootstrapper's flags.
 type New func(boot.PlatformConfig) (boot.Platform, error)
 
@@ -30,6 +36,27 @@ var builtins = map[string]New{
 	nodeboot.Name:  nodeboot.New,
 	vmnode.Name:    vmnode.New,
 	azurenode.Name: azurenode.New,
+}
+
+// detectors tell the platforms the node OS image boots on by their firmware identity, in the
+// order they are asked. The local sandbox is not among them: its nodes run no firmware.
+var detectors = []struct {
+	name   string
+	detect func(dmi.Info) bool
+}{
+	{azurenode.Name, azurenode.Detect},
+	{vmnode.Name, vmnode.Detect},
+}
+
+// Detect names the platform of the machine whose firmware identity info is. A machine no
+// platform claims is an error that says what its firmware said: --platform names it then.
+func Detect(info dmi.Info) (string, error) {
+	for _, d := range detectors {
+		if d.detect(info) {
+			return d.name, nil
+		}
+	}
+	return "", fmt.Errorf("no node platform claims this machine (%s): name it with --platform (supported: %s)", info, strings.Join(Names(), ", "))
 }
 
 // Lookup returns the node platform named name ("" is Default).

@@ -23,6 +23,7 @@ import (
 	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/csidriver/unlock"
 	"github.com/openconstellation/constellation/internal/deploy"
+	"github.com/openconstellation/constellation/internal/dmi"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/metadataclient"
@@ -62,6 +63,10 @@ const (
 	// stateMapping is the device-mapper name of the opened state disk.
 	stateMapping = "state"
 )
+
+// Detect tells whether the machine whose firmware identity info is, is a QEMU machine: QEMU's
+// SMBIOS tables name QEMU as the maker (OVMF passes them on).
+func Detect(info dmi.Info) bool { return info.SysVendor == "QEMU" }
 
 // Platform is a machine's platform.
 type Platform struct {
