@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -65,7 +66,18 @@ type Instance struct {
 	Tags map[string]string
 	// IPs are the primary interface's private addresses.
 	IPs []netip.Addr
+	// DataDisks are the managed disks attached to the VM, with their LUNs.
+	DataDisks []DataDisk
 }
+
+// DataDisk is a data disk attached to the VM: its name and the LUN it answers at.
+type DataDisk struct {
+	Name string
+	LUN  int
+}
+
+// MaxLUN is the largest LUN of a VM's data disks (Azure's limit: 64 per VM).
+const MaxLUN = 63
 
 // UID is the cluster's UID the VM is tagged with.
 func (i Instance) UID() string { return i.Tags[TagUID] }
@@ -128,6 +140,12 @@ type imdsInstance struct {
 			Name  string `json:"name"`
 			Value string `json:"value"`
 		} `json:"tagsList"`
+		StorageProfile struct {
+			DataDisks []struct {
+				LUN  json.RawMessage `json:"lun"` // a number, as a string ("1"); a bare number is taken too
+				Name string          `json:"name"`
+			} `json:"dataDisks"`
+		} `json:"storageProfile"`
 	} `json:"compute"`
 	Network struct {
 		Interface []struct {
@@ -140,9 +158,10 @@ type imdsInstance struct {
 	} `json:"network"`
 }
 
-// ParseInstance parses IMDS's answer about the VM: its name, group, tags and the primary
-// interface's private addresses. It refuses an answer that is too large, not JSON, without a
-// name, or with an address that does not parse.
+// ParseInstance parses IMDS's answer about the VM: its name, group, tags, data disks and the
+// primary interface's private addresses. It refuses an answer that is too large, not JSON,
+// without a name, with an address that does not parse, or with a data disk without a name or
+// a LUN in 0-MaxLUN.
 func ParseInstance(body []byte) (Instance, error) {
 	if len(body) > maxIMDSAnswer {
 		return Instance{}, fmt.Errorf("IMDS's answer has more than %d bytes", maxIMDSAnswer)
@@ -159,6 +178,13 @@ func ParseInstance(body []byte) (Instance, error) {
 	for _, t := range c.TagsList {
 		inst.Tags[t.Name] = t.Value
 	}
+	for _, d := range c.StorageProfile.DataDisks {
+		lun, err := parseLUN(d.LUN)
+		if err != nil || lun < 0 || lun > MaxLUN || d.Name == "" {
+			return Instance{}, fmt.Errorf("IMDS's answer: data disk %q at LUN %.20s: want a name and a LUN in 0-%d", d.Name, d.LUN, MaxLUN)
+		}
+		inst.DataDisks = append(inst.DataDisks, DataDisk{Name: d.Name, LUN: lun})
+	}
 	if len(raw.Network.Interface) > 0 {
 		for _, a := range raw.Network.Interface[0].IPv4.IPAddress {
 			ip, err := netip.ParseAddr(a.PrivateIPAddress)
@@ -169,4 +195,15 @@ func ParseInstance(body []byte) (Instance, error) {
 		}
 	}
 	return inst, nil
+}
+
+// parseLUN parses a LUN as IMDS writes it, "1", or as a bare number.
+func parseLUN(raw json.RawMessage) (int, error) {
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return strconv.Atoi(text)
+	}
+	var n int
+	err := json.Unmarshal(raw, &n)
+	return n, err
 }

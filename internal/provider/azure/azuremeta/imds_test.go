@@ -36,6 +36,7 @@ func TestIMDSInstance(t *testing.T) {
 	self, err := inst.Self()
 	require.NoError(t, err)
 	assert.Equal(t, metadata.Instance{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.9.0.4")}}, self)
+	assert.Equal(t, []DataDisk{{Name: "control-plane-0-state", LUN: 0}, {Name: "vol-0123456789abcdef0123456789abcdef", LUN: 1}}, inst.DataDisks)
 
 	_, err = IMDS{BaseURL: srv.URL + "/nowhere"}.Instance(t.Context())
 	assert.ErrorContains(t, err, "IMDS answered 400 Bad Request")
@@ -46,10 +47,15 @@ func TestParseInstanceRefuses(t *testing.T) {
 		body    string
 		wantErr string
 	}{
-		"not JSON":      {body: "<html>", wantErr: "IMDS's answer"},
-		"no name":       {body: `{"compute":{}}`, wantErr: "names no VM"},
-		"a bad address": {body: `{"compute":{"name":"a"},"network":{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.9.0.300"}]}}]}}`, wantErr: `private address "10.9.0.300"`},
-		"too large":     {body: `{"compute":{"name":"` + strings.Repeat("a", maxIMDSAnswer) + `"}}`, wantErr: "more than"},
+		"not JSON":            {body: "<html>", wantErr: "IMDS's answer"},
+		"no name":             {body: `{"compute":{}}`, wantErr: "names no VM"},
+		"a bad address":       {body: `{"compute":{"name":"a"},"network":{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.9.0.300"}]}}]}}`, wantErr: `private address "10.9.0.300"`},
+		"a LUN not a number":  {body: `{"compute":{"name":"a","storageProfile":{"dataDisks":[{"lun":"x","name":"d"}]}}}`, wantErr: `data disk "d" at LUN "x"`},
+		"a LUN missing":       {body: `{"compute":{"name":"a","storageProfile":{"dataDisks":[{"name":"d"}]}}}`, wantErr: `data disk "d" at LUN`},
+		"a LUN too large":     {body: `{"compute":{"name":"a","storageProfile":{"dataDisks":[{"lun":"64","name":"d"}]}}}`, wantErr: "want a name and a LUN in 0-63"},
+		"a disk without name": {body: `{"compute":{"name":"a","storageProfile":{"dataDisks":[{"lun":"1"}]}}}`, wantErr: `data disk "" at LUN "1"`},
+		"a negative LUN":      {body: `{"compute":{"name":"a","storageProfile":{"dataDisks":[{"lun":-1,"name":"d"}]}}}`, wantErr: `data disk "d" at LUN -1`},
+		"too large":           {body: `{"compute":{"name":"` + strings.Repeat("a", maxIMDSAnswer) + `"}}`, wantErr: "more than"},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -69,6 +75,7 @@ func FuzzParseInstance(f *testing.F) {
 	require.NoError(f, err)
 	f.Add(doc)
 	f.Add([]byte(`{"compute":{"name":"a","tagsList":[{"name":"constellation-role","value":"worker"}]}}`))
+	f.Add([]byte(`{"compute":{"name":"a","storageProfile":{"dataDisks":[{"lun":2,"name":"d"},{"lun":"3","name":"e"}]}}}`))
 	f.Add([]byte(`{"network":{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"::1"}]}}]}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		inst, err := ParseInstance(body)
@@ -78,6 +85,11 @@ func FuzzParseInstance(f *testing.F) {
 		// What parsed is usable: a name, valid addresses; Self never panics.
 		if inst.Name == "" {
 			t.Fatal("parsed an instance without a name")
+		}
+		for _, d := range inst.DataDisks {
+			if d.Name == "" || d.LUN < 0 || d.LUN > MaxLUN {
+				t.Fatalf("parsed a data disk %+v from %q", d, body)
+			}
 		}
 		for _, ip := range inst.IPs {
 			if !ip.IsValid() {

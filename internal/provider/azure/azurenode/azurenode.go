@@ -191,17 +191,16 @@ func (p *Platform) OS(ctx context.Context, self metadata.Instance) (boot.OS, err
 	return osys, nil
 }
 
-// Volumes implements boot.Platform: encrypted volumes on Azure (managed disks attached by
-// LUN) are not there yet; a volume is refused by name. Its unlocker is the machines' (LUKS2).
+// Volumes implements boot.Platform: a volume is the managed disk the controller attached at
+// the LUN IMDS lists under the volume's id (lunDisks), opened as LUKS2 with dm-integrity by
+// the machines' unlocker.
 func (p *Platform) Volumes() (csidriver.Devices, csidriver.Unlocker, error) {
-	return noVolumes{}, &unlock.LUKS2{WorkDir: vmnode.VolumeWorkDir}, nil
-}
-
-// noVolumes refuses every volume: the controller side does not attach managed disks yet.
-type noVolumes struct{}
-
-func (noVolumes) Device(_ context.Context, id string) (string, error) {
-	return "", fmt.Errorf("volume %s: encrypted volumes on Azure are not supported yet (docs/azure.md \"Status\"): %w", id, csidriver.ErrNotAttached)
+	log := p.cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	devices := &lunDisks{imds: p.meta.imds, sysBlock: sysBlock, wait: diskWait, log: log}
+	return devices, &unlock.LUKS2{WorkDir: vmnode.VolumeWorkDir}, nil
 }
 
 // Services implements boot.Platform.

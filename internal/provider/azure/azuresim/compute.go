@@ -53,6 +53,24 @@ func (c *Cloud) serveDisks() {
 		stored, err := store(c, rg, name, &d, tbl)
 		return lro(c, "DisksClient.BeginCreateOrUpdate", armcompute.DisksClientCreateOrUpdateResponse{Disk: deref(stored)}, err, nil)
 	}
+	// Update (PATCH) grows a disk; it never shrinks one.
+	s.BeginUpdate = func(_ context.Context, rg, name string, u armcompute.DiskUpdate, _ *armcompute.DisksClientBeginUpdateOptions) (azfake.PollerResponder[armcompute.DisksClientUpdateResponse], azfake.ErrorResponder) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		const api = "DisksClient.BeginUpdate"
+		d, err := find(c, rg, name, tbl)
+		if err != nil {
+			return lro(c, api, armcompute.DisksClientUpdateResponse{}, err, nil)
+		}
+		if u.Properties != nil && u.Properties.DiskSizeGB != nil {
+			if *u.Properties.DiskSizeGB < *d.Properties.DiskSizeGB {
+				return lro(c, api, armcompute.DisksClientUpdateResponse{}, badRequest("DiskSizeDecreaseNotAllowed"), nil)
+			}
+			d.Properties.DiskSizeGB = u.Properties.DiskSizeGB
+		}
+		stored, err := store(c, rg, name, d, tbl)
+		return lro(c, api, armcompute.DisksClientUpdateResponse{Disk: deref(stored)}, err, nil)
+	}
 	s.BeginDelete = func(_ context.Context, rg, name string, _ *armcompute.DisksClientBeginDeleteOptions) (azfake.PollerResponder[armcompute.DisksClientDeleteResponse], azfake.ErrorResponder) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -110,6 +128,24 @@ func (c *Cloud) serveVMs() {
 			}
 		})
 	}
+	// Update (PATCH) takes the data disks only: what the volume driver changes. Azure replaces
+	// an array a PATCH names, so the list is the VM's whole list.
+	s.BeginUpdate = func(_ context.Context, rg, name string, u armcompute.VirtualMachineUpdate, _ *armcompute.VirtualMachinesClientBeginUpdateOptions) (azfake.PollerResponder[armcompute.VirtualMachinesClientUpdateResponse], azfake.ErrorResponder) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		const api = "VirtualMachinesClient.BeginUpdate"
+		v, err := find(c, rg, name, func(g *group) map[string]*vm { return g.vms })
+		if err != nil {
+			return lro(c, api, armcompute.VirtualMachinesClientUpdateResponse{}, err, nil)
+		}
+		if u.Properties == nil || u.Properties.StorageProfile == nil || u.Properties.StorageProfile.DataDisks == nil {
+			return lro(c, api, armcompute.VirtualMachinesClientUpdateResponse{}, badRequest("PropertyChangeNotAllowed"), nil)
+		}
+		next := clone(v).VirtualMachine
+		next.Properties.StorageProfile.DataDisks = u.Properties.StorageProfile.DataDisks
+		out, err := c.createVM(rg, name, next)
+		return lro(c, api, armcompute.VirtualMachinesClientUpdateResponse{VirtualMachine: out}, err, nil)
+	}
 	s.BeginDelete = func(_ context.Context, rg, name string, _ *armcompute.VirtualMachinesClientBeginDeleteOptions) (azfake.PollerResponder[armcompute.VirtualMachinesClientDeleteResponse], azfake.ErrorResponder) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -139,6 +175,9 @@ func (c *Cloud) createVM(rg, name string, v armcompute.VirtualMachine) (armcompu
 			return armcompute.VirtualMachine{}, conflict("NicInUse")
 		}
 	}
+	if err := c.checkDataDisks(p.StorageProfile.DataDisks); err != nil {
+		return armcompute.VirtualMachine{}, err
+	}
 	for _, d := range p.StorageProfile.DataDisks {
 		if d.ManagedDisk == nil || d.ManagedDisk.ID == nil {
 			continue
@@ -164,11 +203,17 @@ func (c *Cloud) createVM(rg, name string, v armcompute.VirtualMachine) (armcompu
 	for _, d := range p.StorageProfile.DataDisks {
 		if d.ManagedDisk != nil && d.ManagedDisk.ID != nil {
 			disk, _ := c.lookup(*d.ManagedDisk.ID)
+			if d.Name == nil {
+				d.Name = disk.(*armcompute.Disk).Name // Azure names a data disk by its disk
+			}
 			disk.(*armcompute.Disk).ManagedBy = ptr(id)
 			disk.(*armcompute.Disk).Properties.DiskState = ptr(armcompute.DiskStateAttached)
 		}
 	}
 	old := g.vms[key(name)]
+	if old != nil {
+		c.detachDropped(old.Properties.StorageProfile.DataDisks, p.StorageProfile.DataDisks)
+	}
 	g.vms[key(name)] = &vm{VirtualMachine: *clone(&v), power: "running"}
 	if old == nil || old.power != "running" {
 		c.started(rg, name)
@@ -238,4 +283,43 @@ func (c *Cloud) deleteVM(rg, name string) *apiError {
 		c.stopped(rg, name)
 	}
 	return nil
+}
+
+// checkDataDisks is what Azure refuses of a VM's data disks: two at one LUN, a LUN out of
+// 0-63, one disk twice. Called with c.mu held.
+func (c *Cloud) checkDataDisks(disks []*armcompute.DataDisk) *apiError {
+	luns, ids := map[int32]bool{}, map[string]bool{}
+	for _, d := range disks {
+		if d.Lun == nil || *d.Lun < 0 || *d.Lun > 63 || luns[*d.Lun] {
+			return badRequest("InvalidParameter") // "A disk at LUN n already exists"
+		}
+		luns[*d.Lun] = true
+		if d.ManagedDisk != nil && d.ManagedDisk.ID != nil {
+			if ids[key(*d.ManagedDisk.ID)] {
+				return badRequest("InvalidParameter")
+			}
+			ids[key(*d.ManagedDisk.ID)] = true
+		}
+	}
+	return nil
+}
+
+// detachDropped frees the managed disks an update of a VM no longer lists. Called with c.mu
+// held.
+func (c *Cloud) detachDropped(before, after []*armcompute.DataDisk) {
+	kept := map[string]bool{}
+	for _, d := range after {
+		if d.ManagedDisk != nil && d.ManagedDisk.ID != nil {
+			kept[key(*d.ManagedDisk.ID)] = true
+		}
+	}
+	for _, d := range before {
+		if d.ManagedDisk == nil || d.ManagedDisk.ID == nil || kept[key(*d.ManagedDisk.ID)] {
+			continue
+		}
+		if disk, err := c.lookup(*d.ManagedDisk.ID); err == nil {
+			disk.(*armcompute.Disk).ManagedBy = nil
+			disk.(*armcompute.Disk).Properties.DiskState = ptr(armcompute.DiskStateUnattached)
+		}
+	}
 }

@@ -144,10 +144,14 @@ func lro[T any](c *Cloud, api string, out T, err *apiError, failed func()) (resp
 		errResp.SetResponseError(err.status, err.code)
 		return
 	}
-	// Azure accepts most creations with 201 Created (disks: 202), other operations with
-	// 202 Accepted; the SDK refuses any other status.
+	// Azure accepts most creations with 201 Created (disks: 202), a VM's update with 200 OK
+	// (and its provisioning state "Updating"), other operations with 202 Accepted; the SDK
+	// refuses any other status.
 	accepted := http.StatusAccepted
-	if strings.Contains(api, "Create") && api != "DisksClient.BeginCreateOrUpdate" {
+	switch {
+	case api == "VirtualMachinesClient.BeginUpdate":
+		accepted = http.StatusOK
+	case strings.Contains(api, "Create") && api != "DisksClient.BeginCreateOrUpdate":
 		accepted = http.StatusCreated
 	}
 	resp.AddNonTerminalResponse(accepted, nil)

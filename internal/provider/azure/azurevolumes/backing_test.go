@@ -1,0 +1,194 @@
+package azurevolumes_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/csidriver"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuresim"
+	"github.com/openconstellation/constellation/internal/provider/azure/azurevolumes"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/pkg/attestation/variant"
+)
+
+const sub = "00000000-0000-0000-0000-000000000001"
+
+// cluster creates a 1+1 cluster on a simulated subscription through the host half, as the
+// CLI does, and returns the cloud and the cluster's UID.
+func cluster(t *testing.T) (*azuresim.Cloud, string) {
+	t.Helper()
+	cloud := azuresim.New(sub, azuresim.Hooks{})
+	c := config.Default()
+	c.Name = "mini"
+	c.Provider = config.ProviderFor(azure.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 1,
+		Image: "/subscriptions/" + sub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0",
+		Settings: map[string]any{"subscriptionID": sub, "resourceGroup": "mini-rg", "location": "westeurope"}})
+	c.Attestation = config.AttestationFor(variant.AzureSEVSNP, config.VariantConfig{Measurements: measurements.ReferenceSets{{
+		Name: "test", Measurements: measurementstest.Image(variant.AzureSEVSNP, map[uint32][]byte{4: make([]byte, 32)}),
+	}}})
+	p := azure.Platform{Credential: azuresim.Credential, Transport: cloud.Transport(), PollEvery: time.Millisecond}
+	_, err := p.Create(t.Context(), provider.CreateRequest{Workspace: t.TempDir(), Config: c, Nodes: []provider.NodeSpec{
+		{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker},
+	}})
+	require.NoError(t, err)
+	vm, ok := cloud.VM("mini-rg", "worker-0")
+	require.True(t, ok)
+	return cloud, *vm.Tags[azuremeta.TagUID]
+}
+
+func backing(t *testing.T, cloud *azuresim.Cloud, uid string) *azurevolumes.Backing {
+	t.Helper()
+	b, err := azurevolumes.New(azurevolumes.Config{
+		Subscription: sub, ResourceGroup: "mini-rg", Location: "westeurope", UID: uid,
+		Credential: azuresim.Credential, Options: azure.ClientOptions(cloud.Transport()), PollEvery: time.Millisecond,
+	})
+	require.NoError(t, err)
+	return b
+}
+
+// dataDisks are a VM's data disks by name, with their LUNs.
+func dataDisks(t *testing.T, cloud *azuresim.Cloud, vm string) map[string]int32 {
+	t.Helper()
+	v, ok := cloud.VM("mini-rg", vm)
+	require.True(t, ok, vm)
+	out := map[string]int32{}
+	for _, d := range v.Properties.StorageProfile.DataDisks {
+		out[*d.Name] = *d.Lun
+	}
+	return out
+}
+
+// A volume's life on the simulated cloud through the SDK's clients: created, attached beside
+// the state disk, refused to a second node, grown, detached, deleted.
+func TestVolumeLifecycle(t *testing.T) {
+	cloud, uid := cluster(t)
+	b := backing(t, cloud, uid)
+	ctx := t.Context()
+	id, other := csidriver.IDFor("pvc-1"), csidriver.IDFor("pvc-2")
+
+	v, err := b.Create(ctx, id, 1<<30+1)
+	require.NoError(t, err)
+	assert.Equal(t, csidriver.Volume{ID: id, Bytes: 2 << 30}, v, "sizes round up to GiB")
+	again, err := b.Create(ctx, id, 2<<30)
+	require.NoError(t, err, "a retried create")
+	assert.Equal(t, v, again)
+	assert.Equal(t, 1, cloud.Count("DisksClient.BeginCreateOrUpdate")-2, "one disk made (and the two state disks)")
+	_, err = b.Create(ctx, id, 5<<30)
+	assert.ErrorIs(t, err, csidriver.ErrExists)
+
+	require.NoError(t, b.Attach(ctx, id, "worker-0"))
+	require.NoError(t, b.Attach(ctx, id, "worker-0"), "attached already")
+	assert.Equal(t, map[string]int32{"worker-0-state": 0, id: 1}, dataDisks(t, cloud, "worker-0"))
+	got, err := b.Get(ctx, id)
+	require.NoError(t, err)
+	assert.Equal(t, "worker-0", got.AttachedTo)
+
+	var elsewhere *csidriver.AttachedElsewhereError
+	require.ErrorAs(t, b.Attach(ctx, id, "control-plane-0"), &elsewhere)
+	assert.Equal(t, "worker-0", elsewhere.Node)
+	assert.ErrorIs(t, b.Delete(ctx, id), csidriver.ErrAttached)
+
+	// A second volume takes the next LUN; the first's LUN is free again once it is detached.
+	_, err = b.Create(ctx, other, 1<<30)
+	require.NoError(t, err)
+	require.NoError(t, b.Attach(ctx, other, "worker-0"))
+	assert.Equal(t, map[string]int32{"worker-0-state": 0, id: 1, other: 2}, dataDisks(t, cloud, "worker-0"))
+
+	size, err := b.Expand(ctx, id, 3<<30)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3<<30), size)
+	size, err = b.Expand(ctx, id, 1<<30)
+	require.NoError(t, err, "a smaller size is the size it has")
+	assert.Equal(t, int64(3<<30), size)
+
+	require.NoError(t, b.Detach(ctx, id, "worker-0"))
+	require.NoError(t, b.Detach(ctx, id, "worker-0"), "detached already")
+	assert.Equal(t, map[string]int32{"worker-0-state": 0, other: 2}, dataDisks(t, cloud, "worker-0"))
+	require.NoError(t, b.Attach(ctx, id, "control-plane-0"), "free to move once detached")
+	assert.Equal(t, map[string]int32{"control-plane-0-state": 0, id: 1}, dataDisks(t, cloud, "control-plane-0"))
+	require.NoError(t, b.Detach(ctx, id, "control-plane-0"))
+
+	require.NoError(t, b.Delete(ctx, id))
+	require.NoError(t, b.Delete(ctx, id), "deleted already")
+	_, err = b.Get(ctx, id)
+	assert.ErrorIs(t, err, csidriver.ErrNotFound)
+}
+
+// What the controller is asked comes from Kubernetes (a node name, a volume id). None of it
+// makes the backing touch what is not the cluster's.
+func TestTouchesOnlyTheClustersDisksAndVMs(t *testing.T) {
+	cloud, uid := cluster(t)
+	ctx := t.Context()
+	b := backing(t, cloud, uid)
+	id := csidriver.IDFor("pvc-1")
+	_, err := b.Create(ctx, id, 1<<30)
+	require.NoError(t, err)
+
+	// Another cluster's controller in the same group (another UID) sees no volume of its own.
+	stranger := backing(t, cloud, "ffffffff")
+	_, err = stranger.Get(ctx, id)
+	assert.ErrorContains(t, err, "is not this cluster's volume")
+	assert.Error(t, stranger.Delete(ctx, id))
+	assert.Error(t, stranger.Attach(ctx, id, "worker-0"))
+	_, err = b.Get(ctx, id)
+	assert.NoError(t, err, "the volume is still there")
+
+	// A state disk is no volume, even by name: there is no such volume to delete.
+	require.NoError(t, b.Delete(ctx, "worker-0-state"))
+	assert.NotContains(t, cloud.Calls(), "DisksClient.BeginDelete")
+	assert.Contains(t, dataDisks(t, cloud, "worker-0"), "worker-0-state")
+
+	assert.ErrorIs(t, b.Attach(ctx, id, "nobody"), csidriver.ErrNodeNotFound)
+	assert.NoError(t, b.Detach(ctx, id, "nobody"), "nothing is attached to a VM that does not exist")
+	assert.ErrorContains(t, b.Attach(ctx, "../../other", "worker-0"), "not a volume id")
+}
+
+func TestNewRefusesAnIncompleteConfig(t *testing.T) {
+	_, err := azurevolumes.New(azurevolumes.Config{Subscription: sub, ResourceGroup: "rg", Location: "westeurope"})
+	assert.ErrorContains(t, err, "cluster UID are required")
+}
+
+// Another cluster's controller cannot use this cluster's VMs for its own volumes.
+func TestRefusesAnotherClustersVM(t *testing.T) {
+	cloud, _ := cluster(t)
+	stranger := backing(t, cloud, "ffffffff")
+	id := csidriver.IDFor("pvc-x")
+	_, err := stranger.Create(t.Context(), id, 1<<30)
+	require.NoError(t, err)
+	err = stranger.Attach(t.Context(), id, "worker-0")
+	assert.ErrorIs(t, err, csidriver.ErrNodeNotFound)
+	assert.ErrorContains(t, err, "the VM of that name is not this cluster's")
+	assert.NotContains(t, dataDisks(t, cloud, "worker-0"), id)
+}
+
+// Resource Manager's failures reach the driver as errors, and its retry finishes the work:
+// throttling is retried by the SDK; an update that fails half way is an error, and the
+// retry attaches the disk once.
+func TestAttachSurvivesFaults(t *testing.T) {
+	cloud, uid := cluster(t)
+	b := backing(t, cloud, uid)
+	ctx := t.Context()
+	id := csidriver.IDFor("pvc-1")
+	_, err := b.Create(ctx, id, 1<<30)
+	require.NoError(t, err)
+
+	cloud.Inject(azuresim.Fault{API: "VirtualMachinesClient.Get", Status: 429, Code: "TooManyRequests", RetryAfter: time.Millisecond})
+	cloud.Inject(azuresim.Fault{API: "VirtualMachinesClient.BeginUpdate", Status: 500, Code: "InternalExecutionError", Halfway: true})
+	err = b.Attach(ctx, id, "worker-0")
+	assert.ErrorContains(t, err, "InternalExecutionError")
+	require.NoError(t, b.Attach(ctx, id, "worker-0"), "the driver's retry")
+	assert.Equal(t, map[string]int32{"worker-0-state": 0, id: 1}, dataDisks(t, cloud, "worker-0"))
+
+	cloud.Inject(azuresim.Fault{API: "DisksClient.BeginCreateOrUpdate", Status: 409, Code: "OperationNotAllowed"})
+	_, err = b.Create(ctx, csidriver.IDFor("pvc-2"), 1<<30)
+	assert.ErrorContains(t, err, "creating its disk")
+}
