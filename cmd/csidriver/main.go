@@ -2,8 +2,10 @@
 // (internal/csidriver, docs/volumes.md "The driver"). `csidriver controller` runs in a pod on
 // the control planes beside the Kubernetes CSI sidecars (csi-provisioner, csi-attacher,
 // csi-resizer), which talk to it on a unix socket; it creates, attaches, detaches, expands
-// and deletes volumes through the provider's volume API at --metadata-url. The node half is
-// not here: the node program serves it (csidriver.ServeNode).
+// and deletes volumes through the storage of the platform --platform names, found through its
+// metadata service at --metadata-url (the services' catalog, internal/provider/catalog/instances:
+// the local providers' volume API; Azure's managed disks). The node half is not here: the node
+// program serves it (csidriver.ServeNode).
 //
 // Every flag can also be set by the environment variable CONSTELLATION_<FLAG> (upper case,
 // '-' as '_').
@@ -22,13 +24,17 @@ import (
 
 	"github.com/openconstellation/constellation/internal/cmdutil"
 	"github.com/openconstellation/constellation/internal/csidriver"
-	"github.com/openconstellation/constellation/internal/provider/local/volumeclient"
+	"github.com/openconstellation/constellation/internal/provider/catalog/instances"
 )
 
-// newBacking returns the provider's volume API client at metadataURL (a variable so that the
-// command's test can see the URL it is given).
-var newBacking = func(metadataURL string) (csidriver.Backing, error) {
-	return volumeclient.New(metadataURL), nil
+// newBacking returns the storage of platform, found through its metadata service at
+// metadataURL (a variable so that the command's test can see what it is given).
+var newBacking = func(platform, metadataURL string) (csidriver.Backing, error) {
+	p, err := instances.Lookup(platform)
+	if err != nil {
+		return nil, err
+	}
+	return p.Volumes(metadataURL)
 }
 
 func main() {
@@ -40,7 +46,7 @@ func main() {
 	}
 }
 
-const usage = "usage: csidriver controller [--endpoint unix:///csi/csi.sock] --metadata-url URL [--log-level info]"
+const usage = "usage: csidriver controller [--endpoint unix:///csi/csi.sock] [--platform local] --metadata-url URL [--log-level info]"
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -58,7 +64,8 @@ func runController(ctx context.Context, args []string, getenv func(string) strin
 	fs := flag.NewFlagSet("csidriver controller", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	endpoint := fs.String("endpoint", "unix:///csi/csi.sock", "the CSI socket the sidecars dial (unix:///absolute/path)")
-	metadataURL := fs.String("metadata-url", "", "the provider's metadata service, which keeps the volumes (e.g. http://10.42.0.1:8080)")
+	platform := fs.String("platform", instances.Default, "the node platform whose storage keeps the volumes (local, qemu, azure)")
+	metadataURL := fs.String("metadata-url", "", "the platform's metadata service, through which its storage is found (e.g. http://10.42.0.1:8080)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := cmdutil.ParseFlags(fs, args, "CONSTELLATION_", getenv); err != nil {
 		return err
@@ -73,11 +80,11 @@ func runController(ctx context.Context, args []string, getenv func(string) strin
 	if err != nil {
 		return err
 	}
-	backing, err := newBacking(*metadataURL)
+	backing, err := newBacking(*platform, *metadataURL)
 	if err != nil {
-		return err
+		return fmt.Errorf("--platform: %w", err)
 	}
-	log.Info("CSI controller starting", "driver", csidriver.Name, "endpoint", *endpoint, "metadataURL", *metadataURL)
+	log.Info("CSI controller starting", "driver", csidriver.Name, "endpoint", *endpoint, "platform", *platform, "metadataURL", *metadataURL)
 	return csidriver.ServeController(ctx, *endpoint, csidriver.NewController(backing, log))
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"testing"
@@ -24,13 +25,14 @@ func TestRunRefuses(t *testing.T) {
 		args    []string
 		wantErr string
 	}{
-		"no command":      {args: nil, wantErr: "usage"},
-		"node":            {args: []string{"node"}, wantErr: "node program"},
-		"no metadata url": {args: []string{"controller"}, wantErr: "--metadata-url: missing"},
-		"file url":        {args: []string{"controller", "--metadata-url", "file:///etc/passwd"}, wantErr: "http or https"},
-		"url with user":   {args: []string{"controller", "--metadata-url", "http://u:p@10.42.0.1:8080"}, wantErr: "scheme://host"},
-		"tcp endpoint":    {args: []string{"controller", "--endpoint", "tcp://0.0.0.0:1", "--metadata-url", "http://10.42.0.1:8080"}, wantErr: "--endpoint"},
-		"bad log level":   {args: []string{"controller", "--metadata-url", "http://10.42.0.1:8080", "--log-level", "loud"}, wantErr: "loud"},
+		"no command":       {args: nil, wantErr: "usage"},
+		"node":             {args: []string{"node"}, wantErr: "node program"},
+		"no metadata url":  {args: []string{"controller"}, wantErr: "--metadata-url: missing"},
+		"file url":         {args: []string{"controller", "--metadata-url", "file:///etc/passwd"}, wantErr: "http or https"},
+		"url with user":    {args: []string{"controller", "--metadata-url", "http://u:p@10.42.0.1:8080"}, wantErr: "scheme://host"},
+		"tcp endpoint":     {args: []string{"controller", "--endpoint", "tcp://0.0.0.0:1", "--metadata-url", "http://10.42.0.1:8080"}, wantErr: "--endpoint"},
+		"bad log level":    {args: []string{"controller", "--metadata-url", "http://10.42.0.1:8080", "--log-level", "loud"}, wantErr: "loud"},
+		"unknown platform": {args: []string{"controller", "--platform", "gcp", "--metadata-url", "http://10.42.0.1:8080"}, wantErr: `--platform: platform "gcp" is not supported (supported: azure, local, qemu)`},
 	}
 	for name, tc := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -45,15 +47,15 @@ func TestRunRefuses(t *testing.T) {
 type nothing struct{ csidriver.Backing }
 
 func TestRunController(t *testing.T) {
-	var gotURL string
+	var gotPlatform, gotURL string
 	orig := newBacking
-	newBacking = func(u string) (csidriver.Backing, error) { gotURL = u; return nothing{}, nil }
+	newBacking = func(p, u string) (csidriver.Backing, error) { gotPlatform, gotURL = p, u; return nothing{}, nil }
 	t.Cleanup(func() { newBacking = orig })
 
 	sock := filepath.Join(t.TempDir(), "csi.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	env := map[string]string{"CONSTELLATION_METADATA_URL": "http://10.42.0.1:8080"}
+	env := map[string]string{"CONSTELLATION_METADATA_URL": "http://10.42.0.1:8080", "CONSTELLATION_PLATFORM": "qemu"}
 	go func() {
 		done <- run(ctx, []string{"controller", "--endpoint", "unix://" + sock}, func(k string) string { return env[k] }, &bytes.Buffer{})
 	}()
@@ -65,6 +67,7 @@ func TestRunController(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "http://10.42.0.1:8080", gotURL)
+	assert.Equal(t, "qemu", gotPlatform)
 
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -82,5 +85,17 @@ func TestRunController(t *testing.T) {
 		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("controller did not stop")
+	}
+}
+
+// Each platform's storage is the one the catalog names: the local providers' volume API, or
+// Azure's managed disks found through IMDS.
+func TestNewBacking(t *testing.T) {
+	for platform, want := range map[string]string{
+		"local": "*volumeclient.Client", "qemu": "*volumeclient.Client", "azure": "*azurevolumes.ClusterBacking",
+	} {
+		b, err := newBacking(platform, "http://10.42.0.1:8080")
+		require.NoError(t, err, platform)
+		assert.Equal(t, want, fmt.Sprintf("%T", b), platform)
 	}
 }

@@ -259,8 +259,9 @@ func apiAccessVolume() *corev1ac.VolumeApplyConfiguration {
 const apiAccessDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 // csiControllerDaemonSet runs the driver's controller half on every control plane: the
-// driver (csidriver controller), which reaches the platform's storage API at the metadata
-// service from the node's address (hostNetwork: the service names its caller by source
+// driver (csidriver controller), which reaches the platform's storage (the node platform's,
+// found through its metadata service: the local providers' volume API, Azure's disks) from the
+// node's address (hostNetwork: the service names its caller by source
 // address), and the three sidecars, which watch the API server and call the driver over a
 // socket in the pod (an emptyDir). Leader election makes one replica of each sidecar act.
 // All run as an unprivileged user without capabilities on a read-only root. Only the sidecars
@@ -270,7 +271,7 @@ func csiControllerDaemonSet(p params) *appsv1ac.DaemonSetApplyConfiguration {
 	socketMount := corev1ac.VolumeMount().WithName("socket-dir").WithMountPath(csiSocketDir)
 	containers := []*corev1ac.ContainerApplyConfiguration{
 		container("csidriver", p.image, "csidriver",
-			"controller", "--endpoint=unix://"+csiSocket, "--metadata-url="+p.platform.MetadataURL, "--log-level="+p.logLevel,
+			"controller", "--endpoint=unix://"+csiSocket, "--platform="+p.platform.Name, "--metadata-url="+p.platform.MetadataURL, "--log-level="+p.logLevel,
 		).WithSecurityContext(restricted(nonRootUser)).WithVolumeMounts(socketMount),
 	}
 	for _, s := range csiSidecars() {

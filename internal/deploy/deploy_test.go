@@ -300,7 +300,7 @@ func TestApply(t *testing.T) {
 			}
 			assert.Equal(t, "socket-dir", mounts["/csi"], ctr.Name)
 			if ctr.Name == "csidriver" {
-				assert.Equal(t, []string{"controller", "--endpoint=unix:///csi/csi.sock", "--metadata-url=http://10.42.0.1:8080", "--log-level=info"}, ctr.Args)
+				assert.Equal(t, []string{"controller", "--endpoint=unix:///csi/csi.sock", "--platform=local", "--metadata-url=http://10.42.0.1:8080", "--log-level=info"}, ctr.Args)
 				assert.NotContains(t, mounts, "/var/run/secrets/kubernetes.io/serviceaccount", "the driver talks to the platform and holds no cluster credential")
 				continue
 			}

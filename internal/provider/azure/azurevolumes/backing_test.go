@@ -1,6 +1,9 @@
 package azurevolumes_test
 
 import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -30,7 +33,7 @@ func cluster(t *testing.T) (*azuresim.Cloud, string) {
 	c := config.Default()
 	c.Name = "mini"
 	c.Provider = config.ProviderFor(azure.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 1,
-		Image: "/subscriptions/" + sub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0",
+		Image:    "/subscriptions/" + sub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0",
 		Settings: map[string]any{"subscriptionID": sub, "resourceGroup": "mini-rg", "location": "westeurope"}})
 	c.Attestation = config.AttestationFor(variant.AzureSEVSNP, config.VariantConfig{Measurements: measurements.ReferenceSets{{
 		Name: "test", Measurements: measurementstest.Image(variant.AzureSEVSNP, map[uint32][]byte{4: make([]byte, 32)}),
@@ -191,4 +194,31 @@ func TestAttachSurvivesFaults(t *testing.T) {
 	cloud.Inject(azuresim.Fault{API: "DisksClient.BeginCreateOrUpdate", Status: 409, Code: "OperationNotAllowed"})
 	_, err = b.Create(ctx, csidriver.IDFor("pvc-2"), 1<<30)
 	assert.ErrorContains(t, err, "creating its disk")
+}
+
+// The controller on a control plane finds its cluster through IMDS: the VM's subscription,
+// group, location and the cluster's UID tag.
+func TestClusterBacking(t *testing.T) {
+	cloud, uid := cluster(t)
+	imds := func(tags string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = fmt.Fprintf(w, `{"compute":{"name":"control-plane-0","subscriptionId":%q,"resourceGroupName":"mini-rg","location":"westeurope","tagsList":[%s]}}`, sub, tags)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	c := azurevolumes.NewClusterBacking(imds(`{"name":"constellation-uid","value":"` + uid + `"}`).URL)
+	c.Credential, c.Options = azuresim.Credential, azure.ClientOptions(cloud.Transport())
+	id := csidriver.IDFor("pvc-1")
+	_, err := c.Create(t.Context(), id, 1<<30)
+	require.NoError(t, err)
+	require.NoError(t, c.Attach(t.Context(), id, "worker-0"))
+	v, err := c.Get(t.Context(), id)
+	require.NoError(t, err)
+	assert.Equal(t, "worker-0", v.AttachedTo)
+
+	stray := azurevolumes.NewClusterBacking(imds("").URL)
+	stray.Credential, stray.Options = azuresim.Credential, azure.ClientOptions(cloud.Transport())
+	_, err = stray.Get(t.Context(), id)
+	assert.ErrorContains(t, err, "VM control-plane-0 carries no constellation-uid tag")
 }
