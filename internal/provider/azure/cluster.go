@@ -35,7 +35,7 @@ func (c *Cluster) ensureInfrastructure(ctx context.Context) error {
 	if err := c.clients.ensureGroup(ctx, l); err != nil {
 		return err
 	}
-	if err := c.clients.ensureIdentity(ctx, l); err != nil {
+	if err := c.clients.ensureIdentities(ctx, l); err != nil {
 		return err
 	}
 	return c.clients.ensureNetwork(ctx, l)

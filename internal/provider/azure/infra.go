@@ -45,19 +45,29 @@ func (c *clients) ensureGroup(ctx context.Context, l layout) error {
 	})
 }
 
-// ensureIdentity creates the nodes' identity, its role and the role's assignment, and
-// returns the identity's principal.
-func (c *clients) ensureIdentity(ctx context.Context, l layout) error {
+// ensureIdentities creates the cluster's identities, each with its role and the role's
+// assignment.
+func (c *clients) ensureIdentities(ctx context.Context, l layout) error {
+	for _, k := range identities {
+		if err := c.ensureIdentity(ctx, l, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureIdentity creates an identity, its role and the role's assignment.
+func (c *clients) ensureIdentity(ctx context.Context, l layout, k identityKind) error {
 	var principal string
-	what := "create managed identity " + l.identity()
+	what := "create managed identity " + l.identity(k)
 	if err := c.owned(ctx, l, what, func(ctx context.Context) (map[string]*string, error) {
-		r, err := c.identities.Get(ctx, l.ResourceGroup, l.identity(), nil)
+		r, err := c.identities.Get(ctx, l.ResourceGroup, l.identity(k), nil)
 		return r.Tags, err
 	}); err != nil {
 		return err
 	}
 	if err := c.call(ctx, what, func(ctx context.Context) error {
-		res, err := c.identities.CreateOrUpdate(ctx, l.ResourceGroup, l.identity(), identityRequest(l), nil)
+		res, err := c.identities.CreateOrUpdate(ctx, l.ResourceGroup, l.identity(k), identityRequest(l), nil)
 		if err == nil && res.Properties != nil && res.Properties.PrincipalID != nil {
 			principal = *res.Properties.PrincipalID
 		}
@@ -68,14 +78,14 @@ func (c *clients) ensureIdentity(ctx context.Context, l layout) error {
 	if principal == "" {
 		return &Error{What: what, Err: errors.New("the identity has no principal")}
 	}
-	if err := c.call(ctx, "create the nodes' role", func(ctx context.Context) error {
-		_, err := c.roleDefinitions.CreateOrUpdate(ctx, l.groupID(), l.roleDefinitionName(), roleDefinitionRequest(l), nil)
+	if err := c.call(ctx, "create "+k.who+" role", func(ctx context.Context) error {
+		_, err := c.roleDefinitions.CreateOrUpdate(ctx, l.groupID(), l.roleDefinitionName(k), roleDefinitionRequest(l, k), nil)
 		return err
 	}); err != nil {
 		return err
 	}
-	return c.call(ctx, "assign the nodes' role to "+l.identity(), func(ctx context.Context) error {
-		_, err := c.roleAssignments.Create(ctx, l.groupID(), l.roleAssignmentName(), roleAssignmentRequest(l, principal), nil)
+	return c.call(ctx, "assign "+k.who+" role to "+l.identity(k), func(ctx context.Context) error {
+		_, err := c.roleAssignments.Create(ctx, l.groupID(), l.roleAssignmentName(k), roleAssignmentRequest(l, k, principal), nil)
 		var re *azcore.ResponseError
 		if errors.As(err, &re) && re.StatusCode == http.StatusConflict && re.ErrorCode == "RoleAssignmentExists" {
 			return nil
@@ -83,7 +93,7 @@ func (c *clients) ensureIdentity(ctx context.Context, l layout) error {
 		// A new identity's principal takes a while to replicate into Azure AD: the
 		// assignment is refused until then, so it is waited for.
 		if errors.As(err, &re) && re.ErrorCode == "PrincipalNotFound" {
-			return &Error{What: "assign the nodes' role", Status: http.StatusServiceUnavailable, Err: err}
+			return &Error{What: "assign " + k.who + " role", Status: http.StatusServiceUnavailable, Err: err}
 		}
 		return err
 	})

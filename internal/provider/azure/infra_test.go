@@ -72,7 +72,7 @@ func createAll(ctx context.Context, c *clients, l layout, nodes []nodeRequest) e
 	if err := c.ensureGroup(ctx, l); err != nil {
 		return err
 	}
-	if err := c.ensureIdentity(ctx, l); err != nil {
+	if err := c.ensureIdentities(ctx, l); err != nil {
 		return err
 	}
 	if err := c.ensureNetwork(ctx, l); err != nil {
@@ -113,7 +113,7 @@ func TestCreateRerunRemove(t *testing.T) {
 	require.NoError(t, checkConfidential(vm))
 	assert.Equal(t, "running", cloud.Power("mini-rg", "worker-0"))
 	assert.ElementsMatch(t, []string{"control-plane-0", "worker-0"}, started)
-	assert.Equal(t, 1, cloud.RoleAssignments())
+	assert.Equal(t, 2, cloud.RoleAssignments(), "the nodes' and the volumes' identities")
 
 	// A rerun adopts everything: no VM or disk is created again, no VM restarted.
 	require.NoError(t, createAll(ctx, c, testLayout, nodes))

@@ -61,13 +61,13 @@ func (l layout) id(typ, name string) string {
 	return fmt.Sprintf("%s/providers/%s/%s", l.groupID(), typ, name)
 }
 
-func (l layout) vnet() string     { return l.Cluster + "-vnet" }
-func (l layout) subnet() string   { return "nodes" }
-func (l layout) nsg() string      { return l.Cluster + "-nsg" }
-func (l layout) publicIP() string { return l.Cluster + "-ip" }
-func (l layout) lb() string       { return l.Cluster + "-lb" }
-func (l layout) identity() string { return l.Cluster + "-nodes" }
-func (l layout) routes() string   { return l.Cluster + "-routes" }
+func (l layout) vnet() string                   { return l.Cluster + "-vnet" }
+func (l layout) subnet() string                 { return "nodes" }
+func (l layout) nsg() string                    { return l.Cluster + "-nsg" }
+func (l layout) publicIP() string               { return l.Cluster + "-ip" }
+func (l layout) lb() string                     { return l.Cluster + "-lb" }
+func (l layout) identity(k identityKind) string { return l.Cluster + "-" + k.name }
+func (l layout) routes() string                 { return l.Cluster + "-routes" }
 
 // Per-node resources are named after the node: names are never reused within a cluster.
 func (l layout) nic(node string) string       { return node + "-nic" }
@@ -90,19 +90,65 @@ const (
 	lbProbeAPI          = "kube-apiserver"
 )
 
-// roleDefinitionName and roleAssignmentName are the GUIDs of the nodes' role and its
+// identityKind is one of the cluster's managed identities and its custom role.
+type identityKind struct {
+	// name is the identity's name after the cluster's ("mini-nodes"), and what the role's
+	// and the assignment's GUIDs are derived from.
+	name string
+	// who says whose identity it is, in messages.
+	who string
+	// actions are all the role allows, in the cluster's group only.
+	actions []string
+	// description is the role's.
+	description string
+	// controlPlanesOnly: only the control planes' VMs carry the identity.
+	controlPlanesOnly bool
+}
+
+var (
+	// nodesIdentity is every node's: read the cluster's VMs and network interfaces (the join
+	// service lists the nodes, a node finds its peers), the load balancer and its public
+	// address (a node finds the API endpoint). Nothing writes.
+	nodesIdentity = identityKind{name: "nodes", who: "the nodes'", description: "Read the VMs and network of Constellation cluster", actions: []string{
+		"Microsoft.Compute/virtualMachines/read",
+		"Microsoft.Network/networkInterfaces/read",
+		"Microsoft.Network/loadBalancers/read",
+		"Microsoft.Network/publicIPAddresses/read",
+	}}
+	// volumesIdentity is the volume driver's controller's, on the control planes only: make,
+	// grow and delete the volumes' disks, and attach them to the VMs (a PATCH of a VM's data
+	// disks needs the VM's write right; Azure has none narrower).
+	volumesIdentity = identityKind{name: "volumes", who: "the volumes'", description: "Manage the volume disks of Constellation cluster", controlPlanesOnly: true, actions: []string{
+		"Microsoft.Compute/disks/read",
+		"Microsoft.Compute/disks/write",
+		"Microsoft.Compute/disks/delete",
+		"Microsoft.Compute/virtualMachines/read",
+		"Microsoft.Compute/virtualMachines/write",
+	}}
+	// identities are the cluster's identities, in the order they are made.
+	identities = []identityKind{nodesIdentity, volumesIdentity}
+)
+
+// roleDefinitionName and roleAssignmentName are the GUIDs of an identity's role and its
 // assignment: Azure names both by GUID, so they are derived from the cluster's UID to be found
-// again by a rerun.
-func (l layout) roleDefinitionName() string {
-	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("constellation:"+l.UID+":role")).String()
+// again by a rerun (the nodes' from the names of the first release, which had only them).
+func (l layout) roleDefinitionName(k identityKind) string {
+	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("constellation:"+l.UID+":"+k.seed()+"role")).String()
 }
 
-func (l layout) roleAssignmentName() string {
-	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("constellation:"+l.UID+":assignment")).String()
+func (l layout) roleAssignmentName(k identityKind) string {
+	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("constellation:"+l.UID+":"+k.seed()+"assignment")).String()
 }
 
-func (l layout) roleDefinitionID() string {
-	return l.groupID() + "/providers/Microsoft.Authorization/roleDefinitions/" + l.roleDefinitionName()
+func (k identityKind) seed() string {
+	if k.name == nodesIdentity.name {
+		return ""
+	}
+	return k.name + "-"
+}
+
+func (l layout) roleDefinitionID(k identityKind) string {
+	return l.groupID() + "/providers/Microsoft.Authorization/roleDefinitions/" + l.roleDefinitionName(k)
 }
 
 // tags are the tags of every resource of the cluster (of none: an image upload's group).

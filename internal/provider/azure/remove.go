@@ -123,16 +123,26 @@ func (c *clients) removeCluster(ctx context.Context, l layout) error {
 			return err
 		}
 	}
-	if err := c.removeIdentity(ctx, l); err != nil {
+	if err := c.removeIdentities(ctx, l); err != nil {
 		return err
 	}
 	return c.removeGroup(ctx, l)
 }
 
-// removeIdentity deletes the role assignment, the role and the nodes' identity.
-func (c *clients) removeIdentity(ctx context.Context, l layout) error {
-	if err := c.call(ctx, "delete the nodes' role assignment", func(ctx context.Context) error {
-		_, err := c.roleAssignments.Delete(ctx, l.groupID(), l.roleAssignmentName(), nil)
+// removeIdentities deletes the cluster's identities, each after its role assignment and role.
+func (c *clients) removeIdentities(ctx context.Context, l layout) error {
+	for _, k := range identities {
+		if err := c.removeIdentity(ctx, l, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeIdentity deletes an identity's role assignment, its role and the identity.
+func (c *clients) removeIdentity(ctx context.Context, l layout, k identityKind) error {
+	if err := c.call(ctx, "delete "+k.who+" role assignment", func(ctx context.Context) error {
+		_, err := c.roleAssignments.Delete(ctx, l.groupID(), l.roleAssignmentName(k), nil)
 		if isNotFound(err) {
 			return nil
 		}
@@ -140,8 +150,8 @@ func (c *clients) removeIdentity(ctx context.Context, l layout) error {
 	}); err != nil {
 		return err
 	}
-	if err := c.call(ctx, "delete the nodes' role", func(ctx context.Context) error {
-		_, err := c.roleDefinitions.Delete(ctx, l.groupID(), l.roleDefinitionName(), nil)
+	if err := c.call(ctx, "delete "+k.who+" role", func(ctx context.Context) error {
+		_, err := c.roleDefinitions.Delete(ctx, l.groupID(), l.roleDefinitionName(k), nil)
 		if isNotFound(err) {
 			return nil
 		}
@@ -149,15 +159,15 @@ func (c *clients) removeIdentity(ctx context.Context, l layout) error {
 	}); err != nil {
 		return err
 	}
-	what := "delete managed identity " + l.identity()
+	what := "delete managed identity " + l.identity(k)
 	if err := c.owned(ctx, l, what, func(ctx context.Context) (map[string]*string, error) {
-		r, err := c.identities.Get(ctx, l.ResourceGroup, l.identity(), nil)
+		r, err := c.identities.Get(ctx, l.ResourceGroup, l.identity(k), nil)
 		return r.Tags, err
 	}); err != nil {
 		return err
 	}
 	return c.call(ctx, what, func(ctx context.Context) error {
-		_, err := c.identities.Delete(ctx, l.ResourceGroup, l.identity(), nil)
+		_, err := c.identities.Delete(ctx, l.ResourceGroup, l.identity(k), nil)
 		if isNotFound(err) {
 			return nil
 		}

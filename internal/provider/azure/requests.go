@@ -54,35 +54,25 @@ func identityRequest(l layout) armmsi.Identity {
 	return armmsi.Identity{Location: ptr(l.Location), Tags: l.tags()}
 }
 
-// nodeRoleActions are all a node's identity may do: read the cluster's VMs and network
-// interfaces (the join service lists the nodes, a node finds its peers), the load balancer
-// and its public address (a node finds the API endpoint). Nothing writes.
-var nodeRoleActions = []string{
-	"Microsoft.Compute/virtualMachines/read",
-	"Microsoft.Network/networkInterfaces/read",
-	"Microsoft.Network/loadBalancers/read",
-	"Microsoft.Network/publicIPAddresses/read",
-}
-
-// roleDefinitionRequest is the nodes' custom role, assignable only in the cluster's group.
-func roleDefinitionRequest(l layout) armauthorization.RoleDefinition {
-	actions := make([]*string, len(nodeRoleActions))
-	for i, a := range nodeRoleActions {
+// roleDefinitionRequest is an identity's custom role, assignable only in the cluster's group.
+func roleDefinitionRequest(l layout, k identityKind) armauthorization.RoleDefinition {
+	actions := make([]*string, len(k.actions))
+	for i, a := range k.actions {
 		actions[i] = ptr(a)
 	}
 	return armauthorization.RoleDefinition{Properties: &armauthorization.RoleDefinitionProperties{
-		RoleName:         ptr("Constellation node " + l.Cluster + " " + l.UID),
-		Description:      ptr("Read the VMs and network of Constellation cluster " + l.Cluster + " (" + l.UID + ")"),
+		RoleName:         ptr("Constellation " + k.name + " " + l.Cluster + " " + l.UID),
+		Description:      ptr(k.description + " " + l.Cluster + " (" + l.UID + ")"),
 		RoleType:         ptr("CustomRole"),
 		AssignableScopes: []*string{ptr(l.groupID())},
 		Permissions:      []*armauthorization.Permission{{Actions: actions}},
 	}}
 }
 
-// roleAssignmentRequest gives the nodes' identity (principal) the nodes' role on the group.
-func roleAssignmentRequest(l layout, principal string) armauthorization.RoleAssignmentCreateParameters {
+// roleAssignmentRequest gives an identity (principal) its role on the group.
+func roleAssignmentRequest(l layout, k identityKind, principal string) armauthorization.RoleAssignmentCreateParameters {
 	return armauthorization.RoleAssignmentCreateParameters{Properties: &armauthorization.RoleAssignmentProperties{
-		RoleDefinitionID: ptr(l.roleDefinitionID()),
+		RoleDefinitionID: ptr(l.roleDefinitionID(k)),
 		PrincipalID:      ptr(principal),
 		PrincipalType:    ptr(armauthorization.PrincipalTypeServicePrincipal),
 	}}
@@ -246,6 +236,29 @@ func (n nodeRequest) tags(l layout) map[string]*string {
 	return t
 }
 
+// vmTags are a node's VM's tags: the node's, and which of the VM's identities is whose (a VM
+// with two must name the one it asks a token for).
+func (n nodeRequest) vmTags(l layout) map[string]*string {
+	t := n.tags(l)
+	t[azuremeta.TagNodesIdentity] = ptr(l.identity(nodesIdentity))
+	if n.Role == metadata.ControlPlane {
+		t[azuremeta.TagVolumesIdentity] = ptr(l.identity(volumesIdentity))
+	}
+	return t
+}
+
+// identities are the managed identities a node's VM carries: the nodes', and on a control
+// plane the volumes' too.
+func (n nodeRequest) identities(l layout) map[string]*armcompute.UserAssignedIdentitiesValue {
+	out := map[string]*armcompute.UserAssignedIdentitiesValue{}
+	for _, k := range identities {
+		if !k.controlPlanesOnly || n.Role == metadata.ControlPlane {
+			out[l.id("Microsoft.ManagedIdentity/userAssignedIdentities", l.identity(k))] = &armcompute.UserAssignedIdentitiesValue{}
+		}
+	}
+	return out
+}
+
 // tagSlot records a node's slot on its VM and NIC, so a rerun and later scaling know it.
 const tagSlot = "constellation-slot"
 
@@ -296,12 +309,10 @@ func interfaceRequest(l layout, n nodeRequest) armnetwork.Interface {
 // nodes' identity, boots with a vTPM, and its state disk is LUN 0.
 func vmRequest(l layout, n nodeRequest) armcompute.VirtualMachine {
 	return armcompute.VirtualMachine{
-		Location: ptr(l.Location), Tags: n.tags(l),
+		Location: ptr(l.Location), Tags: n.vmTags(l),
 		Identity: &armcompute.VirtualMachineIdentity{
-			Type: ptr(armcompute.ResourceIdentityTypeUserAssigned),
-			UserAssignedIdentities: map[string]*armcompute.UserAssignedIdentitiesValue{
-				l.id("Microsoft.ManagedIdentity/userAssignedIdentities", l.identity()): {},
-			},
+			Type:                   ptr(armcompute.ResourceIdentityTypeUserAssigned),
+			UserAssignedIdentities: n.identities(l),
 		},
 		Properties: &armcompute.VirtualMachineProperties{
 			HardwareProfile: &armcompute.HardwareProfile{VMSize: ptr(armcompute.VirtualMachineSizeTypes(n.VMSize))},

@@ -15,6 +15,8 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of testdata/requests")
@@ -27,8 +29,10 @@ func TestRequestsGolden(t *testing.T) {
 	requests := map[string]any{
 		"resource-group":          resourceGroupRequest(testLayout),
 		"identity":                identityRequest(testLayout),
-		"role-definition":         roleDefinitionRequest(testLayout),
-		"role-assignment":         roleAssignmentRequest(testLayout, "11111111-2222-3333-4444-555555555555"),
+		"role-definition":         roleDefinitionRequest(testLayout, nodesIdentity),
+		"role-assignment":         roleAssignmentRequest(testLayout, nodesIdentity, "11111111-2222-3333-4444-555555555555"),
+		"role-definition-volumes": roleDefinitionRequest(testLayout, volumesIdentity),
+		"role-assignment-volumes": roleAssignmentRequest(testLayout, volumesIdentity, "66666666-7777-8888-9999-000000000000"),
 		"network-security-group":  securityGroupRequest(testLayout),
 		"virtual-network":         virtualNetworkRequest(testLayout),
 		"public-ip":               publicIPRequest(testLayout),
@@ -192,4 +196,35 @@ func TestOnlyTheCLIsPortsAreExposed(t *testing.T) {
 	}
 	_, err := natFrontendPort(0, 30090)
 	assert.ErrorContains(t, err, "port 30090 of a node is not reachable through the load balancer")
+}
+
+// Only the control planes, where the volume driver's controller runs, may change disks; no
+// identity may do more than its role names, and the nodes' writes nothing.
+func TestIdentitiesAreLeastPrivilege(t *testing.T) {
+	nodes := testNodes()
+	ids := func(n nodeRequest) []string {
+		var out []string
+		for id := range vmRequest(testLayout, n).Identity.UserAssignedIdentities {
+			out = append(out, id[strings.LastIndex(id, "/")+1:])
+		}
+		return out
+	}
+	assert.ElementsMatch(t, []string{"mini-nodes", "mini-volumes"}, ids(nodes[0]), "control plane")
+	assert.ElementsMatch(t, []string{"mini-nodes"}, ids(nodes[1]), "worker")
+	assert.NotContains(t, vmRequest(testLayout, nodes[1]).Tags, azuremeta.TagVolumesIdentity)
+
+	for _, a := range nodesIdentity.actions {
+		assert.True(t, strings.HasSuffix(a, "/read"), "the nodes' role reads only: %s", a)
+	}
+	for _, a := range volumesIdentity.actions {
+		assert.True(t, strings.HasPrefix(a, "Microsoft.Compute/disks/") || strings.HasPrefix(a, "Microsoft.Compute/virtualMachines/"), a)
+		assert.NotContains(t, a, "*", "no wildcard")
+	}
+	for _, k := range identities {
+		def := roleDefinitionRequest(testLayout, k)
+		require.Len(t, def.Properties.AssignableScopes, 1)
+		assert.Equal(t, testLayout.groupID(), *def.Properties.AssignableScopes[0], "assignable in the cluster's group only")
+	}
+	assert.NotEqual(t, testLayout.roleDefinitionName(nodesIdentity), testLayout.roleDefinitionName(volumesIdentity))
+	assert.NotEqual(t, testLayout.roleAssignmentName(nodesIdentity), testLayout.roleAssignmentName(volumesIdentity))
 }

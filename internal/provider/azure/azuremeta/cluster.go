@@ -3,6 +3,7 @@ package azuremeta
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sync"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -62,9 +63,8 @@ func (c *ClusterLister) get(ctx context.Context) (*Lister, error) {
 	}
 	cred := c.Credential
 	if cred == nil {
-		// The VM's one user-assigned identity: the nodes' (the host half gives it no other).
-		if cred, err = azidentity.NewManagedIdentityCredential(nil); err != nil {
-			return nil, fmt.Errorf("the VM's managed identity: %w", err)
+		if cred, err = ManagedIdentity(inst, TagNodesIdentity); err != nil {
+			return nil, err
 		}
 	}
 	l, err := NewLister(inst.Subscription, inst.ResourceGroup, inst.UID(), cred, c.Options)
@@ -73,4 +73,33 @@ func (c *ClusterLister) get(ctx context.Context) (*Lister, error) {
 	}
 	c.lister = l
 	return l, nil
+}
+
+// identityName is what Azure allows as a user-assigned identity's name.
+var identityName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{2,127}$`)
+
+// ManagedIdentity is the credential of the VM's managed identity that the VM's tag names
+// (TagNodesIdentity, TagVolumesIdentity): a control plane's VM carries two, and a token is
+// asked for one by its resource ID. A VM without the tag carries the nodes' identity only
+// (clusters made before the volumes' identity), which is asked for without an ID; a VM
+// without the volumes' tag has no right to the volumes' disks.
+func ManagedIdentity(inst Instance, tag string) (azcore.TokenCredential, error) {
+	name, ok := inst.Tags[tag]
+	if !ok && tag == TagNodesIdentity {
+		cred, err := azidentity.NewManagedIdentityCredential(nil)
+		if err != nil {
+			return nil, fmt.Errorf("the VM's managed identity: %w", err)
+		}
+		return cred, nil
+	}
+	if !identityName.MatchString(name) || inst.Subscription == "" || inst.ResourceGroup == "" {
+		return nil, fmt.Errorf("VM %s: tag %s=%q names no managed identity of its group", inst.Name, tag, name)
+	}
+	id := "/subscriptions/" + inst.Subscription + "/resourceGroups/" + inst.ResourceGroup +
+		"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/" + name
+	cred, err := azidentity.NewManagedIdentityCredential(&azidentity.ManagedIdentityCredentialOptions{ID: azidentity.ResourceID(id)})
+	if err != nil {
+		return nil, fmt.Errorf("the VM's managed identity %s: %w", name, err)
+	}
+	return cred, nil
 }

@@ -45,6 +45,12 @@ const (
 	TagInitSecretHash = "constellation-init-secret-hash"
 	// TagPodNetwork is a node's pod network (a /24 of the cluster's), routed to the node.
 	TagPodNetwork = "constellation-pod-network"
+	// TagNodesIdentity and TagVolumesIdentity name a VM's managed identities (in its group):
+	// the nodes' (every VM: reads the cluster's instances) and the volumes' (control planes:
+	// the volume driver's disks). A VM with two identities must name the one it wants a
+	// token of.
+	TagNodesIdentity   = "constellation-nodes-identity"
+	TagVolumesIdentity = "constellation-volumes-identity"
 	// TagAPIEndpoint is the cluster's API endpoint (the load balancer's public address and
 	// port): only where to connect; clients verify the API server's certificate.
 	TagAPIEndpoint = "constellation-api-endpoint"

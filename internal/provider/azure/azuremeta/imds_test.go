@@ -99,3 +99,26 @@ func FuzzParseInstance(f *testing.F) {
 		_, _ = inst.Self()
 	})
 }
+
+func TestManagedIdentity(t *testing.T) {
+	inst := Instance{Name: "control-plane-0", Subscription: "00000000-0000-0000-0000-000000000001", ResourceGroup: "mini-rg", Tags: map[string]string{
+		TagNodesIdentity: "mini-nodes", TagVolumesIdentity: "mini-volumes",
+	}}
+	for _, tag := range []string{TagNodesIdentity, TagVolumesIdentity} {
+		cred, err := ManagedIdentity(inst, tag)
+		require.NoError(t, err, tag)
+		assert.NotNil(t, cred)
+	}
+
+	worker := Instance{Name: "worker-0", Subscription: inst.Subscription, ResourceGroup: "mini-rg", Tags: map[string]string{TagNodesIdentity: "mini-nodes"}}
+	_, err := ManagedIdentity(worker, TagVolumesIdentity)
+	assert.EqualError(t, err, `VM worker-0: tag constellation-volumes-identity="" names no managed identity of its group`)
+	_, err = ManagedIdentity(Instance{Name: "old", Tags: map[string]string{}}, TagNodesIdentity)
+	assert.NoError(t, err, "a VM with the nodes' identity only")
+
+	for _, bad := range []string{"../../other/providers/x", "a", "mini nodes", "mini-nodes?api-version=1"} {
+		inst.Tags[TagNodesIdentity] = bad
+		_, err := ManagedIdentity(inst, TagNodesIdentity)
+		assert.ErrorContains(t, err, "names no managed identity of its group", bad)
+	}
+}

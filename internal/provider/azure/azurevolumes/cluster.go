@@ -7,7 +7,6 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
-	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 
 	"github.com/openconstellation/constellation/internal/csidriver"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
@@ -53,8 +52,9 @@ func (c *ClusterBacking) get(ctx context.Context) (*Backing, error) {
 	}
 	cred := c.Credential
 	if cred == nil {
-		if cred, err = azidentity.NewManagedIdentityCredential(nil); err != nil {
-			return nil, fmt.Errorf("the VM's managed identity: %w", err)
+		// The volumes' identity, which only control planes carry.
+		if cred, err = azuremeta.ManagedIdentity(inst, azuremeta.TagVolumesIdentity); err != nil {
+			return nil, err
 		}
 	}
 	b, err := New(Config{
