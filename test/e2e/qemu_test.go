@@ -138,6 +138,8 @@ func assertModifiedSectorsRefused(t *testing.T, cli func(args ...string) (string
 	console, err := os.ReadFile(filepath.Join(ws, "mini", "nodes", "control-plane-0", vm.ConsoleFile))
 	require.NoError(t, err)
 	assert.Contains(t, string(console), "reboot: Power down", "the machine shut down by itself")
+	// The image's node program took its platform from the firmware (--platform auto).
+	assert.Regexp(t, `"msg":"node platform detected","platform":"qemu","dmi":"sys_vendor \\"QEMU\\"`, string(console))
 	modifySectorsOffline(t, disk, hdr.DataOffset)
 	out, err = cli("start", "--timeout", "15m")
 	require.NoError(t, err, out)
