@@ -54,12 +54,9 @@ func (c *ClusterLister) get(ctx context.Context) (*Lister, error) {
 	if c.lister != nil {
 		return c.lister, nil
 	}
-	inst, err := c.IMDS.Instance(ctx)
+	inst, err := c.IMDS.ClusterInstance(ctx)
 	if err != nil {
 		return nil, err
-	}
-	if inst.UID() == "" {
-		return nil, fmt.Errorf("VM %s carries no %s tag: it is no node of a cluster", inst.Name, TagUID)
 	}
 	cred := c.Credential
 	if cred == nil {
@@ -102,4 +99,17 @@ func ManagedIdentity(inst Instance, tag string) (azcore.TokenCredential, error) 
 		return nil, fmt.Errorf("the VM's managed identity %s: %w", name, err)
 	}
 	return cred, nil
+}
+
+// ClusterInstance asks IMDS about the VM, which must be a node of a cluster (tagged with its
+// UID): where the cluster's services find their cluster.
+func (c IMDS) ClusterInstance(ctx context.Context) (Instance, error) {
+	inst, err := c.Instance(ctx)
+	if err != nil {
+		return Instance{}, err
+	}
+	if inst.UID() == "" {
+		return Instance{}, fmt.Errorf("VM %s carries no %s tag: it is no node of a cluster", inst.Name, TagUID)
+	}
+	return inst, nil
 }

@@ -2,7 +2,6 @@ package azurevolumes
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -43,12 +42,9 @@ func (c *ClusterBacking) get(ctx context.Context) (*Backing, error) {
 	if c.backing != nil {
 		return c.backing, nil
 	}
-	inst, err := c.IMDS.Instance(ctx)
+	inst, err := c.IMDS.ClusterInstance(ctx)
 	if err != nil {
 		return nil, err
-	}
-	if inst.UID() == "" {
-		return nil, fmt.Errorf("VM %s carries no %s tag: it is no node of a cluster", inst.Name, azuremeta.TagUID)
 	}
 	cred := c.Credential
 	if cred == nil {
