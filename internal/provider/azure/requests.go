@@ -334,7 +334,7 @@ func vmRequest(l layout, n nodeRequest) armcompute.VirtualMachine {
 					},
 				},
 				DataDisks: []*armcompute.DataDisk{{
-					Lun:          ptr[int32](0),
+					Lun:          ptr[int32](azuremeta.StateLUN),
 					CreateOption: ptr(armcompute.DiskCreateOptionTypesAttach),
 					Caching:      ptr(armcompute.CachingTypesNone),
 					DeleteOption: ptr(armcompute.DiskDeleteOptionTypesDetach),

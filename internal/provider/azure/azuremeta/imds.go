@@ -82,8 +82,13 @@ type DataDisk struct {
 	LUN  int
 }
 
-// MaxLUN is the largest LUN of a VM's data disks (Azure's limit: 64 per VM).
-const MaxLUN = 63
+// The LUNs of a VM's data disks: the state disk's (the host half attaches it there), the
+// volumes' (from FirstVolumeLUN, azurevolumes), and the largest (Azure's limit: 64 per VM).
+const (
+	StateLUN       = 0
+	FirstVolumeLUN = StateLUN + 1
+	MaxLUN         = 63
+)
 
 // UID is the cluster's UID the VM is tagged with.
 func (i Instance) UID() string { return i.Tags[TagUID] }

@@ -46,8 +46,6 @@ const (
 	sysBlock = "/sys/block"
 	// console is the VM's serial console, which boot diagnostics keep.
 	console = "/dev/ttyS0"
-	// stateLUN is the state disk's LUN (the host half attaches it there).
-	stateLUN = 0
 	// diskWait bounds how long the state disk may take to appear.
 	diskWait = 2 * time.Minute
 	// stateMapping is the device-mapper name of the opened state disk.
@@ -153,7 +151,7 @@ func (p *Platform) NodeConfig() (boot.NodeConfig, error) {
 func (p *Platform) Storage() (statedisk.Storage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), diskWait+time.Second)
 	defer cancel()
-	dev, err := waitLUN(ctx, sysBlock, stateLUN, diskWait)
+	dev, err := waitLUN(ctx, sysBlock, azuremeta.StateLUN, diskWait)
 	if err != nil {
 		return nil, fmt.Errorf("the state disk: %w", err)
 	}

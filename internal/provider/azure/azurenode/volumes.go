@@ -11,10 +11,6 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
-// firstVolumeLUN is the lowest LUN a volume's disk may answer at: LUN 0 is the state disk
-// (azurevolumes attaches volumes from LUN 1).
-const firstVolumeLUN = 1
-
 // lunDisks is csidriver.Devices on an Azure VM. The controller attaches a volume's managed
 // disk under the volume's id as its name (azurevolumes); IMDS lists the VM's data disks with
 // their LUNs, and the node finds the disk at that LUN in sysfs. IMDS is the host's: a forged
@@ -72,7 +68,7 @@ func (d *lunDisks) find(ctx context.Context, id string) (dev string, done bool, 
 		// IMDS may lag an attach by seconds.
 		return "", false, fmt.Errorf("IMDS lists no data disk of that name on this VM: %w", csidriver.ErrNotAttached)
 	}
-	if lun < firstVolumeLUN {
+	if lun < azuremeta.FirstVolumeLUN {
 		return "", true, fmt.Errorf("volume %s: IMDS lists it at LUN %d, the state disk's: refusing it", id, lun)
 	}
 	dev, err = findLUN(d.sysBlock, lun)

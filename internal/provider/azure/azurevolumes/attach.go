@@ -13,9 +13,6 @@ import (
 	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 )
 
-// firstVolumeLUN is the lowest LUN a volume takes: LUN 0 is the node's state disk.
-const firstVolumeLUN = 1
-
 // Attach implements csidriver.Backing: the disk is added to the VM's data disks at the lowest
 // free LUN. Azure itself refuses a disk another VM holds; the backing says which node first.
 func (b *Backing) Attach(ctx context.Context, id, node string) error {
@@ -73,7 +70,7 @@ func (b *Backing) Detach(ctx context.Context, id, node string) error {
 	if !ok {
 		return nil
 	}
-	if *disks[i].Lun < firstVolumeLUN {
+	if *disks[i].Lun < azuremeta.FirstVolumeLUN {
 		return fmt.Errorf("volume %s: its disk is node %s's state disk (LUN %d): refusing to detach it", id, node, *disks[i].Lun)
 	}
 	rest := append(append([]*armcompute.DataDisk{}, disks[:i]...), disks[i+1:]...)
@@ -142,7 +139,7 @@ func find(disks []*armcompute.DataDisk, id string) (int, bool) {
 	return 0, false
 }
 
-// freeLUN is the lowest LUN from firstVolumeLUN no data disk takes.
+// freeLUN is the lowest LUN from azuremeta.FirstVolumeLUN no data disk takes.
 func freeLUN(disks []*armcompute.DataDisk) (int32, error) {
 	used := map[int32]bool{}
 	for _, d := range disks {
@@ -150,10 +147,10 @@ func freeLUN(disks []*armcompute.DataDisk) (int32, error) {
 			used[*d.Lun] = true
 		}
 	}
-	for lun := int32(firstVolumeLUN); lun <= azuremeta.MaxLUN; lun++ {
+	for lun := int32(azuremeta.FirstVolumeLUN); lun <= azuremeta.MaxLUN; lun++ {
 		if !used[lun] {
 			return lun, nil
 		}
 	}
-	return 0, fmt.Errorf("every LUN %d-%d is taken: detach a volume from the node first", firstVolumeLUN, azuremeta.MaxLUN)
+	return 0, fmt.Errorf("every LUN %d-%d is taken: detach a volume from the node first", azuremeta.FirstVolumeLUN, azuremeta.MaxLUN)
 }
