@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -290,6 +291,14 @@ func checkRecords(ctx context.Context, client kubernetes.Interface) error {
 // one) an up-to-date pod is available. When ctx ends first, the error names each DaemonSet
 // that is not ready and how far it got.
 func Wait(ctx context.Context, client kubernetes.Interface, interval time.Duration, names ...string) error {
+	return wait(ctx, client, interval, nil, names)
+}
+
+// reportEvery is how often a wait with a progress function says what it still waits for.
+const reportEvery = 5 * time.Second
+
+// wait is Wait that, when progress is set, names what is not ready yet every reportEvery.
+func wait(ctx context.Context, client kubernetes.Interface, interval time.Duration, progress func(string), names []string) error {
 	if len(names) == 0 {
 		names = DaemonSets
 	}
@@ -301,6 +310,8 @@ func Wait(ctx context.Context, client kubernetes.Interface, interval time.Durati
 	// The last thing learned about each DaemonSet that is not ready: a check cut short by
 	// the end of ctx does not replace it, so the error tells how far each one got.
 	last := map[string]error{}
+	start := time.Now()
+	reported := start.Add(-reportEvery) // the first pass that finds one not ready says so
 	for {
 		ready := true
 		for _, name := range names {
@@ -319,18 +330,28 @@ func Wait(ctx context.Context, client kubernetes.Interface, interval time.Durati
 		if ready {
 			return nil
 		}
+		if progress != nil && time.Since(reported) >= reportEvery {
+			reported = time.Now()
+			pending := strings.ReplaceAll(pendingErr(names, last).Error(), "\n", "; ")
+			progress(fmt.Sprintf("waiting for the services (%s): %s", time.Since(start).Round(time.Second), pending))
+		}
 		select {
 		case <-ctx.Done():
-			var pending []error
-			for _, name := range names {
-				if last[name] != nil {
-					pending = append(pending, last[name])
-				}
-			}
-			return fmt.Errorf("deploy: waiting for the services: %w: %w", ctx.Err(), errors.Join(pending...))
+			return fmt.Errorf("deploy: waiting for the services: %w: %w", ctx.Err(), pendingErr(names, last))
 		case <-ticker.C:
 		}
 	}
+}
+
+// pendingErr joins what was last learned of each DaemonSet that is not ready, in names' order.
+func pendingErr(names []string, last map[string]error) error {
+	var pending []error
+	for _, name := range names {
+		if last[name] != nil {
+			pending = append(pending, last[name])
+		}
+	}
+	return errors.Join(pending...)
 }
 
 func daemonSetReady(ctx context.Context, client kubernetes.Interface, name string) error {
@@ -374,14 +395,14 @@ func Run(ctx context.Context, kubeconfig []byte, cfg Config, progress func(strin
 	if cfg.WaitTimeout <= 0 {
 		return nil
 	}
-	progress(fmt.Sprintf("waiting up to %s for the services to be ready", cfg.WaitTimeout))
+	progress(fmt.Sprintf("waiting up to %s for the services to be ready", cfg.WaitTimeout.Round(time.Second)))
 	wctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)
 	defer cancel()
 	names := DaemonSets
 	if cfg.SkipCSIControllerWait {
 		names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == CSIController })
 	}
-	if err := Wait(wctx, client, 500*time.Millisecond, names...); err != nil {
+	if err := wait(wctx, client, 500*time.Millisecond, progress, names); err != nil {
 		return err
 	}
 	if cfg.SkipCSIControllerWait {

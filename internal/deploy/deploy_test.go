@@ -789,8 +789,21 @@ func TestRun(t *testing.T) {
 
 	cfg := config(t)
 	cfg.WaitTimeout = 300 * time.Millisecond
-	err = deploy.Run(context.Background(), kubeconfig, cfg, nil)
+	progress = nil
+	err = deploy.Run(context.Background(), kubeconfig, cfg, func(s string) { progress = append(progress, s) })
 	assert.ErrorContains(t, err, "waiting for the services")
+	// The wait says at once what it waits for (no controller runs here: no DaemonSet is
+	// observed), then every 5 s.
+	var waiting []string
+	for _, line := range progress {
+		if strings.HasPrefix(line, "waiting for the services (") {
+			waiting = append(waiting, line)
+		}
+	}
+	if assert.Len(t, waiting, 1, "progress: %q", progress) {
+		assert.Contains(t, waiting[0], "DaemonSet kube-system/constellation-join-service: generation 1 not yet observed")
+		assert.NotContains(t, waiting[0], "\n", "one line")
+	}
 
 	assert.ErrorContains(t, deploy.Run(context.Background(), []byte("not a kubeconfig"), config(t), nil), "deploy: admin kubeconfig")
 }

@@ -61,10 +61,7 @@ type Options struct {
 	InitAddr string // listen address of the init server (fresh control planes)
 	// RecoverAddr is the listen address of the recovery server (rebooted control planes).
 	RecoverAddr string
-	// DeployWaitTimeout bounds the init's wait for the in-cluster services to be ready
-	// (DefaultDeployWaitTimeout when zero).
-	DeployWaitTimeout time.Duration
-	Log               *slog.Logger
+	Log         *slog.Logger
 }
 
 // Run boots the node and brings it into its cluster, then keeps supervising the kubelet
@@ -298,7 +295,7 @@ func bringIn(ctx context.Context, p Platform, o Options, log *slog.Logger, meta 
 			KubeadmConfig: initserver.KubeadmConfig(settings), KubernetesVersion: nodeConfig.KubernetesVersion,
 			AdminKubeconfig: adminKubeconfig, KubeletKubeconfig: kubeletcred.KubeconfigFile, APIServerConfigDir: nodeauthz.ConfigDir, RegistryHostsDir: registries.HostsDir,
 			PKIDir: kubeadmconfig.CertificatesDir, KubeletPKIDir: kubeletcred.CertDir, NodeLogs: osys.Logs, Log: log,
-			Deploy: deployServices(nodeConfig.ServicesImage, p.Services(), o.DeployWaitTimeout, authz),
+			Deploy: deployServices(nodeConfig.ServicesImage, p.Services(), authz),
 		})
 		if err != nil {
 			return inCluster{}, err
@@ -395,18 +392,25 @@ func recoveryServer(ctx context.Context, o Options, n *node.Node, issuer attesta
 	return rs, l, nil
 }
 
-// DefaultDeployWaitTimeout bounds how long init waits for the in-cluster services: their
-// images are imported at boot, so this is pod start-up on a fresh node.
-const DefaultDeployWaitTimeout = 3 * time.Minute
+// deployReportMargin is what init keeps of its budget after the wait for the in-cluster
+// services, to report why they are not ready (with the node's logs) before the budget ends.
+const deployReportMargin = 30 * time.Second
 
 // deployServices deploys the join, key and verification services from the image the node
 // configuration names (measured with the node) and waits until they run: when init returns,
-// the cluster can admit workers.
-func deployServices(image string, facts deploy.PlatformFacts, wait time.Duration, authz *authorizer) initserver.DeployFunc {
-	if wait <= 0 {
-		wait = DefaultDeployWaitTimeout
-	}
+// the cluster can admit workers. The wait has no bound of its own: it lasts as long as the
+// init's budget (initserver.Config.InitTimeout) allows, less deployReportMargin. A slow
+// machine (a VM under TCG) starts the pods late; an init that failed for that alone would
+// leave a node that can only be re-created.
+func deployServices(image string, facts deploy.PlatformFacts, authz *authorizer) initserver.DeployFunc {
 	return func(ctx context.Context, d initserver.Deployment) error {
+		wait := initserver.DefaultInitTimeout
+		if deadline, ok := ctx.Deadline(); ok {
+			wait = time.Until(deadline) - deployReportMargin
+		}
+		if wait <= 0 {
+			return fmt.Errorf("deploying the in-cluster services: less than %s of the init's budget left", deployReportMargin)
+		}
 		// Nodes join as soon as the join service serves, before init returns: the API server
 		// must find its removed-node authorizer by then.
 		if _, err := authz.start(); err != nil {
