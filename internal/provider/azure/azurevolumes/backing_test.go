@@ -199,15 +199,12 @@ func TestAttachSurvivesFaults(t *testing.T) {
 // The controller on a control plane finds its cluster through IMDS: the VM's subscription,
 // group, location and the cluster's UID tag.
 func TestClusterBacking(t *testing.T) {
-	cloud, uid := cluster(t)
-	imds := func(tags string) *httptest.Server {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = fmt.Fprintf(w, `{"compute":{"name":"control-plane-0","subscriptionId":%q,"resourceGroupName":"mini-rg","location":"westeurope","tagsList":[%s]}}`, sub, tags)
-		}))
-		t.Cleanup(srv.Close)
-		return srv
-	}
-	c := azurevolumes.NewClusterBacking(imds(`{"name":"constellation-uid","value":"` + uid + `"}`).URL)
+	cloud, _ := cluster(t)
+	// The controller on the control plane reads its VM's IMDS (the simulated cloud's, from the
+	// state the host half made).
+	cpIMDS := httptest.NewServer(cloud.IMDS("mini-rg", "control-plane-0"))
+	t.Cleanup(cpIMDS.Close)
+	c := azurevolumes.NewClusterBacking(cpIMDS.URL)
 	c.Credential, c.Options = azuresim.Credential, azure.ClientOptions(cloud.Transport())
 	id := csidriver.IDFor("pvc-1")
 	_, err := c.Create(t.Context(), id, 1<<30)
@@ -217,7 +214,20 @@ func TestClusterBacking(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "worker-0", v.AttachedTo)
 
-	stray := azurevolumes.NewClusterBacking(imds("").URL)
+	// The worker's IMDS lists the volume at the first volume LUN: where its node half
+	// (azurenode) looks for the volume's device.
+	workerIMDS := httptest.NewServer(cloud.IMDS("mini-rg", "worker-0"))
+	t.Cleanup(workerIMDS.Close)
+	inst, err := (azuremeta.IMDS{BaseURL: workerIMDS.URL}).Instance(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, []azuremeta.DataDisk{{Name: "worker-0-state", LUN: azuremeta.StateLUN}, {Name: id, LUN: azuremeta.FirstVolumeLUN}}, inst.DataDisks)
+
+	// A VM of no cluster: its IMDS names no cluster UID.
+	noCluster := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = fmt.Fprintf(w, `{"compute":{"name":"control-plane-0","subscriptionId":%q,"resourceGroupName":"mini-rg","location":"westeurope"}}`, sub)
+	}))
+	t.Cleanup(noCluster.Close)
+	stray := azurevolumes.NewClusterBacking(noCluster.URL)
 	stray.Credential, stray.Options = azuresim.Credential, azure.ClientOptions(cloud.Transport())
 	_, err = stray.Get(t.Context(), id)
 	assert.ErrorContains(t, err, "VM control-plane-0 carries no constellation-uid tag")

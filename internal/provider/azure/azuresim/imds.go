@@ -1,0 +1,120 @@
+package azuresim
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strconv"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v7"
+)
+
+// IMDS is the Instance Metadata Service as VM name of group rg reaches it: what the cloud
+// holds of the VM now (its tags, data disks and addresses), in the shape of IMDS's answer to
+// GET /metadata/instance (api-version 2021-02-01). As Azure's, it refuses a request without
+// the "Metadata: true" header or with an X-Forwarded-For header (it answers no proxy), and
+// one without an api-version. It is how a test runs the node half (azuremeta, azurenode) on
+// the VM the host half made.
+func (c *Cloud) IMDS(rg, name string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Header.Get("Metadata") != "true" || r.Header.Get("X-Forwarded-For") != "":
+			imdsError(w, http.StatusBadRequest, "Bad request. Required metadata header not specified")
+			return
+		case r.URL.Query().Get("api-version") == "":
+			imdsError(w, http.StatusBadRequest, "Bad request. api-version was not specified in the request.")
+			return
+		case r.Method != http.MethodGet || r.URL.Path != "/metadata/instance":
+			imdsError(w, http.StatusNotFound, "Not found")
+			return
+		}
+		answer, ok := c.imdsInstance(rg, name)
+		if !ok {
+			// Only a VM reaches IMDS: there is no VM to answer for.
+			imdsError(w, http.StatusNotFound, "Not found")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_ = json.NewEncoder(w).Encode(answer)
+	})
+}
+
+func imdsError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// imdsInstance is IMDS's answer about the VM, from the cloud's state.
+func (c *Cloud) imdsInstance(rg, name string) (map[string]any, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, err := find(c, rg, name, func(g *group) map[string]*vm { return g.vms })
+	if err != nil {
+		return nil, false
+	}
+	p := v.Properties
+	var tagNames []string
+	for k := range v.Tags {
+		tagNames = append(tagNames, k)
+	}
+	sort.Strings(tagNames)
+	tagsList := []map[string]string{}
+	tags := ""
+	for i, k := range tagNames {
+		val := ""
+		if v.Tags[k] != nil {
+			val = *v.Tags[k]
+		}
+		tagsList = append(tagsList, map[string]string{"name": k, "value": val})
+		if i > 0 {
+			tags += ";"
+		}
+		tags += k + ":" + val
+	}
+	dataDisks := []map[string]any{}
+	for _, d := range p.StorageProfile.DataDisks {
+		disk := map[string]any{"lun": strconv.Itoa(int(deref(d.Lun))), "name": deref(d.Name), "createOption": string(deref(d.CreateOption)), "caching": string(deref(d.Caching))}
+		if d.ManagedDisk != nil {
+			disk["managedDisk"] = map[string]string{"id": deref(d.ManagedDisk.ID), "storageAccountType": string(deref(d.ManagedDisk.StorageAccountType))}
+		}
+		dataDisks = append(dataDisks, disk)
+	}
+	compute := map[string]any{
+		"azEnvironment": "AzurePublicCloud", "name": name, "location": deref(v.Location), "resourceGroupName": rg,
+		"resourceId": deref(v.ID), "subscriptionId": c.Subscription, "osType": "Linux",
+		"tags": tags, "tagsList": tagsList, "vmSize": string(deref(p.HardwareProfile.VMSize)),
+		"storageProfile": map[string]any{"dataDisks": dataDisks},
+	}
+	if p.VMID != nil {
+		compute["vmId"] = *p.VMID
+	}
+	return map[string]any{"compute": compute, "network": map[string]any{"interface": c.imdsInterfaces(p.NetworkProfile.NetworkInterfaces)}}, true
+}
+
+// imdsInterfaces are the VM's network interfaces as IMDS lists them: the primary first.
+// Called with c.mu held.
+func (c *Cloud) imdsInterfaces(refs []*armcompute.NetworkInterfaceReference) []map[string]any {
+	out := []map[string]any{}
+	for _, ref := range refs {
+		found, err := c.lookup(deref(ref.ID))
+		if err != nil {
+			continue
+		}
+		nic := found.(*armnetwork.Interface)
+		addrs := []map[string]string{}
+		for _, ipc := range nic.Properties.IPConfigurations {
+			if ipc.Properties != nil && ipc.Properties.PrivateIPAddress != nil {
+				addrs = append(addrs, map[string]string{"privateIpAddress": *ipc.Properties.PrivateIPAddress, "publicIpAddress": ""})
+			}
+		}
+		entry := map[string]any{"ipv4": map[string]any{"ipAddress": addrs}, "ipv6": map[string]any{"ipAddress": []any{}}}
+		if ref.Properties != nil && ref.Properties.Primary != nil && *ref.Properties.Primary {
+			out = append([]map[string]any{entry}, out...)
+		} else {
+			out = append(out, entry)
+		}
+	}
+	return out
+}
