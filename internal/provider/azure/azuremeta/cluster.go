@@ -19,8 +19,8 @@ import (
 // node's for its join endpoints.
 type ClusterLister struct {
 	IMDS IMDS
-	// Credential and Options replace the VM's managed identity and Azure's public cloud
-	// (tests).
+	// Credential replaces the VM's managed identity, Options Azure's public cloud (tests); the
+	// managed identity's token requests go through Options' transport.
 	Credential azcore.TokenCredential
 	Options    *arm.ClientOptions
 
@@ -60,7 +60,7 @@ func (c *ClusterLister) get(ctx context.Context) (*Lister, error) {
 	}
 	cred := c.Credential
 	if cred == nil {
-		if cred, err = ManagedIdentity(inst, TagNodesIdentity); err != nil {
+		if cred, err = ManagedIdentity(inst, TagNodesIdentity, c.Options); err != nil {
 			return nil, err
 		}
 	}
@@ -79,11 +79,16 @@ var identityName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{2,127}$`)
 // (TagNodesIdentity, TagVolumesIdentity): a control plane's VM carries two, and a token is
 // asked for one by its resource ID. A VM without the tag carries the nodes' identity only
 // (clusters made before the volumes' identity), which is asked for without an ID; a VM
-// without the volumes' tag has no right to the volumes' disks.
-func ManagedIdentity(inst Instance, tag string) (azcore.TokenCredential, error) {
+// without the volumes' tag has no right to the volumes' disks. opts, when set, carries the
+// transport the token requests take (tests); nil: IMDS.
+func ManagedIdentity(inst Instance, tag string, opts *arm.ClientOptions) (azcore.TokenCredential, error) {
+	var client azcore.ClientOptions
+	if opts != nil {
+		client = opts.ClientOptions
+	}
 	name, ok := inst.Tags[tag]
 	if !ok && tag == TagNodesIdentity {
-		cred, err := azidentity.NewManagedIdentityCredential(nil)
+		cred, err := azidentity.NewManagedIdentityCredential(&azidentity.ManagedIdentityCredentialOptions{ClientOptions: client})
 		if err != nil {
 			return nil, fmt.Errorf("the VM's managed identity: %w", err)
 		}
@@ -94,7 +99,7 @@ func ManagedIdentity(inst Instance, tag string) (azcore.TokenCredential, error) 
 	}
 	id := "/subscriptions/" + inst.Subscription + "/resourceGroups/" + inst.ResourceGroup +
 		"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/" + name
-	cred, err := azidentity.NewManagedIdentityCredential(&azidentity.ManagedIdentityCredentialOptions{ID: azidentity.ResourceID(id)})
+	cred, err := azidentity.NewManagedIdentityCredential(&azidentity.ManagedIdentityCredentialOptions{ClientOptions: client, ID: azidentity.ResourceID(id)})
 	if err != nil {
 		return nil, fmt.Errorf("the VM's managed identity %s: %w", name, err)
 	}

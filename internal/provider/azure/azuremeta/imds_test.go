@@ -105,20 +105,20 @@ func TestManagedIdentity(t *testing.T) {
 		TagNodesIdentity: "mini-nodes", TagVolumesIdentity: "mini-volumes",
 	}}
 	for _, tag := range []string{TagNodesIdentity, TagVolumesIdentity} {
-		cred, err := ManagedIdentity(inst, tag)
+		cred, err := ManagedIdentity(inst, tag, nil)
 		require.NoError(t, err, tag)
 		assert.NotNil(t, cred)
 	}
 
 	worker := Instance{Name: "worker-0", Subscription: inst.Subscription, ResourceGroup: "mini-rg", Tags: map[string]string{TagNodesIdentity: "mini-nodes"}}
-	_, err := ManagedIdentity(worker, TagVolumesIdentity)
+	_, err := ManagedIdentity(worker, TagVolumesIdentity, nil)
 	assert.EqualError(t, err, `VM worker-0: tag constellation-volumes-identity="" names no managed identity of its group`)
-	_, err = ManagedIdentity(Instance{Name: "old", Tags: map[string]string{}}, TagNodesIdentity)
+	_, err = ManagedIdentity(Instance{Name: "old", Tags: map[string]string{}}, TagNodesIdentity, nil)
 	assert.NoError(t, err, "a VM with the nodes' identity only")
 
 	for _, bad := range []string{"../../other/providers/x", "a", "mini nodes", "mini-nodes?api-version=1"} {
 		inst.Tags[TagNodesIdentity] = bad
-		_, err := ManagedIdentity(inst, TagNodesIdentity)
+		_, err := ManagedIdentity(inst, TagNodesIdentity, nil)
 		assert.ErrorContains(t, err, "names no managed identity of its group", bad)
 	}
 }

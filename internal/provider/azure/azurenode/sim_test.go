@@ -120,14 +120,15 @@ func simIMDS(t *testing.T, cloud *azuresim.Cloud, name string) string {
 }
 
 // simNode is the metadata the platform gives the bootstrapper on VM name, its IMDS the
-// simulated cloud's and its lister reaching the simulated Resource Manager (the nodes'
-// identity's token is the one thing replaced).
+// simulated cloud's and its lister reaching the simulated Resource Manager with a token of
+// the VM's nodes' identity, which the VM's IMDS issues: the role the host half gave that
+// identity must allow the listing.
 func simNode(t *testing.T, cloud *azuresim.Cloud, name string) boot.Metadata {
 	t.Helper()
 	url := simIMDS(t, cloud, name)
 	p := newPlatform(boot.PlatformConfig{MetadataURL: url}, variant.AzureSEVSNP, &bytes.Buffer{})
 	lister := azuremeta.NewClusterLister(url)
-	lister.Credential, lister.Options = azuresim.Credential, hosthalf.ClientOptions(cloud.Transport())
+	lister.Options = hosthalf.ClientOptions(cloud.TransportFrom("mini-rg", name))
 	p.meta.lister = lister
 	m, err := p.Metadata(t.Context())
 	require.NoError(t, err)

@@ -45,14 +45,14 @@ func (c *Cloud) serveIdentity() {
 		if _, err := uuid.Parse(name); err != nil {
 			return respond(armauthorization.RoleDefinitionsClientCreateOrUpdateResponse{}, badRequest("InvalidRoleDefinitionId"))
 		}
-		c.roleDefs[scopeKey(scope, name)] = true
+		c.roleDefs[scopeKey(scope, name)] = newRoleDef(d)
 		d.ID, d.Name = ptr(scope+"/providers/Microsoft.Authorization/roleDefinitions/"+name), ptr(name)
 		return respondWith(http.StatusCreated, armauthorization.RoleDefinitionsClientCreateOrUpdateResponse{RoleDefinition: d}, nil)
 	}
 	defs.Delete = func(_ context.Context, scope, name string, _ *armauthorization.RoleDefinitionsClientDeleteOptions) (azfake.Responder[armauthorization.RoleDefinitionsClientDeleteResponse], azfake.ErrorResponder) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if !c.roleDefs[scopeKey(scope, name)] {
+		if c.roleDefs[scopeKey(scope, name)] == nil {
 			// Azure answers 204 for a role that is gone.
 			var resp azfake.Responder[armauthorization.RoleDefinitionsClientDeleteResponse]
 			resp.SetResponse(http.StatusNoContent, armauthorization.RoleDefinitionsClientDeleteResponse{}, nil)
@@ -66,19 +66,21 @@ func (c *Cloud) serveIdentity() {
 	as.Create = func(_ context.Context, scope, name string, a armauthorization.RoleAssignmentCreateParameters, _ *armauthorization.RoleAssignmentsClientCreateOptions) (azfake.Responder[armauthorization.RoleAssignmentsClientCreateResponse], azfake.ErrorResponder) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.roleAssigns[scopeKey(scope, name)] {
+		if c.roleAssigns[scopeKey(scope, name)] != nil {
 			return respond(armauthorization.RoleAssignmentsClientCreateResponse{}, conflict("RoleAssignmentExists"))
 		}
-		if a.Properties == nil || a.Properties.RoleDefinitionID == nil || !c.roleDefs[roleDefKey(*a.Properties.RoleDefinitionID)] {
+		if a.Properties == nil || a.Properties.RoleDefinitionID == nil || c.roleDefs[roleDefKey(*a.Properties.RoleDefinitionID)] == nil {
 			return respond(armauthorization.RoleAssignmentsClientCreateResponse{}, badRequest("RoleDefinitionDoesNotExist"))
 		}
-		c.roleAssigns[scopeKey(scope, name)] = true
+		c.roleAssigns[scopeKey(scope, name)] = &roleAssignment{
+			scope: "/" + strings.ToLower(strings.Trim(scope, "/")), def: roleDefKey(*a.Properties.RoleDefinitionID), principal: deref(a.Properties.PrincipalID),
+		}
 		return respondWith(http.StatusCreated, armauthorization.RoleAssignmentsClientCreateResponse{RoleAssignment: armauthorization.RoleAssignment{Name: ptr(name)}}, nil)
 	}
 	as.Delete = func(_ context.Context, scope, name string, _ *armauthorization.RoleAssignmentsClientDeleteOptions) (azfake.Responder[armauthorization.RoleAssignmentsClientDeleteResponse], azfake.ErrorResponder) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if !c.roleAssigns[scopeKey(scope, name)] {
+		if c.roleAssigns[scopeKey(scope, name)] == nil {
 			var resp azfake.Responder[armauthorization.RoleAssignmentsClientDeleteResponse]
 			resp.SetResponse(http.StatusNoContent, armauthorization.RoleAssignmentsClientDeleteResponse{}, nil)
 			return resp, azfake.ErrorResponder{}

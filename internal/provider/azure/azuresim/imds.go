@@ -3,8 +3,15 @@ package azuresim
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"sort"
 	"strconv"
+	"strings"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/msi/armmsi"
+	"github.com/google/uuid"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v7"
@@ -12,7 +19,9 @@ import (
 
 // IMDS is the Instance Metadata Service as VM name of group rg reaches it: what the cloud
 // holds of the VM now (its tags, data disks and addresses), in the shape of IMDS's answer to
-// GET /metadata/instance (api-version 2021-02-01). As Azure's, it refuses a request without
+// GET /metadata/instance (api-version 2021-02-01), and tokens of the VM's managed identities
+// (GET /metadata/identity/oauth2/token), which the simulated Resource Manager authorizes by
+// the identities' roles (rbac.go). As Azure's, it refuses a request without
 // the "Metadata: true" header or with an X-Forwarded-For header (it answers no proxy), and
 // one without an api-version. It is how a test runs the node half (azuremeta, azurenode) on
 // the VM the host half made.
@@ -24,6 +33,9 @@ func (c *Cloud) IMDS(rg, name string) http.Handler {
 			return
 		case r.URL.Query().Get("api-version") == "":
 			imdsError(w, http.StatusBadRequest, "Bad request. api-version was not specified in the request.")
+			return
+		case r.Method == http.MethodGet && r.URL.Path == "/metadata/identity/oauth2/token":
+			c.serveToken(w, r, rg, name)
 			return
 		case r.Method != http.MethodGet || r.URL.Path != "/metadata/instance":
 			imdsError(w, http.StatusNotFound, "Not found")
@@ -117,4 +129,90 @@ func (c *Cloud) imdsInterfaces(refs []*armcompute.NetworkInterfaceReference) []m
 		}
 	}
 	return out
+}
+
+// serveToken issues a token of one of the VM's user-assigned identities: the one msi_res_id
+// (or client_id) names, or the only one. As Azure's IMDS, it refuses an identity the VM does
+// not carry and, when the VM carries several, a request that names none.
+func (c *Cloud) serveToken(w http.ResponseWriter, r *http.Request, rg, name string) {
+	q := r.URL.Query()
+	if q.Get("resource") == "" {
+		imdsTokenError(w, "invalid_request", "Required query variable 'resource' is missing")
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, err := find(c, rg, name, func(g *group) map[string]*vm { return g.vms })
+	if err != nil {
+		imdsError(w, http.StatusNotFound, "Not found")
+		return
+	}
+	var carried []*armmsi.Identity
+	if v.Identity != nil {
+		for id := range v.Identity.UserAssignedIdentities {
+			if found, err := c.lookup(id); err == nil {
+				carried = append(carried, found.(*armmsi.Identity))
+			}
+		}
+	}
+	resID, clientID := q.Get("msi_res_id"), q.Get("client_id")
+	if resID == "" {
+		resID = q.Get("mi_res_id")
+	}
+	var chosen *armmsi.Identity
+	for _, ident := range carried {
+		switch {
+		case resID != "" && strings.EqualFold(deref(ident.ID), resID),
+			clientID != "" && strings.EqualFold(deref(ident.Properties.ClientID), clientID),
+			resID == "" && clientID == "" && len(carried) == 1:
+			chosen = ident
+		}
+	}
+	if chosen == nil {
+		msg := "Identity not found"
+		if resID == "" && clientID == "" && len(carried) > 1 {
+			msg = "Multiple user assigned identities exist, please specify the clientId / resourceId of the identity in the token request"
+		}
+		imdsTokenError(w, "invalid_request", msg)
+		return
+	}
+	token := "azuresim-identity-" + uuid.NewString()
+	life := strconv.Itoa(int(identityTokenLife / time.Second))
+	c.tokens[token] = deref(chosen.Properties.PrincipalID)
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	_ = json.NewEncoder(w).Encode(map[string]string{
+		"access_token": token, "client_id": deref(chosen.Properties.ClientID), "msi_res_id": deref(chosen.ID),
+		"expires_in": life, "expires_on": strconv.FormatInt(time.Now().Add(identityTokenLife).Unix(), 10),
+		"ext_expires_in": life, "not_before": strconv.FormatInt(time.Now().Unix(), 10),
+		"resource": q.Get("resource"), "token_type": "Bearer",
+	})
+}
+
+func imdsTokenError(w http.ResponseWriter, code, msg string) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(http.StatusBadRequest)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": msg})
+}
+
+// TransportFrom is the cloud as VM name of group rg reaches it: its IMDS at Azure's
+// link-local address (the SDK's managed identity credential asks it for tokens), Resource
+// Manager as Transport serves it.
+func (c *Cloud) TransportFrom(rg, name string) policy.Transporter {
+	return vmTransport{cloud: transport{c}, imds: c.IMDS(rg, name)}
+}
+
+type vmTransport struct {
+	cloud transport
+	imds  http.Handler
+}
+
+func (t vmTransport) Do(req *http.Request) (*http.Response, error) {
+	if req.URL.Host != "169.254.169.254" {
+		return t.cloud.Do(req)
+	}
+	rec := httptest.NewRecorder()
+	t.imds.ServeHTTP(rec, req)
+	resp := rec.Result()
+	resp.Request = req
+	return resp, nil
 }

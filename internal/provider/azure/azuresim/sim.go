@@ -43,12 +43,15 @@ type Cloud struct {
 
 	mu     sync.Mutex
 	groups map[string]*group
-	// roles are role definitions and assignments by scope/name (lower case).
-	roleDefs, roleAssigns map[string]bool
-	faults                []*Fault
-	calls                 []string
-	nextIP, nextPublic    int
-	hooks                 Hooks
+	// roleDefs and roleAssigns are role definitions and assignments by scope/name (lower
+	// case); tokens the principal of each token IMDS issued (rbac.go).
+	roleDefs           map[string]*roleDef
+	roleAssigns        map[string]*roleAssignment
+	tokens             map[string]string
+	faults             []*Fault
+	calls              []string
+	nextIP, nextPublic int
+	hooks              Hooks
 	// blobURL is the upload endpoint (ServeBlobs); blobs the page blobs of disks being
 	// uploaded, by disk ID; versionBytes an image version's disk, by version ID.
 	blobURL      string
@@ -77,7 +80,7 @@ type Hooks struct {
 func New(subscription string, hooks Hooks) *Cloud {
 	c := &Cloud{
 		Subscription: subscription, groups: map[string]*group{},
-		roleDefs: map[string]bool{}, roleAssigns: map[string]bool{}, hooks: hooks,
+		roleDefs: map[string]*roleDef{}, roleAssigns: map[string]*roleAssignment{}, tokens: map[string]string{}, hooks: hooks,
 		blobs: map[string]*pageBlob{}, versionBytes: map[string][]byte{},
 	}
 	c.serveResources()
@@ -175,11 +178,15 @@ func (t transport) Do(req *http.Request) (*http.Response, error) {
 	} else {
 		t.c.calls = append(t.c.calls, api)
 	}
+	refused := t.c.authorize(req)
 	var f *Fault
-	if !poll {
+	if !poll && refused == nil {
 		f = t.c.takeFault(api, false)
 	}
 	t.c.mu.Unlock()
+	if refused != nil {
+		return refused, nil
+	}
 	if f != nil {
 		return errorResponse(req, f.Status, f.Code, "injected fault", f.RetryAfter), nil
 	}

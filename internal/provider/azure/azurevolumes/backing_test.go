@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -205,7 +208,9 @@ func TestClusterBacking(t *testing.T) {
 	cpIMDS := httptest.NewServer(cloud.IMDS("mini-rg", "control-plane-0"))
 	t.Cleanup(cpIMDS.Close)
 	c := azurevolumes.NewClusterBacking(cpIMDS.URL)
-	c.Credential, c.Options = azuresim.Credential, azure.ClientOptions(cloud.Transport())
+	// Its token is the volumes' identity's, from the VM's IMDS: the role the host half gave
+	// that identity must allow all the controller does.
+	c.Options = azure.ClientOptions(cloud.TransportFrom("mini-rg", "control-plane-0"))
 	id := csidriver.IDFor("pvc-1")
 	_, err := c.Create(t.Context(), id, 1<<30)
 	require.NoError(t, err)
@@ -231,4 +236,78 @@ func TestClusterBacking(t *testing.T) {
 	stray.Credential, stray.Options = azuresim.Credential, azure.ClientOptions(cloud.Transport())
 	_, err = stray.Get(t.Context(), id)
 	assert.ErrorContains(t, err, "VM control-plane-0 carries no constellation-uid tag")
+}
+
+// TestOnlyControlPlanesManageVolumes attacks the volumes' disks from a worker: its VM carries
+// no volumes' identity (its IMDS refuses a token of it), and the nodes' identity it carries
+// may not make, attach or delete disks. The control planes' volumes' identity reaches nothing
+// outside the cluster's group.
+func TestOnlyControlPlanesManageVolumes(t *testing.T) {
+	cloud, uid := cluster(t)
+	ctx := t.Context()
+	fromWorker := azure.ClientOptions(cloud.TransportFrom("mini-rg", "worker-0"))
+	fromControlPlane := azure.ClientOptions(cloud.TransportFrom("mini-rg", "control-plane-0"))
+	worker, controlPlane := instance(t, cloud, "worker-0"), instance(t, cloud, "control-plane-0")
+	id := csidriver.IDFor("pvc-1")
+
+	// The controller's own wiring, on a worker.
+	onWorker := azurevolumes.NewClusterBacking(serveIMDS(t, cloud, "worker-0"))
+	onWorker.Options = fromWorker
+	_, err := onWorker.Create(ctx, id, 1<<30)
+	assert.ErrorContains(t, err, "tag constellation-volumes-identity")
+
+	// A token of the volumes' identity, asked for by its resource ID.
+	volumesID := "/subscriptions/" + sub + "/resourceGroups/mini-rg/providers/Microsoft.ManagedIdentity/userAssignedIdentities/" + controlPlane.Tags[azuremeta.TagVolumesIdentity]
+	stolen, err := azidentity.NewManagedIdentityCredential(&azidentity.ManagedIdentityCredentialOptions{ClientOptions: fromWorker.ClientOptions, ID: azidentity.ResourceID(volumesID)})
+	require.NoError(t, err)
+	_, err = stolen.GetToken(ctx, policy.TokenRequestOptions{Scopes: []string{"https://management.azure.com/.default"}})
+	assert.ErrorContains(t, err, "the requested identity isn't assigned to this resource")
+
+	// The volumes' storage with the nodes' identity the worker carries.
+	made := backingAs(t, "mini-rg", uid, controlPlane, azuremeta.TagVolumesIdentity, fromControlPlane)
+	_, err = made.Create(ctx, id, 1<<30)
+	require.NoError(t, err, "the control plane's controller")
+	asWorker := backingAs(t, "mini-rg", uid, worker, azuremeta.TagNodesIdentity, fromWorker)
+	_, err = asWorker.Create(ctx, csidriver.IDFor("pvc-2"), 1<<30)
+	assert.ErrorContains(t, err, "AuthorizationFailed", "make a disk")
+	assert.ErrorContains(t, asWorker.Attach(ctx, id, "worker-0"), "AuthorizationFailed", "attach a volume to itself")
+	assert.ErrorContains(t, asWorker.Delete(ctx, id), "AuthorizationFailed", "delete a volume")
+	_, err = made.Get(ctx, id)
+	assert.NoError(t, err, "the volume is still there")
+	assert.Equal(t, map[string]int32{"worker-0-state": 0}, dataDisks(t, cloud, "worker-0"))
+
+	// The volumes' identity in another group of the subscription.
+	cloud.CreateGroup("other-rg", "westeurope", nil)
+	elsewhere := backingAs(t, "other-rg", uid, controlPlane, azuremeta.TagVolumesIdentity, fromControlPlane)
+	_, err = elsewhere.Create(ctx, id, 1<<30)
+	assert.ErrorContains(t, err, "AuthorizationFailed", "outside the cluster's group")
+}
+
+// instance is what VM name's IMDS says of it.
+func instance(t *testing.T, cloud *azuresim.Cloud, name string) azuremeta.Instance {
+	t.Helper()
+	inst, err := (azuremeta.IMDS{BaseURL: serveIMDS(t, cloud, name)}).ClusterInstance(t.Context())
+	require.NoError(t, err)
+	return inst
+}
+
+func serveIMDS(t *testing.T, cloud *azuresim.Cloud, name string) string {
+	t.Helper()
+	srv := httptest.NewServer(cloud.IMDS("mini-rg", name))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// backingAs is the volumes' storage of group rg with the managed identity tag names on VM
+// inst, its tokens asked for through opts.
+func backingAs(t *testing.T, rg, uid string, inst azuremeta.Instance, tag string, opts *arm.ClientOptions) *azurevolumes.Backing {
+	t.Helper()
+	cred, err := azuremeta.ManagedIdentity(inst, tag, opts)
+	require.NoError(t, err)
+	b, err := azurevolumes.New(azurevolumes.Config{
+		Subscription: sub, ResourceGroup: rg, Location: "westeurope", UID: uid,
+		Credential: cred, Options: opts, PollEvery: time.Millisecond,
+	})
+	require.NoError(t, err)
+	return b
 }

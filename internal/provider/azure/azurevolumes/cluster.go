@@ -16,8 +16,8 @@ import (
 // come from IMDS, once; Resource Manager is called with the VM's managed identity.
 type ClusterBacking struct {
 	IMDS azuremeta.IMDS
-	// Credential and Options replace the VM's managed identity and Azure's public cloud
-	// (tests).
+	// Credential replaces the VM's managed identity, Options Azure's public cloud (tests); the
+	// managed identity's token requests go through Options' transport.
 	Credential azcore.TokenCredential
 	Options    *arm.ClientOptions
 
@@ -49,7 +49,7 @@ func (c *ClusterBacking) get(ctx context.Context) (*Backing, error) {
 	cred := c.Credential
 	if cred == nil {
 		// The volumes' identity, which only control planes carry.
-		if cred, err = azuremeta.ManagedIdentity(inst, azuremeta.TagVolumesIdentity); err != nil {
+		if cred, err = azuremeta.ManagedIdentity(inst, azuremeta.TagVolumesIdentity, c.Options); err != nil {
 			return nil, err
 		}
 	}
