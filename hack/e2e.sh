@@ -9,7 +9,9 @@ mkdir -p _output/e2e
 log=_output/e2e/test.log
 echo "e2e: the whole output goes to $log"
 set +e
-go test -count=1 -timeout "$timeout" -v ./test/e2e/... 2>&1 | tee "$log" | awk '
+# One package (test/e2e/hello has no tests): go test streams a single package's output as it
+# comes, and buffers it per package when it runs several.
+go test -count=1 -timeout "$timeout" -v ./test/e2e/ 2>&1 | tee "$log" | awk '
   /^=== RUN   [^\/ ]+$/ { buf = ""; print; fflush(); next }
   /^ +--- FAIL: / { print; fflush(); next }
   { buf = buf $0 "\n" }
