@@ -3,8 +3,9 @@ SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/_output/bin
 export PATH := $(BIN):$(PATH)
-# Fuzz time per target in `make test` (CI smoke run); longer runs: `make fuzz FUZZTIME=5m`.
-FUZZTIME ?= 8s
+# Fuzz time per target in `make test` (CI smoke run: 45 targets, each also builds and replays its
+# corpus); longer runs: `make fuzz FUZZTIME=5m`.
+FUZZTIME ?= 5s
 PROTOS := $(shell find api pkg/api -name '*.proto')
 
 .PHONY: help deps debs devtools kube image-bins images vm-image vm-e2e build release-key release test unit integration e2e conformance fuzz lint consumer proto proto-check bench up down clean
@@ -71,7 +72,7 @@ integration: deps kube images ## integration tier: real swtpm, kube-apiserver + 
 
 # The end-to-end tests create clusters one after the other in one test binary, and together
 # take longer than go test's default 10 minutes per package. One of them boots a QEMU machine
-# from the node OS image (TestQEMUMachine, about 15 minutes under TCG). hack/e2e.sh prints each
+# from the node OS image (TestQEMUMachine, 15 to 25 minutes under TCG). hack/e2e.sh prints each
 # test's duration and keeps the whole output in _output/e2e/test.log.
 # Its image is built from today's packages if Debian's mirror no longer has a pinned version
 # (hack/vm-image.sh resolve_stale_lock): a Debian update must not fail the tests.

@@ -126,7 +126,8 @@ func TestQEMUMachine(t *testing.T) {
 	}
 	raw = nil
 
-	assertVolumeOnMachine(t, ws, "control-plane-0", "control-plane-0")
+	// A pod's encrypted volume on a machine is the cluster tier's (TestQEMUCluster, make
+	// vm-e2e): it took 3 to 9 minutes of this test under TCG, which CI's time cannot spare.
 	assertModifiedSectorsRefused(t, cli, ws, disk, hdr)
 }
 

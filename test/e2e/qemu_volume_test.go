@@ -1,3 +1,5 @@
+//go:build vme2e
+
 package e2e
 
 import (
