@@ -6,22 +6,18 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
-	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/provider"
 	hosthalf "github.com/openconstellation/constellation/internal/provider/azure"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuresim"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuresim/simcluster"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
@@ -32,14 +28,9 @@ const simSub = "00000000-0000-0000-0000-0000000000bb"
 // VM's IMDS (azuresim's, from the same state) and listing the cluster through Resource
 // Manager: the two halves agree on the tags, the addresses and the init secret.
 func TestOnTheVMsTheHostHalfMade(t *testing.T) {
-	cloud := azuresim.New(simSub, azuresim.Hooks{})
-	host := hosthalf.Platform{Credential: azuresim.Credential, Transport: cloud.Transport(), PollEvery: time.Millisecond}
-	ws := t.TempDir()
+	sim := simcluster.New(t, simSub)
+	cloud, host, ws := sim.Cloud, sim.Platform, sim.Workspace
 	ctx := t.Context()
-	_, err := host.Create(ctx, provider.CreateRequest{Workspace: ws, Config: simConfig(), Nodes: []provider.NodeSpec{
-		{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker},
-	}})
-	require.NoError(t, err)
 	prov, err := host.Open(ws)
 	require.NoError(t, err)
 	nodes, err := prov.Nodes(ctx)
@@ -74,7 +65,7 @@ func TestOnTheVMsTheHostHalfMade(t *testing.T) {
 	}
 
 	// The state disk at the LUN the node opens it at; a volume at a volume's LUN.
-	inst, err := (azuremeta.IMDS{BaseURL: simIMDS(t, cloud, "worker-0")}).ClusterInstance(ctx)
+	inst, err := (azuremeta.IMDS{BaseURL: cloud.ServeIMDS(t, "mini-rg", "worker-0")}).ClusterInstance(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []azuremeta.DataDisk{{Name: "worker-0-state", LUN: azuremeta.StateLUN}}, inst.DataDisks)
 	assert.Equal(t, simSub, inst.Subscription)
@@ -85,9 +76,7 @@ func TestOnTheVMsTheHostHalfMade(t *testing.T) {
 // without the Metadata header, through a proxy, or for a VM that is gone.
 func TestIMDSRefusesWhatAzureRefuses(t *testing.T) {
 	cloud := azuresim.New(simSub, azuresim.Hooks{})
-	srv := httptest.NewServer(cloud.IMDS("mini-rg", "worker-0"))
-	t.Cleanup(srv.Close)
-	_, err := (azuremeta.IMDS{BaseURL: srv.URL}).Instance(t.Context())
+	_, err := (azuremeta.IMDS{BaseURL: cloud.ServeIMDS(t, "mini-rg", "worker-0")}).Instance(t.Context())
 	assert.ErrorContains(t, err, "IMDS answered 404", "no such VM")
 	for name, header := range map[string][2]string{"no Metadata header": {"Metadata", ""}, "proxied": {"X-Forwarded-For", "10.0.0.1"}} {
 		req := httptest.NewRequest("GET", "/metadata/instance?api-version=2021-02-01", nil)
@@ -99,33 +88,13 @@ func TestIMDSRefusesWhatAzureRefuses(t *testing.T) {
 	}
 }
 
-func simConfig() *config.Config {
-	c := config.Default()
-	c.Name = "mini"
-	c.Provider = config.ProviderFor(hosthalf.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 1,
-		Image:    "/subscriptions/" + simSub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0",
-		Settings: map[string]any{"subscriptionID": simSub, "resourceGroup": "mini-rg", "location": "westeurope"}})
-	c.Attestation = config.AttestationFor(variant.AzureSEVSNP, config.VariantConfig{Measurements: measurements.ReferenceSets{{
-		Name: "test", Measurements: measurementstest.Image(variant.AzureSEVSNP, map[uint32][]byte{4: make([]byte, 32)}),
-	}}})
-	return c
-}
-
-// simIMDS serves VM name's IMDS from the simulated cloud and returns its URL.
-func simIMDS(t *testing.T, cloud *azuresim.Cloud, name string) string {
-	t.Helper()
-	srv := httptest.NewServer(cloud.IMDS("mini-rg", name))
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
-
 // simNode is the metadata the platform gives the bootstrapper on VM name, its IMDS the
 // simulated cloud's and its lister reaching the simulated Resource Manager with a token of
 // the VM's nodes' identity, which the VM's IMDS issues: the role the host half gave that
 // identity must allow the listing.
 func simNode(t *testing.T, cloud *azuresim.Cloud, name string) boot.Metadata {
 	t.Helper()
-	url := simIMDS(t, cloud, name)
+	url := cloud.ServeIMDS(t, "mini-rg", name)
 	p := newPlatform(boot.PlatformConfig{MetadataURL: url}, variant.AzureSEVSNP, &bytes.Buffer{})
 	lister := azuremeta.NewClusterLister(url)
 	lister.Options = hosthalf.ClientOptions(cloud.TransportFrom("mini-rg", name))

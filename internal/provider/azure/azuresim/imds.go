@@ -2,11 +2,13 @@ package azuresim
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
@@ -66,23 +68,11 @@ func (c *Cloud) imdsInstance(rg, name string) (map[string]any, bool) {
 		return nil, false
 	}
 	p := v.Properties
-	var tagNames []string
-	for k := range v.Tags {
-		tagNames = append(tagNames, k)
-	}
-	sort.Strings(tagNames)
 	tagsList := []map[string]string{}
-	tags := ""
-	for i, k := range tagNames {
-		val := ""
-		if v.Tags[k] != nil {
-			val = *v.Tags[k]
-		}
-		tagsList = append(tagsList, map[string]string{"name": k, "value": val})
-		if i > 0 {
-			tags += ";"
-		}
-		tags += k + ":" + val
+	var tags []string
+	for _, k := range slices.Sorted(maps.Keys(v.Tags)) {
+		tagsList = append(tagsList, map[string]string{"name": k, "value": deref(v.Tags[k])})
+		tags = append(tags, k+":"+deref(v.Tags[k]))
 	}
 	dataDisks := []map[string]any{}
 	for _, d := range p.StorageProfile.DataDisks {
@@ -95,7 +85,7 @@ func (c *Cloud) imdsInstance(rg, name string) (map[string]any, bool) {
 	compute := map[string]any{
 		"azEnvironment": "AzurePublicCloud", "name": name, "location": deref(v.Location), "resourceGroupName": rg,
 		"resourceId": deref(v.ID), "subscriptionId": c.Subscription, "osType": "Linux",
-		"tags": tags, "tagsList": tagsList, "vmSize": string(deref(p.HardwareProfile.VMSize)),
+		"tags": strings.Join(tags, ";"), "tagsList": tagsList, "vmSize": string(deref(p.HardwareProfile.VMSize)),
 		"storageProfile": map[string]any{"dataDisks": dataDisks},
 	}
 	if p.VMID != nil {
@@ -191,6 +181,13 @@ func imdsTokenError(w http.ResponseWriter, code, msg string) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(http.StatusBadRequest)
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": msg})
+}
+
+// ServeIMDS serves VM name's IMDS (IMDS) on a test server until t ends, and returns its URL.
+func (c *Cloud) ServeIMDS(t testing.TB, rg, name string) string {
+	srv := httptest.NewServer(c.IMDS(rg, name))
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // TransportFrom is the cloud as VM name of group rg reaches it: its IMDS at Azure's

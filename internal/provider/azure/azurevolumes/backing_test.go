@@ -13,17 +13,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/csidriver"
-	"github.com/openconstellation/constellation/internal/metadata"
-	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/azure"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuresim"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuresim/simcluster"
 	"github.com/openconstellation/constellation/internal/provider/azure/azurevolumes"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements"
-	"github.com/openconstellation/constellation/pkg/attestation/measurements/measurementstest"
-	"github.com/openconstellation/constellation/pkg/attestation/variant"
 )
 
 const sub = "00000000-0000-0000-0000-000000000001"
@@ -31,24 +26,8 @@ const sub = "00000000-0000-0000-0000-000000000001"
 // cluster creates a 1+1 cluster on a simulated subscription through the host half, as the
 // CLI does, and returns the cloud and the cluster's UID.
 func cluster(t *testing.T) (*azuresim.Cloud, string) {
-	t.Helper()
-	cloud := azuresim.New(sub, azuresim.Hooks{})
-	c := config.Default()
-	c.Name = "mini"
-	c.Provider = config.ProviderFor(azure.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 1,
-		Image:    "/subscriptions/" + sub + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/constellation/versions/1.0.0",
-		Settings: map[string]any{"subscriptionID": sub, "resourceGroup": "mini-rg", "location": "westeurope"}})
-	c.Attestation = config.AttestationFor(variant.AzureSEVSNP, config.VariantConfig{Measurements: measurements.ReferenceSets{{
-		Name: "test", Measurements: measurementstest.Image(variant.AzureSEVSNP, map[uint32][]byte{4: make([]byte, 32)}),
-	}}})
-	p := azure.Platform{Credential: azuresim.Credential, Transport: cloud.Transport(), PollEvery: time.Millisecond}
-	_, err := p.Create(t.Context(), provider.CreateRequest{Workspace: t.TempDir(), Config: c, Nodes: []provider.NodeSpec{
-		{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker},
-	}})
-	require.NoError(t, err)
-	vm, ok := cloud.VM("mini-rg", "worker-0")
-	require.True(t, ok)
-	return cloud, *vm.Tags[azuremeta.TagUID]
+	c := simcluster.New(t, sub)
+	return c.Cloud, c.UID
 }
 
 func backing(t *testing.T, cloud *azuresim.Cloud, uid string) *azurevolumes.Backing {
@@ -205,9 +184,7 @@ func TestClusterBacking(t *testing.T) {
 	cloud, _ := cluster(t)
 	// The controller on the control plane reads its VM's IMDS (the simulated cloud's, from the
 	// state the host half made).
-	cpIMDS := httptest.NewServer(cloud.IMDS("mini-rg", "control-plane-0"))
-	t.Cleanup(cpIMDS.Close)
-	c := azurevolumes.NewClusterBacking(cpIMDS.URL)
+	c := azurevolumes.NewClusterBacking(cloud.ServeIMDS(t, "mini-rg", "control-plane-0"))
 	// Its token is the volumes' identity's, from the VM's IMDS: the role the host half gave
 	// that identity must allow all the controller does.
 	c.Options = azure.ClientOptions(cloud.TransportFrom("mini-rg", "control-plane-0"))
@@ -221,11 +198,7 @@ func TestClusterBacking(t *testing.T) {
 
 	// The worker's IMDS lists the volume at the first volume LUN: where its node half
 	// (azurenode) looks for the volume's device.
-	workerIMDS := httptest.NewServer(cloud.IMDS("mini-rg", "worker-0"))
-	t.Cleanup(workerIMDS.Close)
-	inst, err := (azuremeta.IMDS{BaseURL: workerIMDS.URL}).Instance(t.Context())
-	require.NoError(t, err)
-	assert.Equal(t, []azuremeta.DataDisk{{Name: "worker-0-state", LUN: azuremeta.StateLUN}, {Name: id, LUN: azuremeta.FirstVolumeLUN}}, inst.DataDisks)
+	assert.Equal(t, []azuremeta.DataDisk{{Name: "worker-0-state", LUN: azuremeta.StateLUN}, {Name: id, LUN: azuremeta.FirstVolumeLUN}}, instance(t, cloud, "worker-0").DataDisks)
 
 	// A VM of no cluster: its IMDS names no cluster UID.
 	noCluster := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -251,7 +224,7 @@ func TestOnlyControlPlanesManageVolumes(t *testing.T) {
 	id := csidriver.IDFor("pvc-1")
 
 	// The controller's own wiring, on a worker.
-	onWorker := azurevolumes.NewClusterBacking(serveIMDS(t, cloud, "worker-0"))
+	onWorker := azurevolumes.NewClusterBacking(cloud.ServeIMDS(t, "mini-rg", "worker-0"))
 	onWorker.Options = fromWorker
 	_, err := onWorker.Create(ctx, id, 1<<30)
 	assert.ErrorContains(t, err, "tag constellation-volumes-identity")
@@ -286,16 +259,9 @@ func TestOnlyControlPlanesManageVolumes(t *testing.T) {
 // instance is what VM name's IMDS says of it.
 func instance(t *testing.T, cloud *azuresim.Cloud, name string) azuremeta.Instance {
 	t.Helper()
-	inst, err := (azuremeta.IMDS{BaseURL: serveIMDS(t, cloud, name)}).ClusterInstance(t.Context())
+	inst, err := (azuremeta.IMDS{BaseURL: cloud.ServeIMDS(t, "mini-rg", name)}).ClusterInstance(t.Context())
 	require.NoError(t, err)
 	return inst
-}
-
-func serveIMDS(t *testing.T, cloud *azuresim.Cloud, name string) string {
-	t.Helper()
-	srv := httptest.NewServer(cloud.IMDS("mini-rg", name))
-	t.Cleanup(srv.Close)
-	return srv.URL
 }
 
 // backingAs is the volumes' storage of group rg with the managed identity tag names on VM
