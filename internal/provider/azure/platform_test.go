@@ -2,7 +2,10 @@ package azure
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
+	"net/netip"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -290,4 +293,84 @@ func (k *killAt) Do(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return k.Transporter.Do(req)
+}
+
+// TestDialPathsOnTheSimulatedInternet follows the CLI's connections through the load
+// balancer the host half made, with the simulated cloud's public address real on this host:
+// the API endpoint to a control plane that answers, each node's ports through their NAT
+// rules, nothing to a stopped cluster, and nothing once the cluster is removed.
+func TestDialPathsOnTheSimulatedInternet(t *testing.T) {
+	var mu sync.Mutex
+	down := map[string]bool{} // "vm port" that does not answer
+	cloud := azuresim.New(testSub, azuresim.Hooks{})
+	stop := cloud.ServeInternet(func(_ context.Context, _, vm string, port int) (net.Conn, error) {
+		name := vm + " " + strconv.Itoa(port)
+		mu.Lock()
+		defer mu.Unlock()
+		if down[name] {
+			return nil, errors.New("connection refused")
+		}
+		machine, conn := net.Pipe()
+		go func() {
+			defer machine.Close()
+			_, _ = io.WriteString(machine, name+"\n")
+		}()
+		return conn, nil
+	})
+	t.Cleanup(stop)
+	p := simPlatform(cloud)
+	ws := t.TempDir()
+	ctx := t.Context()
+	_, err := p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: []provider.NodeSpec{
+		{Name: "control-plane-0", Role: metadata.ControlPlane}, {Name: "control-plane-1", Role: metadata.ControlPlane}, {Name: "worker-0", Role: metadata.Worker},
+	}})
+	require.NoError(t, err)
+	prov, err := p.Open(ws)
+	require.NoError(t, err)
+	ep, err := prov.Endpoints(ctx)
+	require.NoError(t, err)
+	api, err := netip.ParseAddrPort(ep.APIServer)
+	require.NoError(t, err)
+	assert.True(t, api.Addr().IsLoopback(), "the public address is this host's: %s", api)
+
+	answer := func(dial func(context.Context, string, string) (net.Conn, error), addr string) string {
+		t.Helper()
+		conn, err := dial(ctx, "tcp", addr)
+		if err != nil {
+			return err.Error()
+		}
+		defer conn.Close()
+		require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+		b, _ := io.ReadAll(conn)
+		return strings.TrimSpace(string(b))
+	}
+	internet := (&net.Dialer{}).DialContext
+	nat := func(ctx context.Context, _, addr string) (net.Conn, error) { return prov.Dialer()(ctx, addr) }
+	apiAnswers := map[string]bool{}
+	for range 4 {
+		apiAnswers[answer(internet, ep.APIServer)] = true
+	}
+	assert.Equal(t, map[string]bool{"control-plane-0 6443": true, "control-plane-1 6443": true}, apiAnswers, "the API rule spreads over the control planes")
+	mu.Lock()
+	down["control-plane-0 6443"] = true
+	mu.Unlock()
+	for range 3 {
+		assert.Equal(t, "control-plane-1 6443", answer(internet, ep.APIServer), "a control plane that does not answer gets no connections")
+	}
+
+	nodes, err := prov.Nodes(ctx)
+	require.NoError(t, err)
+	for _, n := range nodes {
+		for _, port := range []int{provider.InitPort, provider.RecoverPort, provider.VerificationPort} {
+			addr := net.JoinHostPort(n.IPs[0].String(), strconv.Itoa(port))
+			assert.Equal(t, n.Name+" "+strconv.Itoa(port), answer(nat, addr), "the NAT rule of %s", addr)
+		}
+	}
+
+	require.NoError(t, prov.Stop(ctx))
+	assert.Empty(t, answer(internet, ep.APIServer), "a stopped cluster's load balancer has no backend")
+	n, err := p.Remove(ctx, ws)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	assert.Contains(t, answer(internet, ep.APIServer), "connection refused", "a removed load balancer serves nothing")
 }

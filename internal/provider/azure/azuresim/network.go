@@ -160,8 +160,7 @@ func (c *Cloud) servePublicIPs() {
 		if old, err := find(c, rg, name, tbl); err == nil && old.Properties != nil {
 			v.Properties.IPAddress = old.Properties.IPAddress // a static address stays
 		} else {
-			c.nextPublic++
-			v.Properties.IPAddress = ptr(fmt.Sprintf("203.0.113.%d", c.nextPublic)) // TEST-NET-3
+			v.Properties.IPAddress = ptr(c.publicAddress())
 		}
 		stored, err := store(c, rg, name, &v, tbl)
 		return lro(c, "PublicIPAddressesClient.BeginCreateOrUpdate", armnetwork.PublicIPAddressesClientCreateOrUpdateResponse{PublicIPAddress: deref(stored)}, err, nil)

@@ -59,6 +59,8 @@ type Cloud struct {
 	versionBytes map[string][]byte
 	// pending are hook calls to make once the lock is released.
 	pending []func()
+	// internet, if served, makes public addresses real on this host (ServeInternet).
+	internet *internet
 
 	compute   computefake.ServerFactory
 	network   networkfake.ServerFactory
@@ -168,6 +170,7 @@ func (c *Cloud) Transport() policy.Transporter { return transport{c} }
 type transport struct{ c *Cloud }
 
 func (t transport) Do(req *http.Request) (*http.Response, error) {
+	defer t.c.syncInternet()
 	defer t.c.runHooks()
 	api, _ := req.Context().Value(runtime.CtxAPINameKey{}).(string)
 	client, _, _ := strings.Cut(api, ".")

@@ -1,0 +1,323 @@
+package azuresim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v7"
+)
+
+// Reach connects to a port of the machine behind a VM of the simulated cloud: the test's
+// stand-in for the VM's network interface (tests run a sandbox node per VM).
+type Reach func(ctx context.Context, group, vm string, port int) (net.Conn, error)
+
+// reachTimeout bounds one connection attempt to a backend.
+const reachTimeout = 10 * time.Second
+
+// internet makes the subscription's public addresses reachable from this host: each public
+// address is a loopback address (127.77.X.N, X chosen at random per cloud so that two clouds
+// on one host do not collide), and every frontend port of a load balancer's rules is a real
+// listener on it. A connection is routed as the load balancer routes it: a load-balancing
+// rule to one of its backend pool's running VMs (the next that answers: the stand-in for
+// the health probe), an inbound NAT rule to its VM's backend port.
+type internet struct {
+	reach  Reach
+	prefix string
+	// listeners by frontend address and port; next rotates the backends a rule picks.
+	listeners map[netip.AddrPort]net.Listener
+	next      int
+	wg        sync.WaitGroup
+	closed    bool
+}
+
+// ServeInternet makes the cloud's public addresses real on this host, reaching VMs through
+// reach; call it before the first public address is created. The returned stop closes every
+// listener and waits for their connections' routing to end.
+func (c *Cloud) ServeInternet(reach Reach) (stop func()) {
+	c.mu.Lock()
+	c.internet = &internet{reach: reach, prefix: fmt.Sprintf("127.77.%d.", 1+rand.IntN(254)), listeners: map[netip.AddrPort]net.Listener{}}
+	in := c.internet
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		in.closed = true
+		for a, l := range in.listeners {
+			l.Close()
+			delete(in.listeners, a)
+		}
+		c.mu.Unlock()
+		in.wg.Wait()
+	}
+}
+
+// publicAddress is the next public address: on this host's loopback when the Internet is
+// served, else in TEST-NET-3. Called with c.mu held.
+func (c *Cloud) publicAddress() string {
+	c.nextPublic++
+	if c.internet != nil {
+		return c.internet.prefix + strconv.Itoa(c.nextPublic)
+	}
+	return fmt.Sprintf("203.0.113.%d", c.nextPublic)
+}
+
+// frontend is a load balancer's frontend port on a public address.
+type frontend struct {
+	lb   *armnetwork.LoadBalancer
+	rg   string
+	port int32
+}
+
+// frontends lists every frontend port of the cloud's load balancers by address. Called with
+// c.mu held.
+func (c *Cloud) frontends() map[netip.AddrPort]frontend {
+	out := map[netip.AddrPort]frontend{}
+	for rg, g := range c.groups {
+		for _, lb := range g.lbs {
+			if lb.Properties == nil {
+				continue
+			}
+			addrs := map[string]netip.Addr{} // frontend configuration ID -> address
+			for _, f := range lb.Properties.FrontendIPConfigurations {
+				if f.ID == nil || f.Properties == nil || f.Properties.PublicIPAddress == nil || f.Properties.PublicIPAddress.ID == nil {
+					continue
+				}
+				v, err := c.lookup(*f.Properties.PublicIPAddress.ID)
+				if err != nil {
+					continue
+				}
+				ip := v.(*armnetwork.PublicIPAddress)
+				if ip.Properties == nil || ip.Properties.IPAddress == nil {
+					continue
+				}
+				if a, err := netip.ParseAddr(*ip.Properties.IPAddress); err == nil {
+					addrs[strings.ToLower(*f.ID)] = a
+				}
+			}
+			add := func(front *armnetwork.SubResource, port *int32) {
+				if front == nil || front.ID == nil || port == nil {
+					return
+				}
+				if a, ok := addrs[strings.ToLower(*front.ID)]; ok {
+					out[netip.AddrPortFrom(a, uint16(*port))] = frontend{lb: lb, rg: rg, port: *port}
+				}
+			}
+			for _, r := range lb.Properties.LoadBalancingRules {
+				add(r.Properties.FrontendIPConfiguration, r.Properties.FrontendPort)
+			}
+			for _, r := range lb.Properties.InboundNatRules {
+				add(r.Properties.FrontendIPConfiguration, r.Properties.FrontendPort)
+			}
+		}
+	}
+	return out
+}
+
+// syncInternet opens a listener for every frontend port that has none and closes those of
+// frontends that are gone. Called after every request, with c.mu not held.
+func (c *Cloud) syncInternet() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in := c.internet
+	if in == nil || in.closed {
+		return
+	}
+	want := c.frontends()
+	for a, l := range in.listeners {
+		if _, ok := want[a]; !ok {
+			l.Close()
+			delete(in.listeners, a)
+		}
+	}
+	for a := range want {
+		if _, ok := in.listeners[a]; ok || !a.Addr().IsLoopback() {
+			continue
+		}
+		l, err := net.Listen("tcp", a.String())
+		if err != nil {
+			slog.Error("azuresim: cannot serve a load balancer's frontend", "address", a, "err", err)
+			continue
+		}
+		in.listeners[a] = l
+		in.wg.Add(1)
+		go func() {
+			defer in.wg.Done()
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				in.wg.Add(1)
+				go func() {
+					defer in.wg.Done()
+					c.route(conn, a)
+				}()
+			}
+		}()
+	}
+}
+
+// backend is a VM's port a frontend leads to.
+type backend struct {
+	rg, vm string
+	port   int
+}
+
+// backends are the backends of the frontend at a, in the order to try them. Called with c.mu
+// held.
+func (c *Cloud) backends(a netip.AddrPort) ([]backend, error) {
+	f, ok := c.frontends()[a]
+	if !ok {
+		return nil, fmt.Errorf("no load balancer rule has frontend %s", a)
+	}
+	g := c.groups[f.rg]
+	p := f.lb.Properties
+	for _, r := range p.LoadBalancingRules {
+		if *r.Properties.FrontendPort != f.port || r.Properties.BackendAddressPool == nil || r.Properties.BackendAddressPool.ID == nil {
+			continue
+		}
+		var out []backend
+		for _, v := range c.runningVMs(g, f.rg, func(ipc *armnetwork.InterfaceIPConfiguration) bool {
+			return refersTo(poolIDs(ipc), *r.Properties.BackendAddressPool.ID)
+		}) {
+			out = append(out, backend{rg: f.rg, vm: v, port: int(*r.Properties.BackendPort)})
+		}
+		if len(out) > 0 {
+			c.internet.next++
+			k := c.internet.next % len(out)
+			out = append(out[k:], out[:k]...)
+		}
+		return out, nil
+	}
+	for _, r := range p.InboundNatRules {
+		if *r.Properties.FrontendPort != f.port || r.ID == nil {
+			continue
+		}
+		var out []backend
+		for _, v := range c.runningVMs(g, f.rg, func(ipc *armnetwork.InterfaceIPConfiguration) bool {
+			return refersTo(natRuleIDs(ipc), *r.ID)
+		}) {
+			out = append(out, backend{rg: f.rg, vm: v, port: int(*r.Properties.BackendPort)})
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no rule of %s has frontend port %d", *f.lb.Name, f.port)
+}
+
+// refersTo says whether one of ids is id.
+func refersTo(ids []*string, id string) bool {
+	for _, i := range ids {
+		if i != nil && strings.EqualFold(*i, id) {
+			return true
+		}
+	}
+	return false
+}
+
+func poolIDs(ipc *armnetwork.InterfaceIPConfiguration) []*string {
+	var out []*string
+	for _, p := range ipc.Properties.LoadBalancerBackendAddressPools {
+		out = append(out, p.ID)
+	}
+	return out
+}
+
+func natRuleIDs(ipc *armnetwork.InterfaceIPConfiguration) []*string {
+	var out []*string
+	for _, r := range ipc.Properties.LoadBalancerInboundNatRules {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+// runningVMs are the names of the group's running VMs with a network interface whose IP
+// configuration matches, sorted. Called with c.mu held.
+func (c *Cloud) runningVMs(g *group, rg string, match func(*armnetwork.InterfaceIPConfiguration) bool) []string {
+	var out []string
+	for _, name := range keys(g.vms) {
+		v := g.vms[name]
+		if v.power != "running" || v.Properties == nil || v.Properties.NetworkProfile == nil {
+			continue
+		}
+		for _, ref := range v.Properties.NetworkProfile.NetworkInterfaces {
+			if ref.ID == nil {
+				continue
+			}
+			n, err := c.lookup(*ref.ID)
+			if err != nil {
+				continue
+			}
+			nic := n.(*armnetwork.Interface)
+			if nic.Properties == nil {
+				continue
+			}
+			if matched := func() bool {
+				for _, ipc := range nic.Properties.IPConfigurations {
+					if ipc.Properties != nil && match(ipc) {
+						return true
+					}
+				}
+				return false
+			}(); matched {
+				out = append(out, *v.Name)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// route forwards conn, accepted on frontend a, to the first of the frontend's backends that
+// answers; conn is closed if none does (as Azure drops a flow without a healthy backend).
+func (c *Cloud) route(conn net.Conn, a netip.AddrPort) {
+	defer conn.Close()
+	c.mu.Lock()
+	in := c.internet
+	bs, err := c.backends(a)
+	c.mu.Unlock()
+	if err != nil {
+		slog.Warn("azuresim: dropped a connection", "frontend", a, "err", err)
+		return
+	}
+	var errs []error
+	for _, b := range bs {
+		ctx, cancel := context.WithTimeout(context.Background(), reachTimeout)
+		up, err := in.reach(ctx, b.rg, b.vm, b.port)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s port %d: %w", b.vm, b.port, err))
+			continue
+		}
+		defer up.Close()
+		pipe(conn, up)
+		return
+	}
+	slog.Warn("azuresim: no backend answered", "frontend", a, "err", errors.Join(errs...))
+}
+
+// pipe copies both ways until both sides are done, passing on each side's end of writing.
+func pipe(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	half := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+		done <- struct{}{}
+	}
+	go half(a, b)
+	go half(b, a)
+	<-done
+	<-done
+}
