@@ -139,11 +139,23 @@ func initRequest(ctx context.Context, workspace string, conf *config.Config, st 
 	req := &initpb.InitRequest{
 		MasterSecret: master.Key, MasterSalt: master.Salt, MeasurementSalt: salt, RegistryMirrors: mirrors,
 		InitSecret: initSecret, ClusterName: conf.Name, KubernetesVersion: conf.KubernetesVersion,
-		ApiServerCertSans: []string{"127.0.0.1", "localhost"},
+		ApiServerCertSans: apiServerSANs(st.APIServerEndpoint),
 		ServiceCidr:       conf.Network.ServiceCIDR, PodCidr: conf.Network.PodCIDR,
 		AttestationReference: encodedRef,
 	}
 	return preparedInit{req: req, master: master, validator: validator}, nil
+}
+
+// apiServerSANs are the names the API server's certificate must hold besides the ones its
+// node adds (its addresses, the endpoint its metadata names): the host of the endpoint the
+// CLI writes into the admin kubeconfig, so that the kubeconfig works whatever the platform's
+// metadata says, and loopback for a tunnel.
+func apiServerSANs(endpoint string) []string {
+	sans := []string{"127.0.0.1", "localhost"}
+	if host, _, err := net.SplitHostPort(endpoint); err == nil && host != "" && !slices.Contains(sans, host) {
+		sans = append(sans, host)
+	}
+	return sans
 }
 
 // recordInitialized writes the admin kubeconfig of the init node's answer, pointed at the

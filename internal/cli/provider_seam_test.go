@@ -66,6 +66,7 @@ func TestSecondProvider(t *testing.T) {
 	ir, err := initRequest(t.Context(), ws, conf, loaded, running)
 	require.NoError(t, err)
 	assert.Equal(t, []byte("init secret of "+ws), ir.req.InitSecret)
+	assert.Equal(t, []string{"127.0.0.1", "localhost", "192.0.2.1"}, ir.req.ApiServerCertSans, "the endpoint the kubeconfig names")
 	ref, err := choose.DecodeReference(ir.req.AttestationReference)
 	require.NoError(t, err)
 	assert.Equal(t, fake.Variant, ref.Variant)
