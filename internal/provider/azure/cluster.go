@@ -63,7 +63,7 @@ func (c *Cluster) vms(ctx context.Context) ([]vmNode, error) {
 				if vm == nil || tag(vm.Tags, azuremeta.TagUID) != l.UID {
 					continue
 				}
-				out = append(out, vmNode{vm: *vm, spec: c.requestFromTags(vm.Tags)})
+				out = append(out, vmNode{vm: *vm, spec: c.requestOf(*vm)})
 			}
 		}
 		return nil
@@ -75,21 +75,32 @@ func (c *Cluster) vms(ctx context.Context) ([]vmNode, error) {
 	return out, err
 }
 
-// requestFromTags is the request of an existing node, from its VM's tags and the record.
-func (c *Cluster) requestFromTags(tags map[string]*string) nodeRequest {
+// requestOf is the request of an existing node, from its VM (its tags and image) and the
+// record.
+func (c *Cluster) requestOf(vm armcompute.VirtualMachine) nodeRequest {
+	tags := vm.Tags
 	slot, _ := strconv.Atoi(tag(tags, tagSlot))
-	n := c.request(provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}, slot)
+	spec := provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}
+	if p := vm.Properties; p != nil && p.StorageProfile != nil && p.StorageProfile.ImageReference != nil && p.StorageProfile.ImageReference.ID != nil {
+		spec.Image = *p.StorageProfile.ImageReference.ID
+	}
+	n := c.request(spec, slot)
 	n.PodNetwork, _ = netip.ParsePrefix(tag(tags, azuremeta.TagPodNetwork))
 	n.APIEndpoint = tag(tags, azuremeta.TagAPIEndpoint)
 	return n
 }
 
 // request is the VM request of node spec in slot; its pod network and the API endpoint are
-// the caller's to fill in.
+// the caller's to fill in. Its image is the spec's (an upgrade's replacement boots the
+// release's), else the cluster's.
 func (c *Cluster) request(spec provider.NodeSpec, slot int) nodeRequest {
 	s := c.rec.Settings
+	image := spec.Image
+	if image == "" {
+		image = c.rec.Image
+	}
 	return nodeRequest{
-		Name: spec.Name, Role: spec.Role, Slot: slot, Image: c.rec.Image, VMSize: s.vmSize(c.rec.Variant),
+		Name: spec.Name, Role: spec.Role, Slot: slot, Image: image, VMSize: s.vmSize(c.rec.Variant),
 		Encryption: armcompute.SecurityEncryptionTypes(s.DiskEncryption), SecureBoot: s.SecureBoot,
 		StateDiskGiB: s.StateDiskGiB, InitSecretHash: c.rec.InitSecretHash,
 	}
@@ -195,7 +206,7 @@ func (c *Cluster) Nodes(ctx context.Context) ([]provider.Node, error) {
 	}
 	out := make([]provider.Node, 0, len(vms))
 	for _, v := range vms {
-		n := provider.Node{NodeSpec: provider.NodeSpec{Name: v.spec.Name, Role: v.spec.Role, Image: c.rec.Image}}
+		n := provider.Node{NodeSpec: provider.NodeSpec{Name: v.spec.Name, Role: v.spec.Role, Image: v.spec.Image}}
 		if n.State, n.Detail, err = c.state(ctx, v); err != nil {
 			return nil, err
 		}

@@ -118,9 +118,14 @@ func TestLifecycle(t *testing.T) {
 	assert.ErrorIs(t, prov.RebootNode(ctx, "worker-9"), provider.ErrNoNode)
 
 	// Scale up: the new node takes the free slot after the others'.
-	added, err := prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-1", Role: metadata.Worker}})
+	// It boots the image its spec names (an upgrade's replacement), the others keep theirs.
+	next := strings.Replace(testImage, "1.0.0", "1.1.0", 1)
+	added, err := prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-1", Role: metadata.Worker, Image: next}})
 	require.NoError(t, err)
 	require.Len(t, added, 1)
+	assert.Equal(t, next, added[0].Image)
+	assert.Equal(t, next, *mustVM(t, cloud, "worker-1").Properties.StorageProfile.ImageReference.ID)
+	assert.Equal(t, testImage, mustNode(t, prov, "worker-0").Image)
 	assert.Equal(t, "2", *mustVM(t, cloud, "worker-1").Tags[tagSlot])
 	routes, ok := cloud.RouteTable("mini-rg", "mini-routes")
 	require.True(t, ok)

@@ -179,7 +179,7 @@ func CreateOn(ctx context.Context, req provider.CreateRequest, m Machines) (prov
 	if req.Config.Network.NAT() {
 		spec.NAT = &cluster.NATSpec{HostLoopback: req.Config.Network.HostLoopback}
 	}
-	if spec.AKCACert, spec.AKCAKey, err = writeAKCA(dir); err != nil {
+	if spec.AKCACert, spec.AKCAKey, err = WriteAKCA(dir); err != nil {
 		return nil, err
 	}
 	if spec.InitSecretHash, err = writeInitSecret(dir); err != nil {
@@ -253,11 +253,11 @@ func checkCreate(conf *config.Config, name string) error {
 	return nil
 }
 
-// writeAKCA creates the cluster's AK CA, which certifies its nodes' attestation keys, and
+// WriteAKCA creates the cluster's AK CA, which certifies its nodes' attestation keys, and
 // returns the paths of its certificate and key. Key material goes through fileutil: a 0600
 // temporary file created exclusively, so a leftover or planted file at any name neither
 // redirects the key nor lends it its mode.
-func writeAKCA(dir string) (certPath, keyPath string, err error) {
+func WriteAKCA(dir string) (certPath, keyPath string, err error) {
 	ca, err := akca.New("constellation local AK CA", time.Now(), 365*24*time.Hour)
 	if err != nil {
 		return "", "", err

@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/openconstellation/constellation/internal/cli"
+	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/provider/azure"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuresim/simnodes"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
+	"github.com/openconstellation/constellation/internal/provider/local/cluster"
+	"github.com/openconstellation/constellation/internal/state"
+)
+
+// TestAzureSimulated runs the CLI's flow on an Azure configuration against the simulated
+// cloud (azuresim), with a sandbox node behind each VM (simnodes): the Azure provider's host
+// half creates the resource group, network, load balancer and VMs; the VMs' nodes boot; the
+// CLI initializes the first control plane through its NAT rule on the load balancer's public
+// address, waits for the cluster through the API rule, scales it up, verifies every node and
+// removes it all. The CLI runs in this process, its catalog's Azure provider pointed at the
+// simulated cloud; the sandbox's provider process is the built binary.
+func TestAzureSimulated(t *testing.T) {
+	bin, _ := buildBinaries(t)
+	ws := t.TempDir()
+	images := filepath.Join(repoOutput(t), "images")
+	out, err := exec.Command(bin, "-C", ws, "config", "generate", "local", "--name", "azsim", "--workers", "1",
+		"--kube-dir", kubeDir(t), "--images", images).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	const subscription = "00000000-0000-0000-0000-0000000000ab"
+	image := "/subscriptions/" + subscription + "/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/node/versions/1.0.0"
+	machines := filepath.Join(t.TempDir(), "machines")
+	m := simnodes.New(t, simnodes.Options{Subscription: subscription, Exe: bin, Dir: machines, ImagesDir: images,
+		Images: map[string]string{image: filepath.Join(ws, "node-image")}})
+	catalog.Register(m.Platform())
+	t.Cleanup(func() { catalog.Register(azure.Platform{}) })
+
+	// The user's configuration, with Azure's provider block instead of the sandbox's: the
+	// reference values stay the sandbox image's, whose nodes stand in for the VMs.
+	confPath := filepath.Join(ws, config.FileName)
+	conf, err := config.Load(confPath)
+	require.NoError(t, err)
+	conf.Provider = config.ProviderFor(azure.Name, config.ProviderBlock{ControlPlanes: 1, Workers: 1, Image: image, Settings: map[string]any{
+		"subscriptionID": subscription, "resourceGroup": "azsim", "location": "westeurope", "vmSize": "Standard_DC4as_v5",
+	}})
+	require.NoError(t, config.Write(confPath, conf, true))
+
+	run := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
+		defer cancel()
+		cmd := cli.NewRootCmd()
+		var b bytes.Buffer
+		cmd.SetOut(&b)
+		cmd.SetErr(&b)
+		cmd.SetArgs(append([]string{"-C", ws}, args...))
+		err := cmd.ExecuteContext(ctx)
+		t.Logf("constellation %v:\n%s", args, b.String())
+		return b.String(), err
+	}
+	t.Cleanup(func() {
+		_, _ = run("terminate", "--yes")
+		assertNoLeftovers(t, machines, cluster.NetworkID(machines))
+	})
+
+	out2, err := run("apply")
+	require.NoError(t, err, out2)
+	assert.Contains(t, out2, "over attested TLS")
+	assert.Contains(t, out2, "all ready")
+	st, err := state.Load(filepath.Join(ws, state.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, state.Initialized, st.Phase)
+	assert.Equal(t, azure.Name, st.Provider)
+	vm, ok := m.Cloud.VM("azsim", "control-plane-0")
+	require.True(t, ok, "the node is an Azure VM")
+	assert.NotNil(t, vm.Properties.SecurityProfile)
+
+	out2, err = run("verify")
+	require.NoError(t, err, out2)
+	assert.Contains(t, out2, "2 of 2 nodes verified")
+
+	out2, err = run("terminate", "--yes")
+	require.NoError(t, err, out2)
+	assert.Empty(t, m.Cloud.Groups(), "every resource is gone")
+}
