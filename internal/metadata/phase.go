@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"context"
+	"regexp"
 	"time"
 )
 
@@ -41,6 +42,15 @@ const (
 // StateDiskRecheck is how often a node that reports PhaseStateDiskRefused looks at its disk
 // again (and reports again).
 const StateDiskRecheck = 30 * time.Second
+
+// ValidPhase reports whether a node's report names a phase a platform passes on: a short
+// lower-case word list. What a node reports is its own text: platforms refuse anything else.
+func ValidPhase(phase string) bool { return phasePattern.MatchString(phase) }
+
+// PhasePattern is what ValidPhase accepts, for messages.
+const PhasePattern = `\A[a-z][a-z-]{0,63}\z`
+
+var phasePattern = regexp.MustCompile(PhasePattern)
 
 // InCluster reports whether phase says the node's bootstrapper brought it into its cluster.
 func InCluster(phase string) bool {

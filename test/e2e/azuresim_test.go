@@ -24,9 +24,10 @@ import (
 // cloud (azuresim), with a sandbox node behind each VM (simnodes): the Azure provider's host
 // half creates the resource group, network, load balancer and VMs; the VMs' nodes boot; the
 // CLI initializes the first control plane through its NAT rule on the load balancer's public
-// address, waits for the cluster through the API rule, scales it up, verifies every node and
-// removes it all. The CLI runs in this process, its catalog's Azure provider pointed at the
-// simulated cloud; the sandbox's provider process is the built binary.
+// address, waits for the cluster through the API rule, scales it up, reboots a node, scales
+// it down, verifies every node and removes it all. The CLI runs in this process, its
+// catalog's Azure provider pointed at the simulated cloud; the sandbox's provider process is
+// the built binary.
 func TestAzureSimulated(t *testing.T) {
 	bin, _ := buildBinaries(t)
 	ws := t.TempDir()
@@ -81,6 +82,31 @@ func TestAzureSimulated(t *testing.T) {
 	vm, ok := m.Cloud.VM("azsim", "control-plane-0")
 	require.True(t, ok, "the node is an Azure VM")
 	assert.NotNil(t, vm.Properties.SecurityProfile)
+
+	kubeconfig := filepath.Join(ws, "constellation-admin.conf")
+	assert.Equal(t, "control-plane-0 worker-0", kubectl(t, kubeconfig, "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"),
+		"kubectl reaches the API server through the load balancer's rule")
+
+	// Scale up: a VM, its node boots and joins.
+	setCounts(t, ws, 1, 2)
+	out2, err = run("apply")
+	require.NoError(t, err, out2)
+	assert.Contains(t, out2, "+ worker-1")
+	_, ok = m.Cloud.VM("azsim", "worker-1")
+	assert.True(t, ok)
+
+	// A reboot restarts the VM; its node reboots and rejoins.
+	out2, err = run("reboot", "worker-0")
+	require.NoError(t, err, out2)
+	assert.Contains(t, out2, "worker-0 (Ready by a fresh kubelet heartbeat")
+
+	// Scale down: the node leaves Kubernetes, then its VM and disk go.
+	setCounts(t, ws, 1, 1)
+	out2, err = run("apply")
+	require.NoError(t, err, out2)
+	_, ok = m.Cloud.VM("azsim", "worker-1")
+	assert.False(t, ok, "the removed node's VM is deleted")
+	assert.Equal(t, "control-plane-0 worker-0", kubectl(t, kubeconfig, "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
 
 	out2, err = run("verify")
 	require.NoError(t, err, out2)

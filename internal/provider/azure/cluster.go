@@ -25,6 +25,12 @@ import (
 type Cluster struct {
 	clients *clients
 	rec     record
+	// serial are the links to the VMs' serial logs, where nodes report (console.go).
+	serial *serialLogs
+}
+
+func newCluster(c *clients, r record) *Cluster {
+	return &Cluster{clients: c, rec: r, serial: &serialLogs{links: map[string]serialLink{}}}
 }
 
 var _ provider.Provider = (*Cluster)(nil)
@@ -209,6 +215,16 @@ func (c *Cluster) Nodes(ctx context.Context) ([]provider.Node, error) {
 		n := provider.Node{NodeSpec: provider.NodeSpec{Name: v.spec.Name, Role: v.spec.Role, Image: v.spec.Image}}
 		if n.State, n.Detail, err = c.state(ctx, v); err != nil {
 			return nil, err
+		}
+		if n.State == provider.Running {
+			// What the node reported is diagnosis: a log that cannot be read is said, not
+			// an error of the listing.
+			switch r, ok, err := c.lastReport(ctx, v.spec.Name); {
+			case err != nil:
+				n.Detail = err.Error()
+			case ok:
+				n.Reported, n.ReportedDetail, n.BootedAt = r.Phase, r.Detail, r.Boot
+			}
 		}
 		if ip, ok := addrs[v.spec.Name]; ok {
 			n.IPs = []netip.Addr{ip}

@@ -146,7 +146,7 @@ func (p Platform) Open(workspace string) (provider.Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{clients: c, rec: r}, nil
+	return newCluster(c, r), nil
 }
 
 // InitSecret implements provider.Platform.
@@ -189,7 +189,7 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 	if err != nil {
 		return nil, err
 	}
-	cl := &Cluster{clients: c, rec: r}
+	cl := newCluster(c, r)
 	if err := cl.ensureInfrastructure(ctx); err != nil {
 		return nil, err
 	}

@@ -60,7 +60,18 @@ func simPlatform(cloud *azuresim.Cloud) Platform {
 func TestLifecycle(t *testing.T) {
 	var mu sync.Mutex
 	boots := map[string]int{}
-	cloud := azuresim.New(testSub, azuresim.Hooks{Started: func(_, vm string) { mu.Lock(); boots[vm]++; mu.Unlock() }})
+	booted := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	cloud := azuresim.New(testSub, azuresim.Hooks{
+		Started: func(_, vm string) { mu.Lock(); boots[vm]++; mu.Unlock() },
+		// control-plane-0's node reported on its serial console; worker-0's wrote nothing.
+		Console: func(_, vm string) []byte {
+			if vm != "control-plane-0" {
+				return nil
+			}
+			return []byte("[    0.000000] Linux version 6.12\n" + azuremeta.ConsoleReport{Phase: "initialized", Boot: booted}.Line() + "noise\n")
+		},
+	})
+	t.Cleanup(cloud.ServeBlobs())
 	p := simPlatform(cloud)
 	ws := t.TempDir()
 	ctx := t.Context()
@@ -94,10 +105,19 @@ func TestLifecycle(t *testing.T) {
 	list, err := prov.Nodes(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
-	// Two listings (VMs; interfaces, in two pages) and a state read per node: what the CLI's
-	// waits cost against Resource Manager's read limits.
-	assert.Len(t, cloud.Calls()[before:], 1+2+len(list), "%v", cloud.Calls()[before:])
+	// Two listings (VMs; interfaces, in two pages), a state read per node and, the first time,
+	// a link to each node's serial log: what the CLI's waits cost against Resource Manager's
+	// read limits. The links are kept.
+	assert.Len(t, cloud.Calls()[before:], 1+2+2*len(list), "%v", cloud.Calls()[before:])
 	assert.Equal(t, provider.Running, list[0].State)
+	assert.Equal(t, "initialized", list[0].Reported, "the node's report on its serial console")
+	assert.True(t, booted.Equal(list[0].BootedAt))
+	assert.Empty(t, list[1].Reported)
+	assert.Empty(t, list[1].Detail, "an empty serial log is no error")
+	before = len(cloud.Calls())
+	_, err = prov.Nodes(ctx)
+	require.NoError(t, err)
+	assert.Len(t, cloud.Calls()[before:], 1+2+len(list), "%v", cloud.Calls()[before:])
 	require.Len(t, list[0].IPs, 1)
 	assert.True(t, NodeNetwork.Contains(list[0].IPs[0]))
 

@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
@@ -92,13 +94,33 @@ func New(cfg boot.PlatformConfig) (boot.Platform, error) {
 	if err != nil {
 		out = os.Stderr // the journal, then
 	}
-	return newPlatform(cfg, v, out), nil
+	return newPlatform(cfg, v, out, bootTime(procStat)), nil
 }
 
-func newPlatform(cfg boot.PlatformConfig, v variant.Variant, console io.Writer) *Platform {
+func newPlatform(cfg boot.PlatformConfig, v variant.Variant, console io.Writer, booted time.Time) *Platform {
 	return &Platform{cfg: cfg, variant: v, meta: &nodeMetadata{
-		imds: azuremeta.IMDS{BaseURL: cfg.MetadataURL}, lister: azuremeta.NewClusterLister(cfg.MetadataURL), console: console,
+		imds: azuremeta.IMDS{BaseURL: cfg.MetadataURL}, lister: azuremeta.NewClusterLister(cfg.MetadataURL), console: console, boot: booted,
 	}}
+}
+
+// procStat is the kernel's statistics file, whose btime line is when the machine booted.
+const procStat = "/proc/stat"
+
+// bootTime is when the machine booted, from the kernel (stat's btime); if that cannot be
+// read, now: the node program's start, a little after the boot.
+func bootTime(stat string) time.Time {
+	data, err := os.ReadFile(stat)
+	if err != nil {
+		return time.Now()
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return time.Unix(secs, 0)
+			}
+		}
+	}
+	return time.Now()
 }
 
 // Variant is the variant of the VM whose vTPM open opens: its HCL report's hardware report

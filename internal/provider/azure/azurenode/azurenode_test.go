@@ -9,12 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/openconstellation/constellation/internal/bootstrapper/boot"
 	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider/azure/azuremeta"
 	"github.com/openconstellation/constellation/pkg/attestation/azure"
 	"github.com/openconstellation/constellation/pkg/attestation/azure/azuretest"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
@@ -53,7 +55,8 @@ func TestMetadata(t *testing.T) {
 	imds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(doc) }))
 	t.Cleanup(imds.Close)
 	var console bytes.Buffer
-	p := newPlatform(boot.PlatformConfig{MetadataURL: imds.URL}, variant.AzureSEVSNP, &console)
+	booted := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	p := newPlatform(boot.PlatformConfig{MetadataURL: imds.URL}, variant.AzureSEVSNP, &console, booted)
 	p.meta.lister = staticLister{
 		{Name: "control-plane-0", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.9.0.4")}},
 		{Name: "worker-0", Role: metadata.Worker, IPs: []netip.Addr{netip.MustParseAddr("10.9.0.5")}},
@@ -77,7 +80,10 @@ func TestMetadata(t *testing.T) {
 	assert.Equal(t, []string{"10.9.0.4:30090", "10.9.0.6:30090"}, eps, "control planes only")
 
 	require.NoError(t, m.ReportDetail(ctx, "waiting-for-recovery", "no join service answers"))
-	assert.Equal(t, "constellation: phase waiting-for-recovery: \"no join service answers\"\n", console.String())
+	assert.Equal(t, "constellation: phase waiting-for-recovery boot 2026-11-30T08:00:00Z: \"no join service answers\"\n", console.String())
+	r, ok := azuremeta.LastConsoleReport(console.Bytes())
+	require.True(t, ok, "the host half reads back what the node wrote")
+	assert.Equal(t, azuremeta.ConsoleReport{Phase: "waiting-for-recovery", Detail: "no join service answers", Boot: booted}, r)
 
 	v, env := p.Attestation()
 	assert.Equal(t, variant.AzureSEVSNP, v)
@@ -85,4 +91,12 @@ func TestMetadata(t *testing.T) {
 	facts := p.Services()
 	require.NoError(t, facts.Validate())
 	assert.Equal(t, "azure", facts.Name)
+}
+
+func TestBootTime(t *testing.T) {
+	stat := filepath.Join(t.TempDir(), "stat")
+	require.NoError(t, os.WriteFile(stat, []byte("cpu  1 2 3\nbtime 1796026800\nprocesses 9\n"), 0o644))
+	assert.Equal(t, time.Unix(1796026800, 0), bootTime(stat))
+	before := time.Now()
+	assert.False(t, bootTime(filepath.Join(t.TempDir(), "none")).Before(before), "unreadable: now")
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/openconstellation/constellation/internal/deploy"
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -22,6 +23,8 @@ type nodeMetadata struct {
 	imds    azuremeta.IMDS
 	lister  metadata.Lister
 	console io.Writer
+	// boot is when the machine booted, which each report names.
+	boot time.Time
 
 	mu   sync.Mutex
 	inst *azuremeta.Instance
@@ -92,8 +95,9 @@ func (m *nodeMetadata) APIEndpoint(ctx context.Context) (string, error) {
 	return ep, nil
 }
 
-// ReportDetail implements metadata.Reporter: one line on the serial console.
+// ReportDetail implements metadata.Reporter: one line on the serial console, which the host
+// half reads back through boot diagnostics (azuremeta.ConsoleReport).
 func (m *nodeMetadata) ReportDetail(_ context.Context, phase, detail string) error {
-	_, err := fmt.Fprintf(m.console, "constellation: phase %s: %s\n", phase, strconv.Quote(detail))
+	_, err := io.WriteString(m.console, azuremeta.ConsoleReport{Phase: phase, Detail: detail, Boot: m.boot}.Line())
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -95,7 +96,7 @@ func TestIMDSRefusesWhatAzureRefuses(t *testing.T) {
 func simNode(t *testing.T, cloud *azuresim.Cloud, name string) boot.Metadata {
 	t.Helper()
 	url := cloud.ServeIMDS(t, "mini-rg", name)
-	p := newPlatform(boot.PlatformConfig{MetadataURL: url}, variant.AzureSEVSNP, &bytes.Buffer{})
+	p := newPlatform(boot.PlatformConfig{MetadataURL: url}, variant.AzureSEVSNP, &bytes.Buffer{}, time.Now())
 	lister := azuremeta.NewClusterLister(url)
 	lister.Options = hosthalf.ClientOptions(cloud.TransportFrom("mini-rg", name))
 	p.meta.lister = lister

@@ -34,10 +34,17 @@ func (b *pageBlob) bytes() []byte {
 	return out
 }
 
-// ServeBlobs starts the disks' upload endpoint (the page blobs a disk's write access points
-// at, as Azure's storage serves them), on loopback, until the returned function is called.
+// ServeBlobs starts the blob endpoint, on loopback, until the returned function is called:
+// the page blobs a disk's write access points at (uploads), and the VMs' serial logs (boot
+// diagnostics), as Azure's storage serves them.
 func (c *Cloud) ServeBlobs() (stop func()) {
-	srv := httptest.NewServer(http.HandlerFunc(c.servePage))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/bootdiagnostics/") {
+			c.serveSerialLog(w, r)
+			return
+		}
+		c.servePage(w, r)
+	}))
 	c.mu.Lock()
 	c.blobURL = srv.URL
 	c.mu.Unlock()

@@ -301,6 +301,10 @@ func (c *Cloud) route(conn net.Conn, a netip.AddrPort) {
 		pipe(conn, up)
 		return
 	}
+	if len(bs) == 0 {
+		slog.Warn("azuresim: dropped a connection: no backend VM runs", "frontend", a)
+		return
+	}
 	slog.Warn("azuresim: no backend answered", "frontend", a, "err", errors.Join(errs...))
 }
 

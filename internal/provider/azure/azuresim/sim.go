@@ -72,10 +72,12 @@ type Cloud struct {
 }
 
 // Hooks are called, outside the cloud's lock, when a VM starts or stops running (tests boot
-// and stop a node for it). Either may be nil.
+// and stop a node for it), and when a VM's serial log is read (Console: what the VM wrote to
+// its serial console). Any may be nil.
 type Hooks struct {
 	Started func(group, vm string)
 	Stopped func(group, vm string)
+	Console func(group, vm string) []byte
 }
 
 // New returns an empty subscription.
@@ -91,6 +93,7 @@ func New(subscription string, hooks Hooks) *Cloud {
 	c.serveIdentity()
 	c.serveGalleries()
 	c.serveDiskAccess()
+	c.serveBootDiagnostics()
 	c.transports = map[string]policy.Transporter{}
 	return c
 }

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"regexp"
 	"sync"
 
 	"github.com/openconstellation/constellation/internal/metadata"
@@ -98,8 +97,8 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "malformed report: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		if !phasePattern.MatchString(rep.Phase) {
-			http.Error(w, "malformed report: phase must match "+phasePattern.String(), http.StatusBadRequest)
+		if !metadata.ValidPhase(rep.Phase) {
+			http.Error(w, "malformed report: phase must match "+metadata.PhasePattern, http.StatusBadRequest)
 			return
 		}
 		// The detail is the node's text and reaches the operator's terminal: one bounded line
@@ -131,8 +130,6 @@ const MaxDetailBytes = 512
 // byte of which JSON may escape into six.
 const maxReportBody = 4 << 10
 
-// phasePattern bounds what a node may report: a short lower-case word list.
-var phasePattern = regexp.MustCompile(`\A[a-z][a-z-]{0,63}\z`)
 
 // Report returns what node last reported (zero if nothing this boot).
 func (s *Server) Report(node string) Report {

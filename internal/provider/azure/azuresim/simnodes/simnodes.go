@@ -7,7 +7,8 @@
 // deallocates or is deleted reboots, shuts down or deletes its node. The simulated cloud's
 // load balancer is real on this host (azuresim.Cloud.ServeInternet): the CLI reaches the API
 // endpoint and each node's ports through the rules the host half made, and a rule's backend
-// port is the node's.
+// port is the node's. A node's reports reach the VM's serial log, where the host half reads
+// them through boot diagnostics.
 //
 // What stands in for Azure here is the machine, not the node half: the nodes run the
 // sandbox's node platform (its metadata service, swtpm and attestation variant), not Azure's
@@ -75,10 +76,12 @@ type Machines struct {
 func New(t testing.TB, o Options) *Machines {
 	t.Helper()
 	m := &Machines{t: t, o: o}
-	m.Cloud = azuresim.New(o.Subscription, azuresim.Hooks{Started: m.started, Stopped: m.stopped})
+	m.Cloud = azuresim.New(o.Subscription, azuresim.Hooks{Started: m.started, Stopped: m.stopped, Console: m.console})
+	stopBlobs := m.Cloud.ServeBlobs()
 	stop := m.Cloud.ServeInternet(m.reach)
 	t.Cleanup(func() {
 		stop()
+		stopBlobs()
 		if sandbox := m.current(); sandbox != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -234,6 +237,22 @@ func (m *Machines) reach(ctx context.Context, _, vm string, port int) (net.Conn,
 		return nil, fmt.Errorf("VM %s has no node: %w", vm, provider.ErrNoNode)
 	}
 	return sandbox.Dialer()(ctx, net.JoinHostPort(n.IPs[0].String(), strconv.Itoa(port)))
+}
+
+// console is the VM's serial log: its node's last report, as the Azure node half writes it
+// (the sandbox's nodes report to its metadata service; this is the cable to the console).
+func (m *Machines) console(_, vm string) []byte {
+	sandbox := m.current()
+	if sandbox == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, found, err := node(ctx, sandbox, vm)
+	if err != nil || !found || n.Reported == "" {
+		return nil
+	}
+	return []byte(azuremeta.ConsoleReport{Phase: n.Reported, Detail: n.ReportedDetail, Boot: n.BootedAt}.Line())
 }
 
 // attestation is how the sandbox's nodes attest.
