@@ -130,7 +130,6 @@ const MaxDetailBytes = 512
 // byte of which JSON may escape into six.
 const maxReportBody = 4 << 10
 
-
 // Report returns what node last reported (zero if nothing this boot).
 func (s *Server) Report(node string) Report {
 	s.mu.RLock()
