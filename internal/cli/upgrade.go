@@ -175,6 +175,12 @@ func (u *upgrade) check(ctx context.Context) ([]state.Node, error) {
 		return nil, err
 	}
 	if u.release == nil {
+		if _, err := imageDigest(u.conf); err != nil {
+			// No release can name this provider's images yet (docs/azure.md "Upgrades").
+			return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
+				"%d node(s) boot another image than %s: replacing nodes needs a signed release, and releases carry no node images of provider %s yet: keep provider.%s.image as it was",
+				len(stale), u.image, u.conf.Provider.Name(), u.conf.Provider.Name())}
+		}
 		return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
 			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory)",
 			len(stale), u.image, u.conf.Provider.Name())}

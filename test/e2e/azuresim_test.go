@@ -5,6 +5,8 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +15,8 @@ import (
 
 	"github.com/openconstellation/constellation/internal/cli"
 	"github.com/openconstellation/constellation/internal/config"
+	"github.com/openconstellation/constellation/internal/metadata"
+	"github.com/openconstellation/constellation/internal/provider"
 	"github.com/openconstellation/constellation/internal/provider/azure"
 	"github.com/openconstellation/constellation/internal/provider/azure/azuresim/simnodes"
 	"github.com/openconstellation/constellation/internal/provider/catalog"
@@ -25,7 +29,8 @@ import (
 // half creates the resource group, network, load balancer and VMs; the VMs' nodes boot; the
 // CLI initializes the first control plane through its NAT rule on the load balancer's public
 // address, waits for the cluster through the API rule, scales it up, reboots a node, scales
-// it down, verifies every node and removes it all. The CLI runs in this process, its
+// it down, stops, starts and recovers it, verifies every node, refuses an image it cannot roll
+// to, and removes it all. The CLI runs in this process, its
 // catalog's Azure provider pointed at the simulated cloud; the sandbox's provider process is
 // the built binary.
 func TestAzureSimulated(t *testing.T) {
@@ -108,9 +113,43 @@ func TestAzureSimulated(t *testing.T) {
 	assert.False(t, ok, "the removed node's VM is deleted")
 	assert.Equal(t, "control-plane-0 worker-0", kubectl(t, kubeconfig, "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
 
+	// Stop deallocates the VMs (their nodes shut down) and start boots them again; the control
+	// plane reports on its serial console that it waits for recovery, which the host half
+	// reads through boot diagnostics, and recover unlocks it through its NAT rule.
+	kubectl(t, kubeconfig, "create", "configmap", "before-stop", "--from-literal=k=v")
+	out2, err = run("stop")
+	require.NoError(t, err, out2)
+	assert.Equal(t, "deallocated", m.Cloud.Power("azsim", "control-plane-0"))
+	out2, err = run("start")
+	require.NoError(t, err, out2)
+	prov, err := m.Platform().Open(ws)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		nodes, err := prov.Nodes(t.Context())
+		return err == nil && slices.ContainsFunc(nodes, func(n provider.Node) bool {
+			return n.Name == "control-plane-0" && n.Reported == metadata.PhaseWaitingForRecovery
+		})
+	}, 3*time.Minute, time.Second, "the control plane reports that it waits for recovery")
+	out2, err = run("recover")
+	require.NoError(t, err, out2)
+	assert.Equal(t, "v", kubectl(t, kubeconfig, "get", "configmap", "before-stop", "-o", "jsonpath={.data.k}"), "the cluster's data outlived the stop")
+
 	out2, err = run("verify")
 	require.NoError(t, err, out2)
 	assert.Contains(t, out2, "2 of 2 nodes verified")
+
+	// Another image: no release carries an Azure image yet, so apply refuses to replace the
+	// nodes (docs/azure.md "Upgrades") and changes nothing.
+	conf, err = config.Load(confPath)
+	require.NoError(t, err)
+	conf.Provider.Block().Image = strings.Replace(image, "1.0.0", "1.1.0", 1)
+	require.NoError(t, config.Write(confPath, conf, true))
+	before := m.Cloud.Calls()
+	out2, err = run("apply")
+	require.ErrorContains(t, err, "releases carry no node images of provider azure", out2)
+	for _, call := range m.Cloud.Calls()[len(before):] {
+		assert.NotContains(t, call, "Begin", "a refused upgrade changes nothing")
+	}
 
 	out2, err = run("terminate", "--yes")
 	require.NoError(t, err, out2)
