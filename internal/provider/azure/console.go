@@ -78,7 +78,7 @@ func (c *Cluster) serialLink(ctx context.Context, name string) (string, error) {
 		return "", err
 	}
 	if res.SerialConsoleLogBlobURI == nil || *res.SerialConsoleLogBlobURI == "" {
-		return "", errors.New("Azure has no serial log of the VM (boot diagnostics off?)")
+		return "", errors.New("no serial log of the VM in its boot diagnostics (are they off?)")
 	}
 	c.serial.mu.Lock()
 	c.serial.links[name] = serialLink{url: *res.SerialConsoleLogBlobURI, expires: asked.Add(serialLinkMinutes * time.Minute)}
