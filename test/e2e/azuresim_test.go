@@ -124,6 +124,12 @@ func TestAzureSimulated(t *testing.T) {
 	require.NoError(t, err, out2)
 	prov, err := m.Platform().Open(ws)
 	require.NoError(t, err)
+	nodes, err := prov.Nodes(t.Context())
+	require.NoError(t, err)
+	for _, n := range nodes {
+		// Its serial log still ends with its report before the stop: that is not this boot's.
+		assert.False(t, metadata.InCluster(n.Reported), "%s reports %q right after start", n.Name, n.Reported)
+	}
 	require.Eventually(t, func() bool {
 		nodes, err := prov.Nodes(t.Context())
 		return err == nil && slices.ContainsFunc(nodes, func(n provider.Node) bool {

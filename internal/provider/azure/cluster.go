@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
@@ -27,6 +29,21 @@ type Cluster struct {
 	rec     record
 	// serial are the links to the VMs' serial logs, where nodes report (console.go).
 	serial *serialLogs
+}
+
+// tagBootAsked is when the provider last asked Azure to start or restart a VM (RFC 3339).
+const tagBootAsked = "constellation-boot-asked"
+
+// bootSkew is how far a node's clock may be behind the CLI's machine's for its report to
+// count as of the boot asked for. Azure's VMs keep the host's time; the CLI's wait for a
+// reboot already compares the node's boot with its own clock to a second.
+const bootSkew = 5 * time.Second
+
+// earlierBoot says whether r is of a boot before the one the provider last asked for: the
+// serial log keeps what the node wrote before, until it reports again.
+func earlierBoot(r azuremeta.ConsoleReport, tags map[string]*string) bool {
+	asked, err := time.Parse(time.RFC3339, tag(tags, tagBootAsked))
+	return err == nil && r.Boot.Before(asked.Add(-bootSkew))
 }
 
 func newCluster(c *clients, r record) *Cluster {
@@ -89,6 +106,9 @@ func (c *Cluster) requestOf(vm armcompute.VirtualMachine) nodeRequest {
 	spec := provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}
 	if p := vm.Properties; p != nil && p.StorageProfile != nil && p.StorageProfile.ImageReference != nil && p.StorageProfile.ImageReference.ID != nil {
 		spec.Image = *p.StorageProfile.ImageReference.ID
+		if strings.EqualFold(spec.Image, c.rec.Image) {
+			spec.Image = c.rec.Image // Azure may answer a resource ID in another case
+		}
 	}
 	n := c.request(spec, slot)
 	n.PodNetwork, _ = netip.ParsePrefix(tag(tags, azuremeta.TagPodNetwork))
@@ -222,7 +242,7 @@ func (c *Cluster) Nodes(ctx context.Context) ([]provider.Node, error) {
 			switch r, ok, err := c.lastReport(ctx, v.spec.Name); {
 			case err != nil:
 				n.Detail = err.Error()
-			case ok:
+			case ok && !earlierBoot(r, v.vm.Tags):
 				n.Reported, n.ReportedDetail, n.BootedAt = r.Phase, r.Detail, r.Boot
 			}
 		}
@@ -311,7 +331,10 @@ func (c *Cluster) RebootNode(ctx context.Context, name string) error {
 	if state, _, err := c.state(ctx, v); err != nil {
 		return err
 	} else if state == provider.Stopped {
-		return c.start(ctx, name)
+		return c.start(ctx, v)
+	}
+	if err := c.markBoot(ctx, v); err != nil {
+		return err
 	}
 	provider.Progressf(ctx, "Azure: restarting VM %s", name)
 	_, err = put(ctx, c.clients, "restart VM "+name, func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientRestartResponse], error) {
@@ -320,10 +343,29 @@ func (c *Cluster) RebootNode(ctx context.Context, name string) error {
 	return err
 }
 
-func (c *Cluster) start(ctx context.Context, name string) error {
+func (c *Cluster) start(ctx context.Context, v vmNode) error {
+	if err := c.markBoot(ctx, v); err != nil {
+		return err
+	}
+	name := v.spec.Name
 	provider.Progressf(ctx, "Azure: starting VM %s", name)
 	_, err := put(ctx, c.clients, "start VM "+name, func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientStartResponse], error) {
 		return c.clients.vms.BeginStart(ctx, c.rec.Layout.ResourceGroup, name, nil)
+	})
+	return err
+}
+
+// markBoot records on the VM, before the provider starts or restarts it, when it asked for
+// the boot (tagBootAsked): a report on the serial log of an earlier boot is then told from the
+// new boot's (lastReport), whichever CLI command reads it.
+func (c *Cluster) markBoot(ctx context.Context, v vmNode) error {
+	tags := maps.Clone(v.vm.Tags)
+	if tags == nil {
+		tags = map[string]*string{}
+	}
+	tags[tagBootAsked] = ptr(time.Now().UTC().Format(time.RFC3339))
+	_, err := put(ctx, c.clients, "tag VM "+v.spec.Name, func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientUpdateResponse], error) {
+		return c.clients.vms.BeginUpdate(ctx, c.rec.Layout.ResourceGroup, v.spec.Name, armcompute.VirtualMachineUpdate{Tags: tags}, nil)
 	})
 	return err
 }
@@ -398,7 +440,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 		return err
 	}
 	for _, v := range vms {
-		if err := c.start(ctx, v.spec.Name); err != nil {
+		if err := c.start(ctx, v); err != nil {
 			return err
 		}
 	}

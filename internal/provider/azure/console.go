@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"sync"
 	"time"
 
@@ -50,14 +51,30 @@ func (c *Cluster) lastReport(ctx context.Context, name string) (azuremeta.Consol
 	}
 	tail, err := readTail(ctx, link)
 	if err != nil {
-		c.serial.mu.Lock()
-		delete(c.serial.links, name) // expired or revoked: ask for a new one next time
-		c.serial.mu.Unlock()
-		return azuremeta.ConsoleReport{}, false, fmt.Errorf("reading the serial log of VM %s: %w", name, err)
+		if ctx.Err() == nil {
+			c.serial.mu.Lock()
+			delete(c.serial.links, name) // expired or revoked: ask for a new one next time
+			c.serial.mu.Unlock()
+		}
+		// The link's query is its signature: it stays out of messages.
+		return azuremeta.ConsoleReport{}, false, fmt.Errorf("reading the serial log of VM %s: %w", name, redactedError{err: err})
 	}
 	r, ok := azuremeta.LastConsoleReport(tail)
 	return r, ok, nil
 }
+
+// redactedError is err with every URL's query (a link's signature) left out of its text.
+type redactedError struct{ err error }
+
+// urlQuery is a URL's query in an error's text (the SDK may quote the URL, its query
+// reordered).
+var urlQuery = regexp.MustCompile(`(https?://[^\s"?]+)\?[^\s"]*`)
+
+func (e redactedError) Error() string {
+	return urlQuery.ReplaceAllString(e.err.Error(), "$1?<query>")
+}
+
+func (e redactedError) Unwrap() error { return e.err }
 
 // serialLink returns a valid link to VM name's serial log.
 func (c *Cluster) serialLink(ctx context.Context, name string) (string, error) {

@@ -399,3 +399,64 @@ func TestDialPathsOnTheSimulatedInternet(t *testing.T) {
 	assert.Equal(t, 3, n)
 	assert.Contains(t, answer(internet, ep.APIServer), "connection refused", "a removed load balancer serves nothing")
 }
+
+// TestReportsOfAnEarlierBootDoNotCount: a serial log keeps what the node wrote before a
+// restart until it reports again; once the provider asked for a boot, a report of an earlier
+// boot is no report (recover and reboot would take it for the node being back).
+func TestReportsOfAnEarlierBootDoNotCount(t *testing.T) {
+	var mu sync.Mutex
+	log := ConsoleReportAt("joined", time.Now().Add(-time.Hour))
+	cloud := azuresim.New(testSub, azuresim.Hooks{Console: func(_, vm string) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return []byte(log)
+	}})
+	t.Cleanup(cloud.ServeBlobs())
+	p := simPlatform(cloud)
+	ws := t.TempDir()
+	ctx := t.Context()
+	_, err := p.Create(ctx, provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: []provider.NodeSpec{{Name: "control-plane-0", Role: metadata.ControlPlane}}})
+	require.NoError(t, err)
+	prov, err := p.Open(ws)
+	require.NoError(t, err)
+	assert.Equal(t, "joined", mustNode(t, prov, "control-plane-0").Reported, "no boot asked for yet: the log's last report")
+
+	require.NoError(t, prov.RebootNode(ctx, "control-plane-0"))
+	assert.Empty(t, mustNode(t, prov, "control-plane-0").Reported, "the report is of the boot before the restart")
+	mu.Lock()
+	log += ConsoleReportAt("rejoined", time.Now())
+	mu.Unlock()
+	assert.Equal(t, "rejoined", mustNode(t, prov, "control-plane-0").Reported)
+
+	// Stop and start: the same, for a node that rejoined five minutes before.
+	mu.Lock()
+	log = ConsoleReportAt("rejoined", time.Now().Add(-5*time.Minute))
+	mu.Unlock()
+	require.NoError(t, prov.Stop(ctx))
+	require.NoError(t, prov.Start(ctx))
+	assert.Equal(t, "running", cloud.Power("mini-rg", "control-plane-0"))
+	assert.Empty(t, mustNode(t, prov, "control-plane-0").Reported)
+}
+
+// ConsoleReportAt is a report line of a boot at boot.
+func ConsoleReportAt(phase string, boot time.Time) string {
+	return azuremeta.ConsoleReport{Phase: phase, Boot: boot}.Line()
+}
+
+// TestSerialLogErrorsKeepTheLinkSecret: a serial log that cannot be read is named in the
+// node's detail, without the link's signature.
+func TestSerialLogErrorsKeepTheLinkSecret(t *testing.T) {
+	cloud := azuresim.New(testSub, azuresim.Hooks{})
+	stop := cloud.ServeBlobs()
+	p := simPlatform(cloud)
+	ws := t.TempDir()
+	_, err := p.Create(t.Context(), provider.CreateRequest{Workspace: ws, Config: testConfig(variant.AzureSEVSNP), Nodes: []provider.NodeSpec{{Name: "control-plane-0", Role: metadata.ControlPlane}}})
+	require.NoError(t, err)
+	prov, err := p.Open(ws)
+	require.NoError(t, err)
+	assert.Empty(t, mustNode(t, prov, "control-plane-0").Detail, "an empty log")
+	stop() // the storage endpoint goes away
+	detail := mustNode(t, prov, "control-plane-0").Detail
+	assert.Contains(t, detail, "reading the serial log of VM control-plane-0")
+	assert.NotContains(t, detail, "sig=")
+}

@@ -99,7 +99,7 @@ func New(cfg boot.PlatformConfig) (boot.Platform, error) {
 
 func newPlatform(cfg boot.PlatformConfig, v variant.Variant, console io.Writer, booted time.Time) *Platform {
 	return &Platform{cfg: cfg, variant: v, meta: &nodeMetadata{
-		imds: azuremeta.IMDS{BaseURL: cfg.MetadataURL}, lister: azuremeta.NewClusterLister(cfg.MetadataURL), console: console, boot: booted,
+		imds: azuremeta.IMDS{BaseURL: cfg.MetadataURL}, lister: azuremeta.NewClusterLister(cfg.MetadataURL), console: console, boot: booted, again: reportAgain,
 	}}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,4 +100,24 @@ func TestBootTime(t *testing.T) {
 	assert.Equal(t, time.Unix(1796026800, 0), bootTime(stat))
 	before := time.Now()
 	assert.False(t, bootTime(filepath.Join(t.TempDir(), "none")).Before(before), "unreadable: now")
+}
+
+// TestReportsAreWrittenAgain: the host half reads the serial log's end only, so the node's
+// last report is written again while the node runs.
+func TestReportsAreWrittenAgain(t *testing.T) {
+	var console bytes.Buffer
+	m := &nodeMetadata{console: &console, boot: time.Unix(0, 0), again: 10 * time.Millisecond}
+	text := func() string {
+		m.reportMu.Lock()
+		defer m.reportMu.Unlock()
+		return console.String()
+	}
+	require.NoError(t, m.ReportDetail(t.Context(), "joined", ""))
+	line := azuremeta.ConsoleReport{Phase: "joined", Boot: time.Unix(0, 0)}.Line()
+	require.Eventually(t, func() bool { return strings.Count(text(), line) >= 3 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, m.ReportDetail(t.Context(), "rejoined", ""))
+	require.Eventually(t, func() bool {
+		r, ok := azuremeta.LastConsoleReport([]byte(text()))
+		return ok && r.Phase == "rejoined" && strings.Count(text(), "phase rejoined") >= 2
+	}, 10*time.Second, 5*time.Millisecond, "the newest report is the one written again")
 }

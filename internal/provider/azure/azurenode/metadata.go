@@ -25,10 +25,22 @@ type nodeMetadata struct {
 	console io.Writer
 	// boot is when the machine booted, which each report names.
 	boot time.Time
+	// again is how often the last report is written again (reportAgain).
+	again time.Duration
 
 	mu   sync.Mutex
 	inst *azuremeta.Instance
+
+	// reportMu guards the console and the last report's line.
+	reportMu  sync.Mutex
+	last      string
+	repeating bool
 }
+
+// reportAgain is how often a node writes its last report to the console again: the host half
+// reads the serial log's end only, which the kernel's and other programs' lines would push a
+// report out of in time.
+const reportAgain = time.Minute
 
 // instance asks IMDS once per boot: the VM's tags do not change under a running node.
 func (m *nodeMetadata) instance(ctx context.Context) (azuremeta.Instance, error) {
@@ -98,6 +110,22 @@ func (m *nodeMetadata) APIEndpoint(ctx context.Context) (string, error) {
 // ReportDetail implements metadata.Reporter: one line on the serial console, which the host
 // half reads back through boot diagnostics (azuremeta.ConsoleReport).
 func (m *nodeMetadata) ReportDetail(_ context.Context, phase, detail string) error {
-	_, err := io.WriteString(m.console, azuremeta.ConsoleReport{Phase: phase, Detail: detail, Boot: m.boot}.Line())
+	m.reportMu.Lock()
+	defer m.reportMu.Unlock()
+	m.last = azuremeta.ConsoleReport{Phase: phase, Detail: detail, Boot: m.boot}.Line()
+	if !m.repeating && m.again > 0 {
+		m.repeating = true
+		go m.repeat()
+	}
+	_, err := io.WriteString(m.console, m.last)
 	return err
+}
+
+// repeat writes the last report again every m.again, for the node's life.
+func (m *nodeMetadata) repeat() {
+	for range time.Tick(m.again) {
+		m.reportMu.Lock()
+		_, _ = io.WriteString(m.console, m.last)
+		m.reportMu.Unlock()
+	}
 }

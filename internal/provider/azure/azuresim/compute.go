@@ -128,8 +128,9 @@ func (c *Cloud) serveVMs() {
 			}
 		})
 	}
-	// Update (PATCH) takes the data disks only: what the volume driver changes. Azure replaces
-	// an array a PATCH names, so the list is the VM's whole list.
+	// Update (PATCH) takes the data disks (what the volume driver changes) and the tags (the
+	// host half's record of a boot it asked for). Azure replaces an array or the tags a PATCH
+	// names, so the list is the VM's whole list.
 	s.BeginUpdate = func(_ context.Context, rg, name string, u armcompute.VirtualMachineUpdate, _ *armcompute.VirtualMachinesClientBeginUpdateOptions) (azfake.PollerResponder[armcompute.VirtualMachinesClientUpdateResponse], azfake.ErrorResponder) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -138,11 +139,17 @@ func (c *Cloud) serveVMs() {
 		if err != nil {
 			return lro(c, api, armcompute.VirtualMachinesClientUpdateResponse{}, err, nil)
 		}
-		if u.Properties == nil || u.Properties.StorageProfile == nil || u.Properties.StorageProfile.DataDisks == nil {
+		disks := u.Properties != nil && u.Properties.StorageProfile != nil && u.Properties.StorageProfile.DataDisks != nil
+		if !disks && u.Tags == nil {
 			return lro(c, api, armcompute.VirtualMachinesClientUpdateResponse{}, badRequest("PropertyChangeNotAllowed"), nil)
 		}
 		next := clone(v).VirtualMachine
-		next.Properties.StorageProfile.DataDisks = u.Properties.StorageProfile.DataDisks
+		if disks {
+			next.Properties.StorageProfile.DataDisks = u.Properties.StorageProfile.DataDisks
+		}
+		if u.Tags != nil {
+			next.Tags = u.Tags
+		}
 		out, err := c.createVM(rg, name, next)
 		return lro(c, api, armcompute.VirtualMachinesClientUpdateResponse{VirtualMachine: out}, err, nil)
 	}
@@ -214,8 +221,14 @@ func (c *Cloud) createVM(rg, name string, v armcompute.VirtualMachine) (armcompu
 	if old != nil {
 		c.detachDropped(old.Properties.StorageProfile.DataDisks, p.StorageProfile.DataDisks)
 	}
-	g.vms[key(name)] = &vm{VirtualMachine: *clone(&v), power: "running"}
-	if old == nil || old.power != "running" {
+	// A new VM starts; an update (a PUT or PATCH of one that exists) keeps its power state,
+	// as on Azure.
+	power := "running"
+	if old != nil {
+		power = old.power
+	}
+	g.vms[key(name)] = &vm{VirtualMachine: *clone(&v), power: power}
+	if old == nil {
 		c.started(rg, name)
 	}
 	return *clone(&v), nil

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,8 @@ type internet struct {
 	next      int
 	wg        sync.WaitGroup
 	closed    bool
+	// conns are the connections routed now, both sides, closed by stop.
+	conns map[net.Conn]bool
 }
 
 // ServeInternet makes the cloud's public addresses real on this host, reaching VMs through
@@ -45,7 +48,7 @@ type internet struct {
 // listener and waits for their connections' routing to end.
 func (c *Cloud) ServeInternet(reach Reach) (stop func()) {
 	c.mu.Lock()
-	c.internet = &internet{reach: reach, prefix: fmt.Sprintf("127.77.%d.", 1+rand.IntN(254)), listeners: map[netip.AddrPort]net.Listener{}}
+	c.internet = &internet{reach: reach, prefix: fmt.Sprintf("127.77.%d.", 1+rand.IntN(254)), listeners: map[netip.AddrPort]net.Listener{}, conns: map[net.Conn]bool{}}
 	in := c.internet
 	c.mu.Unlock()
 	return func() {
@@ -54,6 +57,9 @@ func (c *Cloud) ServeInternet(reach Reach) (stop func()) {
 		for a, l := range in.listeners {
 			l.Close()
 			delete(in.listeners, a)
+		}
+		for conn := range in.conns {
+			conn.Close()
 		}
 		c.mu.Unlock()
 		in.wg.Wait()
@@ -70,11 +76,13 @@ func (c *Cloud) publicAddress() string {
 	return fmt.Sprintf("203.0.113.%d", c.nextPublic)
 }
 
-// frontend is a load balancer's frontend port on a public address.
+// frontend is a rule's frontend port on a public address: a load-balancing rule's (its
+// backend pool) or an inbound NAT rule's (the interface that names it).
 type frontend struct {
-	lb   *armnetwork.LoadBalancer
-	rg   string
-	port int32
+	rg string
+	// pool is the load-balancing rule's backend pool ID; natRule the NAT rule's ID.
+	pool, natRule string
+	backendPort   int32
 }
 
 // frontends lists every frontend port of the cloud's load balancers by address. Called with
@@ -103,19 +111,24 @@ func (c *Cloud) frontends() map[netip.AddrPort]frontend {
 					addrs[strings.ToLower(*f.ID)] = a
 				}
 			}
-			add := func(front *armnetwork.SubResource, port *int32) {
-				if front == nil || front.ID == nil || port == nil {
-					return
+			add := func(front *armnetwork.SubResource, port, backendPort *int32, f frontend) {
+				if front == nil || front.ID == nil || port == nil || backendPort == nil {
+					return // a rule of a port range or all ports: not simulated
 				}
 				if a, ok := addrs[strings.ToLower(*front.ID)]; ok {
-					out[netip.AddrPortFrom(a, uint16(*port))] = frontend{lb: lb, rg: rg, port: *port}
+					f.rg, f.backendPort = rg, *backendPort
+					out[netip.AddrPortFrom(a, uint16(*port))] = f
 				}
 			}
 			for _, r := range lb.Properties.LoadBalancingRules {
-				add(r.Properties.FrontendIPConfiguration, r.Properties.FrontendPort)
+				if p := r.Properties; p != nil && p.BackendAddressPool != nil && p.BackendAddressPool.ID != nil {
+					add(p.FrontendIPConfiguration, p.FrontendPort, p.BackendPort, frontend{pool: *p.BackendAddressPool.ID})
+				}
 			}
 			for _, r := range lb.Properties.InboundNatRules {
-				add(r.Properties.FrontendIPConfiguration, r.Properties.FrontendPort)
+				if p := r.Properties; p != nil && r.ID != nil {
+					add(p.FrontendIPConfiguration, p.FrontendPort, p.BackendPort, frontend{natRule: *r.ID})
+				}
 			}
 		}
 	}
@@ -179,38 +192,20 @@ func (c *Cloud) backends(a netip.AddrPort) ([]backend, error) {
 	if !ok {
 		return nil, fmt.Errorf("no load balancer rule has frontend %s", a)
 	}
-	g := c.groups[f.rg]
-	p := f.lb.Properties
-	for _, r := range p.LoadBalancingRules {
-		if *r.Properties.FrontendPort != f.port || r.Properties.BackendAddressPool == nil || r.Properties.BackendAddressPool.ID == nil {
-			continue
-		}
-		var out []backend
-		for _, v := range c.runningVMs(g, f.rg, func(ipc *armnetwork.InterfaceIPConfiguration) bool {
-			return refersTo(poolIDs(ipc), *r.Properties.BackendAddressPool.ID)
-		}) {
-			out = append(out, backend{rg: f.rg, vm: v, port: int(*r.Properties.BackendPort)})
-		}
-		if len(out) > 0 {
-			c.internet.next++
-			k := c.internet.next % len(out)
-			out = append(out[k:], out[:k]...)
-		}
-		return out, nil
+	match := func(ipc *armnetwork.InterfaceIPConfiguration) bool { return refersTo(natRuleIDs(ipc), f.natRule) }
+	if f.pool != "" {
+		match = func(ipc *armnetwork.InterfaceIPConfiguration) bool { return refersTo(poolIDs(ipc), f.pool) }
 	}
-	for _, r := range p.InboundNatRules {
-		if *r.Properties.FrontendPort != f.port || r.ID == nil {
-			continue
-		}
-		var out []backend
-		for _, v := range c.runningVMs(g, f.rg, func(ipc *armnetwork.InterfaceIPConfiguration) bool {
-			return refersTo(natRuleIDs(ipc), *r.ID)
-		}) {
-			out = append(out, backend{rg: f.rg, vm: v, port: int(*r.Properties.BackendPort)})
-		}
-		return out, nil
+	var out []backend
+	for _, v := range c.runningVMs(c.groups[f.rg], match) {
+		out = append(out, backend{rg: f.rg, vm: v, port: int(f.backendPort)})
 	}
-	return nil, fmt.Errorf("no rule of %s has frontend port %d", *f.lb.Name, f.port)
+	if f.pool != "" && len(out) > 0 {
+		c.internet.next++
+		k := c.internet.next % len(out)
+		out = append(out[k:], out[:k]...)
+	}
+	return out, nil
 }
 
 // refersTo says whether one of ids is id.
@@ -241,9 +236,11 @@ func natRuleIDs(ipc *armnetwork.InterfaceIPConfiguration) []*string {
 
 // runningVMs are the names of the group's running VMs with a network interface whose IP
 // configuration matches, sorted. Called with c.mu held.
-func (c *Cloud) runningVMs(g *group, rg string, match func(*armnetwork.InterfaceIPConfiguration) bool) []string {
+func (c *Cloud) runningVMs(g *group, match func(*armnetwork.InterfaceIPConfiguration) bool) []string {
 	var out []string
-	for _, name := range keys(g.vms) {
+	names := keys(g.vms)
+	slices.Sort(names)
+	for _, name := range names {
 		v := g.vms[name]
 		if v.power != "running" || v.Properties == nil || v.Properties.NetworkProfile == nil {
 			continue
@@ -279,9 +276,14 @@ func (c *Cloud) runningVMs(g *group, rg string, match func(*armnetwork.Interface
 // route forwards conn, accepted on frontend a, to the first of the frontend's backends that
 // answers; conn is closed if none does (as Azure drops a flow without a healthy backend).
 func (c *Cloud) route(conn net.Conn, a netip.AddrPort) {
-	defer conn.Close()
 	c.mu.Lock()
 	in := c.internet
+	if !c.track(conn) {
+		c.mu.Unlock()
+		conn.Close()
+		return
+	}
+	defer c.untrack(conn)
 	bs, err := c.backends(a)
 	c.mu.Unlock()
 	if err != nil {
@@ -297,7 +299,14 @@ func (c *Cloud) route(conn net.Conn, a netip.AddrPort) {
 			errs = append(errs, fmt.Errorf("%s port %d: %w", b.vm, b.port, err))
 			continue
 		}
-		defer up.Close()
+		c.mu.Lock()
+		tracked := c.track(up)
+		c.mu.Unlock()
+		if !tracked {
+			up.Close()
+			return
+		}
+		defer c.untrack(up)
 		pipe(conn, up)
 		return
 	}
@@ -306,6 +315,24 @@ func (c *Cloud) route(conn net.Conn, a netip.AddrPort) {
 		return
 	}
 	slog.Warn("azuresim: no backend answered", "frontend", a, "err", errors.Join(errs...))
+}
+
+// track records a routed connection for stop to close; false if stop ran already. Called with
+// c.mu held.
+func (c *Cloud) track(conn net.Conn) bool {
+	if c.internet.closed {
+		return false
+	}
+	c.internet.conns[conn] = true
+	return true
+}
+
+// untrack closes conn and forgets it.
+func (c *Cloud) untrack(conn net.Conn) {
+	conn.Close()
+	c.mu.Lock()
+	delete(c.internet.conns, conn)
+	c.mu.Unlock()
 }
 
 // pipe copies both ways until both sides are done, passing on each side's end of writing.

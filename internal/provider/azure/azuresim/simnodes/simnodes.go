@@ -69,13 +69,16 @@ type Machines struct {
 	ops     sync.Mutex
 	mu      sync.Mutex
 	sandbox *cluster.Local
+	// logs are the VMs' serial logs, by VM name.
+	logMu sync.Mutex
+	logs  map[string]string
 }
 
 // New returns the machines of a new simulated subscription, whose public addresses are
 // real on this host. Everything it boots is removed when the test ends.
 func New(t testing.TB, o Options) *Machines {
 	t.Helper()
-	m := &Machines{t: t, o: o}
+	m := &Machines{t: t, o: o, logs: map[string]string{}}
 	m.Cloud = azuresim.New(o.Subscription, azuresim.Hooks{Started: m.started, Stopped: m.stopped, Console: m.console})
 	stopBlobs := m.Cloud.ServeBlobs()
 	stop := m.Cloud.ServeInternet(m.reach)
@@ -120,14 +123,14 @@ func (m *Machines) started(rg, name string) {
 }
 
 func (m *Machines) boot(rg, name string) error {
-	vm, ok := m.Cloud.VM(rg, name)
-	if !ok {
-		return nil // deleted meanwhile
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 	defer cancel()
 	m.ops.Lock()
 	defer m.ops.Unlock()
+	vm, ok := m.Cloud.VM(rg, name)
+	if !ok {
+		return nil // deleted meanwhile
+	}
 	sandbox := m.current()
 	if sandbox != nil {
 		n, found, err := node(ctx, sandbox, name)
@@ -239,20 +242,24 @@ func (m *Machines) reach(ctx context.Context, _, vm string, port int) (net.Conn,
 	return sandbox.Dialer()(ctx, net.JoinHostPort(n.IPs[0].String(), strconv.Itoa(port)))
 }
 
-// console is the VM's serial log: its node's last report, as the Azure node half writes it
+// console is the VM's serial log: its node's reports, as the Azure node half writes them
 // (the sandbox's nodes report to its metadata service; this is the cable to the console).
+// The log keeps every boot's reports, as a serial log does: after a restart it ends with the
+// previous boot's last report until the node reports again.
 func (m *Machines) console(_, vm string) []byte {
-	sandbox := m.current()
-	if sandbox == nil {
-		return nil
+	m.logMu.Lock()
+	defer m.logMu.Unlock()
+	if sandbox := m.current(); sandbox != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if n, found, err := node(ctx, sandbox, vm); err == nil && found && n.Reported != "" {
+			line := azuremeta.ConsoleReport{Phase: n.Reported, Detail: n.ReportedDetail, Boot: n.BootedAt}.Line()
+			if !strings.HasSuffix(m.logs[vm], line) {
+				m.logs[vm] += line
+			}
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	n, found, err := node(ctx, sandbox, vm)
-	if err != nil || !found || n.Reported == "" {
-		return nil
-	}
-	return []byte(azuremeta.ConsoleReport{Phase: n.Reported, Detail: n.ReportedDetail, Boot: n.BootedAt}.Line())
+	return []byte(m.logs[vm])
 }
 
 // attestation is how the sandbox's nodes attest.
