@@ -245,6 +245,9 @@ func waitBack(ctx context.Context, t *phaseTimer, prog *progress, platform provi
 			if thisBoot && metadata.InCluster(n.Reported) {
 				back[n.Name], bootedAt[n.Name] = true, n.BootedAt
 				t.phase("back", fmt.Sprintf("%s: %s", n.Name, n.Reported))
+				// Next: Kubernetes, whose API may take a while to answer while the control
+				// planes come back.
+				prog.waiting(n.Name, "its Node object")
 			} else if thisBoot && n.Reported == metadata.PhaseStateDiskRefused {
 				return stateDiskRefused(n.Name, n.ReportedDetail)
 			} else {
