@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
@@ -29,21 +27,6 @@ type Cluster struct {
 	rec     record
 	// serial are the links to the VMs' serial logs, where nodes report (console.go).
 	serial *serialLogs
-}
-
-// tagBootAsked is when the provider last asked Azure to start or restart a VM (RFC 3339).
-const tagBootAsked = "constellation-boot-asked"
-
-// bootSkew is how far a node's clock may be behind the CLI's machine's for its report to
-// count as of the boot asked for. Azure's VMs keep the host's time; the CLI's wait for a
-// reboot already compares the node's boot with its own clock to a second.
-const bootSkew = 5 * time.Second
-
-// earlierBoot says whether r is of a boot before the one the provider last asked for: the
-// serial log keeps what the node wrote before, until it reports again.
-func earlierBoot(r azuremeta.ConsoleReport, tags map[string]*string) bool {
-	asked, err := time.Parse(time.RFC3339, tag(tags, tagBootAsked))
-	return err == nil && r.Boot.Before(asked.Add(-bootSkew))
 }
 
 func newCluster(c *clients, r record) *Cluster {
@@ -239,10 +222,10 @@ func (c *Cluster) Nodes(ctx context.Context) ([]provider.Node, error) {
 		if n.State == provider.Running {
 			// What the node reported is diagnosis: a log that cannot be read is said, not
 			// an error of the listing.
-			switch r, ok, err := c.lastReport(ctx, v.spec.Name); {
+			switch r, ok, err := c.lastReport(ctx, v); {
 			case err != nil:
 				n.Detail = err.Error()
-			case ok && !earlierBoot(r, v.vm.Tags):
+			case ok:
 				n.Reported, n.ReportedDetail, n.BootedAt = r.Phase, r.Detail, r.Boot
 			}
 		}
@@ -351,21 +334,6 @@ func (c *Cluster) start(ctx context.Context, v vmNode) error {
 	provider.Progressf(ctx, "Azure: starting VM %s", name)
 	_, err := put(ctx, c.clients, "start VM "+name, func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientStartResponse], error) {
 		return c.clients.vms.BeginStart(ctx, c.rec.Layout.ResourceGroup, name, nil)
-	})
-	return err
-}
-
-// markBoot records on the VM, before the provider starts or restarts it, when it asked for
-// the boot (tagBootAsked): a report on the serial log of an earlier boot is then told from the
-// new boot's (lastReport), whichever CLI command reads it.
-func (c *Cluster) markBoot(ctx context.Context, v vmNode) error {
-	tags := maps.Clone(v.vm.Tags)
-	if tags == nil {
-		tags = map[string]*string{}
-	}
-	tags[tagBootAsked] = ptr(time.Now().UTC().Format(time.RFC3339))
-	_, err := put(ctx, c.clients, "tag VM "+v.spec.Name, func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientUpdateResponse], error) {
-		return c.clients.vms.BeginUpdate(ctx, c.rec.Layout.ResourceGroup, v.spec.Name, armcompute.VirtualMachineUpdate{Tags: tags}, nil)
 	})
 	return err
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"regexp"
 	"sync"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
 
@@ -42,9 +44,10 @@ type serialLink struct {
 	expires time.Time
 }
 
-// lastReport returns the last phase report on VM name's serial console, and whether there
-// is one.
-func (c *Cluster) lastReport(ctx context.Context, name string) (azuremeta.ConsoleReport, bool, error) {
+// lastReport returns the last phase report on the VM's serial console of the boot the
+// provider last asked for (earlierBoot), and whether there is one.
+func (c *Cluster) lastReport(ctx context.Context, v vmNode) (azuremeta.ConsoleReport, bool, error) {
+	name := v.spec.Name
 	link, err := c.serialLink(ctx, name)
 	if err != nil {
 		return azuremeta.ConsoleReport{}, false, err
@@ -60,7 +63,37 @@ func (c *Cluster) lastReport(ctx context.Context, name string) (azuremeta.Consol
 		return azuremeta.ConsoleReport{}, false, fmt.Errorf("reading the serial log of VM %s: %w", name, redactedError{err: err})
 	}
 	r, ok := azuremeta.LastConsoleReport(tail)
-	return r, ok, nil
+	return r, ok && !earlierBoot(r, v.vm.Tags), nil
+}
+
+// tagBootAsked is when the provider last asked Azure to start or restart a VM (RFC 3339).
+const tagBootAsked = "constellation-boot-asked"
+
+// bootSkew is how far a node's clock may be behind the CLI's machine's for its report to
+// count as of the boot asked for. Azure's VMs keep the host's time; the CLI's wait for a
+// reboot already compares the node's boot with its own clock to a second.
+const bootSkew = 5 * time.Second
+
+// earlierBoot says whether r is of a boot before the one the provider last asked for: the
+// serial log keeps what the node wrote before, until it reports again.
+func earlierBoot(r azuremeta.ConsoleReport, tags map[string]*string) bool {
+	asked, err := time.Parse(time.RFC3339, tag(tags, tagBootAsked))
+	return err == nil && r.Boot.Before(asked.Add(-bootSkew))
+}
+
+// markBoot records on the VM, before the provider starts or restarts it, when it asked for
+// the boot (tagBootAsked): a report on the serial log of an earlier boot is then told from the
+// new boot's (lastReport), whichever CLI command reads it.
+func (c *Cluster) markBoot(ctx context.Context, v vmNode) error {
+	tags := maps.Clone(v.vm.Tags)
+	if tags == nil {
+		tags = map[string]*string{}
+	}
+	tags[tagBootAsked] = ptr(time.Now().UTC().Format(time.RFC3339))
+	_, err := put(ctx, c.clients, "tag VM "+v.spec.Name, func(ctx context.Context) (*runtime.Poller[armcompute.VirtualMachinesClientUpdateResponse], error) {
+		return c.clients.vms.BeginUpdate(ctx, c.rec.Layout.ResourceGroup, v.spec.Name, armcompute.VirtualMachineUpdate{Tags: tags}, nil)
+	})
+	return err
 }
 
 // redactedError is err with every URL's query (a link's signature) left out of its text.

@@ -405,7 +405,7 @@ func TestDialPathsOnTheSimulatedInternet(t *testing.T) {
 // boot is no report (recover and reboot would take it for the node being back).
 func TestReportsOfAnEarlierBootDoNotCount(t *testing.T) {
 	var mu sync.Mutex
-	log := ConsoleReportAt("joined", time.Now().Add(-time.Hour))
+	log := consoleReportAt("joined", time.Now().Add(-time.Hour))
 	cloud := azuresim.New(testSub, azuresim.Hooks{Console: func(_, vm string) []byte {
 		mu.Lock()
 		defer mu.Unlock()
@@ -424,13 +424,13 @@ func TestReportsOfAnEarlierBootDoNotCount(t *testing.T) {
 	require.NoError(t, prov.RebootNode(ctx, "control-plane-0"))
 	assert.Empty(t, mustNode(t, prov, "control-plane-0").Reported, "the report is of the boot before the restart")
 	mu.Lock()
-	log += ConsoleReportAt("rejoined", time.Now())
+	log += consoleReportAt("rejoined", time.Now())
 	mu.Unlock()
 	assert.Equal(t, "rejoined", mustNode(t, prov, "control-plane-0").Reported)
 
 	// Stop and start: the same, for a node that rejoined five minutes before.
 	mu.Lock()
-	log = ConsoleReportAt("rejoined", time.Now().Add(-5*time.Minute))
+	log = consoleReportAt("rejoined", time.Now().Add(-5*time.Minute))
 	mu.Unlock()
 	require.NoError(t, prov.Stop(ctx))
 	require.NoError(t, prov.Start(ctx))
@@ -438,8 +438,8 @@ func TestReportsOfAnEarlierBootDoNotCount(t *testing.T) {
 	assert.Empty(t, mustNode(t, prov, "control-plane-0").Reported)
 }
 
-// ConsoleReportAt is a report line of a boot at boot.
-func ConsoleReportAt(phase string, boot time.Time) string {
+// consoleReportAt is a report line of a boot at boot.
+func consoleReportAt(phase string, boot time.Time) string {
 	return azuremeta.ConsoleReport{Phase: phase, Boot: boot}.Line()
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -15,7 +14,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v7"
+
+	"github.com/openconstellation/constellation/internal/netpipe"
 )
 
 // Reach connects to a port of the machine behind a VM of the simulated cloud: the test's
@@ -76,13 +78,15 @@ func (c *Cloud) publicAddress() string {
 	return fmt.Sprintf("203.0.113.%d", c.nextPublic)
 }
 
-// frontend is a rule's frontend port on a public address: a load-balancing rule's (its
-// backend pool) or an inbound NAT rule's (the interface that names it).
+// frontend is a rule's frontend port on a public address: a load-balancing rule's, which
+// balances over the interfaces in its backend pool, or an inbound NAT rule's, which leads to
+// the interface that names it.
 type frontend struct {
 	rg string
-	// pool is the load-balancing rule's backend pool ID; natRule the NAT rule's ID.
-	pool, natRule string
-	backendPort   int32
+	// ref is the backend pool's ID (balanced) or the NAT rule's, as interfaces name them.
+	ref         string
+	balanced    bool
+	backendPort int32
 }
 
 // frontends lists every frontend port of the cloud's load balancers by address. Called with
@@ -122,12 +126,12 @@ func (c *Cloud) frontends() map[netip.AddrPort]frontend {
 			}
 			for _, r := range lb.Properties.LoadBalancingRules {
 				if p := r.Properties; p != nil && p.BackendAddressPool != nil && p.BackendAddressPool.ID != nil {
-					add(p.FrontendIPConfiguration, p.FrontendPort, p.BackendPort, frontend{pool: *p.BackendAddressPool.ID})
+					add(p.FrontendIPConfiguration, p.FrontendPort, p.BackendPort, frontend{ref: *p.BackendAddressPool.ID, balanced: true})
 				}
 			}
 			for _, r := range lb.Properties.InboundNatRules {
 				if p := r.Properties; p != nil && r.ID != nil {
-					add(p.FrontendIPConfiguration, p.FrontendPort, p.BackendPort, frontend{natRule: *r.ID})
+					add(p.FrontendIPConfiguration, p.FrontendPort, p.BackendPort, frontend{ref: *r.ID})
 				}
 			}
 		}
@@ -192,15 +196,11 @@ func (c *Cloud) backends(a netip.AddrPort) ([]backend, error) {
 	if !ok {
 		return nil, fmt.Errorf("no load balancer rule has frontend %s", a)
 	}
-	match := func(ipc *armnetwork.InterfaceIPConfiguration) bool { return refersTo(natRuleIDs(ipc), f.natRule) }
-	if f.pool != "" {
-		match = func(ipc *armnetwork.InterfaceIPConfiguration) bool { return refersTo(poolIDs(ipc), f.pool) }
-	}
 	var out []backend
-	for _, v := range c.runningVMs(c.groups[f.rg], match) {
+	for _, v := range c.runningVMs(c.groups[f.rg], f.ref) {
 		out = append(out, backend{rg: f.rg, vm: v, port: int(f.backendPort)})
 	}
-	if f.pool != "" && len(out) > 0 {
+	if f.balanced && len(out) > 0 {
 		c.internet.next++
 		k := c.internet.next % len(out)
 		out = append(out[k:], out[:k]...)
@@ -208,35 +208,9 @@ func (c *Cloud) backends(a netip.AddrPort) ([]backend, error) {
 	return out, nil
 }
 
-// refersTo says whether one of ids is id.
-func refersTo(ids []*string, id string) bool {
-	for _, i := range ids {
-		if i != nil && strings.EqualFold(*i, id) {
-			return true
-		}
-	}
-	return false
-}
-
-func poolIDs(ipc *armnetwork.InterfaceIPConfiguration) []*string {
-	var out []*string
-	for _, p := range ipc.Properties.LoadBalancerBackendAddressPools {
-		out = append(out, p.ID)
-	}
-	return out
-}
-
-func natRuleIDs(ipc *armnetwork.InterfaceIPConfiguration) []*string {
-	var out []*string
-	for _, r := range ipc.Properties.LoadBalancerInboundNatRules {
-		out = append(out, r.ID)
-	}
-	return out
-}
-
-// runningVMs are the names of the group's running VMs with a network interface whose IP
-// configuration matches, sorted. Called with c.mu held.
-func (c *Cloud) runningVMs(g *group, match func(*armnetwork.InterfaceIPConfiguration) bool) []string {
+// runningVMs are the names of the group's running VMs with an interface that names ref (a
+// backend pool or a NAT rule), sorted. Called with c.mu held.
+func (c *Cloud) runningVMs(g *group, ref string) []string {
 	var out []string
 	names := keys(g.vms)
 	slices.Sort(names)
@@ -245,32 +219,38 @@ func (c *Cloud) runningVMs(g *group, match func(*armnetwork.InterfaceIPConfigura
 		if v.power != "running" || v.Properties == nil || v.Properties.NetworkProfile == nil {
 			continue
 		}
-		for _, ref := range v.Properties.NetworkProfile.NetworkInterfaces {
-			if ref.ID == nil {
-				continue
-			}
-			n, err := c.lookup(*ref.ID)
-			if err != nil {
-				continue
-			}
-			nic := n.(*armnetwork.Interface)
-			if nic.Properties == nil {
-				continue
-			}
-			if matched := func() bool {
-				for _, ipc := range nic.Properties.IPConfigurations {
-					if ipc.Properties != nil && match(ipc) {
-						return true
-					}
-				}
-				return false
-			}(); matched {
-				out = append(out, *v.Name)
-				break
-			}
+		if slices.ContainsFunc(v.Properties.NetworkProfile.NetworkInterfaces, func(nic *armcompute.NetworkInterfaceReference) bool {
+			return nic.ID != nil && c.interfaceNames(*nic.ID, ref)
+		}) {
+			out = append(out, *v.Name)
 		}
 	}
 	return out
+}
+
+// interfaceNames says whether the interface nicID names ref among its backend pools or NAT
+// rules. Called with c.mu held.
+func (c *Cloud) interfaceNames(nicID, ref string) bool {
+	n, err := c.lookup(nicID)
+	if err != nil || n.(*armnetwork.Interface).Properties == nil {
+		return false
+	}
+	for _, ipc := range n.(*armnetwork.Interface).Properties.IPConfigurations {
+		if ipc.Properties == nil {
+			continue
+		}
+		for _, p := range ipc.Properties.LoadBalancerBackendAddressPools {
+			if p.ID != nil && strings.EqualFold(*p.ID, ref) {
+				return true
+			}
+		}
+		for _, r := range ipc.Properties.LoadBalancerInboundNatRules {
+			if r.ID != nil && strings.EqualFold(*r.ID, ref) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // route forwards conn, accepted on frontend a, to the first of the frontend's backends that
@@ -307,7 +287,7 @@ func (c *Cloud) route(conn net.Conn, a netip.AddrPort) {
 			return
 		}
 		defer c.untrack(up)
-		pipe(conn, up)
+		netpipe.Join(conn, up)
 		return
 	}
 	if len(bs) == 0 {
@@ -333,22 +313,4 @@ func (c *Cloud) untrack(conn net.Conn) {
 	c.mu.Lock()
 	delete(c.internet.conns, conn)
 	c.mu.Unlock()
-}
-
-// pipe copies both ways until both sides are done, passing on each side's end of writing.
-func pipe(a, b net.Conn) {
-	done := make(chan struct{}, 2)
-	half := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		} else {
-			_ = dst.Close()
-		}
-		done <- struct{}{}
-	}
-	go half(a, b)
-	go half(b, a)
-	<-done
-	<-done
 }

@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -29,6 +28,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/openconstellation/constellation/internal/netpipe"
 )
 
 // Config configures a Balancer.
@@ -327,18 +328,7 @@ func (b *Balancer) forward(c net.Conn, nodePort int32) {
 		return
 	}
 	defer upstream.Close()
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-		done <- struct{}{}
-	}
-	go pipe(upstream, c)
-	go pipe(c, upstream)
-	<-done
-	<-done
+	netpipe.Join(c, upstream)
 }
 
 func key(svc *corev1.Service) string { return svc.Namespace + "/" + svc.Name }

@@ -96,9 +96,6 @@ func New(t testing.TB, o Options) *Machines {
 	return m
 }
 
-// Dir is the sandbox's folder.
-func (m *Machines) Dir() string { return m.o.Dir }
-
 // Platform is the Azure provider on the simulated subscription with these machines, as the
 // CLI's catalog registers it (catalog.Register).
 func (m *Machines) Platform() provider.Platform {
