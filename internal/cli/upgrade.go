@@ -30,13 +30,17 @@ import (
 
 // configuredImage resolves the node image of the configuration. A release directory is
 // opened, and so checked whole (its signature by the pinned key, the policy: every image
-// register enforced, no downgrade unless allowed, the cluster's variant; its node image
-// against the signed digest), before anything changes; its node image is what nodes boot.
-// Another directory is a plain node image, booted as it is (development images; an upgrade
-// refuses it, see upgrade.run).
+// register enforced, no downgrade unless allowed, the cluster's variant, an image for the
+// cluster's cloud; its node image against the signed digest), before anything changes; its
+// node image is what nodes boot, or on a cloud the image the release names there
+// (release.CloudImage). Another directory (or a cloud's image reference) is a plain node
+// image, booted as it is (development images; an upgrade refuses it, see upgrade.run).
 func configuredImage(ctx context.Context, workspace string, conf *config.Config, running string, allowDowngrade bool) (string, *releasedir.Release, error) {
 	dir := conf.Provider.Block().ImagePath(workspace)
-	policy := release.Policy{Running: running, AllowDowngrade: allowDowngrade, Variant: conf.Attestation.Variant()}
+	policy, _, err := releaseRules(conf, running, allowDowngrade)
+	if err != nil {
+		return "", nil, err
+	}
 	if releasesource.IsURL(dir) {
 		fetched, err := fetchRelease(ctx, workspace, conf, dir, policy)
 		if err != nil {
@@ -54,6 +58,10 @@ func configuredImage(ctx context.Context, workspace string, conf *config.Config,
 	if k := rel.Manifest().KubernetesVersion; k != conf.KubernetesVersion {
 		return "", nil, fmt.Errorf("%s: kubernetesVersion is %s, but release %s runs Kubernetes %s: set kubernetesVersion: %s (the two change together)",
 			config.FileName, conf.KubernetesVersion, rel.Version(), k, k)
+	}
+	if policy.CloudImageOf != "" {
+		img, _ := rel.CloudImage(policy.CloudImageOf) // the policy required it
+		return img.Ref, rel, nil
 	}
 	return rel.NodeImage(), rel, nil
 }
@@ -99,11 +107,11 @@ func openRelease(ctx context.Context, workspace string, conf *config.Config, dir
 	if err != nil {
 		return nil, err
 	}
-	digest, err := imageDigest(conf)
+	_, images, err := releaseRules(conf, "", false)
 	if err != nil {
 		return nil, err
 	}
-	return releasedir.Open(ctx, dir, key, policy, digest)
+	return releasedir.Open(ctx, dir, key, policy, images.ImageDigest)
 }
 
 // pinnedReleaseKey reads the release key the configuration pins.
@@ -123,17 +131,28 @@ func pinnedReleaseKey(workspace string, conf *config.Config) (*release.PublicKey
 	return key, nil
 }
 
-// imageDigest is how the configuration's provider digests a node image.
-func imageDigest(conf *config.Config) (releasedir.ImageDigest, error) {
+// releaseRules are what conf's cluster requires of a release (running is the release it
+// runs, "" before it exists) and how the CLI reads a release's node image (its digest, what
+// it says about itself). A provider that lays out node images (provider.NodeImages: the
+// sandbox) boots the release's node image itself. A cloud's nodes boot the image the
+// release names for the cloud instead (release.CloudImage, required by the policy), made
+// from that node image, which is read as the sandbox reads it: the one format a release's
+// node image has (docs/releases.md "Cloud images").
+func releaseRules(conf *config.Config, running string, allowDowngrade bool) (release.Policy, provider.NodeImages, error) {
+	policy := release.Policy{Running: running, AllowDowngrade: allowDowngrade, Variant: conf.Attestation.Variant()}
 	platform, err := catalog.Lookup(conf.Provider.Name())
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", config.FileName, err)
+		return release.Policy{}, nil, fmt.Errorf("%s: %w", config.FileName, err)
 	}
-	images, ok := platform.(provider.NodeImages)
+	if images, ok := platform.(provider.NodeImages); ok {
+		return policy, images, nil
+	}
+	images, ok := localPlatform().(provider.NodeImages)
 	if !ok {
-		return nil, fmt.Errorf("provider %s boots no release images", platform.Name())
+		return release.Policy{}, nil, errors.New("the catalog's local provider lays out no node images")
 	}
-	return images.ImageDigest, nil
+	policy.CloudImageOf = platform.Name()
+	return policy, images, nil
 }
 
 // upgrade moves an initialized cluster's nodes to the configured image, one node at a time,
@@ -175,14 +194,8 @@ func (u *upgrade) check(ctx context.Context) ([]state.Node, error) {
 		return nil, err
 	}
 	if u.release == nil {
-		if _, err := imageDigest(u.conf); err != nil {
-			// No release can name this provider's images yet (docs/azure.md "Upgrades").
-			return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
-				"%d node(s) boot another image than %s: replacing nodes needs a signed release, and releases carry no node images of provider %s yet: keep provider.%s.image as it was",
-				len(stale), u.image, u.conf.Provider.Name(), u.conf.Provider.Name())}
-		}
 		return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
-			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory)",
+			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory or URL)",
 			len(stale), u.image, u.conf.Provider.Name())}
 	}
 	return stale, u.checkHealthy(ctx, stale)

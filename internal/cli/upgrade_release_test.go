@@ -22,6 +22,7 @@ import (
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/nodeimage"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/azure"
 	"github.com/openconstellation/constellation/internal/provider/local"
 	"github.com/openconstellation/constellation/internal/provider/local/cluster"
 	localplatform "github.com/openconstellation/constellation/internal/provider/local/platform"
@@ -301,4 +302,47 @@ func TestUpgradeCheckRefusesAnImageOfAnotherRelease(t *testing.T) {
 	out := b.check("")
 	assert.Regexp(t, `(?m)^v0\.1\.1\s+\S+\s+refused: .*its node image names release "v0\.1\.0", its manifest "v0\.1\.1"`, out)
 	assert.Regexp(t, `(?m)^v0\.1\.0\s+\S+\s+allowed: upgrade`, out)
+}
+
+// On a cloud, a release's nodes boot the image the release names for it (release.CloudImage):
+// configuredImage resolves a release to that image, checked whole as on the sandbox, and
+// refuses a release that names none before anything changes.
+func TestConfiguredImageOnACloudIsTheReleasesCloudImage(t *testing.T) {
+	b := newReleaseBench(t)
+	const ref = "/subscriptions/s/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/node/versions/0.2.0"
+	onAzure := func(image string) *config.Config {
+		c := b.conf()
+		block := *c.Provider.Block()
+		block.Image = image
+		c.Provider = config.ProviderFor(azure.Name, block)
+		return c
+	}
+
+	sandboxOnly := b.publish("v0.1.0", b.base)
+	_, _, err := configuredImage(t.Context(), b.ws, onAzure(sandboxOnly), "", false)
+	assert.Equal(t, release.ReasonNoCloudImage, release.ReasonOf(err), "%v", err)
+	assert.ErrorContains(t, err, "release v0.1.0 names no image for provider azure (it names images for: none)")
+
+	azureImage := release.CloudImage{Provider: azure.Name, Ref: ref, Digest: "sha256:" + strings.Repeat("ab", 32)}
+	dir, err := publish.Publish(t.Context(), publish.Options{Source: b.source, Version: "v0.2.0", BaseImage: b.base,
+		ImagesDir: b.imagesDir, Platform: localplatform.Platform{}, Signer: b.key, From: []string{b.base}, CloudImages: []release.CloudImage{azureImage}})
+	require.NoError(t, err)
+	image, rel, err := configuredImage(t.Context(), b.ws, onAzure(dir), "", false)
+	require.NoError(t, err)
+	assert.Equal(t, ref, image, "Azure's nodes boot the gallery image version the release signed")
+	assert.Equal(t, "v0.2.0", rel.Version())
+	// The sandbox boots the release's node image itself.
+	image, _, err = configuredImage(t.Context(), b.ws, b.conf(), "", false)
+	require.NoError(t, err)
+	assert.Equal(t, b.base, image, "a plain node image is booted as it is")
+	b.edit(func(c *config.Config) { c.Provider.Block().Image = dir })
+	image, _, err = configuredImage(t.Context(), b.ws, b.conf(), "", false)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, releasedir.NodeImageDir), image)
+
+	// The node image beside the release is still checked: its files are what the cloud image
+	// is made from, and what the pre-checks read.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, releasedir.NodeImageDir, local.NodeConfigFile), []byte("{}"), 0o644))
+	_, _, err = configuredImage(t.Context(), b.ws, onAzure(dir), "", false)
+	assert.Equal(t, release.ReasonTampered, release.ReasonOf(err), "%v", err)
 }

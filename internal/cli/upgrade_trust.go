@@ -10,7 +10,6 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
-	"github.com/openconstellation/constellation/internal/provider/catalog"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
 	"github.com/openconstellation/constellation/internal/release/releasesource"
@@ -62,13 +61,9 @@ func checkJoinTrust(ctx context.Context, workspace string, conf *config.Config, 
 // releaseImageFacts reads what rel's node image says about itself (before a URL release's
 // image is fetched: through its signed listing) and checks it against the signed manifest.
 func releaseImageFacts(ctx context.Context, conf *config.Config, rel *releasedir.Release) (provider.ImageFacts, error) {
-	platform, err := catalog.Lookup(conf.Provider.Name())
+	_, images, err := releaseRules(conf, "", false)
 	if err != nil {
-		return provider.ImageFacts{}, fmt.Errorf("%s: %w", config.FileName, err)
-	}
-	images, ok := platform.(provider.NodeImages)
-	if !ok {
-		return provider.ImageFacts{}, fmt.Errorf("provider %s boots no release images", platform.Name())
+		return provider.ImageFacts{}, err
 	}
 	files, err := releasesource.Client{}.ImageFiles(ctx, rel)
 	if err != nil {

@@ -80,17 +80,17 @@ func upgradeCheck(ctx context.Context, out io.Writer, workspace, source string) 
 	if err != nil {
 		return err
 	}
-	digest, err := imageDigest(conf)
+	now, err := runningOf(ctx, workspace, conf)
 	if err != nil {
 		return err
 	}
-	now, err := runningOf(ctx, workspace, conf)
+	policy, images, err := releaseRules(conf, now.release, false)
 	if err != nil {
 		return err
 	}
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	listed, err := releasesource.Client{}.List(lctx, source, key, release.Policy{Running: now.release, Variant: conf.Attestation.Variant()}, digest)
+	listed, err := releasesource.Client{}.List(lctx, source, key, policy, images.ImageDigest)
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,15 @@ func TestOpenRefusesASignedReleaseWithTwoReadings(t *testing.T) {
 			},
 			wantErr: "letter case",
 		},
+		// The image a cloud's nodes boot: one to a case-sensitive tool, another to encoding/json.
+		"cloud image ref in two cases": {
+			data: func(t *testing.T) []byte {
+				return signEdited(t, pinned, func(p string) string {
+					return replaceOnce(t, p, `"ref":"`+azureImage+`"`, `"ref":"`+azureImage+`","Ref":"/subscriptions/evil"`)
+				})
+			},
+			wantErr: `field "Ref" in "/cloudImages/0": differs from a known field only in letter case`,
+		},
 		"reference value field in two cases": {
 			data: func(t *testing.T) []byte {
 				return signEdited(t, pinned, func(p string) string {

@@ -1,6 +1,6 @@
 // Package release is a Constellation release as a signed artifact: the manifest (version,
-// node image, services image, the reference values of every variant the release supports)
-// and its signature, a DSSE envelope carrying an in-toto v1 Statement whose predicate is the
+// node image, services image, the images clouds keep of its node image, the reference values
+// of every variant the release supports) and its signature, a DSSE envelope carrying an in-toto v1 Statement whose predicate is the
 // manifest (docs/releases.md).
 //
 // A release is checked in three steps, in this order, and Open runs all three: Parse (strict,
@@ -31,6 +31,8 @@ const PredicateType = "https://github.com/openconstellation/constellation/blob/m
 const (
 	SubjectNodeImage     = "node-image"
 	SubjectServicesImage = "services-image"
+	// SubjectCloudImagePrefix and the provider's name name a cloud image ("cloud-image/azure").
+	SubjectCloudImagePrefix = "cloud-image/"
 )
 
 // Manifest is what a release is: the predicate of its signed statement.
@@ -44,6 +46,11 @@ type Manifest struct {
 	NodeImage Image `json:"nodeImage"`
 	// ServicesImage is the image of the in-cluster services (join, key, verification).
 	ServicesImage Image `json:"servicesImage"`
+	// CloudImages are the images a cloud's nodes of the release boot, at most one per
+	// provider: the node OS image made from the release, stored in the cloud's image store
+	// (constellation image upload). A provider whose nodes boot NodeImage itself (the
+	// sandbox) needs none.
+	CloudImages []CloudImage `json:"cloudImages,omitempty"`
 	// References are the reference values of every variant the release supports, one per
 	// variant: what nodes booting NodeImage measure, with the variant's hardware block.
 	References []choose.Reference `json:"references"`
@@ -57,6 +64,22 @@ type Image struct {
 	// Digest is "sha256:" and 64 lower-case hex digits.
 	Digest string `json:"digest"`
 }
+
+// CloudImage is the release's image in one cloud's image store.
+type CloudImage struct {
+	// Provider is the provider whose nodes boot it ("azure"), as a configuration names it.
+	Provider string `json:"provider"`
+	// Ref is the image in the provider's store, as provider.<name>.image takes it (Azure: a
+	// gallery image version's resource ID). Not trusted: what a node booting it measures is
+	// checked against References at join, whoever stored it.
+	Ref string `json:"ref"`
+	// Digest is the SHA-256 of the disk the stored image was made from, as the store
+	// records it (Azure: the version's constellation-image-sha256 tag).
+	Digest string `json:"digest"`
+}
+
+// image is c as an Image, whose digest's form is checked alike.
+func (c CloudImage) image() Image { return Image{Ref: c.Ref, Digest: c.Digest} }
 
 // sha256Hex returns the hex digits of a "sha256:<hex>" digest, checking its form.
 func (i Image) sha256Hex() (string, error) {
@@ -103,6 +126,9 @@ const (
 	// index, a release URL, a cache entry) than its signed version: a genuine release
 	// replayed under a newer name would hold a cluster back on it.
 	ReasonMisnamed
+	// ReasonNoCloudImage: the release names no image for the cluster's provider, whose
+	// nodes boot an image the cloud keeps.
+	ReasonNoCloudImage
 )
 
 func (r Reason) String() string {
@@ -125,6 +151,8 @@ func (r Reason) String() string {
 		return "release does not support the cluster's attestation variant"
 	case ReasonMisnamed:
 		return "release is not the version it is published as"
+	case ReasonNoCloudImage:
+		return "release has no image for the cluster's provider"
 	default:
 		return fmt.Sprintf("release refused (reason %d)", int(r))
 	}

@@ -36,6 +36,9 @@ func digest(b byte, n int) []byte {
 
 // manifest is a release supporting qemu-vtpm and aws-nitro-tpm, whose images measure
 // distinct values.
+// azureImage is the gallery image version manifest() names for Azure's nodes.
+const azureImage = "/subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/node/versions/1.2.0"
+
 func manifest() release.Manifest {
 	vtpm := variant.QEMUVTPM
 	return release.Manifest{
@@ -43,6 +46,9 @@ func manifest() release.Manifest {
 		KubernetesVersion: "v1.34.4",
 		NodeImage:         release.Image{Ref: "images/node-v1.2.0", Digest: "sha256:" + strings.Repeat("ab", 32)},
 		ServicesImage:     release.Image{Ref: "registry.local/constellation/services:v1.2.0", Digest: "sha256:" + strings.Repeat("cd", 32)},
+		CloudImages: []release.CloudImage{{
+			Provider: "azure", Ref: azureImage, Digest: "sha256:" + strings.Repeat("ef", 32),
+		}},
 		References: []choose.Reference{
 			{Variant: vtpm, Values: choose.Values{
 				Measurements:   measurements.ReferenceSets{{Name: "v1.2.0", Measurements: measurementstest.Image(vtpm, map[uint32][]byte{4: digest(4, 32), 11: digest(11, 32)})}},
@@ -126,6 +132,11 @@ func TestOpenAcceptsASignedRelease(t *testing.T) {
 			require.True(t, ok)
 			assert.Equal(t, m.References[0], ref)
 			_, ok = got.Reference(variant.AzureSEVSNP)
+			assert.False(t, ok)
+			azure, ok := got.CloudImage("azure")
+			require.True(t, ok)
+			assert.Equal(t, azureImage, azure.Ref)
+			_, ok = got.CloudImage("gcp")
 			assert.False(t, ok)
 		})
 	}
@@ -325,6 +336,55 @@ func TestOpenRefuses(t *testing.T) {
 			policy: release.Policy{Variant: variant.AzureSEVSNP},
 			reason: release.ReasonUnsupportedVariant, wantErr: "no reference values for azure-sev-snp (it supports qemu-vtpm, aws-nitro-tpm)",
 		},
+		"release without an image for the cluster's provider": {
+			data:   func(*testing.T) []byte { return good },
+			policy: release.Policy{CloudImageOf: "gcp"},
+			reason: release.ReasonNoCloudImage, wantErr: "release v1.2.0 names no image for provider gcp (it names images for: azure)",
+		},
+		// A cloud image is a subject of the statement: a manifest naming one the statement
+		// does not list (or another digest) is refused, so the two cannot disagree.
+		"cloud image the statement does not list": {
+			data: func(t *testing.T) []byte {
+				m := manifest()
+				m.CloudImages = append(m.CloudImages, release.CloudImage{Provider: "gcp", Ref: "projects/p/global/images/i", Digest: "sha256:" + strings.Repeat("12", 32)})
+				return signUnchecked(t, m, pinned)
+			},
+			reason: release.ReasonMalformed, wantErr: "statement has 3 subjects, want 4",
+		},
+		"cloud image digest other than its subject's": {
+			data: func(t *testing.T) []byte {
+				m := manifest()
+				m.CloudImages[0].Digest = "sha256:" + strings.Repeat("12", 32)
+				return signUnchecked(t, m, pinned)
+			},
+			reason: release.ReasonMalformed, wantErr: "statement subject cloud-image/azure: digest",
+		},
+		"two images for one provider": {
+			data: func(t *testing.T) []byte {
+				m := manifest()
+				other := m.CloudImages[0]
+				other.Ref = strings.Replace(other.Ref, "1.2.0", "6.6.6", 1)
+				m.CloudImages = append(m.CloudImages, other)
+				return signUnchecked(t, m, pinned)
+			},
+			reason: release.ReasonMalformed, wantErr: "provider azure has two images",
+		},
+		"cloud image ref with a line break": {
+			data: func(t *testing.T) []byte {
+				m := manifest()
+				m.CloudImages[0].Ref += "\nprovider.azure.image: evil"
+				return signUnchecked(t, m, pinned)
+			},
+			reason: release.ReasonMalformed, wantErr: "printable characters without spaces",
+		},
+		"cloud image of no provider's name": {
+			data: func(t *testing.T) []byte {
+				m := manifest()
+				m.CloudImages[0].Provider = "Azure"
+				return signUnchecked(t, m, pinned)
+			},
+			reason: release.ReasonMalformed, wantErr: "cloud-image/Azure",
+		},
 		"downgrade": {
 			data:   func(*testing.T) []byte { return good },
 			policy: release.Policy{Running: "v1.10.0"},
@@ -415,6 +475,16 @@ func TestSignRefusesAnUnenforcedRelease(t *testing.T) {
 	m.NodeImage.Digest = "sha256:AB"
 	_, err = release.Sign(context.Background(), m, newSigner(t))
 	assert.ErrorContains(t, err, "node image")
+
+	m = manifest()
+	m.CloudImages[0].Digest = "sha256:AB"
+	_, err = release.Sign(context.Background(), m, newSigner(t))
+	assert.ErrorContains(t, err, "cloudImages[0] (azure)")
+
+	m = manifest()
+	m.CloudImages[0].Provider = "Azure"
+	_, err = release.Sign(context.Background(), m, newSigner(t))
+	assert.ErrorContains(t, err, `cloudImages[0]: provider "Azure"`)
 
 	m = manifest()
 	m.KubernetesVersion = "1.34"

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 
 	intoto "github.com/in-toto/attestation/go/v1"
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
@@ -57,24 +59,22 @@ type subject struct {
 
 // statementJSON is the in-toto statement of m.
 func statementJSON(m Manifest) ([]byte, error) {
-	nodeHex, err := m.NodeImage.sha256Hex()
-	if err != nil {
-		return nil, fmt.Errorf("node image: %w", err)
-	}
-	servicesHex, err := m.ServicesImage.sha256Hex()
-	if err != nil {
-		return nil, fmt.Errorf("services image: %w", err)
+	images := m.subjects()
+	var subjects []subject
+	for _, name := range slices.Sorted(maps.Keys(images)) {
+		hexDigits, err := images[name].sha256Hex()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		subjects = append(subjects, subject{Name: name, Digest: map[string]string{"sha256": hexDigits}})
 	}
 	pred, err := json.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the manifest: %w", err)
 	}
 	payload, err := json.Marshal(statement{
-		Type: intoto.StatementTypeUri,
-		Subject: []subject{
-			{Name: SubjectNodeImage, Digest: map[string]string{"sha256": nodeHex}},
-			{Name: SubjectServicesImage, Digest: map[string]string{"sha256": servicesHex}},
-		},
+		Type:          intoto.StatementTypeUri,
+		Subject:       subjects,
 		PredicateType: PredicateType,
 		Predicate:     pred,
 	})

@@ -5,7 +5,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 	"k8s.io/apimachinery/pkg/util/version"
@@ -138,18 +142,19 @@ func decodeManifest(pred []byte) (Manifest, error) {
 	return m, nil
 }
 
-// checkSubjects requires the statement's subjects to be exactly the manifest's two images,
-// so that the statement and its predicate cannot name different images.
+// checkSubjects requires the statement's subjects to be exactly the manifest's images (its
+// node and services images and each cloud image), so that the statement and its predicate
+// cannot name different images.
 func checkSubjects(st statement, m Manifest) error {
-	want := map[string]Image{SubjectNodeImage: m.NodeImage, SubjectServicesImage: m.ServicesImage}
+	want := m.subjects()
 	if len(st.Subject) != len(want) {
-		return fmt.Errorf("statement has %d subjects, want %d (%s, %s)", len(st.Subject), len(want), SubjectNodeImage, SubjectServicesImage)
+		return fmt.Errorf("statement has %d subjects, want %d (%s)", len(st.Subject), len(want), strings.Join(slices.Sorted(maps.Keys(want)), ", "))
 	}
 	seen := map[string]bool{}
 	for _, s := range st.Subject {
 		img, ok := want[s.Name]
 		if !ok || seen[s.Name] {
-			return fmt.Errorf("statement subject %q: want each of %s and %s once", s.Name, SubjectNodeImage, SubjectServicesImage)
+			return fmt.Errorf("statement subject %q: want each of %s once", s.Name, strings.Join(slices.Sorted(maps.Keys(want)), ", "))
 		}
 		seen[s.Name] = true
 		hexDigits, err := img.sha256Hex()
@@ -161,6 +166,15 @@ func checkSubjects(st statement, m Manifest) error {
 		}
 	}
 	return nil
+}
+
+// subjects are the images of m by their subject names: what the statement about m lists.
+func (m Manifest) subjects() map[string]Image {
+	out := map[string]Image{SubjectNodeImage: m.NodeImage, SubjectServicesImage: m.ServicesImage}
+	for _, c := range m.CloudImages {
+		out[SubjectCloudImagePrefix+c.Provider] = c.image()
+	}
+	return out
 }
 
 // Policy is what the running cluster requires of a release beyond its signature.
@@ -180,6 +194,9 @@ type Policy struct {
 	// Variant, if set, is the cluster's attestation variant: the release must carry its
 	// reference values, or the cluster's nodes could not join once they run its image.
 	Variant variant.Variant
+	// CloudImageOf, if set, is the cluster's provider when its nodes boot an image the cloud
+	// keeps: the release must name its image there (Manifest.CloudImages).
+	CloudImageOf string
 }
 
 // Verified is a release that passed every check: parsed, signed by the pinned key, and
@@ -223,6 +240,18 @@ func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 			return nil, refuse(ReasonUnsupportedVariant, "release %s has no reference values for %s (it supports %s)", s.manifest.Version, p.Variant, strings.Join(have, ", "))
 		}
 	}
+	if p.CloudImageOf != "" {
+		if _, ok := s.manifest.cloudImage(p.CloudImageOf); !ok {
+			have := []string{"none"}
+			for i, c := range s.manifest.CloudImages {
+				if i == 0 {
+					have = nil
+				}
+				have = append(have, c.Provider)
+			}
+			return nil, refuse(ReasonNoCloudImage, "release %s names no image for provider %s (it names images for: %s): its nodes there would have nothing to boot", s.manifest.Version, p.CloudImageOf, strings.Join(have, ", "))
+		}
+	}
 	downgrade := false
 	if p.Running != "" {
 		running, err := version.ParseSemantic(p.Running)
@@ -258,6 +287,9 @@ func checkManifest(m Manifest) error {
 	if _, err := m.ServicesImage.sha256Hex(); err != nil {
 		return refuse(ReasonMalformed, "services image: %w", err)
 	}
+	if err := CheckCloudImages(m.CloudImages); err != nil {
+		return refuse(ReasonMalformed, "%w", err)
+	}
 	if len(m.References) == 0 {
 		return refuse(ReasonInvalidReference, "no reference values: a release supports at least one variant")
 	}
@@ -275,6 +307,34 @@ func checkManifest(m Manifest) error {
 				reason = ReasonUnenforced
 			}
 			return refuse(reason, "reference values of %s: %w", variantName(ref.Variant), err)
+		}
+	}
+	return nil
+}
+
+// providerPattern is a provider's name as a configuration's provider block is keyed.
+var providerPattern = regexp.MustCompile(`\A[a-z][a-z0-9]{0,31}\z`)
+
+// maxCloudImageRef bounds a cloud image's reference (an Azure resource ID is well below).
+const maxCloudImageRef = 1024
+
+// CheckCloudImages checks each cloud image's form: a provider's name, at most one image per
+// provider, a reference of printable characters without spaces, a sha256 digest.
+func CheckCloudImages(images []CloudImage) error {
+	seen := map[string]bool{}
+	for i, c := range images {
+		if !providerPattern.MatchString(c.Provider) {
+			return fmt.Errorf("cloudImages[%d]: provider %q: want a provider's name (lower-case letters and digits)", i, c.Provider)
+		}
+		if seen[c.Provider] {
+			return fmt.Errorf("cloudImages[%d]: provider %s has two images: a release names one image per provider", i, c.Provider)
+		}
+		seen[c.Provider] = true
+		if c.Ref == "" || len(c.Ref) > maxCloudImageRef || strings.IndexFunc(c.Ref, func(r rune) bool { return r <= ' ' || r == 0x7f || !unicode.IsPrint(r) }) >= 0 {
+			return fmt.Errorf("cloudImages[%d] (%s): ref %q: want 1 to %d printable characters without spaces", i, c.Provider, c.Ref, maxCloudImageRef)
+		}
+		if _, err := c.image().sha256Hex(); err != nil {
+			return fmt.Errorf("cloudImages[%d] (%s): %w", i, c.Provider, err)
 		}
 	}
 	return nil
@@ -304,6 +364,20 @@ func Open(ctx context.Context, data []byte, key *PublicKey, p Policy) (*Verified
 // Reference returns the verified reference values of variant vr, if the release supports it.
 func (v *Verified) Reference(vr variant.Variant) (choose.Reference, bool) {
 	return v.manifest.reference(vr)
+}
+
+// CloudImage returns the verified image the release names for provider's nodes, if any.
+func (v *Verified) CloudImage(provider string) (CloudImage, bool) {
+	return v.manifest.cloudImage(provider)
+}
+
+func (m Manifest) cloudImage(provider string) (CloudImage, bool) {
+	for _, c := range m.CloudImages {
+		if c.Provider == provider {
+			return c, true
+		}
+	}
+	return CloudImage{}, false
 }
 
 func (m Manifest) reference(v variant.Variant) (choose.Reference, bool) {

@@ -143,6 +143,11 @@ func (c *Cluster) CreateNodes(ctx context.Context, specs []provider.NodeSpec) ([
 		if spec.Unexpected {
 			return nil, fmt.Errorf("node %s: the Azure provider cannot boot a node of another image", spec.Name)
 		}
+		if spec.Image != "" {
+			if err := checkImage(spec.Image); err != nil {
+				return nil, fmt.Errorf("node %s: %w", spec.Name, err)
+			}
+		}
 		slot := 0
 		for used[slot] {
 			slot++

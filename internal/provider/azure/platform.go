@@ -162,6 +162,15 @@ func (p Platform) InitSecret(workspace string) ([]byte, error) {
 // version).
 var imageIDRE = regexp.MustCompile(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/galleries/[^/]+/images/[^/]+(/versions/[^/]+)?$`)
 
+// checkImage refuses what is no gallery image version to boot: a configuration's image, or
+// the one a release names for Azure.
+func checkImage(image string) error {
+	if !imageIDRE.MatchString(image) {
+		return fmt.Errorf("provider.azure.image: %q is not a gallery image version's resource ID (constellation image upload azure prints it; or a release's directory or URL)", image)
+	}
+	return nil
+}
+
 // Create implements provider.Platform: the cluster's record and init secret in the
 // workspace's folder first (so that a killed run's rerun, and terminate, find what it
 // created), then its resources and nodes.
@@ -174,14 +183,20 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 		return nil, errors.New("the Azure provider cannot boot a node of another image (tests only)")
 	}
 	block := conf.Provider.Block()
-	if !imageIDRE.MatchString(block.Image) {
-		return nil, fmt.Errorf("provider.azure.image: %q is not a gallery image version's resource ID (constellation image upload azure prints it)", block.Image)
+	// The image the CLI resolved (a release's image on Azure: release.CloudImage), or the
+	// configured one.
+	image := block.Image
+	if len(req.Nodes) > 0 && req.Nodes[0].Image != "" {
+		image = req.Nodes[0].Image
+	}
+	if err := checkImage(image); err != nil {
+		return nil, err
 	}
 	settings, problems := ParseSettings(block.Settings)
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("provider.azure.settings: %w", problems[0])
 	}
-	r, err := p.ensureRecord(req.Workspace, conf, settings)
+	r, err := p.ensureRecord(req.Workspace, conf, settings, image)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +216,7 @@ func (p Platform) Create(ctx context.Context, req provider.CreateRequest) (provi
 
 // ensureRecord writes the cluster's record and init secret, or reads them if a killed run
 // wrote them already.
-func (p Platform) ensureRecord(workspace string, conf *config.Config, s Settings) (record, error) {
+func (p Platform) ensureRecord(workspace string, conf *config.Config, s Settings, image string) (record, error) {
 	dir := p.Folder(workspace)
 	if r, err := p.readRecord(workspace); err == nil {
 		if r.Layout.Cluster != conf.Name || r.Layout.ResourceGroup != s.ResourceGroup || r.Layout.Subscription != s.SubscriptionID {
@@ -229,7 +244,7 @@ func (p Platform) ensureRecord(workspace string, conf *config.Config, s Settings
 			Subscription: s.SubscriptionID, ResourceGroup: s.ResourceGroup, Location: s.Location,
 			Cluster: conf.Name, UID: uuid.NewString()[:8],
 		},
-		Settings: s, Variant: conf.Attestation.Variant(), Image: conf.Provider.Block().Image,
+		Settings: s, Variant: conf.Attestation.Variant(), Image: image,
 		InitSecretHash: string(hash), PodNetwork: pods,
 	}
 	raw, err := json.MarshalIndent(r, "", "  ")

@@ -60,6 +60,7 @@ the old one refuse the releases it signs.`,
 func newCreateCmd() *cobra.Command {
 	var o Options
 	var keyFile, providerName string
+	var cloudImages []string
 	cmd := &cobra.Command{
 		Use:   "create",
 		Short: "Lay out, measure and sign release --version into --source/<version>",
@@ -74,6 +75,13 @@ func newCreateCmd() *cobra.Command {
 			}
 			if o.Platform, err = catalog.Lookup(providerName); err != nil {
 				return err
+			}
+			for _, c := range cloudImages {
+				img, err := ParseCloudImage(c)
+				if err != nil {
+					return err
+				}
+				o.CloudImages = append(o.CloudImages, img)
 			}
 			dir, err := Publish(cmd.Context(), o)
 			if err != nil {
@@ -90,6 +98,7 @@ func newCreateCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.ImagesDir, "images", "", "where make images wrote the container images: the release's services image is built from the services binaries in its bin folder")
 	cmd.Flags().StringVar(&providerName, "provider", "local", "the provider whose node image this is")
 	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release directory or node image the release upgrades from: its nodes trust that image's join services (repeatable)")
+	cmd.Flags().StringArrayVar(&cloudImages, "cloud-image", nil, "PROVIDER=REF@sha256:HEX: the release's image in a cloud's image store, made from its node image (constellation image upload prints REF; HEX is the SHA-256 of the disk it stored), what the cloud's nodes of the release boot (repeatable)")
 	for _, f := range []string{"key", "version", "source", "base-image", "images"} {
 		_ = cmd.MarkFlagRequired(f)
 	}

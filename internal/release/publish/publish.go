@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/fileutil"
@@ -42,6 +43,10 @@ type Options struct {
 	// The release's nodes trust their join services besides their own image, so that its
 	// first node can join a cluster of the previous release.
 	From []string
+	// CloudImages are the release's images in clouds' image stores, made from its node
+	// image (constellation image upload), signed with the rest: what a cloud's nodes of the
+	// release boot.
+	CloudImages []release.CloudImage
 }
 
 // Publish writes release o.Version to o.Source/o.Version and returns its directory. It
@@ -55,6 +60,9 @@ func Publish(ctx context.Context, o Options) (string, error) {
 	// only a release version, one path element, may.
 	if !release.IsVersion(o.Version) {
 		return "", fmt.Errorf("version %q: want v and a semantic version, e.g. v0.2.0 or v0.3.0-rc.1", o.Version)
+	}
+	if err := release.CheckCloudImages(o.CloudImages); err != nil {
+		return "", err
 	}
 	dir := filepath.Join(o.Source, o.Version)
 	if releasedir.IsRelease(dir) {
@@ -92,6 +100,7 @@ func Publish(ctx context.Context, o Options) (string, error) {
 		Version:           o.Version,
 		KubernetesVersion: facts.KubernetesVersion,
 		ServicesImage:     release.Image{Ref: services.Ref, Digest: "sha256:" + services.SHA256},
+		CloudImages:       o.CloudImages,
 		References: []choose.Reference{{
 			Variant: o.Platform.ConfigRules().Variants()[0],
 			Values:  choose.Values{Measurements: measurements.ReferenceSets{{Name: o.Version, Measurements: values.Measurements}}},
@@ -183,4 +192,18 @@ func fromSets(ctx context.Context, o Options, images provider.NodeImages) (measu
 		sets = append(sets, measurements.ReferenceSet{Name: config.ReferenceSetName("local-", values.Measurements), Measurements: values.Measurements})
 	}
 	return sets, releaseImages, nil
+}
+
+// ParseCloudImage reads a cloud image as --cloud-image gives it: PROVIDER=REF@sha256:HEX.
+func ParseCloudImage(s string) (release.CloudImage, error) {
+	provider, rest, ok := strings.Cut(s, "=")
+	i := strings.LastIndex(rest, "@sha256:")
+	if !ok || i < 0 {
+		return release.CloudImage{}, fmt.Errorf("--cloud-image %q: want PROVIDER=REF@sha256:<64 hex digits>", s)
+	}
+	c := release.CloudImage{Provider: provider, Ref: rest[:i], Digest: rest[i+1:]}
+	if err := release.CheckCloudImages([]release.CloudImage{c}); err != nil {
+		return release.CloudImage{}, fmt.Errorf("--cloud-image %q: %w", s, err)
+	}
+	return c, nil
 }

@@ -140,3 +140,43 @@ func TestPublishRefusesAVersionThatIsNotOne(t *testing.T) {
 		assert.FileExists(t, keep)
 	}
 }
+
+// A release names its images in clouds' image stores, signed with the rest; --cloud-image
+// is read strictly, and a malformed one refused before anything is laid out.
+func TestPublishCloudImages(t *testing.T) {
+	key, err := release.GenerateKey()
+	require.NoError(t, err)
+	image, imagesDir := baseImage(t)
+	source := t.TempDir()
+	const ref = "/subscriptions/s/resourceGroups/images/providers/Microsoft.Compute/galleries/g/images/node/versions/0.2.0"
+	digest := "sha256:" + fmt.Sprintf("%x", sha256.Sum256([]byte("disk")))
+	azure, err := publish.ParseCloudImage("azure=" + ref + "@" + digest)
+	require.NoError(t, err)
+	assert.Equal(t, release.CloudImage{Provider: "azure", Ref: ref, Digest: digest}, azure)
+
+	dir, err := publish.Publish(context.Background(), publish.Options{Source: source, Version: "v0.2.0", BaseImage: image, ImagesDir: imagesDir,
+		Platform: localplatform.Platform{}, Signer: key, CloudImages: []release.CloudImage{azure}})
+	require.NoError(t, err)
+	r, err := releasedir.Open(context.Background(), dir, key.Public(), release.Policy{CloudImageOf: "azure"}, local.ImageDigest)
+	require.NoError(t, err)
+	got, ok := r.CloudImage("azure")
+	require.True(t, ok)
+	assert.Equal(t, azure, got)
+
+	for _, bad := range []string{
+		"azure",                         // no reference
+		"azure=" + ref,                  // no digest
+		"azure=" + ref + "@sha256:abc",  // short digest
+		"Azure=" + ref + "@" + digest,   // not a provider's name
+		"azure=" + ref + " x@" + digest, // a space in the reference
+		"=" + ref + "@" + digest,        // no provider
+		"azure=@" + digest,              // empty reference
+	} {
+		_, err := publish.ParseCloudImage(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+	_, err = publish.Publish(context.Background(), publish.Options{Source: source, Version: "v0.3.0", BaseImage: image, ImagesDir: imagesDir,
+		Platform: localplatform.Platform{}, Signer: key, CloudImages: []release.CloudImage{azure, azure}})
+	assert.ErrorContains(t, err, "provider azure has two images")
+	assert.NoDirExists(t, filepath.Join(source, "v0.3.0"))
+}
