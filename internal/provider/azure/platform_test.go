@@ -146,6 +146,10 @@ func TestLifecycle(t *testing.T) {
 	assert.Equal(t, next, added[0].Image)
 	assert.Equal(t, next, *mustVM(t, cloud, "worker-1").Properties.StorageProfile.ImageReference.ID)
 	assert.Equal(t, testImage, mustNode(t, prov, "worker-0").Image)
+	_, err = prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-9", Role: metadata.Worker, Image: "/releases/v0.2.0/node-image"}})
+	assert.ErrorContains(t, err, `node worker-9: provider.azure.image: "/releases/v0.2.0/node-image" is not a gallery image version's resource ID`)
+	_, ok = cloud.VM("mini-rg", "worker-9")
+	assert.False(t, ok)
 	assert.Equal(t, "2", *mustVM(t, cloud, "worker-1").Tags[tagSlot])
 	routes, ok := cloud.RouteTable("mini-rg", "mini-routes")
 	require.True(t, ok)
@@ -222,6 +226,35 @@ func TestCreateRefuses(t *testing.T) {
 			assert.Empty(t, cloud.Calls(), "nothing asked of Azure")
 		})
 	}
+	// The image the CLI resolved is what is checked, not only the configured one.
+	conf := testConfig(variant.AzureSEVSNP)
+	_, err := p.Create(t.Context(), provider.CreateRequest{Workspace: t.TempDir(), Config: conf,
+		Nodes: []provider.NodeSpec{{Name: "control-plane-0", Role: metadata.ControlPlane, Image: "/releases/v0.2.0/node-image"}}})
+	assert.ErrorContains(t, err, `"/releases/v0.2.0/node-image" is not a gallery image version's resource ID`)
+	assert.Empty(t, cloud.Calls(), "nothing asked of Azure")
+}
+
+// A cluster created from a release boots the release's Azure image, which the CLI resolved
+// (release.CloudImage) and passes in the nodes' specs: provider.azure.image names the release.
+func TestCreateBootsTheImageTheCLIResolved(t *testing.T) {
+	cloud := azuresim.New(testSub, azuresim.Hooks{})
+	p := simPlatform(cloud)
+	conf := testConfig(variant.AzureSEVSNP)
+	conf.Provider.Block().Image = "releases/v0.2.0"
+	released := strings.Replace(testImage, "1.0.0", "2.0.0", 1)
+	ws := t.TempDir()
+	prov, err := p.Create(t.Context(), provider.CreateRequest{Workspace: ws, Config: conf, Nodes: []provider.NodeSpec{
+		{Name: "control-plane-0", Role: metadata.ControlPlane, Image: released},
+	}})
+	require.NoError(t, err)
+	assert.Equal(t, released, *mustVM(t, cloud, "control-plane-0").Properties.StorageProfile.ImageReference.ID)
+	assert.Equal(t, released, mustNode(t, prov, "control-plane-0").Image)
+	// A node added without an image boots the cluster's.
+	_, err = prov.CreateNodes(t.Context(), []provider.NodeSpec{{Name: "worker-0", Role: metadata.Worker}})
+	require.NoError(t, err)
+	assert.Equal(t, released, *mustVM(t, cloud, "worker-0").Properties.StorageProfile.ImageReference.ID)
+	_, err = p.Remove(t.Context(), ws)
+	require.NoError(t, err)
 }
 
 // TestListerSeesTheNodes: the join service's lister (azuremeta, with the nodes' identity)

@@ -65,10 +65,11 @@ type Machines struct {
 	t     testing.TB
 	o     Options
 
-	// ops serializes what the VMs' hooks do to the nodes; mu guards sandbox.
+	// ops serializes what the VMs' hooks do to the nodes; mu guards sandbox and images.
 	ops     sync.Mutex
 	mu      sync.Mutex
 	sandbox *cluster.Local
+	images  map[string]string
 	// logs are the VMs' serial logs, by VM name.
 	logMu sync.Mutex
 	logs  map[string]string
@@ -78,7 +79,10 @@ type Machines struct {
 // real on this host. Everything it boots is removed when the test ends.
 func New(t testing.TB, o Options) *Machines {
 	t.Helper()
-	m := &Machines{t: t, o: o, logs: map[string]string{}}
+	m := &Machines{t: t, o: o, logs: map[string]string{}, images: map[string]string{}}
+	for ref, dir := range o.Images {
+		m.images[ref] = dir
+	}
 	m.Cloud = azuresim.New(o.Subscription, azuresim.Hooks{Started: m.started, Stopped: m.stopped, Console: m.console})
 	stopBlobs := m.Cloud.ServeBlobs()
 	stop := m.Cloud.ServeInternet(m.reach)
@@ -102,9 +106,24 @@ func (m *Machines) Platform() provider.Platform {
 	return Platform{Platform: azure.Platform{Credential: azuresim.Credential, Transport: m.Cloud.Transport(), PollEvery: 10 * time.Millisecond}, m: m}
 }
 
+// SetImage makes VMs booting image reference ref boot the node image folder dir from now on:
+// what whoever can write the gallery can do to a version.
+func (m *Machines) SetImage(ref, dir string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for r := range m.images {
+		if strings.EqualFold(r, ref) {
+			delete(m.images, r)
+		}
+	}
+	m.images[ref] = dir
+}
+
 // imageDir is the node image folder of a VM's image reference.
 func (m *Machines) imageDir(ref string) (string, error) {
-	for r, dir := range m.o.Images {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for r, dir := range m.images {
 		if strings.EqualFold(r, ref) {
 			return dir, nil
 		}
