@@ -89,8 +89,12 @@ func (c *Cluster) requestOf(vm armcompute.VirtualMachine) nodeRequest {
 	spec := provider.NodeSpec{Name: tag(tags, azuremeta.TagNode), Role: metadata.Role(tag(tags, azuremeta.TagRole))}
 	if p := vm.Properties; p != nil && p.StorageProfile != nil && p.StorageProfile.ImageReference != nil && p.StorageProfile.ImageReference.ID != nil {
 		spec.Image = *p.StorageProfile.ImageReference.ID
-		if strings.EqualFold(spec.Image, c.rec.Image) {
-			spec.Image = c.rec.Image // Azure may answer a resource ID in another case
+		// Azure may answer a resource ID in another case (tagImage).
+		for _, asked := range []string{tag(tags, tagImage), c.rec.Image} {
+			if strings.EqualFold(spec.Image, asked) {
+				spec.Image = asked
+				break
+			}
 		}
 	}
 	n := c.request(spec, slot)

@@ -146,6 +146,15 @@ func TestLifecycle(t *testing.T) {
 	assert.Equal(t, next, added[0].Image)
 	assert.Equal(t, next, *mustVM(t, cloud, "worker-1").Properties.StorageProfile.ImageReference.ID)
 	assert.Equal(t, testImage, mustNode(t, prov, "worker-0").Image)
+	// Azure may answer a VM's image reference in another case: the node still lists the image
+	// as it was asked for, or an upgrade would take its replacement for a stale node.
+	cloud.AnswerImageReferences(strings.ToLower)
+	_, err = prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-2", Role: metadata.Worker, Image: next}})
+	require.NoError(t, err)
+	assert.Equal(t, strings.ToLower(next), *mustVM(t, cloud, "worker-2").Properties.StorageProfile.ImageReference.ID)
+	assert.Equal(t, next, mustNode(t, prov, "worker-2").Image)
+	cloud.AnswerImageReferences(nil)
+	require.NoError(t, prov.DeleteNode(ctx, "worker-2"))
 	_, err = prov.CreateNodes(ctx, []provider.NodeSpec{{Name: "worker-9", Role: metadata.Worker, Image: "/releases/v0.2.0/node-image"}})
 	assert.ErrorContains(t, err, `node worker-9: provider.azure.image: "/releases/v0.2.0/node-image" is not a gallery image version's resource ID`)
 	_, ok = cloud.VM("mini-rg", "worker-9")

@@ -240,6 +240,9 @@ func (n nodeRequest) tags(l layout) map[string]*string {
 // with two must name the one it asks a token for).
 func (n nodeRequest) vmTags(l layout) map[string]*string {
 	t := n.tags(l)
+	if len(n.Image) <= maxTagValue {
+		t[tagImage] = ptr(n.Image)
+	}
 	t[azuremeta.TagNodesIdentity] = ptr(l.identity(nodesIdentity))
 	if n.Role == metadata.ControlPlane {
 		t[azuremeta.TagVolumesIdentity] = ptr(l.identity(volumesIdentity))
@@ -261,6 +264,17 @@ func (n nodeRequest) identities(l layout) map[string]*armcompute.UserAssignedIde
 
 // tagSlot records a node's slot on its VM and NIC, so a rerun and later scaling know it.
 const tagSlot = "constellation-slot"
+
+// tagImage records on a VM the image it was asked to boot, as the CLI named it. Azure treats
+// resource IDs without regard to case and may answer a VM's image reference in another case
+// than it was given (hashicorp/terraform-provider-azurerm#18723), while an upgrade compares
+// images exactly: a replacement whose image came back in another case would look stale and be
+// replaced again. An ID longer than a tag holds (maxTagValue) is not recorded; the VM's own
+// reference is read then.
+const tagImage = "constellation-image"
+
+// maxTagValue is the longest value of a tag Azure stores.
+const maxTagValue = 256
 
 // stateDiskRequest is a node's empty state disk: LUN 0 of its VM, which the node formats as
 // LUKS2 with a key only an attested node gets.

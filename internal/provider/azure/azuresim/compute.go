@@ -203,6 +203,9 @@ func (c *Cloud) createVM(rg, name string, v armcompute.VirtualMachine) (armcompu
 		}
 	}
 	p.ProvisioningState = ptr("Succeeded")
+	if ref := p.StorageProfile.ImageReference; c.imageCase != nil && ref != nil && ref.ID != nil {
+		ref.ID = ptr(c.imageCase(*ref.ID))
+	}
 	for _, nic := range p.NetworkProfile.NetworkInterfaces {
 		n, _ := c.lookup(*nic.ID)
 		n.(*armnetwork.Interface).Properties.VirtualMachine = &armnetwork.SubResource{ID: ptr(id)}

@@ -61,6 +61,8 @@ type Cloud struct {
 	pending []func()
 	// internet, if served, makes public addresses real on this host (ServeInternet).
 	internet *internet
+	// imageCase, if set, is how VMs answer their image reference (AnswerImageReferences).
+	imageCase func(string) string
 
 	compute   computefake.ServerFactory
 	network   networkfake.ServerFactory
@@ -146,6 +148,15 @@ func (c *Cloud) takeSlow(api string) int {
 		}
 	}
 	return 0
+}
+
+// AnswerImageReferences makes VMs created from now on answer their image reference as f
+// gives it: Azure compares resource IDs without regard to case and may answer one in another
+// case than it was given.
+func (c *Cloud) AnswerImageReferences(f func(string) string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.imageCase = f
 }
 
 // Calls returns the APIs called so far, in order; a poll of a long-running operation is
