@@ -51,9 +51,9 @@ release-key: build ## make the local release key once: _output/release-key.pem (
 # keeps the images of the versions built before (hack/kubeversions "built"): the cluster it
 # upgrades runs one of them, and its nodes import them from the same image index.
 release: export KUBE_VERSIONS = $(or $(KUBERNETES),default),built
-release: build images release-key ## make release VERSION FROM (the running release, or _output/mini/image for make up's cluster; KUBERNETES=v1.35.4 for the next minor) into _output/releases/VERSION, signed; builds only its Kubernetes version
+release: build images release-key ## make release VERSION FROM (the running release, or _output/mini/image for make up's cluster; KUBERNETES=v1.35.4 for the next minor; CLOUD_IMAGES=azure=REF@sha256:HEX names its cloud images) into _output/releases/VERSION, signed; builds only its Kubernetes version
 	@if [ -z "$(VERSION)" ]; then echo "make release: set VERSION and FROM, e.g. make release VERSION=v0.2.0 FROM=v0.1.0 (docs/upgrades.md)" >&2; exit 1; fi
-	@KUBERNETES=$(KUBERNETES) ./hack/release.sh $(VERSION) $(FROM)
+	@KUBERNETES=$(KUBERNETES) CLOUD_IMAGES="$(CLOUD_IMAGES)" ./hack/release.sh $(VERSION) $(FROM)
 
 test: deps proto-check lint consumer unit integration e2e fuzz ## install what is needed, then run every test tier (CI runs this)
 	@echo "make test: all checks passed"

@@ -9,6 +9,8 @@
 # of `make up` boots _output/mini/image). Without them the release can create clusters but
 # upgrade none: its first node would refuse every join service of a running cluster
 # (docs/upgrades.md "A new node trusts the previous release's join services").
+# CLOUD_IMAGES (make's CLOUD_IMAGES), space-separated PROVIDER=REF@sha256:HEX, names the
+# release's images in clouds' image stores (docs/releases.md "Cloud images").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${1:?usage: hack/release.sh VERSION}
@@ -31,5 +33,9 @@ for f in "${@:2}"; do
   if [ -d "_output/releases/$f" ]; then f="_output/releases/$f"; fi
   from+=(--from "$f")
 done
+clouds=()
+for c in ${CLOUD_IMAGES:-}; do
+  clouds+=(--cloud-image "$c")
+done
 "$bin/release" create --key "$key" --version "$version" --source _output/releases \
-  --base-image "$base/node-image" --images _output/images "${from[@]}"
+  --base-image "$base/node-image" --images _output/images "${from[@]}" "${clouds[@]}"
