@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -26,6 +27,7 @@ import (
 	"github.com/openconstellation/constellation/internal/retry"
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
+	"github.com/openconstellation/constellation/pkg/verify"
 )
 
 // configuredImage resolves the node image of the configuration. A release directory is
@@ -134,8 +136,9 @@ func pinnedReleaseKey(workspace string, conf *config.Config) (*release.PublicKey
 // releaseRules are what conf's cluster requires of a release (running is the release it
 // runs, "" before it exists) and how the CLI reads a release's node image (its digest, what
 // it says about itself). A provider that lays out node images (provider.NodeImages: the
-// sandbox) boots the release's node image itself. A cloud's nodes boot the image the
-// release names for the cloud instead (release.CloudImage, required by the policy), made
+// sandbox) boots the release's node image itself. A cloud's nodes (a provider that stores
+// node OS images in the cloud, provider.ImageUploader) boot the image the release names for
+// the cloud instead (release.CloudImage, required by the policy), made
 // from that node image, which is read as the sandbox reads it: the one format a release's
 // node image has (docs/releases.md "Cloud images").
 func releaseRules(conf *config.Config, running string, allowDowngrade bool) (release.Policy, provider.NodeImages, error) {
@@ -146,6 +149,9 @@ func releaseRules(conf *config.Config, running string, allowDowngrade bool) (rel
 	}
 	if images, ok := platform.(provider.NodeImages); ok {
 		return policy, images, nil
+	}
+	if _, ok := platform.(provider.ImageUploader); !ok {
+		return release.Policy{}, nil, fmt.Errorf("provider %s boots no release images: its nodes boot neither a release's node image nor an image a cloud keeps (docs/releases.md \"Cloud images\")", platform.Name())
 	}
 	images, ok := localPlatform().(provider.NodeImages)
 	if !ok {
@@ -180,6 +186,11 @@ type upgrade struct {
 	// changed says whether the upgrade changed anything (apply says "nothing to apply"
 	// otherwise).
 	changed bool
+	// verified are the nodes this apply verified as the release's (verifyRelease); created
+	// the replacements it created.
+	verified, created []string
+	// verifyNode, if set, verifies nodes instead of verify's own client (tests).
+	verifyNode verifyFunc
 }
 
 // replacementBound bounds the wait for one replacement node to be Ready.
@@ -194,6 +205,11 @@ func (u *upgrade) check(ctx context.Context) ([]state.Node, error) {
 		return nil, err
 	}
 	if u.release == nil {
+		if _, _, err := releaseRules(u.conf, "", false); err != nil {
+			return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
+				"%d node(s) boot another image than %s: replacing nodes needs a signed release, and %w: keep provider.%s.image as it was",
+				len(stale), u.image, err, u.conf.Provider.Name())}
+		}
 		return nil, &release.Error{Reason: release.ReasonUnsigned, Err: fmt.Errorf(
 			"%d node(s) boot another image than %s: replacing nodes needs a signed release (make release VERSION=...; provider.%s.image names its directory or URL)",
 			len(stale), u.image, u.conf.Provider.Name())}
@@ -226,6 +242,11 @@ func (u *upgrade) run(ctx context.Context) error {
 		}
 		if len(stale) == 0 {
 			break
+		}
+		if slices.Contains(u.created, stale[0].Name) {
+			// Replacing it again would never end.
+			return fmt.Errorf("%s, created by this upgrade to boot %s, is listed by the platform as booting another image: stopping instead of replacing it again (the platform names the image otherwise than provider.%s.image resolves it)",
+				stale[0].Name, u.image, u.conf.Provider.Name())
 		}
 		if err := u.replace(ctx, stale[0], sets); err != nil {
 			return err
@@ -347,6 +368,7 @@ func (u *upgrade) replace(ctx context.Context, old state.Node, sets []string) er
 		if err := u.createNodes(ctx, []provider.NodeSpec{spec}); err != nil {
 			return err
 		}
+		u.created = append(u.created, spec.Name)
 		if err := u.waitReplacement(ctx, spec.Name, baseline, created); err != nil {
 			return u.abort(ctx, spec.Name, err)
 		}
@@ -434,26 +456,90 @@ func (u *upgrade) waitReplacement(ctx context.Context, node string, baseline ref
 
 // verifyReplacement verifies node as `verify` does (fresh evidence from its verification
 // service, checked against the configuration's reference sets, which hold the release's) and
-// requires that it matched one of the release's sets: a node of the release that measures
-// like another release (an image that is not what the release says) is not the release's.
+// requires that it measures what one of the release's own sets says (verifyRelease).
 func (u *upgrade) verifyReplacement(ctx context.Context, node string) error {
-	verifier, err := newVerifier(ctx, u.workspace, u.conf, u.st)
+	verifier, err := u.verifier(ctx)
 	if err != nil {
 		return err
 	}
+	if err := u.verifyRelease(ctx, verifier, node); err != nil {
+		return err
+	}
+	u.verified = append(u.verified, node)
+	return nil
+}
+
+// verifyRelease verifies node and requires that its verified registers match one of the
+// release's own sets (measurements.ReferenceSets.Match, by value: whatever the set the
+// verifier matched is named). The cluster may admit other images besides the release's (the
+// old one, during a roll), and on a cloud nothing else ties the image a node boots to the
+// release: whoever can write the cloud's image store can put another disk under the
+// release's image. A node of the release that measures like another image is not the
+// release's.
+func (u *upgrade) verifyRelease(ctx context.Context, verifier verifyFunc, node string) error {
 	i := slices.IndexFunc(u.st.Nodes, func(n state.Node) bool { return n.Name == node })
 	if i < 0 {
 		return fmt.Errorf("%s is not in %s", node, state.FileName)
 	}
 	target := verifyTarget{Node: node, Endpoint: net.JoinHostPort(u.st.Nodes[i].IPs[0].String(), strconv.Itoa(deploy.VerificationGRPCPort))}
-	res, err := verifyWaiting(ctx, u.prog, target, time.Minute, verifier.Verify)
+	res, err := verifyWaiting(ctx, u.prog, target, time.Minute, verifier)
 	if err != nil {
 		return fmt.Errorf("verifying %s: %w", node, err)
 	}
-	if !u.isReleaseSet(res.ReferenceSet) {
-		return fmt.Errorf("%s matched reference set %q, not one of release %s: its image is not what the release signed", node, res.ReferenceSet, u.release.Version())
+	presented := map[uint32][]byte{}
+	for _, r := range res.Registers {
+		if v, err := hex.DecodeString(r.Value); err == nil {
+			presented[r.Index] = v
+		}
 	}
-	u.t.phase("verified", fmt.Sprintf("%s matches release %s's reference set %q", node, u.release.Version(), res.ReferenceSet))
+	match, err := u.releaseSets().Match(u.conf.Attestation.Variant(), presented)
+	if err != nil {
+		return fmt.Errorf("%s matched reference set %q, not one of release %s: its image is not what the release signed: %w", node, res.ReferenceSet, u.release.Version(), err)
+	}
+	u.t.phase("verified", fmt.Sprintf("%s matches release %s's reference set %q", node, u.release.Version(), match.Set))
+	return nil
+}
+
+// verifyFunc verifies node's evidence from its verification service at endpoint, as
+// `verify` does (verify.Verifier.Verify).
+type verifyFunc func(ctx context.Context, node, endpoint string) (*verify.Result, error)
+
+// verifier is verify's own, made from the configuration as it is now (it holds the release's
+// sets once they were added), or u.verifyNode if set (tests).
+func (u *upgrade) verifier(ctx context.Context) (verifyFunc, error) {
+	if u.verifyNode != nil {
+		return u.verifyNode, nil
+	}
+	v, err := newVerifier(ctx, u.workspace, u.conf, u.st)
+	if err != nil {
+		return nil, err
+	}
+	return v.Verify, nil
+}
+
+// verifyAllRelease verifies, before the release is recorded or any other set retired, that
+// every node of the state file measures what the release signed (verifyRelease), but those
+// this apply verified already: a replacement an interrupted apply created (and never
+// verified), a node a scale-up of the same apply added, the nodes a cluster was created with
+// from the release.
+func (u *upgrade) verifyAllRelease(ctx context.Context) error {
+	var verifier verifyFunc
+	for _, n := range u.st.Nodes {
+		if n.Unexpected || slices.Contains(u.verified, n.Name) {
+			continue
+		}
+		if verifier == nil {
+			v, err := u.verifier(ctx)
+			if err != nil {
+				return err
+			}
+			verifier = v
+		}
+		if err := u.verifyRelease(ctx, verifier, n.Name); err != nil {
+			return fmt.Errorf("release %s is not recorded and no reference set retired: %w (find out what changed the image the node booted, replace the node, and apply again)", u.release.Version(), err)
+		}
+		u.verified = append(u.verified, n.Name)
+	}
 	return nil
 }
 
@@ -520,6 +606,11 @@ func (u *upgrade) finish(ctx context.Context) error {
 	for _, s := range u.conf.Attestation.Of(u.conf.Attestation.Variant()).Measurements {
 		if !u.isReleaseSet(s.Name) {
 			retired = append(retired, s.Name)
+		}
+	}
+	if len(retired) > 0 || u.st.Release != u.release.Version() {
+		if err := u.verifyAllRelease(ctx); err != nil {
+			return err
 		}
 	}
 	err := u.setReferenceSets(ctx, func(measurements.ReferenceSets) measurements.ReferenceSets { return u.releaseSets() })

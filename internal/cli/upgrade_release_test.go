@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -33,6 +34,7 @@ import (
 	"github.com/openconstellation/constellation/internal/state"
 	"github.com/openconstellation/constellation/pkg/attestation/measurements"
 	"github.com/openconstellation/constellation/pkg/attestation/variant"
+	"github.com/openconstellation/constellation/pkg/verify"
 )
 
 // releaseBench is a workspace whose configuration (config generate local) boots a small
@@ -340,9 +342,89 @@ func TestConfiguredImageOnACloudIsTheReleasesCloudImage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, filepath.Join(dir, releasedir.NodeImageDir), image)
 
+	// QEMU machines boot neither a release's node image nor a cloud's image: no release can
+	// name what they boot, whatever it carries.
+	onQEMU := b.conf()
+	block := *onQEMU.Provider.Block()
+	block.Image = dir
+	onQEMU.Provider = config.ProviderFor("qemu", block)
+	_, _, err = configuredImage(t.Context(), b.ws, onQEMU, "", false)
+	assert.ErrorContains(t, err, "provider qemu boots no release images")
+
 	// The node image beside the release is still checked: its files are what the cloud image
 	// is made from, and what the pre-checks read.
 	require.NoError(t, os.WriteFile(filepath.Join(dir, releasedir.NodeImageDir, local.NodeConfigFile), []byte("{}"), 0o644))
 	_, _, err = configuredImage(t.Context(), b.ws, onAzure(dir), "", false)
 	assert.Equal(t, release.ReasonTampered, release.ReasonOf(err), "%v", err)
+}
+
+// Before a release is recorded or any other set retired, every node must measure what one of
+// the release's own sets says, whatever set the verifier matched it by: a replacement a
+// killed apply left unverified, a node a scale-up added, a cluster created from the release.
+// On a cloud that is what ties the disk behind the release's image to the release.
+func TestEveryNodeIsVerifiedAsTheReleasesBeforeItIsRecorded(t *testing.T) {
+	b := newReleaseBench(t)
+	dir := b.publish("v0.2.0", b.base)
+	rel, err := releasedir.Open(t.Context(), dir, b.key.Public(), release.Policy{}, local.ImageDigest)
+	require.NoError(t, err)
+	conf := b.conf()
+	v := conf.Attestation.Variant()
+	ref, ok := rel.Reference(v)
+	require.True(t, ok)
+	base, err := localplatform.Platform{}.ReferenceValues(b.base)
+	require.NoError(t, err)
+	registers := func(m measurements.M) []verify.Register {
+		var out []verify.Register
+		for _, i := range m.Indices() {
+			out = append(out, verify.Register{Index: i, Value: hex.EncodeToString(m[i].Expected)})
+		}
+		return out
+	}
+	ofRelease := registers(ref.Measurements[0].Measurements)
+	old := registers(base.Measurements)
+
+	for name, tc := range map[string]struct {
+		measured map[string][]verify.Register
+		verified []string // by this apply already
+		wantErr  string
+		asked    []string
+	}{
+		"every node the release's": {
+			measured: map[string][]verify.Register{"control-plane-1": ofRelease, "worker-1": ofRelease},
+			asked:    []string{"control-plane-1", "worker-1"},
+		},
+		// Matched by the old image's set, which the cluster admits during a roll.
+		"a node of the old image under the release's name": {
+			measured: map[string][]verify.Register{"control-plane-1": ofRelease, "worker-1": old},
+			wantErr:  "release v0.2.0 is not recorded and no reference set retired: worker-1 matched reference set \"old\", not one of release v0.2.0",
+		},
+		"nodes this apply verified are not asked again": {
+			measured: map[string][]verify.Register{"worker-1": ofRelease},
+			verified: []string{"control-plane-1"},
+			asked:    []string{"worker-1"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var asked []string
+			out := &lockedBuffer{}
+			tm := newPhaseTimer(out)
+			st := &state.State{Nodes: []state.Node{
+				{Name: "control-plane-1", Role: metadata.ControlPlane, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.11")}},
+				{Name: "worker-1", Role: metadata.Worker, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.12")}},
+				{Name: "worker-other", Role: metadata.Worker, Unexpected: true, IPs: []netip.Addr{netip.MustParseAddr("10.42.0.13")}},
+			}}
+			u := &upgrade{reconciler: &reconciler{out: out, t: tm, prog: newProgress(tm), st: st}, conf: conf, release: rel,
+				verified: tc.verified, verifyNode: func(_ context.Context, node, _ string) (*verify.Result, error) {
+					asked = append(asked, node)
+					return &verify.Result{Claims: verify.Claims{ReferenceSet: "old", Registers: tc.measured[node]}}, nil
+				}}
+			err := u.verifyAllRelease(t.Context())
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.asked, asked, "an unexpected node is not the release's to verify")
+		})
+	}
 }

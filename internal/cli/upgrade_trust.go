@@ -10,6 +10,7 @@ import (
 	"github.com/openconstellation/constellation/internal/config"
 	"github.com/openconstellation/constellation/internal/metadata"
 	"github.com/openconstellation/constellation/internal/provider"
+	"github.com/openconstellation/constellation/internal/provider/catalog"
 	"github.com/openconstellation/constellation/internal/release"
 	"github.com/openconstellation/constellation/internal/release/releasedir"
 	"github.com/openconstellation/constellation/internal/release/releasesource"
@@ -136,6 +137,12 @@ func fromHint(ctx context.Context, workspace string, st *state.State) (from, wha
 		return unknown, "a node image that is not a release"
 	}
 	list := strings.Join(images, " ")
+	if platform, err := catalog.Lookup(st.Provider); err == nil {
+		if _, sandbox := platform.(provider.NodeImages); !sandbox {
+			// A cloud's image names no folder release create can read.
+			return "<the node image directory " + list + " was made from>", "the node image " + list
+		}
+	}
 	if len(images) > 1 {
 		return fmt.Sprintf("%q", list), "the node images " + list
 	}

@@ -367,7 +367,7 @@ func TestOpenRefuses(t *testing.T) {
 				m.CloudImages = append(m.CloudImages, other)
 				return signUnchecked(t, m, pinned)
 			},
-			reason: release.ReasonMalformed, wantErr: "provider azure has two images",
+			reason: release.ReasonMalformed, wantErr: "two cloud images of one provider",
 		},
 		"cloud image ref with a line break": {
 			data: func(t *testing.T) []byte {
@@ -480,6 +480,11 @@ func TestSignRefusesAnUnenforcedRelease(t *testing.T) {
 	m.CloudImages[0].Digest = "sha256:AB"
 	_, err = release.Sign(context.Background(), m, newSigner(t))
 	assert.ErrorContains(t, err, "cloudImages[0] (azure)")
+
+	m = manifest()
+	m.CloudImages = append(m.CloudImages, m.CloudImages[0])
+	_, err = release.Sign(context.Background(), m, newSigner(t))
+	assert.ErrorContains(t, err, "provider azure has two images")
 
 	m = manifest()
 	m.CloudImages[0].Provider = "Azure"

@@ -147,6 +147,10 @@ func decodeManifest(pred []byte) (Manifest, error) {
 // cannot name different images.
 func checkSubjects(st statement, m Manifest) error {
 	want := m.subjects()
+	// Two cloud images of one provider share a subject name: they must not pass as one.
+	if len(want) != 2+len(m.CloudImages) {
+		return errors.New("the manifest names two cloud images of one provider: a release names one image per provider")
+	}
 	if len(st.Subject) != len(want) {
 		return fmt.Errorf("statement has %d subjects, want %d (%s)", len(st.Subject), len(want), strings.Join(slices.Sorted(maps.Keys(want)), ", "))
 	}

@@ -98,7 +98,7 @@ func newCreateCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.ImagesDir, "images", "", "where make images wrote the container images: the release's services image is built from the services binaries in its bin folder")
 	cmd.Flags().StringVar(&providerName, "provider", "local", "the provider whose node image this is")
 	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release directory or node image the release upgrades from: its nodes trust that image's join services (repeatable)")
-	cmd.Flags().StringArrayVar(&cloudImages, "cloud-image", nil, "PROVIDER=REF@sha256:HEX: the release's image in a cloud's image store, made from its node image (constellation image upload prints REF; HEX is the SHA-256 of the disk it stored), what the cloud's nodes of the release boot (repeatable)")
+	cmd.Flags().StringArrayVar(&cloudImages, "cloud-image", nil, "PROVIDER=REF@sha256:HEX: the release's image in a cloud's image store, what the cloud's nodes of the release boot (constellation image upload prints REF; HEX is the SHA-256 of the raw disk it stored, which Azure's version carries as its constellation-image-sha256 tag) (repeatable)")
 	for _, f := range []string{"key", "version", "source", "base-image", "images"} {
 		_ = cmd.MarkFlagRequired(f)
 	}
