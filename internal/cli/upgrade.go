@@ -39,11 +39,12 @@ import (
 // image, booted as it is (development images; an upgrade refuses it, see upgrade.run).
 func configuredImage(ctx context.Context, workspace string, conf *config.Config, running string, allowDowngrade bool) (string, *releasedir.Release, error) {
 	dir := conf.Provider.Block().ImagePath(workspace)
-	policy, _, err := releaseRules(conf, running, allowDowngrade)
-	if err != nil {
-		return "", nil, err
-	}
+	// A provider that boots no release images (QEMU) still boots a plain image.
+	policy, _, rulesErr := releaseRules(conf, running, allowDowngrade)
 	if releasesource.IsURL(dir) {
+		if rulesErr != nil {
+			return "", nil, rulesErr
+		}
 		fetched, err := fetchRelease(ctx, workspace, conf, dir, policy)
 		if err != nil {
 			return "", nil, err
@@ -52,6 +53,9 @@ func configuredImage(ctx context.Context, workspace string, conf *config.Config,
 	}
 	if !releasedir.IsRelease(dir) {
 		return dir, nil, nil
+	}
+	if rulesErr != nil {
+		return "", nil, rulesErr
 	}
 	rel, err := openRelease(ctx, workspace, conf, dir, policy)
 	if err != nil {

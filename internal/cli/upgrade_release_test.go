@@ -350,6 +350,10 @@ func TestConfiguredImageOnACloudIsTheReleasesCloudImage(t *testing.T) {
 	onQEMU.Provider = config.ProviderFor("qemu", block)
 	_, _, err = configuredImage(t.Context(), b.ws, onQEMU, "", false)
 	assert.ErrorContains(t, err, "provider qemu boots no release images")
+	onQEMU.Provider.Block().Image = b.base
+	image, _, err = configuredImage(t.Context(), b.ws, onQEMU, "", false)
+	require.NoError(t, err, "a plain image is booted as it is")
+	assert.Equal(t, b.base, image)
 
 	// The node image beside the release is still checked: its files are what the cloud image
 	// is made from, and what the pre-checks read.
