@@ -466,11 +466,7 @@ func (u *upgrade) verifyReplacement(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
-	if err := u.verifyRelease(ctx, verifier, node); err != nil {
-		return err
-	}
-	u.verified = append(u.verified, node)
-	return nil
+	return u.verifyRelease(ctx, verifier, node)
 }
 
 // verifyRelease verifies node and requires that its verified registers match one of the
@@ -501,6 +497,7 @@ func (u *upgrade) verifyRelease(ctx context.Context, verifier verifyFunc, node s
 		return fmt.Errorf("%s matched reference set %q, not one of release %s: its image is not what the release signed: %w", node, res.ReferenceSet, u.release.Version(), err)
 	}
 	u.t.phase("verified", fmt.Sprintf("%s matches release %s's reference set %q", node, u.release.Version(), match.Set))
+	u.verified = append(u.verified, node)
 	return nil
 }
 
@@ -542,7 +539,6 @@ func (u *upgrade) verifyAllRelease(ctx context.Context) error {
 		if err := u.verifyRelease(ctx, verifier, n.Name); err != nil {
 			return fmt.Errorf("release %s is not recorded and no reference set retired: %w (find out what changed the image the node booted, replace the node, and apply again)", u.release.Version(), err)
 		}
-		u.verified = append(u.verified, n.Name)
 	}
 	return nil
 }

@@ -247,10 +247,10 @@ func (s *Signed) CheckPolicy(p Policy) (*Verified, error) {
 	if p.CloudImageOf != "" {
 		if _, ok := s.manifest.cloudImage(p.CloudImageOf); !ok {
 			have := []string{"none"}
-			for i, c := range s.manifest.CloudImages {
-				if i == 0 {
-					have = nil
-				}
+			if len(s.manifest.CloudImages) > 0 {
+				have = nil
+			}
+			for _, c := range s.manifest.CloudImages {
 				have = append(have, c.Provider)
 			}
 			return nil, refuse(ReasonNoCloudImage, "release %s names no image for provider %s (it names images for: %s): its nodes there would have nothing to boot", s.manifest.Version, p.CloudImageOf, strings.Join(have, ", "))
